@@ -1,0 +1,252 @@
+// C++ wrapper over the C ABI in tokenmeter.h: RAII, string_view ids,
+// default "now" timestamps. Header-only; every call forwards to one C call
+// and has that call's cost, thread rules and failure behaviour (see
+// tokenmeter.h). Nothing here throws.
+#ifndef TOKENMETER_CLIENT_HPP_
+#define TOKENMETER_CLIENT_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter {
+
+struct Options {
+  std::string socket_path = TM_DEFAULT_SOCKET_PATH;
+  std::string engine = "tokenmeter-engine";
+  std::string model;     // required
+  std::string instance;  // empty: the daemon's default "0"
+  std::string scope;     // empty: a private request-id space
+  std::vector<std::pair<std::string, std::string>> labels;
+  size_t buffer_capacity = 65536;
+  uint32_t flush_interval_ms = 20;
+  uint32_t close_timeout_ms = 1000;
+  uint32_t max_threads = 64;
+};
+
+struct Stats {
+  uint64_t events_sent = 0;
+  uint64_t events_dropped = 0;
+  uint64_t events_rejected = 0;
+  uint64_t reconnects = 0;
+  uint64_t batches_sent = 0;
+  uint64_t bytes_sent = 0;
+  bool connected = false;
+  uint64_t connect_failures = 0;
+};
+
+enum class FinishReason : int {
+  kStop = TM_FINISH_STOP,
+  kLength = TM_FINISH_LENGTH,
+  kAbort = TM_FINISH_ABORT,
+  kError = TM_FINISH_ERROR,
+};
+
+// One STEP's statistics; set only what the engine knows.
+class StepStats {
+ public:
+  StepStats& Running(uint64_t v) { return Set(TM_STEP_KEY_RUNNING, double(v)); }
+  StepStats& Waiting(uint64_t v) { return Set(TM_STEP_KEY_WAITING, double(v)); }
+  StepStats& KvUsage(double fraction) {
+    return Set(TM_STEP_KEY_KV_USAGE, fraction);
+  }
+  StepStats& PromptTokens(uint64_t v) {
+    return Set(TM_STEP_KEY_PROMPT_TOKENS, double(v));
+  }
+  StepStats& GenerationTokens(uint64_t v) {
+    return Set(TM_STEP_KEY_GENERATION_TOKENS, double(v));
+  }
+  StepStats& PrefixQueries(uint64_t v) {
+    return Set(TM_STEP_KEY_PREFIX_QUERIES, double(v));
+  }
+  StepStats& PrefixHits(uint64_t v) {
+    return Set(TM_STEP_KEY_PREFIX_HITS, double(v));
+  }
+  StepStats& SpecDrafts(uint64_t v) {
+    return Set(TM_STEP_KEY_SPEC_DRAFTS, double(v));
+  }
+  StepStats& SpecDraftTokens(uint64_t v) {
+    return Set(TM_STEP_KEY_SPEC_DRAFT_TOKENS, double(v));
+  }
+  StepStats& SpecAcceptedTokens(uint64_t v) {
+    return Set(TM_STEP_KEY_SPEC_ACCEPTED_TOKENS, double(v));
+  }
+  // Copies at most TM_MAX_SPEC_POSITIONS entries; more makes Step() fail.
+  StepStats& SpecAcceptedPerPos(const uint64_t* counts, size_t n) {
+    n_pos_ = n;
+    for (size_t i = 0; i < n && i < TM_MAX_SPEC_POSITIONS; ++i) {
+      pos_[i] = counts[i];
+    }
+    return *this;
+  }
+
+ private:
+  friend class Client;
+  StepStats& Set(tm_step_key key, double v) {
+    for (size_t i = 0; i < n_; ++i) {
+      if (keys_[i] == key) {
+        values_[i] = v;
+        return *this;
+      }
+    }
+    keys_[n_] = key;
+    values_[n_++] = v;
+    return *this;
+  }
+  tm_step_key keys_[TM_STEP_KEY_COUNT] = {};
+  double values_[TM_STEP_KEY_COUNT] = {};
+  size_t n_ = 0;
+  uint64_t pos_[TM_MAX_SPEC_POSITIONS] = {};
+  size_t n_pos_ = 0;
+};
+
+// Owns one tm_client; closing (flush with the close timeout, then free)
+// happens in Close() or the destructor. Move-only.
+class Client {
+ public:
+  // Returns TM_OK and sets *out, or a TM_E_* code (an option the C layer
+  // refused, or tm_client_new's failure).
+  static int Create(const Options& o, std::unique_ptr<Client>* out) {
+    tm_options* opts = tm_options_new();
+    if (opts == nullptr) return TM_E_NOMEM;
+    int rc = tm_options_set_socket_path(opts, o.socket_path.c_str());
+    if (rc == TM_OK) rc = tm_options_set_engine(opts, o.engine.c_str());
+    if (rc == TM_OK) rc = tm_options_set_model(opts, o.model.c_str());
+    if (rc == TM_OK && !o.instance.empty()) {
+      rc = tm_options_set_instance(opts, o.instance.c_str());
+    }
+    if (rc == TM_OK && !o.scope.empty()) {
+      rc = tm_options_set_scope(opts, o.scope.c_str());
+    }
+    for (const auto& [name, value] : o.labels) {
+      if (rc == TM_OK) {
+        rc = tm_options_add_label(opts, name.c_str(), value.c_str());
+      }
+    }
+    if (rc == TM_OK) {
+      rc = tm_options_set_buffer_capacity(opts, o.buffer_capacity);
+    }
+    if (rc == TM_OK) {
+      rc = tm_options_set_flush_interval_ms(opts, o.flush_interval_ms);
+    }
+    if (rc == TM_OK) {
+      rc = tm_options_set_close_timeout_ms(opts, o.close_timeout_ms);
+    }
+    if (rc == TM_OK) rc = tm_options_set_max_threads(opts, o.max_threads);
+    tm_client* c = nullptr;
+    if (rc == TM_OK) rc = tm_client_new(opts, &c);
+    tm_options_free(opts);
+    if (rc != TM_OK) return rc;
+    out->reset(new (std::nothrow) Client(c));
+    if (*out == nullptr) {
+      tm_client_close(c, nullptr, 0);
+      return TM_E_NOMEM;
+    }
+    return TM_OK;
+  }
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client() { Close(); }
+
+  // Flushes (bounded by the close timeout) and frees the C client; returns
+  // the final counters. Later event calls return TM_E_INVALID.
+  Stats Close() noexcept {
+    uint64_t s[TM_STAT_COUNT] = {};
+    if (c_ != nullptr) {
+      tm_client_close(c_, s, TM_STAT_COUNT);
+      c_ = nullptr;
+      final_ = ToStats(s);
+    }
+    return final_;
+  }
+
+  int Arrived(uint64_t rid, uint32_t prompt_tokens, uint32_t max_tokens = 0,
+              uint32_t n = 0, uint64_t t_ns = 0) noexcept {
+    return tm_arrived(c_, t_ns, rid, prompt_tokens, max_tokens, n);
+  }
+  int Arrived(std::string_view rid, uint32_t prompt_tokens,
+              uint32_t max_tokens = 0, uint32_t n = 0,
+              uint64_t t_ns = 0) noexcept {
+    return tm_arrived_str(c_, t_ns, rid.data(), rid.size(), prompt_tokens,
+                          max_tokens, n);
+  }
+  int Queued(uint64_t rid, uint64_t t_ns = 0) noexcept {
+    return tm_queued(c_, t_ns, rid);
+  }
+  int Queued(std::string_view rid, uint64_t t_ns = 0) noexcept {
+    return tm_queued_str(c_, t_ns, rid.data(), rid.size());
+  }
+  int Scheduled(uint64_t rid, uint64_t t_ns = 0) noexcept {
+    return tm_scheduled(c_, t_ns, rid);
+  }
+  int Scheduled(std::string_view rid, uint64_t t_ns = 0) noexcept {
+    return tm_scheduled_str(c_, t_ns, rid.data(), rid.size());
+  }
+  int Tokens(uint64_t rid, uint32_t n, uint64_t t_ns = 0) noexcept {
+    return tm_tokens(c_, t_ns, rid, n);
+  }
+  int Tokens(std::string_view rid, uint32_t n, uint64_t t_ns = 0) noexcept {
+    return tm_tokens_str(c_, t_ns, rid.data(), rid.size(), n);
+  }
+  int Finished(uint64_t rid, FinishReason reason,
+               uint64_t t_ns = 0) noexcept {
+    return tm_finished(c_, t_ns, rid, static_cast<tm_finish_reason>(reason));
+  }
+  int Finished(std::string_view rid, FinishReason reason,
+               uint64_t t_ns = 0) noexcept {
+    return tm_finished_str(c_, t_ns, rid.data(), rid.size(),
+                           static_cast<tm_finish_reason>(reason));
+  }
+  int Preempted(uint64_t rid, uint64_t t_ns = 0) noexcept {
+    return tm_preempted(c_, t_ns, rid);
+  }
+  int Preempted(std::string_view rid, uint64_t t_ns = 0) noexcept {
+    return tm_preempted_str(c_, t_ns, rid.data(), rid.size());
+  }
+  int Step(const StepStats& s, uint64_t t_ns = 0) noexcept {
+    return tm_step(c_, t_ns, s.keys_, s.values_, s.n_, s.pos_, s.n_pos_);
+  }
+
+  int Flush(uint32_t timeout_ms) noexcept {
+    return tm_client_flush(c_, timeout_ms);
+  }
+  int AttachThread() noexcept { return tm_thread_attach(c_); }
+  Stats GetStats() const noexcept {
+    uint64_t s[TM_STAT_COUNT] = {};
+    if (c_ == nullptr) return final_;
+    tm_client_stats(c_, s, TM_STAT_COUNT);
+    return ToStats(s);
+  }
+  // The C handle, for code that mixes both APIs. Owned by this object.
+  tm_client* handle() const noexcept { return c_; }
+
+ private:
+  explicit Client(tm_client* c) : c_(c) {}
+  static Stats ToStats(const uint64_t* s) {
+    Stats r;
+    r.events_sent = s[TM_STAT_EVENTS_SENT];
+    r.events_dropped = s[TM_STAT_EVENTS_DROPPED];
+    r.events_rejected = s[TM_STAT_EVENTS_REJECTED];
+    r.reconnects = s[TM_STAT_RECONNECTS];
+    r.batches_sent = s[TM_STAT_BATCHES_SENT];
+    r.bytes_sent = s[TM_STAT_BYTES_SENT];
+    r.connected = s[TM_STAT_CONNECTED] != 0;
+    r.connect_failures = s[TM_STAT_CONNECT_FAILURES];
+    return r;
+  }
+  tm_client* c_;
+  Stats final_;
+};
+
+// The clock every event uses.
+inline uint64_t NowNs() noexcept { return tm_now_ns(); }
+
+}  // namespace tokenmeter
+
+#endif  // TOKENMETER_CLIENT_HPP_

@@ -1,0 +1,262 @@
+/*
+ * libtokenmeter: report LLM request events to tokenmeterd.
+ *
+ * C ABI, C99-clean. Handles are opaque; no struct layout is part of the ABI.
+ *
+ * Model. An engine creates one tm_client per process (or per engine
+ * instance). Each event call stamps the event (CLOCK_MONOTONIC nanoseconds;
+ * pass t_ns = 0 for "now") and appends it to the calling thread's own
+ * preallocated buffer: no lock, no system call, no allocation. A background
+ * thread owned by the client drains those buffers every flush interval
+ * (default 20 ms, sooner when a batch fills), encodes msgpack BATCH frames
+ * (docs/protocol.md) and writes them to the daemon's Unix socket.
+ *
+ * The daemon may be absent, slow or restarting. The background thread
+ * connects without involving the callers, reconnects with capped backoff
+ * (10 ms doubling to 1 s), and sends HELLO again on every new connection.
+ * While it cannot send, events stay in the per-thread buffers; when a
+ * thread's buffer is full, that thread's new events are dropped and counted.
+ * The library never raises SIGPIPE, never writes to stdout/stderr, never
+ * throws, and never blocks a caller of an event function.
+ *
+ * Threads. Event functions may be called from any number of threads at
+ * once. The first event call a thread makes on a client allocates and
+ * pre-faults that thread's buffer (buffer capacity x 32 bytes; 2 MiB by
+ * default); tm_thread_attach() does that ahead of time so that no event call
+ * ever allocates. A thread's buffer is recycled after the thread exits and
+ * its events are sent. At most `max_threads` threads (default 64) may
+ * report at once; events from further threads are dropped and counted.
+ *
+ * Costs (docs/performance.md has the measured figures and the command):
+ * an event call with a caller-supplied timestamp is a few stores into a
+ * cache-hot buffer (about 5-15 ns); with t_ns = 0 add one clock_gettime
+ * through the vDSO (about 16-20 ns).
+ *
+ * Return values. Every int-returning function returns TM_OK (0) or a
+ * negative TM_E_* code; tm_strerror() names it. Event functions return
+ * TM_E_INVALID for bad arguments (the event is not sent and is counted as
+ * rejected) and TM_E_DROPPED when the buffer was full (counted as dropped).
+ * Engines normally ignore the result: the counts reach the daemon in every
+ * BATCH's dropped_total and are readable through tm_client_stats().
+ */
+#ifndef TOKENMETER_TOKENMETER_H_
+#define TOKENMETER_TOKENMETER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenmeter/protocol.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TM_API __attribute__((visibility("default")))
+#else
+#define TM_API
+#endif
+
+/* ---- status codes ------------------------------------------------------ */
+
+#define TM_OK 0
+#define TM_E_INVALID (-1)      /* bad argument; nothing was done */
+#define TM_E_DROPPED (-2)      /* buffer full or too many threads; counted */
+#define TM_E_NOMEM (-3)        /* an allocation failed */
+#define TM_E_TIMEOUT (-4)      /* the wait ran out before the work was done */
+#define TM_E_DISCONNECTED (-5) /* the daemon is away; events stay buffered */
+#define TM_E_SYSTEM (-6)       /* the OS refused (e.g. thread creation) */
+
+/* Static English text for a status code; never NULL. Any thread. */
+TM_API const char* tm_strerror(int status);
+
+/* The library's version, e.g. "0.1.0". */
+TM_API const char* tm_version(void);
+
+/* CLOCK_MONOTONIC now, in nanoseconds: the clock every event uses. */
+TM_API uint64_t tm_now_ns(void);
+
+/* ---- options ----------------------------------------------------------- */
+
+typedef struct tm_options tm_options;
+
+/* A fresh options object with the defaults below; NULL when out of memory.
+ * Free with tm_options_free(). Options objects are not thread-safe. */
+TM_API tm_options* tm_options_new(void);
+TM_API void tm_options_free(tm_options* opts); /* NULL is a no-op */
+
+/* Every setter copies its arguments and returns TM_OK, or TM_E_INVALID
+ * (leaving the option unchanged) for NULL or a value outside the rules.
+ * Strings are NUL-terminated UTF-8, at most TM_MAX_STRING_BYTES bytes. */
+
+/* Daemon socket. Default TM_DEFAULT_SOCKET_PATH. Must fit sun_path
+ * (107 bytes). */
+TM_API int tm_options_set_socket_path(tm_options* opts, const char* path);
+/* Engine family, e.g. "vllm"; names the metric namespace. Must match
+ * [a-zA-Z_][a-zA-Z0-9_-]*. Default "tokenmeter-engine". */
+TM_API int tm_options_set_engine(tm_options* opts, const char* engine);
+/* Served model name (the model_name label). Required, non-empty. */
+TM_API int tm_options_set_model(tm_options* opts, const char* model);
+/* This engine instance (the `engine` label), e.g. "dp0". Default: not sent,
+ * which the daemon reads as "0". */
+TM_API int tm_options_set_instance(tm_options* opts, const char* instance);
+/* Request-id space shared with other connections of the same engine, model
+ * and scope (a frontend and an engine-core process). Default: private. */
+TM_API int tm_options_set_scope(tm_options* opts, const char* scope);
+/* Adds a constant label. At most TM_MAX_HELLO_LABELS; names match
+ * [a-zA-Z_][a-zA-Z0-9_]*, must not start with "__", must not repeat a label
+ * already added nor one the daemon sets (model_name, engine, and the
+ * series' own: finished_reason, position, le, quantile). */
+TM_API int tm_options_add_label(tm_options* opts, const char* name,
+                                const char* value);
+/* Events each thread's buffer holds while the daemon is slow or away. The
+ * buffer is capacity x 32 bytes; an event takes 24 to 40 bytes with an
+ * integer request id (a string id: its length rounded up to 8 bytes instead
+ * of 8), a STEP 16 bytes plus 8 per key and per position. 1024 .. 16 Mi,
+ * rounded up to a power of two. Default 65536. */
+TM_API int tm_options_set_buffer_capacity(tm_options* opts, size_t events);
+/* How often the sender drains the buffers when they are not filling up.
+ * 1 .. 10000 ms. Default 20. */
+TM_API int tm_options_set_flush_interval_ms(tm_options* opts, uint32_t ms);
+/* How long tm_client_close() waits for buffered events to be sent.
+ * 0 .. 600000 ms. Default 1000. */
+TM_API int tm_options_set_close_timeout_ms(tm_options* opts, uint32_t ms);
+/* Most threads reporting at once. 1 .. 4096. Default 64. */
+TM_API int tm_options_set_max_threads(tm_options* opts, uint32_t n);
+
+/* ---- client ------------------------------------------------------------ */
+
+typedef struct tm_client tm_client;
+
+/* Creates a client and starts its sender thread, which connects in the
+ * background: a missing daemon is not an error. `opts` is copied and may be
+ * freed afterwards. Returns TM_OK and sets *out, or TM_E_INVALID (NULL
+ * argument, no model set), TM_E_NOMEM, TM_E_SYSTEM (thread creation). */
+TM_API int tm_client_new(const tm_options* opts, tm_client** out);
+
+/* Stops the client: waits up to the close timeout for every buffered event
+ * to be written to the daemon, sends GOODBYE, closes the socket, joins the
+ * sender thread and frees everything. Events still unsent when the wait
+ * ends are counted as dropped. If `stats_out` is not NULL, the final
+ * counters are written there as by tm_client_stats(). No other call on this
+ * client may run concurrently or follow. NULL client is a no-op (TM_OK).
+ * Returns TM_OK when nothing was dropped at close, else TM_E_TIMEOUT. */
+TM_API int tm_client_close(tm_client* client, uint64_t* stats_out,
+                           size_t n_stats);
+
+/* Waits until every event appended (by any thread) before the call has been
+ * written to the socket. Returns TM_OK; TM_E_DISCONNECTED at once when the
+ * daemon is away (events stay buffered); TM_E_TIMEOUT when timeout_ms ran
+ * out first. Blocks the caller: not for hot paths. Any thread. */
+TM_API int tm_client_flush(tm_client* client, uint32_t timeout_ms);
+
+/* Allocates and pre-faults the calling thread's buffer now so that no later
+ * event call from this thread allocates. TM_OK, TM_E_DROPPED (max_threads
+ * reached) or TM_E_NOMEM. Optional. */
+TM_API int tm_thread_attach(tm_client* client);
+
+/* Counters, indexes into the array tm_client_stats() fills. */
+typedef enum tm_stat {
+  TM_STAT_EVENTS_SENT = 0,      /* events written to the socket */
+  TM_STAT_EVENTS_DROPPED = 1,   /* buffer full, no thread slot, or unsent
+                                   when close gave up */
+  TM_STAT_EVENTS_REJECTED = 2,  /* invalid arguments (e.g. id > 128 bytes) */
+  TM_STAT_RECONNECTS = 3,       /* connections made after the first one */
+  TM_STAT_BATCHES_SENT = 4,     /* BATCH frames written */
+  TM_STAT_BYTES_SENT = 5,       /* bytes written, all frames */
+  TM_STAT_CONNECTED = 6,        /* 1 while connected, else 0 */
+  TM_STAT_CONNECT_FAILURES = 7, /* connection attempts that failed */
+  TM_STAT_COUNT = 8
+} tm_stat;
+
+/* Copies min(n, TM_STAT_COUNT) counters into out[] (indexed by tm_stat).
+ * Each counter is read atomically; together they are not one snapshot.
+ * Lock-free; any thread. Returns TM_OK or TM_E_INVALID. */
+TM_API int tm_client_stats(const tm_client* client, uint64_t* out, size_t n);
+
+/* ---- events ------------------------------------------------------------ */
+/*
+ * Every event function: `t_ns` is CLOCK_MONOTONIC nanoseconds, 0 = now.
+ * Request ids are a uint64 (`rid`) or a byte string (`rid`, `rid_len`,
+ * 1..TM_MAX_RID_BYTES bytes, need not be NUL-terminated; longer or empty is
+ * rejected). A request must use the same id form in all its events. Wait-free:
+ * no lock, no system call (except clock_gettime for t_ns = 0), no allocation
+ * (after the thread's first call, see above). Returns TM_OK, TM_E_INVALID
+ * (rejected, counted) or TM_E_DROPPED (buffer full, counted).
+ */
+
+/* The request entered the server. `max_tokens` and `n` are the request's
+ * sampling parameters; 0 means "not given" and omits them. */
+TM_API int tm_arrived(tm_client* client, uint64_t t_ns, uint64_t rid,
+                      uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n);
+TM_API int tm_arrived_str(tm_client* client, uint64_t t_ns, const char* rid,
+                          size_t rid_len, uint32_t prompt_tokens,
+                          uint32_t max_tokens, uint32_t n);
+
+/* The request entered the engine core's waiting queue (optional). */
+TM_API int tm_queued(tm_client* client, uint64_t t_ns, uint64_t rid);
+TM_API int tm_queued_str(tm_client* client, uint64_t t_ns, const char* rid,
+                         size_t rid_len);
+
+/* The request was scheduled for execution (the first time counts). */
+TM_API int tm_scheduled(tm_client* client, uint64_t t_ns, uint64_t rid);
+TM_API int tm_scheduled_str(tm_client* client, uint64_t t_ns,
+                            const char* rid, size_t rid_len);
+
+/* `n` >= 1 output tokens were produced for the request in one step. */
+TM_API int tm_tokens(tm_client* client, uint64_t t_ns, uint64_t rid,
+                     uint32_t n);
+TM_API int tm_tokens_str(tm_client* client, uint64_t t_ns, const char* rid,
+                         size_t rid_len, uint32_t n);
+
+typedef enum tm_finish_reason {
+  TM_FINISH_STOP = 0,
+  TM_FINISH_LENGTH = 1,
+  TM_FINISH_ABORT = 2,
+  TM_FINISH_ERROR = 3
+} tm_finish_reason;
+
+/* The request finished. Another reason value is rejected. */
+TM_API int tm_finished(tm_client* client, uint64_t t_ns, uint64_t rid,
+                       tm_finish_reason reason);
+TM_API int tm_finished_str(tm_client* client, uint64_t t_ns, const char* rid,
+                           size_t rid_len, tm_finish_reason reason);
+
+/* The request lost its KV cache and went back to waiting. */
+TM_API int tm_preempted(tm_client* client, uint64_t t_ns, uint64_t rid);
+TM_API int tm_preempted_str(tm_client* client, uint64_t t_ns,
+                            const char* rid, size_t rid_len);
+
+/* STEP stats keys (docs/protocol.md names their wire strings). */
+typedef enum tm_step_key {
+  TM_STEP_KEY_RUNNING = 0,
+  TM_STEP_KEY_WAITING = 1,
+  TM_STEP_KEY_KV_USAGE = 2, /* the only fractional key, 0..1 */
+  TM_STEP_KEY_PROMPT_TOKENS = 3,
+  TM_STEP_KEY_GENERATION_TOKENS = 4,
+  TM_STEP_KEY_PREFIX_QUERIES = 5,
+  TM_STEP_KEY_PREFIX_HITS = 6,
+  TM_STEP_KEY_SPEC_DRAFTS = 7,
+  TM_STEP_KEY_SPEC_DRAFT_TOKENS = 8,
+  TM_STEP_KEY_SPEC_ACCEPTED_TOKENS = 9,
+  TM_STEP_KEY_COUNT = 10
+} tm_step_key;
+
+/* Most entries of spec_accepted_per_pos one STEP may carry. */
+#define TM_MAX_SPEC_POSITIONS 64u
+
+/* One scheduler iteration. keys[i] has value values[i] (i < n_keys); each
+ * key at most once. Integer keys take whole values in 0 .. 2^53; kv_usage a
+ * value in 0..1. `accepted_per_pos` (may be NULL when n_pos is 0) holds the
+ * accepted tokens per draft position, at most TM_MAX_SPEC_POSITIONS; it is
+ * sent as spec_accepted_per_pos only when n_pos > 0. Anything else is
+ * rejected. */
+TM_API int tm_step(tm_client* client, uint64_t t_ns, const tm_step_key* keys,
+                   const double* values, size_t n_keys,
+                   const uint64_t* accepted_per_pos, size_t n_pos);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TOKENMETER_TOKENMETER_H_ */

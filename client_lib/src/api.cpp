@@ -1,0 +1,416 @@
+// The C ABI: argument checks, options, and the event functions' hot path.
+#include <sys/un.h>
+#include <time.h>
+
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <string_view>
+
+#include "client.h"
+#include "tokenmeter/tokenmeter.h"
+
+using tokenmeter::client::MakeHeader;
+using tokenmeter::client::Ring;
+
+namespace {
+
+inline uint64_t Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+bool ValidString(const char* s) {
+  return s != nullptr && std::strlen(s) <= TM_MAX_STRING_BYTES;
+}
+
+bool IsAlpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// [a-zA-Z_][a-zA-Z0-9_]* (plus '-' when allow_dash).
+bool ValidName(std::string_view s, bool allow_dash) {
+  if (s.empty() || !IsAlpha(s[0])) return false;
+  for (char c : s) {
+    if (!IsAlpha(c) && !IsDigit(c) && !(allow_dash && c == '-')) return false;
+  }
+  return true;
+}
+
+constexpr std::string_view kReservedLabels[] = {
+    "model_name", "engine", "finished_reason", "position", "le", "quantile"};
+
+// ---- hot path ---------------------------------------------------------------
+
+inline uint32_t RidWords(size_t len) { return uint32_t((len + 7) / 8); }
+
+inline Ring* RingFor(tm_client* c) { return c->LocalRing(); }
+
+inline int Full(Ring* r) {
+  r->CountDrop();
+  return TM_E_DROPPED;
+}
+
+// Events whose layout is hdr, t, rid (+ `extra` words).
+inline int EmitInt(tm_client* c, uint8_t kind, uint64_t t, uint64_t rid,
+                   uint32_t arg) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  Ring* r = RingFor(c);
+  if (r == nullptr) [[unlikely]]
+    return TM_E_DROPPED;
+  uint64_t* w = r->Reserve(3);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(kind, 3, 0, arg);
+  w[1] = t != 0 ? t : Now();
+  w[2] = rid;
+  r->Commit();
+  return TM_OK;
+}
+
+inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
+                   size_t len, uint32_t arg) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (rid == nullptr || len == 0 || len > TM_MAX_RID_BYTES) [[unlikely]] {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  Ring* r = RingFor(c);
+  if (r == nullptr) [[unlikely]]
+    return TM_E_DROPPED;
+  const uint32_t words = 2 + RidWords(len);
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(kind, words, uint32_t(len), arg);
+  w[1] = t != 0 ? t : Now();
+  w[words - 1] = 0;
+  std::memcpy(w + 2, rid, len);
+  r->Commit();
+  return TM_OK;
+}
+
+inline uint64_t Params(uint32_t max_tokens, uint32_t n) {
+  return (uint64_t{max_tokens} << 32) | n;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tm_strerror(int status) {
+  switch (status) {
+    case TM_OK:
+      return "ok";
+    case TM_E_INVALID:
+      return "invalid argument";
+    case TM_E_DROPPED:
+      return "event dropped: buffer full or no thread slot";
+    case TM_E_NOMEM:
+      return "out of memory";
+    case TM_E_TIMEOUT:
+      return "timed out";
+    case TM_E_DISCONNECTED:
+      return "daemon not connected";
+    case TM_E_SYSTEM:
+      return "system call failed";
+    default:
+      return "unknown status";
+  }
+}
+
+const char* tm_version(void) { return TOKENMETER_VERSION; }
+
+uint64_t tm_now_ns(void) { return Now(); }
+
+// ---- options ----------------------------------------------------------------
+
+tm_options* tm_options_new(void) { return new (std::nothrow) tm_options(); }
+
+void tm_options_free(tm_options* opts) { delete opts; }
+
+int tm_options_set_socket_path(tm_options* opts, const char* path) {
+  if (opts == nullptr || path == nullptr) return TM_E_INVALID;
+  const size_t n = std::strlen(path);
+  if (n == 0 || n >= sizeof(sockaddr_un::sun_path)) return TM_E_INVALID;
+  opts->socket_path = path;
+  return TM_OK;
+}
+
+int tm_options_set_engine(tm_options* opts, const char* engine) {
+  if (opts == nullptr || !ValidString(engine) || !ValidName(engine, true)) {
+    return TM_E_INVALID;
+  }
+  opts->meta.engine = engine;
+  return TM_OK;
+}
+
+int tm_options_set_model(tm_options* opts, const char* model) {
+  if (opts == nullptr || !ValidString(model) || model[0] == '\0') {
+    return TM_E_INVALID;
+  }
+  opts->meta.model = model;
+  return TM_OK;
+}
+
+int tm_options_set_instance(tm_options* opts, const char* instance) {
+  if (opts == nullptr || !ValidString(instance)) return TM_E_INVALID;
+  opts->meta.instance = instance;
+  return TM_OK;
+}
+
+int tm_options_set_scope(tm_options* opts, const char* scope) {
+  if (opts == nullptr || !ValidString(scope)) return TM_E_INVALID;
+  opts->meta.scope = scope;
+  return TM_OK;
+}
+
+int tm_options_add_label(tm_options* opts, const char* name,
+                         const char* value) {
+  if (opts == nullptr || !ValidString(name) || !ValidString(value)) {
+    return TM_E_INVALID;
+  }
+  const std::string_view n(name);
+  if (!ValidName(n, false) || n.substr(0, 2) == "__") return TM_E_INVALID;
+  if (opts->meta.labels.size() >= TM_MAX_HELLO_LABELS) return TM_E_INVALID;
+  for (std::string_view r : kReservedLabels) {
+    if (n == r) return TM_E_INVALID;
+  }
+  for (const auto& [existing, v] : opts->meta.labels) {
+    if (existing == n) return TM_E_INVALID;
+  }
+  opts->meta.labels.emplace_back(name, value);
+  return TM_OK;
+}
+
+int tm_options_set_buffer_capacity(tm_options* opts, size_t events) {
+  if (opts == nullptr || events < 1024 || events > (size_t{16} << 20)) {
+    return TM_E_INVALID;
+  }
+  opts->buffer_capacity = events;
+  return TM_OK;
+}
+
+int tm_options_set_flush_interval_ms(tm_options* opts, uint32_t ms) {
+  if (opts == nullptr || ms < 1 || ms > 10000) return TM_E_INVALID;
+  opts->flush_interval_ms = ms;
+  return TM_OK;
+}
+
+int tm_options_set_close_timeout_ms(tm_options* opts, uint32_t ms) {
+  if (opts == nullptr || ms > 600000) return TM_E_INVALID;
+  opts->close_timeout_ms = ms;
+  return TM_OK;
+}
+
+int tm_options_set_max_threads(tm_options* opts, uint32_t n) {
+  if (opts == nullptr || n < 1 || n > 4096) return TM_E_INVALID;
+  opts->max_threads = n;
+  return TM_OK;
+}
+
+// ---- client -----------------------------------------------------------------
+
+int tm_client_new(const tm_options* opts, tm_client** out) {
+  if (opts == nullptr || out == nullptr || opts->meta.model.empty()) {
+    return TM_E_INVALID;
+  }
+  *out = nullptr;
+  tm_client* c = nullptr;
+  try {
+    c = new tm_client(*opts);
+  } catch (...) {
+    return TM_E_NOMEM;
+  }
+  const int rc = c->Start();
+  if (rc != TM_OK) {
+    delete c;
+    return rc;
+  }
+  *out = c;
+  return TM_OK;
+}
+
+int tm_client_close(tm_client* client, uint64_t* stats_out, size_t n_stats) {
+  if (client == nullptr) return TM_OK;
+  const int rc = client->Close(stats_out, n_stats);
+  delete client;
+  return rc;
+}
+
+int tm_client_flush(tm_client* client, uint32_t timeout_ms) {
+  if (client == nullptr) return TM_E_INVALID;
+  return client->Flush(timeout_ms);
+}
+
+int tm_thread_attach(tm_client* client) {
+  if (client == nullptr) return TM_E_INVALID;
+  return client->LocalRing() != nullptr ? TM_OK : TM_E_DROPPED;
+}
+
+int tm_client_stats(const tm_client* client, uint64_t* out, size_t n) {
+  if (client == nullptr) return TM_E_INVALID;
+  return client->Stats(out, n);
+}
+
+// ---- events -----------------------------------------------------------------
+
+int tm_arrived(tm_client* c, uint64_t t_ns, uint64_t rid,
+               uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  Ring* r = RingFor(c);
+  if (r == nullptr) [[unlikely]]
+    return TM_E_DROPPED;
+  uint64_t* w = r->Reserve(4);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(TM_EV_ARRIVED, 4, 0, prompt_tokens);
+  w[1] = t_ns != 0 ? t_ns : Now();
+  w[2] = rid;
+  w[3] = Params(max_tokens, n);
+  r->Commit();
+  return TM_OK;
+}
+
+int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid,
+                   size_t rid_len, uint32_t prompt_tokens, uint32_t max_tokens,
+                   uint32_t n) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
+      [[unlikely]] {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  Ring* r = RingFor(c);
+  if (r == nullptr) [[unlikely]]
+    return TM_E_DROPPED;
+  const uint32_t rw = RidWords(rid_len);
+  const uint32_t words = 3 + rw;
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(TM_EV_ARRIVED, words, uint32_t(rid_len), prompt_tokens);
+  w[1] = t_ns != 0 ? t_ns : Now();
+  w[1 + rw] = 0;
+  std::memcpy(w + 2, rid, rid_len);
+  w[2 + rw] = Params(max_tokens, n);
+  r->Commit();
+  return TM_OK;
+}
+
+int tm_queued(tm_client* c, uint64_t t_ns, uint64_t rid) {
+  return EmitInt(c, TM_EV_QUEUED, t_ns, rid, 0);
+}
+int tm_queued_str(tm_client* c, uint64_t t_ns, const char* rid,
+                  size_t rid_len) {
+  return EmitStr(c, TM_EV_QUEUED, t_ns, rid, rid_len, 0);
+}
+
+int tm_scheduled(tm_client* c, uint64_t t_ns, uint64_t rid) {
+  return EmitInt(c, TM_EV_SCHEDULED, t_ns, rid, 0);
+}
+int tm_scheduled_str(tm_client* c, uint64_t t_ns, const char* rid,
+                     size_t rid_len) {
+  return EmitStr(c, TM_EV_SCHEDULED, t_ns, rid, rid_len, 0);
+}
+
+int tm_tokens(tm_client* c, uint64_t t_ns, uint64_t rid, uint32_t n) {
+  if (n == 0) [[unlikely]] {
+    if (c != nullptr) c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return EmitInt(c, TM_EV_TOKENS, t_ns, rid, n);
+}
+int tm_tokens_str(tm_client* c, uint64_t t_ns, const char* rid,
+                  size_t rid_len, uint32_t n) {
+  if (n == 0) [[unlikely]] {
+    if (c != nullptr) c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return EmitStr(c, TM_EV_TOKENS, t_ns, rid, rid_len, n);
+}
+
+static bool ValidReason(tm_finish_reason reason) {
+  const int r = static_cast<int>(reason);
+  return r >= TM_FINISH_STOP && r <= TM_FINISH_ERROR;
+}
+
+int tm_finished(tm_client* c, uint64_t t_ns, uint64_t rid,
+                tm_finish_reason reason) {
+  if (!ValidReason(reason)) [[unlikely]] {
+    if (c != nullptr) c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return EmitInt(c, TM_EV_FINISHED, t_ns, rid, uint32_t(reason));
+}
+int tm_finished_str(tm_client* c, uint64_t t_ns, const char* rid,
+                    size_t rid_len, tm_finish_reason reason) {
+  if (!ValidReason(reason)) [[unlikely]] {
+    if (c != nullptr) c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return EmitStr(c, TM_EV_FINISHED, t_ns, rid, rid_len, uint32_t(reason));
+}
+
+int tm_preempted(tm_client* c, uint64_t t_ns, uint64_t rid) {
+  return EmitInt(c, TM_EV_PREEMPTED, t_ns, rid, 0);
+}
+int tm_preempted_str(tm_client* c, uint64_t t_ns, const char* rid,
+                     size_t rid_len) {
+  return EmitStr(c, TM_EV_PREEMPTED, t_ns, rid, rid_len, 0);
+}
+
+int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
+            const double* values, size_t n_keys,
+            const uint64_t* accepted_per_pos, size_t n_pos) {
+  if (c == nullptr) return TM_E_INVALID;
+  uint64_t slot_values[TM_STEP_KEY_COUNT];
+  uint32_t mask = 0;
+  bool ok = n_keys <= TM_STEP_KEY_COUNT && n_pos <= TM_MAX_SPEC_POSITIONS &&
+            (n_keys == 0 || (keys != nullptr && values != nullptr)) &&
+            (n_pos == 0 || accepted_per_pos != nullptr);
+  for (size_t i = 0; ok && i < n_keys; ++i) {
+    const int key = static_cast<int>(keys[i]);
+    const double v = values[i];
+    if (key < 0 || key >= TM_STEP_KEY_COUNT || (mask & (1u << key)) != 0) {
+      ok = false;
+      break;
+    }
+    mask |= 1u << key;
+    if (key == TM_STEP_KEY_KV_USAGE) {
+      if (!(v >= 0.0 && v <= 1.0)) ok = false;
+      std::memcpy(&slot_values[key], &v, sizeof v);
+    } else {
+      if (!(v >= 0.0 && v <= 9007199254740992.0) || v != std::floor(v)) {
+        ok = false;
+      }
+      slot_values[key] = static_cast<uint64_t>(v);
+    }
+  }
+  if (!ok) {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  Ring* r = RingFor(c);
+  if (r == nullptr) return TM_E_DROPPED;
+  const uint32_t words = 2 + uint32_t(__builtin_popcount(mask)) + uint32_t(n_pos);
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) return Full(r);
+  w[0] = MakeHeader(TM_EV_STEP, words, 0, mask | (uint32_t(n_pos) << 16));
+  w[1] = t_ns != 0 ? t_ns : Now();
+  uint64_t* p = w + 2;
+  for (int key = 0; key < TM_STEP_KEY_COUNT; ++key) {
+    if (mask & (1u << key)) *p++ = slot_values[key];
+  }
+  for (size_t i = 0; i < n_pos; ++i) *p++ = accepted_per_pos[i];
+  r->Commit();
+  return TM_OK;
+}
+
+}  // extern "C"

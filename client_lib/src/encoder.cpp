@@ -1,0 +1,203 @@
+#include "encoder.h"
+
+#include <msgpack.h>
+
+#include <cstring>
+
+#include "ring.h"
+#include "tokenmeter/protocol.h"
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter::client {
+namespace {
+
+int WriteCallback(void* data, const char* buf, size_t len) {
+  static_cast<ByteBuffer*>(data)->Append(buf, len);
+  return 0;
+}
+
+class Packer {
+ public:
+  explicit Packer(ByteBuffer* out) {
+    msgpack_packer_init(&pk_, out, WriteCallback);
+  }
+  void Array(uint32_t n) { msgpack_pack_array(&pk_, n); }
+  void Map(uint32_t n) { msgpack_pack_map(&pk_, n); }
+  void Uint(uint64_t v) { msgpack_pack_uint64(&pk_, v); }
+  void Int(int64_t v) { msgpack_pack_int64(&pk_, v); }
+  void Double(double v) { msgpack_pack_double(&pk_, v); }
+  void Str(const char* s, size_t n) {
+    msgpack_pack_str(&pk_, n);
+    msgpack_pack_str_body(&pk_, s, n);
+  }
+  void Str(const std::string& s) { Str(s.data(), s.size()); }
+  void Str(const char* s) { Str(s, std::strlen(s)); }
+
+ private:
+  msgpack_packer pk_;
+};
+
+constexpr const char* kStepKeyNames[TM_STEP_KEY_COUNT] = {
+    TM_STEP_RUNNING,           TM_STEP_WAITING,
+    TM_STEP_KV_USAGE,          TM_STEP_PROMPT_TOKENS,
+    TM_STEP_GENERATION_TOKENS, TM_STEP_PREFIX_QUERIES,
+    TM_STEP_PREFIX_HITS,       TM_STEP_SPEC_DRAFTS,
+    TM_STEP_SPEC_DRAFT_TOKENS, TM_STEP_SPEC_ACCEPTED_TOKENS,
+};
+
+constexpr const char* kReasonNames[] = {TM_REASON_STOP, TM_REASON_LENGTH,
+                                        TM_REASON_ABORT, TM_REASON_ERROR};
+
+// Packs the request id at `p` and returns the number of words it took.
+uint32_t PackRid(Packer& pk, uint32_t rid_len, const uint64_t* p) {
+  if (rid_len == 0) {
+    pk.Uint(*p);
+    return 1;
+  }
+  pk.Str(reinterpret_cast<const char*>(p), rid_len);
+  return (rid_len + 7) / 8;
+}
+
+}  // namespace
+
+void ByteBuffer::Append(const void* data, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(data);
+  bytes_.insert(bytes_.end(), b, b + n);
+}
+
+void EncodeHello(const HelloMeta& meta, ByteBuffer* out) {
+  Packer pk(out);
+  pk.Array(2);
+  pk.Uint(TM_FRAME_HELLO);
+  uint32_t n = 4 + !meta.instance.empty() + !meta.scope.empty() +
+               !meta.labels.empty();
+  pk.Map(n);
+  pk.Str(TM_HELLO_PROTO);
+  pk.Uint(TM_PROTO_VERSION);
+  pk.Str(TM_HELLO_ENGINE);
+  pk.Str(meta.engine);
+  pk.Str(TM_HELLO_MODEL);
+  pk.Str(meta.model);
+  if (!meta.instance.empty()) {
+    pk.Str(TM_HELLO_INSTANCE);
+    pk.Str(meta.instance);
+  }
+  if (!meta.scope.empty()) {
+    pk.Str(TM_HELLO_SCOPE);
+    pk.Str(meta.scope);
+  }
+  if (!meta.labels.empty()) {
+    pk.Str(TM_HELLO_LABELS);
+    pk.Map(static_cast<uint32_t>(meta.labels.size()));
+    for (const auto& [name, value] : meta.labels) {
+      pk.Str(name);
+      pk.Str(value);
+    }
+  }
+  pk.Str(TM_HELLO_PID);
+  pk.Int(meta.pid);
+}
+
+void EncodeGoodbye(ByteBuffer* out) {
+  Packer pk(out);
+  pk.Array(1);
+  pk.Uint(TM_FRAME_GOODBYE);
+}
+
+void EncodeBatchHeader(uint64_t seq, uint64_t dropped_total, uint32_t n_events,
+                       ByteBuffer* out) {
+  Packer pk(out);
+  pk.Array(4);
+  pk.Uint(TM_FRAME_BATCH);
+  pk.Uint(seq);
+  pk.Uint(dropped_total);
+  pk.Array(n_events);
+}
+
+void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
+  Packer pk(out);
+  const uint64_t hdr = record[0];
+  const uint8_t kind = HeaderKind(hdr);
+  const uint32_t arg = HeaderArg(hdr);
+  const uint32_t rid_len = HeaderRidLen(hdr);
+  const uint64_t t = record[1];
+  const uint64_t* p = record + 2;
+  switch (kind) {
+    case TM_EV_ARRIVED: {
+      const uint64_t* params = p + (rid_len == 0 ? 1 : (rid_len + 7) / 8);
+      const uint32_t max_tokens = static_cast<uint32_t>(*params >> 32);
+      const uint32_t n = static_cast<uint32_t>(*params);
+      const bool has_params = max_tokens != 0 || n != 0;
+      pk.Array(has_params ? 5 : 4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      PackRid(pk, rid_len, p);
+      pk.Uint(arg);
+      if (has_params) {
+        pk.Map((max_tokens != 0) + (n != 0));
+        if (max_tokens != 0) {
+          pk.Str(TM_PARAM_MAX_TOKENS);
+          pk.Uint(max_tokens);
+        }
+        if (n != 0) {
+          pk.Str(TM_PARAM_N);
+          pk.Uint(n);
+        }
+      }
+      return;
+    }
+    case TM_EV_QUEUED:
+    case TM_EV_SCHEDULED:
+    case TM_EV_PREEMPTED:
+      pk.Array(3);
+      pk.Uint(kind);
+      pk.Uint(t);
+      PackRid(pk, rid_len, p);
+      return;
+    case TM_EV_TOKENS:
+      pk.Array(4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      PackRid(pk, rid_len, p);
+      pk.Uint(arg);
+      return;
+    case TM_EV_FINISHED:
+      pk.Array(4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      PackRid(pk, rid_len, p);
+      pk.Str(kReasonNames[arg & 3]);
+      return;
+    case TM_EV_STEP: {
+      const uint32_t mask = arg & 0x3ff;
+      const uint32_t n_pos = arg >> 16;
+      pk.Array(3);
+      pk.Uint(kind);
+      pk.Uint(t);
+      pk.Map(static_cast<uint32_t>(__builtin_popcount(mask)) + (n_pos > 0));
+      for (int key = 0; key < TM_STEP_KEY_COUNT; ++key) {
+        if ((mask & (1u << key)) == 0) continue;
+        pk.Str(kStepKeyNames[key]);
+        if (key == TM_STEP_KEY_KV_USAGE) {
+          double d;
+          std::memcpy(&d, p, sizeof d);
+          pk.Double(d);
+        } else {
+          pk.Uint(*p);
+        }
+        ++p;
+      }
+      if (n_pos > 0) {
+        pk.Str(TM_STEP_SPEC_ACCEPTED_PER_POS);
+        pk.Array(n_pos);
+        for (uint32_t i = 0; i < n_pos; ++i) pk.Uint(p[i]);
+      }
+      return;
+    }
+    default:
+      // Records are written only by this library's event functions.
+      __builtin_trap();
+  }
+}
+
+}  // namespace tokenmeter::client

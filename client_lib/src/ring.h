@@ -1,0 +1,112 @@
+// Single-producer single-consumer ring of 64-bit words holding
+// variable-length event records. The producer is the one engine thread that
+// owns the ring; the consumer is the client's sender thread.
+//
+// Positions are monotonically increasing word counts; the slot of position p
+// is p & mask. A record never straddles the end of the array: when it would,
+// the producer first writes a padding record that covers the rest, and
+// publishes both at once.
+#ifndef TOKENMETER_CLIENT_LIB_SRC_RING_H_
+#define TOKENMETER_CLIENT_LIB_SRC_RING_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace tokenmeter::client {
+
+// Records (words):
+//   ARRIVED     hdr(arg=prompt_tokens) t rid... params(max_tokens<<32 | n)
+//   QUEUED, SCHEDULED, PREEMPTED   hdr t rid...
+//   TOKENS      hdr(arg=n) t rid...
+//   FINISHED    hdr(arg=tm_finish_reason) t rid...
+//   STEP        hdr(arg=key mask in bits 0-9 | n_pos << 16) t
+//               value per key in key order (uint64, kv_usage as double bits)
+//               n_pos uint64 positions
+// `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
+// string id.
+//
+// Record header word: kind (bits 0-7, 0 = padding), record length in words
+// (bits 8-23, including the header), request-id string length in bytes
+// (bits 24-31, 0 = integer id), and a 32-bit kind-specific argument
+// (bits 32-63).
+inline constexpr uint64_t MakeHeader(uint8_t kind, uint32_t words,
+                                     uint32_t rid_len, uint32_t arg) {
+  return uint64_t{kind} | (uint64_t{words} << 8) | (uint64_t{rid_len} << 24) |
+         (uint64_t{arg} << 32);
+}
+inline constexpr uint8_t HeaderKind(uint64_t h) { return h & 0xff; }
+inline constexpr uint32_t HeaderWords(uint64_t h) { return (h >> 8) & 0xffff; }
+inline constexpr uint32_t HeaderRidLen(uint64_t h) { return (h >> 24) & 0xff; }
+inline constexpr uint32_t HeaderArg(uint64_t h) { return h >> 32; }
+
+inline constexpr uint8_t kPadKind = 0;
+// The largest record: header, time, ten STEP values, 64 positions.
+inline constexpr uint32_t kMaxRecordWords = 2 + 10 + 64;
+
+class Ring {
+ public:
+  // capacity_words: a power of two, > kMaxRecordWords. Allocates and
+  // pre-faults the array; the caller checks ok().
+  explicit Ring(size_t capacity_words);
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+  ~Ring();
+
+  bool ok() const { return words_ != nullptr; }
+
+  // Producer: space for `n` words (n <= kMaxRecordWords), or nullptr when
+  // the ring is full. The words become visible to the consumer at Commit().
+  uint64_t* Reserve(uint32_t n) {
+    uint64_t tail = tail_.load(std::memory_order_relaxed);
+    uint64_t idx = tail & mask_;
+    uint64_t to_end = capacity_ - idx;
+    uint64_t need = to_end < n ? to_end + n : n;
+    if (tail + need - cached_head_ > capacity_) {
+      cached_head_ = head_.load(std::memory_order_acquire);
+      if (tail + need - cached_head_ > capacity_) return nullptr;
+    }
+    if (to_end < n) {
+      words_[idx] = MakeHeader(kPadKind, static_cast<uint32_t>(to_end), 0, 0);
+      tail += to_end;
+      idx = 0;
+    }
+    pending_tail_ = tail + n;
+    return &words_[idx];
+  }
+  void Commit() { tail_.store(pending_tail_, std::memory_order_release); }
+
+  // Producer: one more event thrown away (single writer, so no RMW).
+  void CountDrop() {
+    dropped_.store(dropped_.load(std::memory_order_relaxed) + 1,
+                   std::memory_order_relaxed);
+  }
+
+  // Consumer side.
+  uint64_t head() const { return head_.load(std::memory_order_relaxed); }
+  uint64_t tail() const { return tail_.load(std::memory_order_acquire); }
+  const uint64_t* At(uint64_t pos) const { return &words_[pos & mask_]; }
+  void Release(uint64_t new_head) {
+    head_.store(new_head, std::memory_order_release);
+  }
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  size_t capacity_words() const { return capacity_; }
+
+ private:
+  // Producer-owned line.
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  uint64_t cached_head_ = 0;
+  uint64_t pending_tail_ = 0;
+  std::atomic<uint64_t> dropped_{0};
+  // Consumer-owned line.
+  alignas(64) std::atomic<uint64_t> head_{0};
+  // Read-only after construction.
+  alignas(64) uint64_t* words_ = nullptr;
+  uint64_t capacity_;
+  uint64_t mask_;
+};
+
+}  // namespace tokenmeter::client
+
+#endif  // TOKENMETER_CLIENT_LIB_SRC_RING_H_
