@@ -1,0 +1,296 @@
+#include "daemon/config.h"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr std::string_view kUsage =
+    R"(Usage: tokenmeterd [FLAGS]
+
+Collects LLM serving events from engines over a Unix socket and serves
+them as Prometheus metrics.
+
+  --ingest PATH              engine socket (default /run/tokenmeter/ingest.sock)
+  --listen HOST:PORT         HTTP address (default :10062, every interface)
+  --log-interval SECONDS     summary-line period, 0 disables (default 10)
+  --namespace NAME           metric namespace for every engine (default: the
+                             engine name each engine sends)
+  --max-model-len N          top of the token-count buckets (default 32768)
+  --config FILE              key = value file; flags override it
+  --log-level LEVEL          trace, debug, info, warn, error (default info)
+  --max-requests N           requests tracked at once (default 1000000)
+  --request-idle-timeout S   forget unfinished requests idle this long
+                             (default 600)
+  --finished-grace S         keep finished requests for late events (default 2)
+  --max-frame-bytes N        largest frame accepted (default 1048576)
+  --max-batch-events N       most events in one batch (default 65536)
+  --max-connections N        engine connections at once (default 1024)
+  --max-http-connections N   HTTP connections at once (default 256)
+  --max-engine-series N      engine label sets at once (default 4096)
+  --version                  print the version and exit
+  --help                     print this text and exit
+)";
+
+Status ParseUint(std::string_view flag, std::string_view v, uint64_t min,
+                 uint64_t max, uint64_t* out) {
+  uint64_t x = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || end != v.data() + v.size() || x < min || x > max) {
+    return Status::Error("--" + std::string(flag) + ": \"" + std::string(v) +
+                         "\" is not a whole number from " +
+                         std::to_string(min) + " to " + std::to_string(max));
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+Status ParseSeconds(std::string_view flag, std::string_view v, double min,
+                    double* out) {
+  double x = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(x) ||
+      x < min || x > 1e7) {
+    return Status::Error("--" + std::string(flag) + ": \"" + std::string(v) +
+                         "\" is not a number of seconds >= " +
+                         std::to_string(int(min)));
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+bool ValidNamespace(std::string_view s) {
+  if (s.empty()) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                       c == '_';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+using Setter = std::function<Status(std::string_view, Config*)>;
+
+struct Flag {
+  std::string_view name;
+  Setter set;
+};
+
+Status SetUint(std::string_view name, std::string_view v, uint64_t min,
+               uint64_t max, auto* field) {
+  uint64_t x = 0;
+  Status s = ParseUint(name, v, min, max, &x);
+  if (s.ok()) *field = static_cast<std::remove_pointer_t<decltype(field)>>(x);
+  return s;
+}
+
+const std::vector<Flag>& Flags() {
+  static const std::vector<Flag> flags = {
+      {"ingest",
+       [](std::string_view v, Config* c) {
+         c->ingest_path = v;
+         return Status::Ok();
+       }},
+      {"listen",
+       [](std::string_view v, Config* c) {
+         c->listen = v;
+         return Status::Ok();
+       }},
+      {"log-interval",
+       [](std::string_view v, Config* c) {
+         return ParseSeconds("log-interval", v, 0, &c->log_interval_s);
+       }},
+      {"namespace",
+       [](std::string_view v, Config* c) {
+         if (!ValidNamespace(v)) {
+           return Status::Error("--namespace: \"" + std::string(v) +
+                                "\" must match [a-zA-Z_][a-zA-Z0-9_]*");
+         }
+         c->ingest.namespace_override = v;
+         return Status::Ok();
+       }},
+      {"max-model-len",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-model-len", v, 1, uint64_t(1) << 40,
+                        &c->registry.max_model_len);
+       }},
+      {"log-level",
+       [](std::string_view v, Config* c) {
+         c->log_level = v;
+         return Status::Ok();
+       }},
+      {"max-requests",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-requests", v, 1, 100'000'000,
+                        &c->tracker.max_requests);
+       }},
+      {"request-idle-timeout",
+       [](std::string_view v, Config* c) {
+         double s = 0;
+         Status st = ParseSeconds("request-idle-timeout", v, 1, &s);
+         if (st.ok()) c->tracker.idle_timeout_ns = uint64_t(s * 1e9);
+         return st;
+       }},
+      {"finished-grace",
+       [](std::string_view v, Config* c) {
+         double s = 0;
+         Status st = ParseSeconds("finished-grace", v, 0, &s);
+         if (st.ok()) c->tracker.grace_ns = uint64_t(s * 1e9);
+         return st;
+       }},
+      {"max-frame-bytes",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-frame-bytes", v, 1024, 64 << 20,
+                        &c->ingest.limits.max_frame_bytes);
+       }},
+      {"max-batch-events",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-batch-events", v, 1, 1 << 24,
+                        &c->ingest.limits.max_batch_events);
+       }},
+      {"max-connections",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-connections", v, 1, 1 << 20,
+                        &c->ingest.max_connections);
+       }},
+      {"max-http-connections",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-http-connections", v, 1, 1 << 16,
+                        &c->http_max_connections);
+       }},
+      {"max-engine-series",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-engine-series", v, 1, 1 << 24,
+                        &c->registry.max_engine_series);
+       }},
+  };
+  return flags;
+}
+
+const Flag* FindFlag(std::string_view name) {
+  for (const Flag& f : Flags()) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+Status ParseBuckets(std::string_view suffix, std::string_view v,
+                    Config* config) {
+  std::vector<double> bounds;
+  std::string text(v);
+  for (char& ch : text) {
+    if (ch == ',') ch = ' ';
+  }
+  std::istringstream in(text);
+  std::string item;
+  while (in >> item) {
+    double x = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    if (ec != std::errc() || end != item.data() + item.size()) {
+      return Status::Error("buckets." + std::string(suffix) + ": \"" + item +
+                           "\" is not a number");
+    }
+    bounds.push_back(x);
+  }
+  config->registry.buckets[std::string(suffix)] = std::move(bounds);
+  return Status::Ok();
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+Status ReadConfigFile(const std::string& path, Config* config) {
+  std::ifstream in(path);
+  if (!in) return Status::Error("cannot read config file \"" + path + "\"");
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    std::string_view l = Trim(line);
+    if (l.empty() || l.front() == '#') continue;
+    const size_t eq = l.find('=');
+    const std::string where = path + ":" + std::to_string(lineno) + ": ";
+    if (eq == std::string_view::npos) {
+      return Status::Error(where + "expected key = value");
+    }
+    const std::string_view key = Trim(l.substr(0, eq));
+    const std::string_view value = Trim(l.substr(eq + 1));
+    Status s = Status::Ok();
+    if (key.substr(0, 8) == "buckets.") {
+      s = ParseBuckets(key.substr(8), value, config);
+    } else if (const Flag* f = FindFlag(key); f != nullptr && key != "config") {
+      s = f->set(value, config);
+    } else {
+      return Status::Error(where + "unknown key \"" + std::string(key) + "\"");
+    }
+    if (!s.ok()) return Status::Error(where + s.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view UsageText() { return kUsage; }
+
+Status ParseConfig(int argc, const char* const* argv, Config* config) {
+  // Split into (name, value) pairs first so that --config can be read
+  // before the flags that override it.
+  std::vector<std::pair<std::string, std::string>> given;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      config->show_help = true;
+      continue;
+    }
+    if (arg == "--version") {
+      config->show_version = true;
+      continue;
+    }
+    if (arg.substr(0, 2) != "--") {
+      return Status::Error("unexpected argument \"" + std::string(arg) +
+                           "\" (see --help)");
+    }
+    arg.remove_prefix(2);
+    std::string name, value;
+    if (const size_t eq = arg.find('='); eq != std::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else {
+      name = arg;
+      if (name != "config" && FindFlag(name) == nullptr) {
+        return Status::Error("unknown flag --" + name + " (see --help)");
+      }
+      if (i + 1 >= argc) return Status::Error("--" + name + " needs a value");
+      value = argv[++i];
+    }
+    if (name != "config" && FindFlag(name) == nullptr) {
+      return Status::Error("unknown flag --" + name + " (see --help)");
+    }
+    given.emplace_back(std::move(name), std::move(value));
+  }
+  for (const auto& [name, value] : given) {
+    if (name == "config") {
+      config->config_file = value;
+      Status s = ReadConfigFile(value, config);
+      if (!s.ok()) return s;
+    }
+  }
+  for (const auto& [name, value] : given) {
+    if (name == "config") continue;
+    Status s = FindFlag(name)->set(value, config);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace tokenmeter::daemon

@@ -1,0 +1,44 @@
+// tokenmeterd's configuration: command-line flags (docs/operations.md lists
+// them) over an optional configuration file of `key = value` lines whose
+// keys are the long flag names without dashes, plus `buckets.<histogram>`
+// for per-histogram bucket bounds.
+#ifndef TOKENMETER_DAEMON_CONFIG_H_
+#define TOKENMETER_DAEMON_CONFIG_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/ingest/frame_decoder.h"
+#include "daemon/ingest/ingest_server.h"
+#include "daemon/ingest/tracker.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/status.h"
+
+namespace tokenmeter::daemon {
+
+struct Config {
+  std::string ingest_path = TM_DEFAULT_SOCKET_PATH;
+  std::string listen = ":10062";
+  double log_interval_s = 10;
+  std::string log_level = "info";
+  std::string config_file;
+  RegistryOptions registry;
+  TrackerOptions tracker;
+  IngestOptions ingest;
+  uint32_t http_max_connections = 256;
+  bool show_version = false;
+  bool show_help = false;
+};
+
+// Parses argv (argv[0] is skipped). A --config file is read first; flags
+// given on the command line win over it. Errors name the flag or the file
+// and line.
+Status ParseConfig(int argc, const char* const* argv, Config* config);
+
+// The --help text.
+std::string_view UsageText();
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_CONFIG_H_

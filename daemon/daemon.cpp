@@ -1,0 +1,148 @@
+#include "daemon/daemon.h"
+
+#include <time.h>
+
+#include "daemon/http/negotiation.h"
+#include "daemon/logging/summary.h"
+#include "spdlog/spdlog.h"
+
+namespace tokenmeter::daemon {
+
+Daemon::Daemon(const Config& config) : config_(config) {}
+
+Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
+  std::unique_ptr<Daemon> d(new Daemon(config));
+  Status s = Registry::Create(config.registry, &d->registry_);
+  if (!s.ok()) return s;
+  const int rc = uv_loop_init(&d->loop_);
+  if (rc != 0) {
+    return Status::Error(std::string("uv_loop_init: ") + uv_strerror(rc));
+  }
+  d->loop_initialized_ = true;
+  d->tracker_ =
+      std::make_unique<Tracker>(*d->registry_, d->clock_, config.tracker);
+  d->ingest_ = std::make_unique<IngestServer>(&d->loop_, *d->registry_,
+                                              *d->tracker_, config.ingest);
+  http::ServerOptions http_options;
+  http_options.max_connections = config.http_max_connections;
+  d->http_ = std::make_unique<http::Server>(&d->loop_, http_options);
+  *out = std::move(d);
+  return Status::Ok();
+}
+
+Daemon::~Daemon() {
+  if (loop_initialized_) {
+    // Run() normally leaves nothing behind; this only matters after a
+    // failed Start().
+    if (!stopping_) Stop();
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_loop_close(&loop_);
+  }
+}
+
+Status Daemon::Start() {
+  Status s = ingest_->Listen(config_.ingest_path);
+  if (!s.ok()) return s;
+  Daemon* self = this;
+  http_->AddRoute("/metrics", [self](const http::Request& req,
+                                     http::Response& resp) {
+    self->HandleMetrics(req, resp);
+  });
+  http_->AddRoute("/healthz", [](const http::Request&, http::Response& resp) {
+    resp.status = 200;
+    resp.content_type = "text/plain; charset=utf-8";
+    resp.body = "ok\n";
+  });
+  s = http_->Listen(config_.listen);
+  if (!s.ok()) return s;
+
+  uv_timer_init(&loop_, &sweep_timer_);
+  sweep_timer_.data = this;
+  uv_timer_start(
+      &sweep_timer_,
+      [](uv_timer_t* t) { static_cast<Daemon*>(t->data)->tracker_->Sweep(); },
+      100, 100);
+  uv_timer_init(&loop_, &log_timer_);
+  log_timer_.data = this;
+  last_log_ns_ = clock_.NowNs();
+  if (config_.log_interval_s > 0) {
+    const uint64_t ms = uint64_t(config_.log_interval_s * 1000);
+    uv_timer_start(
+        &log_timer_,
+        [](uv_timer_t* t) {
+          auto* d = static_cast<Daemon*>(t->data);
+          const uint64_t now = d->clock_.NowNs();
+          LogSummaries(*d->registry_, double(now - d->last_log_ns_) / 1e9);
+          d->last_log_ns_ = now;
+        },
+        ms, ms);
+  }
+  for (uv_signal_t* sig : {&sigterm_, &sigint_}) {
+    uv_signal_init(&loop_, sig);
+    sig->data = this;
+    uv_signal_start(
+        sig,
+        [](uv_signal_t* h, int signum) {
+          spdlog::info("received signal {}; shutting down", signum);
+          static_cast<Daemon*>(h->data)->Stop();
+        },
+        sig == &sigterm_ ? SIGTERM : SIGINT);
+  }
+  spdlog::info("tokenmeterd {} listening: ingest {} http port {}",
+               TOKENMETER_VERSION, config_.ingest_path, http_->port());
+  return Status::Ok();
+}
+
+void Daemon::HandleMetrics(const http::Request& req, http::Response& resp) {
+  timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  const http::Format format = http::ChooseFormat(req.accept);
+  resp.status = 200;
+  resp.content_type = std::string(http::ContentType(format));
+  resp.compressible = true;
+  resp.body.reserve(64 * 1024);
+  registry_->Render(format == http::Format::kOpenMetrics100
+                        ? ExpositionFormat::kOpenMetrics100
+                        : ExpositionFormat::kText004,
+                    resp.body);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  registry_->counters().scrape_duration_seconds =
+      double(b.tv_sec - a.tv_sec) + double(b.tv_nsec - a.tv_nsec) / 1e9;
+}
+
+void Daemon::Stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  auto close_handle = [this](uv_handle_t* h) {
+    if (h->loop == nullptr || uv_is_closing(h)) return;
+    ++pending_closes_;
+    h->data = this;
+    uv_close(h, [](uv_handle_t* handle) {
+      auto* d = static_cast<Daemon*>(handle->data);
+      if (--d->pending_closes_ == 0) d->OnStopped();
+    });
+  };
+  ++pending_closes_;  // held until every close below has been started
+  close_handle(reinterpret_cast<uv_handle_t*>(&sweep_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&log_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&sigterm_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&sigint_));
+  ++pending_closes_;
+  ingest_->Close([this] {
+    if (--pending_closes_ == 0) OnStopped();
+  });
+  ++pending_closes_;
+  http_->Close([this] {
+    if (--pending_closes_ == 0) OnStopped();
+  });
+  if (--pending_closes_ == 0) OnStopped();
+}
+
+void Daemon::OnStopped() { spdlog::info("stopped"); }
+
+int Daemon::Run() {
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  return 0;
+}
+
+}  // namespace tokenmeter::daemon

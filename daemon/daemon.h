@@ -1,0 +1,63 @@
+// Daemon: owns the libuv loop and everything on it (registry, tracker,
+// ingest listener, HTTP server, timers, signal handlers). main() builds one.
+#ifndef TOKENMETER_DAEMON_DAEMON_H_
+#define TOKENMETER_DAEMON_DAEMON_H_
+
+#include <uv.h>
+
+#include <memory>
+
+#include "daemon/config.h"
+#include "daemon/http/server.h"
+#include "daemon/ingest/ingest_server.h"
+#include "daemon/ingest/tracker.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/status.h"
+
+namespace tokenmeter::daemon {
+
+class Daemon {
+ public:
+  // Validates the configuration and builds the components (binds nothing).
+  static Status Create(const Config& config, std::unique_ptr<Daemon>* out);
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  ~Daemon();
+
+  // Binds the ingest socket and the HTTP listener (or adopts sockets
+  // inherited from systemd), and starts the timers and signal handlers.
+  Status Start();
+  // Runs the loop until SIGTERM/SIGINT (or Stop()) has shut everything
+  // down. Returns 0.
+  int Run();
+  // Begins a graceful shutdown; callable from the loop thread only.
+  void Stop();
+
+  uint16_t http_port() const { return http_->port(); }
+  Registry& registry() { return *registry_; }
+
+ private:
+  explicit Daemon(const Config& config);
+  void HandleMetrics(const http::Request& req, http::Response& resp);
+  void OnStopped();
+
+  const Config config_;
+  uv_loop_t loop_{};
+  bool loop_initialized_ = false;
+  MonotonicClock clock_;
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<Tracker> tracker_;
+  std::unique_ptr<IngestServer> ingest_;
+  std::unique_ptr<http::Server> http_;
+  uv_timer_t sweep_timer_{};
+  uv_timer_t log_timer_{};
+  uv_signal_t sigterm_{};
+  uv_signal_t sigint_{};
+  uint64_t last_log_ns_ = 0;
+  bool stopping_ = false;
+  int pending_closes_ = 0;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_DAEMON_H_

@@ -1,0 +1,321 @@
+#include "daemon/ingest/ingest_server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "spdlog/spdlog.h"
+
+namespace tokenmeter::daemon {
+
+// One engine connection. Owns its uv_pipe_t; freed in the close callback.
+class IngestServer::Connection : public FrameSink {
+ public:
+  Connection(IngestServer& server, uint64_t id)
+      : server_(server), id_(id), decoder_(server.options_.limits) {
+    pipe_.data = this;
+  }
+
+  uv_pipe_t* pipe() { return &pipe_; }
+
+  void Start() {
+    ReadPeerCredentials();
+    uv_read_start(reinterpret_cast<uv_stream_t*>(&pipe_), OnAlloc, OnRead);
+  }
+
+  // Reads whatever the peer has already sent, without waiting, then closes.
+  void Drain() {
+    if (closing_) return;
+    uv_os_fd_t fd;
+    if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) == 0) {
+      for (;;) {
+        std::span<char> buf = decoder_.Prepare(64 * 1024);
+        if (buf.empty()) break;
+        const ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n <= 0) break;
+        if (!decoder_.Commit(size_t(n), *this)) {
+          FrameError();
+          return;
+        }
+      }
+    }
+    Close();
+  }
+
+  void Close() {
+    if (closing_) return;
+    closing_ = true;
+    uv_close(reinterpret_cast<uv_handle_t*>(&pipe_), [](uv_handle_t* h) {
+      auto* c = static_cast<Connection*>(h->data);
+      IngestServer& server = c->server_;
+      server.Forget(c);
+      delete c;
+    });
+  }
+
+  // FrameSink.
+  void OnHello(const Hello& hello) override {
+    Registry& reg = server_.registry_;
+    ++reg.counters().ingest_frames;
+    SeriesIdentity id{server_.options_.namespace_override.empty()
+                          ? SanitizeNamespace(hello.engine)
+                          : server_.options_.namespace_override,
+                      hello.model, hello.instance, hello.labels};
+    EngineSeries* series = reg.GetOrCreate(id);
+    if (series == nullptr) {
+      spdlog::warn("ingest: {}: refused: the engine series limit is reached",
+                   peer_);
+      // Counted by the registry (series_rejected); close this peer only.
+      Close();
+      return;
+    }
+    family_ = hello.engine;
+    model_ = hello.model;
+    instance_ = hello.instance;
+    client_key_ = hello.has_pid ? hello.pid : -int64_t(id_);
+    source_ = Source{series, server_.SpaceFor(hello, id_)};
+    spdlog::info("ingest: {}: hello engine={} model={} instance={}{}{}",
+                 peer_, hello.engine, hello.model, hello.instance,
+                 hello.has_scope ? " scope=" : "", hello.scope);
+  }
+
+  void OnBatch(const Batch& batch) override {
+    if (closing_) return;
+    Registry& reg = server_.registry_;
+    ++reg.counters().ingest_frames;
+    server_.tracker_.ApplyBatch(source_, batch);
+    reg.SetClientDropped(family_, model_, instance_, client_key_,
+                         batch.dropped_total);
+  }
+
+  void OnGoodbye() override { ++server_.registry_.counters().ingest_frames; }
+
+  void OnEventError(IngestError error) override {
+    ++server_.registry_.counters().ingest_errors[size_t(error)];
+    // One line per connection, not per event: a broken client can send
+    // millions.
+    if (!logged_event_error_) {
+      logged_event_error_ = true;
+      spdlog::warn("ingest: {}: skipped an invalid event ({}); further "
+                   "skips on this connection are only counted",
+                   peer_, IngestErrorName(error));
+    }
+  }
+
+ private:
+  static void OnAlloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf) {
+    auto* c = static_cast<Connection*>(h->data);
+    std::span<char> space = c->decoder_.Prepare(suggested);
+    *buf = uv_buf_init(space.data(), unsigned(space.size()));
+  }
+
+  static void OnRead(uv_stream_t* s, ssize_t nread, const uv_buf_t*) {
+    auto* c = static_cast<Connection*>(s->data);
+    if (nread < 0) {
+      if (nread != UV_EOF) {
+        spdlog::info("ingest: {}: read error: {}", c->peer_,
+                     uv_strerror(int(nread)));
+      } else if (c->decoder_.buffered_bytes() > 0) {
+        spdlog::warn("ingest: {}: closed in the middle of a frame ({} bytes "
+                     "discarded)",
+                     c->peer_, c->decoder_.buffered_bytes());
+      }
+      c->Close();
+      return;
+    }
+    if (nread == 0 || c->closing_) return;
+    if (!c->decoder_.Commit(size_t(nread), *c)) c->FrameError();
+  }
+
+  void FrameError() {
+    const IngestError e = decoder_.error();
+    ++server_.registry_.counters().ingest_errors[size_t(e)];
+    spdlog::warn("ingest: {}: closing the connection: {}", peer_,
+                 IngestErrorName(e));
+    Close();
+  }
+
+  void ReadPeerCredentials() {
+    uv_os_fd_t fd;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) == 0 &&
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      peer_ = "peer#" + std::to_string(id_) + " pid=" +
+              std::to_string(cred.pid) + " uid=" + std::to_string(cred.uid) +
+              " gid=" + std::to_string(cred.gid);
+    } else {
+      peer_ = "peer#" + std::to_string(id_);
+    }
+  }
+
+  IngestServer& server_;
+  const uint64_t id_;
+  uv_pipe_t pipe_{};
+  FrameDecoder decoder_;
+  bool closing_ = false;
+  bool logged_event_error_ = false;
+  std::string peer_;
+  Source source_{nullptr, 0};
+  std::string family_, model_, instance_;
+  int64_t client_key_ = 0;
+};
+
+IngestServer::IngestServer(uv_loop_t* loop, Registry& registry,
+                           Tracker& tracker, IngestOptions options)
+    : loop_(loop),
+      registry_(registry),
+      tracker_(tracker),
+      options_(std::move(options)) {}
+
+IngestServer::~IngestServer() = default;
+
+Status IngestServer::Listen(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    return Status::Error("ingest socket path \"" + path + "\" is empty or " +
+                         "longer than " +
+                         std::to_string(sizeof addr.sun_path - 1) + " bytes");
+  }
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Status::Error("ingest socket path \"" + path +
+                           "\" exists and is not a socket");
+    }
+    // A socket file: live if someone accepts on it, stale otherwise.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    const bool live =
+        probe >= 0 &&
+        connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      return Status::Error("ingest socket \"" + path +
+                           "\" is in use by a running process");
+    }
+    if (unlink(path.c_str()) != 0) {
+      return Status::Error("cannot replace stale ingest socket \"" + path +
+                           "\": " + std::strerror(errno));
+    }
+  }
+  int rc = uv_pipe_init(loop_, &listener_, 0);
+  if (rc != 0) return Status::Error(std::string("uv_pipe_init: ") + uv_strerror(rc));
+  listener_.data = this;
+  listener_closed_ = false;
+  // Created 0660 from the start (no window where others could connect).
+  const mode_t old_mask = umask(0117);
+  rc = uv_pipe_bind(&listener_, path.c_str());
+  umask(old_mask);
+  if (rc == 0) {
+    unlink_path_ = path;
+    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 512,
+                   OnConnection);
+  }
+  if (rc != 0) {
+    return Status::Error("cannot listen on ingest socket \"" + path +
+                         "\": " + uv_strerror(rc));
+  }
+  chmod(path.c_str(), 0660);
+  listening_ = true;
+  return Status::Ok();
+}
+
+Status IngestServer::Adopt(int fd) {
+  int rc = uv_pipe_init(loop_, &listener_, 0);
+  if (rc == 0) {
+    listener_.data = this;
+    listener_closed_ = false;
+    rc = uv_pipe_open(&listener_, fd);
+  }
+  if (rc == 0) {
+    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 512,
+                   OnConnection);
+  }
+  if (rc != 0) {
+    return Status::Error(std::string("cannot use the inherited ingest "
+                                     "socket: ") +
+                         uv_strerror(rc));
+  }
+  listening_ = true;
+  return Status::Ok();
+}
+
+void IngestServer::OnConnection(uv_stream_t* server, int status) {
+  auto* self = static_cast<IngestServer*>(server->data);
+  if (status != 0) {
+    spdlog::warn("ingest: accept failed: {}", uv_strerror(status));
+    return;
+  }
+  self->Accept();
+}
+
+void IngestServer::Accept() {
+  auto* c = new Connection(*this, next_connection_id_++);
+  uv_pipe_init(loop_, c->pipe(), 0);
+  connections_.insert(c);
+  ++registry_.counters().ingest_connections;
+  if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_),
+                reinterpret_cast<uv_stream_t*>(c->pipe())) != 0 ||
+      closing_) {
+    c->Close();
+    return;
+  }
+  if (connections_.size() > options_.max_connections) {
+    spdlog::warn("ingest: connection limit ({}) reached; closing a new "
+                 "connection",
+                 options_.max_connections);
+    c->Close();
+    return;
+  }
+  c->Start();
+}
+
+void IngestServer::Forget(Connection* c) {
+  connections_.erase(c);
+  --registry_.counters().ingest_connections;
+  MaybeDone();
+}
+
+uint64_t IngestServer::SpaceFor(const Hello& hello, uint64_t) {
+  if (!hello.has_scope) return next_space_++;
+  auto [it, inserted] = shared_spaces_.try_emplace(
+      std::make_tuple(hello.engine, hello.model, hello.scope), next_space_);
+  if (inserted) ++next_space_;
+  return it->second;
+}
+
+void IngestServer::Close(std::function<void()> done) {
+  closing_ = true;
+  done_ = std::move(done);
+  if (!listener_closed_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* h) {
+      auto* self = static_cast<IngestServer*>(h->data);
+      self->listener_closed_ = true;
+      self->MaybeDone();
+    });
+  }
+  if (!unlink_path_.empty()) {
+    unlink(unlink_path_.c_str());
+    unlink_path_.clear();
+  }
+  // Copy: Drain() may close (and, later, erase) connections.
+  std::vector<Connection*> open(connections_.begin(), connections_.end());
+  for (Connection* c : open) c->Drain();
+  MaybeDone();
+}
+
+void IngestServer::MaybeDone() {
+  if (closing_ && listener_closed_ && connections_.empty() && done_) {
+    auto done = std::move(done_);
+    done_ = nullptr;
+    done();
+  }
+}
+
+}  // namespace tokenmeter::daemon

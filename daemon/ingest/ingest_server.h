@@ -1,0 +1,88 @@
+// The ingest listener and its connections: a Unix stream socket that
+// engines connect to, one Connection per peer owning its uv_pipe_t, each
+// with its own FrameDecoder feeding the shared Tracker.
+//
+// Untrusted input: a frame-level error is counted, logged once with the
+// peer named, and closes that connection only. Reading is synchronous with
+// applying (a read callback decodes and applies what it read), so a
+// connection is read only as fast as the daemon applies its events; the
+// decoder holds at most one incomplete frame (max_frame_bytes).
+#ifndef TOKENMETER_DAEMON_INGEST_INGEST_SERVER_H_
+#define TOKENMETER_DAEMON_INGEST_INGEST_SERVER_H_
+
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_set>
+
+#include "daemon/ingest/frame_decoder.h"
+#include "daemon/ingest/tracker.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/status.h"
+
+namespace tokenmeter::daemon {
+
+struct IngestOptions {
+  DecoderLimits limits;
+  std::string namespace_override;  // --namespace; empty: from HELLO engine
+  uint32_t max_connections = 1024;
+};
+
+class IngestServer {
+ public:
+  IngestServer(uv_loop_t* loop, Registry& registry, Tracker& tracker,
+               IngestOptions options);
+  IngestServer(const IngestServer&) = delete;
+  IngestServer& operator=(const IngestServer&) = delete;
+  ~IngestServer();  // requires Close() to have completed
+
+  // Binds `path` (mode 0660), replacing a stale socket file nobody listens
+  // on; a live socket, a non-socket file, or a path too long for sun_path
+  // is an error naming the path.
+  Status Listen(const std::string& path);
+  // Uses an inherited, already listening Unix socket (socket activation).
+  // The daemon then does not unlink it at exit.
+  Status Adopt(int fd);
+
+  // Stops accepting, reads what every connection has already sent, closes
+  // them, unlinks the socket file it created, then calls done().
+  void Close(std::function<void()> done);
+
+  size_t connections() const { return connections_.size(); }
+
+  class Connection;
+
+ private:
+  friend class Connection;
+  static void OnConnection(uv_stream_t* server, int status);
+  void Accept();
+  void Forget(Connection* c);
+  void MaybeDone();
+  uint64_t SpaceFor(const Hello& hello, uint64_t connection_id);
+
+  uv_loop_t* loop_;
+  Registry& registry_;
+  Tracker& tracker_;
+  const IngestOptions options_;
+  uv_pipe_t listener_{};
+  bool listening_ = false;
+  bool closing_ = false;
+  bool listener_closed_ = true;
+  std::string unlink_path_;  // the socket file this process created
+  std::unordered_set<Connection*> connections_;
+  std::function<void()> done_;
+  uint64_t next_connection_id_ = 1;
+  // (engine, model, scope) -> shared request-id space.
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t>
+      shared_spaces_;
+  uint64_t next_space_ = 1;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_INGEST_INGEST_SERVER_H_

@@ -1,0 +1,137 @@
+// The request tracker: joins each request's events (from one or several
+// connections of one request-id space, in any order), computes the
+// intervals of docs/protocol.md and updates the engine series.
+//
+// Every event names the connection it came from through a Source; the
+// observation of an interval goes to the series of the connection that sent
+// the interval's closing event, whatever order the events came in.
+//
+// Memory: one Request per tracked request (about 190 bytes with an integer
+// id, see docs/performance.md), at most TrackerOptions::max_requests.
+// Single-threaded (the daemon's loop).
+#ifndef TOKENMETER_DAEMON_INGEST_TRACKER_H_
+#define TOKENMETER_DAEMON_INGEST_TRACKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+
+#include "daemon/ingest/event.h"
+#include "daemon/ingest/frame_decoder.h"
+#include "daemon/metrics/registry.h"
+
+namespace tokenmeter::daemon {
+
+// Time source, injected so that tests control it.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual uint64_t NowNs() const = 0;  // CLOCK_MONOTONIC nanoseconds
+};
+
+class MonotonicClock : public Clock {
+ public:
+  uint64_t NowNs() const override;
+};
+
+struct TrackerOptions {
+  uint64_t grace_ns = 2'000'000'000;          // finished requests kept
+  uint64_t idle_timeout_ns = 600'000'000'000;  // unfinished, no events
+  size_t max_requests = 1'000'000;
+  uint64_t max_future_ns = TM_MAX_FUTURE_NS;
+  uint64_t max_past_ns = TM_MAX_PAST_NS;
+};
+
+// Where an event came from.
+struct Source {
+  EngineSeries* series;  // the sending connection's series (not null)
+  uint64_t space;        // its request-id space
+};
+
+class Tracker {
+ public:
+  Tracker(Registry& registry, const Clock& clock, TrackerOptions options);
+  Tracker(const Tracker&) = delete;
+  Tracker& operator=(const Tracker&) = delete;
+  ~Tracker();
+
+  // Applies every event of a decoded batch (timestamps checked against one
+  // reading of the clock).
+  void ApplyBatch(const Source& src, const Batch& batch);
+  // Applies one event; `positions` backs a STEP's spec_accepted_per_pos.
+  void Apply(const Source& src, const Event& ev, const uint64_t* positions,
+             uint64_t now_ns);
+
+  // Retires finished requests past the grace period and evicts idle ones.
+  // Cheap when there is nothing to do; the daemon calls it every 100 ms.
+  void Sweep();
+
+  size_t size() const { return requests_.size(); }
+
+  struct Request;  // defined in tracker.cpp
+
+ private:
+  struct Key {
+    uint64_t space;
+    uint64_t num;  // the id, or the hash of a string id
+    std::unique_ptr<char[]> str;
+    uint8_t len;  // 0: integer id
+  };
+  struct KeyView {
+    uint64_t space;
+    uint64_t num;
+    std::string_view str;
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const Key& k) const { return Mix(k.space, k.num); }
+    size_t operator()(const KeyView& k) const { return Mix(k.space, k.num); }
+    static size_t Mix(uint64_t a, uint64_t b);
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    static KeyView View(const Key& k) {
+      return {k.space, k.num, std::string_view(k.str.get(), k.len)};
+    }
+    static KeyView View(const KeyView& k) { return k; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      const KeyView x = View(a), y = View(b);
+      return x.space == y.space && x.num == y.num && x.str == y.str;
+    }
+  };
+  using Map = std::unordered_map<Key, Request, KeyHash, KeyEq>;
+
+  Request& Find(const Source& src, const RequestId& rid, uint64_t now_ns);
+  void Touch(Request& r, uint64_t now_ns);
+  void Observe(EngineSeries& s, EngineMetric m, Interval interval,
+               int64_t delta_ns);
+  void ObserveFinishTime(Request& r);
+  void Remove(Request& r, bool evicted);
+
+  void OnArrived(const Source& src, const Event& ev, Request& r);
+  void OnQueued(const Event& ev, Request& r);
+  void OnScheduled(const Source& src, const Event& ev, Request& r);
+  void OnTokens(const Source& src, const Event& ev, Request& r);
+  void OnFinished(const Source& src, const Event& ev, Request& r,
+                  uint64_t now_ns);
+  void OnPreempted(const Source& src, Request& r);
+  void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
+
+  Registry& registry_;
+  DaemonCounters& counters_;
+  const Clock& clock_;
+  const TrackerOptions options_;
+  Map requests_;
+  // Intrusive lists through Request::prev/next: active requests by last
+  // activity, finished ones by finish time (both oldest first).
+  Request* active_head_ = nullptr;
+  Request* active_tail_ = nullptr;
+  Request* finished_head_ = nullptr;
+  Request* finished_tail_ = nullptr;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_INGEST_TRACKER_H_

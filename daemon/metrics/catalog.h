@@ -1,0 +1,122 @@
+// The one table of every series tokenmeterd exposes (docs/metrics.md is
+// checked against it by a test). Engine series are named <ns>:<suffix>;
+// daemon series are named in full.
+#ifndef TOKENMETER_DAEMON_METRICS_CATALOG_H_
+#define TOKENMETER_DAEMON_METRICS_CATALOG_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace tokenmeter::daemon {
+
+enum class MetricType : uint8_t { kCounter, kGauge, kHistogram };
+std::string_view MetricTypeName(MetricType type);
+
+// Default bucket sets of the engine histograms.
+enum class BucketSet : uint8_t {
+  kNone,
+  kTtft,       // seconds
+  kItl,        // seconds (ITL and TPOT)
+  kPhase,      // seconds (e2e, queue, prefill, decode, inference)
+  kTokens,     // 1-2-5 series up to --max-model-len
+  kIteration,  // tokens per scheduler iteration
+  kParamsN,    // 1 2 5 10 20
+};
+
+// Engine metrics, in exposition order. Values index kEngineMetrics.
+enum EngineMetric : uint8_t {
+  kNumRequestsRunning,
+  kNumRequestsWaiting,
+  kKvCacheUsagePerc,
+  kPrefixCacheQueries,
+  kPrefixCacheHits,
+  kNumPreemptions,
+  kPromptTokens,
+  kGenerationTokens,
+  kRequestSuccess,
+  kTimeToFirstToken,
+  kInterTokenLatency,
+  kRequestTimePerOutputToken,
+  kE2eRequestLatency,
+  kRequestQueueTime,
+  kRequestPrefillTime,
+  kRequestDecodeTime,
+  kRequestInferenceTime,
+  kRequestPromptTokens,
+  kRequestGenerationTokens,
+  kRequestMaxNumGenerationTokens,
+  kRequestParamsMaxTokens,
+  kRequestParamsN,
+  kIterationTokens,
+  kSpecDecodeNumDrafts,
+  kSpecDecodeNumDraftTokens,
+  kSpecDecodeNumAcceptedTokens,
+  kSpecDecodeNumAcceptedTokensPerPos,
+  kNumEngineMetrics,
+};
+
+struct EngineMetricDef {
+  EngineMetric id;
+  std::string_view suffix;     // counters without _total
+  MetricType type;
+  std::string_view own_label;  // "", "finished_reason" or "position"
+  BucketSet buckets;           // histograms only
+  bool seconds;                // histogram of nanosecond observations
+  std::string_view help;
+};
+extern const EngineMetricDef kEngineMetrics[kNumEngineMetrics];
+
+// Daemon series (tokenmeter_* and process_*), in exposition order.
+enum DaemonMetric : uint8_t {
+  kBuildInfo,
+  kIngestConnections,
+  kIngestFrames,
+  kIngestEvents,
+  kIngestErrors,
+  kClientDroppedEvents,
+  kTrackedRequests,
+  kEvictedRequests,
+  kIncompleteIntervals,
+  kNegativeIntervals,
+  kScrapeDuration,
+  kProcessCpuSeconds,
+  kProcessResidentMemory,
+  kProcessVirtualMemory,
+  kProcessOpenFds,
+  kProcessMaxFds,
+  kProcessStartTime,
+  kNumDaemonMetrics,
+};
+
+struct DaemonMetricDef {
+  DaemonMetric id;
+  std::string_view name;  // counters without _total
+  MetricType type;
+  std::string_view labels;  // comma-separated label names, or ""
+  std::string_view help;
+};
+extern const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics];
+
+// The default bounds of a bucket set (exposed units).
+std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len);
+// Mantissas 1, 2, 5 times powers of ten, every value <= max (max >= 1).
+std::vector<double> OneTwoFive(uint64_t max);
+
+// The intervals the tracker measures: the `interval` label values.
+enum class Interval : uint8_t {
+  kTtft,
+  kItl,
+  kE2e,
+  kQueue,
+  kPrefill,
+  kDecode,
+  kInference,
+  kTpot,
+  kCount,
+};
+std::string_view IntervalName(Interval interval);
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_METRICS_CATALOG_H_

@@ -1,0 +1,32 @@
+#include "daemon/metrics/histogram.h"
+
+#include <cmath>
+
+#include "daemon/metrics/text_format.h"
+
+namespace tokenmeter::daemon {
+
+HistogramLayout::HistogramLayout(std::vector<double> bounds, double divisor)
+    : bounds_(std::move(bounds)), divisor_(divisor) {
+  thresholds_.reserve(bounds_.size());
+  le_text_.reserve(bounds_.size() + 1);
+  for (double b : bounds_) {
+    // The largest raw value whose exposed value (raw / divisor, as the sum
+    // is exposed) is still <= b: b * divisor alone can round below it (a
+    // bound of 9.97e-07 s gives 996.9999999999999 ns), which would put an
+    // observation of exactly 997 ns past its inclusive le bucket.
+    double t = b * divisor_;
+    while (t / divisor_ > b) t = std::nextafter(t, -HUGE_VAL);
+    for (double up = std::nextafter(t, HUGE_VAL); up / divisor_ <= b;
+         up = std::nextafter(up, HUGE_VAL)) {
+      t = up;
+    }
+    thresholds_.push_back(t);
+    std::string text;
+    AppendDouble(text, b);
+    le_text_.push_back(std::move(text));
+  }
+  le_text_.push_back("+Inf");
+}
+
+}  // namespace tokenmeter::daemon

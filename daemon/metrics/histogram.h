@@ -1,0 +1,65 @@
+// Histograms with fixed, per-metric bucket layouts. Observations arrive in
+// raw units (nanoseconds, or token counts) and are exposed divided by the
+// layout's divisor (seconds = ns / 1e9). Single-threaded (the daemon's loop).
+#ifndef TOKENMETER_DAEMON_METRICS_HISTOGRAM_H_
+#define TOKENMETER_DAEMON_METRICS_HISTOGRAM_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tokenmeter::daemon {
+
+class HistogramLayout {
+ public:
+  // `bounds`: strictly increasing finite upper bounds in exposed units (the
+  // +Inf bucket is implicit). `divisor`: raw units per exposed unit.
+  HistogramLayout(std::vector<double> bounds, double divisor);
+
+  // The bucket an observation falls in: the first bound b with
+  // raw / divisor <= b (le is inclusive), or bounds().size() for +Inf.
+  size_t BucketFor(double raw) const {
+    return size_t(std::lower_bound(thresholds_.begin(), thresholds_.end(),
+                                   raw) -
+                  thresholds_.begin());
+  }
+  const std::vector<double>& bounds() const { return bounds_; }
+  // Each bound formatted for the `le` label, then "+Inf".
+  const std::vector<std::string>& le_text() const { return le_text_; }
+  double divisor() const { return divisor_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<double> thresholds_;
+  std::vector<std::string> le_text_;
+  double divisor_;
+};
+
+class Histogram {
+ public:
+  explicit Histogram(const HistogramLayout* layout)
+      : layout_(layout), counts_(layout->bounds().size() + 1, 0) {}
+
+  void Observe(double raw) {
+    ++counts_[layout_->BucketFor(raw)];
+    ++count_;
+    sum_raw_ += raw;
+  }
+  const HistogramLayout& layout() const { return *layout_; }
+  // Per-bucket (not cumulative) counts; the last is the +Inf bucket.
+  const std::vector<uint64_t>& counts() const { return counts_; }
+  uint64_t count() const { return count_; }
+  // In exposed units. Exact for integer raw sums below 2^53.
+  double sum() const { return sum_raw_ / layout_->divisor(); }
+
+ private:
+  const HistogramLayout* layout_;
+  std::vector<uint64_t> counts_;
+  uint64_t count_ = 0;
+  double sum_raw_ = 0;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_METRICS_HISTOGRAM_H_
