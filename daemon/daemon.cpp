@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+
 #include "daemon/http/negotiation.h"
 #include "daemon/logging/summary.h"
 #include "spdlog/spdlog.h"
@@ -41,7 +43,10 @@ Daemon::~Daemon() {
 }
 
 Status Daemon::Start() {
-  Status s = ingest_->Listen(config_.ingest_path);
+  std::map<std::string, int> inherited = TakeInheritedSockets();
+  const bool ingest_inherited = inherited.count("ingest") > 0;
+  Status s = ingest_inherited ? ingest_->Adopt(inherited["ingest"])
+                              : ingest_->Listen(config_.ingest_path);
   if (!s.ok()) return s;
   Daemon* self = this;
   http_->AddRoute("/metrics", [self](const http::Request& req,
@@ -53,8 +58,17 @@ Status Daemon::Start() {
     resp.content_type = "text/plain; charset=utf-8";
     resp.body = "ok\n";
   });
-  s = http_->Listen(config_.listen);
+  const bool http_inherited = inherited.count("http") > 0;
+  s = http_inherited ? http_->Adopt(inherited["http"])
+                     : http_->Listen(config_.listen);
   if (!s.ok()) return s;
+  for (const auto& [name, fd] : inherited) {
+    if (name != "ingest" && name != "http") {
+      spdlog::warn("ignoring inherited socket \"{}\" (fd {}): expected "
+                   "FileDescriptorName=ingest or http",
+                   name, fd);
+    }
+  }
 
   uv_timer_init(&loop_, &sweep_timer_);
   sweep_timer_.data = this;
@@ -88,8 +102,33 @@ Status Daemon::Start() {
         },
         sig == &sigterm_ ? SIGTERM : SIGINT);
   }
-  spdlog::info("tokenmeterd {} listening: ingest {} http port {}",
-               TOKENMETER_VERSION, config_.ingest_path, http_->port());
+  uv_timer_init(&loop_, &watchdog_timer_);
+  watchdog_timer_.data = this;
+  if (notifier_.watchdog_usec() > 0) {
+    // Ping at half the interval systemd expects, from the loop itself, so
+    // a stuck loop is what stops the pings.
+    const uint64_t ms = std::max<uint64_t>(1, notifier_.watchdog_usec() / 2000);
+    uv_timer_start(
+        &watchdog_timer_,
+        [](uv_timer_t* t) { static_cast<Daemon*>(t->data)->notifier_.Watchdog(); },
+        ms, ms);
+  }
+  uv_timer_init(&loop_, &status_timer_);
+  status_timer_.data = this;
+  status_ns_ = clock_.NowNs();
+  if (notifier_.enabled()) {
+    uv_timer_start(
+        &status_timer_,
+        [](uv_timer_t* t) { static_cast<Daemon*>(t->data)->UpdateStatus(); },
+        5000, 5000);
+  }
+  spdlog::info("tokenmeterd {} listening: ingest {} http port {}{}",
+               TOKENMETER_VERSION,
+               ingest_inherited ? "(inherited socket)" : config_.ingest_path,
+               http_->port(), http_inherited ? " (inherited socket)" : "");
+  // Both listeners are live: the only moment READY=1 may be sent.
+  notifier_.Ready();
+  UpdateStatus();
   return Status::Ok();
 }
 
@@ -110,9 +149,24 @@ void Daemon::HandleMetrics(const http::Request& req, http::Response& resp) {
       double(b.tv_sec - a.tv_sec) + double(b.tv_nsec - a.tv_nsec) / 1e9;
 }
 
+void Daemon::UpdateStatus() {
+  const DaemonCounters& c = registry_->counters();
+  uint64_t events = 0;
+  for (uint64_t n : c.ingest_events) events += n;
+  const uint64_t now = clock_.NowNs();
+  const double rate = now > status_ns_ ? double(events - status_events_) /
+                                             (double(now - status_ns_) / 1e9)
+                                       : 0;
+  status_events_ = events;
+  status_ns_ = now;
+  notifier_.Status(fmt::format("{} engine connections, {:.0f} events/s",
+                               c.ingest_connections, rate));
+}
+
 void Daemon::Stop() {
   if (stopping_) return;
   stopping_ = true;
+  notifier_.Stopping();
   auto close_handle = [this](uv_handle_t* h) {
     if (h->loop == nullptr || uv_is_closing(h)) return;
     ++pending_closes_;
@@ -127,6 +181,8 @@ void Daemon::Stop() {
   close_handle(reinterpret_cast<uv_handle_t*>(&log_timer_));
   close_handle(reinterpret_cast<uv_handle_t*>(&sigterm_));
   close_handle(reinterpret_cast<uv_handle_t*>(&sigint_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&watchdog_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&status_timer_));
   ++pending_closes_;
   ingest_->Close([this] {
     if (--pending_closes_ == 0) OnStopped();

@@ -12,6 +12,7 @@
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/tracker.h"
 #include "daemon/metrics/registry.h"
+#include "daemon/service/systemd.h"
 #include "daemon/status.h"
 
 namespace tokenmeter::daemon {
@@ -24,8 +25,9 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
   ~Daemon();
 
-  // Binds the ingest socket and the HTTP listener (or adopts sockets
-  // inherited from systemd), and starts the timers and signal handlers.
+  // Binds the ingest socket and the HTTP listener, or adopts the sockets
+  // named "ingest" and "http" that systemd passed (socket activation);
+  // starts the timers and signal handlers; then tells systemd READY=1.
   Status Start();
   // Runs the loop until SIGTERM/SIGINT (or Stop()) has shut everything
   // down. Returns 0.
@@ -40,6 +42,7 @@ class Daemon {
   explicit Daemon(const Config& config);
   void HandleMetrics(const http::Request& req, http::Response& resp);
   void OnStopped();
+  void UpdateStatus();
 
   const Config config_;
   uv_loop_t loop_{};
@@ -53,6 +56,11 @@ class Daemon {
   uv_timer_t log_timer_{};
   uv_signal_t sigterm_{};
   uv_signal_t sigint_{};
+  uv_timer_t watchdog_timer_{};
+  uv_timer_t status_timer_{};
+  Notifier notifier_;
+  uint64_t status_events_ = 0;   // events applied at the last STATUS=
+  uint64_t status_ns_ = 0;
   uint64_t last_log_ns_ = 0;
   bool stopping_ = false;
   int pending_closes_ = 0;

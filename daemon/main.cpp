@@ -31,12 +31,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   s = tokenmeter::daemon::SetUpLogging(config.log_level);
-  if (s.ok()) {
-    std::unique_ptr<Daemon> daemon;
-    s = Daemon::Create(config, &daemon);
-    if (s.ok()) s = daemon->Start();
-    if (s.ok()) return daemon->Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "tokenmeterd: --log-level: %s\n",
+                 s.message().c_str());
+    return 2;
   }
+  std::unique_ptr<Daemon> daemon;
+  s = Daemon::Create(config, &daemon);
+  if (s.ok()) s = daemon->Start();
+  if (s.ok()) return daemon->Run();
   std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
   return 1;
 }

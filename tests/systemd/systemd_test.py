@@ -1,0 +1,227 @@
+#!/usr/bin/python3
+"""systemd integration of tokenmeterd, without systemd as PID 1:
+socket activation through systemd-socket-activate, the notify protocol to a
+test-owned datagram socket, journald-style stderr, and the unit files
+checked by systemd-analyze.
+
+Usage: systemd_test.py TOKENMETERD UNIT_DIR_SRC SERVICE_IN [unittest args]
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
+from harness import batch, hello, poll_until  # noqa: E402
+
+DAEMON = UNITS = SERVICE_IN = ""
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class NotifySocket:
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.messages = []
+
+    def close(self):
+        self.sock.close()
+
+    def drain(self):
+        while True:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except socket.timeout:
+                return
+
+    def wait_for(self, text, timeout=10):
+        def seen():
+            self.drain()
+            return any(text in m for m in self.messages)
+        poll_until(seen, timeout=timeout, what=f"notify {text!r}")
+
+
+class SocketActivation(unittest.TestCase):
+    def setUp(self):
+        if not shutil.which("systemd-socket-activate"):
+            self.skipTest("systemd-socket-activate is not installed")
+        self.dir = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def test_inherited_sockets_ready_status_stopping(self):
+        ingest = os.path.join(self.dir, "ingest.sock")
+        port = free_port()
+        notify = NotifySocket(self.dir)
+        self.addCleanup(notify.close)
+        log = open(os.path.join(self.dir, "log"), "w+b")
+        self.addCleanup(log.close)
+        proc = subprocess.Popen(
+            ["systemd-socket-activate", "-l", ingest,
+             "-l", f"127.0.0.1:{port}", "--fdname=ingest:http",
+             "-E", f"NOTIFY_SOCKET={notify.path}",
+             DAEMON, "--log-interval", "0",
+             # Flags the inherited sockets must win over:
+             "--ingest", os.path.join(self.dir, "unused.sock"),
+             "--listen", "127.0.0.1:1"],
+            stdout=subprocess.DEVNULL, stderr=log)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        poll_until(lambda: os.path.exists(ingest), what="ingest socket")
+        # The first connection makes systemd-socket-activate exec the daemon.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(ingest)
+        s.sendall(hello(engine="vllm", model="m"))
+        s.sendall(batch([[4, time.monotonic_ns(), 1, 5]]))
+        notify.wait_for("READY=1")
+        notify.wait_for("STATUS=")
+
+        def scraped():
+            import urllib.request
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    return b'vllm:generation_tokens_total{model_name="m",' \
+                           b'engine="0"} 5' in r.read()
+            except OSError:
+                return False
+        poll_until(scraped, what="metrics on the inherited HTTP socket")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "unused.sock")))
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0)
+        notify.wait_for("STOPPING=1")
+        # The socket file belongs to the service manager: not unlinked.
+        self.assertTrue(os.path.exists(ingest))
+        log.seek(0)
+        self.assertIn(b"(inherited socket)", log.read())
+        s.close()
+
+
+class Notify(unittest.TestCase):
+    def test_watchdog_pings_at_half_the_interval(self):
+        d = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, d, True)
+        notify = NotifySocket(d)
+        self.addCleanup(notify.close)
+        env = dict(os.environ, NOTIFY_SOCKET=notify.path,
+                   WATCHDOG_USEC="200000")
+        proc = subprocess.Popen(
+            [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
+             "127.0.0.1:0", "--log-interval", "0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        notify.wait_for("READY=1")
+        start = time.monotonic()
+        notify.wait_for("WATCHDOG=1", timeout=5)
+        self.assertLess(time.monotonic() - start, 1.0)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=10), 0)
+
+
+class Journal(unittest.TestCase):
+    def test_every_stderr_line_has_a_priority_prefix_under_journald(self):
+        d = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, d, True)
+        err_path = os.path.join(d, "stderr")
+        with open(err_path, "wb") as err:
+            st = os.fstat(err.fileno())
+            env = dict(os.environ,
+                       JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+            proc = subprocess.Popen(
+                [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
+                 "127.0.0.1:0", "--log-interval", "0"],
+                env=env, stdout=subprocess.DEVNULL, stderr=err)
+            poll_until(lambda: b"http port" in open(err_path, "rb").read(),
+                       what="start-up line")
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(os.path.join(d, "i.sock"))
+            s.sendall(b"\xc1")  # a warning line
+            poll_until(lambda: b"invalid_msgpack" in open(err_path, "rb").read(),
+                       what="warning line")
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=10), 0)
+        lines = open(err_path, "rb").read().decode().splitlines()
+        self.assertGreater(len(lines), 2)
+        for line in lines:
+            self.assertRegex(line, r"^<[0-7]>[^<0-9]", line)
+        self.assertTrue(any(l.startswith("<4>") for l in lines), lines)
+        self.assertTrue(any(l.startswith("<6>") for l in lines), lines)
+
+    def test_human_format_with_timestamps_otherwise(self):
+        d = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, d, True)
+        env = dict(os.environ)
+        env.pop("JOURNAL_STREAM", None)
+        proc = subprocess.Popen(
+            [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
+             "127.0.0.1:0", "--log-interval", "0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        line = proc.stderr.readline().decode()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+        self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} info ")
+
+
+class Units(unittest.TestCase):
+    def render(self, d):
+        with open(SERVICE_IN) as f:
+            text = f.read().replace("@sbindir@", os.path.dirname(DAEMON))
+        with open(os.path.join(d, "tokenmeterd.service"), "w") as f:
+            f.write(text)
+        for name in ("tokenmeterd.socket", "tokenmeterd-http.socket"):
+            shutil.copy(os.path.join(UNITS, name), d)
+
+    def setUp(self):
+        if not shutil.which("systemd-analyze"):
+            self.skipTest("systemd-analyze is not installed")
+        self.dir = tempfile.mkdtemp(prefix="tm-units-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.render(self.dir)
+
+    def test_verify(self):
+        r = subprocess.run(
+            ["systemd-analyze", "verify", "tokenmeterd.service",
+             "tokenmeterd.socket", "tokenmeterd-http.socket"],
+            cwd=self.dir, capture_output=True)
+        self.assertEqual(r.returncode, 0, (r.stdout + r.stderr).decode())
+
+    def test_security_exposure_at_most_2_5(self):
+        r = subprocess.run(
+            ["systemd-analyze", "security", "--offline=true", "--threshold=25",
+             "tokenmeterd.service"],
+            cwd=self.dir, capture_output=True)
+        out = (r.stdout + r.stderr).decode()
+        self.assertEqual(r.returncode, 0, out[-2000:])
+        self.assertRegex(out, r"Overall exposure level for tokenmeterd.service: "
+                              r"(0\.\d|1\.\d|2\.[0-5]) ")
+
+    def test_socket_units_name_their_descriptors(self):
+        with open(os.path.join(self.dir, "tokenmeterd.socket")) as f:
+            ingest = f.read()
+        with open(os.path.join(self.dir, "tokenmeterd-http.socket")) as f:
+            http = f.read()
+        self.assertIn("FileDescriptorName=ingest", ingest)
+        self.assertIn("SocketMode=0660", ingest)
+        self.assertIn("SocketGroup=tokenmeter", ingest)
+        self.assertIn("ListenStream=/run/tokenmeter/ingest.sock", ingest)
+        self.assertIn("FileDescriptorName=http", http)
+        self.assertIn("ListenStream=10062", http)
+
+
+if __name__ == "__main__":
+    DAEMON = os.path.abspath(sys.argv.pop(1))
+    UNITS = os.path.abspath(sys.argv.pop(1))
+    SERVICE_IN = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
