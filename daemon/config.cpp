@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 
 namespace tokenmeter::daemon {
@@ -197,6 +198,12 @@ Status ParseBuckets(std::string_view suffix, std::string_view v,
     }
     bounds.push_back(x);
   }
+  // Check the name and the bounds here, so that the error names the file
+  // and line (the registry applies the same rules).
+  RegistryOptions one;
+  one.buckets[std::string(suffix)] = bounds;
+  std::unique_ptr<Registry> unused;
+  if (Status s = Registry::Create(one, &unused); !s.ok()) return s;
   config->registry.buckets[std::string(suffix)] = std::move(bounds);
   return Status::Ok();
 }

@@ -1,0 +1,332 @@
+// tokenmeterd's flags and configuration file (daemon/config.h): defaults,
+// both flag spellings, one error per bad value naming its flag, and the
+// file's syntax, precedence and file:line errors.
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr uint64_t kSecond = 1'000'000'000;
+
+// Runs ParseConfig on {"tokenmeterd", args...}.
+Status Parse(const std::vector<std::string>& args, Config* config) {
+  std::vector<const char*> argv = {"tokenmeterd"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  return ParseConfig(int(argv.size()), argv.data(), config);
+}
+
+Config MustParse(const std::vector<std::string>& args) {
+  Config c;
+  const Status s = Parse(args, &c);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return c;
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+class TempConfigFile {
+ public:
+  explicit TempConfigFile(const std::string& contents) {
+    char tmpl[] = "/tmp/tm_config_XXXXXX";
+    const int fd = mkstemp(tmpl);
+    EXPECT_GE(fd, 0);
+    if (fd >= 0) close(fd);
+    path_ = tmpl;
+    std::ofstream(path_, std::ios::trunc) << contents;
+  }
+  ~TempConfigFile() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(ConfigTest, Defaults) {
+  const Config c = MustParse({});
+  EXPECT_EQ(c.ingest_path, "/run/tokenmeter/ingest.sock");
+  EXPECT_EQ(c.listen, ":10062");
+  EXPECT_EQ(c.log_interval_s, 10);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_EQ(c.config_file, "");
+  EXPECT_EQ(c.ingest.namespace_override, "");
+  EXPECT_EQ(c.registry.max_model_len, 32768u);
+  EXPECT_TRUE(c.registry.buckets.empty());
+  EXPECT_EQ(c.registry.max_engine_series, 4096u);
+  EXPECT_EQ(c.tracker.max_requests, 1'000'000u);
+  EXPECT_EQ(c.tracker.idle_timeout_ns, 600 * kSecond);
+  EXPECT_EQ(c.tracker.grace_ns, 2 * kSecond);
+  EXPECT_EQ(c.tracker.max_future_ns, kSecond);
+  EXPECT_EQ(c.tracker.max_past_ns, 3600 * kSecond);
+  EXPECT_EQ(c.ingest.limits.max_frame_bytes, 1024u * 1024u);
+  EXPECT_EQ(c.ingest.limits.max_batch_events, 65536u);
+  EXPECT_EQ(c.ingest.max_connections, 1024u);
+  EXPECT_EQ(c.http_max_connections, 256u);
+  EXPECT_FALSE(c.show_help);
+  EXPECT_FALSE(c.show_version);
+}
+
+struct FlagCase {
+  std::string flag;
+  std::string value;
+  std::function<void(const Config&)> check;
+};
+
+TEST(ConfigTest, EveryFlagInBothSpellings) {
+  const FlagCase cases[] = {
+      {"ingest", "/tmp/x.sock",
+       [](const Config& c) { EXPECT_EQ(c.ingest_path, "/tmp/x.sock"); }},
+      {"listen", "127.0.0.1:0",
+       [](const Config& c) { EXPECT_EQ(c.listen, "127.0.0.1:0"); }},
+      {"listen", "[::1]:9000",
+       [](const Config& c) { EXPECT_EQ(c.listen, "[::1]:9000"); }},
+      {"log-interval", "2.5",
+       [](const Config& c) { EXPECT_EQ(c.log_interval_s, 2.5); }},
+      {"log-interval", "0",
+       [](const Config& c) { EXPECT_EQ(c.log_interval_s, 0); }},
+      {"namespace", "my_ns1",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.namespace_override, "my_ns1");
+       }},
+      {"max-model-len", "4096",
+       [](const Config& c) { EXPECT_EQ(c.registry.max_model_len, 4096u); }},
+      {"log-level", "debug",
+       [](const Config& c) { EXPECT_EQ(c.log_level, "debug"); }},
+      {"max-requests", "10",
+       [](const Config& c) { EXPECT_EQ(c.tracker.max_requests, 10u); }},
+      {"request-idle-timeout", "30",
+       [](const Config& c) {
+         EXPECT_EQ(c.tracker.idle_timeout_ns, 30 * kSecond);
+       }},
+      {"finished-grace", "0.5",
+       [](const Config& c) { EXPECT_EQ(c.tracker.grace_ns, kSecond / 2); }},
+      {"finished-grace", "0",
+       [](const Config& c) { EXPECT_EQ(c.tracker.grace_ns, 0u); }},
+      {"max-frame-bytes", "2048",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.limits.max_frame_bytes, 2048u);
+       }},
+      {"max-batch-events", "100",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.limits.max_batch_events, 100u);
+       }},
+      {"max-connections", "7",
+       [](const Config& c) { EXPECT_EQ(c.ingest.max_connections, 7u); }},
+      {"max-http-connections", "9",
+       [](const Config& c) { EXPECT_EQ(c.http_max_connections, 9u); }},
+      {"max-engine-series", "11",
+       [](const Config& c) { EXPECT_EQ(c.registry.max_engine_series, 11u); }},
+  };
+  for (const FlagCase& c : cases) {
+    {
+      SCOPED_TRACE("--" + c.flag + " " + c.value);
+      c.check(MustParse({"--" + c.flag, c.value}));
+    }
+    {
+      SCOPED_TRACE("--" + c.flag + "=" + c.value);
+      c.check(MustParse({"--" + c.flag + "=" + c.value}));
+    }
+  }
+}
+
+TEST(ConfigTest, HelpAndVersion) {
+  EXPECT_TRUE(MustParse({"--help"}).show_help);
+  EXPECT_TRUE(MustParse({"-h"}).show_help);
+  EXPECT_TRUE(MustParse({"--version"}).show_version);
+  EXPECT_FALSE(UsageText().empty());
+  for (const char* flag :
+       {"--ingest", "--listen", "--log-interval", "--namespace",
+        "--max-model-len", "--config", "--log-level", "--max-requests",
+        "--request-idle-timeout", "--finished-grace", "--max-frame-bytes",
+        "--max-batch-events", "--max-connections", "--max-http-connections",
+        "--max-engine-series", "--version", "--help"}) {
+    EXPECT_TRUE(Contains(std::string(UsageText()), flag)) << flag;
+  }
+}
+
+TEST(ConfigTest, LaterFlagWins) {
+  const Config c = MustParse({"--max-requests", "5", "--max-requests=6"});
+  EXPECT_EQ(c.tracker.max_requests, 6u);
+}
+
+struct BadValueCase {
+  std::string flag;
+  std::string value;
+};
+
+TEST(ConfigTest, EveryBadValueNamesItsFlag) {
+  const BadValueCase cases[] = {
+      {"log-interval", "-1"},
+      {"log-interval", "abc"},
+      {"log-interval", "1s"},
+      {"log-interval", "inf"},
+      {"log-interval", "nan"},
+      {"log-interval", "1e8"},
+      {"log-interval", ""},
+      {"namespace", "1abc"},
+      {"namespace", "a-b"},
+      {"namespace", "a:b"},
+      {"namespace", ""},
+      {"max-model-len", "0"},
+      {"max-model-len", "-5"},
+      {"max-model-len", "12x"},
+      {"max-model-len", "1.5"},
+      {"max-model-len", ""},
+      {"max-model-len", "1099511627777"},  // 2^40 + 1
+      {"max-model-len", "99999999999999999999999"},
+      {"max-requests", "0"},
+      {"max-requests", "100000001"},
+      {"max-requests", " 5"},
+      {"request-idle-timeout", "0.5"},
+      {"request-idle-timeout", "x"},
+      {"finished-grace", "-0.1"},
+      {"finished-grace", "2 s"},
+      {"max-frame-bytes", "1023"},
+      {"max-frame-bytes", "67108865"},
+      {"max-batch-events", "0"},
+      {"max-batch-events", "16777217"},
+      {"max-connections", "0"},
+      {"max-connections", "1048577"},
+      {"max-http-connections", "0"},
+      {"max-http-connections", "65537"},
+      {"max-engine-series", "0"},
+      {"max-engine-series", "16777217"},
+  };
+  for (const BadValueCase& c : cases) {
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"--" + c.flag, c.value},
+          std::vector<std::string>{"--" + c.flag + "=" + c.value}}) {
+      SCOPED_TRACE(args.size() == 2 ? args[0] + " '" + args[1] + "'"
+                                    : "'" + args[0] + "'");
+      Config config;
+      const Status s = Parse(args, &config);
+      EXPECT_FALSE(s.ok());
+      EXPECT_TRUE(Contains(s.message(), "--" + c.flag)) << s.message();
+    }
+  }
+}
+
+TEST(ConfigTest, RejectsUnknownFlag) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--bogus"},
+        std::vector<std::string>{"--bogus", "1"},
+        std::vector<std::string>{"--bogus=1"},
+        std::vector<std::string>{"--max-requests", "5", "--bogus"}}) {
+    Config config;
+    const Status s = Parse(args, &config);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(Contains(s.message(), "--bogus")) << s.message();
+  }
+}
+
+TEST(ConfigTest, RejectsPositionalArgument) {
+  Config config;
+  const Status s = Parse({"stray"}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "stray")) << s.message();
+}
+
+TEST(ConfigTest, RejectsMissingValue) {
+  for (const char* flag : {"--max-requests", "--ingest", "--config"}) {
+    Config config;
+    const Status s = Parse({flag}, &config);
+    EXPECT_FALSE(s.ok()) << flag;
+    EXPECT_TRUE(Contains(s.message(), flag)) << s.message();
+    EXPECT_TRUE(Contains(s.message(), "value")) << s.message();
+  }
+}
+
+TEST(ConfigTest, ReadsConfigFile) {
+  const TempConfigFile file(
+      "# tokenmeterd configuration\n"
+      "   # an indented comment\n"
+      "\n"
+      "max-requests = 123\n"
+      "finished-grace=0.25\n"
+      "\tnamespace   =   from_file   \n"
+      "listen = 127.0.0.1:10063\r\n"
+      "buckets.time_to_first_token_seconds = 0.1, 0.5, 1\n"
+      "buckets.request_params_n = 1 2 4\n");
+  const Config c = MustParse({"--config", file.path()});
+  EXPECT_EQ(c.config_file, file.path());
+  EXPECT_EQ(c.tracker.max_requests, 123u);
+  EXPECT_EQ(c.tracker.grace_ns, kSecond / 4);
+  EXPECT_EQ(c.ingest.namespace_override, "from_file");
+  EXPECT_EQ(c.listen, "127.0.0.1:10063");
+  EXPECT_EQ(c.registry.buckets.at("time_to_first_token_seconds"),
+            (std::vector<double>{0.1, 0.5, 1}));
+  EXPECT_EQ(c.registry.buckets.at("request_params_n"),
+            (std::vector<double>{1, 2, 4}));
+  // The registry accepts what the file gave.
+  std::unique_ptr<Registry> reg;
+  const Status s = Registry::Create(c.registry, &reg);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(ConfigTest, FlagsOverrideTheFileWhateverTheirOrder) {
+  const TempConfigFile file("max-requests = 123\nmax-model-len = 100\n");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--max-requests", "5", "--config",
+                                 file.path()},
+        std::vector<std::string>{"--config=" + file.path(),
+                                 "--max-requests=5"}}) {
+    const Config c = MustParse(args);
+    EXPECT_EQ(c.tracker.max_requests, 5u);
+    EXPECT_EQ(c.registry.max_model_len, 100u);  // from the file
+  }
+}
+
+struct BadFileCase {
+  const char* name;
+  std::string contents;
+  int line;
+  std::string message_part;
+};
+
+TEST(ConfigTest, FileErrorsNameFileAndLine) {
+  const BadFileCase cases[] = {
+      {"unknown key", "# c\nmax-requests = 1\nbogus = 1\n", 3, "bogus"},
+      {"config key", "config = /etc/other\n", 1, "config"},
+      {"no equals sign", "\nmax-requests 5\n", 2, "="},
+      {"bad value", "max-requests = 0\n", 1, "max-requests"},
+      {"bad bucket bound", "buckets.time_to_first_token_seconds = 0.1, x\n", 1,
+       "x"},
+      {"unknown histogram", "max-requests = 2\nbuckets.no_such = 1, 2\n", 2,
+       "no_such"},
+      {"decreasing buckets", "buckets.time_to_first_token_seconds = 0.5, 0.1\n",
+       1, "time_to_first_token_seconds"},
+  };
+  for (const BadFileCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const TempConfigFile file(c.contents);
+    Config config;
+    const Status s = Parse({"--config", file.path()}, &config);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(
+        Contains(s.message(), file.path() + ":" + std::to_string(c.line) + ":"))
+        << s.message();
+    EXPECT_TRUE(Contains(s.message(), c.message_part)) << s.message();
+  }
+}
+
+TEST(ConfigTest, MissingFileIsAnErrorNamingIt) {
+  Config config;
+  const Status s =
+      Parse({"--config", "/nonexistent/tokenmeterd.conf"}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "/nonexistent/tokenmeterd.conf"))
+      << s.message();
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon

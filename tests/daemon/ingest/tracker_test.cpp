@@ -1,0 +1,1013 @@
+// Tests of the request tracker against "What the daemon computes" in
+// docs/protocol.md: intervals, counters, labels (the closing event's
+// source), order independence, grace, eviction, timestamps and gauges.
+// Events are built as values; time is a fake clock.
+#include "daemon/ingest/tracker.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/ingest/event.h"
+#include "daemon/ingest/frame_decoder.h"
+#include "daemon/metrics/catalog.h"
+#include "daemon/metrics/histogram.h"
+#include "daemon/metrics/registry.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kSecond = 1'000'000'000;
+// Event times are T(ms) = kBase + ms; the clock starts a minute later so
+// that every event of a test is comfortably inside the accepted window.
+constexpr uint64_t kBase = 100'000 * kSecond;
+constexpr uint64_t kStart = kBase + 60 * kSecond;
+constexpr uint64_t kSpace = 1;
+
+constexpr uint64_t T(uint64_t ms) { return kBase + ms * kMs; }
+
+class FakeClock : public Clock {
+ public:
+  uint64_t NowNs() const override { return now; }
+  uint64_t now = kStart;
+};
+
+// ---- event builders
+// ----------------------------------------------------------
+
+RequestId Rid(uint64_t number) {
+  RequestId r;
+  r.number = number;
+  return r;
+}
+
+RequestId Rid(std::string_view text) {
+  RequestId r;
+  r.is_string = true;
+  r.text = text;
+  return r;
+}
+
+Event Ev(EventKind kind, uint64_t t_ns, RequestId rid) {
+  Event e{};
+  e.kind = kind;
+  e.t_ns = t_ns;
+  e.rid = rid;
+  return e;
+}
+
+Event Arrived(uint64_t t, RequestId rid, uint64_t prompt_tokens) {
+  Event e = Ev(EventKind::kArrived, t, rid);
+  e.count = prompt_tokens;
+  return e;
+}
+
+Event ArrivedWithParams(uint64_t t, RequestId rid, uint64_t prompt_tokens,
+                        uint64_t max_tokens, uint64_t n) {
+  Event e = Arrived(t, rid, prompt_tokens);
+  e.has_max_tokens = true;
+  e.max_tokens = max_tokens;
+  e.has_n = true;
+  e.n = n;
+  return e;
+}
+
+Event Queued(uint64_t t, RequestId rid) {
+  return Ev(EventKind::kQueued, t, rid);
+}
+
+Event Scheduled(uint64_t t, RequestId rid) {
+  return Ev(EventKind::kScheduled, t, rid);
+}
+
+Event Tokens(uint64_t t, RequestId rid, uint64_t n) {
+  Event e = Ev(EventKind::kTokens, t, rid);
+  e.count = n;
+  return e;
+}
+
+Event Finished(uint64_t t, RequestId rid,
+               FinishReason reason = FinishReason::kStop) {
+  Event e = Ev(EventKind::kFinished, t, rid);
+  e.reason = reason;
+  return e;
+}
+
+Event Preempted(uint64_t t, RequestId rid) {
+  return Ev(EventKind::kPreempted, t, rid);
+}
+
+Event Step(uint64_t t, const StepStats& stats) {
+  Event e{};
+  e.kind = EventKind::kStep;
+  e.t_ns = t;
+  e.step = stats;
+  return e;
+}
+
+// ---- harness
+// -----------------------------------------------------------------
+
+// A registry with two engine series of one namespace ("core" and "front",
+// as an engine core and an API frontend of one server would have), a fake
+// clock and a tracker.
+struct Harness {
+  explicit Harness(TrackerOptions options = {}) {
+    const Status s = Registry::Create(RegistryOptions{}, &registry);
+    EXPECT_TRUE(s.ok()) << s.message();
+    core = registry->GetOrCreate({"vllm", "m", "core", {}});
+    front = registry->GetOrCreate({"vllm", "m", "front", {}});
+    tracker = std::make_unique<Tracker>(*registry, clock, options);
+  }
+
+  Source Core(uint64_t space = kSpace) const { return {core, space}; }
+  Source Front(uint64_t space = kSpace) const { return {front, space}; }
+
+  void Send(const Source& src, const Event& ev) {
+    tracker->Apply(src, ev, nullptr, clock.NowNs());
+  }
+  void Send(const Source& src, std::initializer_list<Event> events) {
+    for (const Event& ev : events) Send(src, ev);
+  }
+  void AdvanceAndSweep(uint64_t ns) {
+    clock.now += ns;
+    tracker->Sweep();
+  }
+
+  DaemonCounters& counters() { return registry->counters(); }
+  std::string Render() {
+    std::string out;
+    registry->Render(ExpositionFormat::kText004, out);
+    return out;
+  }
+
+  FakeClock clock;
+  std::unique_ptr<Registry> registry;
+  EngineSeries* core = nullptr;
+  EngineSeries* front = nullptr;
+  std::unique_ptr<Tracker> tracker;
+};
+
+uint64_t TotalObservations(const EngineSeries& s) {
+  uint64_t n = 0;
+  for (const Histogram& h : s.hists) n += h.count();
+  return n;
+}
+
+std::string_view MetricName(EngineMetric m) { return kEngineMetrics[m].suffix; }
+
+// Expects `count` observations summing to `raw_sum` (ns for seconds
+// histograms, tokens otherwise), compared exactly.
+void ExpectHist(const EngineSeries& s, EngineMetric m, uint64_t count,
+                double raw_sum) {
+  const Histogram& h = s.hist(m);
+  EXPECT_EQ(h.count(), count) << MetricName(m);
+  EXPECT_EQ(h.sum(), raw_sum / h.layout().divisor()) << MetricName(m);
+}
+
+// The index of the bucket whose bound is `le` (exposed units).
+size_t BucketIndex(const Histogram& h, double le) {
+  const auto& b = h.layout().bounds();
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (b[i] == le) return i;
+  }
+  ADD_FAILURE() << "no bucket le=" << le;
+  return b.size();
+}
+
+uint64_t CountIn(const Histogram& h, double le) {
+  return h.counts()[BucketIndex(h, le)];
+}
+
+std::array<uint64_t, size_t(Interval::kCount)> Intervals(
+    std::initializer_list<Interval> intervals) {
+  std::array<uint64_t, size_t(Interval::kCount)> a{};
+  for (Interval i : intervals) ++a[size_t(i)];
+  return a;
+}
+
+std::array<uint64_t, size_t(Interval::kCount)> AsArray(
+    const uint64_t (&counts)[size_t(Interval::kCount)]) {
+  std::array<uint64_t, size_t(Interval::kCount)> a{};
+  for (size_t i = 0; i < a.size(); ++i) a[i] = counts[i];
+  return a;
+}
+
+// ---- intervals
+// ---------------------------------------------------------------
+
+struct HistExpectation {
+  EngineMetric metric;
+  uint64_t count;
+  double raw_sum;
+};
+
+TEST(TrackerTest, ComputesEveryIntervalOfOneRequest) {
+  Harness h;
+  const uint64_t a = T(0);
+  const uint64_t q = a + 1'000'000;
+  const uint64_t s = a + 5'000'000;
+  const uint64_t f = a + 123'456'789;
+  const uint64_t t2 = f + 20'000'000;
+  const uint64_t t3 = t2 + 30'000'001;
+  const uint64_t e = t3 + 1'000;
+  h.Send(h.Core(),
+         {ArrivedWithParams(a, Rid(1), 7, 100, 2), Queued(q, Rid(1)),
+          Scheduled(s, Rid(1)), Tokens(f, Rid(1), 1), Tokens(t2, Rid(1), 2),
+          Tokens(t3, Rid(1), 3), Finished(e, Rid(1), FinishReason::kLength)});
+
+  const uint64_t decode = t3 - f;
+  const HistExpectation want[] = {
+      {kTimeToFirstToken, 1, double(f - a)},
+      {kInterTokenLatency, 2, double(t3 - f)},
+      {kRequestTimePerOutputToken, 1, double(decode) / double(6 - 1)},
+      {kE2eRequestLatency, 1, double(e - a)},
+      {kRequestQueueTime, 1, double(s - q)},
+      {kRequestPrefillTime, 1, double(f - s)},
+      {kRequestDecodeTime, 1, double(decode)},
+      {kRequestInferenceTime, 1, double(t3 - s)},
+      {kRequestPromptTokens, 1, 7},
+      {kRequestGenerationTokens, 1, 6},
+      {kRequestMaxNumGenerationTokens, 1, 6},
+      {kRequestParamsMaxTokens, 1, 100},
+      {kRequestParamsN, 1, 2},
+      {kIterationTokens, 0, 0},
+  };
+  for (const HistExpectation& w : want) {
+    ExpectHist(*h.core, w.metric, w.count, w.raw_sum);
+  }
+  // Seconds exposed, exact to the nanosecond.
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).sum(), 0.123456789);
+  EXPECT_EQ(h.core->hist(kInterTokenLatency).sum(), 0.050000001);
+  EXPECT_EQ(CountIn(h.core->hist(kTimeToFirstToken), 0.25), 1u);
+  EXPECT_EQ(CountIn(h.core->hist(kInterTokenLatency), 0.025), 1u);
+  EXPECT_EQ(CountIn(h.core->hist(kInterTokenLatency), 0.05), 1u);
+
+  EXPECT_EQ(h.core->prompt_tokens, 7u);
+  EXPECT_EQ(h.core->generation_tokens, 6u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kLength)], 1u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 0u);
+  EXPECT_EQ(h.core->preemptions, 0u);
+  EXPECT_EQ(TotalObservations(*h.front), 0u);
+  EXPECT_EQ(AsArray(h.counters().negative), Intervals({}));
+}
+
+TEST(TrackerTest, TtftAndPrefillAtFirstTokenOtherPhasesAtFinished) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Scheduled(T(10), Rid(1)),
+                    Tokens(T(30), Rid(1), 1)});
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(30 * kMs));
+  ExpectHist(*h.core, kRequestPrefillTime, 1, double(20 * kMs));
+  EXPECT_EQ(h.core->prompt_tokens, 5u);
+  for (EngineMetric m :
+       {kE2eRequestLatency, kRequestQueueTime, kRequestDecodeTime,
+        kRequestInferenceTime, kRequestTimePerOutputToken, kRequestPromptTokens,
+        kRequestGenerationTokens, kRequestMaxNumGenerationTokens}) {
+    EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
+  }
+  h.Send(h.Core(), Finished(T(40), Rid(1)));
+  ExpectHist(*h.core, kE2eRequestLatency, 1, double(40 * kMs));
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(10 * kMs));
+  ExpectHist(*h.core, kRequestDecodeTime, 1, 0);
+  ExpectHist(*h.core, kRequestInferenceTime, 1, double(20 * kMs));
+  // One token: no time per output token.
+  ExpectHist(*h.core, kRequestTimePerOutputToken, 0, 0);
+  ExpectHist(*h.core, kRequestGenerationTokens, 1, 1);
+}
+
+TEST(TrackerTest, LeIsInclusiveAtExactBucketBound) {
+  Harness h;
+  // 100 ms lands in le="0.1"; one nanosecond more in le="0.25".
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Tokens(T(100), Rid(1), 1),
+                    Arrived(T(0), Rid(2), 1), Tokens(T(100) + 1, Rid(2), 1)});
+  const Histogram& ttft = h.core->hist(kTimeToFirstToken);
+  EXPECT_EQ(CountIn(ttft, 0.1), 1u);
+  EXPECT_EQ(CountIn(ttft, 0.25), 1u);
+  EXPECT_EQ(CountIn(ttft, 0.08), 0u);
+  EXPECT_EQ(ttft.sum(), 0.200000001);
+}
+
+TEST(TrackerTest, QueueTimeStartsAtArrivedWithoutQueued) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Scheduled(T(7), Rid(1)),
+                    Finished(T(9), Rid(1), FinishReason::kAbort)});
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(7 * kMs));
+}
+
+TEST(TrackerTest, TimePerOutputTokenIsDecodeOverTokensMinusOne) {
+  Harness h;
+  // 10 tokens in three steps: decode 90 ms over 9 gaps.
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Tokens(T(10), Rid(1), 1),
+                    Tokens(T(40), Rid(1), 4), Tokens(T(100), Rid(1), 5),
+                    Finished(T(101), Rid(1))});
+  ExpectHist(*h.core, kRequestTimePerOutputToken, 1, double(90 * kMs) / 9.0);
+  EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).sum(), 0.01);
+  ExpectHist(*h.core, kInterTokenLatency, 2, double(90 * kMs));
+  EXPECT_EQ(h.core->generation_tokens, 10u);
+}
+
+TEST(TrackerTest, ParamsHistogramsOnlyWhenGiven) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 3), Finished(T(1), Rid(1))});
+  ExpectHist(*h.core, kRequestPromptTokens, 1, 3);
+  ExpectHist(*h.core, kRequestParamsMaxTokens, 0, 0);
+  ExpectHist(*h.core, kRequestParamsN, 0, 0);
+  ExpectHist(*h.core, kRequestGenerationTokens, 1, 0);
+}
+
+TEST(TrackerTest, CountsFinishedRequestsByReason) {
+  Harness h;
+  const FinishReason reasons[] = {FinishReason::kStop,   FinishReason::kLength,
+                                  FinishReason::kLength, FinishReason::kAbort,
+                                  FinishReason::kError,  FinishReason::kError,
+                                  FinishReason::kError};
+  uint64_t id = 0;
+  for (FinishReason r : reasons) {
+    ++id;
+    h.Send(h.Core(), {Arrived(T(0), Rid(id), 1), Finished(T(1), Rid(id), r)});
+  }
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kLength)], 2u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kAbort)], 1u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kError)], 3u);
+}
+
+TEST(TrackerTest, RepeatedArrivedAndFinishedChangeNothing) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 4), Arrived(T(5), Rid(1), 99),
+                    Tokens(T(10), Rid(1), 1), Finished(T(20), Rid(1)),
+                    Finished(T(30), Rid(1), FinishReason::kError)});
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(10 * kMs));
+  ExpectHist(*h.core, kE2eRequestLatency, 1, double(20 * kMs));
+  EXPECT_EQ(h.core->prompt_tokens, 4u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kError)], 0u);
+}
+
+// ---- labels: the source of the closing event
+// -----------------------------------
+
+TEST(TrackerTest, FrontendArrivedEngineCoreRestLabelsEverythingWithCore) {
+  Harness h;
+  h.Send(h.Front(), ArrivedWithParams(T(0), Rid(1), 8, 64, 1));
+  h.Send(h.Core(), {Queued(T(1), Rid(1)), Scheduled(T(2), Rid(1)),
+                    Tokens(T(10), Rid(1), 1), Tokens(T(20), Rid(1), 1),
+                    Finished(T(30), Rid(1))});
+  EXPECT_EQ(TotalObservations(*h.front), 0u);
+  EXPECT_EQ(h.front->prompt_tokens, 0u);
+  EXPECT_EQ(h.front->generation_tokens, 0u);
+  for (int i = 0; i < kNumHistograms; ++i) {
+    const auto m = EngineMetric(kFirstHistogram + i);
+    const uint64_t want = m == kIterationTokens ? 0 : 1;
+    EXPECT_EQ(h.core->hist(m).count(), want) << MetricName(m);
+  }
+  EXPECT_EQ(h.core->prompt_tokens, 8u);
+  EXPECT_EQ(h.core->generation_tokens, 2u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 1u);
+}
+
+TEST(TrackerTest, LateArrivedFromFrontendPutsTtftInCoreSeries) {
+  Harness h;
+  h.Send(h.Core(), {Scheduled(T(5), Rid(1)), Tokens(T(50), Rid(1), 1)});
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+  EXPECT_EQ(h.core->prompt_tokens, 0u);
+  h.Send(h.Front(), Arrived(T(0), Rid(1), 12));
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(50 * kMs));
+  EXPECT_EQ(h.front->hist(kTimeToFirstToken).count(), 0u);
+  // The prompt tokens are counted with the first token's source too.
+  EXPECT_EQ(h.core->prompt_tokens, 12u);
+  EXPECT_EQ(h.front->prompt_tokens, 0u);
+}
+
+TEST(TrackerTest, FinishPhasesGoToTheFinishedSource) {
+  Harness h;
+  h.Send(h.Front(), Arrived(T(0), Rid(1), 2));
+  h.Send(h.Core(), {Scheduled(T(1), Rid(1)), Tokens(T(10), Rid(1), 1),
+                    Tokens(T(15), Rid(1), 1)});
+  h.Send(h.Front(), Finished(T(20), Rid(1)));
+  for (EngineMetric m :
+       {kTimeToFirstToken, kRequestPrefillTime, kInterTokenLatency}) {
+    EXPECT_EQ(h.core->hist(m).count(), 1u) << MetricName(m);
+    EXPECT_EQ(h.front->hist(m).count(), 0u) << MetricName(m);
+  }
+  for (EngineMetric m :
+       {kE2eRequestLatency, kRequestQueueTime, kRequestDecodeTime,
+        kRequestInferenceTime, kRequestTimePerOutputToken, kRequestPromptTokens,
+        kRequestGenerationTokens, kRequestMaxNumGenerationTokens}) {
+    EXPECT_EQ(h.front->hist(m).count(), 1u) << MetricName(m);
+    EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
+  }
+  EXPECT_EQ(h.front->success[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 0u);
+}
+
+TEST(TrackerTest, EachItlGoesToItsTokensSource) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Tokens(T(10), Rid(1), 1)});
+  h.Send(h.Front(), Tokens(T(25), Rid(1), 3));
+  h.Send(h.Core(), Tokens(T(45), Rid(1), 1));
+  ExpectHist(*h.front, kInterTokenLatency, 1, double(15 * kMs));
+  ExpectHist(*h.core, kInterTokenLatency, 1, double(20 * kMs));
+  EXPECT_EQ(h.core->generation_tokens, 2u);
+  EXPECT_EQ(h.front->generation_tokens, 3u);
+}
+
+// ---- order independence
+// ------------------------------------------------------
+
+TEST(TrackerTest, ScheduledAfterFirstTokenStillGivesPrefill) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Tokens(T(30), Rid(1), 1)});
+  EXPECT_EQ(h.core->hist(kRequestPrefillTime).count(), 0u);
+  h.Send(h.Front(), Scheduled(T(10), Rid(1)));
+  // Prefill closes at the first token: the core's series.
+  ExpectHist(*h.core, kRequestPrefillTime, 1, double(20 * kMs));
+  EXPECT_EQ(h.front->hist(kRequestPrefillTime).count(), 0u);
+  h.Send(h.Core(), {Tokens(T(40), Rid(1), 1), Finished(T(41), Rid(1))});
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(10 * kMs));
+  ExpectHist(*h.core, kRequestInferenceTime, 1, double(30 * kMs));
+  EXPECT_EQ(AsArray(h.counters().negative), Intervals({}));
+}
+
+TEST(TrackerTest, ScheduledAfterFinishedGivesQueueAndInference) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Tokens(T(30), Rid(1), 1),
+                    Tokens(T(50), Rid(1), 1), Finished(T(60), Rid(1))});
+  EXPECT_EQ(h.core->hist(kRequestQueueTime).count(), 0u);
+  EXPECT_EQ(h.core->hist(kRequestInferenceTime).count(), 0u);
+  h.AdvanceAndSweep(kSecond);
+  h.Send(h.Front(), Scheduled(T(10), Rid(1)));
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(10 * kMs));
+  ExpectHist(*h.core, kRequestInferenceTime, 1, double(40 * kMs));
+  ExpectHist(*h.core, kRequestPrefillTime, 1, double(20 * kMs));
+  EXPECT_EQ(TotalObservations(*h.front), 0u);
+  h.AdvanceAndSweep(2 * kSecond);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}));
+}
+
+TEST(TrackerTest, ArrivedAfterFinishedWithinGraceGivesE2eAndQueue) {
+  Harness h;
+  h.Send(h.Core(), {Queued(T(2), Rid(1)), Scheduled(T(5), Rid(1)),
+                    Tokens(T(20), Rid(1), 1), Tokens(T(30), Rid(1), 2),
+                    Finished(T(35), Rid(1), FinishReason::kLength)});
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(3 * kMs));
+  EXPECT_EQ(h.core->hist(kE2eRequestLatency).count(), 0u);
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+  EXPECT_EQ(h.core->hist(kRequestPromptTokens).count(), 0u);
+
+  h.AdvanceAndSweep(2 * kSecond - 1);  // still within the grace period
+  ASSERT_EQ(h.tracker->size(), 1u);
+  h.Send(h.Front(), ArrivedWithParams(T(0), Rid(1), 9, 50, 3));
+  ExpectHist(*h.core, kE2eRequestLatency, 1, double(35 * kMs));
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(20 * kMs));
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(3 * kMs));  // not again
+  ExpectHist(*h.core, kRequestPromptTokens, 1, 9);
+  ExpectHist(*h.core, kRequestParamsMaxTokens, 1, 50);
+  ExpectHist(*h.core, kRequestParamsN, 1, 3);
+  EXPECT_EQ(h.core->prompt_tokens, 9u);
+  EXPECT_EQ(TotalObservations(*h.front), 0u);
+
+  h.AdvanceAndSweep(1);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}));
+}
+
+TEST(TrackerTest, ArrivedAfterFinishedWithoutQueuedGivesQueueFromArrived) {
+  Harness h;
+  h.Send(h.Core(), {Scheduled(T(5), Rid(1)), Tokens(T(20), Rid(1), 1),
+                    Finished(T(35), Rid(1))});
+  EXPECT_EQ(h.core->hist(kRequestQueueTime).count(), 0u);
+  h.Send(h.Front(), Arrived(T(1), Rid(1), 1));
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(4 * kMs));
+  ExpectHist(*h.core, kE2eRequestLatency, 1, double(34 * kMs));
+  h.AdvanceAndSweep(10 * kSecond);
+  EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}));
+}
+
+TEST(TrackerTest, LaterScheduledDoesNotMoveTheFirst) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Scheduled(T(10), Rid(1)),
+                    Preempted(T(15), Rid(1)), Scheduled(T(25), Rid(1)),
+                    Tokens(T(40), Rid(1), 1), Preempted(T(45), Rid(1)),
+                    Scheduled(T(50), Rid(1)), Tokens(T(60), Rid(1), 1),
+                    Finished(T(70), Rid(1))});
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(10 * kMs));
+  ExpectHist(*h.core, kRequestPrefillTime, 1, double(30 * kMs));
+  ExpectHist(*h.core, kRequestInferenceTime, 1, double(50 * kMs));
+  EXPECT_EQ(h.core->preemptions, 2u);
+}
+
+TEST(TrackerTest, QueuedComesOnlyFromTheFirstQueued) {
+  Harness h;
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(1), 1), Queued(T(3), Rid(1)), Queued(T(8), Rid(1)),
+          Scheduled(T(10), Rid(1)), Finished(T(12), Rid(1))});
+  ExpectHist(*h.core, kRequestQueueTime, 1, double(7 * kMs));
+}
+
+// ---- grace, incomplete and negative intervals
+// ------------------------------------
+
+TEST(TrackerTest, FinishedRequestRetiredAfterGrace) {
+  TrackerOptions options;
+  options.grace_ns = 500 * kMs;
+  Harness h(options);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Finished(T(1), Rid(1))});
+  EXPECT_EQ(h.tracker->size(), 1u);
+  h.AdvanceAndSweep(500 * kMs - 1);
+  EXPECT_EQ(h.tracker->size(), 1u);
+  EXPECT_EQ(h.counters().tracked_requests, 1);
+  h.AdvanceAndSweep(1);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(h.counters().tracked_requests, 0);
+  EXPECT_EQ(h.counters().evicted_requests, 0u);
+  // Events in the grace period do not extend it.
+  h.Send(h.Core(), {Arrived(T(0), Rid(2), 1), Finished(T(1), Rid(2))});
+  h.AdvanceAndSweep(400 * kMs);
+  h.Send(h.Core(), Tokens(T(2), Rid(2), 1));
+  h.AdvanceAndSweep(100 * kMs);
+  EXPECT_EQ(h.tracker->size(), 0u);
+}
+
+TEST(TrackerTest, EventAfterRetirementDoesNotJoin) {
+  Harness h;
+  h.Send(h.Core(), {Tokens(T(10), Rid(1), 1), Finished(T(20), Rid(1))});
+  h.AdvanceAndSweep(2 * kSecond);
+  ASSERT_EQ(h.tracker->size(), 0u);
+  h.Send(h.Front(), Arrived(T(0), Rid(1), 1));
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+  EXPECT_EQ(h.core->hist(kE2eRequestLatency).count(), 0u);
+  EXPECT_EQ(h.counters().incomplete[size_t(Interval::kTtft)], 1u);
+  EXPECT_EQ(h.counters().incomplete[size_t(Interval::kE2e)], 1u);
+}
+
+struct IncompleteCase {
+  const char* name;
+  std::vector<Event> events;  // all from the core; the last is FINISHED
+  std::array<uint64_t, size_t(Interval::kCount)> incomplete;
+};
+
+TEST(TrackerTest, CountsIncompleteIntervalsAtRetirementNeverObservesThem) {
+  const RequestId r = Rid(1);
+  const IncompleteCase cases[] = {
+      {"tokens but no arrived, scheduled",
+       {Tokens(T(10), r, 1), Finished(T(20), r)},
+       Intervals({Interval::kTtft, Interval::kPrefill, Interval::kE2e,
+                  Interval::kQueue, Interval::kInference})},
+      {"scheduled and tokens but no arrived",
+       {Scheduled(T(5), r), Tokens(T(10), r, 1), Finished(T(20), r)},
+       Intervals({Interval::kTtft, Interval::kE2e, Interval::kQueue})},
+      {"queued but no arrived",
+       {Queued(T(2), r), Scheduled(T(5), r), Tokens(T(10), r, 1),
+        Finished(T(20), r)},
+       Intervals({Interval::kTtft, Interval::kE2e})},
+      {"arrived and tokens but no scheduled",
+       {Arrived(T(0), r, 1), Tokens(T(10), r, 1), Finished(T(20), r)},
+       Intervals({Interval::kPrefill, Interval::kQueue, Interval::kInference})},
+      {"aborted while waiting",
+       {Arrived(T(0), r, 1), Finished(T(20), r, FinishReason::kAbort)},
+       Intervals({})},
+      {"aborted after scheduling, before the first token",
+       {Arrived(T(0), r, 1), Scheduled(T(5), r),
+        Finished(T(20), r, FinishReason::kAbort)},
+       Intervals({})},
+      {"complete",
+       {Arrived(T(0), r, 1), Scheduled(T(5), r), Tokens(T(10), r, 1),
+        Finished(T(20), r)},
+       Intervals({})},
+  };
+  for (const IncompleteCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Harness h;
+    for (const Event& ev : c.events) h.Send(h.Core(), ev);
+    EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}))
+        << "counted before retirement";
+    h.AdvanceAndSweep(2 * kSecond);
+    EXPECT_EQ(h.tracker->size(), 0u);
+    EXPECT_EQ(AsArray(h.counters().incomplete), c.incomplete);
+    const auto& inc = h.counters().incomplete;
+    if (inc[size_t(Interval::kTtft)] != 0) {
+      EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+    }
+    if (inc[size_t(Interval::kE2e)] != 0) {
+      EXPECT_EQ(h.core->hist(kE2eRequestLatency).count(), 0u);
+      EXPECT_EQ(h.core->hist(kRequestPromptTokens).count(), 0u);
+    }
+    if (inc[size_t(Interval::kQueue)] != 0) {
+      EXPECT_EQ(h.core->hist(kRequestQueueTime).count(), 0u);
+    }
+    if (inc[size_t(Interval::kPrefill)] != 0) {
+      EXPECT_EQ(h.core->hist(kRequestPrefillTime).count(), 0u);
+    }
+    if (inc[size_t(Interval::kInference)] != 0) {
+      EXPECT_EQ(h.core->hist(kRequestInferenceTime).count(), 0u);
+    }
+    EXPECT_EQ(h.counters().evicted_requests, 0u);
+  }
+}
+
+TEST(TrackerTest, AbortBeforeFirstTokenCountsNoIncompleteTtft) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 6), Scheduled(T(3), Rid(1)),
+                    Finished(T(9), Rid(1), FinishReason::kAbort)});
+  h.AdvanceAndSweep(3 * kSecond);
+  EXPECT_EQ(h.counters().incomplete[size_t(Interval::kTtft)], 0u);
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+  ExpectHist(*h.core, kE2eRequestLatency, 1, double(9 * kMs));
+  EXPECT_EQ(h.core->success[size_t(FinishReason::kAbort)], 1u);
+  // No first token: no prompt tokens counted.
+  EXPECT_EQ(h.core->prompt_tokens, 0u);
+}
+
+struct NegativeCase {
+  const char* name;
+  std::vector<Event> events;  // all from the core
+  std::array<uint64_t, size_t(Interval::kCount)> negative;
+  std::vector<EngineMetric> not_observed;
+};
+
+TEST(TrackerTest, CountsNegativeIntervalsNeverObservesThem) {
+  const RequestId r = Rid(1);
+  const NegativeCase cases[] = {
+      {"first token before arrived",
+       {Arrived(T(100), r, 1), Tokens(T(50), r, 1)},
+       Intervals({Interval::kTtft}),
+       {kTimeToFirstToken}},
+      {"late arrived after the first token",
+       {Tokens(T(50), r, 1), Arrived(T(100), r, 1)},
+       Intervals({Interval::kTtft}),
+       {kTimeToFirstToken}},
+      {"tokens before the previous tokens",
+       {Arrived(T(0), r, 1), Tokens(T(100), r, 1), Tokens(T(90), r, 1)},
+       Intervals({Interval::kItl}),
+       {kInterTokenLatency}},
+      {"finished before arrived",
+       {Arrived(T(100), r, 1), Finished(T(50), r, FinishReason::kAbort)},
+       Intervals({Interval::kE2e}),
+       {kE2eRequestLatency}},
+      {"scheduled before arrived",
+       {Arrived(T(100), r, 1), Scheduled(T(50), r),
+        Finished(T(200), r, FinishReason::kAbort)},
+       Intervals({Interval::kQueue}),
+       {kRequestQueueTime}},
+      {"scheduled before queued",
+       {Arrived(T(0), r, 1), Queued(T(60), r), Scheduled(T(50), r),
+        Finished(T(200), r, FinishReason::kAbort)},
+       Intervals({Interval::kQueue}),
+       {kRequestQueueTime}},
+      {"first token before scheduled",
+       {Arrived(T(0), r, 1), Scheduled(T(100), r), Tokens(T(50), r, 1),
+        Finished(T(200), r)},
+       Intervals({Interval::kPrefill, Interval::kInference}),
+       {kRequestPrefillTime, kRequestInferenceTime}},
+      {"late scheduled after the first token",
+       {Arrived(T(0), r, 1), Tokens(T(50), r, 1), Scheduled(T(100), r)},
+       Intervals({Interval::kPrefill}),
+       {kRequestPrefillTime}},
+  };
+  for (const NegativeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Harness h;
+    for (const Event& ev : c.events) h.Send(h.Core(), ev);
+    EXPECT_EQ(AsArray(h.counters().negative), c.negative);
+    for (EngineMetric m : c.not_observed) {
+      EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
+    }
+  }
+}
+
+// ---- eviction and the cap
+// ------------------------------------------------------
+
+TEST(TrackerTest, EvictsIdleUnfinishedRequests) {
+  TrackerOptions options;
+  options.idle_timeout_ns = 10 * kSecond;
+  Harness h(options);
+  h.Send(h.Core(), Arrived(T(0), Rid(1), 1));
+  h.Send(h.Core(), Arrived(T(0), Rid(2), 1));
+  EXPECT_EQ(h.core->derived_waiting, 2);
+  h.AdvanceAndSweep(6 * kSecond);
+  h.Send(h.Core(), Scheduled(T(1), Rid(2)));  // activity: restarts its timer
+  h.AdvanceAndSweep(4 * kSecond - 1);
+  EXPECT_EQ(h.tracker->size(), 2u);
+  h.AdvanceAndSweep(1);
+  EXPECT_EQ(h.tracker->size(), 1u);
+  EXPECT_EQ(h.counters().evicted_requests, 1u);
+  EXPECT_EQ(h.counters().tracked_requests, 1);
+  EXPECT_EQ(h.core->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 1);
+  h.AdvanceAndSweep(6 * kSecond);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(h.counters().evicted_requests, 2u);
+  EXPECT_EQ(h.counters().tracked_requests, 0);
+  EXPECT_EQ(h.core->derived_running, 0);
+  // An evicted request was never finished: nothing observed at finish.
+  EXPECT_EQ(h.core->hist(kE2eRequestLatency).count(), 0u);
+}
+
+TEST(TrackerTest, CapEvictsLeastRecentlyActiveRequest) {
+  TrackerOptions options;
+  options.max_requests = 2;
+  Harness h(options);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Arrived(T(0), Rid(2), 1),
+                    Tokens(T(10), Rid(1), 1)});  // 2 is now the oldest
+  h.Send(h.Core(), Arrived(T(0), Rid(3), 1));
+  EXPECT_EQ(h.tracker->size(), 2u);
+  EXPECT_EQ(h.counters().tracked_requests, 2);
+  EXPECT_EQ(h.counters().evicted_requests, 1u);
+  // 1 and 3 are still tracked: their tokens join their arrivals.
+  h.Send(h.Core(), Tokens(T(20), Rid(3), 1));
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
+  h.Send(h.Core(), Tokens(T(30), Rid(1), 1));
+  EXPECT_EQ(h.core->hist(kInterTokenLatency).count(), 1u);
+  EXPECT_EQ(h.tracker->size(), 2u);
+  // 2 is gone: its tokens start a new request (pushing out 3).
+  h.Send(h.Core(), Tokens(T(40), Rid(2), 1));
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
+  EXPECT_EQ(h.counters().evicted_requests, 2u);
+  EXPECT_EQ(h.tracker->size(), 2u);
+  EXPECT_EQ(h.counters().tracked_requests, 2);
+}
+
+TEST(TrackerTest, CapRetiresFinishedRequestFirstWithoutCountingEviction) {
+  TrackerOptions options;
+  options.max_requests = 2;
+  Harness h(options);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Arrived(T(0), Rid(2), 1),
+                    Finished(T(5), Rid(2), FinishReason::kAbort)});
+  h.Send(h.Core(), Arrived(T(0), Rid(3), 1));
+  EXPECT_EQ(h.tracker->size(), 2u);
+  EXPECT_EQ(h.counters().evicted_requests, 0u);
+  EXPECT_EQ(h.counters().tracked_requests, 2);
+  EXPECT_EQ(h.core->derived_waiting, 2);
+  // 1 survived.
+  h.Send(h.Core(), Tokens(T(10), Rid(1), 1));
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 1u);
+}
+
+// ---- timestamps
+// ------------------------------------------------------------------
+
+struct TimestampCase {
+  const char* name;
+  int64_t offset_ns;  // from the clock
+  bool accepted;
+};
+
+TEST(TrackerTest, RejectsTimestampsOutsideTheWindow) {
+  const int64_t future = int64_t(TM_MAX_FUTURE_NS);
+  const int64_t past = int64_t(TM_MAX_PAST_NS);
+  const TimestampCase cases[] = {
+      {"now", 0, true},
+      {"at the future limit", future, true},
+      {"past the future limit", future + 1, false},
+      {"at the past limit", -past, true},
+      {"past the past limit", -past - 1, false},
+      {"far future", int64_t(1) << 62, false},
+  };
+  for (const TimestampCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Harness h;
+    const uint64_t t = uint64_t(int64_t(h.clock.now) + c.offset_ns);
+    h.Send(h.Core(), Arrived(t, Rid(1), 3));
+    StepStats st;
+    st.has = StepStats::kRunning;
+    st.running = 4;
+    h.Send(h.Core(), Step(t, st));
+    const uint64_t bad = c.accepted ? 0 : 2;
+    EXPECT_EQ(h.counters().ingest_errors[size_t(IngestError::kBadTimestamp)],
+              bad);
+    EXPECT_EQ(h.tracker->size(), c.accepted ? 1u : 0u);
+    EXPECT_EQ(h.core->derived_waiting, c.accepted ? 1 : 0);
+    EXPECT_EQ(h.core->has_step_running, c.accepted);
+    EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kArrived) - 1],
+              c.accepted ? 1u : 0u);
+  }
+}
+
+TEST(TrackerTest, TimestampWindowFollowsOptions) {
+  TrackerOptions options;
+  options.max_future_ns = 5;
+  options.max_past_ns = 10;
+  Harness h(options);
+  const uint64_t now = h.clock.now;
+  h.Send(h.Core(),
+         {Arrived(now + 5, Rid(1), 1), Arrived(now + 6, Rid(2), 1),
+          Arrived(now - 10, Rid(3), 1), Arrived(now - 11, Rid(4), 1)});
+  EXPECT_EQ(h.counters().ingest_errors[size_t(IngestError::kBadTimestamp)], 2u);
+  EXPECT_EQ(h.tracker->size(), 2u);
+}
+
+TEST(TrackerTest, ApplyBatchSkipsOnlyTheBadEvent) {
+  Harness h;
+  Batch batch;
+  batch.events = {Arrived(T(0), Rid(1), 2),
+                  Arrived(h.clock.now + 2 * kSecond, Rid(2), 1),
+                  Tokens(T(10), Rid(1), 1)};
+  h.tracker->ApplyBatch(h.Core(), batch);
+  EXPECT_EQ(h.counters().ingest_errors[size_t(IngestError::kBadTimestamp)], 1u);
+  EXPECT_EQ(h.tracker->size(), 1u);
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(10 * kMs));
+  EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kArrived) - 1], 1u);
+  EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kTokens) - 1], 1u);
+}
+
+// ---- gauges and STEP
+// -----------------------------------------------------------
+
+bool HasLine(const std::string& text, const std::string& line) {
+  return text.find(line + "\n") != std::string::npos;
+}
+
+TEST(TrackerTest, DerivesRunningAndWaitingWithoutStepData) {
+  Harness h;
+  const std::string running_core =
+      "vllm:num_requests_running{model_name=\"m\",engine=\"core\"} ";
+  const std::string waiting_core =
+      "vllm:num_requests_waiting{model_name=\"m\",engine=\"core\"} ";
+  h.Send(h.Core(), Arrived(T(0), Rid(1), 1));
+  EXPECT_EQ(h.core->derived_waiting, 1);
+  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_TRUE(HasLine(h.Render(), waiting_core + "1"));
+  h.Send(h.Core(), Scheduled(T(1), Rid(1)));
+  EXPECT_EQ(h.core->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 1);
+  EXPECT_TRUE(HasLine(h.Render(), running_core + "1"));
+  EXPECT_TRUE(HasLine(h.Render(), waiting_core + "0"));
+  h.Send(h.Core(), Preempted(T(2), Rid(1)));
+  EXPECT_EQ(h.core->derived_waiting, 1);
+  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_EQ(h.core->preemptions, 1u);
+  h.Send(h.Core(), {Scheduled(T(3), Rid(1)), Tokens(T(4), Rid(1), 1)});
+  EXPECT_EQ(h.core->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 1);
+  h.Send(h.Core(), Finished(T(5), Rid(1)));
+  EXPECT_EQ(h.core->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_TRUE(HasLine(h.Render(), running_core + "0"));
+  // Events after FINISHED do not bring the request back into a gauge.
+  h.Send(h.Core(), {Scheduled(T(6), Rid(1)), Preempted(T(7), Rid(1))});
+  EXPECT_EQ(h.core->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 0);
+}
+
+TEST(TrackerTest, DerivedGaugesFollowTheSourceOfTheLatestState) {
+  Harness h;
+  h.Send(h.Front(), Arrived(T(0), Rid(1), 1));
+  EXPECT_EQ(h.front->derived_waiting, 1);
+  h.Send(h.Core(), Scheduled(T(1), Rid(1)));
+  EXPECT_EQ(h.front->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 1);
+  // An ARRIVED after the first token does not count it as waiting.
+  h.Send(h.Core(), Tokens(T(10), Rid(2), 1));
+  h.Send(h.Front(), Arrived(T(0), Rid(2), 1));
+  EXPECT_EQ(h.front->derived_waiting, 0);
+  EXPECT_EQ(h.core->derived_running, 2);
+}
+
+TEST(TrackerTest, StepGaugesOverrideDerivedOnes) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 1), Arrived(T(0), Rid(2), 1),
+                    Scheduled(T(1), Rid(2))});
+  StepStats st;
+  st.has = StepStats::kRunning | StepStats::kWaiting | StepStats::kKvUsage;
+  st.running = 7;
+  st.waiting = 3;
+  st.kv_usage = 0.25;
+  h.Send(h.Core(), Step(T(2), st));
+  const std::string text = h.Render();
+  const std::string labels = "{model_name=\"m\",engine=\"core\"} ";
+  EXPECT_TRUE(HasLine(text, "vllm:num_requests_running" + labels + "7"));
+  EXPECT_TRUE(HasLine(text, "vllm:num_requests_waiting" + labels + "3"));
+  EXPECT_TRUE(HasLine(text, "vllm:kv_cache_usage_perc" + labels + "0.25"));
+  // A later STEP without those keys keeps the last values.
+  StepStats empty;
+  h.Send(h.Core(), Step(T(3), empty));
+  EXPECT_TRUE(HasLine(h.Render(), "vllm:num_requests_running" + labels + "7"));
+  // The other series has no STEP data and stays derived.
+  EXPECT_TRUE(HasLine(
+      h.Render(),
+      "vllm:num_requests_running{model_name=\"m\",engine=\"front\"} 0"));
+}
+
+TEST(TrackerTest, StepCountersAndIterationTokensAccumulate) {
+  Harness h;
+  Batch batch;
+  batch.positions = {99, 3, 1, 0, 1, 1};
+  StepStats a;
+  a.has = StepStats::kPromptTokens | StepStats::kGenerationTokens |
+          StepStats::kPrefixQueries | StepStats::kPrefixHits |
+          StepStats::kSpecDrafts | StepStats::kSpecDraftTokens |
+          StepStats::kSpecAcceptedTokens | StepStats::kSpecAcceptedPerPos;
+  a.prompt_tokens = 100;
+  a.generation_tokens = 28;
+  a.prefix_queries = 50;
+  a.prefix_hits = 20;
+  a.spec_drafts = 2;
+  a.spec_draft_tokens = 6;
+  a.spec_accepted_tokens = 4;
+  a.pos_begin = 1;
+  a.pos_count = 3;
+  StepStats b;  // no token keys: no iteration observation
+  b.has = StepStats::kPrefixQueries | StepStats::kSpecAcceptedPerPos;
+  b.prefix_queries = 5;
+  b.pos_begin = 4;
+  b.pos_count = 2;
+  StepStats c;
+  c.has = StepStats::kGenerationTokens;
+  c.generation_tokens = 1;
+  batch.events = {Step(T(0), a), Step(T(1), b), Step(T(2), c)};
+  h.tracker->ApplyBatch(h.Core(), batch);
+
+  const Histogram& it = h.core->hist(kIterationTokens);
+  EXPECT_EQ(it.count(), 2u);
+  EXPECT_EQ(it.sum(), 129.0);
+  EXPECT_EQ(CountIn(it, 128), 1u);
+  EXPECT_EQ(CountIn(it, 1), 1u);
+  EXPECT_EQ(h.core->prefix_queries, 55u);
+  EXPECT_EQ(h.core->prefix_hits, 20u);
+  EXPECT_EQ(h.core->spec_drafts, 2u);
+  EXPECT_EQ(h.core->spec_draft_tokens, 6u);
+  EXPECT_EQ(h.core->spec_accepted_tokens, 4u);
+  EXPECT_EQ(h.core->spec_accepted_per_pos, (std::vector<uint64_t>{4, 2, 0}));
+  EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kStep) - 1], 3u);
+  EXPECT_EQ(h.tracker->size(), 0u);  // STEP belongs to no request
+  EXPECT_EQ(TotalObservations(*h.front), 0u);
+}
+
+// ---- request ids
+// -----------------------------------------------------------------
+
+TEST(TrackerTest, StringAndIntegerIdsAreDistinctRequests) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(7), 1), Arrived(T(5), Rid("7"), 1)});
+  EXPECT_EQ(h.tracker->size(), 2u);
+  h.Send(h.Core(), Tokens(T(10), Rid("7"), 1));
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(5 * kMs));
+  h.Send(h.Core(), Tokens(T(20), Rid(7), 1));
+  ExpectHist(*h.core, kTimeToFirstToken, 2, double(25 * kMs));
+  EXPECT_EQ(h.tracker->size(), 2u);
+}
+
+TEST(TrackerTest, SameIdInTwoSpacesIsTwoRequests) {
+  Harness h;
+  h.Send(h.Core(1), Arrived(T(0), Rid("abc"), 1));
+  h.Send(h.Core(2), Tokens(T(10), Rid("abc"), 1));
+  h.Send(h.Core(1), Arrived(T(0), Rid(5), 1));
+  h.Send(h.Core(2), Tokens(T(10), Rid(5), 1));
+  EXPECT_EQ(h.tracker->size(), 4u);
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+}
+
+TEST(TrackerTest, KeepsItsOwnCopyOfStringIds) {
+  Harness h;
+  std::string id(128, 'x');  // the longest id the protocol allows
+  id[0] = 'a';
+  h.Send(h.Core(), Arrived(T(0), Rid(id), 1));
+  id.assign(128, 'y');  // the frame buffer is reused
+  const std::string same = "a" + std::string(127, 'x');
+  h.Send(h.Core(), Tokens(T(10), Rid(same), 1));
+  EXPECT_EQ(h.tracker->size(), 1u);
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(10 * kMs));
+  // Ids that hash alike or share a prefix do not join.
+  h.Send(h.Core(), Tokens(T(10), Rid(same.substr(0, 127)), 1));
+  EXPECT_EQ(h.tracker->size(), 2u);
+}
+
+TEST(TrackerTest, ExtremeIntegerIds) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(0), 1), Arrived(T(0), Rid(UINT64_MAX), 1),
+                    Tokens(T(1), Rid(0), 1), Tokens(T(2), Rid(UINT64_MAX), 1)});
+  EXPECT_EQ(h.tracker->size(), 2u);
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
+}
+
+TEST(TrackerTest, TrackedRequestsGaugeEqualsSize) {
+  TrackerOptions options;
+  options.max_requests = 50;
+  options.grace_ns = kSecond;
+  Harness h(options);
+  for (uint64_t i = 0; i < 80; ++i) {
+    h.Send(h.Core(), Arrived(T(i), Rid(i), 1));
+    if (i % 3 == 0) h.Send(h.Core(), Finished(T(i + 1), Rid(i)));
+    EXPECT_EQ(h.counters().tracked_requests, int64_t(h.tracker->size()));
+  }
+  EXPECT_EQ(h.tracker->size(), 50u);
+  h.AdvanceAndSweep(kSecond);
+  EXPECT_EQ(h.counters().tracked_requests, int64_t(h.tracker->size()));
+  h.AdvanceAndSweep(options.idle_timeout_ns);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(h.counters().tracked_requests, 0);
+  EXPECT_EQ(h.core->derived_waiting, 0);
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon

@@ -1,0 +1,728 @@
+// The rendered exposition: a golden file (TOKENMETER_UPDATE_GOLDEN=1
+// rewrites it), our own structural checks (promtool does not notice
+// unsorted le buckets or a missing +Inf), OpenMetrics specifics, and two
+// real parsers: promtool and Python's prometheus_client.
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "daemon/metrics/catalog.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/metrics/text_format.h"
+
+#ifndef TOKENMETER_TEST_DATA_DIR
+#error "TOKENMETER_TEST_DATA_DIR must name tests/data"
+#endif
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr char kGoldenPath[] =
+    TOKENMETER_TEST_DATA_DIR "/exposition_golden.txt";
+constexpr char kOddLabel[] = "back\\slash \"quoted\"\nnew line";
+
+// ---- a registry with known data in every family
+// --------------------------------
+
+// Deterministic data for one series; `k` (1, 2, 3) varies the numbers.
+void Fill(EngineSeries& s, uint64_t k, bool step_gauges, bool spec_positions) {
+  if (step_gauges) {
+    s.has_step_running = s.has_step_waiting = true;
+    s.step_running = 3 * k;
+    s.step_waiting = k;
+  }
+  s.derived_running = int64_t(2 * k);
+  s.derived_waiting = int64_t(5 * k);
+  s.kv_usage = 0.25 * double(k);
+  s.prefix_queries = 1000 * k;
+  s.prefix_hits = 250 * k;
+  s.preemptions = k;
+  s.prompt_tokens = 512 * k;
+  s.generation_tokens = 128 * k;
+  s.success[size_t(FinishReason::kStop)] = 10 * k;
+  s.success[size_t(FinishReason::kLength)] = 2 * k;
+  s.success[size_t(FinishReason::kAbort)] = k;
+  s.spec_drafts = 4 * k;
+  s.spec_draft_tokens = 12 * k;
+  s.spec_accepted_tokens = 7 * k;
+  if (spec_positions) s.spec_accepted_per_pos = {4 * k, 2 * k, k};
+  // Every histogram: an observation exactly at its first bound (le is
+  // inclusive), one between bounds, one past the last bound (+Inf).
+  for (Histogram& h : s.hists) {
+    const auto& b = h.layout().bounds();
+    const double d = h.layout().divisor();
+    const double mid = b.size() >= 2
+                           ? (b[b.size() / 2 - 1] + b[b.size() / 2]) / 2
+                           : b.front() / 2;
+    h.Observe(std::round(b.front() * d));
+    h.Observe(std::round(mid * d) + double(k));
+    h.Observe(std::round(b.back() * d) * 2 + double(k));
+  }
+  s.hist(kTimeToFirstToken).Observe(123'456'789);
+}
+
+std::unique_ptr<Registry> PopulatedRegistry() {
+  std::unique_ptr<Registry> reg;
+  const Status st = Registry::Create(RegistryOptions{}, &reg);
+  EXPECT_TRUE(st.ok()) << st.message();
+  EngineSeries* a =
+      reg->GetOrCreate({"vllm", "llama-3-8b", "0", {{"tier", "gold"}}});
+  EngineSeries* b =
+      reg->GetOrCreate({"vllm", "llama-3-8b", "1", {{"tier", kOddLabel}}});
+  EngineSeries* c = reg->GetOrCreate(
+      {"tokenmeter_engine", "tiny \"model\"", "dp0", {{"zone", "eu\\1"}}});
+  Fill(*a, 1, /*step_gauges=*/true, /*spec_positions=*/true);
+  Fill(*b, 2, /*step_gauges=*/false, /*spec_positions=*/false);
+  Fill(*c, 3, /*step_gauges=*/false, /*spec_positions=*/true);
+  reg->SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 100, 5);
+  reg->SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 200, 7);
+  reg->SetClientDropped("vllm", "llama-3-8b", "1", 300, 1);
+  DaemonCounters& d = reg->counters();
+  d.ingest_connections = 3;
+  d.ingest_frames = 1234;
+  for (int i = 0; i < kNumEventKinds; ++i) d.ingest_events[i] = 100 + i;
+  for (size_t i = 0; i < size_t(IngestError::kCount); ++i) {
+    d.ingest_errors[i] = i;
+  }
+  d.tracked_requests = 42;
+  d.evicted_requests = 6;
+  for (size_t i = 0; i < size_t(Interval::kCount); ++i) {
+    d.incomplete[i] = i + 1;
+    d.negative[i] = 2 * i;
+  }
+  d.scrape_duration_seconds = 0.00125;
+  return reg;
+}
+
+std::string Render(const Registry& reg, ExpositionFormat format) {
+  std::string out;
+  reg.Render(format, out);
+  return out;
+}
+
+// The exposition without the process_* lines, which vary from run to run.
+std::string WithoutProcessLines(const std::string& text) {
+  std::string out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("process_") || line.starts_with("# HELP process_") ||
+        line.starts_with("# TYPE process_")) {
+      continue;
+    }
+    out += line;
+    out += '\n';
+  }
+  return out;
+}
+
+// ---- a small parser of the text formats
+// ---------------------------------------
+
+struct Sample {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> labels;
+  double value = 0;
+  std::string value_text;
+};
+
+struct Family {
+  std::string name;
+  std::string type;
+  bool has_help = false;
+  std::vector<Sample> samples;
+};
+
+bool IsNameChar(char c, bool first) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+         c == ':' || (!first && c >= '0' && c <= '9');
+}
+
+bool ParseValue(std::string_view v, double* out) {
+  if (v == "+Inf") {
+    *out = INFINITY;
+    return true;
+  }
+  if (v == "-Inf") {
+    *out = -INFINITY;
+    return true;
+  }
+  if (v == "NaN") {
+    *out = NAN;
+    return true;
+  }
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+  return ec == std::errc() && end == v.data() + v.size();
+}
+
+// Parses one sample line; returns an error or "".
+std::string ParseSample(std::string_view line, Sample* s) {
+  size_t i = 0;
+  while (i < line.size() && IsNameChar(line[i], i == 0)) ++i;
+  if (i == 0) return "no metric name";
+  s->name = std::string(line.substr(0, i));
+  if (i < line.size() && line[i] == '{') {
+    ++i;
+    while (i < line.size() && line[i] != '}') {
+      const size_t start = i;
+      while (i < line.size() && IsNameChar(line[i], i == start) &&
+             line[i] != ':') {
+        ++i;
+      }
+      if (i == start) return "no label name";
+      std::string name(line.substr(start, i - start));
+      if (line.substr(i, 2) != "=\"") return "expected =\" after " + name;
+      i += 2;
+      std::string value;
+      while (i < line.size() && line[i] != '"') {
+        if (line[i] == '\\') {
+          if (i + 1 >= line.size()) return "dangling backslash";
+          const char e = line[i + 1];
+          if (e == 'n') {
+            value += '\n';
+          } else if (e == '\\' || e == '"') {
+            value += e;
+          } else {
+            return std::string("bad escape \\") + e;
+          }
+          i += 2;
+        } else {
+          value += line[i++];
+        }
+      }
+      if (i >= line.size()) return "unterminated label value";
+      ++i;  // closing quote
+      s->labels.emplace_back(std::move(name), std::move(value));
+      if (i < line.size() && line[i] == ',') ++i;
+    }
+    if (i >= line.size()) return "unterminated label set";
+    ++i;  // '}'
+  }
+  if (i >= line.size() || line[i] != ' ') return "expected a space";
+  s->value_text = std::string(line.substr(i + 1));
+  if (!ParseValue(s->value_text, &s->value)) {
+    return "bad value \"" + s->value_text + "\"";
+  }
+  return "";
+}
+
+// Parses an exposition into families; reports every problem with its line.
+std::vector<Family> Parse(const std::string& text, ExpositionFormat format) {
+  std::vector<Family> families;
+  if (text.empty() || text.back() != '\n') {
+    ADD_FAILURE() << "exposition does not end with a newline";
+  }
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  bool saw_eof = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    SCOPED_TRACE("line " + std::to_string(lineno) + ": " + line);
+    if (saw_eof) ADD_FAILURE() << "content after # EOF";
+    if (line == "# EOF") {
+      saw_eof = true;
+      continue;
+    }
+    if (line.starts_with("# HELP ")) {
+      const std::string rest = line.substr(7);
+      Family f;
+      f.name = rest.substr(0, rest.find(' '));
+      f.has_help = true;
+      families.push_back(std::move(f));
+      continue;
+    }
+    if (line.starts_with("# TYPE ")) {
+      std::istringstream words(line.substr(7));
+      std::string name, type;
+      words >> name >> type;
+      if (families.empty() || families.back().name != name) {
+        ADD_FAILURE() << "TYPE without a HELP for the same name";
+        families.push_back(Family{name, "", false, {}});
+      }
+      if (!families.back().type.empty()) ADD_FAILURE() << "second TYPE";
+      families.back().type = type;
+      continue;
+    }
+    if (line.starts_with("#")) {
+      ADD_FAILURE() << "unexpected comment";
+      continue;
+    }
+    Sample s;
+    const std::string err = ParseSample(line, &s);
+    if (!err.empty()) {
+      ADD_FAILURE() << err;
+      continue;
+    }
+    if (families.empty() || families.back().type.empty()) {
+      ADD_FAILURE() << "sample before HELP and TYPE";
+      continue;
+    }
+    families.back().samples.push_back(std::move(s));
+  }
+  EXPECT_EQ(saw_eof, format == ExpositionFormat::kOpenMetrics100);
+  return families;
+}
+
+std::string LabelsWithout(const Sample& s, std::string_view skip) {
+  std::string key;
+  for (const auto& [n, v] : s.labels) {
+    if (n == skip) continue;
+    key += n + "=" + v + ";";
+  }
+  return key;
+}
+
+void CheckHistogram(const Family& f) {
+  struct Series {
+    std::vector<std::pair<double, double>> buckets;  // (le, cumulative)
+    bool last_inf = false;
+    bool has_sum = false;
+    bool has_count = false;
+    double count = -1;
+  };
+  std::map<std::string, Series> series;
+  for (const Sample& s : f.samples) {
+    Series& ser = series[LabelsWithout(s, "le")];
+    if (s.name == f.name + "_bucket") {
+      ASSERT_FALSE(s.labels.empty());
+      const auto& [n, le_text] = s.labels.back();
+      EXPECT_EQ(n, "le") << f.name << ": le is not the last label";
+      double le = 0;
+      ASSERT_TRUE(ParseValue(le_text, &le)) << f.name << " le=" << le_text;
+      EXPECT_FALSE(ser.last_inf) << f.name << ": bucket after +Inf";
+      if (!ser.buckets.empty()) {
+        EXPECT_GT(le, ser.buckets.back().first)
+            << f.name << ": le not strictly increasing at " << le_text;
+        EXPECT_GE(s.value, ser.buckets.back().second)
+            << f.name << ": cumulative count decreases at " << le_text;
+      }
+      ser.buckets.emplace_back(le, s.value);
+      ser.last_inf = le_text == "+Inf";
+    } else if (s.name == f.name + "_sum") {
+      ser.has_sum = true;
+    } else if (s.name == f.name + "_count") {
+      ser.has_count = true;
+      ser.count = s.value;
+    } else {
+      ADD_FAILURE() << f.name << ": unexpected sample " << s.name;
+    }
+  }
+  EXPECT_FALSE(series.empty()) << f.name;
+  for (const auto& [labels, ser] : series) {
+    SCOPED_TRACE(f.name + "{" + labels + "}");
+    EXPECT_TRUE(ser.last_inf) << "last bucket is not le=\"+Inf\"";
+    EXPECT_TRUE(ser.has_sum);
+    ASSERT_TRUE(ser.has_count);
+    ASSERT_FALSE(ser.buckets.empty());
+    EXPECT_EQ(ser.buckets.back().second, ser.count) << "+Inf bucket != _count";
+  }
+}
+
+// Every structural rule of the catalog and the format; returns the families.
+std::vector<Family> CheckStructure(const std::string& text,
+                                   ExpositionFormat format) {
+  const bool om = format == ExpositionFormat::kOpenMetrics100;
+  std::vector<Family> families = Parse(text, format);
+  std::set<std::string> family_names;
+  std::set<std::string> series_keys;
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.name);
+    EXPECT_TRUE(family_names.insert(f.name).second) << "family repeated";
+    EXPECT_TRUE(f.has_help);
+    EXPECT_TRUE(f.type == "counter" || f.type == "gauge" ||
+                f.type == "histogram")
+        << f.type;
+    const bool engine = f.name.find(':') != std::string::npos;
+    for (const Sample& s : f.samples) {
+      EXPECT_TRUE(
+          series_keys.insert(s.name + "{" + LabelsWithout(s, "") + "}").second)
+          << "series repeated: " << s.name;
+      if (engine) {
+        if (s.labels.size() < 2) {
+          ADD_FAILURE() << s.name << ": fewer than two labels";
+          continue;
+        }
+        EXPECT_EQ(s.labels[0].first, "model_name") << s.name;
+        EXPECT_EQ(s.labels[1].first, "engine") << s.name;
+      }
+      std::set<std::string> label_names;
+      for (const auto& [n, v] : s.labels) {
+        EXPECT_TRUE(label_names.insert(n).second) << "label repeated: " << n;
+      }
+    }
+    if (f.type == "counter") {
+      const bool total = f.name.ends_with("_total");
+      EXPECT_EQ(total, !om) << "counter TYPE name and _total";
+      const std::string sample_name = om ? f.name + "_total" : f.name;
+      for (const Sample& s : f.samples) {
+        EXPECT_EQ(s.name, sample_name);
+        EXPECT_TRUE(s.name.ends_with("_total")) << s.name;
+      }
+    } else if (f.type == "gauge") {
+      for (const Sample& s : f.samples) EXPECT_EQ(s.name, f.name);
+    } else if (f.type == "histogram") {
+      CheckHistogram(f);
+    }
+  }
+  return families;
+}
+
+// ---- golden file
+// ----------------------------------------------------------------
+
+TEST(ExpositionTest, MatchesGoldenFile) {
+  const auto reg = PopulatedRegistry();
+  const std::string got =
+      WithoutProcessLines(Render(*reg, ExpositionFormat::kText004));
+  const char* update = std::getenv("TOKENMETER_UPDATE_GOLDEN");
+  if (update != nullptr && std::string_view(update) == "1") {
+    std::filesystem::create_directories(TOKENMETER_TEST_DATA_DIR);
+    std::ofstream(kGoldenPath, std::ios::binary | std::ios::trunc) << got;
+    std::cerr << "rewrote " << kGoldenPath << "\n";
+  }
+  std::ifstream in(kGoldenPath, std::ios::binary);
+  ASSERT_TRUE(in) << kGoldenPath
+                  << " is missing; run with TOKENMETER_UPDATE_GOLDEN=1";
+  const std::string want((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  if (got == want) return;
+  // Point at the first differing line rather than printing both files.
+  std::istringstream g(got), w(want);
+  std::string gl, wl;
+  int lineno = 0;
+  while (true) {
+    ++lineno;
+    const bool gm = static_cast<bool>(std::getline(g, gl));
+    const bool wm = static_cast<bool>(std::getline(w, wl));
+    if (!gm && !wm) break;
+    if (gm != wm || gl != wl) {
+      ADD_FAILURE() << kGoldenPath << ":" << lineno
+                    << " differs\n  want: " << (wm ? wl : "<end of file>")
+                    << "\n  got:  " << (gm ? gl : "<end of output>")
+                    << "\n(TOKENMETER_UPDATE_GOLDEN=1 rewrites the file "
+                       "after an intended change)";
+      return;
+    }
+  }
+  ADD_FAILURE() << "outputs differ only in a final newline";
+}
+
+TEST(ExpositionTest, GoldenHasEscapedLabelsAndBothNamespaces) {
+  const auto reg = PopulatedRegistry();
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  EXPECT_NE(text.find("tier=\"back\\\\slash \\\"quoted\\\"\\nnew line\""),
+            std::string::npos);
+  EXPECT_NE(text.find("model_name=\"tiny \\\"model\\\"\""), std::string::npos);
+  EXPECT_NE(text.find("zone=\"eu\\\\1\""), std::string::npos);
+  EXPECT_NE(text.find("# TYPE vllm:time_to_first_token_seconds histogram\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE tokenmeter_engine:prompt_tokens_total counter\n"),
+            std::string::npos);
+  // One block per namespace, in namespace order: every tokenmeter_engine
+  // family before every vllm family.
+  EXPECT_LT(text.rfind("\ntokenmeter_engine:"), text.find("\nvllm:"));
+  // Process metrics are there, just not compared byte for byte.
+  EXPECT_NE(text.find("\nprocess_resident_memory_bytes "), std::string::npos);
+  EXPECT_NE(text.find("\nprocess_cpu_seconds_total "), std::string::npos);
+}
+
+// ---- structure
+// -------------------------------------------------------------------
+
+TEST(ExpositionTest, TextFormatStructure) {
+  const auto reg = PopulatedRegistry();
+  const std::vector<Family> families = CheckStructure(
+      Render(*reg, ExpositionFormat::kText004), ExpositionFormat::kText004);
+  // Every catalog family of both namespaces is present.
+  std::set<std::string> names;
+  for (const Family& f : families) names.insert(f.name);
+  for (const char* ns : {"vllm:", "tokenmeter_engine:"}) {
+    for (const EngineMetricDef& d : kEngineMetrics) {
+      std::string name = ns + std::string(d.suffix);
+      if (d.type == MetricType::kCounter) name += "_total";
+      EXPECT_TRUE(names.count(name)) << name;
+    }
+  }
+  for (const DaemonMetricDef& d : kDaemonMetrics) {
+    std::string name(d.name);
+    if (d.type == MetricType::kCounter) name += "_total";
+    EXPECT_TRUE(names.count(name)) << name;
+  }
+}
+
+TEST(ExpositionTest, StructureOfAnEmptyRegistryAndOfOverriddenBuckets) {
+  std::unique_ptr<Registry> empty;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &empty).ok());
+  CheckStructure(Render(*empty, ExpositionFormat::kText004),
+                 ExpositionFormat::kText004);
+
+  RegistryOptions options;
+  options.max_model_len = 7;
+  options.buckets["time_to_first_token_seconds"] = {1e-6, 0.1, 0.5, 1};
+  options.buckets["request_params_n"] = {1};
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(options, &reg).ok());
+  EngineSeries* s = reg->GetOrCreate({"x", "m", "0", {}});
+  Fill(*s, 1, false, false);
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  CheckStructure(text, ExpositionFormat::kText004);
+  EXPECT_NE(text.find("x:time_to_first_token_seconds_bucket{model_name=\"m\","
+                      "engine=\"0\",le=\"1e-06\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("x:request_prompt_tokens_bucket{model_name=\"m\","
+                      "engine=\"0\",le=\"5\"}"),
+            std::string::npos);
+}
+
+TEST(ExpositionTest, SecondsExposedToTheNanosecond) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {}});
+  s->hist(kTimeToFirstToken).Observe(123'456'789);
+  s->hist(kTimeToFirstToken).Observe(100'000'000);
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  const std::string p = "vllm:time_to_first_token_seconds";
+  const std::string l = "{model_name=\"m\",engine=\"0\"";
+  EXPECT_NE(text.find(p + "_sum" + l + "} 0.223456789\n"), std::string::npos);
+  EXPECT_NE(text.find(p + "_bucket" + l + ",le=\"0.08\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(text.find(p + "_bucket" + l + ",le=\"0.1\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find(p + "_bucket" + l + ",le=\"0.25\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find(p + "_bucket" + l + ",le=\"+Inf\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find(p + "_count" + l + "} 2\n"), std::string::npos);
+}
+
+TEST(ExpositionTest, OpenMetricsEndsWithEofAndNamesCountersWithoutTotal) {
+  const auto reg = PopulatedRegistry();
+  const std::string text = Render(*reg, ExpositionFormat::kOpenMetrics100);
+  ASSERT_GE(text.size(), 6u);
+  EXPECT_TRUE(text.ends_with("\n# EOF\n"));
+  EXPECT_EQ(text.find("# EOF"), text.size() - 6) << "# EOF more than once";
+  EXPECT_NE(text.find("# TYPE vllm:prompt_tokens counter\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE tokenmeter_ingest_frames counter\n"),
+            std::string::npos);
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("# TYPE ") && line.ends_with(" counter")) {
+      EXPECT_EQ(line.find("_total "), std::string::npos) << line;
+    }
+  }
+  CheckStructure(text, ExpositionFormat::kOpenMetrics100);
+  // The text format has no # EOF.
+  EXPECT_EQ(Render(*reg, ExpositionFormat::kText004).find("# EOF"),
+            std::string::npos);
+}
+
+// ---- real parsers
+// -----------------------------------------------------------------
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+CommandResult RunCommand(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string FindOnPath(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  std::istringstream dirs(path);
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    if (dir.empty()) continue;
+    const std::string candidate = dir + "/" + program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+class TempFile {
+ public:
+  explicit TempFile(const std::string& contents) {
+    char tmpl[] = "/tmp/tm_exposition_XXXXXX";
+    const int fd = mkstemp(tmpl);
+    EXPECT_GE(fd, 0);
+    path_ = tmpl;
+    if (fd >= 0) {
+      EXPECT_EQ(write(fd, contents.data(), contents.size()),
+                ssize_t(contents.size()));
+      close(fd);
+    }
+  }
+  ~TempFile() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The two findings docs/metrics.md keeps on purpose.
+bool IsExpectedLintFinding(const std::string& line) {
+  if (line.find("metric names should not contain ':'") != std::string::npos) {
+    return true;
+  }
+  return line.find("iteration_tokens_total") != std::string::npos &&
+         line.find("non-counter metrics should not have \"_total\" suffix") !=
+             std::string::npos;
+}
+
+TEST(ExpositionTest, PromtoolFindsOnlyTheTwoKnownLints) {
+  const std::string promtool = FindOnPath("promtool");
+  if (promtool.empty()) GTEST_SKIP() << "promtool not on PATH";
+  const auto reg = PopulatedRegistry();
+  const TempFile file(Render(*reg, ExpositionFormat::kText004));
+  const CommandResult r = RunCommand("'" + promtool + "' check metrics < '" +
+                                     file.path() + "' 2>&1");
+  ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 3)
+      << "promtool exit " << r.exit_code << ":\n"
+      << r.output;
+  std::istringstream in(r.output);
+  std::string line;
+  int findings = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    ++findings;
+    EXPECT_TRUE(IsExpectedLintFinding(line)) << "promtool: " << line;
+  }
+  EXPECT_EQ(findings > 0, r.exit_code == 3) << r.output;
+}
+
+constexpr char kPythonParse[] = R"PY(
+import sys
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:
+    sys.exit(77)
+n = 0
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        n += 1
+        if (s.name == "vllm:time_to_first_token_seconds_sum"
+                and s.labels.get("engine") == "1"):
+            print("ttft_sum", repr(s.value))
+            print("tier", s.labels["tier"].encode().hex())
+        if (s.name == "tokenmeter_engine:request_success_total"
+                and s.labels.get("finished_reason") == "length"):
+            print("model", s.labels["model_name"].encode().hex())
+            print("success", repr(s.value))
+        if s.name == "vllm:kv_cache_usage_perc" and s.labels["engine"] == "0":
+            print("kv", repr(s.value))
+print("samples", n)
+)PY";
+
+std::string Hex(std::string_view s) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+TEST(ExpositionTest, PythonPrometheusClientParsesItAndValuesRoundTrip) {
+  const char* python = "/usr/bin/python3";
+  if (access(python, X_OK) != 0) GTEST_SKIP() << python << " missing";
+  const auto reg = PopulatedRegistry();
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  const TempFile script(kPythonParse);
+  const TempFile file(text);
+  const CommandResult r =
+      RunCommand(std::string(python) + " '" + script.path() + "' < '" +
+                 file.path() + "' 2>&1");
+  if (r.exit_code == 77) GTEST_SKIP() << "prometheus_client not installed";
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  std::map<std::string, std::string> got;
+  std::istringstream in(r.output);
+  std::string key, value;
+  while (in >> key >> value) got[key] = value;
+
+  EngineSeries* b =
+      reg->GetOrCreate({"vllm", "llama-3-8b", "1", {{"tier", kOddLabel}}});
+  EXPECT_EQ(std::strtod(got["ttft_sum"].c_str(), nullptr),
+            b->hist(kTimeToFirstToken).sum());
+  EXPECT_EQ(got["tier"], Hex(kOddLabel));
+  EXPECT_EQ(got["model"], Hex("tiny \"model\""));
+  EXPECT_EQ(got["success"], "6.0");
+  EXPECT_EQ(got["kv"], "0.25");
+  size_t sample_lines = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line[0] != '#') ++sample_lines;
+  }
+  EXPECT_EQ(got["samples"], std::to_string(sample_lines));
+}
+
+constexpr char kPythonOpenMetricsParse[] = R"PY(
+import sys
+try:
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families)
+except ImportError:
+    sys.exit(77)
+n = 0
+for family in text_string_to_metric_families(sys.stdin.read()):
+    n += len(family.samples)
+print("samples", n)
+)PY";
+
+TEST(ExpositionTest, PythonOpenMetricsParserAcceptsIt) {
+  const char* python = "/usr/bin/python3";
+  if (access(python, X_OK) != 0) GTEST_SKIP() << python << " missing";
+  const auto reg = PopulatedRegistry();
+  const std::string text = Render(*reg, ExpositionFormat::kOpenMetrics100);
+  const TempFile script(kPythonOpenMetricsParse);
+  const TempFile file(text);
+  const CommandResult r =
+      RunCommand(std::string(python) + " '" + script.path() + "' < '" +
+                 file.path() + "' 2>&1");
+  if (r.exit_code == 77) GTEST_SKIP() << "prometheus_client not installed";
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  size_t sample_lines = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line[0] != '#') ++sample_lines;
+  }
+  EXPECT_EQ(r.output, "samples " + std::to_string(sample_lines) + "\n");
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
