@@ -1,0 +1,203 @@
+#include "engine/engine.h"
+
+#include <time.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "engine/sampler.h"
+#include "engine/workload.h"
+
+namespace tokenmeter::engine {
+namespace {
+
+// Sleeps until CLOCK_MONOTONIC reaches t_ns (the clock of tm_now_ns()).
+void SleepUntil(uint64_t t_ns) {
+  timespec ts{};
+  ts.tv_sec = time_t(t_ns / 1'000'000'000);
+  ts.tv_nsec = long(t_ns % 1'000'000'000);
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) ==
+         EINTR) {
+  }
+}
+
+tokenmeter::FinishReason ToClient(Finish f) {
+  return f == Finish::kStop ? tokenmeter::FinishReason::kStop
+                            : tokenmeter::FinishReason::kLength;
+}
+
+}  // namespace
+
+Engine::Engine(const EngineOptions& o)
+    : options_(o), recorder_(o.workload.requests) {}
+
+Engine::~Engine() = default;
+
+Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
+  std::unique_ptr<Engine> e(new Engine(o));
+
+  std::vector<WorkloadRequest> work = GenerateWorkload(o.workload);
+  e->requests_.reserve(work.size());
+  e->arrival_offset_ns_.reserve(work.size());
+  for (WorkloadRequest& w : work) {
+    e->arrival_offset_ns_.push_back(w.arrival_offset_ns);
+    e->requests_.emplace_back(w.id, std::move(w.prompt), w.max_tokens,
+                              Mix64(o.workload.seed ^ (w.id * 0x9e37ULL)));
+  }
+  e->kv_ = std::make_unique<BlockManager>(o.kv);
+  e->scheduler_ = std::make_unique<Scheduler>(o.scheduler, *e->kv_);
+
+  const KvLayout layout{o.kv.num_blocks, o.kv.block_size};
+  std::unique_ptr<Weights> weights = MakeWeights(o.model);
+  bool use_cuda = o.backend == Backend::kCuda;
+  if (o.backend == Backend::kAuto) use_cuda = CudaDeviceAvailable(nullptr);
+  if (use_cuda) {
+    Status s = MakeCudaModel(*weights, layout, &e->model_);
+    if (!s.ok()) return Status::Error("--backend cuda: " + s.message());
+  } else {
+    e->model_ = MakeCpuModel(*weights, layout);
+  }
+  e->logits_.resize(size_t(o.scheduler.max_batch) * o.model.vocab);
+
+  if (o.metrics) {
+    tokenmeter::Options co;
+    co.socket_path = o.metrics_socket;
+    co.engine = o.engine_name;
+    co.model = o.model_name;
+    co.instance = o.instance;
+    co.scope = o.scope;
+    const int rc = tokenmeter::Client::Create(co, &e->meter_);
+    if (rc != TM_OK) {
+      return Status::Error(
+          std::string("metrics client (check --metrics-socket, "
+                      "--engine-name, --model, --instance, --scope): ") +
+          tm_strerror(rc));
+    }
+  }
+  *out = std::move(e);
+  return Status::Ok();
+}
+
+Status Engine::Run() {
+  // The loop thread's event buffer, allocated before the first step.
+  if (meter_) meter_->AttachThread();
+  const size_t n = requests_.size();
+  const uint64_t start_ns = NowNs();
+  size_t next = 0;
+  uint64_t finished = 0;
+  Status status = Status::Ok();
+  while (finished < n) {
+    // Admit every request whose arrival instant has come.
+    const uint64_t now_ns = NowNs();
+    while (next < n && start_ns + arrival_offset_ns_[next] <= now_ns) {
+      Request& r = requests_[next];
+      const uint64_t arrived_ns = start_ns + arrival_offset_ns_[next];
+      recorder_.Arrived(next, arrived_ns, r.prompt_len);
+      recorder_.Queued(next, now_ns);
+      if (meter_) {
+        meter_->Arrived(r.id, r.prompt_len, r.max_tokens, 1, arrived_ns);
+        meter_->Queued(r.id, now_ns);
+      }
+      scheduler_->Add(&r);
+      ++next;
+    }
+    if (scheduler_->num_running() == 0 && scheduler_->num_waiting() == 0) {
+      SleepUntil(start_ns + arrival_offset_ns_[next]);  // idle
+      continue;
+    }
+    status = Step(&finished);
+    if (!status.ok()) break;
+  }
+  if (meter_) {
+    client_dropped_ = meter_->Close().events_dropped;
+  }
+  return status;
+}
+
+Status Engine::Step(uint64_t* finished) {
+  scheduler_->Schedule(&plan_);
+  // Every request fits the cache alone (checked with the options), so a
+  // step with work waiting always schedules something.
+  if (plan_.empty()) std::abort();
+
+  const uint64_t sched_ns = NowNs();
+  for (Request* r : plan_.preempted) {
+    recorder_.Preempted();
+    if (meter_) meter_->Preempted(r->id, sched_ns);
+  }
+  for (Request* r : plan_.first_scheduled) {
+    recorder_.Scheduled(size_t(r->id - 1), sched_ns);
+    if (meter_) meter_->Scheduled(r->id, sched_ns);
+  }
+
+  chunks_.clear();
+  uint64_t prompt_tokens = 0;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    Request* r = c.request;
+    SeqChunk ch;
+    ch.tokens = r->tokens.data() + r->num_computed;
+    ch.num_tokens = c.num_tokens;
+    ch.start_pos = r->num_computed;
+    ch.block_table = r->kv.blocks.data();
+    ch.num_blocks = uint32_t(r->kv.blocks.size());
+    ch.want_logits = r->num_computed + c.num_tokens == r->num_tokens();
+    const bool decode = c.num_tokens == 1 && r->num_output() > 0 &&
+                        r->num_computed + 1 == r->num_tokens();
+    prompt_tokens += decode ? 0 : c.num_tokens;
+    chunks_.push_back(ch);
+  }
+  if (logits_.size() < chunks_.size() * size_t(options_.model.vocab)) {
+    logits_.resize(chunks_.size() * size_t(options_.model.vocab));
+  }
+  Status s = model_->Forward(chunks_, logits_.data());
+  if (!s.ok()) return s;
+
+  // Sample every chunk that reached the end of its sequence.
+  size_t row = 0;
+  for (size_t i = 0; i < plan_.chunks.size(); ++i) {
+    scheduler_->Advance(plan_.chunks[i]);
+    if (!chunks_[i].want_logits) continue;
+    Request* r = plan_.chunks[i].request;
+    const float* l = &logits_[row++ * options_.model.vocab];
+    r->tokens.push_back(
+        SampleToken(l, options_.model.vocab, options_.temperature, r->rng));
+  }
+
+  // The step's one timestamp: every token of this step appeared now.
+  const uint64_t t_ns = NowNs();
+  uint64_t generated = 0;
+  for (size_t i = 0; i < plan_.chunks.size(); ++i) {
+    if (!chunks_[i].want_logits) continue;
+    Request* r = plan_.chunks[i].request;
+    const size_t idx = size_t(r->id - 1);
+    ++generated;
+    recorder_.Tokens(idx, t_ns, 1);
+    if (meter_) meter_->Tokens(r->id, 1, t_ns);
+    const Finish f =
+        CheckFinish(r->tokens.back(), r->num_output(), r->max_tokens);
+    if (f == Finish::kNone) continue;
+    recorder_.Finished(idx, t_ns, f);
+    if (meter_) meter_->Finished(r->id, ToClient(f), t_ns);
+    scheduler_->Finish(r);
+    ++*finished;
+  }
+  recorder_.Step(plan_.prefix_queries, plan_.prefix_hits);
+  if (meter_) {
+    tokenmeter::StepStats st;
+    st.Running(scheduler_->num_running())
+        .Waiting(scheduler_->num_waiting())
+        .KvUsage(kv_->Usage())
+        .PromptTokens(prompt_tokens)
+        .GenerationTokens(generated)
+        .PrefixQueries(plan_.prefix_queries)
+        .PrefixHits(plan_.prefix_hits);
+    meter_->Step(st, t_ns);
+  }
+  return Status::Ok();
+}
+
+Report Engine::BuildReport() const {
+  return recorder_.Build(model_->backend(), options_.metrics, client_dropped_);
+}
+
+}  // namespace tokenmeter::engine

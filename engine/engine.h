@@ -1,0 +1,73 @@
+// Engine: the reference inference engine's loop. One thread runs it: admit
+// arrivals, schedule, run the model, sample, report. Each step reports to
+// tokenmeterd through libtokenmeter's public C++ API (docs/engine.md maps
+// every call to its place in a real engine).
+#ifndef TOKENMETER_ENGINE_ENGINE_H_
+#define TOKENMETER_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/options.h"
+#include "engine/report.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/status.h"
+#include "tokenmeter/client.hpp"
+
+namespace tokenmeter::engine {
+
+class Engine {
+ public:
+  // Draws the workload and the weights, picks the backend (auto: CUDA when
+  // built and a device answers, else the CPU) and, unless metrics are off,
+  // creates the client (which connects in the background: a missing daemon
+  // is not an error). Fails for --backend cuda without a device, a CUDA
+  // error, or options the client refuses (e.g. --engine-name).
+  static Status Create(const EngineOptions& o, std::unique_ptr<Engine>* out);
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();
+
+  // Runs every request to its end, then closes the client (bounded by the
+  // client's close timeout, 1 s). Fails only for a model backend error.
+  Status Run();
+
+  // The figures of the run (after Run()).
+  Report BuildReport() const;
+
+  const char* backend() const { return model_->backend(); }
+  // Request i's output tokens (for tests: runs must be reproducible).
+  std::vector<int32_t> Output(size_t i) const {
+    const Request& r = requests_.at(i);
+    return {r.tokens.begin() + r.prompt_len, r.tokens.end()};
+  }
+  size_t num_requests() const { return requests_.size(); }
+
+ private:
+  explicit Engine(const EngineOptions& o);
+  Status Step(uint64_t* finished);
+
+  const EngineOptions options_;
+  std::vector<Request> requests_;
+  std::vector<uint64_t> arrival_offset_ns_;
+  std::unique_ptr<BlockManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<tokenmeter::Client> meter_;  // null with --no-metrics
+  Recorder recorder_;
+  uint64_t client_dropped_ = 0;
+  // Per-step scratch, kept to avoid allocating every step.
+  SchedulerOutput plan_;
+  std::vector<SeqChunk> chunks_;
+  std::vector<float> logits_;
+};
+
+}  // namespace tokenmeter::engine
+
+#endif  // TOKENMETER_ENGINE_ENGINE_H_

@@ -1,0 +1,113 @@
+// The model: a small decoder-only transformer (Llama-style: RMSNorm, RoPE,
+// multi-head attention over a paged KV cache, SwiGLU MLP, untied LM head)
+// with seeded random weights, in fp32. Two backends compute the same
+// function: a plain C++ CPU path and CUDA kernels with cuBLAS.
+//
+// C++17-clean: model_cuda.cu includes it through nvcc -std=c++17.
+#ifndef TOKENMETER_ENGINE_MODEL_H_
+#define TOKENMETER_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+
+namespace tokenmeter::engine {
+
+struct ModelConfig {
+  std::string size = "tiny";
+  uint32_t vocab = 256;
+  uint32_t d_model = 64;
+  uint32_t n_layers = 2;
+  uint32_t n_heads = 4;  // head_dim = d_model / n_heads, one of 16/32/64/128
+  uint32_t d_ff = 192;
+  uint32_t max_context = 2048;  // positions (RoPE table length)
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  uint64_t seed = 1;
+  uint32_t head_dim() const { return d_model / n_heads; }
+};
+
+// The preset sizes, by --model-size name: tiny (CI, about 0.2 M
+// parameters), small (about 3.7 M), medium (about 30 M), large (about 240 M,
+// for a GPU). Returns false for an unknown name.
+bool ModelConfigForSize(const std::string& size, ModelConfig* out);
+// The preset names, comma-separated, for --help and errors.
+const char* ModelSizeNames();
+
+// Geometry of the paged KV cache the backend allocates: for each layer, K
+// and V of num_blocks * block_size positions of d_model floats.
+struct KvLayout {
+  uint32_t num_blocks = 1024;
+  uint32_t block_size = 16;
+};
+
+// One sequence's share of a step: its next `num_tokens` tokens, at positions
+// start_pos .. start_pos + num_tokens - 1. K/V of positions < start_pos are
+// already in the cache, in the blocks of `block_table` (which covers every
+// position up to start_pos + num_tokens - 1).
+struct SeqChunk {
+  const int32_t* tokens = nullptr;
+  uint32_t num_tokens = 0;
+  uint32_t start_pos = 0;
+  const int32_t* block_table = nullptr;
+  uint32_t num_blocks = 0;
+  bool want_logits = false;  // logits after the chunk's last token
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // "cpu" or "cuda".
+  virtual const char* backend() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  // Runs every chunk through the model: writes their K/V into the paged
+  // cache and, for each chunk with want_logits, `vocab` floats to `logits`
+  // (one row per such chunk, in chunk order). Chunks of one step must not
+  // write the same cache slot. Synchronous. Fails only for a backend error
+  // (CUDA); the cache is then unspecified.
+  virtual Status Forward(const std::vector<SeqChunk>& chunks,
+                         float* logits) = 0;
+};
+
+// The seeded weights (host memory), shared by both backends so that they
+// compute the same function.
+struct LayerWeights {
+  std::vector<float> attn_norm;     // d
+  std::vector<float> wq, wk, wv;    // d x d, row-major [in][out]
+  std::vector<float> wo;            // d x d
+  std::vector<float> mlp_norm;      // d
+  std::vector<float> w_gate, w_up;  // d x ff
+  std::vector<float> w_down;        // ff x d
+};
+struct Weights {
+  ModelConfig config;
+  std::vector<float> embed;  // vocab x d
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // d
+  std::vector<float> lm_head;     // d x vocab
+  // RoPE tables, max_context x head_dim/2, computed in double.
+  std::vector<float> rope_cos, rope_sin;
+};
+
+// Checks a configuration (head_dim, sizes, context) and a KV layout.
+Status ValidateModel(const ModelConfig& c, const KvLayout& kv);
+// Draws the weights from c.seed. O(parameters) time and memory.
+std::unique_ptr<Weights> MakeWeights(const ModelConfig& c);
+
+// The backends. `weights` is only read during construction.
+std::unique_ptr<Model> MakeCpuModel(const Weights& weights, const KvLayout& kv);
+// True when this binary has the CUDA backend.
+bool CudaBuilt();
+// True when the CUDA runtime answers with at least one device. Any error
+// (no driver, no device) means false, with the reason in *why.
+bool CudaDeviceAvailable(std::string* why);
+// Fails when CUDA is not built, there is no device, or memory runs out.
+Status MakeCudaModel(const Weights& weights, const KvLayout& kv,
+                     std::unique_ptr<Model>* out);
+
+}  // namespace tokenmeter::engine
+
+#endif  // TOKENMETER_ENGINE_MODEL_H_

@@ -1,0 +1,212 @@
+// The CPU backend: the model's math in plain C++ loops, fp32, one thread.
+// Every row (token) is computed with the same sequence of operations
+// whatever the batch around it, so a request's logits do not depend on what
+// it was batched with, on chunking, or on prefix-cache reuse.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "engine/model.h"
+
+namespace tokenmeter::engine {
+namespace {
+
+// y[T x out] (+)= x[T x in] * w[in x out], row-major. Tiles of four rows
+// share each streamed row of w; the inner loop is a plain axpy that the
+// compiler vectorizes without reordering any sum.
+void MatMul(const float* x, size_t rows, size_t in, const float* w, size_t out,
+            float* __restrict y, bool accumulate) {
+  constexpr size_t kTile = 4;
+  for (size_t t0 = 0; t0 < rows; t0 += kTile) {
+    const size_t tn = std::min(kTile, rows - t0);
+    if (!accumulate) std::fill(y + t0 * out, y + (t0 + tn) * out, 0.0f);
+    for (size_t i = 0; i < in; ++i) {
+      const float* __restrict wr = w + i * out;
+      for (size_t tt = 0; tt < tn; ++tt) {
+        const float a = x[(t0 + tt) * in + i];
+        float* __restrict yr = y + (t0 + tt) * out;
+        for (size_t j = 0; j < out; ++j) yr[j] += a * wr[j];
+      }
+    }
+  }
+}
+
+void RmsNorm(const float* x, const float* gain, size_t d, float eps,
+             float* out) {
+  float ss = 0;
+  for (size_t i = 0; i < d; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+  for (size_t i = 0; i < d; ++i) out[i] = x[i] * inv * gain[i];
+}
+
+// Rotates pairs (2i, 2i+1) of every head by position-dependent angles.
+void Rope(float* v, uint32_t n_heads, uint32_t head_dim, const float* cos_row,
+          const float* sin_row) {
+  const uint32_t half = head_dim / 2;
+  for (uint32_t h = 0; h < n_heads; ++h) {
+    float* p = v + size_t(h) * head_dim;
+    for (uint32_t i = 0; i < half; ++i) {
+      const float a = p[2 * i], b = p[2 * i + 1];
+      p[2 * i] = a * cos_row[i] - b * sin_row[i];
+      p[2 * i + 1] = a * sin_row[i] + b * cos_row[i];
+    }
+  }
+}
+
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+class CpuModel final : public Model {
+ public:
+  CpuModel(const Weights& w, const KvLayout& kv)
+      : w_(w),
+        kv_(kv),
+        slots_(size_t(kv.num_blocks) * kv.block_size),
+        k_cache_(size_t(w.config.n_layers) * slots_ * w.config.d_model),
+        v_cache_(k_cache_.size()) {}
+
+  const char* backend() const override { return "cpu"; }
+  const ModelConfig& config() const override { return w_.config; }
+
+  Status Forward(const std::vector<SeqChunk>& chunks, float* logits) override {
+    const ModelConfig& c = w_.config;
+    const size_t d = c.d_model, ff = c.d_ff, hd = c.head_dim();
+    size_t rows = 0;
+    for (const SeqChunk& ch : chunks) rows += ch.num_tokens;
+    if (rows == 0) return Status::Ok();
+    Resize(rows);
+
+    // Per-row position, chunk and cache slot.
+    size_t t = 0;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const SeqChunk& ch = chunks[ci];
+      for (uint32_t k = 0; k < ch.num_tokens; ++k, ++t) {
+        const uint32_t pos = ch.start_pos + k;
+        if (pos >= c.max_context || pos / kv_.block_size >= ch.num_blocks) {
+          std::abort();
+        }
+        pos_[t] = pos;
+        chunk_of_[t] = uint32_t(ci);
+        slot_[t] =
+            size_t(ch.block_table[pos / kv_.block_size]) * kv_.block_size +
+            pos % kv_.block_size;
+        const int32_t tok = ch.tokens[k];
+        if (tok < 0 || uint32_t(tok) >= c.vocab) std::abort();
+        std::copy_n(&w_.embed[size_t(tok) * d], d, &x_[t * d]);
+      }
+    }
+
+    const float scale = 1.0f / std::sqrt(float(hd));
+    for (uint32_t l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& lw = w_.layers[l];
+      float* kc = &k_cache_[size_t(l) * slots_ * d];
+      float* vc = &v_cache_[size_t(l) * slots_ * d];
+      for (size_t r = 0; r < rows; ++r) {
+        RmsNorm(&x_[r * d], lw.attn_norm.data(), d, c.norm_eps, &h_[r * d]);
+      }
+      MatMul(h_.data(), rows, d, lw.wq.data(), d, q_.data(), false);
+      MatMul(h_.data(), rows, d, lw.wk.data(), d, k_.data(), false);
+      MatMul(h_.data(), rows, d, lw.wv.data(), d, v_.data(), false);
+      const size_t half = hd / 2;
+      for (size_t r = 0; r < rows; ++r) {
+        const float* cs = &w_.rope_cos[pos_[r] * half];
+        const float* sn = &w_.rope_sin[pos_[r] * half];
+        Rope(&q_[r * d], c.n_heads, uint32_t(hd), cs, sn);
+        Rope(&k_[r * d], c.n_heads, uint32_t(hd), cs, sn);
+        std::copy_n(&k_[r * d], d, kc + slot_[r] * d);
+        std::copy_n(&v_[r * d], d, vc + slot_[r] * d);
+      }
+      for (size_t r = 0; r < rows; ++r) {
+        Attend(chunks[chunk_of_[r]], pos_[r], &q_[r * d], kc, vc, scale,
+               &att_[r * d]);
+      }
+      MatMul(att_.data(), rows, d, lw.wo.data(), d, x_.data(), true);
+
+      for (size_t r = 0; r < rows; ++r) {
+        RmsNorm(&x_[r * d], lw.mlp_norm.data(), d, c.norm_eps, &h_[r * d]);
+      }
+      MatMul(h_.data(), rows, d, lw.w_gate.data(), ff, a_.data(), false);
+      MatMul(h_.data(), rows, d, lw.w_up.data(), ff, b_.data(), false);
+      for (size_t i = 0; i < rows * ff; ++i) a_[i] = Silu(a_[i]) * b_[i];
+      MatMul(a_.data(), rows, ff, lw.w_down.data(), d, x_.data(), true);
+    }
+
+    // Logits of each wanted chunk's last row.
+    size_t out_row = 0;
+    t = 0;
+    for (const SeqChunk& ch : chunks) {
+      t += ch.num_tokens;
+      if (!ch.want_logits) continue;
+      RmsNorm(&x_[(t - 1) * d], w_.final_norm.data(), d, c.norm_eps, h_.data());
+      MatMul(h_.data(), 1, d, w_.lm_head.data(), c.vocab,
+             logits + out_row * c.vocab, false);
+      ++out_row;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void Resize(size_t rows) {
+    const size_t d = w_.config.d_model, ff = w_.config.d_ff;
+    if (pos_.size() >= rows) return;
+    pos_.resize(rows);
+    chunk_of_.resize(rows);
+    slot_.resize(rows);
+    for (auto* v : {&x_, &h_, &q_, &k_, &v_, &att_}) v->resize(rows * d);
+    a_.resize(rows * ff);
+    b_.resize(rows * ff);
+    scores_.resize(w_.config.max_context);
+  }
+
+  // Causal attention of one row (at position `pos`) over positions 0..pos
+  // of its sequence, read through the block table.
+  void Attend(const SeqChunk& ch, size_t pos, const float* q, const float* kc,
+              const float* vc, float scale, float* out) {
+    const ModelConfig& c = w_.config;
+    const size_t d = c.d_model, hd = c.head_dim(), bs = kv_.block_size;
+    for (size_t h = 0; h < c.n_heads; ++h) {
+      const float* qh = q + h * hd;
+      float mx = -INFINITY;
+      for (size_t j = 0; j <= pos; ++j) {
+        const size_t slot = size_t(ch.block_table[j / bs]) * bs + j % bs;
+        const float* kh = kc + slot * d + h * hd;
+        float s = 0;
+        for (size_t i = 0; i < hd; ++i) s += qh[i] * kh[i];
+        s *= scale;
+        scores_[j] = s;
+        mx = std::max(mx, s);
+      }
+      float sum = 0;
+      for (size_t j = 0; j <= pos; ++j) {
+        scores_[j] = std::exp(scores_[j] - mx);
+        sum += scores_[j];
+      }
+      float* oh = out + h * hd;
+      std::fill(oh, oh + hd, 0.0f);
+      for (size_t j = 0; j <= pos; ++j) {
+        const size_t slot = size_t(ch.block_table[j / bs]) * bs + j % bs;
+        const float* vh = vc + slot * d + h * hd;
+        const float p = scores_[j];
+        for (size_t i = 0; i < hd; ++i) oh[i] += p * vh[i];
+      }
+      const float inv = 1.0f / sum;
+      for (size_t i = 0; i < hd; ++i) oh[i] *= inv;
+    }
+  }
+
+  const Weights w_;
+  const KvLayout kv_;
+  const size_t slots_;
+  std::vector<float> k_cache_, v_cache_;  // [layer][slot][d]
+  std::vector<size_t> pos_, slot_;
+  std::vector<uint32_t> chunk_of_;
+  std::vector<float> x_, h_, q_, k_, v_, att_, a_, b_, scores_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> MakeCpuModel(const Weights& weights,
+                                    const KvLayout& kv) {
+  return std::make_unique<CpuModel>(weights, kv);
+}
+
+}  // namespace tokenmeter::engine

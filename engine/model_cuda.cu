@@ -1,0 +1,444 @@
+// The CUDA backend: the same function as model_cpu.cpp, fp32, with cuBLAS
+// for the linear layers (pedantic math: no TF32, no reduced precision) and
+// small kernels for the rest. Weights come from the same seeded host
+// Weights; the paged KV cache is one device array per layer for K and V.
+// Every call is synchronous on the default stream.
+//
+// Compiled by nvcc -std=c++17 through a custom target (engine/meson.build).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace tokenmeter::engine {
+namespace {
+
+constexpr int kThreads = 128;  // multiple of 32 and of every head_dim
+
+std::string CudaError(const char* what, cudaError_t e) {
+  return std::string("CUDA ") + what + ": " + cudaGetErrorString(e);
+}
+
+#define TM_CUDA_TRY(expr)                                                  \
+  do {                                                                     \
+    const cudaError_t tm_e = (expr);                                       \
+    if (tm_e != cudaSuccess) return Status::Error(CudaError(#expr, tm_e)); \
+  } while (0)
+
+#define TM_RETURN_IF_ERROR(expr)   \
+  do {                             \
+    Status tm_st = (expr);         \
+    if (!tm_st.ok()) return tm_st; \
+  } while (0)
+
+#define TM_CUBLAS_TRY(expr)                                        \
+  do {                                                             \
+    const cublasStatus_t tm_s = (expr);                            \
+    if (tm_s != CUBLAS_STATUS_SUCCESS) {                           \
+      return Status::Error(std::string("cuBLAS ") + #expr + ": " + \
+                           cublasGetStatusString(tm_s));           \
+    }                                                              \
+  } while (0)
+
+// Sum over the block; every thread gets the total. `red` holds 32 floats.
+__device__ float BlockSum(float v, float* red) {
+  for (int off = 16; off > 0; off >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, off);
+  __syncthreads();  // red may still be read by a previous reduction
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0;
+  const int warps = int(blockDim.x + 31) / 32;
+  for (int w = 0; w < warps; ++w) total += red[w];
+  return total;
+}
+
+__device__ float BlockMax(float v, float* red) {
+  for (int off = 16; off > 0; off >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  const int warps = int(blockDim.x + 31) / 32;
+  for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
+  return m;
+}
+
+__global__ void EmbedKernel(const int32_t* tokens, const float* embed, float* x,
+                            int d) {
+  const size_t t = blockIdx.x;
+  const float* src = embed + size_t(tokens[t]) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) x[t * d + i] = src[i];
+}
+
+// out[r] = x[rows ? rows[r] : r] / rms * gain
+__global__ void RmsNormKernel(const float* x, const int32_t* rows,
+                              const float* gain, float* out, int d, float eps) {
+  __shared__ float red[32];
+  const size_t r = blockIdx.x;
+  const float* xr = x + size_t(rows != nullptr ? rows[r] : int32_t(r)) * d;
+  float ss = 0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = BlockSum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    out[r * d + i] = xr[i] * inv * gain[i];
+  }
+}
+
+__global__ void RopeKernel(float* q, float* k, const int32_t* pos,
+                           const float* cos_tab, const float* sin_tab,
+                           int n_heads, int head_dim) {
+  const size_t t = blockIdx.x;
+  const int half = head_dim / 2;
+  const size_t d = size_t(n_heads) * head_dim;
+  const float* cs = cos_tab + size_t(pos[t]) * half;
+  const float* sn = sin_tab + size_t(pos[t]) * half;
+  for (int idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const size_t o = t * d + size_t(h) * head_dim + 2 * i;
+    const float qa = q[o], qb = q[o + 1];
+    q[o] = qa * cs[i] - qb * sn[i];
+    q[o + 1] = qa * sn[i] + qb * cs[i];
+    const float ka = k[o], kb = k[o + 1];
+    k[o] = ka * cs[i] - kb * sn[i];
+    k[o + 1] = ka * sn[i] + kb * cs[i];
+  }
+}
+
+__global__ void KvWriteKernel(const float* k, const float* v,
+                              const int32_t* slots, float* kc, float* vc,
+                              int d) {
+  const size_t t = blockIdx.x;
+  const size_t dst = size_t(slots[t]) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    kc[dst + i] = k[t * d + i];
+    vc[dst + i] = v[t * d + i];
+  }
+}
+
+// One block per (row, head): causal attention over positions 0..pos of the
+// row's sequence, through its block table. Shared memory: `ctx` scores then
+// kThreads partial sums.
+__global__ void AttentionKernel(const float* q, const float* kc,
+                                const float* vc, const int32_t* pos,
+                                const int32_t* seq_of,
+                                const int32_t* block_tables, int max_blocks,
+                                int block_size, int d, int head_dim, int ctx,
+                                float scale, float* out) {
+  extern __shared__ float smem[];
+  float* scores = smem;
+  float* partial = smem + ctx;
+  __shared__ float qs[128];
+  __shared__ float red[32];
+  const size_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int p = pos[t];
+  const int32_t* bt = block_tables + size_t(seq_of[t]) * max_blocks;
+  const size_t hoff = size_t(h) * head_dim;
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    qs[i] = q[t * d + hoff + i];
+  }
+  __syncthreads();
+
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j <= p; j += blockDim.x) {
+    const size_t slot =
+        size_t(bt[j / block_size]) * block_size + j % block_size;
+    const float* kh = kc + slot * d + hoff;
+    float s = 0;
+    for (int i = 0; i < head_dim; ++i) s += qs[i] * kh[i];
+    s *= scale;
+    scores[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = BlockMax(mx, red);
+  float sum = 0;
+  for (int j = threadIdx.x; j <= p; j += blockDim.x) {
+    const float e = expf(scores[j] - mx);
+    scores[j] = e;
+    sum += e;
+  }
+  sum = BlockSum(sum, red);  // also makes every score visible
+
+  const int slices = int(blockDim.x) / head_dim;
+  const int dim = int(threadIdx.x) % head_dim;
+  const int slice = int(threadIdx.x) / head_dim;
+  float acc = 0;
+  for (int j = slice; j <= p; j += slices) {
+    const size_t slot =
+        size_t(bt[j / block_size]) * block_size + j % block_size;
+    acc += scores[j] * vc[slot * d + hoff + dim];
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  if (int(threadIdx.x) < head_dim) {
+    float total = 0;
+    for (int s = 0; s < slices; ++s) total += partial[s * head_dim + dim];
+    out[t * d + hoff + dim] = total * (1.0f / sum);
+  }
+}
+
+__global__ void SiluMulKernel(float* a, const float* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float x = a[i];
+    a[i] = x / (1.0f + expf(-x)) * b[i];
+  }
+}
+
+// A growable device array.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  Status Reserve(size_t n) {
+    if (n <= cap_) return Status::Ok();
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    cap_ = 0;
+    TM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
+    cap_ = n;
+    return Status::Ok();
+  }
+  Status Upload(const T* host, size_t n) {
+    TM_RETURN_IF_ERROR(Reserve(n));
+    TM_CUDA_TRY(cudaMemcpy(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice));
+    return Status::Ok();
+  }
+  Status Upload(const std::vector<T>& host) {
+    return Upload(host.data(), host.size());
+  }
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t cap_ = 0;
+};
+
+struct DeviceLayer {
+  DeviceArray<float> attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+  DeviceArray<float> k_cache, v_cache;
+};
+
+class CudaModel final : public Model {
+ public:
+  CudaModel(const ModelConfig& c, const KvLayout& kv)
+      : config_(c), kv_(kv), layers_(c.n_layers) {}
+  ~CudaModel() override {
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+  }
+
+  Status Init(const Weights& w) {
+    TM_CUBLAS_TRY(cublasCreate(&cublas_));
+    TM_CUBLAS_TRY(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+    const size_t slots = size_t(kv_.num_blocks) * kv_.block_size;
+    TM_RETURN_IF_ERROR(embed_.Upload(w.embed));
+    TM_RETURN_IF_ERROR(final_norm_.Upload(w.final_norm));
+    TM_RETURN_IF_ERROR(lm_head_.Upload(w.lm_head));
+    TM_RETURN_IF_ERROR(rope_cos_.Upload(w.rope_cos));
+    TM_RETURN_IF_ERROR(rope_sin_.Upload(w.rope_sin));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LayerWeights& hw = w.layers[l];
+      DeviceLayer& dl = layers_[l];
+      TM_RETURN_IF_ERROR(dl.attn_norm.Upload(hw.attn_norm));
+      TM_RETURN_IF_ERROR(dl.wq.Upload(hw.wq));
+      TM_RETURN_IF_ERROR(dl.wk.Upload(hw.wk));
+      TM_RETURN_IF_ERROR(dl.wv.Upload(hw.wv));
+      TM_RETURN_IF_ERROR(dl.wo.Upload(hw.wo));
+      TM_RETURN_IF_ERROR(dl.mlp_norm.Upload(hw.mlp_norm));
+      TM_RETURN_IF_ERROR(dl.w_gate.Upload(hw.w_gate));
+      TM_RETURN_IF_ERROR(dl.w_up.Upload(hw.w_up));
+      TM_RETURN_IF_ERROR(dl.w_down.Upload(hw.w_down));
+      TM_RETURN_IF_ERROR(dl.k_cache.Reserve(slots * config_.d_model));
+      TM_RETURN_IF_ERROR(dl.v_cache.Reserve(slots * config_.d_model));
+    }
+    return Status::Ok();
+  }
+
+  const char* backend() const override { return "cuda"; }
+  const ModelConfig& config() const override { return config_; }
+
+  Status Forward(const std::vector<SeqChunk>& chunks, float* logits) override {
+    const ModelConfig& c = config_;
+    const int d = int(c.d_model), ff = int(c.d_ff), hd = int(c.head_dim());
+    // Host-side step description.
+    int max_blocks = 1;
+    size_t rows = 0;
+    for (const SeqChunk& ch : chunks) {
+      rows += ch.num_tokens;
+      if (int(ch.num_blocks) > max_blocks) max_blocks = int(ch.num_blocks);
+    }
+    if (rows == 0) return Status::Ok();
+    tokens_h_.clear();
+    pos_h_.clear();
+    seq_h_.clear();
+    slots_h_.clear();
+    logit_rows_h_.clear();
+    tables_h_.assign(chunks.size() * size_t(max_blocks), 0);
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const SeqChunk& ch = chunks[ci];
+      for (uint32_t b = 0; b < ch.num_blocks; ++b) {
+        tables_h_[ci * size_t(max_blocks) + b] = ch.block_table[b];
+      }
+      for (uint32_t k = 0; k < ch.num_tokens; ++k) {
+        const uint32_t p = ch.start_pos + k;
+        if (p >= c.max_context || p / kv_.block_size >= ch.num_blocks) {
+          return Status::Error("chunk outside its block table or context");
+        }
+        tokens_h_.push_back(ch.tokens[k]);
+        pos_h_.push_back(int32_t(p));
+        seq_h_.push_back(int32_t(ci));
+        slots_h_.push_back(ch.block_table[p / kv_.block_size] *
+                               int32_t(kv_.block_size) +
+                           int32_t(p % kv_.block_size));
+      }
+      if (ch.want_logits) logit_rows_h_.push_back(int32_t(pos_h_.size() - 1));
+    }
+    const size_t n_logits = logit_rows_h_.size();
+
+    TM_RETURN_IF_ERROR(tokens_.Upload(tokens_h_));
+    TM_RETURN_IF_ERROR(pos_.Upload(pos_h_));
+    TM_RETURN_IF_ERROR(seq_.Upload(seq_h_));
+    TM_RETURN_IF_ERROR(slots_.Upload(slots_h_));
+    TM_RETURN_IF_ERROR(tables_.Upload(tables_h_));
+    if (n_logits > 0) TM_RETURN_IF_ERROR(logit_rows_.Upload(logit_rows_h_));
+    for (auto* a : {&x_, &h_, &q_, &k_, &v_, &att_}) {
+      TM_RETURN_IF_ERROR(a->Reserve(rows * d));
+    }
+    TM_RETURN_IF_ERROR(a_.Reserve(rows * ff));
+    TM_RETURN_IF_ERROR(b_.Reserve(rows * ff));
+    const size_t out_rows = n_logits > 0 ? n_logits : 1;
+    TM_RETURN_IF_ERROR(final_h_.Reserve(out_rows * d));
+    TM_RETURN_IF_ERROR(logits_.Reserve(out_rows * c.vocab));
+
+    const unsigned grid_rows = unsigned(rows);
+    EmbedKernel<<<grid_rows, kThreads>>>(tokens_.get(), embed_.get(), x_.get(),
+                                         d);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    const int ctx = int(c.max_context);
+    const size_t att_smem = (size_t(ctx) + kThreads) * sizeof(float);
+    if (!attention_smem_set_ && att_smem > 48 * 1024) {
+      TM_CUDA_TRY(cudaFuncSetAttribute(
+          AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          int(att_smem)));
+    }
+    attention_smem_set_ = true;
+    for (DeviceLayer& l : layers_) {
+      RmsNormKernel<<<grid_rows, kThreads>>>(
+          x_.get(), nullptr, l.attn_norm.get(), h_.get(), d, c.norm_eps);
+      TM_RETURN_IF_ERROR(
+          Gemm(h_.get(), rows, d, l.wq.get(), d, q_.get(), false));
+      TM_RETURN_IF_ERROR(
+          Gemm(h_.get(), rows, d, l.wk.get(), d, k_.get(), false));
+      TM_RETURN_IF_ERROR(
+          Gemm(h_.get(), rows, d, l.wv.get(), d, v_.get(), false));
+      RopeKernel<<<grid_rows, kThreads>>>(q_.get(), k_.get(), pos_.get(),
+                                          rope_cos_.get(), rope_sin_.get(),
+                                          int(c.n_heads), hd);
+      KvWriteKernel<<<grid_rows, kThreads>>>(k_.get(), v_.get(), slots_.get(),
+                                             l.k_cache.get(), l.v_cache.get(),
+                                             d);
+      AttentionKernel<<<dim3(grid_rows, c.n_heads), kThreads, att_smem>>>(
+          q_.get(), l.k_cache.get(), l.v_cache.get(), pos_.get(), seq_.get(),
+          tables_.get(), max_blocks, int(kv_.block_size), d, hd, ctx, scale,
+          att_.get());
+      TM_RETURN_IF_ERROR(
+          Gemm(att_.get(), rows, d, l.wo.get(), d, x_.get(), true));
+      RmsNormKernel<<<grid_rows, kThreads>>>(
+          x_.get(), nullptr, l.mlp_norm.get(), h_.get(), d, c.norm_eps);
+      TM_RETURN_IF_ERROR(
+          Gemm(h_.get(), rows, d, l.w_gate.get(), ff, a_.get(), false));
+      TM_RETURN_IF_ERROR(
+          Gemm(h_.get(), rows, d, l.w_up.get(), ff, b_.get(), false));
+      const size_t n = rows * size_t(ff);
+      const unsigned blocks =
+          unsigned((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+      SiluMulKernel<<<blocks, 256>>>(a_.get(), b_.get(), n);
+      TM_RETURN_IF_ERROR(
+          Gemm(a_.get(), rows, ff, l.w_down.get(), d, x_.get(), true));
+    }
+    TM_CUDA_TRY(cudaGetLastError());
+    if (n_logits > 0) {
+      RmsNormKernel<<<unsigned(n_logits), kThreads>>>(
+          x_.get(), logit_rows_.get(), final_norm_.get(), final_h_.get(), d,
+          c.norm_eps);
+      TM_RETURN_IF_ERROR(Gemm(final_h_.get(), n_logits, d, lm_head_.get(),
+                              int(c.vocab), logits_.get(), false));
+      TM_CUDA_TRY(cudaMemcpy(logits, logits_.get(),
+                             n_logits * c.vocab * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+    }
+    TM_CUDA_TRY(cudaDeviceSynchronize());
+    return Status::Ok();
+  }
+
+ private:
+  // y[rows x out] (+)= x[rows x in] * w[in x out], all row-major: in
+  // cuBLAS's column-major terms y^T = w^T * x^T.
+  Status Gemm(const float* x, size_t rows, int in, const float* w, int out,
+              float* y, bool accumulate) {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    TM_CUBLAS_TRY(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, out, int(rows),
+                              in, &alpha, w, out, x, in, &beta, y, out));
+    return Status::Ok();
+  }
+
+  const ModelConfig config_;
+  const KvLayout kv_;
+  cublasHandle_t cublas_ = nullptr;
+  bool attention_smem_set_ = false;
+  DeviceArray<float> embed_, final_norm_, lm_head_, rope_cos_, rope_sin_;
+  std::vector<DeviceLayer> layers_;
+  // Per-step inputs and activations, grown as needed.
+  std::vector<int32_t> tokens_h_, pos_h_, seq_h_, slots_h_, tables_h_,
+      logit_rows_h_;
+  DeviceArray<int32_t> tokens_, pos_, seq_, slots_, tables_, logit_rows_;
+  DeviceArray<float> x_, h_, q_, k_, v_, att_, a_, b_, final_h_, logits_;
+};
+
+}  // namespace
+
+bool CudaBuilt() { return true; }
+
+bool CudaDeviceAvailable(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why != nullptr) *why = CudaError("cudaGetDeviceCount", e);
+    cudaGetLastError();  // clear the sticky-free error state
+    return false;
+  }
+  if (n == 0) {
+    if (why != nullptr) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+Status MakeCudaModel(const Weights& weights, const KvLayout& kv,
+                     std::unique_ptr<Model>* out) {
+  std::string why;
+  if (!CudaDeviceAvailable(&why)) return Status::Error(why);
+  if (size_t(kv.num_blocks) * kv.block_size > size_t(INT32_MAX)) {
+    return Status::Error("KV cache too large for 32-bit slot numbers");
+  }
+  auto m = std::make_unique<CudaModel>(weights.config, kv);
+  TM_RETURN_IF_ERROR(m->Init(weights));
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+}  // namespace tokenmeter::engine

@@ -1,0 +1,124 @@
+// Model configurations, validation and the seeded weights both backends use.
+#include <cmath>
+#include <string>
+
+#include "engine/model.h"
+#include "engine/rng.h"
+
+namespace tokenmeter::engine {
+namespace {
+
+struct Preset {
+  const char* name;
+  uint32_t vocab, d_model, n_layers, n_heads, d_ff, max_context;
+};
+
+constexpr Preset kPresets[] = {
+    {"tiny", 256, 64, 2, 4, 192, 2048},
+    {"small", 1024, 256, 4, 8, 768, 4096},
+    {"medium", 4096, 512, 8, 8, 1536, 4096},
+    {"large", 32000, 1024, 16, 16, 2816, 8192},
+};
+
+// Uniform in [-a, a) with a = sqrt(3 / fan_in): variance 1 / fan_in, so that
+// activations keep their scale through each linear layer.
+std::vector<float> Linear(Rng& rng, uint32_t in, uint32_t out) {
+  std::vector<float> w(size_t(in) * out);
+  const auto a = float(std::sqrt(3.0 / in));
+  for (float& x : w) x = rng.Symmetric(a);
+  return w;
+}
+
+std::vector<float> NormGain(Rng& rng, uint32_t d) {
+  std::vector<float> g(d);
+  for (float& x : g) x = 1.0f + rng.Symmetric(0.1f);
+  return g;
+}
+
+}  // namespace
+
+bool ModelConfigForSize(const std::string& size, ModelConfig* out) {
+  for (const Preset& p : kPresets) {
+    if (size == p.name) {
+      const uint64_t seed = out->seed;
+      *out = ModelConfig();
+      out->size = p.name;
+      out->vocab = p.vocab;
+      out->d_model = p.d_model;
+      out->n_layers = p.n_layers;
+      out->n_heads = p.n_heads;
+      out->d_ff = p.d_ff;
+      out->max_context = p.max_context;
+      out->seed = seed;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* ModelSizeNames() { return "tiny, small, medium, large"; }
+
+Status ValidateModel(const ModelConfig& c, const KvLayout& kv) {
+  if (c.n_heads == 0 || c.d_model % c.n_heads != 0) {
+    return Status::Error("d_model must be a multiple of n_heads");
+  }
+  const uint32_t hd = c.head_dim();
+  if (hd != 16 && hd != 32 && hd != 64 && hd != 128) {
+    return Status::Error("head_dim must be 16, 32, 64 or 128");
+  }
+  if (c.vocab < 2 || c.n_layers == 0 || c.d_ff == 0 || c.max_context == 0) {
+    return Status::Error("model sizes must be positive (vocab >= 2)");
+  }
+  if (c.max_context > 8192) {
+    return Status::Error("max_context must be at most 8192");
+  }
+  if (kv.block_size == 0 || kv.block_size > 1024) {
+    return Status::Error("--block-size must be 1..1024");
+  }
+  if (kv.num_blocks == 0 || kv.num_blocks > (1u << 24)) {
+    return Status::Error("--kv-blocks must be 1..16777216");
+  }
+  if (uint64_t(kv.num_blocks) * kv.block_size > (uint64_t(1) << 30)) {
+    return Status::Error("--kv-blocks x --block-size must be at most 2^30");
+  }
+  return Status::Ok();
+}
+
+std::unique_ptr<Weights> MakeWeights(const ModelConfig& c) {
+  auto w = std::make_unique<Weights>();
+  w->config = c;
+  Rng rng(Mix64(c.seed ^ 0x77656967ULL));
+  const uint32_t d = c.d_model;
+  w->embed.resize(size_t(c.vocab) * d);
+  for (float& x : w->embed) x = rng.Symmetric(1.7320508f);  // variance 1
+  w->layers.resize(c.n_layers);
+  for (LayerWeights& l : w->layers) {
+    l.attn_norm = NormGain(rng, d);
+    l.wq = Linear(rng, d, d);
+    l.wk = Linear(rng, d, d);
+    l.wv = Linear(rng, d, d);
+    l.wo = Linear(rng, d, d);
+    l.mlp_norm = NormGain(rng, d);
+    l.w_gate = Linear(rng, d, c.d_ff);
+    l.w_up = Linear(rng, d, c.d_ff);
+    l.w_down = Linear(rng, c.d_ff, d);
+  }
+  w->final_norm = NormGain(rng, d);
+  w->lm_head = Linear(rng, d, c.vocab);
+
+  const uint32_t half = c.head_dim() / 2;
+  w->rope_cos.resize(size_t(c.max_context) * half);
+  w->rope_sin.resize(size_t(c.max_context) * half);
+  for (uint32_t pos = 0; pos < c.max_context; ++pos) {
+    for (uint32_t i = 0; i < half; ++i) {
+      const double freq =
+          std::pow(double(c.rope_theta), -2.0 * i / double(c.head_dim()));
+      const double angle = pos * freq;
+      w->rope_cos[size_t(pos) * half + i] = float(std::cos(angle));
+      w->rope_sin[size_t(pos) * half + i] = float(std::sin(angle));
+    }
+  }
+  return w;
+}
+
+}  // namespace tokenmeter::engine

@@ -1,0 +1,218 @@
+#include "engine/options.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
+
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter::engine {
+namespace {
+
+constexpr std::string_view kUsage =
+    R"(Usage: tokenmeter-engine [flags]
+
+A reference LLM inference engine (continuous batching, paged KV cache with
+a prefix cache, preemption by recompute) running a small transformer with
+random weights on CUDA or the CPU, reporting to tokenmeterd.
+
+Workload:
+  --requests N              requests to run (default 200)
+  --rate R                  requests/s, Poisson arrivals; 0 = all at once (0)
+  --prompt-len N            mean prompt length in tokens (128)
+  --output-len N            mean output limit (max_tokens) in tokens (64)
+  --shared-prefix F         fraction of the mean prompt shared by all (0)
+  --seed N                  seed of workload, weights and sampling (1)
+Engine:
+  --max-batch N             most running requests (32)
+  --max-tokens-per-step N   token budget of one step; chunked prefill (512)
+  --kv-blocks N             KV cache blocks (1024)
+  --block-size N            tokens per KV block (16)
+  --no-prefix-cache         do not share full prompt blocks
+  --model-size S            tiny, small, medium, large (tiny)
+  --temperature T           sampling temperature; 0 = greedy (1)
+  --backend B               auto, cpu, cuda (auto: cuda when a device answers)
+Metrics:
+  --metrics-socket PATH     tokenmeterd's ingest socket
+                            (default /run/tokenmeter/ingest.sock)
+  --no-metrics              do not report to tokenmeterd
+  --engine-name NAME        HELLO engine (tokenmeter-engine)
+  --model NAME              HELLO model (tokenmeter-<size>)
+  --instance ID             HELLO instance (the `engine` label)
+  --scope NAME              HELLO scope (shared request-id space)
+Output:
+  --report FILE.json        write the engine's own figures
+  --quiet                   no summary line on stdout
+  --help, --version
+)";
+
+template <typename T>
+bool ParseNumber(std::string_view s, T* out) {
+  if (s.empty()) return false;
+  if constexpr (std::is_floating_point_v<T>) {
+    // strtod is locale-dependent; from_chars is not.
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size() &&
+           std::isfinite(*out);
+  } else {
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size();
+  }
+}
+
+Status Bad(std::string_view flag, std::string_view value) {
+  return Status::Error("invalid value for " + std::string(flag) + ": '" +
+                       std::string(value) + "'");
+}
+
+}  // namespace
+
+std::string_view UsageText() { return kUsage; }
+
+Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
+  o->metrics_socket = TM_DEFAULT_SOCKET_PATH;
+  std::string model_size = "tiny";
+  uint64_t seed = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    std::string_view flag = arg, value;
+    bool has_value = false;
+    if (const size_t eq = arg.find('=');
+        arg.rfind("--", 0) == 0 && eq != std::string_view::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    // Flags without a value.
+    if (flag == "--help" || flag == "-h") {
+      o->show_help = true;
+      continue;
+    }
+    if (flag == "--version") {
+      o->show_version = true;
+      continue;
+    }
+    if (flag == "--no-metrics") {
+      o->metrics = false;
+      continue;
+    }
+    if (flag == "--no-prefix-cache") {
+      o->kv.prefix_caching = false;
+      continue;
+    }
+    if (flag == "--quiet") {
+      o->quiet = true;
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        return Status::Error("unknown flag or missing value: " +
+                             std::string(arg));
+      }
+      value = argv[++i];
+    }
+    auto u32 = [&](uint32_t* dst) -> Status {
+      return ParseNumber(value, dst) ? Status::Ok() : Bad(flag, value);
+    };
+    auto f64 = [&](double* dst) -> Status {
+      return ParseNumber(value, dst) ? Status::Ok() : Bad(flag, value);
+    };
+    Status s = Status::Ok();
+    if (flag == "--requests") {
+      s = u32(&o->workload.requests);
+    } else if (flag == "--rate") {
+      s = f64(&o->workload.rate);
+    } else if (flag == "--prompt-len") {
+      s = u32(&o->workload.prompt_len);
+    } else if (flag == "--output-len") {
+      s = u32(&o->workload.output_len);
+    } else if (flag == "--shared-prefix") {
+      s = f64(&o->workload.shared_prefix);
+    } else if (flag == "--seed") {
+      if (!ParseNumber(value, &seed)) s = Bad(flag, value);
+    } else if (flag == "--max-batch") {
+      s = u32(&o->scheduler.max_batch);
+    } else if (flag == "--max-tokens-per-step") {
+      s = u32(&o->scheduler.max_tokens_per_step);
+    } else if (flag == "--kv-blocks") {
+      s = u32(&o->kv.num_blocks);
+    } else if (flag == "--block-size") {
+      s = u32(&o->kv.block_size);
+    } else if (flag == "--model-size") {
+      model_size = std::string(value);
+    } else if (flag == "--temperature") {
+      double t = 0;
+      s = f64(&t);
+      if (s.ok() && !(t >= 0 && t <= 100)) s = Bad(flag, value);
+      o->temperature = float(t);
+    } else if (flag == "--backend") {
+      if (value == "auto") {
+        o->backend = Backend::kAuto;
+      } else if (value == "cpu") {
+        o->backend = Backend::kCpu;
+      } else if (value == "cuda") {
+        o->backend = Backend::kCuda;
+      } else {
+        s = Bad(flag, value);
+      }
+    } else if (flag == "--metrics-socket") {
+      o->metrics_socket = std::string(value);
+    } else if (flag == "--engine-name") {
+      o->engine_name = std::string(value);
+    } else if (flag == "--model") {
+      o->model_name = std::string(value);
+    } else if (flag == "--instance") {
+      o->instance = std::string(value);
+    } else if (flag == "--scope") {
+      o->scope = std::string(value);
+    } else if (flag == "--report") {
+      o->report_path = std::string(value);
+    } else {
+      s = Status::Error("unknown flag: " + std::string(flag));
+    }
+    if (!s.ok()) return s;
+  }
+  if (o->show_help || o->show_version) return Status::Ok();
+
+  o->model.seed = seed;
+  o->workload.seed = seed;
+  if (!ModelConfigForSize(model_size, &o->model)) {
+    return Status::Error("unknown --model-size '" + model_size + "' (one of " +
+                         ModelSizeNames() + ")");
+  }
+  if (o->model_name.empty()) o->model_name = "tokenmeter-" + model_size;
+  o->workload.vocab = o->model.vocab;
+
+  Status s = ValidateWorkload(o->workload);
+  if (!s.ok()) return s;
+  KvLayout layout{o->kv.num_blocks, o->kv.block_size};
+  s = ValidateModel(o->model, layout);
+  if (!s.ok()) return s;
+  if (o->scheduler.max_batch < 1 || o->scheduler.max_batch > 4096) {
+    return Status::Error("--max-batch must be 1..4096");
+  }
+  if (o->scheduler.max_tokens_per_step < 1 ||
+      o->scheduler.max_tokens_per_step > 65536) {
+    return Status::Error("--max-tokens-per-step must be 1..65536");
+  }
+  const uint64_t longest =
+      uint64_t(MaxPromptLen(o->workload)) + MaxOutputLen(o->workload);
+  if (longest > o->model.max_context) {
+    return Status::Error(
+        "a request can reach " + std::to_string(longest) +
+        " tokens (1.5 x --prompt-len + 1.5 x --output-len), more than the " +
+        o->model.size + " model's context of " +
+        std::to_string(o->model.max_context));
+  }
+  const uint64_t blocks = (longest + o->kv.block_size - 1) / o->kv.block_size;
+  if (blocks > o->kv.num_blocks) {
+    return Status::Error("a request can need " + std::to_string(blocks) +
+                         " KV blocks, more than --kv-blocks " +
+                         std::to_string(o->kv.num_blocks));
+  }
+  return Status::Ok();
+}
+
+}  // namespace tokenmeter::engine

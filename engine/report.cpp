@@ -1,0 +1,221 @@
+#include "engine/report.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace tokenmeter::engine {
+namespace {
+
+double Seconds(uint64_t ns) { return double(ns) / 1e9; }
+
+// Nearest rank: the value at position ceil(p * n) (1-based).
+double Percentile(const std::vector<double>& sorted, double p) {
+  const size_t n = sorted.size();
+  auto rank = size_t(std::ceil(p * double(n) - 1e-9));
+  if (rank < 1) rank = 1;
+  if (rank > n) rank = n;
+  return sorted[rank - 1];
+}
+
+void AppendDouble(std::string& out, double v) {
+  if (!std::isfinite(v)) v = 0;  // JSON has no inf/nan; never expected
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, res.ptr);
+}
+
+void AppendUint(std::string& out, uint64_t v) {
+  char buf[32];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, res.ptr);
+}
+
+void AppendSummary(std::string& out, const char* key, const Summary& s) {
+  out += ",\n \"";
+  out += key;
+  out += "\": {\"count\": ";
+  AppendUint(out, s.count);
+  out += ", \"sum\": ";
+  AppendDouble(out, s.sum);
+  out += ", \"p50\": ";
+  AppendDouble(out, s.p50);
+  out += ", \"p99\": ";
+  AppendDouble(out, s.p99);
+  out += "}";
+}
+
+void AppendString(std::string& out, const std::string& s) {
+  out += '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += kHex[(c >> 4) & 0xf];
+      out += kHex[c & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+Summary Summarize(std::vector<double>& values) {
+  Summary s;
+  s.count = values.size();
+  if (values.empty()) return s;
+  for (double v : values) s.sum += v;
+  std::sort(values.begin(), values.end());
+  s.p50 = Percentile(values, 0.50);
+  s.p99 = Percentile(values, 0.99);
+  return s;
+}
+
+std::string ReportJson(const Report& r) {
+  std::string o = "{\"requests\": ";
+  AppendUint(o, r.requests);
+  o += ", \"finished\": {\"stop\": ";
+  AppendUint(o, r.finished_stop);
+  o += ", \"length\": ";
+  AppendUint(o, r.finished_length);
+  o += "},\n \"prompt_tokens\": ";
+  AppendUint(o, r.prompt_tokens);
+  o += ", \"generation_tokens\": ";
+  AppendUint(o, r.generation_tokens);
+  o += ",\n \"duration_s\": ";
+  AppendDouble(o, r.duration_s);
+  o += ", \"output_tokens_per_s\": ";
+  AppendDouble(o, r.output_tokens_per_s);
+  AppendSummary(o, "ttft_s", r.ttft);
+  AppendSummary(o, "itl_s", r.itl);
+  AppendSummary(o, "e2e_s", r.e2e);
+  AppendSummary(o, "queue_s", r.queue);
+  AppendSummary(o, "prefill_s", r.prefill);
+  AppendSummary(o, "decode_s", r.decode);
+  AppendSummary(o, "inference_s", r.inference);
+  AppendSummary(o, "tpot_s", r.tpot);
+  o += ",\n \"backend\": ";
+  AppendString(o, r.backend);
+  o += ", \"metrics\": ";
+  o += r.metrics ? "true" : "false";
+  o += ", \"client_dropped_events\": ";
+  AppendUint(o, r.client_dropped_events);
+  o += ",\n \"preemptions\": ";
+  AppendUint(o, r.preemptions);
+  o += ", \"prefix_cache_queries\": ";
+  AppendUint(o, r.prefix_cache_queries);
+  o += ", \"prefix_cache_hits\": ";
+  AppendUint(o, r.prefix_cache_hits);
+  o += ", \"steps\": ";
+  AppendUint(o, r.steps);
+  o += "}\n";
+  return o;
+}
+
+Recorder::Recorder(size_t num_requests) : times_(num_requests) {}
+
+void Recorder::Arrived(size_t i, uint64_t t_ns, uint32_t prompt_tokens) {
+  Times& t = times_.at(i);
+  t.arrived = t_ns;
+  t.has_arrived = true;
+  t.prompt_tokens = prompt_tokens;
+}
+
+void Recorder::Queued(size_t i, uint64_t t_ns) {
+  Times& t = times_.at(i);
+  t.queued = t_ns;
+  t.has_queued = true;
+}
+
+void Recorder::Scheduled(size_t i, uint64_t t_ns) {
+  Times& t = times_.at(i);
+  if (t.has_scheduled) return;
+  t.scheduled = t_ns;
+  t.has_scheduled = true;
+}
+
+void Recorder::Tokens(size_t i, uint64_t t_ns, uint32_t n) {
+  Times& t = times_.at(i);
+  if (!t.has_first_token) {
+    t.first_token = t_ns;
+    t.has_first_token = true;
+  } else {
+    itl_s_.push_back(Seconds(t_ns - t.last_token));
+  }
+  t.last_token = t_ns;
+  t.generation_tokens += n;
+}
+
+void Recorder::Finished(size_t i, uint64_t t_ns, Finish reason) {
+  Times& t = times_.at(i);
+  t.finished = t_ns;
+  t.has_finished = true;
+  t.reason = reason;
+}
+
+Report Recorder::Build(const std::string& backend, bool metrics,
+                       uint64_t client_dropped_events) const {
+  Report r;
+  std::vector<double> ttft, e2e, queue, prefill, decode, inference, tpot;
+  uint64_t first_arrival = UINT64_MAX, last_finish = 0;
+  for (const Times& t : times_) {
+    if (t.has_arrived) first_arrival = std::min(first_arrival, t.arrived);
+    r.generation_tokens += t.generation_tokens;
+    if (t.has_first_token) {
+      r.prompt_tokens += t.prompt_tokens;
+      if (t.has_arrived) ttft.push_back(Seconds(t.first_token - t.arrived));
+      if (t.has_scheduled) {
+        prefill.push_back(Seconds(t.first_token - t.scheduled));
+      }
+    }
+    if (!t.has_finished) continue;
+    ++r.requests;
+    last_finish = std::max(last_finish, t.finished);
+    if (t.reason == Finish::kStop) ++r.finished_stop;
+    if (t.reason == Finish::kLength) ++r.finished_length;
+    if (t.has_arrived) e2e.push_back(Seconds(t.finished - t.arrived));
+    const uint64_t queued = t.has_queued ? t.queued : t.arrived;
+    if (t.has_scheduled && (t.has_queued || t.has_arrived)) {
+      queue.push_back(Seconds(t.scheduled - queued));
+    }
+    if (t.has_first_token) {
+      const uint64_t d = t.last_token - t.first_token;
+      decode.push_back(Seconds(d));
+      if (t.has_scheduled) {
+        inference.push_back(Seconds(t.last_token - t.scheduled));
+      }
+      if (t.generation_tokens > 1) {
+        tpot.push_back(double(d) / double(t.generation_tokens - 1) / 1e9);
+      }
+    }
+  }
+  std::vector<double> itl = itl_s_;
+  r.ttft = Summarize(ttft);
+  r.itl = Summarize(itl);
+  r.e2e = Summarize(e2e);
+  r.queue = Summarize(queue);
+  r.prefill = Summarize(prefill);
+  r.decode = Summarize(decode);
+  r.inference = Summarize(inference);
+  r.tpot = Summarize(tpot);
+  if (r.requests > 0 && last_finish > first_arrival) {
+    r.duration_s = Seconds(last_finish - first_arrival);
+    r.output_tokens_per_s = double(r.generation_tokens) / r.duration_s;
+  }
+  r.backend = backend;
+  r.metrics = metrics;
+  r.client_dropped_events = client_dropped_events;
+  r.preemptions = preemptions_;
+  r.prefix_cache_queries = prefix_queries_;
+  r.prefix_cache_hits = prefix_hits_;
+  r.steps = steps_;
+  return r;
+}
+
+}  // namespace tokenmeter::engine

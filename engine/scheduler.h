@@ -1,0 +1,79 @@
+// Scheduler: continuous batching in the style of vLLM v1. Every step it
+// hands out a token budget: first to the running requests, in the order they
+// were scheduled (a decode takes one token; a prefill as many as remain or
+// the budget allows: chunked prefill), then to waiting requests in FCFS
+// order while the batch has room. When the KV cache cannot hold a running
+// request's next tokens, the most recently scheduled running request is
+// preempted by recompute: its blocks are freed, its computed tokens
+// forgotten, and it goes back to the front of the waiting queue (its output
+// tokens so far are kept and recomputed with the prompt). A step that
+// preempts admits no waiting request. The head of the waiting queue blocks
+// the queue when the cache cannot take it (strict FCFS).
+//
+// Not thread-safe: the engine loop owns it. Requests are borrowed; they must
+// outlive the scheduler.
+#ifndef TOKENMETER_ENGINE_SCHEDULER_H_
+#define TOKENMETER_ENGINE_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/request.h"
+
+namespace tokenmeter::engine {
+
+struct SchedulerOptions {
+  uint32_t max_batch = 32;             // running requests at most
+  uint32_t max_tokens_per_step = 512;  // token budget of one step
+};
+
+struct ScheduledChunk {
+  Request* request;
+  uint32_t num_tokens;  // computes tokens [num_computed, num_computed + n)
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<Request*> first_scheduled;  // scheduled for the first time
+  std::vector<Request*> preempted;
+  uint64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache
+  uint64_t prefix_hits = 0;     // of which found cached
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& o, BlockManager& kv);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Appends a request to the waiting queue.
+  void Add(Request* r);
+  // Plans one step. The caller runs the model on out->chunks, then calls
+  // Advance() for each chunk and Finish() for each finished request.
+  void Schedule(SchedulerOutput* out);
+  // Records that a chunk was computed: advances num_computed and registers
+  // newly completed prompt blocks in the prefix cache.
+  void Advance(const ScheduledChunk& c);
+  // Removes a finished running request and frees its blocks.
+  void Finish(Request* r);
+
+  size_t num_running() const { return running_.size(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  const std::vector<Request*>& running() const { return running_; }
+  const std::deque<Request*>& waiting() const { return waiting_; }
+
+ private:
+  void Preempt(Request* r, SchedulerOutput* out);
+
+  const SchedulerOptions options_;
+  BlockManager& kv_;
+  std::vector<Request*> running_;  // in scheduling order
+  std::deque<Request*> waiting_;   // FCFS; preempted ones at the front
+};
+
+}  // namespace tokenmeter::engine
+
+#endif  // TOKENMETER_ENGINE_SCHEDULER_H_

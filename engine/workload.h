@@ -1,0 +1,57 @@
+// The synthetic workload: N requests with Poisson arrivals, prompt and output
+// lengths drawn around given means, and an optional prompt prefix shared by
+// every request (so the prefix cache hits). Deterministic for a seed.
+#ifndef TOKENMETER_ENGINE_WORKLOAD_H_
+#define TOKENMETER_ENGINE_WORKLOAD_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/status.h"
+
+namespace tokenmeter::engine {
+
+struct WorkloadOptions {
+  uint32_t requests = 200;
+  // Requests per second; arrivals form a Poisson process (exponential gaps).
+  // 0: every request arrives at offset 0.
+  double rate = 0;
+  // Means. A length is drawn uniformly from [mean - mean/2, mean + mean/2]
+  // (at least 1), whose mean is `mean` up to rounding.
+  uint32_t prompt_len = 128;
+  uint32_t output_len = 64;
+  // Fraction (0..1) of the mean prompt length that is one token sequence
+  // shared by every prompt. Every prompt keeps at least one token of its own.
+  double shared_prefix = 0;
+  uint64_t seed = 1;
+  // Prompt tokens are drawn from [1, vocab); 0 is the stop token, which a
+  // prompt never contains.
+  uint32_t vocab = 256;
+};
+
+struct WorkloadRequest {
+  uint64_t id = 0;                 // 1..N, in arrival order
+  uint64_t arrival_offset_ns = 0;  // from the workload's start; first is 0
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 0;  // the request's output length limit, >= 1
+};
+
+// The longest prompt and prompt + output a workload with these options can
+// draw (for checking them against the model's context).
+uint32_t MaxPromptLen(const WorkloadOptions& o);
+uint32_t MaxOutputLen(const WorkloadOptions& o);
+
+// Checks the options: requests in 1..kMaxRequests, rate >= 0 and finite,
+// lengths >= 1, shared_prefix in [0, 1], vocab >= 2.
+Status ValidateWorkload(const WorkloadOptions& o);
+
+// Every request of the workload, in arrival order. `o` must be valid. Costs
+// O(total prompt tokens) time and memory.
+std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o);
+
+// The cap on --requests: bounds the engine's per-request memory.
+inline constexpr uint32_t kMaxRequests = 1'000'000;
+
+}  // namespace tokenmeter::engine
+
+#endif  // TOKENMETER_ENGINE_WORKLOAD_H_

@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""End to end: tokenmeter-engine on the CPU backend -> libtokenmeter -> real
+tokenmeterd -> HTTP scrape -> prometheus_client's parser. Every latency
+histogram's _count and _sum must equal the engine's own --report figures
+(computed from the very timestamps it sent), and so must the token
+counters, finish reasons, preemptions and prefix-cache counters. Then the
+same run with no daemon: the engine finishes and reports drops.
+
+Environment: TOKENMETERD, TOKENMETER_ENGINE (paths of the built binaries),
+PYTHONPATH including tests/e2e (harness.py).
+"""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+from harness import Daemon, poll_until
+
+ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
+NS = "tokenmeter_engine"
+LABELS = {"model_name": "e2e-tiny", "engine": "e2e"}
+
+# Report key -> histogram name (docs/metrics.md).
+HISTOGRAMS = {
+    "ttft_s": "time_to_first_token_seconds",
+    "itl_s": "inter_token_latency_seconds",
+    "e2e_s": "e2e_request_latency_seconds",
+    "queue_s": "request_queue_time_seconds",
+    "prefill_s": "request_prefill_time_seconds",
+    "decode_s": "request_decode_time_seconds",
+    "inference_s": "request_inference_time_seconds",
+    "tpot_s": "request_time_per_output_token_seconds",
+}
+
+# 200 requests arriving at 400/s into a 16-wide batch: a queue forms. 48
+# KV blocks of 8 slots hold about 384 tokens, less than 16 requests of
+# ~80 tokens: preemptions. A shared prefix makes the prefix cache hit.
+WORKLOAD = [
+    "--requests", "200", "--rate", "400", "--prompt-len", "48",
+    "--output-len", "32", "--max-batch", "16", "--max-tokens-per-step", "256",
+    "--kv-blocks", "48", "--block-size", "8", "--shared-prefix", "0.35",
+    "--seed", "3", "--backend", "cpu", "--model", "e2e-tiny",
+    "--instance", "e2e", "--quiet",
+]
+
+
+def run_engine(socket_path, report_path, timeout=60):
+    proc = subprocess.run(
+        [ENGINE, *WORKLOAD, "--metrics-socket", socket_path,
+         "--report", report_path],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"engine exited {proc.returncode}: {proc.stderr.decode()}")
+    with open(report_path) as f:
+        return json.load(f)
+
+
+class EngineAgainstDaemon(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon("--log-interval", "0").start()
+        self.addCleanup(self.d.cleanup)
+        self.addCleanup(self.d.stop)
+
+    def test_daemon_figures_equal_engine_report(self):
+        report = run_engine(self.d.sock,
+                            os.path.join(self.d.dir, "report.json"))
+        d = self.d
+
+        def success(reason):
+            return d.value(f"{NS}:request_success_total",
+                           finished_reason=reason, **LABELS) or 0
+
+        # FINISHED is each request's last event and one connection's events
+        # apply in order: once every success is counted, all is applied.
+        poll_until(lambda: success("stop") + success("length")
+                   == report["requests"],
+                   what="every FINISHED applied")
+        samples = d.samples()
+        key = frozenset(LABELS.items())
+
+        def v(name):
+            value = samples.get((f"{NS}:{name}", key))
+            self.assertIsNotNone(value, name)
+            return value
+
+        self.assertEqual(report["requests"], 200)
+        self.assertEqual(report["backend"], "cpu")
+        self.assertTrue(report["metrics"])
+        self.assertEqual(report["client_dropped_events"], 0)
+        # The configuration did what it is for.
+        self.assertGreater(report["preemptions"], 0)
+        self.assertGreater(report["prefix_cache_hits"], 0)
+        self.assertGreater(report["finished"]["stop"], 0)
+        self.assertGreater(report["finished"]["length"], 0)
+        self.assertGreater(report["queue_s"]["p99"], 0.05)
+
+        for rkey, hist in HISTOGRAMS.items():
+            with self.subTest(histogram=hist):
+                self.assertEqual(v(hist + "_count"), report[rkey]["count"])
+                self.assertGreater(report[rkey]["count"], 0)
+                expected = report[rkey]["sum"]
+                got = v(hist + "_sum")
+                self.assertLessEqual(abs(got - expected),
+                                     1e-6 * abs(expected) + 1e-12,
+                                     f"{hist}_sum {got} vs {expected}")
+        self.assertEqual(v("prompt_tokens_total"), report["prompt_tokens"])
+        self.assertEqual(v("generation_tokens_total"),
+                         report["generation_tokens"])
+        self.assertEqual(v("request_generation_tokens_sum"),
+                         report["generation_tokens"])
+        self.assertEqual(success("stop"), report["finished"]["stop"])
+        self.assertEqual(success("length"), report["finished"]["length"])
+        self.assertEqual(success("abort"), 0)
+        self.assertEqual(success("error"), 0)
+        self.assertEqual(v("num_preemptions_total"), report["preemptions"])
+        self.assertEqual(v("prefix_cache_queries_total"),
+                         report["prefix_cache_queries"])
+        self.assertEqual(v("prefix_cache_hits_total"),
+                         report["prefix_cache_hits"])
+        # After the last step nothing runs or waits.
+        self.assertEqual(v("num_requests_running"), 0)
+        self.assertEqual(v("num_requests_waiting"), 0)
+        self.assertEqual(
+            d.value("tokenmeter_ingest_errors_total", reason="bad_event")
+            or 0, 0)
+
+
+class EngineWithoutDaemon(unittest.TestCase):
+    def test_finishes_and_reports_drops(self):
+        with tempfile.TemporaryDirectory(prefix="tm-e2e-", dir="/tmp") as tmp:
+            report = run_engine(os.path.join(tmp, "nobody.sock"),
+                                os.path.join(tmp, "report.json"))
+        self.assertEqual(report["requests"], 200)
+        self.assertEqual(report["finished"]["stop"]
+                         + report["finished"]["length"], 200)
+        self.assertTrue(report["metrics"])
+        self.assertGreater(report["client_dropped_events"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

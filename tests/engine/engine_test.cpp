@@ -1,0 +1,116 @@
+// The whole loop on the CPU backend, without a daemon (--no-metrics).
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+namespace tokenmeter::engine {
+namespace {
+
+EngineOptions SmallRun() {
+  EngineOptions o;
+  o.workload.requests = 24;
+  o.workload.prompt_len = 40;
+  o.workload.output_len = 24;
+  o.workload.seed = 5;
+  o.model.seed = 5;
+  o.scheduler.max_batch = 8;
+  o.scheduler.max_tokens_per_step = 64;
+  o.kv.num_blocks = 256;
+  o.kv.block_size = 8;
+  o.backend = Backend::kCpu;
+  o.metrics = false;
+  return o;
+}
+
+std::unique_ptr<Engine> RunEngine(const EngineOptions& o) {
+  std::unique_ptr<Engine> e;
+  Status s = Engine::Create(o, &e);
+  EXPECT_TRUE(s.ok()) << s.message();
+  s = e->Run();
+  EXPECT_TRUE(s.ok()) << s.message();
+  return e;
+}
+
+TEST(EngineTest, EveryRequestFinishesAndTheFiguresAddUp) {
+  auto e = RunEngine(SmallRun());
+  const Report r = e->BuildReport();
+  EXPECT_EQ(r.requests, 24u);
+  EXPECT_EQ(r.finished_stop + r.finished_length, 24u);
+  EXPECT_EQ(r.ttft.count, 24u);
+  EXPECT_EQ(r.e2e.count, 24u);
+  EXPECT_EQ(r.queue.count, 24u);
+  EXPECT_EQ(r.itl.count, r.generation_tokens - 24);
+  EXPECT_NEAR(r.decode.sum, r.itl.sum, 1e-9 * r.itl.sum + 1e-12);
+  EXPECT_GT(r.duration_s, 0);
+  EXPECT_EQ(r.backend, "cpu");
+  EXPECT_FALSE(r.metrics);
+  uint64_t generated = 0;
+  for (size_t i = 0; i < e->num_requests(); ++i) {
+    generated += e->Output(i).size();
+  }
+  EXPECT_EQ(generated, r.generation_tokens);
+}
+
+TEST(EngineTest, RequestsEndByStopOrAtTheirLength) {
+  EngineOptions o = SmallRun();
+  o.workload.requests = 60;
+  o.workload.output_len = 64;
+  o.kv.num_blocks = 1024;
+  auto e = RunEngine(o);
+  const Report r = e->BuildReport();
+  // With 256 tokens and sampling at temperature 1, both happen.
+  EXPECT_GT(r.finished_stop, 0u);
+  EXPECT_GT(r.finished_length, 0u);
+  for (size_t i = 0; i < e->num_requests(); ++i) {
+    const auto out = e->Output(i);
+    ASSERT_FALSE(out.empty());
+    for (size_t k = 0; k + 1 < out.size(); ++k) ASSERT_NE(out[k], kStopToken);
+  }
+}
+
+TEST(EngineTest, PreemptionAndPrefixCachingDoNotChangeOutputs) {
+  EngineOptions roomy = SmallRun();
+  roomy.kv.prefix_caching = false;
+  auto a = RunEngine(roomy);
+  EXPECT_EQ(a->BuildReport().preemptions, 0u);
+
+  EngineOptions tight = SmallRun();
+  tight.workload.shared_prefix = 0.5;
+  tight.kv.num_blocks = 16;  // 128 slots: one request needs up to 13 blocks
+  roomy.workload.shared_prefix = 0.5;
+  auto b = RunEngine(roomy);
+  auto c = RunEngine(tight);
+  const Report rc = c->BuildReport();
+  EXPECT_GT(rc.preemptions, 0u);
+  EXPECT_GT(rc.prefix_cache_hits, 0u);
+  EXPECT_EQ(rc.requests, 24u);
+  for (size_t i = 0; i < b->num_requests(); ++i) {
+    EXPECT_EQ(b->Output(i), c->Output(i)) << "request " << i;
+  }
+}
+
+TEST(EngineTest, SameSeedSameOutputs) {
+  auto a = RunEngine(SmallRun());
+  EngineOptions o = SmallRun();
+  o.scheduler.max_batch = 3;  // other batches, same function
+  auto b = RunEngine(o);
+  for (size_t i = 0; i < a->num_requests(); ++i) {
+    EXPECT_EQ(a->Output(i), b->Output(i)) << "request " << i;
+  }
+}
+
+TEST(EngineTest, IdlesUntilArrivalsWithARate) {
+  EngineOptions o = SmallRun();
+  o.workload.requests = 6;
+  o.workload.rate = 50;
+  auto e = RunEngine(o);
+  const Report r = e->BuildReport();
+  EXPECT_EQ(r.requests, 6u);
+  // QUEUED happens when the loop admits a request, never before ARRIVED.
+  EXPECT_GE(r.ttft.sum, r.prefill.sum);
+}
+
+}  // namespace
+}  // namespace tokenmeter::engine

@@ -1,0 +1,224 @@
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+
+namespace tokenmeter::engine {
+namespace {
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Make(uint32_t max_batch, uint32_t budget, uint32_t blocks,
+            uint32_t block_size = 4) {
+    kv_ = std::make_unique<BlockManager>(
+        KvCacheOptions{blocks, block_size, true});
+    sched_ =
+        std::make_unique<Scheduler>(SchedulerOptions{max_batch, budget}, *kv_);
+  }
+  Request* Add(uint32_t prompt_len, uint32_t max_tokens = 100,
+               int32_t first_token = 1) {
+    std::vector<int32_t> p(prompt_len);
+    std::iota(p.begin(), p.end(), first_token);
+    requests_.push_back(std::make_unique<Request>(requests_.size() + 1,
+                                                  std::move(p), max_tokens, 1));
+    sched_->Add(requests_.back().get());
+    return requests_.back().get();
+  }
+  // Runs the planned step: advances every chunk and appends a token to
+  // every sequence that reached its end.
+  void Execute(const SchedulerOutput& out) {
+    for (const ScheduledChunk& c : out.chunks) {
+      sched_->Advance(c);
+      if (c.request->num_computed == c.request->num_tokens()) {
+        c.request->tokens.push_back(7);
+      }
+    }
+  }
+  uint32_t TokensFor(const SchedulerOutput& out, const Request* r) {
+    for (const ScheduledChunk& c : out.chunks) {
+      if (c.request == r) return c.num_tokens;
+    }
+    return 0;
+  }
+
+  std::unique_ptr<BlockManager> kv_;
+  std::unique_ptr<Scheduler> sched_;
+  std::vector<std::unique_ptr<Request>> requests_;
+  SchedulerOutput out_;
+};
+
+TEST_F(SchedulerTest, AdmitsWaitingRequestsInArrivalOrder) {
+  Make(8, 1000, 100);
+  Request* a = Add(10);
+  Request* b = Add(10);
+  Request* c = Add(10);
+  sched_->Schedule(&out_);
+  ASSERT_EQ(out_.chunks.size(), 3u);
+  EXPECT_EQ(out_.chunks[0].request, a);
+  EXPECT_EQ(out_.chunks[1].request, b);
+  EXPECT_EQ(out_.chunks[2].request, c);
+  ASSERT_EQ(out_.first_scheduled.size(), 3u);
+  EXPECT_EQ(out_.first_scheduled[0], a);
+  EXPECT_EQ(sched_->num_running(), 3u);
+  EXPECT_EQ(sched_->num_waiting(), 0u);
+}
+
+TEST_F(SchedulerTest, BatchNeverExceedsMaxBatch) {
+  Make(2, 1000, 100);
+  Request* a = Add(4);
+  Request* b = Add(4);
+  Request* c = Add(4);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.chunks.size(), 2u);
+  EXPECT_EQ(sched_->num_waiting(), 1u);
+  Execute(out_);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.chunks.size(), 2u);  // a and b decode; c still waits
+  EXPECT_EQ(TokensFor(out_, c), 0u);
+  Execute(out_);
+  sched_->Finish(a);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, b), 1u);
+  EXPECT_EQ(TokensFor(out_, c), 4u);
+  ASSERT_EQ(out_.first_scheduled.size(), 1u);
+  EXPECT_EQ(out_.first_scheduled[0], c);
+}
+
+TEST_F(SchedulerTest, TokenBudgetLimitsAStep) {
+  Make(8, 10, 100);
+  Add(6);
+  Add(6);
+  Request* c = Add(6);
+  sched_->Schedule(&out_);
+  uint32_t total = 0;
+  for (const auto& ch : out_.chunks) total += ch.num_tokens;
+  EXPECT_EQ(total, 10u);
+  EXPECT_EQ(TokensFor(out_, c), 0u);
+  EXPECT_EQ(sched_->num_waiting(), 1u);
+}
+
+TEST_F(SchedulerTest, ChunksALongPrefillAcrossSteps) {
+  Make(8, 8, 100);
+  Request* a = Add(20);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 8u);
+  Execute(out_);
+  EXPECT_EQ(a->num_computed, 8u);
+  EXPECT_EQ(a->num_output(), 0u);  // no token from a partial prefill
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 8u);
+  EXPECT_TRUE(out_.first_scheduled.empty());
+  Execute(out_);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 4u);
+  Execute(out_);
+  EXPECT_EQ(a->num_output(), 1u);  // the last chunk yields the first token
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 1u);  // then decode
+}
+
+TEST_F(SchedulerTest, RunningDecodesGoBeforeNewPrefills) {
+  Make(8, 4, 100);
+  Request* a = Add(4);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  Request* b = Add(10);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.chunks[0].request, a);
+  EXPECT_EQ(TokensFor(out_, a), 1u);
+  EXPECT_EQ(TokensFor(out_, b), 3u);  // the rest of the budget
+}
+
+TEST_F(SchedulerTest, WaitingHeadBlocksTheQueueWhenItDoesNotFit) {
+  Make(8, 1000, 5, 4);   // 20 slots
+  Request* a = Add(12);  // 3 blocks, a 4th for its first output token
+  sched_->Schedule(&out_);
+  Execute(out_);
+  Request* b = Add(8, 100, 50);  // 2 blocks: does not fit
+  Request* c = Add(2, 100, 80);  // 1 block: would fit, but FCFS
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 1u);
+  EXPECT_EQ(TokensFor(out_, b), 0u);
+  EXPECT_EQ(TokensFor(out_, c), 0u);
+  EXPECT_EQ(sched_->num_waiting(), 2u);
+}
+
+TEST_F(SchedulerTest, PreemptsTheLatestRunningRequestWhenBlocksRunOut) {
+  Make(8, 1000, 4, 4);           // 16 slots
+  Request* a = Add(8);           // 2 blocks
+  Request* b = Add(8, 100, 50);  // 2 blocks
+  sched_->Schedule(&out_);
+  Execute(out_);  // both at 9 tokens, 2 blocks each: cache full
+  ASSERT_EQ(kv_->num_free_blocks(), 0u);
+  sched_->Schedule(&out_);
+  // a needs a third block for its 9th position: b is preempted.
+  ASSERT_EQ(out_.preempted.size(), 1u);
+  EXPECT_EQ(out_.preempted[0], b);
+  EXPECT_EQ(TokensFor(out_, a), 1u);
+  EXPECT_EQ(TokensFor(out_, b), 0u);
+  EXPECT_EQ(b->num_computed, 0u);
+  EXPECT_TRUE(b->kv.blocks.empty());
+  EXPECT_EQ(b->state, RequestState::kWaiting);
+  EXPECT_EQ(b->num_output(), 1u);  // its output survives
+  EXPECT_EQ(sched_->num_waiting(), 1u);
+  EXPECT_EQ(sched_->waiting().front(), b);
+}
+
+TEST_F(SchedulerTest, PreemptedRequestGoesBeforeNewArrivalsAndRecomputes) {
+  Make(8, 1000, 4, 4);
+  Request* a = Add(8, 2);
+  Request* b = Add(8, 100, 50);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->Schedule(&out_);  // preempts b
+  ASSERT_EQ(out_.preempted.size(), 1u);
+  Execute(out_);
+  Request* c = Add(2, 100, 80);
+  sched_->Finish(a);  // a reached its 2 tokens
+  sched_->Schedule(&out_);
+  // b comes back first and recomputes prompt + output; not "first" again.
+  ASSERT_GE(out_.chunks.size(), 1u);
+  EXPECT_EQ(out_.chunks[0].request, b);
+  EXPECT_TRUE(std::find(out_.first_scheduled.begin(),
+                        out_.first_scheduled.end(),
+                        b) == out_.first_scheduled.end());
+  // b's freed prompt blocks stayed cached until a took one of them: the
+  // first is found again, the rest (prompt tail and output) recomputed.
+  EXPECT_EQ(out_.prefix_hits, 4u);
+  EXPECT_EQ(b->num_computed, 4u);
+  EXPECT_EQ(TokensFor(out_, b), 5u);
+  EXPECT_EQ(TokensFor(out_, c), 2u);
+}
+
+TEST_F(SchedulerTest, AStepThatPreemptsAdmitsNobody) {
+  Make(8, 1000, 4, 4);
+  Add(8);
+  Add(8, 100, 50);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  Request* c = Add(1, 100, 80);
+  sched_->Schedule(&out_);
+  ASSERT_EQ(out_.preempted.size(), 1u);
+  EXPECT_EQ(TokensFor(out_, c), 0u);
+}
+
+TEST_F(SchedulerTest, CountsPrefixCacheQueriesAndHits) {
+  Make(8, 1000, 100, 4);
+  Request* a = Add(10);  // 2 full blocks
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.prefix_queries, 10u);
+  EXPECT_EQ(out_.prefix_hits, 0u);
+  Execute(out_);
+  Request* b = Add(10);  // same prompt
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.prefix_queries, 10u);
+  EXPECT_EQ(out_.prefix_hits, 8u);
+  EXPECT_EQ(b->num_computed, 8u);
+  EXPECT_EQ(TokensFor(out_, b), 2u);
+  EXPECT_EQ(b->kv.blocks[0], a->kv.blocks[0]);
+}
+
+}  // namespace
+}  // namespace tokenmeter::engine
