@@ -1,0 +1,256 @@
+#!/usr/bin/python3
+"""Static checks of docs/grafana/tokenmeter.json and the rule files.
+
+No Grafana runs here, so this checks what makes a dashboard import cleanly
+and behave: the schema fields Grafana requires, a data source variable that
+every panel and target uses, the job/instance/model_name/engine variables,
+unique panel ids, a grid without overlaps, no undefined variable, and the
+panels the monitoring issue asks for. Every series the dashboard and the
+rules name must exist in docs/metrics.md (itself checked against the code's
+table by tests/docs/). live_prometheus_test.py proves the queries return
+data on a real Prometheus.
+"""
+import json
+import os
+import re
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
+                     os.path.dirname(os.path.dirname(HERE)))
+DASHBOARD = os.path.join(SRC, "docs", "grafana", "tokenmeter.json")
+METRICS_MD = os.path.join(SRC, "docs", "metrics.md")
+DOCS_PROM = os.path.join(SRC, "docs", "prometheus")
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
+PANEL_TYPES = {"row", "timeseries", "stat", "heatmap"}
+
+
+def catalog():
+    """Engine series suffixes and daemon series names from docs/metrics.md."""
+    with open(METRICS_MD) as f:
+        text = f.read()
+    engine = {}
+    for name, kind in re.findall(r"^\| `<ns>:([a-z0-9_]+)` \| (\w+) \|", text,
+                                 re.M):
+        engine[name] = kind
+    daemon = set(re.findall(r"^\| `((?:tokenmeter|process)_[a-z0-9_]+)` \|",
+                            text, re.M))
+    return engine, daemon
+
+
+def series_names(name, kind):
+    if kind == "histogram":
+        return {name + s for s in ("_bucket", "_sum", "_count")}
+    return {name}
+
+
+class Dashboard(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(DASHBOARD) as f:
+            cls.d = json.load(f)
+        cls.panels = cls.d["panels"]
+        cls.vars = {v["name"]: v for v in cls.d["templating"]["list"]}
+        cls.targets = [(p, t) for p in cls.panels
+                       for t in p.get("targets", [])]
+
+    def test_top_level_fields_grafana_needs(self):
+        d = self.d
+        self.assertIsInstance(d["schemaVersion"], int)
+        self.assertGreaterEqual(d["schemaVersion"], 36)  # Grafana 9+
+        self.assertRegex(d["uid"], r"^[a-zA-Z0-9_-]{1,40}$")
+        self.assertTrue(d["title"])
+        self.assertIsNone(d["id"])  # import assigns one
+        self.assertIn("from", d["time"])
+        self.assertIsInstance(d["panels"], list)
+        self.assertNotIn("__inputs", d)  # a datasource variable instead
+
+    def test_variables(self):
+        names = [v["name"] for v in self.d["templating"]["list"]]
+        self.assertEqual(names[0], "datasource")
+        for n in ("job", "namespace", "instance", "model_name", "engine"):
+            self.assertIn(n, names)
+        ds = self.vars["datasource"]
+        self.assertEqual((ds["type"], ds["query"]), ("datasource",
+                                                     "prometheus"))
+        for v in self.d["templating"]["list"][1:]:
+            self.assertEqual(v["type"], "query", v["name"])
+            self.assertEqual(v["datasource"], DS, v["name"])
+            self.assertEqual(v["definition"], v["query"]["query"], v["name"])
+            self.assertRegex(v["definition"], r"^label_values\(", v["name"])
+            # A variable uses only variables defined before it.
+            before = set(names[:names.index(v["name"])])
+            used = set(re.findall(r"\$\{?(\w+)", v["definition"]))
+            self.assertLessEqual(used, before, v["name"])
+        for n in ("instance", "model_name", "engine"):
+            v = self.vars[n]
+            self.assertTrue(v["multi"] and v["includeAll"], n)
+            self.assertEqual(v["allValue"], ".*", n)
+        for n in ("job", "namespace"):  # used with = and in metric names
+            self.assertFalse(self.vars[n]["multi"] or
+                             self.vars[n]["includeAll"], n)
+        self.assertEqual(self.vars["namespace"]["regex"],
+                         "/^([^:]+):num_requests_running$/")
+
+    def test_panels_ids_datasources_targets(self):
+        ids = [p["id"] for p in self.panels]
+        self.assertEqual(len(ids), len(set(ids)), "duplicate panel ids")
+        for p in self.panels:
+            self.assertIn(p["type"], PANEL_TYPES, p["title"])
+            self.assertTrue(p["title"])
+            if p["type"] == "row":
+                self.assertEqual(p.get("panels"), [], p["title"])
+                self.assertFalse(p.get("collapsed"), p["title"])
+                self.assertNotIn("targets", p)
+                continue
+            self.assertEqual(p["datasource"], DS, p["title"])
+            self.assertTrue(p.get("description"), p["title"])
+            self.assertTrue(p["targets"], p["title"])
+            refs = [t["refId"] for t in p["targets"]]
+            self.assertEqual(len(refs), len(set(refs)), p["title"])
+            for t in p["targets"]:
+                self.assertEqual(t["datasource"], DS, p["title"])
+                self.assertTrue(t["expr"].strip(), p["title"])
+            if p["type"] == "heatmap":
+                for t in p["targets"]:
+                    self.assertEqual(t.get("format"), "heatmap", p["title"])
+                    self.assertIn("by (le)", t["expr"], p["title"])
+
+    def test_grid_has_no_overlaps(self):
+        cells = {}
+        for p in self.panels:
+            g = p["gridPos"]
+            for k in ("h", "w", "x", "y"):
+                self.assertIsInstance(g[k], int, p["title"])
+            self.assertTrue(0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"])
+            self.assertTrue(g["w"] > 0 and g["h"] > 0, p["title"])
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    other = cells.setdefault((x, y), p["title"])
+                    self.assertEqual(other, p["title"],
+                                     f"{p['title']} overlaps {other}")
+
+    def test_every_variable_used_is_defined(self):
+        defined = set(self.vars) | BUILTINS
+        for p, t in self.targets:
+            used = {a or b for a, b in
+                    re.findall(r"\$\{(\w+)\}|\$(\w+)", t["expr"])}
+            self.assertLessEqual(used, defined, p["title"])
+            # Engine series name the namespace as ${namespace}: a bare
+            # $namespace: would still work, but ${} is unambiguous.
+            self.assertNotRegex(t["expr"], r"\$namespace:", p["title"])
+
+    def test_engine_series_filter_on_every_variable(self):
+        for p, t in self.targets:
+            for m in re.finditer(r"\$\{namespace\}:(\w+)\{([^}]*)\}",
+                                 t["expr"]):
+                for label in ("job", "instance", "model_name", "engine"):
+                    self.assertIn(f"{label}", m.group(2),
+                                  f"{p['title']}: {m.group(1)} lacks {label}")
+            for m in re.finditer(r"\b((?:tokenmeter|process)_\w+|up|"
+                                 r"scrape_duration_seconds)\{([^}]*)\}",
+                                 t["expr"]):
+                self.assertIn('job="$job"', m.group(2), p["title"])
+                self.assertIn('instance=~"$instance"', m.group(2),
+                              p["title"])
+
+    def test_every_series_named_exists_in_the_catalog(self):
+        engine, daemon = catalog()
+        self.assertGreater(len(engine), 20)
+        engine_series = set()
+        for name, kind in engine.items():
+            engine_series |= series_names(name, kind)
+        for p, t in self.targets:
+            for name in re.findall(r"\$\{namespace\}:(\w+)", t["expr"]):
+                self.assertIn(name, engine_series, p["title"])
+            for name in re.findall(r"\b((?:tokenmeter|process)_\w+)\{",
+                                   t["expr"]):
+                self.assertIn(name, daemon, p["title"])
+
+    def test_the_panels_the_issue_asks_for(self):
+        exprs = "\n".join(t["expr"] for _, t in self.targets)
+        for h in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                  "request_time_per_output_token_seconds",
+                  "e2e_request_latency_seconds"):
+            for q in ("0.5", "0.9", "0.99"):
+                self.assertIn(f"histogram_quantile({q}, sum by (le) "
+                              f"(rate(${{namespace}}:{h}_bucket", exprs)
+            self.assertIn(f"${{namespace}}:{h}_sum", exprs)
+            self.assertIn(f"${{namespace}}:{h}_count", exprs)
+        for name in ("request_queue_time_seconds_sum",
+                     "request_prefill_time_seconds_sum",
+                     "request_decode_time_seconds_sum",
+                     "prompt_tokens_total", "generation_tokens_total",
+                     "num_requests_running", "num_requests_waiting",
+                     "kv_cache_usage_perc", "prefix_cache_hits_total",
+                     "prefix_cache_queries_total", "request_success_total",
+                     "num_preemptions_total",
+                     "spec_decode_num_accepted_tokens_total",
+                     "spec_decode_num_draft_tokens_total",
+                     "spec_decode_num_accepted_tokens_per_pos_total",
+                     "request_prompt_tokens_bucket",
+                     "request_generation_tokens_bucket"):
+            self.assertIn(f"${{namespace}}:{name}", exprs)
+        for name in ("tokenmeter_ingest_connections",
+                     "tokenmeter_ingest_errors_total",
+                     "tokenmeter_client_dropped_events_total",
+                     "tokenmeter_scrape_duration_seconds", "up{"):
+            self.assertIn(name, exprs)
+        # Aggregation over hosts and engines: no engine series plotted raw.
+        for p, t in self.targets:
+            self.assertRegex(t["expr"], r"^(histogram_quantile|sum|max|avg|"
+                             r"1 \+ sum|up|tokenmeter_scrape|scrape_duration|"
+                             r"rate\(process|process_)", p["title"])
+
+
+class Rules(unittest.TestCase):
+    def rule_files(self):
+        return sorted(n for n in os.listdir(DOCS_PROM)
+                      if n.endswith((".rules.yml", ".alerts.yml")))
+
+    def test_rule_files_present(self):
+        self.assertEqual(self.rule_files(),
+                         ["lmdeploy-compat.rules.yml", "tokenmeter.alerts.yml",
+                          "tokenmeter.rules.yml"])
+
+    def test_every_series_named_exists_in_the_catalog(self):
+        engine, daemon = catalog()
+        engine_series = set()
+        for name, kind in engine.items():
+            engine_series |= series_names(name, kind)
+        for fname in self.rule_files():
+            with open(os.path.join(DOCS_PROM, fname)) as f:
+                text = f.read()
+            for name in re.findall(r'\[\^:\]\+:(\w+)"', text):
+                self.assertIn(name, engine_series, fname)
+            for name in re.findall(r"expr: lmdeploy:(\w+)", text):
+                self.assertIn(name, engine_series, fname)
+            for name in re.findall(r"\b(tokenmeter_\w+)\{", text):
+                self.assertIn(name, daemon, fname)
+
+    def test_the_alerts_the_issue_asks_for(self):
+        with open(os.path.join(DOCS_PROM, "tokenmeter.alerts.yml")) as f:
+            alerts = re.findall(r"- alert: (\w+)", f.read())
+        self.assertEqual(alerts, [
+            "TokenmeterTTFTP99High", "TokenmeterQueueGrowing",
+            "TokenmeterKVCacheNearFull", "TokenmeterIngestErrors",
+            "TokenmeterClientDroppedEvents", "TokenmeterDaemonDown"])
+        with open(os.path.join(DOCS_PROM, "tests",
+                               "tokenmeter.test.yml")) as f:
+            tested = set(re.findall(r"alertname: (\w+)", f.read()))
+        self.assertEqual(tested, set(alerts), "every alert has a unit test")
+
+    def test_recording_rules_cover_the_dashboard_quantiles(self):
+        with open(os.path.join(DOCS_PROM, "tokenmeter.rules.yml")) as f:
+            records = set(re.findall(r"- record: (\S+)", f.read()))
+        for h in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                  "request_time_per_output_token_seconds",
+                  "e2e_request_latency_seconds"):
+            for q in ("p50", "p90", "p99", "mean"):
+                self.assertIn(f"namespace_model:{h}:{q}_5m", records)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,182 @@
+"""A continuous-batching engine in miniature that speaks the ingest protocol
+(docs/protocol.md) to tokenmeterd in real time, so that every series a
+dashboard may query moves: arrivals, queueing, chunk-free prefill, decode
+with speculative decoding, preemptions, the four finish reasons, and STEP
+statistics with prefix-cache and per-position spec-decode keys.
+
+It stands in for engines this repository does not ship (vLLM, LMDeploy);
+the reference engine (tokenmeter-engine) is real and is preferred where it
+fits. Timestamps are time.monotonic_ns(), the daemon's clock.
+"""
+import collections
+import random
+import socket
+import threading
+import time
+
+import msgpack
+
+
+def _frame(*items):
+    return msgpack.packb(list(items), use_bin_type=True)
+
+
+class _Request:
+    __slots__ = ("rid", "prompt", "max_tokens", "target", "generated",
+                 "prefilled")
+
+    def __init__(self, rid, prompt, max_tokens, target):
+        self.rid = rid
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.target = target
+        self.generated = 0
+        self.prefilled = False
+
+
+class SimEngine(threading.Thread):
+    """Runs until stop(); one connection, one BATCH per engine step.
+
+    kv_floor: the KV-cache usage the engine never goes below (a value over
+    0.95 makes the KV-cache alert's condition true).
+    drops_per_s: dropped events the client reports per second in BATCH
+    dropped_total (the client-drops alert).
+    """
+
+    def __init__(self, sock_path, engine, model, instance="0", *,
+                 arrival_rate=8.0, step_s=0.025, max_running=6,
+                 spec_tokens=3, kv_floor=0.2, drops_per_s=0.0, seed=1):
+        super().__init__(daemon=True)
+        self.sock_path = sock_path
+        self.hello = {"proto": 1, "engine": engine, "model": model,
+                      "instance": instance, "pid": 1000 + seed}
+        self.arrival_rate = arrival_rate
+        self.step_s = step_s
+        self.max_running = max_running
+        self.spec_tokens = spec_tokens
+        self.kv_floor = kv_floor
+        self.drops_per_s = drops_per_s
+        self.rng = random.Random(seed)
+        self.error = None
+        self.finished = 0
+        self._halt = threading.Event()
+
+    def stop(self):
+        self._halt.set()
+        self.join(timeout=10)
+
+    def run(self):
+        try:
+            self._run()
+        except Exception as e:  # reported by the test, not lost in a thread
+            self.error = e
+
+    def _run(self):
+        rng = self.rng
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.sock_path)
+        s.sendall(_frame(0, self.hello))
+        waiting = collections.deque()
+        running = []
+        next_rid = 1
+        seq = 0
+        dropped = 0.0
+        start = time.monotonic()
+        next_arrival = start + rng.expovariate(self.arrival_rate)
+        step_no = 0
+        while not self._halt.is_set():
+            step_no += 1
+            # Sleep to the next step boundary (no drift under load).
+            delay = start + step_no * self.step_s - time.monotonic()
+            if delay > 0 and self._halt.wait(delay):
+                break
+            now = time.monotonic()
+            t = time.monotonic_ns()
+            events = []
+            # Arrivals since the last step, at their own instants.
+            while next_arrival <= now:
+                prompt = rng.randint(32, 1024)
+                max_tokens = rng.choice([16, 32, 64, 128])
+                target = rng.randint(4, max_tokens)
+                if rng.random() < 0.3:
+                    target = max_tokens  # finishes by length
+                r = _Request(next_rid, prompt, max_tokens, target)
+                next_rid += 1
+                at = t - int((now - next_arrival) * 1e9)
+                events.append([1, at, r.rid, prompt,
+                               {"max_tokens": max_tokens, "n": 1}])
+                events.append([2, at, r.rid])
+                waiting.append(r)
+                next_arrival += rng.expovariate(self.arrival_rate)
+            # Now and then the scheduler preempts the newest running request.
+            if running and rng.random() < 0.03:
+                r = running.pop()
+                r.prefilled = False  # recompute its prompt when rescheduled
+                events.append([6, t, r.rid])
+                waiting.appendleft(r)
+            # Admit waiting requests into free slots.
+            while waiting and len(running) < self.max_running:
+                r = waiting.popleft()
+                events.append([3, t, r.rid])
+                running.append(r)
+                r.prefilled = None  # prefill runs in the next step
+            stats = {"prompt_tokens": 0, "generation_tokens": 0,
+                     "prefix_queries": 0, "prefix_hits": 0,
+                     "spec_drafts": 0, "spec_draft_tokens": 0,
+                     "spec_accepted_tokens": 0}
+            per_pos = [0] * self.spec_tokens
+            still = []
+            for r in running:
+                if r.prefilled is None:  # admitted in this step: wait one
+                    r.prefilled = False
+                    still.append(r)
+                    continue
+                if not r.prefilled:
+                    r.prefilled = True
+                    stats["prompt_tokens"] += r.prompt
+                    stats["prefix_queries"] += r.prompt
+                    stats["prefix_hits"] += r.prompt * rng.choice([0, 1, 2]) // 4
+                    n = 1
+                elif self.spec_tokens:
+                    accepted = 0
+                    while (accepted < self.spec_tokens
+                           and rng.random() < 0.7):
+                        per_pos[accepted] += 1
+                        accepted += 1
+                    stats["spec_drafts"] += 1
+                    stats["spec_draft_tokens"] += self.spec_tokens
+                    stats["spec_accepted_tokens"] += accepted
+                    n = 1 + accepted
+                else:
+                    n = 1
+                n = min(n, r.target - r.generated)
+                r.generated += n
+                stats["generation_tokens"] += n
+                events.append([4, t, r.rid, n])
+                if r.generated >= r.target:
+                    if rng.random() < 0.03:
+                        reason = "abort"
+                    elif rng.random() < 0.01:
+                        reason = "error"
+                    elif r.target == r.max_tokens:
+                        reason = "length"
+                    else:
+                        reason = "stop"
+                    events.append([5, t, r.rid, reason])
+                    self.finished += 1
+                else:
+                    still.append(r)
+            running = still
+            held = sum(r.prompt + r.generated for r in running)
+            stats["running"] = len(running)
+            stats["waiting"] = len(waiting)
+            stats["kv_usage"] = min(1.0, self.kv_floor +
+                                    (1 - self.kv_floor) * held / 8192)
+            if self.spec_tokens:
+                stats["spec_accepted_per_pos"] = per_pos
+            events.append([7, t, stats])
+            dropped += self.drops_per_s * self.step_s
+            s.sendall(_frame(1, seq, int(dropped), events))
+            seq += 1
+        s.sendall(_frame(2))
+        s.close()
