@@ -1,0 +1,1046 @@
+#include "daemon/http/server.h"
+
+#include <llhttp.h>
+#include <netdb.h>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iterator>
+
+#include "daemon/http/negotiation.h"
+
+namespace tokenmeter::daemon::http {
+namespace {
+
+constexpr size_t kReadBufferBytes = 64 * 1024;
+constexpr int kListenBacklog = 511;
+// After the last response: how long, and how much, to keep reading and
+// discarding what the peer still sends before closing.
+constexpr uint32_t kLingerMs = 2000;
+constexpr size_t kLingerMaxBytes = 1024 * 1024;
+// Header names longer than this cannot be one we look at; only their
+// length is counted.
+constexpr size_t kMaxInterestingHeaderName = 32;
+// Compression runs on the loop thread: favour speed (metrics text still
+// shrinks about tenfold).
+constexpr int kGzipLevel = 1;
+
+std::string_view ReasonPhrase(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 304:
+      return "Not Modified";
+    case 400:
+      return "Bad Request";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Content Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
+  }
+}
+
+char ToLower(char c) { return (c >= 'A' && c <= 'Z') ? c - 'A' + 'a' : c; }
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (ToLower(a[i]) != ToLower(b[i])) return false;
+  }
+  return true;
+}
+
+bool StartsWithIgnoreCase(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() &&
+         EqualsIgnoreCase(s.substr(0, prefix.size()), prefix);
+}
+
+// Header text from a handler must not be able to split the response.
+bool IsSafeHeaderText(std::string_view s) {
+  return s.find_first_of(std::string_view("\r\n\0", 3)) ==
+         std::string_view::npos;
+}
+
+std::string UvError(int err) {
+  return fmt::format("{} ({})", uv_strerror(err), uv_err_name(err));
+}
+
+std::string FormatAddress(const struct sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const struct sockaddr_in*>(sa);
+    uv_ip4_name(in, host, sizeof(host));
+    return fmt::format("{}:{}", host, ntohs(in->sin_port));
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const struct sockaddr_in6*>(sa);
+    uv_ip6_name(in6, host, sizeof(host));
+    return fmt::format("[{}]:{}", host, ntohs(in6->sin6_port));
+  }
+  return "unknown address";
+}
+
+std::string PeerName(const uv_tcp_t* tcp) {
+  struct sockaddr_storage ss = {};
+  int len = sizeof(ss);
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<struct sockaddr*>(&ss), &len) !=
+      0) {
+    return "unknown peer";
+  }
+  return FormatAddress(reinterpret_cast<struct sockaddr*>(&ss));
+}
+
+// gzip (deflate with the gzip wrapper) of `in` into `out`; false on failure,
+// in which case the caller sends the body uncompressed.
+bool GzipCompress(std::string_view in, std::string* out) {
+  if (in.size() > UINT_MAX / 2) return false;
+  z_stream zs = {};
+  if (deflateInit2(&zs, kGzipLevel, Z_DEFLATED, 15 + 16, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
+    return false;
+  }
+  // deflateBound covers the gzip header and trailer for this stream.
+  out->resize(deflateBound(&zs, static_cast<uLong>(in.size())));
+  zs.next_in =
+      reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));  // zlib API
+  zs.avail_in = static_cast<uInt>(in.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out->data());
+  zs.avail_out = static_cast<uInt>(out->size());
+  int rc = deflate(&zs, Z_FINISH);
+  uLong produced = zs.total_out;
+  deflateEnd(&zs);
+  if (rc != Z_STREAM_END) return false;
+  out->resize(produced);
+  return true;
+}
+
+struct Target {
+  std::string_view path;
+  std::string_view query;
+};
+
+// Splits an origin-form ("/p?q") or absolute-form ("http://h/p?q") request
+// target into path and query.
+Target SplitTarget(std::string_view url) {
+  std::string_view rest = url;
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (StartsWithIgnoreCase(rest, scheme)) {
+      rest.remove_prefix(scheme.size());
+      size_t path_start = rest.find_first_of("/?");
+      rest = path_start == std::string_view::npos ? std::string_view()
+                                                  : rest.substr(path_start);
+      if (rest.empty() || rest[0] == '?') {
+        Target t{"/", rest.empty() ? rest : rest.substr(1)};
+        return t;
+      }
+      break;
+    }
+  }
+  size_t q = rest.find('?');
+  if (q == std::string_view::npos) return Target{rest, {}};
+  return Target{rest.substr(0, q), rest.substr(q + 1)};
+}
+
+bool ParsePort(std::string_view text, uint16_t* port) {
+  if (text.empty() || text.size() > 5) return false;
+  uint32_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (value > 65535) return false;
+  *port = static_cast<uint16_t>(value);
+  return true;
+}
+
+}  // namespace
+
+struct Server::Listener {
+  uv_tcp_t tcp;
+  Server* server;
+};
+
+// One accepted connection. Owns its uv_tcp_t and uv_timer_t; it is freed
+// (through Server::OnConnectionClosed) when the second close callback runs.
+class Server::Connection {
+ public:
+  explicit Connection(Server* server);
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Accepts the pending connection of `listener` and starts reading.
+  void Start(uv_stream_t* listener);
+  // Closes both handles (idempotent); the object is freed later.
+  void Close();
+
+  std::list<std::unique_ptr<Connection>>::iterator self;
+
+ private:
+  enum class State { kReading, kWriting, kLingering, kClosing };
+  enum class TimerKind { kHeader, kIdle, kWrite, kLinger };
+  enum class Capture { kNone, kAccept, kAcceptEncoding };
+
+  static const llhttp_settings_t* Settings();
+  static Connection* From(llhttp_t* parser) {
+    return static_cast<Connection*>(parser->data);
+  }
+
+  static void OnAlloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
+  static void OnRead(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
+  static void OnWrite(uv_write_t* req, int status);
+  static void OnShutdown(uv_shutdown_t* req, int status);
+  static void OnTimer(uv_timer_t* timer);
+  static void OnClose(uv_handle_t* handle);
+
+  static int OnMessageBegin(llhttp_t* parser);
+  static int OnUrl(llhttp_t* parser, const char* at, size_t length);
+  static int OnHeaderField(llhttp_t* parser, const char* at, size_t length);
+  static int OnHeaderFieldComplete(llhttp_t* parser);
+  static int OnHeaderValue(llhttp_t* parser, const char* at, size_t length);
+  static int OnHeaderValueComplete(llhttp_t* parser);
+  static int OnHeadersComplete(llhttp_t* parser);
+  static int OnBody(llhttp_t* parser, const char* at, size_t length);
+  static int OnMessageComplete(llhttp_t* parser);
+
+  uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&tcp_); }
+  const ServerOptions& options() const { return server_->options_; }
+
+  void StartReading();
+  void Feed(const char* data, size_t length);
+  // 0 when the current request may reach its handler, else 404 or 405.
+  int RouteCheck(Target target, const Handler** handler) const;
+  void HandleRequest();
+  void AfterResponse();
+  void Respond(Response& response, bool head, bool close_after);
+  void SendErrorAndClose(int status);
+  void BeginLingeringClose();
+  void ArmTimer(TimerKind kind, uint32_t ms);
+  bool AddHeaderBytes(size_t n);
+  void ResetRequest();
+
+  Server* server_;
+  uv_tcp_t tcp_;
+  uv_timer_t timer_;
+  uv_write_t write_req_;
+  uv_shutdown_t shutdown_req_;
+  int open_handles_ = 0;
+  State state_ = State::kReading;
+  TimerKind timer_kind_ = TimerKind::kHeader;
+  std::string peer_;
+  llhttp_t parser_;
+
+  // The request being parsed; each capped by max_header_bytes.
+  std::string url_;
+  std::string header_field_;
+  std::string accept_;
+  std::string accept_encoding_;
+  Capture capture_ = Capture::kNone;
+  size_t header_bytes_ = 0;
+  uint64_t body_bytes_ = 0;
+  int error_status_ = 0;  // 431 or 413, set by a parser callback.
+  bool message_in_progress_ = false;
+  bool upgrade_ = false;
+  bool keep_alive_ = false;
+  bool http10_ = false;
+
+  // Bytes read after a complete request and not yet parsed (a pipelined
+  // request): at most one read buffer.
+  std::string pending_;
+  // The response being written.
+  std::string out_head_;
+  std::string out_body_;
+  bool close_after_write_ = false;
+  size_t lingered_bytes_ = 0;
+};
+
+const llhttp_settings_t* Server::Connection::Settings() {
+  static const llhttp_settings_t settings = [] {
+    llhttp_settings_t s;
+    llhttp_settings_init(&s);
+    s.on_message_begin = &Connection::OnMessageBegin;
+    s.on_url = &Connection::OnUrl;
+    s.on_header_field = &Connection::OnHeaderField;
+    s.on_header_field_complete = &Connection::OnHeaderFieldComplete;
+    s.on_header_value = &Connection::OnHeaderValue;
+    s.on_header_value_complete = &Connection::OnHeaderValueComplete;
+    s.on_headers_complete = &Connection::OnHeadersComplete;
+    s.on_body = &Connection::OnBody;
+    s.on_message_complete = &Connection::OnMessageComplete;
+    return s;
+  }();
+  return &settings;
+}
+
+Server::Connection::Connection(Server* server) : server_(server) {
+  if (uv_tcp_init(server_->loop_, &tcp_) != 0 ||
+      uv_timer_init(server_->loop_, &timer_) != 0) {
+    spdlog::critical("HTTP: cannot initialize a connection handle");
+    std::abort();
+  }
+  open_handles_ = 2;
+  tcp_.data = this;
+  timer_.data = this;
+  write_req_.data = this;
+  shutdown_req_.data = this;
+  llhttp_init(&parser_, HTTP_REQUEST, Settings());
+  parser_.data = this;
+}
+
+void Server::Connection::Start(uv_stream_t* listener) {
+  int rc = uv_accept(listener, stream());
+  if (rc != 0) {
+    spdlog::warn("HTTP: accept failed: {}", UvError(rc));
+    Close();
+    return;
+  }
+  peer_ = PeerName(&tcp_);
+  uv_tcp_nodelay(&tcp_, 1);
+  ArmTimer(TimerKind::kHeader, options().header_timeout_ms);
+  StartReading();
+}
+
+void Server::Connection::Close() {
+  if (state_ == State::kClosing) return;
+  state_ = State::kClosing;
+  uv_close(reinterpret_cast<uv_handle_t*>(&timer_), &Connection::OnClose);
+  uv_close(reinterpret_cast<uv_handle_t*>(&tcp_), &Connection::OnClose);
+}
+
+void Server::Connection::OnClose(uv_handle_t* handle) {
+  auto* c = static_cast<Connection*>(handle->data);
+  if (--c->open_handles_ == 0) c->server_->OnConnectionClosed(c);
+}
+
+void Server::Connection::StartReading() {
+  int rc = uv_read_start(stream(), &Connection::OnAlloc, &Connection::OnRead);
+  if (rc != 0) {
+    spdlog::debug("HTTP: {}: cannot read: {}", peer_, UvError(rc));
+    Close();
+  }
+}
+
+void Server::Connection::OnAlloc(uv_handle_t* handle, size_t /*suggested*/,
+                                 uv_buf_t* buf) {
+  auto* c = static_cast<Connection*>(handle->data);
+  *buf = uv_buf_init(c->server_->read_buffer_.get(), kReadBufferBytes);
+}
+
+void Server::Connection::OnRead(uv_stream_t* stream, ssize_t nread,
+                                const uv_buf_t* buf) {
+  auto* c = static_cast<Connection*>(stream->data);
+  if (c->state_ == State::kClosing || nread == 0) return;
+  if (c->state_ == State::kLingering) {
+    c->lingered_bytes_ += nread > 0 ? static_cast<size_t>(nread) : 0;
+    if (nread < 0 || c->lingered_bytes_ > kLingerMaxBytes) c->Close();
+    return;
+  }
+  if (nread < 0) {
+    if (nread != UV_EOF) {
+      spdlog::debug("HTTP: {}: read failed: {}", c->peer_,
+                    UvError(static_cast<int>(nread)));
+    }
+    c->Close();
+    return;
+  }
+  if (c->state_ != State::kReading) return;  // Reading is stopped; unreachable.
+  c->Feed(buf->base, static_cast<size_t>(nread));
+}
+
+void Server::Connection::Feed(const char* data, size_t length) {
+  llhttp_errno_t err = llhttp_execute(&parser_, data, length);
+  if (err == HPE_OK) return;
+  if (err == HPE_PAUSED) {
+    // OnMessageComplete paused right after the request; what follows is
+    // the next pipelined request, parsed once this one is answered.
+    const char* pos = llhttp_get_error_pos(&parser_);
+    pending_.assign(pos, static_cast<size_t>(data + length - pos));
+    HandleRequest();
+    return;
+  }
+  if (err == HPE_PAUSED_UPGRADE) {
+    // Only reachable by resuming past an upgrade request, which always
+    // closes the connection.
+    Close();
+    return;
+  }
+  server_->protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  int status = error_status_ != 0 ? error_status_ : 400;
+  if (status == 431) {
+    spdlog::warn(
+        "HTTP: {}: request headers over {} bytes; answering 431 "
+        "and closing",
+        peer_, options().max_header_bytes);
+  } else if (status == 413) {
+    spdlog::warn("HTTP: {}: request body over {} bytes; closing", peer_,
+                 options().max_body_bytes);
+  } else {
+    spdlog::warn(
+        "HTTP: {}: malformed request ({}: {}); answering 400 and "
+        "closing",
+        peer_, llhttp_errno_name(err),
+        llhttp_get_error_reason(&parser_) != nullptr
+            ? llhttp_get_error_reason(&parser_)
+            : "");
+  }
+  SendErrorAndClose(status);
+}
+
+int Server::Connection::RouteCheck(Target target,
+                                   const Handler** handler) const {
+  auto it = server_->routes_.find(target.path);
+  if (it == server_->routes_.end()) return 404;
+  if (parser_.method != HTTP_GET && parser_.method != HTTP_HEAD) return 405;
+  *handler = &it->second;
+  return 0;
+}
+
+void Server::Connection::HandleRequest() {
+  server_->requests_served_.fetch_add(1, std::memory_order_relaxed);
+  auto method = static_cast<llhttp_method_t>(parser_.method);
+  bool head = method == HTTP_HEAD;
+  Target target = SplitTarget(url_);
+  const Handler* handler = nullptr;
+  int route_status = RouteCheck(target, &handler);
+  Response response;
+  if (route_status == 404) {
+    response.status = 404;
+    response.body = "404 page not found\n";
+  } else if (route_status == 405) {
+    response.status = 405;
+    response.body = "405 method not allowed\n";
+    response.headers.emplace_back("Allow", "GET, HEAD");
+  } else {
+    Request request{llhttp_method_name(method), target.path, target.query,
+                    accept_, accept_encoding_};
+    try {
+      (*handler)(request, response);
+    } catch (const std::exception& e) {
+      spdlog::error("HTTP: handler for {} failed: {}", target.path, e.what());
+      response = Response();
+      response.status = 500;
+      response.body = "500 internal server error\n";
+    } catch (...) {
+      spdlog::error("HTTP: handler for {} failed", target.path);
+      response = Response();
+      response.status = 500;
+      response.body = "500 internal server error\n";
+    }
+  }
+  Respond(response, head, !keep_alive_ || server_->closing_);
+}
+
+void Server::Connection::SendErrorAndClose(int status) {
+  Response response;
+  response.status = status;
+  bool head = false;
+  if (status == 413) {
+    // The request line and headers are complete: a wrong path or method is
+    // the more useful answer.
+    const Handler* handler = nullptr;
+    int route_status = RouteCheck(SplitTarget(url_), &handler);
+    if (route_status != 0) response.status = route_status;
+    if (route_status == 405)
+      response.headers.emplace_back("Allow", "GET, HEAD");
+    head = parser_.method == HTTP_HEAD;
+  }
+  response.body =
+      fmt::format("{} {}\n", response.status, ReasonPhrase(response.status));
+  Respond(response, head, /*close_after=*/true);
+}
+
+void Server::Connection::Respond(Response& response, bool head,
+                                 bool close_after) {
+  if (state_ == State::kClosing) return;  // The handler closed the server.
+  bool gzip = false;
+  if (response.compressible &&
+      response.body.size() >= options().gzip_min_bytes &&
+      AcceptsGzip(accept_encoding_)) {
+    std::string compressed;
+    if (GzipCompress(response.body, &compressed)) {
+      response.body.swap(compressed);
+      gzip = true;
+    }
+  }
+  int status = response.status;
+  if (status < 100 || status > 999) status = 500;
+  out_head_.clear();
+  out_head_ += fmt::format("HTTP/1.1 {} {}\r\n", status, ReasonPhrase(status));
+  if (!response.content_type.empty() &&
+      IsSafeHeaderText(response.content_type)) {
+    out_head_ += fmt::format("Content-Type: {}\r\n", response.content_type);
+  }
+  out_head_ += fmt::format("Content-Length: {}\r\n", response.body.size());
+  if (gzip) out_head_ += "Content-Encoding: gzip\r\n";
+  if (response.compressible) out_head_ += "Vary: Accept-Encoding\r\n";
+  for (const auto& [name, value] : response.headers) {
+    if (name.empty() || !IsSafeHeaderText(name) || !IsSafeHeaderText(value) ||
+        EqualsIgnoreCase(name, "Content-Length") ||
+        EqualsIgnoreCase(name, "Transfer-Encoding") ||
+        EqualsIgnoreCase(name, "Connection")) {
+      continue;
+    }
+    out_head_ += fmt::format("{}: {}\r\n", name, value);
+  }
+  if (close_after) {
+    out_head_ += "Connection: close\r\n";
+  } else if (http10_) {
+    out_head_ += "Connection: keep-alive\r\n";
+  }
+  out_head_ += "\r\n";
+  if (head) {
+    out_body_.clear();
+  } else {
+    out_body_ = std::move(response.body);
+  }
+  close_after_write_ = close_after;
+
+  // No reading while the response is out: a client that pipelines without
+  // reading answers cannot make the server buffer without bound.
+  uv_read_stop(stream());
+  state_ = State::kWriting;
+  ArmTimer(TimerKind::kWrite, options().idle_timeout_ms);
+  uv_buf_t bufs[2] = {
+      uv_buf_init(out_head_.data(), static_cast<unsigned>(out_head_.size())),
+      uv_buf_init(out_body_.data(), static_cast<unsigned>(out_body_.size())),
+  };
+  int rc = uv_write(&write_req_, stream(), bufs, out_body_.empty() ? 1 : 2,
+                    &Connection::OnWrite);
+  if (rc != 0) {
+    spdlog::debug("HTTP: {}: write failed: {}", peer_, UvError(rc));
+    Close();
+  }
+}
+
+void Server::Connection::OnWrite(uv_write_t* req, int status) {
+  auto* c = static_cast<Connection*>(req->data);
+  if (c->state_ == State::kClosing) return;  // Cancelled by Close().
+  std::string().swap(c->out_body_);  // Large bodies are not kept around.
+  if (status < 0) {
+    spdlog::debug("HTTP: {}: write failed: {}", c->peer_, UvError(status));
+    c->Close();
+    return;
+  }
+  if (c->close_after_write_) {
+    c->BeginLingeringClose();
+  } else {
+    c->AfterResponse();
+  }
+}
+
+void Server::Connection::AfterResponse() {
+  llhttp_resume(&parser_);
+  state_ = State::kReading;
+  uv_timer_stop(&timer_);
+  if (!pending_.empty()) {
+    std::string pending;
+    pending.swap(pending_);
+    Feed(pending.data(), pending.size());
+    if (state_ != State::kReading) return;  // Answering the next request.
+  }
+  // OnMessageBegin armed the header timer if part of a request is here.
+  if (!message_in_progress_) {
+    ArmTimer(TimerKind::kIdle, options().idle_timeout_ms);
+  }
+  StartReading();
+}
+
+void Server::Connection::BeginLingeringClose() {
+  state_ = State::kLingering;
+  int rc = uv_shutdown(&shutdown_req_, stream(), &Connection::OnShutdown);
+  if (rc != 0) {
+    Close();
+    return;
+  }
+  ArmTimer(TimerKind::kLinger, kLingerMs);
+  StartReading();
+}
+
+void Server::Connection::OnShutdown(uv_shutdown_t* req, int status) {
+  auto* c = static_cast<Connection*>(req->data);
+  if (c->state_ == State::kClosing) return;
+  if (status < 0) c->Close();
+  // Otherwise keep discarding input until EOF or the linger timer.
+}
+
+void Server::Connection::ArmTimer(TimerKind kind, uint32_t ms) {
+  timer_kind_ = kind;
+  if (ms == 0) {
+    uv_timer_stop(&timer_);
+    return;
+  }
+  uv_timer_start(&timer_, &Connection::OnTimer, ms, 0);
+}
+
+void Server::Connection::OnTimer(uv_timer_t* timer) {
+  auto* c = static_cast<Connection*>(timer->data);
+  if (c->state_ == State::kClosing) return;
+  switch (c->timer_kind_) {
+    case TimerKind::kHeader:
+      if (c->state_ != State::kReading) return;
+      if (c->message_in_progress_) {
+        c->server_->protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        spdlog::warn(
+            "HTTP: {}: request not complete within {} ms; "
+            "answering 408 and closing",
+            c->peer_, c->options().header_timeout_ms);
+        c->SendErrorAndClose(408);
+      } else {
+        spdlog::debug("HTTP: {}: no request within {} ms; closing", c->peer_,
+                      c->options().header_timeout_ms);
+        c->Close();
+      }
+      return;
+    case TimerKind::kIdle:
+      spdlog::debug("HTTP: {}: idle for {} ms; closing", c->peer_,
+                    c->options().idle_timeout_ms);
+      c->Close();
+      return;
+    case TimerKind::kWrite:
+      spdlog::warn("HTTP: {}: response not taken within {} ms; closing",
+                   c->peer_, c->options().idle_timeout_ms);
+      c->Close();
+      return;
+    case TimerKind::kLinger:
+      c->Close();
+      return;
+  }
+}
+
+void Server::Connection::ResetRequest() {
+  url_.clear();
+  header_field_.clear();
+  accept_.clear();
+  accept_encoding_.clear();
+  capture_ = Capture::kNone;
+  header_bytes_ = 0;
+  body_bytes_ = 0;
+  error_status_ = 0;
+  upgrade_ = false;
+  keep_alive_ = false;
+  http10_ = false;
+}
+
+bool Server::Connection::AddHeaderBytes(size_t n) {
+  header_bytes_ += n;
+  if (header_bytes_ <= options().max_header_bytes) return true;
+  error_status_ = 431;
+  return false;
+}
+
+int Server::Connection::OnMessageBegin(llhttp_t* parser) {
+  Connection* c = From(parser);
+  c->ResetRequest();
+  c->message_in_progress_ = true;
+  c->ArmTimer(TimerKind::kHeader, c->options().header_timeout_ms);
+  return 0;
+}
+
+int Server::Connection::OnUrl(llhttp_t* parser, const char* at, size_t length) {
+  Connection* c = From(parser);
+  if (!c->AddHeaderBytes(length)) return -1;
+  c->url_.append(at, length);
+  return 0;
+}
+
+int Server::Connection::OnHeaderField(llhttp_t* parser, const char* at,
+                                      size_t length) {
+  Connection* c = From(parser);
+  if (!c->AddHeaderBytes(length)) return -1;
+  size_t room =
+      kMaxInterestingHeaderName + 1 -
+      std::min(c->header_field_.size(), kMaxInterestingHeaderName + 1);
+  c->header_field_.append(at, std::min(length, room));
+  return 0;
+}
+
+int Server::Connection::OnHeaderFieldComplete(llhttp_t* parser) {
+  Connection* c = From(parser);
+  // ": " and CRLF of the line.
+  if (!c->AddHeaderBytes(4)) return -1;
+  std::string* target = nullptr;
+  if (EqualsIgnoreCase(c->header_field_, "accept")) {
+    c->capture_ = Capture::kAccept;
+    target = &c->accept_;
+  } else if (EqualsIgnoreCase(c->header_field_, "accept-encoding")) {
+    c->capture_ = Capture::kAcceptEncoding;
+    target = &c->accept_encoding_;
+  } else {
+    c->capture_ = Capture::kNone;
+  }
+  // A repeated header is the same as one joined by commas (RFC 9110 5.3).
+  if (target != nullptr && !target->empty()) target->append(", ");
+  c->header_field_.clear();
+  return 0;
+}
+
+int Server::Connection::OnHeaderValue(llhttp_t* parser, const char* at,
+                                      size_t length) {
+  Connection* c = From(parser);
+  if (!c->AddHeaderBytes(length)) return -1;
+  if (c->capture_ == Capture::kAccept) {
+    c->accept_.append(at, length);
+  } else if (c->capture_ == Capture::kAcceptEncoding) {
+    c->accept_encoding_.append(at, length);
+  }
+  return 0;
+}
+
+int Server::Connection::OnHeaderValueComplete(llhttp_t* parser) {
+  From(parser)->capture_ = Capture::kNone;
+  return 0;
+}
+
+int Server::Connection::OnHeadersComplete(llhttp_t* parser) {
+  Connection* c = From(parser);
+  c->upgrade_ = parser->upgrade != 0;
+  if ((parser->flags & F_CONTENT_LENGTH) != 0 &&
+      parser->content_length > c->options().max_body_bytes) {
+    c->error_status_ = 413;
+    return -1;
+  }
+  return 0;
+}
+
+int Server::Connection::OnBody(llhttp_t* parser, const char* /*at*/,
+                               size_t length) {
+  Connection* c = From(parser);
+  c->body_bytes_ += length;
+  if (c->body_bytes_ > c->options().max_body_bytes) {
+    c->error_status_ = 413;
+    return -1;
+  }
+  return 0;
+}
+
+int Server::Connection::OnMessageComplete(llhttp_t* parser) {
+  Connection* c = From(parser);
+  c->message_in_progress_ = false;
+  // We never switch protocols, so an upgrade request ends the connection.
+  c->keep_alive_ = llhttp_should_keep_alive(parser) != 0 && !c->upgrade_;
+  c->http10_ = parser->http_major == 1 && parser->http_minor == 0;
+  uv_timer_stop(&c->timer_);
+  return HPE_PAUSED;
+}
+
+Server::Server(uv_loop_t* loop, ServerOptions options)
+    : loop_(loop),
+      options_(options),
+      read_buffer_(std::make_unique<char[]>(kReadBufferBytes)) {}
+
+Server::~Server() {
+  if (open_handles_ != 0) {
+    spdlog::critical("HTTP: server destroyed with {} open handles",
+                     open_handles_);
+    std::abort();
+  }
+}
+
+void Server::AddRoute(std::string path, Handler handler) {
+  routes_[std::move(path)] = std::move(handler);
+}
+
+Status Server::Listen(std::string_view host_port) {
+  listen_attempted_ = true;
+  auto fail = [host_port](std::string_view why) {
+    return Status::Error(fmt::format("cannot listen on HTTP address \"{}\": {}",
+                                     host_port, why));
+  };
+  if (closing_) return fail("the server is closing");
+
+  std::string host;
+  std::string_view port_text;
+  bool bracketed = false;
+  if (!host_port.empty() && host_port[0] == '[') {
+    size_t end = host_port.find(']');
+    if (end == std::string_view::npos || end + 1 >= host_port.size() ||
+        host_port[end + 1] != ':' || end == 1) {
+      return fail("expected [IPV6]:PORT");
+    }
+    host = std::string(host_port.substr(1, end - 1));
+    port_text = host_port.substr(end + 2);
+    bracketed = true;
+  } else {
+    size_t colon = host_port.rfind(':');
+    if (colon == std::string_view::npos) {
+      return fail("expected HOST:PORT, :PORT or [IPV6]:PORT");
+    }
+    host = std::string(host_port.substr(0, colon));
+    port_text = host_port.substr(colon + 1);
+    if (host.find(':') != std::string::npos) {
+      return fail("an IPv6 address needs brackets, as in [::1]:PORT");
+    }
+  }
+  uint16_t port = 0;
+  if (!ParsePort(port_text, &port)) {
+    return fail(fmt::format("bad port \"{}\" (want 0-65535)", port_text));
+  }
+
+  if (host.empty()) {
+    struct sockaddr_in6 any6 = {};
+    uv_ip6_addr("::", port, &any6);
+    int rc = BindAndListen(reinterpret_cast<struct sockaddr*>(&any6));
+    if (rc == 0) return Status::Ok();
+    if (rc == UV_EADDRINUSE || rc == UV_EACCES) return fail(UvError(rc));
+    // No IPv6 here: every IPv4 interface instead.
+    struct sockaddr_in any4 = {};
+    uv_ip4_addr("0.0.0.0", port, &any4);
+    rc = BindAndListen(reinterpret_cast<struct sockaddr*>(&any4));
+    if (rc != 0) return fail(UvError(rc));
+    return Status::Ok();
+  }
+
+  struct sockaddr_storage addr = {};
+  if (bracketed) {
+    if (uv_ip6_addr(host.c_str(), port,
+                    reinterpret_cast<struct sockaddr_in6*>(&addr)) != 0) {
+      return fail(fmt::format("\"{}\" is not an IPv6 address", host));
+    }
+  } else if (uv_ip4_addr(host.c_str(), port,
+                         reinterpret_cast<struct sockaddr_in*>(&addr)) != 0) {
+    // A host name: resolved once, at start-up, so blocking is fine.
+    struct addrinfo hints = {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_ADDRCONFIG;
+    struct addrinfo* result = nullptr;
+    int gai = getaddrinfo(host.c_str(), nullptr, &hints, &result);
+    if (gai != 0 || result == nullptr) {
+      return fail(fmt::format("cannot resolve \"{}\": {}", host,
+                              gai != 0 ? gai_strerror(gai) : "no address"));
+    }
+    std::memcpy(&addr, result->ai_addr,
+                std::min<size_t>(result->ai_addrlen, sizeof(addr)));
+    freeaddrinfo(result);
+    if (addr.ss_family == AF_INET) {
+      reinterpret_cast<struct sockaddr_in*>(&addr)->sin_port = htons(port);
+    } else if (addr.ss_family == AF_INET6) {
+      reinterpret_cast<struct sockaddr_in6*>(&addr)->sin6_port = htons(port);
+    } else {
+      return fail(fmt::format("\"{}\" has no IP address", host));
+    }
+  }
+  int rc = BindAndListen(reinterpret_cast<struct sockaddr*>(&addr));
+  if (rc != 0) return fail(UvError(rc));
+  return Status::Ok();
+}
+
+Status Server::Adopt(int fd) {
+  listen_attempted_ = true;
+  auto fail = [fd](std::string_view why) {
+    close(fd);
+    return Status::Error(
+        fmt::format("cannot use inherited HTTP socket (fd {}): {}", fd, why));
+  };
+  if (closing_) return fail("the server is closing");
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) {
+    return fail(UvError(uv_translate_sys_error(errno)));
+  }
+  if (type != SOCK_STREAM) return fail("not a stream socket");
+  int accepting = 0;
+  len = sizeof(accepting);
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 ||
+      accepting == 0) {
+    return fail("not a listening socket");
+  }
+  struct sockaddr_storage addr = {};
+  len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<struct sockaddr*>(&addr), &len) != 0 ||
+      (addr.ss_family != AF_INET && addr.ss_family != AF_INET6)) {
+    return fail("not a TCP socket");
+  }
+
+  auto* listener = new Listener{};
+  listener->server = this;
+  int rc = uv_tcp_init(loop_, &listener->tcp);
+  if (rc != 0) {
+    delete listener;
+    return fail(UvError(rc));
+  }
+  listener->tcp.data = listener;
+  listeners_.push_back(listener);
+  ++open_handles_;
+  rc = uv_tcp_open(&listener->tcp, fd);
+  if (rc != 0) {
+    CloseListener(listener);
+    return fail(UvError(rc));
+  }
+  rc = StartListener(listener);
+  if (rc != 0) {
+    CloseListener(listener);  // Closes fd.
+    return Status::Error(fmt::format(
+        "cannot use inherited HTTP socket (fd {}): {}", fd, UvError(rc)));
+  }
+  return Status::Ok();
+}
+
+int Server::BindAndListen(const struct sockaddr* addr) {
+  auto* listener = new Listener{};
+  listener->server = this;
+  int rc = uv_tcp_init(loop_, &listener->tcp);
+  if (rc != 0) {
+    delete listener;
+    return rc;
+  }
+  listener->tcp.data = listener;
+  listeners_.push_back(listener);
+  ++open_handles_;
+  // libuv reports some bind errors (EADDRINUSE) only at listen time.
+  rc = uv_tcp_bind(&listener->tcp, addr, 0);
+  if (rc == 0) rc = StartListener(listener);
+  if (rc != 0) CloseListener(listener);
+  return rc;
+}
+
+int Server::StartListener(Listener* listener) {
+  int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener->tcp),
+                     kListenBacklog, &Server::OnConnection);
+  if (rc != 0) return rc;
+  struct sockaddr_storage addr = {};
+  int len = sizeof(addr);
+  if (uv_tcp_getsockname(&listener->tcp,
+                         reinterpret_cast<struct sockaddr*>(&addr),
+                         &len) == 0) {
+    uint16_t port = 0;
+    if (addr.ss_family == AF_INET) {
+      port = ntohs(reinterpret_cast<struct sockaddr_in*>(&addr)->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      port = ntohs(reinterpret_cast<struct sockaddr_in6*>(&addr)->sin6_port);
+    }
+    if (port_ == 0) port_ = port;
+    spdlog::info("HTTP: listening on {}",
+                 FormatAddress(reinterpret_cast<struct sockaddr*>(&addr)));
+  }
+  return 0;
+}
+
+void Server::CloseListener(Listener* listener) {
+  auto* handle = reinterpret_cast<uv_handle_t*>(&listener->tcp);
+  if (!uv_is_closing(handle)) uv_close(handle, &Server::OnListenerClosed);
+}
+
+void Server::OnListenerClosed(uv_handle_t* handle) {
+  auto* listener = static_cast<Listener*>(handle->data);
+  Server* server = listener->server;
+  auto& all = server->listeners_;
+  all.erase(std::remove(all.begin(), all.end(), listener), all.end());
+  delete listener;
+  server->OnHandleClosed();
+}
+
+void Server::OnConnection(uv_stream_t* stream, int status) {
+  Server* server = static_cast<Listener*>(stream->data)->server;
+  if (status < 0) {
+    // EMFILE and the like arrive in bursts; say so once per burst.
+    if (!server->accept_failing_) {
+      spdlog::warn("HTTP: accept failed: {}", UvError(status));
+    }
+    server->accept_failing_ = true;
+    return;
+  }
+  if (server->closing_) return;
+  if (server->connections_count_.load(std::memory_order_relaxed) >=
+      server->options_.max_connections) {
+    server->Reject(stream);
+  } else {
+    server->Accept(stream);
+  }
+}
+
+void Server::Accept(uv_stream_t* listener) {
+  rejecting_ = false;
+  accept_failing_ = false;
+  auto owned = std::make_unique<Connection>(this);
+  Connection* connection = owned.get();
+  connection_list_.push_back(std::move(owned));
+  connection->self = std::prev(connection_list_.end());
+  ++open_handles_;
+  connections_count_.fetch_add(1, std::memory_order_relaxed);
+  connection->Start(listener);
+}
+
+void Server::Reject(uv_stream_t* listener) {
+  auto* tcp = new uv_tcp_t;
+  if (uv_tcp_init(loop_, tcp) != 0) {
+    delete tcp;
+    return;
+  }
+  tcp->data = this;
+  ++open_handles_;
+  connections_rejected_.fetch_add(1, std::memory_order_relaxed);
+  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(tcp)) == 0 &&
+      !rejecting_) {
+    spdlog::warn(
+        "HTTP: {} connections open (max_connections); closing the "
+        "new one from {} and any more until one ends",
+        options_.max_connections, PeerName(tcp));
+    rejecting_ = true;
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(tcp), &Server::OnRejectedClosed);
+}
+
+void Server::OnRejectedClosed(uv_handle_t* handle) {
+  auto* server = static_cast<Server*>(handle->data);
+  delete reinterpret_cast<uv_tcp_t*>(handle);
+  server->OnHandleClosed();
+}
+
+void Server::OnConnectionClosed(Connection* connection) {
+  connections_count_.fetch_sub(1, std::memory_order_relaxed);
+  connection_list_.erase(connection->self);  // Frees the connection.
+  OnHandleClosed();
+}
+
+void Server::OnHandleClosed() {
+  --open_handles_;
+  FinishCloseIfDone();
+}
+
+void Server::Close(std::function<void()> done) {
+  closing_ = true;
+  close_done_ = std::move(done);
+  // Copies: close callbacks run later, but stay safe against reentry.
+  std::vector<Listener*> listeners = listeners_;
+  for (Listener* listener : listeners) CloseListener(listener);
+  for (auto& connection : connection_list_) connection->Close();
+  FinishCloseIfDone();
+}
+
+void Server::FinishCloseIfDone() {
+  if (!closing_ || open_handles_ != 0 || !close_done_) return;
+  std::function<void()> done = std::move(close_done_);
+  close_done_ = nullptr;
+  done();  // May destroy this server: nothing after.
+}
+
+}  // namespace tokenmeter::daemon::http

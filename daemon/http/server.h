@@ -1,0 +1,197 @@
+// A small HTTP/1.x server on a libuv loop, for /metrics and /healthz.
+//
+// Scope: GET and HEAD on exact paths, answered with Content-Length (never
+// chunked), keep-alive, pipelining, optional gzip. Requests carrying a
+// body larger than ServerOptions::max_body_bytes (by default any body) are
+// answered 413 (or 404/405 when the path or method is wrong anyway) and the
+// connection is closed; smaller bodies are read and ignored.
+//
+// Threads: every member function runs on the loop's thread (construction,
+// AddRoute and Listen may also run on another thread before the loop
+// starts running). connections() and requests_served() may be read from
+// any thread. Handlers run on the loop thread and must not block.
+//
+// Limits (all per connection unless stated): request line + headers
+// <= max_header_bytes (431, then close); one request parsed at a time (a
+// pipelined request is not parsed until the previous response is written,
+// so at most one read buffer of 64 KiB is held unparsed); reading stops
+// while a response is being written; at most max_connections connections
+// (server-wide; more are accepted and closed at once).
+//
+// Timeouts: a request's headers (and body, if any) must arrive within
+// header_timeout_ms of its first byte (408, then close); a new connection
+// that sends nothing within header_timeout_ms, and a keep-alive connection
+// with no request in progress for idle_timeout_ms, are closed silently; a
+// response the peer does not take within idle_timeout_ms closes the
+// connection. After the last
+// response on a connection the server shuts down its sending side and
+// discards what the peer still sends for up to 2 s (a "lingering close",
+// so that an early 400/431 reaches the peer instead of being lost to a
+// TCP reset).
+#ifndef TOKENMETER_DAEMON_HTTP_SERVER_H_
+#define TOKENMETER_DAEMON_HTTP_SERVER_H_
+
+#include <uv.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "daemon/status.h"
+
+namespace tokenmeter::daemon::http {
+
+// A parsed request, as a handler sees it. Views are valid for the duration
+// of the handler call only.
+struct Request {
+  std::string_view method;           // "GET" or "HEAD" for handlers.
+  std::string_view path;             // Request target without the query string.
+  std::string_view query;            // After '?', without it; empty if none.
+  std::string_view accept;           // Accept header(s), joined by ", ".
+  std::string_view accept_encoding;  // Accept-Encoding, joined likewise.
+};
+
+// What a handler fills in. The server adds Content-Length, Connection and,
+// when it compresses, Content-Encoding; Vary: Accept-Encoding is added to
+// every compressible response. Headers named Content-Length,
+// Transfer-Encoding or Connection, or containing CR/LF, are dropped.
+struct Response {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  bool compressible = false;  // gzip if the client accepts it and the body
+                              // is at least ServerOptions::gzip_min_bytes.
+};
+
+// Called on the loop thread once per GET/HEAD request to its path. For
+// HEAD the server sends the headers the GET would have (including its
+// Content-Length) and drops the body. An exception escaping a handler
+// becomes a 500.
+using Handler = std::function<void(const Request&, Response&)>;
+
+// Timeouts of 0 disable that timeout.
+struct ServerOptions {
+  size_t max_header_bytes = 16 * 1024;  // Request target + header names and
+                                        // values + 4 bytes per header line.
+  uint32_t header_timeout_ms = 10000;
+  uint32_t idle_timeout_ms = 60000;
+  uint32_t max_connections = 256;
+  size_t gzip_min_bytes = 256;
+  // Largest request body read (and ignored); larger bodies get 413 and
+  // close. 0: any body is refused (a chunked request's empty body is fine).
+  size_t max_body_bytes = 0;
+};
+
+class Server {
+ public:
+  // Borrows the loop, which must outlive the server. Starts nothing.
+  Server(uv_loop_t* loop, ServerOptions options);
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  // Requires Close() to have completed (its done() to have run) whenever a
+  // Listen or Adopt was attempted; aborts otherwise.
+  ~Server();
+
+  // Routes an exact path (compared before the query string) to a handler;
+  // GET and HEAD are allowed on it, other methods get 405. A second call
+  // for the same path replaces the handler.
+  void AddRoute(std::string path, Handler handler);
+
+  // Binds and listens. Accepts "HOST:PORT" (IPv4 literal or host name,
+  // resolved once, blocking), "[IPV6]:PORT" and ":PORT" (every interface:
+  // "::" dual-stack, falling back to 0.0.0.0 where IPv6 is unavailable).
+  // PORT is 0..65535; 0 picks a free port (see port()). May be called more
+  // than once to listen on several addresses. Errors (bad syntax, address
+  // in use, permission) come back as one line naming the address.
+  Status Listen(std::string_view host_port);
+
+  // Listens on an inherited socket that is already bound and listening
+  // (systemd socket activation). Takes ownership of fd in every case: it is
+  // closed on failure and by Close().
+  Status Adopt(int fd);
+
+  // The port of the first address listened on (0 before any).
+  uint16_t port() const { return port_; }
+
+  // Stops listening and closes every connection at once (responses in
+  // flight are cut). done() runs on the loop thread once every handle's
+  // close callback has run; it runs before Close() returns when nothing
+  // was open. Call once.
+  void Close(std::function<void()> done);
+
+  // Open connections (accepted and not yet freed). Any thread.
+  size_t connections() const {
+    return connections_count_.load(std::memory_order_relaxed);
+  }
+  // Complete requests answered through routing (handler, 404, 405, 500),
+  // not counting protocol errors (400, 408, 413, 431). Any thread.
+  uint64_t requests_served() const {
+    return requests_served_.load(std::memory_order_relaxed);
+  }
+  // Connections refused because max_connections was reached. Any thread.
+  uint64_t connections_rejected() const {
+    return connections_rejected_.load(std::memory_order_relaxed);
+  }
+  // Connections closed for a malformed (400), too slow (408), body-carrying
+  // (413) or oversized (431) request. Any thread.
+  uint64_t protocol_errors() const {
+    return protocol_errors_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  class Connection;
+  struct Listener;
+
+  static void OnConnection(uv_stream_t* listener, int status);
+  static void OnListenerClosed(uv_handle_t* handle);
+  static void OnRejectedClosed(uv_handle_t* handle);
+
+  // Returns a libuv error code.
+  int BindAndListen(const struct sockaddr* addr);
+  int StartListener(Listener* listener);
+  void CloseListener(Listener* listener);
+  void Accept(uv_stream_t* listener);
+  void Reject(uv_stream_t* listener);
+  void OnConnectionClosed(Connection* connection);
+  void OnHandleClosed();
+  void FinishCloseIfDone();
+
+  uv_loop_t* loop_;
+  const ServerOptions options_;
+  std::map<std::string, Handler, std::less<>> routes_;
+  // Owned; each freed in its close callback.
+  std::vector<Listener*> listeners_;
+  std::list<std::unique_ptr<Connection>> connection_list_;
+  // Handles (listeners, connections, rejected sockets) whose close callback
+  // has not yet run.
+  size_t open_handles_ = 0;
+  bool closing_ = false;
+  bool listen_attempted_ = false;
+  std::function<void()> close_done_;
+  uint16_t port_ = 0;
+  // True between the first refusal of a burst and the next accepted
+  // connection, so that a burst logs once.
+  bool rejecting_ = false;
+  // Likewise for failed accepts (EMFILE and the like).
+  bool accept_failing_ = false;
+  // One read buffer shared by every connection: libuv calls read_cb right
+  // after alloc_cb, and unparsed bytes are copied out before returning.
+  std::unique_ptr<char[]> read_buffer_;
+  std::atomic<size_t> connections_count_{0};
+  std::atomic<uint64_t> requests_served_{0};
+  std::atomic<uint64_t> connections_rejected_{0};
+  std::atomic<uint64_t> protocol_errors_{0};
+};
+
+}  // namespace tokenmeter::daemon::http
+
+#endif  // TOKENMETER_DAEMON_HTTP_SERVER_H_
