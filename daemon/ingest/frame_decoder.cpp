@@ -1,0 +1,1016 @@
+#include "daemon/ingest/frame_decoder.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+namespace tokenmeter::daemon {
+namespace {
+
+// ---------------------------------------------------------------------------
+// msgpack headers (https://github.com/msgpack/msgpack/blob/master/spec.md).
+// One parser serves both the scanner (bytes may be missing) and the frame
+// reader (bytes already checked), so the two cannot disagree.
+
+enum class Type : uint8_t {
+  kNil,
+  kBool,
+  kUint,     // any int encoding whose value is >= 0; value = the value
+  kNegInt,   // any int encoding whose value is < 0; value = int64 bits
+  kFloat32,  // value = the IEEE bits
+  kFloat64,
+  kStr,  // value = payload length
+  kBin,
+  kExt,      // value = data length; the ext type byte is part of the header
+  kArray,    // value = element count
+  kMap,      // value = entry count
+  kInvalid,  // 0xc1, never used
+};
+
+struct Header {
+  Type type;
+  uint8_t size;  // header bytes
+  uint64_t value;
+};
+
+[[gnu::always_inline]] inline uint64_t LoadBe(const uint8_t* p, int n) {
+  // n is 1, 2, 4 or 8; fixed-size loads compile to a mov and a bswap.
+  switch (n) {
+    case 1:
+      return p[0];
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return std::endian::native == std::endian::little ? __builtin_bswap16(v)
+                                                        : v;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return std::endian::native == std::endian::little ? __builtin_bswap32(v)
+                                                        : v;
+    }
+    default: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return std::endian::native == std::endian::little ? __builtin_bswap64(v)
+                                                        : v;
+    }
+  }
+}
+
+// Header bytes of 0xc0..0xdf.
+constexpr std::array<uint8_t, 32> kHeaderSize = {
+    1, 1, 1, 1, 2, 3, 5, 3,  // c0 nil, c1, c2/c3 bool, c4-c6 bin, c7 ext8
+    4, 6, 5, 9, 2, 3, 5, 9,  // c8-c9 ext, ca-cb float, cc-cf uint
+    2, 3, 5, 9, 2, 2, 2, 2,  // d0-d3 int, d4-d7 fixext
+    2, 2, 3, 5, 3, 5, 3, 5,  // d8 fixext, d9-db str, dc-dd array, de-df map
+};
+
+// Encoded size of the scalars whose size the first byte tells (ints,
+// floats, nil, bool); 0 for everything else.
+constexpr std::array<uint8_t, 256> kFixedSize = [] {
+  std::array<uint8_t, 256> t{};
+  for (int b = 0x00; b <= 0x7f; ++b) t[b] = 1;  // positive fixint
+  for (int b = 0xe0; b <= 0xff; ++b) t[b] = 1;  // negative fixint
+  t[0xc0] = t[0xc2] = t[0xc3] = 1;              // nil, false, true
+  t[0xca] = 5;                                  // float32
+  t[0xcb] = 9;                                  // float64
+  t[0xcc] = t[0xd0] = 2;
+  t[0xcd] = t[0xd1] = 3;
+  t[0xce] = t[0xd2] = 5;
+  t[0xcf] = t[0xd3] = 9;
+  return t;
+}();
+
+inline Header SignedHeader(int64_t v, uint8_t size) {
+  if (v >= 0) return {Type::kUint, size, static_cast<uint64_t>(v)};
+  return {Type::kNegInt, size, static_cast<uint64_t>(v)};
+}
+
+// Parses the header at p (avail >= 1 bytes readable). Returns false when
+// the header is longer than avail.
+[[gnu::always_inline]] inline bool ParseHeader(const uint8_t* p, size_t avail,
+                                               Header* h) {
+  const uint8_t b = p[0];
+  if (b <= 0x7f) {
+    *h = {Type::kUint, 1, b};
+    return true;
+  }
+  if (b >= 0xe0) {
+    *h = {Type::kNegInt, 1,
+          static_cast<uint64_t>(static_cast<int64_t>(static_cast<int8_t>(b)))};
+    return true;
+  }
+  if (b <= 0x8f) {
+    *h = {Type::kMap, 1, static_cast<uint64_t>(b & 0x0f)};
+    return true;
+  }
+  if (b <= 0x9f) {
+    *h = {Type::kArray, 1, static_cast<uint64_t>(b & 0x0f)};
+    return true;
+  }
+  if (b <= 0xbf) {
+    *h = {Type::kStr, 1, static_cast<uint64_t>(b & 0x1f)};
+    return true;
+  }
+  const uint8_t size = kHeaderSize[b - 0xc0];
+  if (avail < size) return false;
+  switch (b) {
+    case 0xc0:
+      *h = {Type::kNil, 1, 0};
+      break;
+    case 0xc1:
+      *h = {Type::kInvalid, 1, 0};
+      break;
+    case 0xc2:
+    case 0xc3:
+      *h = {Type::kBool, 1, static_cast<uint64_t>(b - 0xc2)};
+      break;
+    case 0xc4:
+    case 0xc5:
+    case 0xc6:
+      *h = {Type::kBin, size, LoadBe(p + 1, size - 1)};
+      break;
+    case 0xc7:
+    case 0xc8:
+    case 0xc9:  // length, then the type byte
+      *h = {Type::kExt, size, LoadBe(p + 1, size - 2)};
+      break;
+    case 0xca:
+      *h = {Type::kFloat32, size, LoadBe(p + 1, 4)};
+      break;
+    case 0xcb:
+      *h = {Type::kFloat64, size, LoadBe(p + 1, 8)};
+      break;
+    case 0xcc:
+    case 0xcd:
+    case 0xce:
+    case 0xcf:
+      *h = {Type::kUint, size, LoadBe(p + 1, size - 1)};
+      break;
+    case 0xd0:
+      *h = SignedHeader(static_cast<int8_t>(p[1]), size);
+      break;
+    case 0xd1:
+      *h = SignedHeader(static_cast<int16_t>(LoadBe(p + 1, 2)), size);
+      break;
+    case 0xd2:
+      *h = SignedHeader(static_cast<int32_t>(LoadBe(p + 1, 4)), size);
+      break;
+    case 0xd3:
+      *h = SignedHeader(static_cast<int64_t>(LoadBe(p + 1, 8)), size);
+      break;
+    case 0xd4:
+    case 0xd5:
+    case 0xd6:
+    case 0xd7:
+    case 0xd8:  // fixext 1, 2, 4, 8, 16: the type byte, then the data
+      *h = {Type::kExt, size, uint64_t{1} << (b - 0xd4)};
+      break;
+    case 0xd9:
+    case 0xda:
+    case 0xdb:
+      *h = {Type::kStr, size, LoadBe(p + 1, size - 1)};
+      break;
+    case 0xdc:
+    case 0xdd:
+      *h = {Type::kArray, size, LoadBe(p + 1, size - 1)};
+      break;
+    default:  // 0xde, 0xdf
+      *h = {Type::kMap, size, LoadBe(p + 1, size - 1)};
+      break;
+  }
+  return true;
+}
+
+inline bool HasPayload(Type t) {
+  return t == Type::kStr || t == Type::kBin || t == Type::kExt;
+}
+
+// Elements a container header opens (a map entry is two).
+inline uint64_t Children(const Header& h) {
+  if (h.type == Type::kArray) return h.value;
+  if (h.type == Type::kMap) return h.value * 2;
+  return 0;
+}
+
+// Returns the end of the n values at p. Out of line, and not a Reader
+// member, so that a Reader's position can live in a register.
+[[gnu::noinline]] const uint8_t* SkipValues(const uint8_t* p,
+                                            const uint8_t* end, uint64_t n) {
+  while (n > 0) {
+    --n;
+    Header h;
+    if (p >= end || !ParseHeader(p, static_cast<size_t>(end - p), &h)) {
+      std::abort();  // the scanner let through what it should not have
+    }
+    p += h.size;
+    if (HasPayload(h.type)) {
+      if (h.value > static_cast<uint64_t>(end - p)) std::abort();
+      p += h.value;
+    } else {
+      n += Children(h);
+    }
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// Reader over one complete frame that the scanner has already checked:
+// every header and payload the reader reaches lies inside the frame. The
+// checks below only guard against a bug (abort, a broken invariant).
+
+class Reader {
+ public:
+  Reader(const uint8_t* begin, const uint8_t* end) : p_(begin), end_(end) {}
+
+  [[gnu::always_inline]] inline Header Next() {
+    Header h;
+    if (p_ >= end_ || !ParseHeader(p_, static_cast<size_t>(end_ - p_), &h)) {
+      std::abort();
+    }
+    p_ += h.size;
+    return h;
+  }
+
+  // Reads a non-negative int of any encoding. False for anything else
+  // (the value's header then consumed).
+  [[gnu::always_inline]] inline bool ReadUint(uint64_t* v) {
+    if (p_ < end_) {
+      const uint8_t b = *p_;
+      if (b <= 0x7f) {
+        *v = b;
+        ++p_;
+        return true;
+      }
+      if (b >= 0xcc && b <= 0xcf) {  // uint 8, 16, 32, 64
+        const int n = 1 << (b - 0xcc);
+        if (end_ - p_ > n) {
+          *v = LoadBe(p_ + 1, n);
+          p_ += 1 + n;
+          return true;
+        }
+      }
+    }
+    const Header h = Next();
+    *v = h.value;
+    return h.type == Type::kUint;
+  }
+
+  // Reads an array header. False for anything else (header consumed).
+  [[gnu::always_inline]] inline bool ReadArray(uint64_t* count) {
+    if (p_ < end_ && (*p_ & 0xf0) == 0x90) {
+      *count = *p_ & 0x0f;
+      ++p_;
+      return true;
+    }
+    const Header h = Next();
+    *count = h.value;
+    return h.type == Type::kArray;
+  }
+
+  // The payload of a str/bin/ext header just read.
+  std::string_view Payload(const Header& h) {
+    if (h.value > static_cast<uint64_t>(end_ - p_)) std::abort();
+    std::string_view s(reinterpret_cast<const char*>(p_), h.value);
+    p_ += h.value;
+    return s;
+  }
+
+  // Skips whatever follows the header h just read (payload or children).
+  void SkipBody(const Header& h) {
+    if (HasPayload(h.type)) {
+      Payload(h);
+    } else {
+      Skip(Children(h));
+    }
+  }
+
+  // Skips n whole values.
+  void Skip(uint64_t n) {
+    if (n > 0) p_ = SkipValues(p_, end_, n);
+  }
+
+  const uint8_t* pos() const { return p_; }
+  void set_pos(const uint8_t* p) { p_ = p; }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+// ---------------------------------------------------------------------------
+// HELLO validation.
+
+bool IsValidUtf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  const uint8_t* end = p + s.size();
+  while (p < end) {
+    const uint8_t b = *p;
+    if (b < 0x80) {
+      ++p;
+      continue;
+    }
+    int n;
+    uint32_t cp;
+    if ((b & 0xe0) == 0xc0) {
+      n = 1;
+      cp = b & 0x1f;
+    } else if ((b & 0xf0) == 0xe0) {
+      n = 2;
+      cp = b & 0x0f;
+    } else if ((b & 0xf8) == 0xf0) {
+      n = 3;
+      cp = b & 0x07;
+    } else {
+      return false;
+    }
+    if (end - p <= n) return false;
+    for (int i = 1; i <= n; ++i) {
+      if ((p[i] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (p[i] & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    p += n + 1;
+  }
+  return true;
+}
+
+inline bool IsNameStart(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+inline bool IsNameChar(char c) {
+  return IsNameStart(c) || (c >= '0' && c <= '9');
+}
+
+// [a-zA-Z_][a-zA-Z0-9_-]* (with_dash) or [a-zA-Z_][a-zA-Z0-9_]*.
+bool IsValidName(std::string_view s, bool with_dash) {
+  if (s.empty() || !IsNameStart(s[0])) return false;
+  for (char c : s.substr(1)) {
+    if (!IsNameChar(c) && !(with_dash && c == '-')) return false;
+  }
+  return true;
+}
+
+// Labels the daemon sets itself; a HELLO may not repeat them.
+constexpr std::string_view kReservedLabels[] = {
+    "model_name", "engine",   "engine_family", "finished_reason", "position",
+    "le",         "quantile", "interval",      "reason",          "kind",
+};
+
+bool IsReservedLabel(std::string_view name) {
+  if (name.starts_with("__")) return true;
+  return std::find(std::begin(kReservedLabels), std::end(kReservedLabels),
+                   name) != std::end(kReservedLabels);
+}
+
+// Reads a HELLO string value (any str, valid UTF-8).
+bool ReadHelloString(Reader& r, const Header& h, std::string_view* out) {
+  if (h.type != Type::kStr) return false;
+  *out = r.Payload(h);
+  return IsValidUtf8(*out);
+}
+
+IngestError ParseLabels(Reader& r, const Header& h, const DecoderLimits& limits,
+                        Hello* hello) {
+  if (h.type != Type::kMap) return IngestError::kBadHello;
+  if (h.value > limits.max_hello_labels) return IngestError::kTooManyLabels;
+  hello->labels.clear();
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view name, value;
+    if (!ReadHelloString(r, r.Next(), &name)) return IngestError::kBadHello;
+    if (!ReadHelloString(r, r.Next(), &value)) return IngestError::kBadHello;
+    if (!IsValidName(name, /*with_dash=*/false)) return IngestError::kBadName;
+    if (IsReservedLabel(name)) return IngestError::kReservedLabel;
+    for (const auto& label : hello->labels) {
+      if (label.first == name) return IngestError::kBadName;
+    }
+    hello->labels.emplace_back(name, value);
+  }
+  return IngestError::kCount;
+}
+
+// Returns kCount when the meta map is a valid HELLO.
+IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
+                           Hello* hello) {
+  const Header meta = r.Next();
+  if (meta.type != Type::kMap) return IngestError::kBadHello;
+  enum : uint32_t {
+    kProto = 1,
+    kEngine = 2,
+    kModel = 4,
+    kInstance = 8,
+    kScope = 16,
+    kLabels = 32,
+    kPid = 64,
+  };
+  uint32_t seen = 0;
+  for (uint64_t i = 0; i < meta.value; ++i) {
+    const Header kh = r.Next();
+    if (kh.type != Type::kStr) return IngestError::kBadHello;
+    const std::string_view key = r.Payload(kh);
+    if (!IsValidUtf8(key)) return IngestError::kBadHello;
+    const Header v = r.Next();
+    uint32_t bit = 0;
+    std::string_view s;
+    if (key == TM_HELLO_PROTO) {
+      bit = kProto;
+      if (v.type != Type::kUint || v.value != TM_PROTO_VERSION) {
+        return IngestError::kBadHello;
+      }
+      hello->proto = TM_PROTO_VERSION;
+    } else if (key == TM_HELLO_ENGINE) {
+      bit = kEngine;
+      if (!ReadHelloString(r, v, &s)) return IngestError::kBadHello;
+      if (!IsValidName(s, /*with_dash=*/true)) return IngestError::kBadName;
+      hello->engine = s;
+    } else if (key == TM_HELLO_MODEL) {
+      bit = kModel;
+      if (!ReadHelloString(r, v, &s) || s.empty()) {
+        return IngestError::kBadHello;
+      }
+      hello->model = s;
+    } else if (key == TM_HELLO_INSTANCE) {
+      bit = kInstance;
+      if (!ReadHelloString(r, v, &s)) return IngestError::kBadHello;
+      hello->instance = s;
+    } else if (key == TM_HELLO_SCOPE) {
+      bit = kScope;
+      if (!ReadHelloString(r, v, &s)) return IngestError::kBadHello;
+      hello->scope = s;
+      hello->has_scope = true;
+    } else if (key == TM_HELLO_LABELS) {
+      bit = kLabels;
+      const IngestError e = ParseLabels(r, v, limits, hello);
+      if (e != IngestError::kCount) return e;
+    } else if (key == TM_HELLO_PID) {
+      bit = kPid;
+      if (v.type == Type::kUint) {
+        if (v.value > static_cast<uint64_t>(INT64_MAX)) {
+          return IngestError::kBadHello;
+        }
+      } else if (v.type != Type::kNegInt) {
+        return IngestError::kBadHello;
+      }
+      hello->pid = static_cast<int64_t>(v.value);
+      hello->has_pid = true;
+    } else {
+      r.SkipBody(v);  // unknown key: forward compatibility
+    }
+    // A known key twice would make the HELLO ambiguous.
+    if ((seen & bit) != 0) return IngestError::kBadHello;
+    seen |= bit;
+  }
+  if ((seen & (kProto | kEngine | kModel)) != (kProto | kEngine | kModel)) {
+    return IngestError::kBadHello;
+  }
+  return IngestError::kCount;
+}
+
+// ---------------------------------------------------------------------------
+// Events.
+
+constexpr uint64_t kMinEventElements[] = {
+    0,
+    4,  // ARRIVED [1, t, rid, prompt_tokens(, params)]
+    3,  // QUEUED
+    3,  // SCHEDULED
+    4,  // TOKENS [4, t, rid, n]
+    4,  // FINISHED [5, t, rid, reason]
+    3,  // PREEMPTED
+    3,  // STEP [7, t, stats]
+};
+
+struct UintStatKey {
+  std::string_view name;
+  StepStats::Key bit;
+  uint64_t StepStats::*field;
+};
+
+constexpr UintStatKey kUintStatKeys[] = {
+    {TM_STEP_RUNNING, StepStats::kRunning, &StepStats::running},
+    {TM_STEP_WAITING, StepStats::kWaiting, &StepStats::waiting},
+    {TM_STEP_PROMPT_TOKENS, StepStats::kPromptTokens,
+     &StepStats::prompt_tokens},
+    {TM_STEP_GENERATION_TOKENS, StepStats::kGenerationTokens,
+     &StepStats::generation_tokens},
+    {TM_STEP_PREFIX_QUERIES, StepStats::kPrefixQueries,
+     &StepStats::prefix_queries},
+    {TM_STEP_PREFIX_HITS, StepStats::kPrefixHits, &StepStats::prefix_hits},
+    {TM_STEP_SPEC_DRAFTS, StepStats::kSpecDrafts, &StepStats::spec_drafts},
+    {TM_STEP_SPEC_DRAFT_TOKENS, StepStats::kSpecDraftTokens,
+     &StepStats::spec_draft_tokens},
+    {TM_STEP_SPEC_ACCEPTED_TOKENS, StepStats::kSpecAcceptedTokens,
+     &StepStats::spec_accepted_tokens},
+};
+
+// Reads the key of a params/stats entry. Non-string keys are unknown keys:
+// the whole entry is skipped and false returned.
+bool ReadEventMapKey(Reader& r, std::string_view* key) {
+  const Header kh = r.Next();
+  if (kh.type == Type::kStr) {
+    *key = r.Payload(kh);
+    return true;
+  }
+  r.SkipBody(kh);
+  r.Skip(1);
+  return false;
+}
+
+// ARRIVED params: nil, or a map with optional int max_tokens and n.
+// A nil value is the key absent (a client's None).
+bool ParseParams(Reader& r, Event* e) {
+  const Header h = r.Next();
+  if (h.type == Type::kNil) return true;
+  if (h.type != Type::kMap) return false;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const Header v = r.Next();
+    if (key == TM_PARAM_MAX_TOKENS || key == TM_PARAM_N) {
+      if (v.type == Type::kNil) continue;
+      if (v.type != Type::kUint) return false;
+      if (key == TM_PARAM_N) {
+        e->n = v.value;
+        e->has_n = true;
+      } else {
+        e->max_tokens = v.value;
+        e->has_max_tokens = true;
+      }
+    } else {
+      r.SkipBody(v);
+    }
+  }
+  return true;
+}
+
+// STEP stats map. A nil value is the key absent.
+bool ParseStats(Reader& r, const DecoderLimits& limits,
+                std::vector<uint64_t>& positions, StepStats* st) {
+  const Header h = r.Next();
+  if (h.type != Type::kMap) return false;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const Header v = r.Next();
+    if (v.type == Type::kNil) continue;
+    bool known = false;
+    for (const UintStatKey& k : kUintStatKeys) {
+      if (key == k.name) {
+        if (v.type != Type::kUint) return false;
+        st->*k.field = v.value;
+        st->has |= k.bit;
+        known = true;
+        break;
+      }
+    }
+    if (known) continue;
+    if (key == TM_STEP_KV_USAGE) {
+      double d;
+      if (v.type == Type::kUint) {
+        d = static_cast<double>(v.value);
+      } else if (v.type == Type::kFloat32) {
+        d = std::bit_cast<float>(static_cast<uint32_t>(v.value));
+      } else if (v.type == Type::kFloat64) {
+        d = std::bit_cast<double>(v.value);
+      } else {
+        return false;
+      }
+      if (!(d >= 0.0 && d <= 1.0)) return false;  // NaN fails too
+      st->kv_usage = d;
+      st->has |= StepStats::kKvUsage;
+    } else if (key == TM_STEP_SPEC_ACCEPTED_PER_POS) {
+      if (v.type != Type::kArray || v.value > limits.max_spec_positions) {
+        return false;
+      }
+      if ((st->has & StepStats::kSpecAcceptedPerPos) != 0) {
+        positions.resize(st->pos_begin);  // the key again: last one wins
+      }
+      st->pos_begin = static_cast<uint32_t>(positions.size());
+      for (uint64_t j = 0; j < v.value; ++j) {
+        const Header p = r.Next();
+        if (p.type != Type::kUint) return false;
+        positions.push_back(p.value);
+      }
+      st->pos_count = static_cast<uint32_t>(v.value);
+      st->has |= StepStats::kSpecAcceptedPerPos;
+    } else {
+      r.SkipBody(v);
+    }
+  }
+  return true;
+}
+
+bool ParseFinishReason(std::string_view s, FinishReason* reason) {
+  if (s == TM_REASON_STOP) {
+    *reason = FinishReason::kStop;
+  } else if (s == TM_REASON_LENGTH) {
+    *reason = FinishReason::kLength;
+  } else if (s == TM_REASON_ABORT) {
+    *reason = FinishReason::kAbort;
+  } else if (s == TM_REASON_ERROR) {
+    *reason = FinishReason::kError;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Parses the event at r into e. Returns kCount on success (r then at the
+// event's end), else the event-level error (r anywhere inside the event).
+IngestError ParseEventBody(Reader& r, uint64_t n, const DecoderLimits& limits,
+                           Batch& batch, Event* e) {
+  uint64_t used = 3;
+  if (e->kind != EventKind::kStep) {
+    const Header id = r.Next();
+    if (id.type == Type::kUint) {
+      e->rid.is_string = false;
+      e->rid.number = id.value;
+    } else if (id.type == Type::kStr && id.value >= 1 &&
+               id.value <= limits.max_rid_bytes) {
+      e->rid.is_string = true;
+      e->rid.text = r.Payload(id);
+    } else {
+      return IngestError::kBadEvent;
+    }
+  }
+  switch (e->kind) {
+    case EventKind::kArrived:
+      if (!r.ReadUint(&e->count)) return IngestError::kBadEvent;
+      used = 4;
+      if (n >= 5) {
+        if (!ParseParams(r, e)) return IngestError::kBadEvent;
+        used = 5;
+      }
+      break;
+    case EventKind::kTokens:
+      if (!r.ReadUint(&e->count) || e->count == 0) {
+        return IngestError::kBadEvent;
+      }
+      used = 4;
+      break;
+    case EventKind::kFinished: {
+      const Header s = r.Next();
+      if (s.type != Type::kStr) return IngestError::kBadEvent;
+      if (!ParseFinishReason(r.Payload(s), &e->reason)) {
+        return IngestError::kBadReason;
+      }
+      used = 4;
+      break;
+    }
+    case EventKind::kStep:
+      if (!ParseStats(r, limits, batch.positions, &e->step)) {
+        return IngestError::kBadEvent;
+      }
+      break;
+    case EventKind::kQueued:
+    case EventKind::kScheduled:
+    case EventKind::kPreempted:
+      break;
+  }
+  if (n > used) r.Skip(n - used);  // extra trailing elements: ignored
+  return IngestError::kCount;
+}
+
+// Decodes one event of a batch, appending it to batch.events when valid.
+// Returns kCount, or the reason it was skipped (r then past the event).
+IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
+  const uint8_t* start = r.pos();
+  IngestError err = IngestError::kBadEvent;
+  uint64_t n, kind, t;
+  if (r.ReadArray(&n) && n >= 1) {
+    if (!r.ReadUint(&kind)) {
+      err = IngestError::kBadEvent;
+    } else if (kind < TM_EV_ARRIVED || kind > TM_EV_STEP) {
+      err = IngestError::kUnknownKind;
+    } else if (n < kMinEventElements[kind]) {
+      err = IngestError::kBadEvent;
+    } else if (r.ReadUint(&t)) {
+      const size_t positions = batch.positions.size();
+      Event& e = batch.events.emplace_back();
+      e.kind = static_cast<EventKind>(kind);
+      e.t_ns = t;
+      err = ParseEventBody(r, n, limits, batch, &e);
+      if (err == IngestError::kCount) return err;
+      batch.events.pop_back();
+      batch.positions.resize(positions);
+    }
+  }
+  r.set_pos(start);
+  r.Skip(1);
+  return err;
+}
+
+// Checks an element of the frame array itself as soon as its header is
+// complete: the type first, then sequencing, then the BATCH events count,
+// so that none of them waits for the rest of the frame.
+IngestError CheckFrameElement(const Header& h, uint64_t index, bool saw_hello,
+                              const DecoderLimits& limits,
+                              uint64_t* frame_type) {
+  if (index == 0) {
+    if (h.type != Type::kUint || h.value > TM_FRAME_GOODBYE) {
+      return IngestError::kBadFrame;
+    }
+    if (h.value == TM_FRAME_HELLO) {
+      if (saw_hello) return IngestError::kSecondHello;
+    } else if (!saw_hello) {
+      return IngestError::kBatchBeforeHello;
+    }
+    *frame_type = h.value;
+  } else if (index == 3 && *frame_type == TM_FRAME_BATCH &&
+             h.type == Type::kArray && h.value > limits.max_batch_events) {
+    return IngestError::kBatchTooLarge;
+  }
+  return IngestError::kCount;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// FrameDecoder
+
+FrameDecoder::FrameDecoder(const DecoderLimits& limits)
+    : limits_(limits), stack_(std::max<uint32_t>(limits.max_depth, 1)) {
+  if (limits.max_frame_bytes == 0) std::abort();  // the flags forbid it
+}
+
+FrameDecoder::~FrameDecoder() = default;
+
+bool FrameDecoder::Fail(IngestError error) {
+  failed_ = true;
+  error_ = error;
+  prepared_ = 0;
+  return false;
+}
+
+std::span<char> FrameDecoder::Prepare(size_t hint) {
+  if (failed_) return {};
+  const size_t buffered = end_ - start_;
+  // Commit() fails a frame that reaches the limit incomplete, so this is
+  // at least 1.
+  const size_t allowed = limits_.max_frame_bytes - buffered;
+  const size_t want = std::min(std::max<size_t>(hint, 1), allowed);
+  if (cap_ - end_ < want) {
+    if (start_ > 0) {
+      // Moves only the unfinished frame, and start_ stays 0 until it is
+      // delivered, so every byte moves at most once.
+      std::memmove(buf_.get(), buf_.get() + start_, buffered);
+      scan_ -= start_;
+      start_ = 0;
+      end_ = buffered;
+    }
+    if (cap_ - end_ < want) {
+      constexpr size_t kMinCapacity = 4096;
+      const size_t cap = std::min(
+          limits_.max_frame_bytes,
+          std::max({end_ + want, cap_ * 2, std::min(kMinCapacity, allowed)}));
+      auto grown = std::make_unique_for_overwrite<char[]>(cap);
+      if (end_ > 0) std::memcpy(grown.get(), buf_.get(), end_);
+      buf_ = std::move(grown);
+      cap_ = cap;
+    }
+  }
+  prepared_ = std::min(cap_ - end_, allowed);
+  return {buf_.get() + end_, prepared_};
+}
+
+bool FrameDecoder::Commit(size_t n, FrameSink& sink) {
+  if (failed_) return false;
+  if (n > prepared_) std::abort();  // wrote past the prepared span
+  prepared_ = 0;
+  end_ += n;
+  if (!Scan(sink)) return false;
+  if (start_ == end_) {
+    start_ = end_ = scan_ = 0;
+  } else if (end_ - start_ >= limits_.max_frame_bytes) {
+    // Incomplete with the limit reached: it can only grow past it.
+    return Fail(IngestError::kFrameTooLarge);
+  }
+  return true;
+}
+
+bool FrameDecoder::Feed(const void* data, size_t n, FrameSink& sink) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const std::span<char> space = Prepare(n);
+    if (space.empty()) return false;
+    const size_t k = std::min(space.size(), n);
+    std::memcpy(space.data(), p, k);
+    if (!Commit(k, sink)) return false;
+    p += k;
+    n -= k;
+  }
+  return !failed_;
+}
+
+// Walks headers from scan_ to end_, keeping per open container the count
+// of elements still to come. Every limit is checked on a header as soon as
+// it is complete. slack_ is max_frame_bytes less the frame's bytes so far
+// and one byte per element still to come: the frame cannot fit once an
+// element would take more than that.
+bool FrameDecoder::Scan(FrameSink& sink) {
+  const auto* base = reinterpret_cast<const uint8_t*>(buf_.get());
+  uint64_t* const stack = stack_.data();
+  // Locals: stores through `stack` could otherwise alias the members.
+  const size_t end = end_;
+  const uint64_t max_frame = limits_.max_frame_bytes;
+  const uint32_t max_string = limits_.max_string_bytes;
+  const uint32_t max_depth = limits_.max_depth;
+  size_t pos = scan_;
+  uint32_t depth = depth_;
+  uint64_t slack = slack_;
+  IngestError error = IngestError::kCount;
+
+  for (;;) {
+    if (depth == 0) {
+      if (in_frame_) {
+        if (pos > end) break;  // its last payload is still arriving
+        scan_ = pos;
+        if (!Deliver(sink)) return false;
+        continue;
+      }
+      if (pos >= end) break;
+      Header h;
+      if (!ParseHeader(base + pos, end - pos, &h)) break;
+      if (h.type == Type::kInvalid) {
+        error = IngestError::kInvalidMsgpack;
+        break;
+      }
+      if (saw_goodbye_ || h.type != Type::kArray || h.value == 0) {
+        error = IngestError::kBadFrame;
+        break;
+      }
+      if (h.size + h.value > max_frame) {
+        error = IngestError::kFrameTooLarge;
+        break;
+      }
+      in_frame_ = true;
+      frame_elems_ = h.value;
+      stack[0] = h.value;
+      depth = 1;
+      slack = max_frame - h.size - h.value;
+      pos += h.size;
+      continue;
+    }
+    if (pos >= end) break;
+    const uint8_t b = base[pos];
+    const uint8_t fixed = kFixedSize[b];
+    if (fixed != 0 && depth > 1) {
+      // A scalar (int, float, nil, bool): the common case, only the frame
+      // budget to check.
+      if (end - pos < fixed) break;
+      pos += fixed;
+      if (fixed - 1u > slack) {
+        error = IngestError::kFrameTooLarge;
+        break;
+      }
+      slack -= fixed - 1u;
+      if (--stack[depth - 1] != 0) continue;
+    } else if ((b & 0xe0) == 0xa0 && depth > 1) {  // fixstr
+      const uint32_t len = b & 0x1f;
+      if (len > max_string) {
+        error = IngestError::kStringTooLong;
+        break;
+      }
+      pos += 1 + len;
+      if (len > slack) {
+        error = IngestError::kFrameTooLarge;
+        break;
+      }
+      slack -= len;
+      if (--stack[depth - 1] != 0) continue;
+    } else if ((b & 0xe0) == 0x80 && depth > 1) {  // fixmap, fixarray
+      if (depth >= max_depth) {
+        error = IngestError::kTooDeep;
+        break;
+      }
+      const uint64_t children = (b & 0x10) != 0 ? b & 0x0f : (b & 0x0f) * 2u;
+      ++pos;
+      --stack[depth - 1];
+      if (children > slack) {
+        error = IngestError::kFrameTooLarge;
+        break;
+      }
+      slack -= children;
+      if (children > 0) {
+        stack[depth++] = children;
+        continue;
+      }
+    } else {
+      Header h;
+      if (!ParseHeader(base + pos, end - pos, &h)) break;
+      if (h.type == Type::kInvalid) {
+        error = IngestError::kInvalidMsgpack;
+        break;
+      }
+      if (depth == 1) {
+        error = CheckFrameElement(h, frame_elems_ - stack[0], saw_hello_,
+                                  limits_, &frame_type_);
+        if (error != IngestError::kCount) break;
+      }
+      --stack[depth - 1];
+      pos += h.size;
+      uint64_t cost = h.size - 1u;  // beyond the byte counted for it
+      uint64_t children = 0;
+      if (HasPayload(h.type)) {
+        if (h.value > max_string) {
+          error = IngestError::kStringTooLong;
+          break;
+        }
+        cost += h.value;
+        pos += h.value;
+      } else if (h.type == Type::kArray || h.type == Type::kMap) {
+        if (depth >= max_depth) {
+          error = IngestError::kTooDeep;
+          break;
+        }
+        children = Children(h);  // < 2^33: no overflow
+        cost += children;
+      }
+      if (cost > slack) {
+        error = IngestError::kFrameTooLarge;
+        break;
+      }
+      slack -= cost;
+      if (children > 0) {
+        stack[depth++] = children;
+        continue;
+      }
+    }
+    while (depth > 0 && stack[depth - 1] == 0) --depth;
+  }
+  scan_ = pos;
+  depth_ = depth;
+  slack_ = slack;
+  if (error != IngestError::kCount) return Fail(error);
+  return true;
+}
+
+bool FrameDecoder::Deliver(FrameSink& sink) {
+  const auto* base = reinterpret_cast<const uint8_t*>(buf_.get());
+  const uint8_t* begin = base + start_;
+  const uint8_t* end = base + scan_;
+  in_frame_ = false;
+  start_ = scan_;
+  switch (frame_type_) {
+    case TM_FRAME_HELLO:
+      return DecodeHello(begin, end, sink);
+    case TM_FRAME_BATCH:
+      return DecodeBatch(begin, end, sink);
+    default:
+      saw_goodbye_ = true;
+      sink.OnGoodbye();
+      return true;
+  }
+}
+
+bool FrameDecoder::DecodeHello(const uint8_t* begin, const uint8_t* end,
+                               FrameSink& sink) {
+  Reader r(begin, end);
+  const Header frame = r.Next();
+  r.Next();  // the frame type
+  if (frame.value < 2) return Fail(IngestError::kBadHello);
+  Hello hello;
+  const IngestError e = ParseHelloMeta(r, limits_, &hello);
+  if (e != IngestError::kCount) return Fail(e);
+  saw_hello_ = true;
+  sink.OnHello(hello);
+  return true;
+}
+
+bool FrameDecoder::DecodeBatch(const uint8_t* begin, const uint8_t* end,
+                               FrameSink& sink) {
+  Reader r(begin, end);
+  const Header frame = r.Next();
+  r.Next();  // the frame type
+  if (frame.value < 4) return Fail(IngestError::kBadFrame);
+  const Header seq = r.Next();
+  if (seq.type != Type::kUint) return Fail(IngestError::kBadFrame);
+  const Header dropped = r.Next();
+  if (dropped.type != Type::kUint) return Fail(IngestError::kBadFrame);
+  const Header events = r.Next();
+  if (events.type != Type::kArray) return Fail(IngestError::kBadFrame);
+  if (events.value > limits_.max_batch_events) {
+    return Fail(IngestError::kBatchTooLarge);
+  }
+  batch_.seq = seq.value;
+  batch_.dropped_total = dropped.value;
+  batch_.events.clear();
+  batch_.positions.clear();
+  for (uint64_t i = 0; i < events.value; ++i) {
+    const IngestError err = DecodeEvent(r, limits_, batch_);
+    if (err != IngestError::kCount) sink.OnEventError(err);
+  }
+  sink.OnBatch(batch_);
+  return true;
+}
+
+}  // namespace tokenmeter::daemon

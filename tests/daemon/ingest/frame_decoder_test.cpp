@@ -1,0 +1,1593 @@
+// FrameDecoder against bytes written by hand from docs/protocol.md and the
+// msgpack spec (https://github.com/msgpack/msgpack/blob/master/spec.md).
+// Nothing here is produced by an encoder of ours: every header byte is
+// spelled out (fixstr 0xa0|len, fixarray 0x90|n, fixmap 0x80|n, ...); the
+// few helpers only repeat or concatenate such bytes.
+#include "daemon/ingest/frame_decoder.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tokenmeter::daemon {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes Cat(std::initializer_list<Bytes> parts) {
+  Bytes out;
+  for (const Bytes& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+// `n` copies of byte `b`.
+Bytes Repeat(size_t n, uint8_t b) { return Bytes(n, b); }
+
+// ---------------------------------------------------------------------------
+// Recording sink: one log line per callback, and copies of what came.
+
+struct BatchCopy {
+  uint64_t seq = 0;
+  uint64_t dropped_total = 0;
+  std::vector<Event> events;           // rid.text cleared; see rid_texts
+  std::vector<std::string> rid_texts;  // per event, "" for numeric ids
+  std::vector<uint64_t> positions;
+};
+
+std::string Describe(const Event& e, std::string_view rid_text,
+                     const std::vector<uint64_t>& positions) {
+  std::string s(EventKindName(e.kind));
+  s += " t=" + std::to_string(e.t_ns);
+  if (e.kind != EventKind::kStep) {
+    s += e.rid.is_string ? " rid=s:" + std::string(rid_text)
+                         : " rid=n:" + std::to_string(e.rid.number);
+  }
+  switch (e.kind) {
+    case EventKind::kArrived:
+      s += " prompt=" + std::to_string(e.count);
+      if (e.has_max_tokens) s += " max_tokens=" + std::to_string(e.max_tokens);
+      if (e.has_n) s += " n=" + std::to_string(e.n);
+      break;
+    case EventKind::kTokens:
+      s += " n=" + std::to_string(e.count);
+      break;
+    case EventKind::kFinished:
+      s += " reason=" + std::string(FinishReasonName(e.reason));
+      break;
+    case EventKind::kStep: {
+      const StepStats& st = e.step;
+      s += " has=" + std::to_string(st.has);
+      s += " running=" + std::to_string(st.running);
+      s += " waiting=" + std::to_string(st.waiting);
+      s += " kv=" + std::to_string(st.kv_usage);
+      s += " prompt=" + std::to_string(st.prompt_tokens);
+      s += " gen=" + std::to_string(st.generation_tokens);
+      s += " pq=" + std::to_string(st.prefix_queries);
+      s += " ph=" + std::to_string(st.prefix_hits);
+      s += " sd=" + std::to_string(st.spec_drafts);
+      s += " sdt=" + std::to_string(st.spec_draft_tokens);
+      s += " sat=" + std::to_string(st.spec_accepted_tokens);
+      s += " pos=[";
+      for (uint32_t i = 0; i < st.pos_count; ++i) {
+        s += std::to_string(positions[st.pos_begin + i]) + ",";
+      }
+      s += "]";
+      break;
+    }
+    default:
+      break;
+  }
+  return s;
+}
+
+class RecordingSink : public FrameSink {
+ public:
+  void OnHello(const Hello& hello) override {
+    hellos.push_back(hello);
+    std::string line = "hello proto=" + std::to_string(hello.proto) +
+                       " engine=" + hello.engine + " model=" + hello.model +
+                       " instance=" + hello.instance;
+    if (hello.has_scope) line += " scope=" + hello.scope;
+    for (const auto& label : hello.labels) {
+      line += " label:" + label.first + "=" + label.second;
+    }
+    if (hello.has_pid) line += " pid=" + std::to_string(hello.pid);
+    log.push_back(line);
+  }
+  void OnBatch(const Batch& batch) override {
+    BatchCopy copy;
+    copy.seq = batch.seq;
+    copy.dropped_total = batch.dropped_total;
+    copy.positions = batch.positions;
+    std::string line = "batch seq=" + std::to_string(batch.seq) +
+                       " dropped=" + std::to_string(batch.dropped_total);
+    for (const Event& e : batch.events) {
+      line += " | " + Describe(e, e.rid.text, batch.positions);
+      copy.rid_texts.emplace_back(e.rid.text);
+      copy.events.push_back(e);
+      copy.events.back().rid.text = {};
+    }
+    batches.push_back(std::move(copy));
+    log.push_back(line);
+  }
+  void OnGoodbye() override {
+    ++goodbyes;
+    log.push_back("goodbye");
+  }
+  void OnEventError(IngestError error) override {
+    event_errors.push_back(error);
+    log.push_back("event_error " + std::string(IngestErrorName(error)));
+  }
+
+  // All events of all batches.
+  std::vector<Event> AllEvents() const {
+    std::vector<Event> out;
+    for (const BatchCopy& b : batches) {
+      out.insert(out.end(), b.events.begin(), b.events.end());
+    }
+    return out;
+  }
+
+  std::vector<Hello> hellos;
+  std::vector<BatchCopy> batches;
+  int goodbyes = 0;
+  std::vector<IngestError> event_errors;
+  std::vector<std::string> log;
+};
+
+bool Feed(FrameDecoder& d, const Bytes& bytes, FrameSink& sink) {
+  return d.Feed(bytes.data(), bytes.size(), sink);
+}
+
+// ---------------------------------------------------------------------------
+// Hand-written pieces.
+
+// HELLO meta entries.
+const Bytes kProto = {0xa5, 'p', 'r', 'o', 't', 'o', 0x01};
+const Bytes kEngine = {0xa6, 'e',  'n', 'g', 'i', 'n',
+                       'e',  0xa4, 'v', 'l', 'l', 'm'};
+const Bytes kModel = {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa2, 'm', '1'};
+
+// [0, {"proto": 1, "engine": "vllm", "model": "m1"}]
+const Bytes kHello = {0x92, 0x00, 0x83,                       //
+                      0xa5, 'p',  'r',  'o', 't', 'o', 0x01,  //
+                      0xa6, 'e',  'n',  'g', 'i', 'n', 'e',   //
+                      0xa4, 'v',  'l',  'l', 'm',             //
+                      0xa5, 'm',  'o',  'd', 'e', 'l',        //
+                      0xa2, 'm',  '1'};
+
+// [2]
+const Bytes kGoodbye = {0x91, 0x02};
+
+// A HELLO frame [0, meta] whose meta is a fixmap of n entries.
+Bytes HelloOf(uint8_t n, std::initializer_list<Bytes> entries) {
+  Bytes out = {0x92, 0x00, static_cast<uint8_t>(0x80 | n)};
+  for (const Bytes& e : entries) out.insert(out.end(), e.begin(), e.end());
+  return out;
+}
+
+// A BATCH frame [1, 0, 0, [events]] with a fixarray of n events.
+Bytes BatchOf(uint8_t n, std::initializer_list<Bytes> events) {
+  Bytes out = {0x94, 0x01, 0x00, 0x00, static_cast<uint8_t>(0x90 | n)};
+  for (const Bytes& e : events) out.insert(out.end(), e.begin(), e.end());
+  return out;
+}
+
+// Events, t = 1000.. (0xcd 0x03 0xe8 = uint16 1000), rid 7 or "r-1".
+const Bytes kArrived = {0x94, 0x01, 0xcd, 0x03, 0xe8, 0x07, 0x0c};
+const Bytes kQueued = {0x93, 0x02, 0xcd, 0x03, 0xe9, 0x07};
+const Bytes kScheduled = {0x93, 0x03, 0xcd, 0x03, 0xea, 0x07};
+const Bytes kTokens = {0x94, 0x04, 0xcd, 0x03, 0xeb, 0x07, 0x01};
+const Bytes kFinished = {0x94, 0x05, 0xcd, 0x03, 0xec, 0x07,
+                         0xa4, 's',  't',  'o',  'p'};
+const Bytes kPreempted = {0x93, 0x06, 0xcd, 0x03, 0xed, 0x07};
+const Bytes kStep = {0x93, 0x07, 0xcd, 0x03, 0xee, 0x80};
+
+// ---------------------------------------------------------------------------
+// HELLO
+
+TEST(FrameDecoderTest, AcceptsMinimalHello) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, kHello, sink));
+  ASSERT_EQ(sink.hellos.size(), 1u);
+  const Hello& h = sink.hellos[0];
+  EXPECT_EQ(h.proto, 1);
+  EXPECT_EQ(h.engine, "vllm");
+  EXPECT_EQ(h.model, "m1");
+  EXPECT_EQ(h.instance, "0");
+  EXPECT_FALSE(h.has_scope);
+  EXPECT_TRUE(h.labels.empty());
+  EXPECT_FALSE(h.has_pid);
+  EXPECT_TRUE(d.saw_hello());
+  EXPECT_FALSE(d.saw_goodbye());
+  EXPECT_EQ(d.buffered_bytes(), 0u);
+}
+
+TEST(FrameDecoderTest, AcceptsHelloWithEveryOptionalKey) {
+  const Bytes bytes = {
+      0x92, 0x00, 0x87,  // [0, {7 entries}]
+      0xa5, 'p', 'r', 'o', 't', 'o', 0x01,
+      // "engine": "tokenmeter-engine" (17 bytes)
+      0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xb1, 't', 'o', 'k', 'e', 'n', 'm',
+      'e', 't', 'e', 'r', '-', 'e', 'n', 'g', 'i', 'n', 'e',
+      // "model": "llama-3" as str8
+      0xa5, 'm', 'o', 'd', 'e', 'l', 0xd9, 0x07, 'l', 'l', 'a', 'm', 'a', '-',
+      '3',
+      // "instance": "dp0"
+      0xa8, 'i', 'n', 's', 't', 'a', 'n', 'c', 'e', 0xa3, 'd', 'p', '0',
+      // "scope": "srv1"
+      0xa5, 's', 'c', 'o', 'p', 'e', 0xa4, 's', 'r', 'v', '1',
+      // "labels": {"region": "eu", "_tier": "gold"}
+      0xa6, 'l', 'a', 'b', 'e', 'l', 's', 0x82,            //
+      0xa6, 'r', 'e', 'g', 'i', 'o', 'n', 0xa2, 'e', 'u',  //
+      0xa5, '_', 't', 'i', 'e', 'r', 0xa4, 'g', 'o', 'l', 'd',
+      // "pid": 4242 as uint16
+      0xa3, 'p', 'i', 'd', 0xcd, 0x10, 0x92};
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, bytes, sink));
+  ASSERT_EQ(sink.hellos.size(), 1u);
+  const Hello& h = sink.hellos[0];
+  EXPECT_EQ(h.engine, "tokenmeter-engine");
+  EXPECT_EQ(h.model, "llama-3");
+  EXPECT_EQ(h.instance, "dp0");
+  EXPECT_TRUE(h.has_scope);
+  EXPECT_EQ(h.scope, "srv1");
+  ASSERT_EQ(h.labels.size(), 2u);
+  EXPECT_EQ(h.labels[0].first, "region");
+  EXPECT_EQ(h.labels[0].second, "eu");
+  EXPECT_EQ(h.labels[1].first, "_tier");
+  EXPECT_EQ(h.labels[1].second, "gold");
+  EXPECT_TRUE(h.has_pid);
+  EXPECT_EQ(h.pid, 4242);
+}
+
+TEST(FrameDecoderTest, AcceptsUtf8ModelAndNegativePid) {
+  // "model": "modèle" (è = c3 a8), "pid": -1.
+  const Bytes bytes = HelloOf(4, {kProto,
+                                  kEngine,
+                                  {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa7, 'm',
+                                   'o', 'd', 0xc3, 0xa8, 'l', 'e'},
+                                  {0xa3, 'p', 'i', 'd', 0xff}});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, bytes, sink));
+  ASSERT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(sink.hellos[0].model, "mod\xc3\xa8le");
+  EXPECT_EQ(sink.hellos[0].pid, -1);
+}
+
+TEST(FrameDecoderTest, IgnoresUnknownHelloKeysOfAnyType) {
+  const Bytes bytes = HelloOf(
+      11, {kProto,
+           {0xa1, 'a', 0xc0},                                // nil
+           {0xa1, 'b', 0xc3},                                // true
+           {0xa1, 'c', 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0},  // 1.0
+           {0xa1, 'd', 0x92, 0x01, 0x81, 0xa1, 'x', 0x90},   // [1, {x: []}]
+           {0xa1, 'e', 0xc4, 0x02, 0xff, 0x00},              // bin8
+           {0xa1, 'f', 0xd5, 0x01, 0xaa, 0xbb},              // fixext 2
+           {0xa1, 'g', 0xc7, 0x01, 0x05, 0xcc},              // ext8
+           {0xa1, 'h', 0xa2, 0xff, 0xfe},  // not UTF-8, but ignored
+           kEngine,
+           kModel});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, bytes, sink)) << IngestErrorName(d.error());
+  ASSERT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(sink.hellos[0].engine, "vllm");
+}
+
+TEST(FrameDecoderTest, AcceptsHelloWithExactlyEightLabels) {
+  const Bytes bytes = HelloOf(
+      4, {kProto,
+          kEngine,
+          kModel,
+          {0xa6, 'l',  'a',  'b',  'e',  'l',  's',  0x88,  //
+           0xa1, 'a',  0xa1, '1',  0xa1, 'b',  0xa1, '2',  0xa1, 'c',  0xa1,
+           '3',  0xa1, 'd',  0xa1, '4',  0xa1, 'e',  0xa1, '5',  0xa1, 'f',
+           0xa1, '6',  0xa1, 'g',  0xa1, '7',  0xa1, 'h',  0xa1, '8'}});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, bytes, sink));
+  ASSERT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(sink.hellos[0].labels.size(), 8u);
+}
+
+struct ErrorCase {
+  const char* name;
+  Bytes bytes;
+  IngestError want;
+};
+
+// Feeds each case to a fresh decoder; expects a frame-level failure.
+void ExpectFrameErrors(const std::vector<ErrorCase>& cases,
+                       const DecoderLimits& limits = DecoderLimits{}) {
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    RecordingSink sink;
+    FrameDecoder d(limits);
+    EXPECT_FALSE(Feed(d, c.bytes, sink));
+    EXPECT_TRUE(d.failed());
+    EXPECT_EQ(IngestErrorName(d.error()), IngestErrorName(c.want));
+    EXPECT_TRUE(sink.event_errors.empty());
+  }
+}
+
+TEST(FrameDecoderTest, RejectsBadHello) {
+  const Bytes kLabelsKey = {0xa6, 'l', 'a', 'b', 'e', 'l', 's'};
+  ExpectFrameErrors({
+      {"no meta", {0x91, 0x00}, IngestError::kBadHello},
+      {"meta not a map", {0x92, 0x00, 0x90}, IngestError::kBadHello},
+      {"meta nil", {0x92, 0x00, 0xc0}, IngestError::kBadHello},
+      {"missing proto", HelloOf(2, {kEngine, kModel}), IngestError::kBadHello},
+      {"missing engine", HelloOf(2, {kProto, kModel}), IngestError::kBadHello},
+      {"missing model", HelloOf(2, {kProto, kEngine}), IngestError::kBadHello},
+      {"proto 2",
+       HelloOf(3, {{0xa5, 'p', 'r', 'o', 't', 'o', 0x02}, kEngine, kModel}),
+       IngestError::kBadHello},
+      {"proto 0",
+       HelloOf(3, {{0xa5, 'p', 'r', 'o', 't', 'o', 0x00}, kEngine, kModel}),
+       IngestError::kBadHello},
+      {"proto -1",
+       HelloOf(3, {{0xa5, 'p', 'r', 'o', 't', 'o', 0xff}, kEngine, kModel}),
+       IngestError::kBadHello},
+      {"proto str",
+       HelloOf(3,
+               {{0xa5, 'p', 'r', 'o', 't', 'o', 0xa1, '1'}, kEngine, kModel}),
+       IngestError::kBadHello},
+      {"proto float",
+       HelloOf(3, {{0xa5, 'p', 'r', 'o', 't', 'o', 0xca, 0x3f, 0x80, 0, 0},
+                   kEngine,
+                   kModel}),
+       IngestError::kBadHello},
+      {"engine int",
+       HelloOf(3, {kProto, {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0x01}, kModel}),
+       IngestError::kBadHello},
+      {"engine not utf-8",
+       HelloOf(3, {kProto,
+                   {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa2, 0xc3, 0x28},
+                   kModel}),
+       IngestError::kBadHello},
+      {"model empty",
+       HelloOf(3, {kProto, kEngine, {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa0}}),
+       IngestError::kBadHello},
+      {"model nil",
+       HelloOf(3, {kProto, kEngine, {0xa5, 'm', 'o', 'd', 'e', 'l', 0xc0}}),
+       IngestError::kBadHello},
+      {"model bin",
+       HelloOf(
+           3,
+           {kProto, kEngine, {0xa5, 'm', 'o', 'd', 'e', 'l', 0xc4, 0x01, 'm'}}),
+       IngestError::kBadHello},
+      {"model overlong utf-8",  // c0 af: '/' in two bytes
+       HelloOf(3, {kProto,
+                   kEngine,
+                   {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa2, 0xc0, 0xaf}}),
+       IngestError::kBadHello},
+      {"model utf-16 surrogate",  // ed a0 80: U+D800
+       HelloOf(3, {kProto,
+                   kEngine,
+                   {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa3, 0xed, 0xa0, 0x80}}),
+       IngestError::kBadHello},
+      {"model truncated utf-8",
+       HelloOf(
+           3,
+           {kProto, kEngine, {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa2, 'm', 0xe2}}),
+       IngestError::kBadHello},
+      {"instance int",
+       HelloOf(4, {kProto,
+                   kEngine,
+                   kModel,
+                   {0xa8, 'i', 'n', 's', 't', 'a', 'n', 'c', 'e', 0x00}}),
+       IngestError::kBadHello},
+      {"scope array",
+       HelloOf(
+           4, {kProto, kEngine, kModel, {0xa5, 's', 'c', 'o', 'p', 'e', 0x90}}),
+       IngestError::kBadHello},
+      {"labels array",
+       HelloOf(4, {kProto, kEngine, kModel, Cat({kLabelsKey, {0x90}})}),
+       IngestError::kBadHello},
+      {"label value int",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey, {0x81, 0xa1, 'a', 0x01}})}),
+       IngestError::kBadHello},
+      {"label name int",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey, {0x81, 0x01, 0xa1, 'a'}})}),
+       IngestError::kBadHello},
+      {"label value not utf-8",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey, {0x81, 0xa1, 'a', 0xa1, 0xff}})}),
+       IngestError::kBadHello},
+      {"pid str",
+       HelloOf(4, {kProto, kEngine, kModel, {0xa3, 'p', 'i', 'd', 0xa1, '1'}}),
+       IngestError::kBadHello},
+      {"pid over int64",
+       HelloOf(4, {kProto,
+                   kEngine,
+                   kModel,
+                   {0xa3, 'p', 'i', 'd', 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0}}),
+       IngestError::kBadHello},
+      {"int key", HelloOf(4, {kProto, kEngine, kModel, {0x01, 0x01}}),
+       IngestError::kBadHello},
+      {"nil key", HelloOf(4, {kProto, kEngine, kModel, {0xc0, 0x01}}),
+       IngestError::kBadHello},
+      {"key not utf-8",
+       HelloOf(4, {kProto, kEngine, kModel, {0xa1, 0xff, 0x01}}),
+       IngestError::kBadHello},
+      {"proto twice", HelloOf(4, {kProto, kEngine, kModel, kProto}),
+       IngestError::kBadHello},
+  });
+}
+
+TEST(FrameDecoderTest, RejectsBadName) {
+  const Bytes kLabelsKey = {0xa6, 'l', 'a', 'b', 'e', 'l', 's'};
+  ExpectFrameErrors({
+      {"engine starts with digit",
+       HelloOf(3, {kProto,
+                   {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa2, '1', 'v'},
+                   kModel}),
+       IngestError::kBadName},
+      {"engine starts with dash",
+       HelloOf(3, {kProto,
+                   {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa2, '-', 'v'},
+                   kModel}),
+       IngestError::kBadName},
+      {"engine with space",
+       HelloOf(3, {kProto,
+                   {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa3, 'v', ' ', 'l'},
+                   kModel}),
+       IngestError::kBadName},
+      {"engine with dot",
+       HelloOf(3, {kProto,
+                   {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa3, 'v', '.', 'l'},
+                   kModel}),
+       IngestError::kBadName},
+      {"engine non-ascii",  // é, valid UTF-8
+       HelloOf(3, {kProto,
+                   {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa2, 0xc3, 0xa9},
+                   kModel}),
+       IngestError::kBadName},
+      {"engine empty",
+       HelloOf(3, {kProto, {0xa6, 'e', 'n', 'g', 'i', 'n', 'e', 0xa0}, kModel}),
+       IngestError::kBadName},
+      {"label name with dash",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey, {0x81, 0xa3, 'a', '-', 'b', 0xa1, 'x'}})}),
+       IngestError::kBadName},
+      {"label name starts with digit",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey, {0x81, 0xa2, '1', 'a', 0xa1, 'x'}})}),
+       IngestError::kBadName},
+      {"label name empty",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey, {0x81, 0xa0, 0xa1, 'x'}})}),
+       IngestError::kBadName},
+      {"label name twice",
+       HelloOf(4, {kProto, kEngine, kModel,
+                   Cat({kLabelsKey,
+                        {0x82, 0xa1, 'a', 0xa1, 'x', 0xa1, 'a', 0xa1, 'y'}})}),
+       IngestError::kBadName},
+  });
+}
+
+TEST(FrameDecoderTest, RejectsReservedLabel) {
+  const char* kReserved[] = {
+      "model_name", "engine", "engine_family", "finished_reason",
+      "position",   "le",     "quantile",      "interval",
+      "reason",     "kind",   "__name__",      "__x",
+      "__"};
+  for (const char* name : kReserved) {
+    SCOPED_TRACE(name);
+    const size_t len = std::string_view(name).size();
+    Bytes label = {0xa6, 'l',  'a',
+                   'b',  'e',  'l',
+                   's',  0x81, static_cast<uint8_t>(0xa0 | len)};
+    label.insert(label.end(), name, name + len);
+    label.insert(label.end(), {0xa1, 'x'});
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    EXPECT_FALSE(Feed(d, HelloOf(4, {kProto, kEngine, kModel, label}), sink));
+    EXPECT_EQ(d.error(), IngestError::kReservedLabel);
+    EXPECT_TRUE(sink.hellos.empty());
+  }
+}
+
+TEST(FrameDecoderTest, RejectsTooManyLabels) {
+  const Bytes bytes = HelloOf(
+      4, {kProto,
+          kEngine,
+          kModel,
+          {0xa6, 'l', 'a',  'b', 'e',  'l', 's',  0x89,  //
+           0xa1, 'a', 0xa1, '1', 0xa1, 'b', 0xa1, '2',  0xa1, 'c', 0xa1, '3',
+           0xa1, 'd', 0xa1, '4', 0xa1, 'e', 0xa1, '5',  0xa1, 'f', 0xa1, '6',
+           0xa1, 'g', 0xa1, '7', 0xa1, 'h', 0xa1, '8',  0xa1, 'i', 0xa1, '9'}});
+  ExpectFrameErrors({{"nine labels", bytes, IngestError::kTooManyLabels}});
+}
+
+// ---------------------------------------------------------------------------
+// Frame structure and sequencing
+
+TEST(FrameDecoderTest, RejectsBadFrame) {
+  ExpectFrameErrors({
+      {"top-level int", Cat({kHello, {0x01}}), IngestError::kBadFrame},
+      {"top-level int first", {0x00}, IngestError::kBadFrame},
+      {"top-level map", Cat({kHello, {0x80}}), IngestError::kBadFrame},
+      {"top-level str", Cat({kHello, {0xa1, 'x'}}), IngestError::kBadFrame},
+      {"top-level nil", Cat({kHello, {0xc0}}), IngestError::kBadFrame},
+      {"empty array", Cat({kHello, {0x90}}), IngestError::kBadFrame},
+      {"negative frame type", Cat({kHello, {0x91, 0xff}}),
+       IngestError::kBadFrame},
+      {"negative frame type int8", Cat({kHello, {0x91, 0xd0, 0x80}}),
+       IngestError::kBadFrame},
+      {"str frame type", Cat({kHello, {0x91, 0xa1, '1'}}),
+       IngestError::kBadFrame},
+      {"float frame type", Cat({kHello, {0x91, 0xca, 0x3f, 0x80, 0, 0}}),
+       IngestError::kBadFrame},
+      {"array frame type", Cat({kHello, {0x91, 0x91, 0x01}}),
+       IngestError::kBadFrame},
+      {"unknown frame type 3", Cat({kHello, {0x91, 0x03}}),
+       IngestError::kBadFrame},
+      {"unknown frame type 256", Cat({kHello, {0x91, 0xcd, 0x01, 0x00}}),
+       IngestError::kBadFrame},
+      {"batch of 3", Cat({kHello, {0x93, 0x01, 0x00, 0x00}}),
+       IngestError::kBadFrame},
+      {"batch seq negative", Cat({kHello, {0x94, 0x01, 0xff, 0x00, 0x90}}),
+       IngestError::kBadFrame},
+      {"batch seq str", Cat({kHello, {0x94, 0x01, 0xa1, '0', 0x00, 0x90}}),
+       IngestError::kBadFrame},
+      {"batch dropped nil", Cat({kHello, {0x94, 0x01, 0x00, 0xc0, 0x90}}),
+       IngestError::kBadFrame},
+      {"batch events map", Cat({kHello, {0x94, 0x01, 0x00, 0x00, 0x80}}),
+       IngestError::kBadFrame},
+      {"batch events nil", Cat({kHello, {0x94, 0x01, 0x00, 0x00, 0xc0}}),
+       IngestError::kBadFrame},
+      {"frame after goodbye", Cat({kHello, kGoodbye, BatchOf(1, {kTokens})}),
+       IngestError::kBadFrame},
+      {"goodbye after goodbye", Cat({kHello, kGoodbye, kGoodbye}),
+       IngestError::kBadFrame},
+      {"hello after goodbye", Cat({kHello, kGoodbye, kHello}),
+       IngestError::kBadFrame},
+      {"non-array after goodbye", Cat({kHello, kGoodbye, {0x01}}),
+       IngestError::kBadFrame},
+  });
+}
+
+TEST(FrameDecoderTest, RejectsFrameAfterGoodbyeAtItsFirstByte) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, kGoodbye}), sink));
+  EXPECT_TRUE(d.saw_goodbye());
+  EXPECT_EQ(sink.goodbyes, 1);
+  EXPECT_FALSE(Feed(d, {0x94}, sink));
+  EXPECT_EQ(d.error(), IngestError::kBadFrame);
+}
+
+TEST(FrameDecoderTest, RejectsInvalidMsgpack) {
+  ExpectFrameErrors({
+      {"0xc1 at top level", {0xc1}, IngestError::kInvalidMsgpack},
+      {"0xc1 as frame type", {0x91, 0xc1}, IngestError::kInvalidMsgpack},
+      {"0xc1 in HELLO",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xc1},
+       IngestError::kInvalidMsgpack},
+      {"0xc1 in an event",
+       Cat({kHello, BatchOf(1, {{0x93, 0x02, 0x00, 0xc1}})}),
+       IngestError::kInvalidMsgpack},
+  });
+}
+
+TEST(FrameDecoderTest, RejectsBatchBeforeHello) {
+  ExpectFrameErrors({
+      {"batch first", BatchOf(1, {kTokens}), IngestError::kBatchBeforeHello},
+      {"goodbye first", kGoodbye, IngestError::kBatchBeforeHello},
+      {"batch first, non-minimal type",
+       {0x94, 0xcc, 0x01, 0x00, 0x00, 0x90},
+       IngestError::kBatchBeforeHello},
+  });
+  // Known at the frame type, before the rest of the frame arrives.
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  EXPECT_TRUE(Feed(d, {0x94}, sink));
+  EXPECT_FALSE(Feed(d, {0x01}, sink));
+  EXPECT_EQ(d.error(), IngestError::kBatchBeforeHello);
+}
+
+TEST(FrameDecoderTest, RejectsSecondHello) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  EXPECT_FALSE(Feed(d, Cat({kHello, BatchOf(1, {kTokens}), kHello}), sink));
+  EXPECT_EQ(d.error(), IngestError::kSecondHello);
+  EXPECT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(sink.batches.size(), 1u);
+}
+
+// ---------------------------------------------------------------------------
+// Limits
+
+TEST(FrameDecoderTest, RejectsStringTooLongAtItsHeader) {
+  // [0, {<str32 of 4 GiB - 1>: ...}]: fails once the 5 header bytes are in.
+  const Bytes prefix = {0x92, 0x00, 0x81};
+  const Bytes header = {0xdb, 0xff, 0xff, 0xff, 0xff};
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, prefix, sink));
+  for (size_t i = 0; i + 1 < header.size(); ++i) {
+    ASSERT_TRUE(d.Feed(&header[i], 1, sink)) << i;
+  }
+  EXPECT_FALSE(d.Feed(&header.back(), 1, sink));
+  EXPECT_EQ(d.error(), IngestError::kStringTooLong);
+  EXPECT_EQ(d.buffered_bytes(), prefix.size() + header.size());
+}
+
+TEST(FrameDecoderTest, RejectsStringTooLong) {
+  // 257 bytes: one past TM_MAX_STRING_BYTES, for str, bin and ext alike.
+  ExpectFrameErrors({
+      {"str16 257",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xda, 0x01, 0x01},
+       IngestError::kStringTooLong},
+      {"str16 as key",
+       {0x92, 0x00, 0x81, 0xda, 0x01, 0x01},
+       IngestError::kStringTooLong},
+      {"bin16 257",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xc5, 0x01, 0x01},
+       IngestError::kStringTooLong},
+      {"bin32 4 GiB",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xc6, 0xff, 0xff, 0xff, 0xff},
+       IngestError::kStringTooLong},
+      {"ext16 257",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xc8, 0x01, 0x01, 0x05},
+       IngestError::kStringTooLong},
+      {"ext32 4 GiB",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xc9, 0xff, 0xff, 0xff, 0xff, 0x05},
+       IngestError::kStringTooLong},
+      {"rid str16 257",
+       Cat({kHello, BatchOf(1, {{0x93, 0x02, 0x00, 0xda, 0x01, 0x01}})}),
+       IngestError::kStringTooLong},
+  });
+  // 256 bytes is fine.
+  const Bytes ok =
+      Cat({HelloOf(4, {kProto, kEngine, kModel, {0xa1, 'x', 0xda, 0x01, 0x00}}),
+           Repeat(256, 'a')});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  EXPECT_TRUE(Feed(d, ok, sink));
+  EXPECT_EQ(sink.hellos.size(), 1u);
+}
+
+TEST(FrameDecoderTest, RejectsStringTooLongUnderAConfiguredLimit) {
+  DecoderLimits limits;
+  limits.max_string_bytes = 4;
+  {
+    RecordingSink sink;
+    FrameDecoder d(limits);
+    // [0, {"abcd": ...: a 4-byte fixstr key is fine.
+    EXPECT_TRUE(Feed(d, {0x92, 0x00, 0x81, 0xa4, 'a', 'b', 'c', 'd'}, sink));
+  }
+  ExpectFrameErrors(
+      {{"fixstr 5", {0x92, 0x00, 0x81, 0xa5}, IngestError::kStringTooLong},
+       {"str8 5", {0x92, 0x00, 0x81, 0xd9, 0x05}, IngestError::kStringTooLong},
+       {"fixext 8",
+        {0x92, 0x00, 0x81, 0xa1, 'x', 0xd7, 0x01},
+        IngestError::kStringTooLong}},
+      limits);
+}
+
+TEST(FrameDecoderTest, RejectsFrameTooLargeFromDeclaredCount) {
+  // Counts that cannot fit in 1 MiB, one byte per element at least: each
+  // fails at its header with a handful of bytes buffered.
+  const std::vector<ErrorCase> cases = {
+      {"frame array32 of 2^20",
+       {0xdd, 0x00, 0x10, 0x00, 0x00},
+       IngestError::kFrameTooLarge},
+      {"meta map32 of 2^19 entries",
+       {0x92, 0x00, 0xdf, 0x00, 0x08, 0x00, 0x00},
+       IngestError::kFrameTooLarge},
+      {"value array32 of 4 Gi",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff},
+       IngestError::kFrameTooLarge},
+      {"value map32 of 4 Gi",
+       {0x92, 0x00, 0x81, 0xa1, 'x', 0xdf, 0xff, 0xff, 0xff, 0xff},
+       IngestError::kFrameTooLarge},
+  };
+  ExpectFrameErrors(cases);
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    EXPECT_FALSE(Feed(d, c.bytes, sink));
+    EXPECT_EQ(d.buffered_bytes(), c.bytes.size());
+  }
+}
+
+TEST(FrameDecoderTest, RejectsFrameTooLargeWhenDeclaredLengthPassesBudget) {
+  // Limit 16: [0, {"x": <str 20>}] is 2 + 1 + 2 + 1 + 20 bytes.
+  DecoderLimits limits;
+  limits.max_frame_bytes = 16;
+  ExpectFrameErrors({{"str past budget",
+                      {0x92, 0x00, 0x81, 0xa1, 'x', 0xb4},
+                      IngestError::kFrameTooLarge}},
+                    limits);
+}
+
+TEST(FrameDecoderTest, RejectsIncompleteFrameAtTheLimit) {
+  // Limit 8: [0, {"x": 0xcf ...}] stops at 8 bytes in the middle of a uint64
+  // header; it cannot complete within the limit.
+  DecoderLimits limits;
+  limits.max_frame_bytes = 8;
+  const Bytes bytes = {0x92, 0x00, 0x81, 0xa1, 'x', 0xcf, 0x00, 0x00};
+  RecordingSink sink;
+  FrameDecoder d(limits);
+  ASSERT_TRUE(d.Feed(bytes.data(), 7, sink));
+  EXPECT_EQ(d.buffered_bytes(), 7u);
+  // Only the one byte the limit still allows is offered.
+  EXPECT_EQ(d.Prepare(100).size(), 1u);
+  EXPECT_FALSE(d.Feed(&bytes[7], 1, sink));
+  EXPECT_EQ(d.error(), IngestError::kFrameTooLarge);
+}
+
+// [1, 0, 0, [], pad...] of exactly `total` bytes: pads are str8 of 255 bytes
+// (257 encoded) and a last fixstr; trailing frame elements are ignored.
+Bytes PaddedBatch(size_t total) {
+  const size_t kHeader = 7;  // dc nn nn 01 00 00 90
+  const size_t rest = total - kHeader;
+  const size_t full = (rest - 1) / 257;  // keep 1..257 bytes for the last
+  const size_t last = rest - full * 257;
+  const size_t elems = 4 + full + 1;
+  Bytes out = {0xdc,
+               static_cast<uint8_t>(elems >> 8),
+               static_cast<uint8_t>(elems & 0xff),
+               0x01,
+               0x00,
+               0x00,
+               0x90};
+  for (size_t i = 0; i < full; ++i) {
+    out.insert(out.end(), {0xd9, 0xff});
+    out.insert(out.end(), 255, 'p');
+  }
+  if (last <= 32) {
+    out.push_back(static_cast<uint8_t>(0xa0 | (last - 1)));
+    out.insert(out.end(), last - 1, 'q');
+  } else {
+    out.insert(out.end(), {0xd9, static_cast<uint8_t>(last - 2)});
+    out.insert(out.end(), last - 2, 'q');
+  }
+  return out;
+}
+
+TEST(FrameDecoderTest, AcceptsFrameOfExactlyOneMiB) {
+  const Bytes frame = PaddedBatch(1024 * 1024);
+  ASSERT_EQ(frame.size(), 1024u * 1024u);
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, kHello, sink));
+  for (size_t i = 0; i < frame.size(); i += 4096) {
+    const size_t n = std::min<size_t>(4096, frame.size() - i);
+    ASSERT_TRUE(d.Feed(&frame[i], n, sink)) << i;
+    EXPECT_LE(d.buffered_bytes(), 1024u * 1024u);
+  }
+  ASSERT_EQ(sink.batches.size(), 1u);
+  EXPECT_TRUE(sink.batches[0].events.empty());
+  EXPECT_EQ(d.buffered_bytes(), 0u);
+}
+
+TEST(FrameDecoderTest, RejectsOneMiBPlusOneFrameOnceTheLimitPasses) {
+  const Bytes frame = PaddedBatch(1024 * 1024 + 1);
+  ASSERT_EQ(frame.size(), 1024u * 1024u + 1);
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, kHello, sink));
+  size_t fed = 0;
+  while (fed < frame.size()) {
+    const size_t n = std::min<size_t>(4096, frame.size() - fed);
+    if (!d.Feed(&frame[fed], n, sink)) break;
+    fed += n;
+    EXPECT_LE(d.buffered_bytes(), 1024u * 1024u);
+  }
+  EXPECT_TRUE(d.failed());
+  EXPECT_EQ(d.error(), IngestError::kFrameTooLarge);
+  // Not before the bytes seen could tell: the last pad's header is within
+  // the last 300 bytes.
+  EXPECT_GE(fed + 4096, frame.size() - 300);
+  EXPECT_TRUE(sink.batches.empty());
+}
+
+TEST(FrameDecoderTest, RejectsBatchTooLarge) {
+  ExpectFrameErrors({
+      {"65537 events",
+       Cat({kHello, {0x94, 0x01, 0x00, 0x00, 0xdd, 0x00, 0x01, 0x00, 0x01}}),
+       IngestError::kBatchTooLarge},
+      {"4 Gi events",
+       Cat({kHello, {0x94, 0x01, 0x00, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff}}),
+       IngestError::kBatchTooLarge},
+  });
+  DecoderLimits limits;
+  limits.max_batch_events = 2;
+  RecordingSink sink;
+  FrameDecoder d(limits);
+  ASSERT_TRUE(Feed(d, kHello, sink));
+  EXPECT_TRUE(Feed(d, BatchOf(2, {kTokens, kTokens}), sink));
+  // Fails at the events array header, before any event arrives.
+  EXPECT_FALSE(Feed(d, {0x94, 0x01, 0x01, 0x00, 0x93}, sink));
+  EXPECT_EQ(d.error(), IngestError::kBatchTooLarge);
+  EXPECT_EQ(sink.batches.size(), 1u);
+}
+
+TEST(FrameDecoderTest, RejectsTooDeep) {
+  // [0, {"proto": 1, "engine": ..., "model": ..., "x": [[[...0]]]}]: the
+  // frame is depth 1, meta 2, so k nested arrays reach depth 2 + k.
+  auto hello_with_nesting = [](size_t k) {
+    return Cat({HelloOf(4, {kProto, kEngine, kModel, {0xa1, 'x'}}),
+                Repeat(k, 0x91),
+                {0x00}});
+  };
+  {
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    EXPECT_TRUE(Feed(d, hello_with_nesting(30), sink));
+    EXPECT_EQ(sink.hellos.size(), 1u);
+  }
+  ExpectFrameErrors({
+      {"depth 33", hello_with_nesting(31), IngestError::kTooDeep},
+      {"depth 100000", hello_with_nesting(100000), IngestError::kTooDeep},
+      {"empty map at depth 33",
+       Cat({HelloOf(1, {{0xa1, 'x'}}), Repeat(30, 0x91), {0x80}}),
+       IngestError::kTooDeep},
+      {"deep inside an event",
+       Cat({kHello,
+            {0x94, 0x01, 0x00, 0x00, 0x91, 0x94, 0x04, 0x00, 0x07},
+            Repeat(40, 0x91),
+            {0x01}}),
+       IngestError::kTooDeep},
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Events
+
+TEST(FrameDecoderTest, DecodesEveryEventKindWithIntIds) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, kHello, sink));
+  ASSERT_TRUE(Feed(d,
+                   BatchOf(7, {kArrived, kQueued, kScheduled, kTokens,
+                               kPreempted, kFinished, kStep}),
+                   sink));
+  ASSERT_EQ(sink.batches.size(), 1u);
+  const std::vector<Event>& ev = sink.batches[0].events;
+  ASSERT_EQ(ev.size(), 7u);
+  const EventKind kinds[] = {EventKind::kArrived,   EventKind::kQueued,
+                             EventKind::kScheduled, EventKind::kTokens,
+                             EventKind::kPreempted, EventKind::kFinished,
+                             EventKind::kStep};
+  const uint64_t times[] = {1000, 1001, 1002, 1003, 1005, 1004, 1006};
+  for (size_t i = 0; i < ev.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(ev[i].kind, kinds[i]);
+    EXPECT_EQ(ev[i].t_ns, times[i]);
+    if (ev[i].kind != EventKind::kStep) {
+      EXPECT_FALSE(ev[i].rid.is_string);
+      EXPECT_EQ(ev[i].rid.number, 7u);
+    }
+  }
+  EXPECT_EQ(ev[0].count, 12u);
+  EXPECT_FALSE(ev[0].has_max_tokens);
+  EXPECT_FALSE(ev[0].has_n);
+  EXPECT_EQ(ev[3].count, 1u);
+  EXPECT_EQ(ev[5].reason, FinishReason::kStop);
+  EXPECT_EQ(ev[6].step.has, 0u);
+  EXPECT_TRUE(sink.event_errors.empty());
+}
+
+TEST(FrameDecoderTest, DecodesEveryEventKindWithStringIds) {
+  // rid "r-1" = a3 'r' '-' '1'; t = 0 .. 5.
+  const Bytes batch = BatchOf(6, {{0x94, 0x01, 0x00, 0xa3, 'r', '-', '1', 0x0c},
+                                  {0x93, 0x02, 0x01, 0xa3, 'r', '-', '1'},
+                                  {0x93, 0x03, 0x02, 0xa3, 'r', '-', '1'},
+                                  {0x94, 0x04, 0x03, 0xa3, 'r', '-', '1', 0x05},
+                                  {0x93, 0x06, 0x04, 0xa3, 'r', '-', '1'},
+                                  {0x94, 0x05, 0x05, 0xa3, 'r', '-', '1', 0xa6,
+                                   'l', 'e', 'n', 'g', 't', 'h'}});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
+  ASSERT_EQ(sink.batches.size(), 1u);
+  const BatchCopy& b = sink.batches[0];
+  ASSERT_EQ(b.events.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(b.events[i].rid.is_string);
+    EXPECT_EQ(b.rid_texts[i], "r-1");
+    EXPECT_EQ(b.events[i].t_ns, i);
+  }
+  EXPECT_EQ(b.events[0].kind, EventKind::kArrived);
+  EXPECT_EQ(b.events[0].count, 12u);
+  EXPECT_EQ(b.events[3].kind, EventKind::kTokens);
+  EXPECT_EQ(b.events[3].count, 5u);
+  EXPECT_EQ(b.events[4].kind, EventKind::kPreempted);
+  EXPECT_EQ(b.events[5].kind, EventKind::kFinished);
+  EXPECT_EQ(b.events[5].reason, FinishReason::kLength);
+}
+
+TEST(FrameDecoderTest, DecodesRequestIdLimits) {
+  // A 128-byte str8 id is the longest accepted; a uint64 max id is fine.
+  Bytes long_id = {0x93, 0x02, 0x00, 0xd9, 0x80};
+  long_id.insert(long_id.end(), 128, 'z');
+  const Bytes max_id = {0x93, 0x02, 0x00, 0xcf, 0xff, 0xff,
+                        0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(2, {long_id, max_id})}), sink));
+  ASSERT_EQ(sink.batches.size(), 1u);
+  ASSERT_EQ(sink.batches[0].events.size(), 2u);
+  EXPECT_EQ(sink.batches[0].rid_texts[0], std::string(128, 'z'));
+  EXPECT_EQ(sink.batches[0].events[1].rid.number, UINT64_MAX);
+}
+
+TEST(FrameDecoderTest, DecodesFinishReasons) {
+  const Bytes batch = BatchOf(
+      4, {{0x94, 0x05, 0x00, 0x01, 0xa4, 's', 't', 'o', 'p'},
+          {0x94, 0x05, 0x00, 0x02, 0xa6, 'l', 'e', 'n', 'g', 't', 'h'},
+          {0x94, 0x05, 0x00, 0x03, 0xa5, 'a', 'b', 'o', 'r', 't'},
+          {0x94, 0x05, 0x00, 0x04, 0xd9, 0x05, 'e', 'r', 'r', 'o', 'r'}});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
+  const std::vector<Event> ev = sink.AllEvents();
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[0].reason, FinishReason::kStop);
+  EXPECT_EQ(ev[1].reason, FinishReason::kLength);
+  EXPECT_EQ(ev[2].reason, FinishReason::kAbort);
+  EXPECT_EQ(ev[3].reason, FinishReason::kError);
+}
+
+TEST(FrameDecoderTest, DecodesArrivedParamsPresentAndAbsent) {
+  struct Case {
+    const char* name;
+    Bytes event;
+    bool has_max_tokens;
+    uint64_t max_tokens;
+    bool has_n;
+    uint64_t n;
+  };
+  const Case cases[] = {
+      {"no params", {0x94, 0x01, 0x00, 0x07, 0x0c}, false, 0, false, 0},
+      {"nil params", {0x95, 0x01, 0x00, 0x07, 0x0c, 0xc0}, false, 0, false, 0},
+      {"empty params",
+       {0x95, 0x01, 0x00, 0x07, 0x0c, 0x80},
+       false,
+       0,
+       false,
+       0},
+      {"both",
+       {0x95, 0x01, 0x00, 0x07, 0x0c, 0x82,  //
+        0xaa, 'm',  'a',  'x',  '_',  't',  'o', 'k', 'e', 'n', 's', 0xcd, 0x01,
+        0x00,  // max_tokens: 256
+        0xa1, 'n',  0x02},
+       true,
+       256,
+       true,
+       2},
+      {"max_tokens nil",
+       {0x95, 0x01, 0x00, 0x07, 0x0c, 0x81,  //
+        0xaa, 'm', 'a', 'x', '_', 't', 'o', 'k', 'e', 'n', 's', 0xc0},
+       false,
+       0,
+       false,
+       0},
+      {"n only, zero",
+       {0x95, 0x01, 0x00, 0x07, 0x0c, 0x81, 0xa1, 'n', 0x00},
+       false,
+       0,
+       true,
+       0},
+      {"unknown keys",
+       {0x95, 0x01, 0x00, 0x07, 0x0c, 0x84,  //
+        0xab, 't',  'e',  'm',  'p',  'e',  'r',  'a',  't',  'u',  'r',
+        'e',  0xcb, 0x3f, 0xe6, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66,  // 0.7
+        0x01, 0x02,                                                  // int key
+        0xa4, 's',  't',  'o',  'p',  0x91, 0xa1, 'x',  // "stop": ["x"]
+        0xa1, 'n',  0x03},
+       false,
+       0,
+       true,
+       3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(1, {c.event})}), sink));
+    ASSERT_TRUE(sink.event_errors.empty());
+    const std::vector<Event> ev = sink.AllEvents();
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].kind, EventKind::kArrived);
+    EXPECT_EQ(ev[0].rid.number, 7u);
+    EXPECT_EQ(ev[0].count, 12u);
+    EXPECT_EQ(ev[0].has_max_tokens, c.has_max_tokens);
+    EXPECT_EQ(ev[0].max_tokens, c.max_tokens);
+    EXPECT_EQ(ev[0].has_n, c.has_n);
+    EXPECT_EQ(ev[0].n, c.n);
+  }
+}
+
+// STEP with every stats key (and one unknown).
+const Bytes kFullStep = {
+    0x93, 0x07, 0xcd, 0x07, 0xd0, 0x8c,  // [7, 2000, {12 entries}]
+    0xa7, 'r',  'u',  'n',  'n',  'i',  'n',  'g',  0x03,  //
+    0xa7, 'w',  'a',  'i',  't',  'i',  'n',  'g',  0x02,  //
+    0xa8, 'k',  'v',  '_',  'u',  's',  'a',  'g',  'e',   //
+    0xcb, 0x3f, 0xe0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // 0.5
+    0xad, 'p',  'r',  'o',  'm',  'p',  't',  '_',  't',  'o', 'k',
+    'e',  'n',  's',  0xcd, 0x01, 0x00,  // 256
+    0xb1, 'g',  'e',  'n',  'e',  'r',  'a',  't',  'i',  'o', 'n',
+    '_',  't',  'o',  'k',  'e',  'n',  's',  0x10,  //
+    0xae, 'p',  'r',  'e',  'f',  'i',  'x',  '_',  'q',  'u', 'e',
+    'r',  'i',  'e',  's',  0x64,  //
+    0xab, 'p',  'r',  'e',  'f',  'i',  'x',  '_',  'h',  'i', 't',
+    's',  0x32,  //
+    0xab, 's',  'p',  'e',  'c',  '_',  'd',  'r',  'a',  'f', 't',
+    's',  0x04,  //
+    0xb1, 's',  'p',  'e',  'c',  '_',  'd',  'r',  'a',  'f', 't',
+    '_',  't',  'o',  'k',  'e',  'n',  's',  0x0c,  //
+    0xb4, 's',  'p',  'e',  'c',  '_',  'a',  'c',  'c',  'e', 'p',
+    't',  'e',  'd',  '_',  't',  'o',  'k',  'e',  'n',  's', 0x09,  //
+    0xb5, 's',  'p',  'e',  'c',  '_',  'a',  'c',  'c',  'e', 'p',
+    't',  'e',  'd',  '_',  'p',  'e',  'r',  '_',  'p',  'o', 's',
+    0x93, 0x04, 0x03, 0x02,                                           //
+    0xa6, 'f',  'u',  't',  'u',  'r',  'e',  0x81, 0xa1, 'k', 0x90,  // unknown
+};
+
+TEST(FrameDecoderTest, DecodesStepWithEveryKey) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(1, {kFullStep})}), sink));
+  ASSERT_TRUE(sink.event_errors.empty());
+  ASSERT_EQ(sink.batches.size(), 1u);
+  const BatchCopy& b = sink.batches[0];
+  ASSERT_EQ(b.events.size(), 1u);
+  const Event& e = b.events[0];
+  EXPECT_EQ(e.kind, EventKind::kStep);
+  EXPECT_EQ(e.t_ns, 2000u);
+  const StepStats& st = e.step;
+  EXPECT_EQ(st.has, (1u << 11) - 1);  // all eleven keys
+  EXPECT_EQ(st.running, 3u);
+  EXPECT_EQ(st.waiting, 2u);
+  EXPECT_EQ(st.kv_usage, 0.5);
+  EXPECT_EQ(st.prompt_tokens, 256u);
+  EXPECT_EQ(st.generation_tokens, 16u);
+  EXPECT_EQ(st.prefix_queries, 100u);
+  EXPECT_EQ(st.prefix_hits, 50u);
+  EXPECT_EQ(st.spec_drafts, 4u);
+  EXPECT_EQ(st.spec_draft_tokens, 12u);
+  EXPECT_EQ(st.spec_accepted_tokens, 9u);
+  ASSERT_EQ(st.pos_count, 3u);
+  EXPECT_EQ(st.pos_begin, 0u);
+  EXPECT_EQ(b.positions, (std::vector<uint64_t>{4, 3, 2}));
+}
+
+TEST(FrameDecoderTest, DecodesKvUsageEncodings) {
+  struct Case {
+    const char* name;
+    Bytes value;
+    double want;
+  };
+  const Case cases[] = {
+      {"float32 0.75", {0xca, 0x3f, 0x40, 0x00, 0x00}, 0.75},
+      {"float64 1.0", {0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0}, 1.0},
+      {"float64 0.0", {0xcb, 0, 0, 0, 0, 0, 0, 0, 0}, 0.0},
+      {"int 0", {0x00}, 0.0},
+      {"int 1", {0x01}, 1.0},
+      {"int 1 as uint16", {0xcd, 0x00, 0x01}, 1.0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Bytes step = Cat(
+        {{0x93, 0x07, 0x00, 0x81, 0xa8, 'k', 'v', '_', 'u', 's', 'a', 'g', 'e'},
+         c.value});
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(1, {step})}), sink));
+    const std::vector<Event> ev = sink.AllEvents();
+    ASSERT_EQ(ev.size(), 1u);
+    EXPECT_EQ(ev[0].step.has, static_cast<uint32_t>(StepStats::kKvUsage));
+    EXPECT_EQ(ev[0].step.kv_usage, c.want);
+  }
+}
+
+TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
+  // Two STEPs with positions, a bad STEP in between whose positions must
+  // not remain, and a nil key (absent).
+  const Bytes kPerPos = {0xb5, 's', 'p', 'e', 'c', '_', 'a', 'c',
+                         'c',  'e', 'p', 't', 'e', 'd', '_', 'p',
+                         'e',  'r', '_', 'p', 'o', 's'};
+  const Bytes batch =
+      BatchOf(4, {Cat({{0x93, 0x07, 0x01, 0x81}, kPerPos, {0x92, 0x05, 0x06}}),
+                  Cat({{0x93, 0x07, 0x02, 0x82},
+                       kPerPos,
+                       {0x92, 0x09, 0x09},
+                       {0xa7, 'r', 'u', 'n', 'n', 'i', 'n', 'g', 0xff}}),  // -1
+                  Cat({{0x93, 0x07, 0x03, 0x82},
+                       kPerPos,
+                       {0x91, 0x07},
+                       {0xa7, 'w', 'a', 'i', 't', 'i', 'n', 'g', 0xc0}}),
+                  Cat({{0x93, 0x07, 0x04, 0x82},
+                       kPerPos,
+                       {0x91, 0x01},
+                       kPerPos,
+                       {0x92, 0x08, 0x08}})});  // the key twice: the last wins
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
+  ASSERT_EQ(sink.event_errors,
+            std::vector<IngestError>{IngestError::kBadEvent});
+  const BatchCopy& b = sink.batches.at(0);
+  ASSERT_EQ(b.events.size(), 3u);
+  EXPECT_EQ(b.positions, (std::vector<uint64_t>{5, 6, 7, 8, 8}));
+  EXPECT_EQ(b.events[0].step.pos_begin, 0u);
+  EXPECT_EQ(b.events[0].step.pos_count, 2u);
+  EXPECT_EQ(b.events[1].step.pos_begin, 2u);
+  EXPECT_EQ(b.events[1].step.pos_count, 1u);
+  EXPECT_EQ(b.events[1].step.has,
+            static_cast<uint32_t>(StepStats::kSpecAcceptedPerPos));
+  EXPECT_EQ(b.events[2].step.pos_begin, 3u);
+  EXPECT_EQ(b.events[2].step.pos_count, 2u);
+}
+
+TEST(FrameDecoderTest, SkipsUnknownKindAndAppliesTheRest) {
+  const Bytes batch =
+      BatchOf(5, {kQueued,
+                  {0x93, 0x08, 0x00, 0x07},  // kind 8
+                  {0x91, 0x00},              // kind 0
+                  {0x95, 0xcd, 0x01, 0x00, 0x00, 0x80, 0x90, 0xa1, 'x'},  // 256
+                  kTokens});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
+  EXPECT_EQ(sink.event_errors,
+            (std::vector<IngestError>{IngestError::kUnknownKind,
+                                      IngestError::kUnknownKind,
+                                      IngestError::kUnknownKind}));
+  const std::vector<Event> ev = sink.AllEvents();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].kind, EventKind::kQueued);
+  EXPECT_EQ(ev[1].kind, EventKind::kTokens);
+}
+
+TEST(FrameDecoderTest, SkipsEventWithBadReason) {
+  const Bytes batch = BatchOf(
+      3, {kTokens,
+          {0x94, 0x05, 0x00, 0x07, 0xa4, 'S', 't', 'o', 'p'},  // case matters
+          {0x94, 0x05, 0x00, 0x08, 0xa0}});                    // empty
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
+  EXPECT_EQ(sink.event_errors,
+            (std::vector<IngestError>{IngestError::kBadReason,
+                                      IngestError::kBadReason}));
+  EXPECT_EQ(sink.AllEvents().size(), 1u);
+}
+
+TEST(FrameDecoderTest, SkipsBadEvent) {
+  Bytes long_id = {0x93, 0x02, 0x00, 0xd9, 0x81};  // 129 bytes
+  long_id.insert(long_id.end(), 129, 'z');
+  Bytes many_positions = {0x93, 0x07, 0x00, 0x81, 0xb5, 's', 'p', 'e',
+                          'c',  '_',  'a',  'c',  'c',  'e', 'p', 't',
+                          'e',  'd',  '_',  'p',  'e',  'r', '_', 'p',
+                          'o',  's',  0xdc, 0x00, 0x41};  // 65 positions
+  many_positions.insert(many_positions.end(), 65, 0x01);
+  const Bytes kKv = {0xa8, 'k', 'v', '_', 'u', 's', 'a', 'g', 'e'};
+  const Bytes kRunning = {0xa7, 'r', 'u', 'n', 'n', 'i', 'n', 'g'};
+  const Bytes kPerPos = {0xb5, 's', 'p', 'e', 'c', '_', 'a', 'c',
+                         'c',  'e', 'p', 't', 'e', 'd', '_', 'p',
+                         'e',  'r', '_', 'p', 'o', 's'};
+  const Bytes kMaxTokens = {0xaa, 'm', 'a', 'x', '_', 't',
+                            'o',  'k', 'e', 'n', 's'};
+  struct Case {
+    const char* name;
+    Bytes event;
+  };
+  const Case cases[] = {
+      {"int, not an array", {0x05}},
+      {"map, not an array", {0x81, 0x01, 0x02}},
+      {"str, not an array", {0xa1, 'x'}},
+      {"empty array", {0x90}},
+      {"negative kind", {0x93, 0xff, 0x00, 0x07}},
+      {"str kind", {0x93, 0xa1, '2', 0x00, 0x07}},
+      {"nil kind", {0x93, 0xc0, 0x00, 0x07}},
+      {"ARRIVED of 3", {0x93, 0x01, 0x00, 0x07}},
+      {"QUEUED of 2", {0x92, 0x02, 0x00}},
+      {"SCHEDULED of 1", {0x91, 0x03}},
+      {"TOKENS of 3", {0x93, 0x04, 0x00, 0x07}},
+      {"FINISHED of 3", {0x93, 0x05, 0x00, 0x07}},
+      {"PREEMPTED of 2", {0x92, 0x06, 0x00}},
+      {"STEP of 2", {0x92, 0x07, 0x00}},
+      {"t negative fixint", {0x93, 0x02, 0xff, 0x07}},
+      {"t negative int64",
+       {0x93, 0x02, 0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe,
+        0x07}},
+      {"t str", {0x93, 0x02, 0xa1, '0', 0x07}},
+      {"t float", {0x93, 0x02, 0xca, 0x3f, 0x80, 0x00, 0x00, 0x07}},
+      {"t nil", {0x93, 0x02, 0xc0, 0x07}},
+      {"rid negative", {0x93, 0x02, 0x00, 0xd0, 0xfe}},
+      {"rid empty str", {0x93, 0x02, 0x00, 0xa0}},
+      {"rid 129 bytes", long_id},
+      {"rid float", {0x93, 0x02, 0x00, 0xca, 0x3f, 0x80, 0x00, 0x00}},
+      {"rid nil", {0x93, 0x02, 0x00, 0xc0}},
+      {"rid array", {0x93, 0x02, 0x00, 0x91, 0x07}},
+      {"rid bin", {0x93, 0x02, 0x00, 0xc4, 0x01, 'r'}},
+      {"TOKENS n 0", {0x94, 0x04, 0x00, 0x07, 0x00}},
+      {"TOKENS n negative", {0x94, 0x04, 0x00, 0x07, 0xff}},
+      {"TOKENS n str", {0x94, 0x04, 0x00, 0x07, 0xa1, '1'}},
+      {"TOKENS n float", {0x94, 0x04, 0x00, 0x07, 0xca, 0x3f, 0x80, 0, 0}},
+      {"ARRIVED prompt negative", {0x94, 0x01, 0x00, 0x07, 0xd1, 0xff, 0x00}},
+      {"ARRIVED prompt nil", {0x94, 0x01, 0x00, 0x07, 0xc0}},
+      {"ARRIVED params array", {0x95, 0x01, 0x00, 0x07, 0x0c, 0x90}},
+      {"ARRIVED params str", {0x95, 0x01, 0x00, 0x07, 0x0c, 0xa1, 'x'}},
+      {"ARRIVED max_tokens str",
+       Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, kMaxTokens, {0xa1, '1'}})},
+      {"ARRIVED max_tokens negative",
+       Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, kMaxTokens, {0xff}})},
+      {"ARRIVED n float",
+       {0x95, 0x01, 0x00, 0x07, 0x0c, 0x81, 0xa1, 'n', 0xca, 0x3f, 0x80, 0, 0}},
+      {"FINISHED reason int", {0x94, 0x05, 0x00, 0x07, 0x01}},
+      {"FINISHED reason nil", {0x94, 0x05, 0x00, 0x07, 0xc0}},
+      {"FINISHED reason bin", {0x94, 0x05, 0x00, 0x07, 0xc4, 0x01, 's'}},
+      {"STEP stats array", {0x93, 0x07, 0x00, 0x90}},
+      {"STEP stats nil", {0x93, 0x07, 0x00, 0xc0}},
+      {"STEP running negative",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kRunning, {0xff}})},
+      {"STEP running str",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kRunning, {0xa1, '3'}})},
+      {"STEP running float",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kRunning, {0xca, 0x40, 0x40, 0, 0}})},
+      {"STEP kv_usage 1.5", Cat({{0x93, 0x07, 0x00, 0x81},
+                                 kKv,
+                                 {0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0}})},
+      {"STEP kv_usage NaN", Cat({{0x93, 0x07, 0x00, 0x81},
+                                 kKv,
+                                 {0xcb, 0x7f, 0xf8, 0, 0, 0, 0, 0, 0}})},
+      {"STEP kv_usage float32 NaN",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kKv, {0xca, 0x7f, 0xc0, 0, 0}})},
+      {"STEP kv_usage -0.25",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kKv, {0xca, 0xbe, 0x80, 0, 0}})},
+      {"STEP kv_usage +inf",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kKv, {0xca, 0x7f, 0x80, 0, 0}})},
+      {"STEP kv_usage int 2", Cat({{0x93, 0x07, 0x00, 0x81}, kKv, {0x02}})},
+      {"STEP kv_usage int -1", Cat({{0x93, 0x07, 0x00, 0x81}, kKv, {0xff}})},
+      {"STEP kv_usage str",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kKv, {0xa3, '0', '.', '5'}})},
+      {"STEP spec_accepted_per_pos map",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kPerPos, {0x80}})},
+      {"STEP spec_accepted_per_pos negative",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kPerPos, {0x92, 0x01, 0xff}})},
+      {"STEP spec_accepted_per_pos str",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kPerPos, {0x91, 0xa1, '1'}})},
+      {"STEP 65 positions", many_positions},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(
+        Feed(d, Cat({kHello, BatchOf(3, {kQueued, c.event, kTokens})}), sink))
+        << IngestErrorName(d.error());
+    EXPECT_EQ(sink.event_errors,
+              std::vector<IngestError>{IngestError::kBadEvent});
+    const std::vector<Event> ev = sink.AllEvents();
+    ASSERT_EQ(ev.size(), 2u);
+    EXPECT_EQ(ev[0].kind, EventKind::kQueued);
+    EXPECT_EQ(ev[1].kind, EventKind::kTokens);
+    EXPECT_EQ(ev[1].count, 1u);
+    EXPECT_TRUE(sink.batches[0].positions.empty());
+  }
+}
+
+TEST(FrameDecoderTest, RejectsNegativeIntWhereUintExpected) {
+  // Every int field, negative in some signed encoding: the event is
+  // skipped, not the frame.
+  const Bytes cases[] = {
+      {0x94, 0x04, 0xd0, 0xff, 0x07, 0x01},                    // t int8 -1
+      {0x94, 0x04, 0x00, 0xd1, 0xff, 0xff, 0x01},              // rid int16 -1
+      {0x94, 0x04, 0x00, 0x07, 0xd2, 0xff, 0xff, 0xff, 0xff},  // n int32 -1
+      {0x94, 0x01, 0x00, 0x07, 0xe0},                          // prompt -32
+      {0x94, 0xd0, 0xfc, 0x00, 0x07, 0x01},                    // kind -4
+  };
+  for (const Bytes& event : cases) {
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(1, {event})}), sink));
+    EXPECT_EQ(sink.event_errors,
+              std::vector<IngestError>{IngestError::kBadEvent});
+    EXPECT_TRUE(sink.AllEvents().empty());
+  }
+}
+
+TEST(FrameDecoderTest, AcceptsNonMinimalIntEncodings) {
+  // The value 5 in every int encoding, in every int position of TOKENS and
+  // as frame type, seq and kind.
+  const Bytes fives[] = {
+      {0x05},
+      {0xcc, 0x05},
+      {0xcd, 0x00, 0x05},
+      {0xce, 0x00, 0x00, 0x00, 0x05},
+      {0xcf, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05},
+      {0xd0, 0x05},
+      {0xd1, 0x00, 0x05},
+      {0xd2, 0x00, 0x00, 0x00, 0x05},
+      {0xd3, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05},
+  };
+  for (const Bytes& five : fives) {
+    SCOPED_TRACE(static_cast<int>(five[0]));
+    const Bytes batch = Cat({{0x94, 0xcc, 0x01},
+                             five,
+                             five,
+                             {0x92},
+                             {0x94, 0xd0, 0x04},
+                             five,
+                             five,
+                             five,
+                             {0x94, 0xcd, 0x00, 0x04, 0x00, 0x00, 0x01}});
+    const Bytes hello =
+        Cat({{0x92, 0xd3, 0,   0,   0,   0,   0,    0, 0, 0, 0x83,  //
+              0xa5, 'p',  'r', 'o', 't', 'o', 0xce, 0, 0, 0, 0x01},
+             kEngine,
+             kModel});
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, Cat({hello, batch}), sink))
+        << IngestErrorName(d.error());
+    ASSERT_EQ(sink.hellos.size(), 1u);
+    ASSERT_EQ(sink.batches.size(), 1u);
+    EXPECT_EQ(sink.batches[0].seq, 5u);
+    EXPECT_EQ(sink.batches[0].dropped_total, 5u);
+    const std::vector<Event>& ev = sink.batches[0].events;
+    ASSERT_EQ(ev.size(), 2u);
+    EXPECT_EQ(ev[0].kind, EventKind::kTokens);
+    EXPECT_EQ(ev[0].t_ns, 5u);
+    EXPECT_EQ(ev[0].rid.number, 5u);
+    EXPECT_EQ(ev[0].count, 5u);
+    EXPECT_EQ(ev[1].kind, EventKind::kTokens);
+    EXPECT_TRUE(sink.event_errors.empty());
+  }
+}
+
+TEST(FrameDecoderTest, DecodesFullRangeTimestamps) {
+  const Bytes batch = BatchOf(2, {{0x93, 0x02, 0xcf, 0xff, 0xff, 0xff, 0xff,
+                                   0xff, 0xff, 0xff, 0xff, 0x01},
+                                  {0x93, 0x02, 0xd3, 0x7f, 0xff, 0xff, 0xff,
+                                   0xff, 0xff, 0xff, 0xff, 0x01}});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
+  const std::vector<Event> ev = sink.AllEvents();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].t_ns, UINT64_MAX);
+  EXPECT_EQ(ev[1].t_ns, static_cast<uint64_t>(INT64_MAX));
+}
+
+TEST(FrameDecoderTest, IgnoresExtraTrailingElements) {
+  const Bytes hello = Cat({{0x93},
+                           Bytes(kHello.begin() + 1, kHello.end()),
+                           {0x81, 0xa1, 'x', 0x01}});
+  const Bytes batch = {
+      0x96, 0x01, 0x00, 0x00, 0x94,                    // [1,0,0,[4 ev],
+      0x96, 0x04, 0x0a, 0x07, 0x02, 0x90, 0xa1, 'x',   //   TOKENS +2
+      0x95, 0x02, 0x0b, 0x07, 0xc0, 0x81, 0x01, 0x02,  //   QUEUED +2
+      0x96, 0x05, 0x0c, 0x07, 0xa5, 'a',  'b',  'o',  'r',
+      't',  0xc3, 0xc2, 0x94, 0x07, 0x0d, 0x80, 0xcb, 0,
+      0,    0,    0,    0,    0,    0,    0,  //   STEP +1
+      0xa1, 'y',  0x80};                      // ...,"y",{}]
+  const Bytes goodbye = {0x93, 0x02, 0x90, 0xa1, 'z'};
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({hello, batch, goodbye}), sink));
+  EXPECT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(sink.goodbyes, 1);
+  EXPECT_TRUE(sink.event_errors.empty());
+  const std::vector<Event> ev = sink.AllEvents();
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[0].kind, EventKind::kTokens);
+  EXPECT_EQ(ev[0].count, 2u);
+  EXPECT_EQ(ev[1].kind, EventKind::kQueued);
+  EXPECT_EQ(ev[1].t_ns, 11u);
+  EXPECT_EQ(ev[2].kind, EventKind::kFinished);
+  EXPECT_EQ(ev[2].reason, FinishReason::kAbort);
+  EXPECT_EQ(ev[3].kind, EventKind::kStep);
+  EXPECT_EQ(ev[3].t_ns, 13u);
+}
+
+// ---------------------------------------------------------------------------
+// Streaming
+
+// A stream touching every kind of frame and event, with string ids, params,
+// a full STEP, an invalid event, and a payload longer than a read.
+Bytes MixedStream() {
+  return Cat({
+      kHello,
+      BatchOf(8, {kArrived,
+                  kQueued,
+                  kScheduled,
+                  kTokens,
+                  kPreempted,
+                  kFinished,
+                  kFullStep,
+                  {0x95, 0x01, 0x00, 0xa3, 'r', '-', '1', 0x0c, 0x81, 0xa1, 'n',
+                   0x02}}),
+      {0x94, 0x01, 0x01, 0xcd, 0x01, 0x00, 0x93},  // [1, 1, 256, [3 events]]
+      {0x94, 0x04, 0x05, 0xa3, 'r', '-', '1', 0x03},
+      {0x93, 0x09, 0x05, 0x07},  // unknown kind
+      {0x94, 0x05, 0x06, 0xa3, 'r', '-', '1', 0xa5, 'e', 'r', 'r', 'o', 'r'},
+      kGoodbye,
+  });
+}
+
+TEST(FrameDecoderTest, DecodesByteByByteFeedIdentically) {
+  const Bytes stream = MixedStream();
+  RecordingSink whole;
+  {
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, stream, whole));
+    EXPECT_EQ(d.buffered_bytes(), 0u);
+  }
+  ASSERT_EQ(whole.log.size(), 5u);  // hello, batch, error, batch, goodbye
+  RecordingSink bytewise;
+  FrameDecoder d{DecoderLimits{}};
+  for (size_t i = 0; i < stream.size(); ++i) {
+    ASSERT_TRUE(d.Feed(&stream[i], 1, bytewise)) << i;
+  }
+  EXPECT_EQ(bytewise.log, whole.log);
+  EXPECT_EQ(d.buffered_bytes(), 0u);
+  EXPECT_TRUE(d.saw_goodbye());
+}
+
+TEST(FrameDecoderTest, DecodesAnySplitIdentically) {
+  const Bytes stream = MixedStream();
+  RecordingSink whole;
+  {
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, stream, whole));
+  }
+  for (size_t chunk = 2; chunk <= 37; ++chunk) {
+    SCOPED_TRACE(chunk);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    size_t i = 0;
+    while (i < stream.size()) {
+      // Zero-copy path: Prepare a span, fill part of it, Commit.
+      const std::span<char> space = d.Prepare(chunk);
+      ASSERT_GE(space.size(), chunk);
+      const size_t n = std::min({chunk, space.size(), stream.size() - i});
+      std::memcpy(space.data(), &stream[i], n);
+      ASSERT_TRUE(d.Commit(n, sink));
+      i += n;
+    }
+    EXPECT_EQ(sink.log, whole.log);
+  }
+}
+
+TEST(FrameDecoderTest, DecodesTwoFramesInOneFeed) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(1, {kTokens})}), sink));
+  EXPECT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(sink.batches.size(), 1u);
+  // Two batches and half of a third.
+  const Bytes third = BatchOf(1, {kQueued});
+  ASSERT_TRUE(Feed(d,
+                   Cat({BatchOf(1, {kArrived}), BatchOf(1, {kFinished}),
+                        Bytes(third.begin(), third.begin() + 4)}),
+                   sink));
+  EXPECT_EQ(sink.batches.size(), 3u);
+  EXPECT_EQ(d.buffered_bytes(), 4u);
+  ASSERT_TRUE(Feed(d, Bytes(third.begin() + 4, third.end()), sink));
+  EXPECT_EQ(sink.batches.size(), 4u);
+  EXPECT_EQ(d.buffered_bytes(), 0u);
+}
+
+TEST(FrameDecoderTest, DeliversFramesBeforeTheBadOne) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  EXPECT_FALSE(Feed(
+      d,
+      Cat({kHello, BatchOf(1, {kTokens}), {0x91, 0x05}, BatchOf(1, {kTokens})}),
+      sink));
+  EXPECT_EQ(d.error(), IngestError::kBadFrame);
+  EXPECT_EQ(sink.log.size(), 2u);
+  // Dead from now on.
+  EXPECT_FALSE(Feed(d, BatchOf(1, {kTokens}), sink));
+  EXPECT_TRUE(d.Prepare(100).empty());
+  EXPECT_FALSE(d.Commit(0, sink));
+  EXPECT_EQ(sink.log.size(), 2u);
+}
+
+TEST(FrameDecoderTest, ReportsEventErrorsBeforeTheirBatch) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(2, {{0x90}, {0x90}})}), sink));
+  ASSERT_EQ(sink.log.size(), 4u);
+  EXPECT_EQ(sink.log[1], "event_error bad_event");
+  EXPECT_EQ(sink.log[2], "event_error bad_event");
+  EXPECT_EQ(sink.log[3], "batch seq=0 dropped=0");  // empty, still delivered
+}
+
+TEST(FrameDecoderTest, PrepareOffersAtLeastTheHint) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  EXPECT_GE(d.Prepare(0).size(), 1u);
+  EXPECT_GE(d.Prepare(65536).size(), 65536u);
+  EXPECT_LE(d.Prepare(1 << 30).size(), size_t{TM_MAX_FRAME_BYTES});
+  // Part of a frame, then a large hint: the allowance shrinks by it.
+  ASSERT_TRUE(Feed(d, Bytes(kHello.begin(), kHello.begin() + 10), sink));
+  EXPECT_EQ(d.Prepare(1 << 30).size(), TM_MAX_FRAME_BYTES - 10);
+  // A span may be only partly used.
+  std::span<char> space = d.Prepare(64);
+  std::memcpy(space.data(), &kHello[10], 5);
+  ASSERT_TRUE(d.Commit(5, sink));
+  space = d.Prepare(64);
+  std::memcpy(space.data(), &kHello[15], kHello.size() - 15);
+  ASSERT_TRUE(d.Commit(kHello.size() - 15, sink));
+  EXPECT_EQ(sink.hellos.size(), 1u);
+  EXPECT_EQ(d.buffered_bytes(), 0u);
+}
+
+TEST(FrameDecoderTest, DecodesManyBatchesThroughSmallReads) {
+  // 200 batches of 300 TOKENS events each, fed in odd-sized reads.
+  Bytes batch = {0x94, 0x01, 0x00, 0x00, 0xdc, 0x01, 0x2c};  // 300 events
+  for (int i = 0; i < 300; ++i) {
+    batch.insert(batch.end(),
+                 {0x94, 0x04, 0xcf, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00,
+                  0x00, 0xce, 0x00, 0x01, 0x00, 0x00, 0x01});
+  }
+  Bytes stream = kHello;
+  for (int i = 0; i < 200; ++i) {
+    batch[2] = static_cast<uint8_t>(i & 0x7f);
+    stream.insert(stream.end(), batch.begin(), batch.end());
+  }
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  for (size_t i = 0; i < stream.size(); i += 1000) {
+    const size_t n = std::min<size_t>(1000, stream.size() - i);
+    ASSERT_TRUE(d.Feed(&stream[i], n, sink));
+  }
+  ASSERT_EQ(sink.batches.size(), 200u);
+  for (const BatchCopy& b : sink.batches) {
+    ASSERT_EQ(b.events.size(), 300u);
+    EXPECT_EQ(b.events[299].t_ns, uint64_t{1} << 40);
+    EXPECT_EQ(b.events[299].rid.number, 65536u);
+  }
+}
+
+TEST(FrameDecoderTest, NamesEveryReason) {
+  const char* want[] = {
+      "invalid_msgpack",  "bad_frame", "frame_too_large",    "string_too_long",
+      "batch_too_large",  "too_deep",  "batch_before_hello", "second_hello",
+      "bad_hello",        "bad_name",  "reserved_label",     "too_many_labels",
+      "peer_not_allowed", "bad_event", "bad_timestamp",      "bad_reason",
+      "unknown_kind"};
+  ASSERT_EQ(std::size(want), static_cast<size_t>(IngestError::kCount));
+  for (size_t i = 0; i < std::size(want); ++i) {
+    EXPECT_EQ(IngestErrorName(static_cast<IngestError>(i)), want[i]);
+  }
+  EXPECT_EQ(EventKindName(EventKind::kArrived), "arrived");
+  EXPECT_EQ(EventKindName(EventKind::kQueued), "queued");
+  EXPECT_EQ(EventKindName(EventKind::kScheduled), "scheduled");
+  EXPECT_EQ(EventKindName(EventKind::kTokens), "tokens");
+  EXPECT_EQ(EventKindName(EventKind::kFinished), "finished");
+  EXPECT_EQ(EventKindName(EventKind::kPreempted), "preempted");
+  EXPECT_EQ(EventKindName(EventKind::kStep), "step");
+  EXPECT_EQ(FinishReasonName(FinishReason::kStop), "stop");
+  EXPECT_EQ(FinishReasonName(FinishReason::kLength), "length");
+  EXPECT_EQ(FinishReasonName(FinishReason::kAbort), "abort");
+  EXPECT_EQ(FinishReasonName(FinishReason::kError), "error");
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
