@@ -21,6 +21,12 @@ void SleepUntil(uint64_t t_ns) {
   }
 }
 
+uint64_t CpuNs(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
 tokenmeter::FinishReason ToClient(Finish f) {
   return f == Finish::kStop ? tokenmeter::FinishReason::kStop
                             : tokenmeter::FinishReason::kLength;
@@ -81,6 +87,8 @@ Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
 Status Engine::Run() {
   // The loop thread's event buffer, allocated before the first step.
   if (meter_) meter_->AttachThread();
+  const uint64_t loop_cpu0 = CpuNs(CLOCK_THREAD_CPUTIME_ID);
+  const uint64_t process_cpu0 = CpuNs(CLOCK_PROCESS_CPUTIME_ID);
   const size_t n = requests_.size();
   const uint64_t start_ns = NowNs();
   size_t next = 0;
@@ -111,6 +119,8 @@ Status Engine::Run() {
   if (meter_) {
     client_dropped_ = meter_->Close().events_dropped;
   }
+  loop_cpu_s_ = double(CpuNs(CLOCK_THREAD_CPUTIME_ID) - loop_cpu0) / 1e9;
+  process_cpu_s_ = double(CpuNs(CLOCK_PROCESS_CPUTIME_ID) - process_cpu0) / 1e9;
   return status;
 }
 
@@ -197,7 +207,11 @@ Status Engine::Step(uint64_t* finished) {
 }
 
 Report Engine::BuildReport() const {
-  return recorder_.Build(model_->backend(), options_.metrics, client_dropped_);
+  Report r =
+      recorder_.Build(model_->backend(), options_.metrics, client_dropped_);
+  r.loop_cpu_s = loop_cpu_s_;
+  r.process_cpu_s = process_cpu_s_;
+  return r;
 }
 
 }  // namespace tokenmeter::engine

@@ -1,0 +1,147 @@
+#!/usr/bin/python3
+"""What metrics cost the reference engine: interleaved A/B runs of
+tokenmeter-engine on a CPU-bound configuration, reporting to a running
+tokenmeterd (A) versus --no-metrics (B), same seed, same work.
+
+Prints each pair, then the median of the per-pair throughput ratios A/B
+(output tokens/s, from the engine's own --report) and PASS or MISS against
+the goal (>= 0.995). Wall-clock ratios on a busy machine are only as good
+as the machine is quiet, so it also prints two figures that other load
+disturbs less, from the CPU times the engine reports:
+
+* loop-thread ratio: output tokens per CPU second of the engine loop
+  thread, A over B (what the event calls cost the thread that runs the
+  model);
+* sender share: CPU time of the rest of the process (libtokenmeter's sender
+  thread) over the loop thread's, in the A runs (what encoding and writing
+  cost, on another core).
+
+--aa runs B against B: the noise floor of the wall-clock ratio.
+
+Usage: bench/engine/overhead.py [--build DIR] [--pairs N] [--aa]
+                                [-- ENGINE ARGS]
+docs/performance.md records the figures and the command.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+GOAL = 0.995
+
+# The smallest model at full batch: the most events per unit of compute,
+# i.e. the configuration where metrics cost the most. All requests at once
+# (--rate 0), so the engine never idles: throughput is compute-bound.
+CPU_BOUND = [
+    "--backend", "cpu", "--model-size", "tiny", "--requests", "200",
+    "--rate", "0", "--prompt-len", "96", "--output-len", "64",
+    "--max-batch", "64", "--max-tokens-per-step", "1024",
+    "--kv-blocks", "4096", "--block-size", "16", "--seed", "7", "--quiet",
+]
+
+
+def start_daemon(binary, tmp):
+    sock = os.path.join(tmp, "ingest.sock")
+    log = open(os.path.join(tmp, "daemon.log"), "w+b")
+    proc = subprocess.Popen(
+        [binary, "--ingest", sock, "--listen", "127.0.0.1:0",
+         "--log-interval", "0"],
+        stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(log.name, "rb") as f:
+            if re.search(rb"http port (\d+)", f.read()):
+                return proc, sock, log
+        if proc.poll() is not None:
+            sys.exit("tokenmeterd exited at start")
+        time.sleep(0.02)
+    proc.kill()
+    sys.exit("tokenmeterd did not start")
+
+
+def run_engine(engine, args, report_path):
+    subprocess.run([engine, *args, "--report", report_path], check=True)
+    with open(report_path) as f:
+        return json.load(f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default="build",
+                   help="meson build directory (default: build)")
+    p.add_argument("--pairs", type=int, default=21)
+    p.add_argument("--aa", action="store_true",
+                   help="control: no metrics on both sides")
+    p.add_argument("engine_args", nargs="*",
+                   help="replace the CPU-bound configuration")
+    a = p.parse_args()
+    engine = os.path.join(a.build, "engine", "tokenmeter-engine")
+    daemon = os.path.join(a.build, "daemon", "tokenmeterd")
+    for path in (engine, daemon):
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path} not built (ninja -C {a.build})")
+    args = a.engine_args or CPU_BOUND
+
+    tmp = tempfile.mkdtemp(prefix="tm-overhead-", dir="/tmp")
+    proc, sock, log = start_daemon(daemon, tmp)
+    report_path = os.path.join(tmp, "report.json")
+    without = args + ["--no-metrics"]
+    with_metrics = without if a.aa else args + ["--metrics-socket", sock]
+    print(f"engine: {' '.join(args)}")
+    print("A: " + ("--no-metrics (A/A control)" if a.aa else
+                   "metrics to a running tokenmeterd") + ", B: --no-metrics")
+    print(f"{'pair':>4} {'A tok/s':>9} {'B tok/s':>9} {'ratio':>7} "
+          f"{'loop ratio':>10} {'sender %':>8} {'dropped':>7}")
+    ratios, loop_ratios, sender_shares = [], [], []
+    try:
+        run_engine(engine, without, report_path)  # warm caches, page cache
+        for i in range(a.pairs):
+            # Alternate which side goes first, so that drift cancels.
+            order = [("A", with_metrics), ("B", without)]
+            if i % 2:
+                order.reverse()
+            res = {}
+            for side, argv in order:
+                res[side] = run_engine(engine, argv, report_path)
+            ra, rb = res["A"], res["B"]
+            if ra["generation_tokens"] != rb["generation_tokens"]:
+                sys.exit("runs did different work: same seed expected")
+            ratio = ra["output_tokens_per_s"] / rb["output_tokens_per_s"]
+            loop_ratio = rb["loop_cpu_s"] / ra["loop_cpu_s"]
+            sender = (ra["process_cpu_s"] - ra["loop_cpu_s"]) / ra[
+                "loop_cpu_s"]
+            ratios.append(ratio)
+            loop_ratios.append(loop_ratio)
+            sender_shares.append(sender)
+            print(f"{i + 1:>4} {ra['output_tokens_per_s']:>9.1f} "
+                  f"{rb['output_tokens_per_s']:>9.1f} {ratio:>7.4f} "
+                  f"{loop_ratio:>10.4f} {100 * sender:>8.3f} "
+                  f"{ra['client_dropped_events']:>7}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    median = statistics.median(ratios)
+    verdict = "PASS" if median >= GOAL else "MISS"
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [median] * 3
+    print(f"median throughput ratio A/B: {median:.4f} over {len(ratios)} "
+          f"pairs (quartiles {q[0]:.4f} .. {q[2]:.4f}): {verdict} "
+          f"(goal >= {GOAL})")
+    print(f"median loop-thread ratio (tokens per loop CPU second, A/B): "
+          f"{statistics.median(loop_ratios):.4f}")
+    print(f"median sender share (other threads' CPU / loop CPU, A): "
+          f"{100 * statistics.median(sender_shares):.3f}%")
+    return 0 if median >= GOAL else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
