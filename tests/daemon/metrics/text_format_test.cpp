@@ -18,6 +18,7 @@
 #include <locale>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "daemon/metrics/registry.h"
 
@@ -155,13 +156,31 @@ bool SetCommaCLocale(const std::filesystem::path& dir) {
   return ok;
 }
 
+// Puts the C and C++ global locales back and removes the temporary
+// directory, however the test ends.
+class LocaleRestorer {
+ public:
+  explicit LocaleRestorer(std::filesystem::path dir)
+      : dir_(std::move(dir)), old_global_(std::locale()) {}
+  ~LocaleRestorer() {
+    std::locale::global(old_global_);
+    std::setlocale(LC_ALL, "C");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::locale old_global_;
+};
+
 TEST(TextFormatTest, IgnoresTheProcessLocale) {
   char tmpl[] = "/tmp/tm_locale_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::filesystem::path dir(tmpl);
+  const LocaleRestorer restore(dir);
   const bool c_locale = SetCommaCLocale(dir);
-  const std::locale old_global = std::locale::global(
-      std::locale(std::locale::classic(), new CommaNumpunct));
+  std::locale::global(std::locale(std::locale::classic(), new CommaNumpunct));
   if (c_locale) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", 0.25);
@@ -193,10 +212,6 @@ TEST(TextFormatTest, IgnoresTheProcessLocale) {
                       "engine=\"0\"} 0.0015\n"),
             std::string::npos);
   EXPECT_EQ(text.find("0,"), std::string::npos);
-
-  std::locale::global(old_global);
-  std::setlocale(LC_ALL, "C");
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
