@@ -76,7 +76,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", default="build",
                    help="meson build directory (default: build)")
-    p.add_argument("--pairs", type=int, default=21)
+    p.add_argument("--pairs", type=int, default=31)
     p.add_argument("--aa", action="store_true",
                    help="control: no metrics on both sides")
     p.add_argument("engine_args", nargs="*",
