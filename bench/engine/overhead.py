@@ -14,7 +14,9 @@ disturbs less, from the CPU times the engine reports:
   model);
 * sender share: CPU time of the rest of the process (libtokenmeter's sender
   thread) over the loop thread's, in the A runs (what encoding and writing
-  cost, on another core).
+  cost, on another core);
+* daemon share: tokenmeterd's CPU during the A runs over their loop CPU
+  (another process, which on a machine without a spare core competes too).
 
 --aa runs B against B: the noise floor of the wall-clock ratio.
 
@@ -66,6 +68,13 @@ def start_daemon(binary, tmp):
     sys.exit("tokenmeterd did not start")
 
 
+def cpu_seconds(pid):
+    """user + system CPU of a process, from /proc (10 ms ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_engine(engine, args, report_path):
     subprocess.run([engine, *args, "--report", report_path], check=True)
     with open(report_path) as f:
@@ -100,6 +109,7 @@ def main():
     print(f"{'pair':>4} {'A tok/s':>9} {'B tok/s':>9} {'ratio':>7} "
           f"{'loop ratio':>10} {'sender %':>8} {'dropped':>7}")
     ratios, loop_ratios, sender_shares = [], [], []
+    daemon_cpu = a_loop_cpu = 0.0
     try:
         run_engine(engine, without, report_path)  # warm caches, page cache
         for i in range(a.pairs):
@@ -109,7 +119,11 @@ def main():
                 order.reverse()
             res = {}
             for side, argv in order:
+                d0 = cpu_seconds(proc.pid)
                 res[side] = run_engine(engine, argv, report_path)
+                if side == "A":
+                    daemon_cpu += cpu_seconds(proc.pid) - d0
+                    a_loop_cpu += res[side]["loop_cpu_s"]
             ra, rb = res["A"], res["B"]
             if ra["generation_tokens"] != rb["generation_tokens"]:
                 sys.exit("runs did different work: same seed expected")
@@ -140,6 +154,8 @@ def main():
           f"{statistics.median(loop_ratios):.4f}")
     print(f"median sender share (other threads' CPU / loop CPU, A): "
           f"{100 * statistics.median(sender_shares):.3f}%")
+    print(f"daemon CPU during the A runs / their loop CPU: "
+          f"{100 * daemon_cpu / a_loop_cpu:.2f}% (another process)")
     return 0 if median >= GOAL else 1
 
 
