@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -33,6 +34,13 @@ them as Prometheus metrics.
   --max-connections N        engine connections at once (default 1024)
   --max-http-connections N   HTTP connections at once (default 256)
   --max-engine-series N      engine label sets at once (default 4096)
+  --ingest-group NAME        group of the ingest socket file (default: the
+                             daemon's group)
+  --allow-uids LIST          comma-separated uids allowed to send (checked
+                             with SO_PEERCRED; default: anyone who can
+                             open the socket)
+  --allow-gids LIST          comma-separated gids allowed to send; a peer
+                             passes if its uid or its gid is listed
   --version                  print the version and exit
   --help                     print this text and exit
 )";
@@ -61,6 +69,38 @@ Status ParseSeconds(std::string_view flag, std::string_view v, double min,
                          std::to_string(int(min)));
   }
   *out = x;
+  return Status::Ok();
+}
+
+// "0,1000, 1001": at least one whole number, at most 256 of them.
+Status ParseIdList(std::string_view flag, std::string_view v,
+                   std::vector<uint32_t>* out) {
+  std::vector<uint32_t> ids;
+  const auto bad = [&] {
+    return Status::Error("--" + std::string(flag) + ": \"" + std::string(v) +
+                         "\" is not a comma-separated list of ids from 0 " +
+                         "to 4294967294 (at most 256)");
+  };
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = v.find(',', pos);
+    std::string_view item =
+        v.substr(pos, comma == std::string_view::npos ? std::string_view::npos
+                                                      : comma - pos);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    uint32_t x = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+    // (uid_t)-1 means "no id" to the kernel: never a real peer.
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() ||
+        x == UINT32_MAX || ids.size() >= 256) {
+      return bad();
+    }
+    ids.push_back(x);
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  *out = std::move(ids);
   return Status::Ok();
 }
 
@@ -168,6 +208,20 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          return SetUint("max-engine-series", v, 1, 1 << 24,
                         &c->registry.max_engine_series);
+       }},
+      {"ingest-group",
+       [](std::string_view v, Config* c) {
+         if (v.empty()) return Status::Error("--ingest-group: empty name");
+         c->ingest.group = v;
+         return Status::Ok();
+       }},
+      {"allow-uids",
+       [](std::string_view v, Config* c) {
+         return ParseIdList("allow-uids", v, &c->ingest.allow_uids);
+       }},
+      {"allow-gids",
+       [](std::string_view v, Config* c) {
+         return ParseIdList("allow-gids", v, &c->ingest.allow_gids);
        }},
   };
   return flags;

@@ -1,11 +1,14 @@
 #include "daemon/ingest/ingest_server.h"
 
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "spdlog/spdlog.h"
@@ -23,7 +26,19 @@ class IngestServer::Connection : public FrameSink {
   uv_pipe_t* pipe() { return &pipe_; }
 
   void Start() {
-    ReadPeerCredentials();
+    const bool known = ReadPeerCredentials();
+    const IngestOptions& o = server_.options_;
+    if ((!o.allow_uids.empty() || !o.allow_gids.empty()) &&
+        !(known && server_.PeerAllowed(uid_, gid_))) {
+      ++server_.registry_.counters()
+            .ingest_errors[size_t(IngestError::kPeerNotAllowed)];
+      spdlog::warn("ingest: {}: closing the connection: {} ({})", peer_,
+                   IngestErrorName(IngestError::kPeerNotAllowed),
+                   known ? "uid and gid not in --allow-uids/--allow-gids"
+                         : "peer credentials unavailable");
+      Close();
+      return;
+    }
     uv_read_start(reinterpret_cast<uv_stream_t*>(&pipe_), OnAlloc, OnRead);
   }
 
@@ -139,18 +154,22 @@ class IngestServer::Connection : public FrameSink {
     Close();
   }
 
-  void ReadPeerCredentials() {
+  // Names the peer for log lines; false when SO_PEERCRED failed.
+  bool ReadPeerCredentials() {
     uv_os_fd_t fd;
     ucred cred{};
     socklen_t len = sizeof cred;
     if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) == 0 &&
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      uid_ = cred.uid;
+      gid_ = cred.gid;
       peer_ = "peer#" + std::to_string(id_) + " pid=" +
               std::to_string(cred.pid) + " uid=" + std::to_string(cred.uid) +
               " gid=" + std::to_string(cred.gid);
-    } else {
-      peer_ = "peer#" + std::to_string(id_);
+      return true;
     }
+    peer_ = "peer#" + std::to_string(id_);
+    return false;
   }
 
   IngestServer& server_;
@@ -160,10 +179,43 @@ class IngestServer::Connection : public FrameSink {
   bool closing_ = false;
   bool logged_event_error_ = false;
   std::string peer_;
+  uint32_t uid_ = 0;
+  uint32_t gid_ = 0;
   Source source_{nullptr, 0};
   std::string family_, model_, instance_;
   int64_t client_key_ = 0;
 };
+
+namespace {
+
+// Resolves --ingest-group: a group name, or a number when no group has that
+// name.
+Status LookUpGroup(const std::string& name, gid_t* gid) {
+  group grp{};
+  group* found = nullptr;
+  std::vector<char> buf(16 * 1024);
+  int rc;
+  while ((rc = getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(),
+                          &found)) == ERANGE &&
+         buf.size() < (1u << 20)) {
+    buf.resize(buf.size() * 2);
+  }
+  if (rc == 0 && found != nullptr) {
+    *gid = found->gr_gid;
+    return Status::Ok();
+  }
+  uint32_t number = 0;
+  auto [end, ec] =
+      std::from_chars(name.data(), name.data() + name.size(), number);
+  if (!name.empty() && ec == std::errc() && end == name.data() + name.size()) {
+    *gid = number;
+    return Status::Ok();
+  }
+  return Status::Error("--ingest-group: no group named \"" + name + "\"" +
+                       (rc != 0 ? std::string(": ") + std::strerror(rc) : ""));
+}
+
+}  // namespace
 
 IngestServer::IngestServer(uv_loop_t* loop, Registry& registry,
                            Tracker& tracker, IngestOptions options)
@@ -204,6 +256,10 @@ Status IngestServer::Listen(const std::string& path) {
                            "\": " + std::strerror(errno));
     }
   }
+  gid_t gid = 0;
+  if (!options_.group.empty()) {
+    if (Status s = LookUpGroup(options_.group, &gid); !s.ok()) return s;
+  }
   int rc = uv_pipe_init(loop_, &listener_, 0);
   if (rc != 0) return Status::Error(std::string("uv_pipe_init: ") + uv_strerror(rc));
   listener_.data = this;
@@ -212,8 +268,15 @@ Status IngestServer::Listen(const std::string& path) {
   const mode_t old_mask = umask(0117);
   rc = uv_pipe_bind(&listener_, path.c_str());
   umask(old_mask);
+  if (rc == 0) unlink_path_ = path;
+  // The group is set between bind and listen: nobody can connect before.
+  if (rc == 0 && !options_.group.empty() &&
+      chown(path.c_str(), uid_t(-1), gid) != 0) {
+    return Status::Error("--ingest-group: cannot give ingest socket \"" + path +
+                         "\" the group \"" + options_.group + "\" (gid " +
+                         std::to_string(gid) + "): " + std::strerror(errno));
+  }
   if (rc == 0) {
-    unlink_path_ = path;
     rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 512,
                    OnConnection);
   }
@@ -227,6 +290,12 @@ Status IngestServer::Listen(const std::string& path) {
 }
 
 Status IngestServer::Adopt(int fd) {
+  if (!options_.group.empty()) {
+    spdlog::warn(
+        "--ingest-group {} is not applied to an inherited ingest "
+        "socket (set SocketGroup= in the socket unit)",
+        options_.group);
+  }
   int rc = uv_pipe_init(loop_, &listener_, 0);
   if (rc == 0) {
     listener_.data = this;
@@ -280,6 +349,13 @@ void IngestServer::Forget(Connection* c) {
   connections_.erase(c);
   --registry_.counters().ingest_connections;
   MaybeDone();
+}
+
+bool IngestServer::PeerAllowed(uint32_t uid, uint32_t gid) const {
+  const auto& u = options_.allow_uids;
+  const auto& g = options_.allow_gids;
+  return std::find(u.begin(), u.end(), uid) != u.end() ||
+         std::find(g.begin(), g.end(), gid) != g.end();
 }
 
 uint64_t IngestServer::SpaceFor(const Hello& hello, uint64_t) {

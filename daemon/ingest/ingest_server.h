@@ -19,6 +19,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_set>
+#include <vector>
 
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/tracker.h"
@@ -31,6 +32,18 @@ struct IngestOptions {
   DecoderLimits limits;
   std::string namespace_override;  // --namespace; empty: from HELLO engine
   uint32_t max_connections = 1024;
+  // --ingest-group: the group given to the socket file Listen() creates
+  // (a name, or a number when no group has that name); empty: the
+  // daemon's own group. Not applied to an adopted socket (the socket unit
+  // sets SocketGroup=).
+  std::string group;
+  // --allow-uids / --allow-gids: when either is non-empty, a peer is
+  // accepted only if its SO_PEERCRED uid is in allow_uids or its gid (the
+  // peer's effective gid, not its supplementary groups) in allow_gids;
+  // others are counted as peer_not_allowed, logged and closed at accept.
+  // Both empty: everyone who can open the socket is accepted.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> allow_gids;
 };
 
 class IngestServer {
@@ -41,9 +54,11 @@ class IngestServer {
   IngestServer& operator=(const IngestServer&) = delete;
   ~IngestServer();  // requires Close() to have completed
 
-  // Binds `path` (mode 0660), replacing a stale socket file nobody listens
-  // on; a live socket, a non-socket file, or a path too long for sun_path
-  // is an error naming the path.
+  // Binds `path` (mode 0660, group options.group when set), replacing a
+  // stale socket file nobody listens on; a live socket, a non-socket file,
+  // a path too long for sun_path, or a group that does not exist or that
+  // the daemon may not give the file is an error naming the path or group.
+  // The group is set before listen(), so no one connects before it is.
   Status Listen(const std::string& path);
   // Uses an inherited, already listening Unix socket (socket activation).
   // The daemon then does not unlink it at exit.
@@ -64,6 +79,7 @@ class IngestServer {
   void Forget(Connection* c);
   void MaybeDone();
   uint64_t SpaceFor(const Hello& hello, uint64_t connection_id);
+  bool PeerAllowed(uint32_t uid, uint32_t gid) const;
 
   uv_loop_t* loop_;
   Registry& registry_;

@@ -72,6 +72,9 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.ingest.limits.max_batch_events, 65536u);
   EXPECT_EQ(c.ingest.max_connections, 1024u);
   EXPECT_EQ(c.http_max_connections, 256u);
+  EXPECT_EQ(c.ingest.group, "");
+  EXPECT_TRUE(c.ingest.allow_uids.empty());
+  EXPECT_TRUE(c.ingest.allow_gids.empty());
   EXPECT_FALSE(c.show_help);
   EXPECT_FALSE(c.show_version);
 }
@@ -126,6 +129,23 @@ TEST(ConfigTest, EveryFlagInBothSpellings) {
        [](const Config& c) { EXPECT_EQ(c.http_max_connections, 9u); }},
       {"max-engine-series", "11",
        [](const Config& c) { EXPECT_EQ(c.registry.max_engine_series, 11u); }},
+      {"ingest-group", "tokenmeter",
+       [](const Config& c) { EXPECT_EQ(c.ingest.group, "tokenmeter"); }},
+      {"allow-uids", "0",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.allow_uids, std::vector<uint32_t>{0});
+       }},
+      {"allow-uids", "1000, 1001,4294967294",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.allow_uids,
+                   (std::vector<uint32_t>{1000, 1001, 4294967294u}));
+         EXPECT_TRUE(c.ingest.allow_gids.empty());
+       }},
+      {"allow-gids", "5,6",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.allow_gids, (std::vector<uint32_t>{5, 6}));
+         EXPECT_TRUE(c.ingest.allow_uids.empty());
+       }},
   };
   for (const FlagCase& c : cases) {
     {
@@ -144,12 +164,26 @@ TEST(ConfigTest, HelpAndVersion) {
   EXPECT_TRUE(MustParse({"-h"}).show_help);
   EXPECT_TRUE(MustParse({"--version"}).show_version);
   EXPECT_FALSE(UsageText().empty());
-  for (const char* flag :
-       {"--ingest", "--listen", "--log-interval", "--namespace",
-        "--max-model-len", "--config", "--log-level", "--max-requests",
-        "--request-idle-timeout", "--finished-grace", "--max-frame-bytes",
-        "--max-batch-events", "--max-connections", "--max-http-connections",
-        "--max-engine-series", "--version", "--help"}) {
+  for (const char* flag : {"--ingest",
+                           "--listen",
+                           "--log-interval",
+                           "--namespace",
+                           "--max-model-len",
+                           "--config",
+                           "--log-level",
+                           "--max-requests",
+                           "--request-idle-timeout",
+                           "--finished-grace",
+                           "--max-frame-bytes",
+                           "--max-batch-events",
+                           "--max-connections",
+                           "--max-http-connections",
+                           "--max-engine-series",
+                           "--ingest-group",
+                           "--allow-uids",
+                           "--allow-gids",
+                           "--version",
+                           "--help"}) {
     EXPECT_TRUE(Contains(std::string(UsageText()), flag)) << flag;
   }
 }
@@ -201,6 +235,17 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {"max-http-connections", "65537"},
       {"max-engine-series", "0"},
       {"max-engine-series", "16777217"},
+      {"ingest-group", ""},
+      {"allow-uids", ""},
+      {"allow-uids", "1,"},
+      {"allow-uids", ",1"},
+      {"allow-uids", "1,,2"},
+      {"allow-uids", "-1"},
+      {"allow-uids", "root"},
+      {"allow-uids", "4294967295"},
+      {"allow-uids", "4294967296"},
+      {"allow-gids", "1;2"},
+      {"allow-gids", "1.5"},
   };
   for (const BadValueCase& c : cases) {
     for (const std::vector<std::string>& args :
@@ -244,6 +289,14 @@ TEST(ConfigTest, RejectsMissingValue) {
     EXPECT_TRUE(Contains(s.message(), flag)) << s.message();
     EXPECT_TRUE(Contains(s.message(), "value")) << s.message();
   }
+}
+
+TEST(ConfigTest, AllowListOf256IdsAndNoMore) {
+  std::string ids = "0";
+  for (int i = 1; i < 256; ++i) ids += "," + std::to_string(i);
+  EXPECT_EQ(MustParse({"--allow-gids", ids}).ingest.allow_gids.size(), 256u);
+  Config config;
+  EXPECT_FALSE(Parse({"--allow-gids", ids + ",256"}, &config).ok());
 }
 
 TEST(ConfigTest, ReadsConfigFile) {
