@@ -1,6 +1,7 @@
 // The C ABI: argument checks, options, and the event functions' hot path.
 #include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -222,7 +223,10 @@ int tm_client_new(const tm_options* opts, tm_client** out) {
   *out = nullptr;
   tm_client* c = nullptr;
   try {
-    c = new tm_client(*opts);
+    // HELLO's informational pid: this process, not the options' zero.
+    tm_options with_pid = *opts;
+    with_pid.meta.pid = getpid();
+    c = new tm_client(with_pid);
   } catch (...) {
     return TM_E_NOMEM;
   }
@@ -249,7 +253,8 @@ int tm_client_flush(tm_client* client, uint32_t timeout_ms) {
 
 int tm_thread_attach(tm_client* client) {
   if (client == nullptr) return TM_E_INVALID;
-  return client->LocalRing() != nullptr ? TM_OK : TM_E_DROPPED;
+  return client->LocalRing(/*count_drop=*/false) != nullptr ? TM_OK
+                                                            : TM_E_DROPPED;
 }
 
 int tm_client_stats(const tm_client* client, uint64_t* out, size_t n) {

@@ -132,7 +132,7 @@ void tm_client::Wake() {
   [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
 }
 
-Ring* tm_client::AttachSlow() {
+Ring* tm_client::AttachSlow(bool count_drop) {
   std::lock_guard<std::mutex> l(mu_);
   // Forget slots of clients that have been closed, and find a free entry.
   TlsEntry* free_entry = nullptr;
@@ -149,9 +149,16 @@ Ring* tm_client::AttachSlow() {
     const uint32_t n = n_slots_.load(std::memory_order_relaxed);
     for (uint32_t i = 0; i < n && slot == nullptr; ++i) {
       ThreadSlot* s = slots_[i].load(std::memory_order_relaxed);
-      int expected = ThreadSlot::kFree;
-      if (s->state.compare_exchange_strong(expected, ThreadSlot::kActive)) {
-        slot = s;
+      // A free slot, or one whose thread exited and whose events are all
+      // sent: the latter is taken now rather than after the sender's next
+      // RecycleOrphans() pass (which may race us to kFree; then retry).
+      int state = s->state.load(std::memory_order_acquire);
+      while (state == ThreadSlot::kFree || (state == ThreadSlot::kOrphaned &&
+                                            s->ring.head() == s->ring.tail())) {
+        if (s->state.compare_exchange_weak(state, ThreadSlot::kActive)) {
+          slot = s;
+          break;
+        }
       }
     }
     if (slot == nullptr && n < opts_.max_threads) {
@@ -167,7 +174,7 @@ Ring* tm_client::AttachSlow() {
     }
   }
   if (slot == nullptr) {
-    dropped_extra_.fetch_add(1, std::memory_order_relaxed);
+    if (count_drop) dropped_extra_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
   slot->refs.fetch_add(1, std::memory_order_relaxed);

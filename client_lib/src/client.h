@@ -66,15 +66,15 @@ struct tm_client {
   int Stats(uint64_t* out, size_t n) const;
 
   // The calling thread's ring, attaching the thread on its first call;
-  // nullptr (and the drop counted) when no slot can be had.
-  tokenmeter::client::Ring* LocalRing() {
-    tokenmeter::client::ThreadSlot* slot =
-        tokenmeter::client::CachedSlot(id_);
+  // nullptr when no slot can be had. An event that finds no slot is dropped
+  // and counted (count_drop); tm_thread_attach() drops no event.
+  tokenmeter::client::Ring* LocalRing(bool count_drop = true) {
+    tokenmeter::client::ThreadSlot* slot = tokenmeter::client::CachedSlot(id_);
     if (slot != nullptr) [[likely]]
       return &slot->ring;
-    return AttachSlow();
+    return AttachSlow(count_drop);
   }
-  tokenmeter::client::Ring* AttachSlow();
+  tokenmeter::client::Ring* AttachSlow(bool count_drop);
 
   void CountRejected() {
     rejected_.fetch_add(1, std::memory_order_relaxed);

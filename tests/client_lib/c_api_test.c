@@ -1,0 +1,124 @@
+/*
+ * The C ABI used from C99 (built with -std=c99 -Wall -Wextra -Wpedantic
+ * -Werror): options, a client with no daemon, events, stats, close.
+ * Exits 0 when every check holds, 1 otherwise.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tokenmeter/protocol.h"
+#include "tokenmeter/tokenmeter.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_RC(expr, want)                                             \
+  do {                                                                   \
+    int rc_ = (expr);                                                    \
+    if (rc_ != (want)) {                                                 \
+      fprintf(stderr, "%s:%d: %s returned %d (%s), want %d\n", __FILE__, \
+              __LINE__, #expr, rc_, tm_strerror(rc_), (int)(want));      \
+      ++failures;                                                        \
+    }                                                                    \
+  } while (0)
+
+int main(void) {
+  char dir[] = "/tmp/tmc.XXXXXX";
+  char path[128];
+  tm_options* opts;
+  tm_client* client = NULL;
+  uint64_t stats[TM_STAT_COUNT];
+  uint64_t final_stats[TM_STAT_COUNT];
+  const tm_step_key keys[2] = {TM_STEP_KEY_RUNNING, TM_STEP_KEY_KV_USAGE};
+  const double values[2] = {3.0, 0.5};
+  const uint64_t positions[2] = {4, 2};
+  uint64_t now;
+  size_t i;
+
+  if (mkdtemp(dir) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  /* Nothing listens here: the client must work without a daemon. */
+  snprintf(path, sizeof path, "%s/absent.sock", dir);
+
+  CHECK(strcmp(tm_version(), "") != 0);
+  CHECK(tm_strerror(TM_E_INVALID) != NULL);
+  now = tm_now_ns();
+  CHECK(now > 0);
+
+  opts = tm_options_new();
+  CHECK(opts != NULL);
+  if (opts == NULL) return 1;
+  /* No model yet: refused. */
+  CHECK_RC(tm_client_new(opts, &client), TM_E_INVALID);
+  CHECK(client == NULL);
+  CHECK_RC(tm_options_set_socket_path(opts, path), TM_OK);
+  CHECK_RC(tm_options_set_engine(opts, "c-engine"), TM_OK);
+  CHECK_RC(tm_options_set_engine(opts, "c engine"), TM_E_INVALID);
+  CHECK_RC(tm_options_set_model(opts, "c-model"), TM_OK);
+  CHECK_RC(tm_options_set_instance(opts, "c0"), TM_OK);
+  CHECK_RC(tm_options_set_scope(opts, "c-scope"), TM_OK);
+  CHECK_RC(tm_options_add_label(opts, "lang", "c99"), TM_OK);
+  CHECK_RC(tm_options_add_label(opts, "le", "x"), TM_E_INVALID);
+  CHECK_RC(tm_options_set_buffer_capacity(opts, 1024), TM_OK);
+  CHECK_RC(tm_options_set_flush_interval_ms(opts, 5), TM_OK);
+  CHECK_RC(tm_options_set_close_timeout_ms(opts, 50), TM_OK);
+  CHECK_RC(tm_options_set_max_threads(opts, 2), TM_OK);
+  CHECK_RC(tm_client_new(opts, &client), TM_OK);
+  tm_options_free(opts);
+  CHECK(client != NULL);
+  if (client == NULL) return 1;
+
+  CHECK_RC(tm_thread_attach(client), TM_OK);
+  CHECK_RC(tm_arrived(client, 0, 1, 100, 256, 1), TM_OK);
+  CHECK_RC(tm_arrived_str(client, now, "c-1", 3, 50, 0, 0), TM_OK);
+  CHECK_RC(tm_queued(client, 0, 1), TM_OK);
+  CHECK_RC(tm_scheduled(client, 0, 1), TM_OK);
+  CHECK_RC(tm_scheduled_str(client, 0, "c-1", 3), TM_OK);
+  CHECK_RC(tm_tokens(client, 0, 1, 1), TM_OK);
+  CHECK_RC(tm_tokens_str(client, 0, "c-1", 3, 4), TM_OK);
+  CHECK_RC(tm_preempted(client, 0, 1), TM_OK);
+  CHECK_RC(tm_step(client, 0, keys, values, 2, positions, 2), TM_OK);
+  CHECK_RC(tm_finished(client, 0, 1, TM_FINISH_STOP), TM_OK);
+  CHECK_RC(tm_finished_str(client, 0, "c-1", 3, TM_FINISH_LENGTH), TM_OK);
+  /* Rejected: zero tokens, an empty id. */
+  CHECK_RC(tm_tokens(client, 0, 1, 0), TM_E_INVALID);
+  CHECK_RC(tm_queued_str(client, 0, "", 0), TM_E_INVALID);
+
+  CHECK_RC(tm_client_flush(client, 1000), TM_E_DISCONNECTED);
+  for (i = 0; i < TM_STAT_COUNT; ++i) stats[i] = 12345;
+  CHECK_RC(tm_client_stats(client, stats, TM_STAT_COUNT), TM_OK);
+  CHECK(stats[TM_STAT_EVENTS_SENT] == 0);
+  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 2);
+  CHECK(stats[TM_STAT_EVENTS_DROPPED] == 0);
+  CHECK(stats[TM_STAT_CONNECTED] == 0);
+  CHECK(stats[TM_STAT_RECONNECTS] == 0);
+
+  /* The 11 buffered events cannot be sent: dropped at close. */
+  CHECK_RC(tm_client_close(client, final_stats, TM_STAT_COUNT), TM_E_TIMEOUT);
+  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 11);
+  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 2);
+  CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
+  CHECK_RC(tm_client_close(NULL, NULL, 0), TM_OK);
+
+  rmdir(dir);
+  if (failures != 0) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("c_api_test: all checks passed\n");
+  return 0;
+}

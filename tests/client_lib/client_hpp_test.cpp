@@ -1,0 +1,286 @@
+// The C++ wrapper (tokenmeter/client.hpp) over a real socket.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "protocol_checks.h"
+#include "test_server.h"
+#include "tokenmeter/client.hpp"
+
+namespace tokenmeter::testing {
+namespace {
+
+class CppClientTest : public ::testing::Test {
+ protected:
+  Options BaseOptions() const {
+    Options o;
+    o.socket_path = socket_path_;
+    o.model = "qwen";
+    return o;
+  }
+  void StartServer() {
+    server_ = std::make_unique<TestServer>(socket_path_);
+    ASSERT_TRUE(server_->ok()) << server_->error();
+  }
+  bool WaitForEvents(size_t n) {
+    return server_->WaitUntil(
+        [n](const TestServer::Connections& c) { return CountEvents(c) >= n; });
+  }
+  bool WaitForEof(size_t index) {
+    return server_->WaitUntil([index](const TestServer::Connections& c) {
+      return c.size() > index && c[index].eof;
+    });
+  }
+
+  TempDir dir_;
+  std::string socket_path_ = dir_.File("s");
+  std::unique_ptr<TestServer> server_;
+};
+
+TEST_F(CppClientTest, CreateSendsHelloWithOptions) {
+  StartServer();
+  Options o = BaseOptions();
+  o.engine = "vllm";
+  o.instance = "dp1";
+  o.scope = "api";
+  o.labels = {{"zone", "a"}, {"pool", "gpu"}};
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  ASSERT_NE(client, nullptr);
+  client->Close();
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const Value& meta = conns[0].frames.at(0).value.array.at(1);
+  EXPECT_EQ(meta.Find("engine")->str, "vllm");
+  EXPECT_EQ(meta.Find("model")->str, "qwen");
+  EXPECT_EQ(meta.Find("instance")->str, "dp1");
+  EXPECT_EQ(meta.Find("scope")->str, "api");
+  EXPECT_EQ(meta.Find("labels")->Find("zone")->str, "a");
+  EXPECT_EQ(meta.Find("labels")->Find("pool")->str, "gpu");
+}
+
+TEST_F(CppClientTest, CreateRejectsInvalidOptions) {
+  std::unique_ptr<Client> client;
+  Options no_model = BaseOptions();
+  no_model.model.clear();
+  EXPECT_EQ(Client::Create(no_model, &client), TM_E_INVALID);
+  EXPECT_EQ(client, nullptr);
+  Options bad_engine = BaseOptions();
+  bad_engine.engine = "v llm";
+  EXPECT_EQ(Client::Create(bad_engine, &client), TM_E_INVALID);
+  EXPECT_EQ(client, nullptr);
+  Options reserved_label = BaseOptions();
+  reserved_label.labels = {{"model_name", "x"}};
+  EXPECT_EQ(Client::Create(reserved_label, &client), TM_E_INVALID);
+  Options small_buffer = BaseOptions();
+  small_buffer.buffer_capacity = 10;
+  EXPECT_EQ(Client::Create(small_buffer, &client), TM_E_INVALID);
+  EXPECT_EQ(client, nullptr);
+}
+
+// string_view ids need no NUL terminator; default timestamps are "now".
+TEST_F(CppClientTest, SendsEventsWithStringViewIds) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const std::string ids = "req-1req-2";
+  const std::string_view a(ids.data(), 5);
+  const std::string_view b(ids.data() + 5, 5);
+  const uint64_t before = NowNs();
+  EXPECT_EQ(client->Arrived(a, 12), TM_OK);
+  EXPECT_EQ(client->Arrived(b, 13, 100, 2), TM_OK);
+  EXPECT_EQ(client->Queued(a), TM_OK);
+  EXPECT_EQ(client->Scheduled(a), TM_OK);
+  EXPECT_EQ(client->Tokens(a, 1), TM_OK);
+  EXPECT_EQ(client->Preempted(a), TM_OK);
+  EXPECT_EQ(client->Finished(a, FinishReason::kAbort), TM_OK);
+  EXPECT_EQ(client->Finished(b, FinishReason::kLength), TM_OK);
+  EXPECT_EQ(client->Arrived(uint64_t{77}, 5, 0, 0, 123), TM_OK);
+  EXPECT_EQ(client->Tokens(uint64_t{77}, 3, 124), TM_OK);
+  EXPECT_EQ(client->Finished(uint64_t{77}, FinishReason::kStop, 125), TM_OK);
+  const uint64_t after = NowNs();
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_sent, 11u);
+  ASSERT_TRUE(WaitForEof(0));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 11u);
+  std::vector<std::string> shapes;
+  for (size_t i = 0; i < events.size(); ++i) {
+    Value ev = events[i];
+    if (i < 8) {
+      EXPECT_GE(ev.array[1].uint, before);
+      EXPECT_LE(ev.array[1].uint, after);
+      ev.array[1].uint = 0;  // compare the rest exactly
+    }
+    shapes.push_back(ev.ToString());
+  }
+  EXPECT_EQ(shapes, (std::vector<std::string>{
+                        R"([1,0,"req-1",12])",
+                        R"([1,0,"req-2",13,{"max_tokens":100,"n":2}])",
+                        R"([2,0,"req-1"])",
+                        R"([3,0,"req-1"])",
+                        R"([4,0,"req-1",1])",
+                        R"([6,0,"req-1"])",
+                        R"([5,0,"req-1","abort"])",
+                        R"([5,0,"req-2","length"])",
+                        R"([1,123,77,5])",
+                        R"([4,124,77,3])",
+                        R"([5,125,77,"stop"])",
+                    }));
+}
+
+TEST_F(CppClientTest, StepStatsSendsEachKeyOnce) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const uint64_t per_pos[] = {5, 3, 1};
+  StepStats s;
+  s.Running(1)
+      .Running(4)  // a key set twice keeps the last value
+      .Waiting(2)
+      .KvUsage(0.75)
+      .PromptTokens(100)
+      .GenerationTokens(8)
+      .PrefixQueries(64)
+      .PrefixHits(32)
+      .SpecDrafts(2)
+      .SpecDraftTokens(6)
+      .SpecAcceptedTokens(9)
+      .SpecAcceptedPerPos(per_pos, 3);
+  EXPECT_EQ(client->Step(s, 77), TM_OK);
+  EXPECT_EQ(client->Step(StepStats().Waiting(0), 78), TM_OK);
+  EXPECT_EQ(client->Step(StepStats(), 79), TM_OK);
+  client->Close();
+  ASSERT_TRUE(WaitForEof(0));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 3u);
+  const Value& m = events[0].array[2];
+  EXPECT_EQ(m.map.size(), 11u);
+  EXPECT_EQ(m.CountKey("running"), 1u);
+  EXPECT_EQ(m.Find("running")->uint, 4u);
+  EXPECT_EQ(m.Find("waiting")->uint, 2u);
+  EXPECT_EQ(m.Find("kv_usage")->real, 0.75);
+  EXPECT_EQ(m.Find("prompt_tokens")->uint, 100u);
+  EXPECT_EQ(m.Find("generation_tokens")->uint, 8u);
+  EXPECT_EQ(m.Find("prefix_queries")->uint, 64u);
+  EXPECT_EQ(m.Find("prefix_hits")->uint, 32u);
+  EXPECT_EQ(m.Find("spec_drafts")->uint, 2u);
+  EXPECT_EQ(m.Find("spec_draft_tokens")->uint, 6u);
+  EXPECT_EQ(m.Find("spec_accepted_tokens")->uint, 9u);
+  EXPECT_EQ(m.Find("spec_accepted_per_pos")->ToString(), "[5,3,1]");
+  EXPECT_EQ(events[1].ToString(), R"([7,78,{"waiting":0}])");
+  EXPECT_EQ(events[2].ToString(), R"([7,79,{}])");
+}
+
+TEST_F(CppClientTest, StepWithTooManyPositionsIsRejected) {
+  std::unique_ptr<Client> client;
+  Options o = BaseOptions();
+  o.close_timeout_ms = 0;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  std::vector<uint64_t> pos(TM_MAX_SPEC_POSITIONS + 1, 1);
+  EXPECT_EQ(
+      client->Step(StepStats().SpecAcceptedPerPos(pos.data(), pos.size())),
+      TM_E_INVALID);
+  EXPECT_EQ(client->GetStats().events_rejected, 1u);
+}
+
+// Close() flushes, says goodbye, and returns the final counters; the
+// object stays usable but inert.
+TEST_F(CppClientTest, CloseReturnsFinalStats) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  ASSERT_EQ(client->AttachThread(), TM_OK);
+  for (uint32_t i = 1; i <= 100; ++i) {
+    ASSERT_EQ(client->Tokens(uint64_t{1}, i, i), TM_OK);
+  }
+  EXPECT_EQ(client->Tokens(uint64_t{1}, 0), TM_E_INVALID);
+  ASSERT_EQ(client->Flush(5000), TM_OK);
+  EXPECT_TRUE(client->GetStats().connected);
+  const Stats s = client->Close();
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  EXPECT_EQ(s.events_sent, 100u);
+  EXPECT_EQ(s.events_dropped, 0u);
+  EXPECT_EQ(s.events_rejected, 1u);
+  EXPECT_EQ(s.reconnects, 0u);
+  EXPECT_EQ(s.batches_sent, BatchesOf(conns[0]).size());
+  EXPECT_EQ(s.bytes_sent, conns[0].bytes.size());
+  EXPECT_FALSE(s.connected);
+  EXPECT_EQ(s.connect_failures, 0u);
+  // Closed: later calls do nothing and report the final counters.
+  EXPECT_EQ(client->Tokens(uint64_t{1}, 1), TM_E_INVALID);
+  EXPECT_EQ(client->Flush(10), TM_E_INVALID);
+  EXPECT_EQ(client->handle(), nullptr);
+  EXPECT_EQ(client->GetStats().events_sent, 100u);
+  EXPECT_EQ(client->Close().events_sent, 100u);
+  EXPECT_EQ(CountEvents(conns), 100u);
+}
+
+TEST_F(CppClientTest, DestructorClosesAndSaysGoodbye) {
+  StartServer();
+  {
+    std::unique_ptr<Client> client;
+    ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+    EXPECT_EQ(client->Tokens("last", 1, 10), TM_OK);
+  }
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  EXPECT_EQ(EventsOf(conns[0]).at(0).ToString(), R"([4,10,"last",1])");
+  EXPECT_EQ(conns[0].frames.back().value.ToString(), "[2]");
+}
+
+// dropped_total in every BATCH header counts events the client threw away:
+// rejected ones and those the full buffer refused while the daemon was away.
+TEST_F(CppClientTest, BatchHeadersCarryDroppedTotal) {
+  Options o = BaseOptions();
+  o.buffer_capacity = 1024;
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  uint64_t accepted = 0;
+  uint64_t dropped = 0;
+  for (uint32_t i = 1; i <= 3000; ++i) {
+    const int rc = client->Tokens(uint64_t{9}, i, i);
+    accepted += rc == TM_OK;
+    dropped += rc == TM_E_DROPPED;
+  }
+  ASSERT_EQ(accepted + dropped, 3000u);
+  ASSERT_GT(dropped, 0u);
+  EXPECT_EQ(client->Tokens(std::string_view(), 1), TM_E_INVALID);
+  EXPECT_EQ(client->Finished(uint64_t{9}, static_cast<FinishReason>(5)),
+            TM_E_INVALID);
+  EXPECT_EQ(client->GetStats().events_dropped, dropped);
+  EXPECT_EQ(client->GetStats().events_rejected, 2u);
+
+  StartServer();
+  ASSERT_TRUE(WaitForEvents(accepted));
+  const TestServer::Connections early = server_->Snapshot();
+  const std::vector<const Frame*> first = BatchesOf(early[0]);
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(first[0]->value.array[2].uint, dropped + 2);
+
+  // One more rejected event shows in the next BATCH.
+  EXPECT_EQ(client->Tokens(uint64_t{9}, 0), TM_E_INVALID);
+  EXPECT_EQ(client->Tokens(uint64_t{9}, 1, 5), TM_OK);
+  ASSERT_TRUE(WaitForEvents(accepted + 1));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<const Frame*> batches = BatchesOf(conns[0]);
+  EXPECT_EQ(batches.back()->value.array[2].uint, dropped + 3);
+  EXPECT_EQ(batches.back()->value.array[3].array.back().ToString(),
+            "[4,5,9,1]");
+}
+
+}  // namespace
+}  // namespace tokenmeter::testing

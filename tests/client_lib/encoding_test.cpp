@@ -1,0 +1,496 @@
+// What libtokenmeter puts on the wire: HELLO, BATCH, GOODBYE and every event
+// layout, checked against docs/protocol.md with an independent decoder
+// (msgpack-c's C API) and, for a table of events, byte for byte against
+// encodings written by hand from the msgpack spec.
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "client_fixture.h"
+#include "msgpack_value.h"
+#include "protocol_checks.h"
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter::testing {
+namespace {
+
+uint64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+std::vector<std::string> ToStrings(const std::vector<Value>& values) {
+  std::vector<std::string> out;
+  for (const Value& v : values) out.push_back(v.ToString());
+  return out;
+}
+
+std::vector<std::string> MapKeys(const Value& map) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : map.map) keys.push_back(k.str);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+class HelloTest : public ClientFixture {
+ protected:
+  // Connects a client built from `opts`, closes it, and returns the only
+  // connection's HELLO after checking the connection.
+  Value HelloOf(const tm_options* opts) {
+    NewClient(opts);
+    return CloseAndGetHello();
+  }
+  Value CloseAndGetHello() {
+    EXPECT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+      return !c.empty() && !c[0].frames.empty();
+    })) << "no HELLO";
+    EXPECT_EQ(CloseClient(), TM_OK);
+    EXPECT_TRUE(WaitForEof(0));
+    const TestServer::Connections conns = server_->Snapshot();
+    if (conns.size() != 1 || conns[0].frames.empty()) return Value{};
+    EXPECT_TRUE(IsWellFormed(conns[0]));
+    return conns[0].frames[0].value;
+  }
+};
+
+TEST_F(HelloTest, SendsHelloFirstWithRequiredKeysOnly) {
+  StartServer();
+  const Value hello = HelloOf(DefaultOptions().get());
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(MapKeys(meta),
+            (std::vector<std::string>{"engine", "model", "pid", "proto"}));
+  EXPECT_EQ(meta.Find("proto")->uint, 1u);
+  EXPECT_EQ(meta.Find("engine")->str, "tokenmeter-engine");
+  EXPECT_EQ(meta.Find("model")->str, "m");
+  EXPECT_EQ(meta.Find("pid")->uint, uint64_t(getpid()));
+  EXPECT_EQ(meta.Find("instance"), nullptr);
+  EXPECT_EQ(meta.Find("scope"), nullptr);
+  EXPECT_EQ(meta.Find("labels"), nullptr);
+}
+
+TEST_F(HelloTest, SendsOptionalKeysWhenSet) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_engine(opts.get(), "vllm"), TM_OK);
+  ASSERT_EQ(tm_options_set_model(opts.get(), "llama-3-8b"), TM_OK);
+  ASSERT_EQ(tm_options_set_instance(opts.get(), "dp0"), TM_OK);
+  ASSERT_EQ(tm_options_set_scope(opts.get(), "server-1"), TM_OK);
+  ASSERT_EQ(tm_options_add_label(opts.get(), "region", "eu-west"), TM_OK);
+  ASSERT_EQ(tm_options_add_label(opts.get(), "_tier2", ""), TM_OK);
+  const Value hello = HelloOf(opts.get());
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(MapKeys(meta),
+            (std::vector<std::string>{"engine", "instance", "labels", "model",
+                                      "pid", "proto", "scope"}));
+  EXPECT_EQ(meta.Find("engine")->str, "vllm");
+  EXPECT_EQ(meta.Find("model")->str, "llama-3-8b");
+  EXPECT_EQ(meta.Find("instance")->str, "dp0");
+  EXPECT_EQ(meta.Find("scope")->str, "server-1");
+  const Value* labels = meta.Find("labels");
+  ASSERT_TRUE(labels != nullptr && labels->IsMap());
+  EXPECT_EQ(MapKeys(*labels), (std::vector<std::string>{"_tier2", "region"}));
+  EXPECT_EQ(labels->Find("region")->str, "eu-west");
+  EXPECT_EQ(labels->Find("_tier2")->str, "");
+}
+
+TEST_F(HelloTest, RejectedSettersLeaveOptionsUnchanged) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_engine(opts.get(), "sglang"), TM_OK);
+  EXPECT_EQ(tm_options_set_engine(opts.get(), "not valid"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_model(opts.get(), ""), TM_E_INVALID);
+  ASSERT_EQ(tm_options_add_label(opts.get(), "a", "1"), TM_OK);
+  EXPECT_EQ(tm_options_add_label(opts.get(), "a", "2"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(opts.get(), "le", "3"), TM_E_INVALID);
+  const std::string long_instance(TM_MAX_STRING_BYTES + 1, 'i');
+  EXPECT_EQ(tm_options_set_instance(opts.get(), long_instance.c_str()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_socket_path(opts.get(), ""), TM_E_INVALID);
+  const Value hello = HelloOf(opts.get());  // still reaches socket_path_
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(meta.Find("engine")->str, "sglang");
+  EXPECT_EQ(meta.Find("model")->str, "m");
+  EXPECT_EQ(meta.Find("instance"), nullptr);
+  EXPECT_EQ(meta.Find("labels")->ToString(), R"({"a":"1"})");
+}
+
+TEST_F(HelloTest, ClientKeepsItsOwnCopyOfOptions) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_instance(opts.get(), "copy"), TM_OK);
+  NewClient(opts.get());
+  opts.reset();  // freed while the client still needs the values
+  const Value hello = CloseAndGetHello();
+  ASSERT_TRUE(IsValidHello(hello));
+  EXPECT_EQ(hello.array[1].Find("instance")->str, "copy");
+}
+
+using EventLayoutTest = ClientFixture;
+using ClockTest = ClientFixture;
+using GoodbyeTest = ClientFixture;
+
+// Every event kind with integer and string request ids, as the decoder sees
+// it, in the order the one producing thread sent it.
+TEST_F(EventLayoutTest, SendsEveryKindWithIntAndStringIds) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const char* kRid = "req-9";
+  const size_t kLen = 5;
+  EXPECT_EQ(tm_arrived(c, 1000, 1, 10, 0, 0), TM_OK);
+  EXPECT_EQ(tm_arrived(c, 1001, 2, 20, 64, 0), TM_OK);
+  EXPECT_EQ(tm_arrived(c, 1002, 3, 30, 0, 2), TM_OK);
+  EXPECT_EQ(tm_arrived_str(c, 1003, kRid, kLen, 40, 0, 0), TM_OK);
+  EXPECT_EQ(tm_arrived_str(c, 1004, kRid, kLen, 50, 0, 4), TM_OK);
+  EXPECT_EQ(tm_queued(c, 1005, 1), TM_OK);
+  EXPECT_EQ(tm_queued_str(c, 1006, kRid, kLen), TM_OK);
+  EXPECT_EQ(tm_scheduled(c, 1007, 1), TM_OK);
+  EXPECT_EQ(tm_scheduled_str(c, 1008, kRid, kLen), TM_OK);
+  EXPECT_EQ(tm_tokens(c, 1009, 1, 1), TM_OK);
+  EXPECT_EQ(tm_tokens_str(c, 1010, kRid, kLen, 4294967295u), TM_OK);
+  EXPECT_EQ(tm_preempted(c, 1011, 1), TM_OK);
+  EXPECT_EQ(tm_preempted_str(c, 1012, kRid, kLen), TM_OK);
+  EXPECT_EQ(tm_finished(c, 1013, 1, TM_FINISH_STOP), TM_OK);
+  EXPECT_EQ(tm_finished(c, 1014, 2, TM_FINISH_LENGTH), TM_OK);
+  EXPECT_EQ(tm_finished_str(c, 1015, kRid, kLen, TM_FINISH_ABORT), TM_OK);
+  EXPECT_EQ(tm_finished_str(c, 1016, "x", 1, TM_FINISH_ERROR), TM_OK);
+  EXPECT_EQ(tm_step(c, 1017, nullptr, nullptr, 0, nullptr, 0), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  EXPECT_EQ(ToStrings(EventsOf(conns[0])),
+            (std::vector<std::string>{
+                R"([1,1000,1,10])",
+                R"([1,1001,2,20,{"max_tokens":64}])",
+                R"([1,1002,3,30,{"n":2}])",
+                R"([1,1003,"req-9",40])",
+                R"([1,1004,"req-9",50,{"n":4}])",
+                R"([2,1005,1])",
+                R"([2,1006,"req-9"])",
+                R"([3,1007,1])",
+                R"([3,1008,"req-9"])",
+                R"([4,1009,1,1])",
+                R"([4,1010,"req-9",4294967295])",
+                R"([6,1011,1])",
+                R"([6,1012,"req-9"])",
+                R"([5,1013,1,"stop"])",
+                R"([5,1014,2,"length"])",
+                R"([5,1015,"req-9","abort"])",
+                R"([5,1016,"x","error"])",
+                R"([7,1017,{}])",
+            }));
+}
+
+TEST_F(EventLayoutTest, SendsArrivedWithBothParams) {
+  StartServer();
+  NewClient();
+  EXPECT_EQ(tm_arrived(client_, 7, 70, 700, 4096, 3), TM_OK);
+  EXPECT_EQ(tm_arrived_str(client_, 8, "r", 1, 800, 1, 1), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 2u);
+  for (const Value& ev : events) ASSERT_TRUE(IsValidEvent(ev));
+  EXPECT_EQ(events[0].array.size(), 5u);
+  EXPECT_EQ(events[0].array[2].uint, 70u);
+  EXPECT_EQ(events[0].array[3].uint, 700u);
+  const Value& p0 = events[0].array[4];
+  EXPECT_EQ(MapKeys(p0), (std::vector<std::string>{"max_tokens", "n"}));
+  EXPECT_EQ(p0.Find("max_tokens")->uint, 4096u);
+  EXPECT_EQ(p0.Find("n")->uint, 3u);
+  EXPECT_EQ(events[1].array[2].str, "r");
+  const Value& p1 = events[1].array[4];
+  EXPECT_EQ(p1.Find("max_tokens")->uint, 1u);
+  EXPECT_EQ(p1.Find("n")->uint, 1u);
+}
+
+TEST_F(EventLayoutTest, SendsStepWithEveryKey) {
+  StartServer();
+  NewClient();
+  const tm_step_key keys[] = {
+      TM_STEP_KEY_SPEC_ACCEPTED_TOKENS,  // any order in, key order irrelevant
+      TM_STEP_KEY_RUNNING,
+      TM_STEP_KEY_WAITING,
+      TM_STEP_KEY_KV_USAGE,
+      TM_STEP_KEY_PROMPT_TOKENS,
+      TM_STEP_KEY_GENERATION_TOKENS,
+      TM_STEP_KEY_PREFIX_QUERIES,
+      TM_STEP_KEY_PREFIX_HITS,
+      TM_STEP_KEY_SPEC_DRAFTS,
+      TM_STEP_KEY_SPEC_DRAFT_TOKENS,
+  };
+  const double values[] = {10, 1, 2, 0.25, 4, 5, 6, 7, 8, 9007199254740992.0};
+  uint64_t positions[TM_MAX_SPEC_POSITIONS];
+  for (size_t i = 0; i < TM_MAX_SPEC_POSITIONS; ++i) positions[i] = i * 1000;
+  ASSERT_EQ(
+      tm_step(client_, 99, keys, values, 10, positions, TM_MAX_SPEC_POSITIONS),
+      TM_OK);
+  const tm_step_key one_key[] = {TM_STEP_KEY_KV_USAGE};
+  const double one_value[] = {1.0};
+  ASSERT_EQ(tm_step(client_, 100, one_key, one_value, 1, nullptr, 0), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+
+  const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 2u);
+  ASSERT_TRUE(IsValidEvent(events[0]));
+  ASSERT_TRUE(IsValidEvent(events[1]));
+  EXPECT_EQ(events[0].array[0].uint, 7u);
+  EXPECT_EQ(events[0].array[1].uint, 99u);
+  const Value& s = events[0].array[2];
+  EXPECT_EQ(MapKeys(s), (std::vector<std::string>{
+                            "generation_tokens", "kv_usage", "prefix_hits",
+                            "prefix_queries", "prompt_tokens", "running",
+                            "spec_accepted_per_pos", "spec_accepted_tokens",
+                            "spec_draft_tokens", "spec_drafts", "waiting"}));
+  EXPECT_EQ(s.Find("running")->uint, 1u);
+  EXPECT_EQ(s.Find("waiting")->uint, 2u);
+  EXPECT_TRUE(s.Find("kv_usage")->IsFloat());
+  EXPECT_EQ(s.Find("kv_usage")->real, 0.25);
+  EXPECT_EQ(s.Find("prompt_tokens")->uint, 4u);
+  EXPECT_EQ(s.Find("generation_tokens")->uint, 5u);
+  EXPECT_EQ(s.Find("prefix_queries")->uint, 6u);
+  EXPECT_EQ(s.Find("prefix_hits")->uint, 7u);
+  EXPECT_EQ(s.Find("spec_drafts")->uint, 8u);
+  EXPECT_EQ(s.Find("spec_draft_tokens")->uint, uint64_t{1} << 53);
+  EXPECT_EQ(s.Find("spec_accepted_tokens")->uint, 10u);
+  const Value* pos = s.Find("spec_accepted_per_pos");
+  ASSERT_TRUE(pos != nullptr && pos->IsArray());
+  ASSERT_EQ(pos->array.size(), TM_MAX_SPEC_POSITIONS);
+  for (size_t i = 0; i < TM_MAX_SPEC_POSITIONS; ++i) {
+    EXPECT_EQ(pos->array[i].uint, i * 1000) << i;
+  }
+  EXPECT_EQ(events[1].ToString(), R"([7,100,{"kv_usage":1.0}])");
+}
+
+// t_ns = 0 means "now" on CLOCK_MONOTONIC, for every event function.
+TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const tm_step_key key = TM_STEP_KEY_RUNNING;
+  const double value = 1;
+  const uint64_t before = MonotonicNs();
+  const uint64_t now_before = tm_now_ns();
+  EXPECT_EQ(tm_arrived(c, 0, 1, 1, 0, 0), TM_OK);
+  EXPECT_EQ(tm_arrived_str(c, 0, "a", 1, 1, 0, 0), TM_OK);
+  EXPECT_EQ(tm_queued(c, 0, 1), TM_OK);
+  EXPECT_EQ(tm_queued_str(c, 0, "a", 1), TM_OK);
+  EXPECT_EQ(tm_scheduled(c, 0, 1), TM_OK);
+  EXPECT_EQ(tm_scheduled_str(c, 0, "a", 1), TM_OK);
+  EXPECT_EQ(tm_tokens(c, 0, 1, 1), TM_OK);
+  EXPECT_EQ(tm_tokens_str(c, 0, "a", 1, 1), TM_OK);
+  EXPECT_EQ(tm_preempted(c, 0, 1), TM_OK);
+  EXPECT_EQ(tm_preempted_str(c, 0, "a", 1), TM_OK);
+  EXPECT_EQ(tm_finished(c, 0, 1, TM_FINISH_STOP), TM_OK);
+  EXPECT_EQ(tm_finished_str(c, 0, "a", 1, TM_FINISH_STOP), TM_OK);
+  EXPECT_EQ(tm_step(c, 0, &key, &value, 1, nullptr, 0), TM_OK);
+  const uint64_t now_after = tm_now_ns();
+  const uint64_t after = MonotonicNs();
+  EXPECT_LE(before, now_before);
+  EXPECT_LE(now_before, now_after);
+  EXPECT_LE(now_after, after);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+
+  const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 13u);
+  uint64_t previous = before;
+  for (const Value& ev : events) {
+    ASSERT_TRUE(IsValidEvent(ev));
+    const uint64_t t = ev.array[1].uint;
+    EXPECT_GE(t, previous) << ev.ToString();
+    EXPECT_LE(t, after) << ev.ToString();
+    previous = t;
+  }
+}
+
+// GOODBYE comes once, last, after every event, and then the client closes;
+// the stats account for exactly the bytes and batches the server read.
+TEST_F(GoodbyeTest, ArrivesLastAfterAllEvents) {
+  StartServer();
+  NewClient();
+  constexpr uint32_t kEvents = 300;
+  for (uint32_t i = 0; i < kEvents; ++i) {
+    ASSERT_EQ(tm_tokens(client_, 1 + i, i, 1 + i), TM_OK);
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  const Connection& conn = conns[0];
+  ASSERT_TRUE(IsWellFormed(conn));
+  ASSERT_GE(conn.frames.size(), 3u);
+  EXPECT_EQ(conn.frames.back().raw, (std::vector<uint8_t>{0x91, 0x02}));
+  EXPECT_EQ(conn.frames.back().value.ToString(), "[2]");
+  EXPECT_EQ(conn.decoded_bytes, conn.bytes.size());
+  const std::vector<Value> events = EventsOf(conn);
+  ASSERT_EQ(events.size(), kEvents);
+  for (uint32_t i = 0; i < kEvents; ++i) {
+    EXPECT_EQ(events[i].array[3].uint, 1 + i);
+  }
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], kEvents);
+  EXPECT_EQ(stats[TM_STAT_BATCHES_SENT], BatchesOf(conn).size());
+  EXPECT_EQ(stats[TM_STAT_BYTES_SENT], conn.bytes.size());
+  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+  EXPECT_EQ(stats[TM_STAT_RECONNECTS], 0u);
+  EXPECT_EQ(stats[TM_STAT_CONNECTED], 0u);
+  EXPECT_EQ(stats[TM_STAT_CONNECT_FAILURES], 0u);
+}
+
+// ---- byte-exact encodings ---------------------------------------------------
+
+struct BytesCase {
+  const char* name;
+  std::function<int(tm_client*)> emit;
+  std::vector<uint8_t> event;  // the event's bytes, written by hand
+};
+
+std::vector<uint8_t> Concat(std::vector<uint8_t> a,
+                            const std::vector<uint8_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+std::vector<uint8_t> Repeat(uint8_t byte, size_t n) {
+  return std::vector<uint8_t>(n, byte);
+}
+
+const std::string kRid31(31, 'x');
+const std::string kRid32(32, 'y');
+const std::string kRid128(128, 'z');
+
+const BytesCase kBytesCases[] = {
+    // [4, 0x0102030405060708 (uint64), 7, 3]
+    {"TokensIntId",
+     [](tm_client* c) { return tm_tokens(c, 0x0102030405060708u, 7, 3); },
+     {0x94, 0x04, 0xcf, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x07,
+      0x03}},
+    // [5, 1000 (uint16), "abc", "length"]
+    {"FinishedStringId",
+     [](tm_client* c) {
+       return tm_finished_str(c, 1000, "abc", 3, TM_FINISH_LENGTH);
+     },
+     {0x94, 0x05, 0xcd, 0x03, 0xe8, 0xa3, 'a', 'b', 'c', 0xa6, 'l', 'e', 'n',
+      'g', 't', 'h'}},
+    // [5, 1, 0, "stop"]
+    {"FinishedIntId",
+     [](tm_client* c) { return tm_finished(c, 1, 0, TM_FINISH_STOP); },
+     {0x94, 0x05, 0x01, 0x00, 0xa4, 's', 't', 'o', 'p'}},
+    // [1, 0xffffffff (uint32), 200 (uint8), 65536 (uint32), {"n": 2}]
+    {"ArrivedWithOneParam",
+     [](tm_client* c) { return tm_arrived(c, 0xffffffffu, 200, 65536, 0, 2); },
+     {0x95, 0x01, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcc, 0xc8, 0xce, 0x00, 0x01,
+      0x00, 0x00, 0x81, 0xa1, 'n', 0x02}},
+    // [1, 1, "r", 0]
+    {"ArrivedStringIdNoParams",
+     [](tm_client* c) { return tm_arrived_str(c, 1, "r", 1, 0, 0, 0); },
+     {0x94, 0x01, 0x01, 0xa1, 'r', 0x00}},
+    // [2, 127 (fixint), 128 (uint8)]
+    {"QueuedFixintAndUint8",
+     [](tm_client* c) { return tm_queued(c, 127, 128); },
+     {0x93, 0x02, 0x7f, 0xcc, 0x80}},
+    // [3, 255 (uint8), 256 (uint16)]
+    {"ScheduledUint8AndUint16",
+     [](tm_client* c) { return tm_scheduled(c, 255, 256); },
+     {0x93, 0x03, 0xcc, 0xff, 0xcd, 0x01, 0x00}},
+    // [6, 65535 (uint16), 65536 (uint32)]
+    {"PreemptedUint16AndUint32",
+     [](tm_client* c) { return tm_preempted(c, 65535, 65536); },
+     {0x93, 0x06, 0xcd, 0xff, 0xff, 0xce, 0x00, 0x01, 0x00, 0x00}},
+    // [6, 2^32 (uint64), 2^64 - 1 (uint64)]
+    {"PreemptedUint64",
+     [](tm_client* c) { return tm_preempted(c, 1ull << 32, UINT64_MAX); },
+     {0x93, 0x06, 0xcf, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
+      0x00, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+    // [4, 1, "ab", 100000 (uint32)]
+    {"TokensStringIdUint32Count",
+     [](tm_client* c) { return tm_tokens_str(c, 1, "ab", 2, 100000); },
+     {0x94, 0x04, 0x01, 0xa2, 'a', 'b', 0xce, 0x00, 0x01, 0x86, 0xa0}},
+    // [2, 1, 31 x "x"]: the longest fixstr
+    {"QueuedFixstrId",
+     [](tm_client* c) { return tm_queued_str(c, 1, kRid31.data(), 31); },
+     Concat({0x93, 0x02, 0x01, 0xbf}, Repeat('x', 31))},
+    // [2, 1, 32 x "y"]: the shortest str8
+    {"QueuedStr8Id",
+     [](tm_client* c) { return tm_queued_str(c, 1, kRid32.data(), 32); },
+     Concat({0x93, 0x02, 0x01, 0xd9, 0x20}, Repeat('y', 32))},
+    // [3, 1, 128 x "z"]: the longest id allowed
+    {"ScheduledLongestId",
+     [](tm_client* c) { return tm_scheduled_str(c, 1, kRid128.data(), 128); },
+     Concat({0x93, 0x03, 0x01, 0xd9, 0x80}, Repeat('z', 128))},
+    // [7, 5, {"running": 3}]
+    {"StepOneKey",
+     [](tm_client* c) {
+       const tm_step_key k = TM_STEP_KEY_RUNNING;
+       const double v = 3;
+       return tm_step(c, 5, &k, &v, 1, nullptr, 0);
+     },
+     {0x93, 0x07, 0x05, 0x81, 0xa7, 'r', 'u', 'n', 'n', 'i', 'n', 'g', 0x03}},
+    // [7, 5, {"spec_accepted_per_pos": [1, 0, 200]}]
+    {"StepPositionsOnly",
+     [](tm_client* c) {
+       const uint64_t pos[] = {1, 0, 200};
+       return tm_step(c, 5, nullptr, nullptr, 0, pos, 3);
+     },
+     Concat(Concat({0x93, 0x07, 0x05, 0x81, 0xb5},
+                   std::vector<uint8_t>({'s', 'p', 'e', 'c', '_', 'a', 'c',
+                                         'c', 'e', 'p', 't', 'e', 'd', '_',
+                                         'p', 'e', 'r', '_', 'p', 'o', 's'})),
+            {0x93, 0x01, 0x00, 0xcc, 0xc8})},
+    // [7, 5, {"kv_usage": 0.5 (float64)}]
+    {"StepKvUsage",
+     [](tm_client* c) {
+       const tm_step_key k = TM_STEP_KEY_KV_USAGE;
+       const double v = 0.5;
+       return tm_step(c, 5, &k, &v, 1, nullptr, 0);
+     },
+     {0x93, 0x07, 0x05, 0x81, 0xa8, 'k',  'v',  '_',  'u',  's',  'a',
+      'g',  'e',  0xcb, 0x3f, 0xe0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}},
+};
+
+class EventBytesTest : public ClientFixture,
+                       public ::testing::WithParamInterface<BytesCase> {};
+
+// One event per connection, so that the BATCH frame is exactly
+// [1, 0, 0, [event]] = 94 01 00 00 91 <event>, followed by GOODBYE 91 02.
+TEST_P(EventBytesTest, EncodesExactly) {
+  StartServer();
+  NewClient();
+  ASSERT_EQ(GetParam().emit(client_), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  const Connection& conn = conns[0];
+  ASSERT_TRUE(IsWellFormed(conn));
+  ASSERT_EQ(conn.frames.size(), 3u);
+  const std::vector<uint8_t> batch =
+      Concat({0x94, 0x01, 0x00, 0x00, 0x91}, GetParam().event);
+  EXPECT_EQ(Hex(conn.frames[1].raw), Hex(batch));
+  EXPECT_EQ(Hex(conn.frames[2].raw), "91 02");
+  EXPECT_TRUE(IsValidEvent(conn.frames[1].value.array[3].array.at(0)));
+}
+
+INSTANTIATE_TEST_SUITE_P(HandWritten, EventBytesTest,
+                         ::testing::ValuesIn(kBytesCases),
+                         [](const ::testing::TestParamInfo<BytesCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+}  // namespace
+}  // namespace tokenmeter::testing

@@ -1,0 +1,273 @@
+#include "protocol_checks.h"
+
+#include <set>
+#include <string>
+#include <string_view>
+
+namespace tokenmeter::testing {
+namespace {
+
+using ::testing::AssertionFailure;
+using ::testing::AssertionResult;
+using ::testing::AssertionSuccess;
+
+bool IsNameStart(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+bool IsNameChar(char c, bool allow_dash) {
+  return IsNameStart(c) || (c >= '0' && c <= '9') || (allow_dash && c == '-');
+}
+bool IsName(std::string_view s, bool allow_dash) {
+  if (s.empty() || !IsNameStart(s[0])) return false;
+  for (char c : s) {
+    if (!IsNameChar(c, allow_dash)) return false;
+  }
+  return true;
+}
+
+// Every key a string, none twice.
+bool HasUniqueStringKeys(const Value& map) {
+  std::set<std::string> seen;
+  for (const auto& [k, v] : map.map) {
+    if (!k.IsStr() || !seen.insert(k.str).second) return false;
+  }
+  return true;
+}
+
+bool IsRid(const Value& v) {
+  if (v.IsUint()) return true;
+  return v.IsStr() && !v.str.empty() && v.str.size() <= 128;
+}
+
+AssertionResult Bad(const Value& v, const char* why) {
+  return AssertionFailure() << why << ": " << v.ToString();
+}
+
+AssertionResult CheckArrivedParams(const Value& ev, const Value& params) {
+  if (!params.IsMap() || params.map.empty() || !HasUniqueStringKeys(params)) {
+    return Bad(ev, "ARRIVED params must be a non-empty map with unique keys");
+  }
+  for (const auto& [k, v] : params.map) {
+    if (k.str != "max_tokens" && k.str != "n") {
+      return Bad(ev, "unexpected ARRIVED param");
+    }
+    if (!v.IsUint() || v.uint == 0) {
+      return Bad(ev, "ARRIVED params are given (non-zero) integers");
+    }
+  }
+  return AssertionSuccess();
+}
+
+AssertionResult CheckStepStats(const Value& ev, const Value& stats) {
+  static const std::set<std::string> kIntKeys = {
+      "running",           "waiting",           "prompt_tokens",
+      "generation_tokens", "prefix_queries",    "prefix_hits",
+      "spec_drafts",       "spec_draft_tokens", "spec_accepted_tokens"};
+  if (!stats.IsMap() || !HasUniqueStringKeys(stats)) {
+    return Bad(ev, "STEP stats must be a map with unique string keys");
+  }
+  for (const auto& [k, v] : stats.map) {
+    if (kIntKeys.count(k.str) != 0) {
+      if (!v.IsUint() || v.uint > (uint64_t{1} << 53)) {
+        return Bad(ev, "STEP integer key with a non-integer value");
+      }
+    } else if (k.str == "kv_usage") {
+      if (!v.IsFloat() || !(v.real >= 0.0 && v.real <= 1.0)) {
+        return Bad(ev, "STEP kv_usage must be a float in 0..1");
+      }
+    } else if (k.str == "spec_accepted_per_pos") {
+      if (!v.IsArray() || v.array.empty() || v.array.size() > 64) {
+        return Bad(ev, "spec_accepted_per_pos must hold 1..64 entries");
+      }
+      for (const Value& e : v.array) {
+        if (!e.IsUint()) return Bad(ev, "spec_accepted_per_pos non-integer");
+      }
+    } else {
+      return Bad(ev, "unknown STEP key");
+    }
+  }
+  return AssertionSuccess();
+}
+
+}  // namespace
+
+AssertionResult IsValidHello(const Value& frame) {
+  if (!frame.IsArray() || frame.array.size() != 2 || !frame.array[0].IsUint() ||
+      frame.array[0].uint != 0) {
+    return Bad(frame, "HELLO must be [0, meta]");
+  }
+  const Value& meta = frame.array[1];
+  if (!meta.IsMap() || !HasUniqueStringKeys(meta)) {
+    return Bad(frame, "HELLO meta must be a map with unique string keys");
+  }
+  const Value* proto = meta.Find("proto");
+  if (proto == nullptr || !proto->IsUint() || proto->uint != 1) {
+    return Bad(frame, "HELLO proto must be 1");
+  }
+  const Value* engine = meta.Find("engine");
+  if (engine == nullptr || !engine->IsStr() || !IsName(engine->str, true)) {
+    return Bad(frame, "HELLO engine must match [a-zA-Z_][a-zA-Z0-9_-]*");
+  }
+  const Value* model = meta.Find("model");
+  if (model == nullptr || !model->IsStr() || model->str.empty()) {
+    return Bad(frame, "HELLO model must be a non-empty string");
+  }
+  for (const auto& [k, v] : meta.map) {
+    if (k.str == "proto" || k.str == "engine" || k.str == "model") continue;
+    if (k.str == "instance" || k.str == "scope") {
+      if (!v.IsStr()) return Bad(frame, "HELLO instance/scope are strings");
+    } else if (k.str == "pid") {
+      if (!v.IsUint()) return Bad(frame, "HELLO pid must be an integer");
+    } else if (k.str == "labels") {
+      if (!v.IsMap() || v.map.empty() || v.map.size() > 8 ||
+          !HasUniqueStringKeys(v)) {
+        return Bad(frame, "HELLO labels: 1..8 unique string keys");
+      }
+      for (const auto& [name, value] : v.map) {
+        if (!IsName(name.str, false) || name.str.rfind("__", 0) == 0 ||
+            !value.IsStr()) {
+          return Bad(frame, "HELLO label name or value invalid");
+        }
+      }
+    } else {
+      return Bad(frame, "unexpected HELLO key");
+    }
+  }
+  return AssertionSuccess();
+}
+
+AssertionResult IsValidEvent(const Value& ev) {
+  if (!ev.IsArray() || ev.array.size() < 3) {
+    return Bad(ev, "an event is an array [kind, t, ...]");
+  }
+  const std::vector<Value>& a = ev.array;
+  if (!a[0].IsUint()) return Bad(ev, "event kind must be an integer");
+  if (!a[1].IsUint()) return Bad(ev, "event time must be a uint64");
+  switch (a[0].uint) {
+    case 1:  // ARRIVED [1, t, rid, prompt_tokens(, params)]
+      if (a.size() != 4 && a.size() != 5) return Bad(ev, "ARRIVED size");
+      if (!IsRid(a[2])) return Bad(ev, "ARRIVED rid");
+      if (!a[3].IsUint()) return Bad(ev, "ARRIVED prompt_tokens");
+      if (a.size() == 5) return CheckArrivedParams(ev, a[4]);
+      return AssertionSuccess();
+    case 2:  // QUEUED
+    case 3:  // SCHEDULED
+    case 6:  // PREEMPTED
+      if (a.size() != 3) return Bad(ev, "[kind, t, rid] size");
+      if (!IsRid(a[2])) return Bad(ev, "rid");
+      return AssertionSuccess();
+    case 4:  // TOKENS [4, t, rid, n]
+      if (a.size() != 4) return Bad(ev, "TOKENS size");
+      if (!IsRid(a[2])) return Bad(ev, "TOKENS rid");
+      if (!a[3].IsUint() || a[3].uint < 1) return Bad(ev, "TOKENS n >= 1");
+      return AssertionSuccess();
+    case 5: {  // FINISHED [5, t, rid, reason]
+      if (a.size() != 4) return Bad(ev, "FINISHED size");
+      if (!IsRid(a[2])) return Bad(ev, "FINISHED rid");
+      const std::string& r = a[3].str;
+      if (!a[3].IsStr() ||
+          (r != "stop" && r != "length" && r != "abort" && r != "error")) {
+        return Bad(ev, "FINISHED reason");
+      }
+      return AssertionSuccess();
+    }
+    case 7:  // STEP [7, t, stats]
+      if (a.size() != 3) return Bad(ev, "STEP size");
+      return CheckStepStats(ev, a[2]);
+    default:
+      return Bad(ev, "unknown event kind");
+  }
+}
+
+AssertionResult IsWellFormed(const Connection& c) {
+  if (c.decode_error) {
+    return AssertionFailure()
+           << "undecodable bytes at offset " << c.decoded_bytes;
+  }
+  if (c.eof && c.decoded_bytes != c.bytes.size()) {
+    return AssertionFailure() << (c.bytes.size() - c.decoded_bytes)
+                              << " trailing bytes of an incomplete frame";
+  }
+  uint64_t next_seq = 0;
+  uint64_t last_dropped = 0;
+  bool goodbye = false;
+  for (size_t i = 0; i < c.frames.size(); ++i) {
+    const Value& f = c.frames[i].value;
+    if (goodbye) return Bad(f, "a frame after GOODBYE");
+    if (!f.IsArray() || f.array.empty() || !f.array[0].IsUint()) {
+      return Bad(f, "a frame is an array starting with its type");
+    }
+    const uint64_t type = f.array[0].uint;
+    if (i == 0 && type != 0) return Bad(f, "the first frame must be HELLO");
+    if (type == 0) {
+      if (i != 0) return Bad(f, "a second HELLO");
+      AssertionResult r = IsValidHello(f);
+      if (!r) return r;
+    } else if (type == 1) {
+      if (f.array.size() != 4 || !f.array[1].IsUint() || !f.array[2].IsUint() ||
+          !f.array[3].IsArray()) {
+        return Bad(f, "BATCH must be [1, seq, dropped_total, [events]]");
+      }
+      if (f.array[1].uint != next_seq) {
+        return AssertionFailure()
+               << "BATCH seq " << f.array[1].uint << ", expected " << next_seq;
+      }
+      ++next_seq;
+      if (f.array[2].uint < last_dropped) {
+        return Bad(f, "dropped_total went down");
+      }
+      last_dropped = f.array[2].uint;
+      // Legal on the wire, but this client has no reason to send one.
+      if (f.array[3].array.empty()) return Bad(f, "an empty BATCH");
+      for (const Value& ev : f.array[3].array) {
+        AssertionResult r = IsValidEvent(ev);
+        if (!r) return r;
+      }
+    } else if (type == 2) {
+      if (f.array.size() != 1) return Bad(f, "GOODBYE must be [2]");
+      goodbye = true;
+    } else {
+      return Bad(f, "unknown frame type");
+    }
+  }
+  return AssertionSuccess();
+}
+
+std::vector<Value> EventsOf(const Connection& c) {
+  std::vector<Value> events;
+  for (const Frame* f : BatchesOf(c)) {
+    for (const Value& ev : f->value.array[3].array) events.push_back(ev);
+  }
+  return events;
+}
+
+std::vector<Value> EventsOf(const std::vector<Connection>& conns) {
+  std::vector<Value> events;
+  for (const Connection& c : conns) {
+    std::vector<Value> e = EventsOf(c);
+    events.insert(events.end(), e.begin(), e.end());
+  }
+  return events;
+}
+
+size_t CountEvents(const std::vector<Connection>& conns) {
+  size_t n = 0;
+  for (const Connection& c : conns) {
+    for (const Frame* f : BatchesOf(c)) n += f->value.array[3].array.size();
+  }
+  return n;
+}
+
+std::vector<const Frame*> BatchesOf(const Connection& c) {
+  std::vector<const Frame*> batches;
+  for (const Frame& f : c.frames) {
+    const Value& v = f.value;
+    if (v.IsArray() && v.array.size() == 4 && v.array[0].IsUint() &&
+        v.array[0].uint == 1 && v.array[3].IsArray()) {
+      batches.push_back(&f);
+    }
+  }
+  return batches;
+}
+
+}  // namespace tokenmeter::testing

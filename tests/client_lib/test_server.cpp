@@ -1,0 +1,184 @@
+#include "test_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace tokenmeter::testing {
+
+TempDir::TempDir() {
+  char templ[] = "/tmp/tmcl.XXXXXX";
+  if (mkdtemp(templ) != nullptr) path_ = templ;
+}
+
+TempDir::~TempDir() {
+  if (path_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+bool PollUntil(const std::function<bool()>& cond,
+               std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (cond()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+TestServer::TestServer(std::string path) : path_(std::move(path)) {
+  if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    error_ = std::string("pipe2: ") + std::strerror(errno);
+    return;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path_.size() >= sizeof addr.sun_path) {
+    error_ = "socket path too long: " + path_;
+    return;
+  }
+  std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    error_ = std::string("socket: ") + std::strerror(errno);
+    return;
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(fd, 16) != 0) {
+    error_ = "bind/listen " + path_ + ": " + std::strerror(errno);
+    close(fd);
+    return;
+  }
+  listen_fd_ = fd;
+  thread_ = std::thread([this] { Run(); });
+}
+
+TestServer::~TestServer() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    Wake();
+    thread_.join();
+  }
+  for (int fd : fds_) {
+    if (fd >= 0) close(fd);
+  }
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    unlink(path_.c_str());
+  }
+  if (wake_pipe_[0] >= 0) close(wake_pipe_[0]);
+  if (wake_pipe_[1] >= 0) close(wake_pipe_[1]);
+}
+
+void TestServer::Wake() {
+  const char c = 1;
+  [[maybe_unused]] ssize_t w = write(wake_pipe_[1], &c, 1);
+}
+
+bool TestServer::WaitUntil(const std::function<bool(const Connections&)>& pred,
+                           std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  return changed_.wait_for(l, timeout, [&] { return pred(conns_); });
+}
+
+TestServer::Connections TestServer::Snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return conns_;
+}
+
+void TestServer::Drop(size_t index) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (index < fds_.size() && fds_[index] >= 0) {
+    // The fd stays open (the reader thread may be polling it) until the
+    // reader sees EOF; shutdown alone makes the peer see the close.
+    shutdown(fds_[index], SHUT_RDWR);
+    conns_[index].dropped = true;
+  }
+}
+
+void TestServer::SetReading(bool reading) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    reading_ = reading;
+  }
+  Wake();
+}
+
+void TestServer::ReadFrom(size_t index) {
+  uint8_t buf[64 * 1024];
+  const ssize_t n = read(fds_[index], buf, sizeof buf);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  std::lock_guard<std::mutex> l(mu_);
+  Connection& c = conns_[index];
+  if (n <= 0) {
+    c.eof = true;
+    close(fds_[index]);
+    fds_[index] = -1;
+  } else {
+    c.bytes.insert(c.bytes.end(), buf, buf + n);
+    if (!c.decode_error &&
+        !DecodeFrames(c.bytes, &c.decoded_bytes, &c.frames)) {
+      c.decode_error = true;
+    }
+  }
+  changed_.notify_all();
+}
+
+void TestServer::Run() {
+  std::vector<pollfd> pfds;
+  std::vector<size_t> index_of;  // pfds[i + 2] is connection index_of[i]
+  for (;;) {
+    pfds.clear();
+    index_of.clear();
+    pfds.push_back({wake_pipe_[0], POLLIN, 0});
+    pfds.push_back({listen_fd_, POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return;
+      if (reading_) {
+        for (size_t i = 0; i < fds_.size(); ++i) {
+          if (fds_[i] < 0) continue;
+          pfds.push_back({fds_[i], POLLIN, 0});
+          index_of.push_back(i);
+        }
+      }
+    }
+    if (poll(pfds.data(), pfds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (pfds[0].revents & POLLIN) {
+      char sink[64];
+      while (read(wake_pipe_[0], sink, sizeof sink) > 0) {
+      }
+    }
+    if (pfds[1].revents & POLLIN) {
+      const int fd =
+          accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        std::lock_guard<std::mutex> l(mu_);
+        fds_.push_back(fd);
+        conns_.emplace_back();
+        changed_.notify_all();
+      }
+    }
+    for (size_t i = 2; i < pfds.size(); ++i) {
+      if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        ReadFrom(index_of[i - 2]);
+      }
+    }
+  }
+}
+
+}  // namespace tokenmeter::testing

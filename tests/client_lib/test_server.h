@@ -1,0 +1,105 @@
+// Test doubles for the daemon side of the ingest socket: a temp dir with a
+// short socket path, and a Unix socket server that accepts connections in
+// its own thread, records every byte and decodes the frames.
+#ifndef TOKENMETER_TESTS_CLIENT_LIB_TEST_SERVER_H_
+#define TOKENMETER_TESTS_CLIENT_LIB_TEST_SERVER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "msgpack_value.h"
+
+namespace tokenmeter::testing {
+
+// Generous: success paths finish in milliseconds; this only bounds a failure
+// (and leaves room for sanitizer builds on a loaded machine).
+inline constexpr std::chrono::milliseconds kDeadline{5000};
+
+// A fresh directory under /tmp (short, so that socket paths fit sun_path),
+// removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir();
+
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// What the server saw on one accepted connection.
+struct Connection {
+  std::vector<uint8_t> bytes;  // everything read, in order
+  std::vector<Frame> frames;   // complete frames decoded from `bytes`
+  size_t decoded_bytes = 0;    // bytes covered by `frames`
+  bool decode_error = false;   // `bytes` is not valid msgpack
+  bool eof = false;            // the peer closed (or the server dropped it)
+  bool dropped = false;        // the server closed it (Drop())
+};
+
+// Polls `cond` until it holds or `timeout` passes; true when it held.
+bool PollUntil(const std::function<bool()>& cond,
+               std::chrono::milliseconds timeout = kDeadline);
+
+// Listens on a Unix stream socket at `path` from construction to
+// destruction. Accepts any number of connections; one thread reads them all.
+class TestServer {
+ public:
+  using Connections = std::vector<Connection>;
+
+  explicit TestServer(std::string path);
+  TestServer(const TestServer&) = delete;
+  TestServer& operator=(const TestServer&) = delete;
+  // Closes every connection and the listener, removes the socket file.
+  ~TestServer();
+
+  // False when the socket could not be set up (errno text in error()).
+  bool ok() const { return listen_fd_ >= 0; }
+  const std::string& error() const { return error_; }
+
+  // Waits until `pred` holds for the connections seen so far (checked on
+  // every change) or `timeout` passes; true when it held.
+  bool WaitUntil(const std::function<bool(const Connections&)>& pred,
+                 std::chrono::milliseconds timeout = kDeadline);
+  // A copy of what has been seen so far.
+  Connections Snapshot() const;
+
+  // Closes connection `index` from the server side (shutdown both ways):
+  // the client sees EOF, and its writes fail from now on.
+  void Drop(size_t index);
+  // While false, the server stops reading (the client's socket fills up).
+  void SetReading(bool reading);
+
+ private:
+  void Run();
+  void Wake();
+  void ReadFrom(size_t index);
+
+  const std::string path_;
+  std::string error_;
+  int listen_fd_ = -1;
+  int wake_pipe_[2] = {-1, -1};
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  Connections conns_;
+  std::vector<int> fds_;  // per connection; -1 once closed
+  bool reading_ = true;
+  bool stop_ = false;
+
+  std::thread thread_;
+};
+
+}  // namespace tokenmeter::testing
+
+#endif  // TOKENMETER_TESTS_CLIENT_LIB_TEST_SERVER_H_

@@ -1,0 +1,180 @@
+// Many producer threads, the max_threads cap, and threads that exit.
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "client_fixture.h"
+#include "protocol_checks.h"
+#include "test_server.h"
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter::testing {
+namespace {
+
+using ThreadsTest = ClientFixture;
+
+constexpr uint64_t kRidRange = 1000000;  // thread k uses [k * range, +range)
+
+TEST_F(ThreadsTest, DeliversEveryEventOfConcurrentProducersOnceInOrder) {
+  StartServer();
+  NewClient();
+  constexpr int kThreads = 4;
+  constexpr uint32_t kPerThread = 20000;
+  std::atomic<bool> go{false};
+  std::atomic<uint32_t> failures{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      while (!go.load()) {
+      }
+      for (uint32_t i = 0; i < kPerThread; ++i) {
+        // Ids cycle inside the thread's range; n counts up per thread.
+        const uint64_t rid = k * kRidRange + i % 97;
+        if (tm_tokens(client_, 0, rid, i + 1) != TM_OK) ++failures;
+      }
+    });
+  }
+  go = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0u);
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  ASSERT_TRUE(WaitForEvents(kThreads * kPerThread));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));  // every event well-formed
+  std::map<uint64_t, std::vector<uint32_t>> counts_by_thread;
+  std::map<uint64_t, uint64_t> last_t;
+  for (const Value& ev : EventsOf(conns[0])) {
+    ASSERT_EQ(ev.array[0].uint, 4u);
+    const uint64_t rid = ev.array[2].uint;
+    const uint64_t k = rid / kRidRange;
+    ASSERT_LT(k, uint64_t{kThreads}) << ev.ToString();
+    std::vector<uint32_t>& counts = counts_by_thread[k];
+    // Per-thread order: the rid and n this thread sent next.
+    ASSERT_EQ(rid % kRidRange, counts.size() % 97) << ev.ToString();
+    ASSERT_EQ(ev.array[3].uint, counts.size() + 1) << ev.ToString();
+    ASSERT_GE(ev.array[1].uint, last_t[k]) << ev.ToString();
+    last_t[k] = ev.array[1].uint;
+    counts.push_back(uint32_t(ev.array[3].uint));
+  }
+  ASSERT_EQ(counts_by_thread.size(), size_t{kThreads});
+  for (const auto& [k, counts] : counts_by_thread) {
+    EXPECT_EQ(counts.size(), kPerThread) << "thread " << k;
+  }
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], uint64_t{kThreads} * kPerThread);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+}
+
+TEST_F(ThreadsTest, DropsEventsOfThreadsBeyondMaxThreads) {
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_max_threads(opts.get(), 1), TM_OK);
+  StartServer();
+  NewClient(opts.get());
+  ASSERT_EQ(tm_thread_attach(client_), TM_OK);  // this thread has the slot
+  int attach_rc = 0;
+  int tokens_rc = 0;
+  std::thread other([&] {
+    attach_rc = tm_thread_attach(client_);
+    tokens_rc = tm_tokens(client_, 1, 2, 1);
+  });
+  other.join();
+  EXPECT_EQ(attach_rc, TM_E_DROPPED);
+  EXPECT_EQ(tokens_rc, TM_E_DROPPED);
+  // A failed attach drops no event; the failed event is counted.
+  EXPECT_EQ(Stats()[TM_STAT_EVENTS_DROPPED], 1u);
+  EXPECT_EQ(tm_tokens(client_, 2, 1, 1), TM_OK);
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  ASSERT_TRUE(WaitForEvents(1));
+  const std::vector<Value> events = EventsOf(server_->Snapshot());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].ToString(), "[4,2,1,1]");
+  EXPECT_EQ(BatchesOf(server_->Snapshot()[0])[0]->value.array[2].uint, 1u);
+}
+
+using ThreadExitTest = ClientFixture;
+
+// Reports from a thread of its own and returns once that thread has exited.
+void ReportFromThread(tm_client* c, uint64_t rid, uint32_t events,
+                      std::vector<int>* results) {
+  std::thread t([&] {
+    results->push_back(tm_arrived(c, 0, rid, 10, 0, 0));
+    for (uint32_t i = 1; i <= events; ++i) {
+      results->push_back(tm_tokens(c, 0, rid, i));
+    }
+  });
+  t.join();
+}
+
+TEST_F(ThreadExitTest, DeliversEventsOfExitedThread) {
+  NewClient();  // the daemon is away while the thread reports and exits
+  std::vector<int> results;
+  ReportFromThread(client_, 42, 3, &results);
+  EXPECT_EQ(results, std::vector<int>(4, TM_OK));
+  StartServer();
+  ASSERT_TRUE(WaitForEvents(4));
+  const std::vector<Value> events = EventsOf(server_->Snapshot());
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].array[0].uint, 1u);
+  for (uint32_t i = 1; i <= 3; ++i) {
+    EXPECT_EQ(events[i].array[2].uint, 42u);
+    EXPECT_EQ(events[i].array[3].uint, i);
+  }
+}
+
+TEST_F(ThreadExitTest, ReusesSlotOfExitedThread) {
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_max_threads(opts.get(), 1), TM_OK);
+  StartServer();
+  NewClient(opts.get());
+  // One slot, taken by each short-lived thread in turn once the previous
+  // one has exited and its events have reached the daemon.
+  constexpr uint32_t kThreads = 5;
+  for (uint32_t k = 0; k < kThreads; ++k) {
+    std::vector<int> results;
+    ReportFromThread(client_, 100 + k, 2, &results);
+    EXPECT_EQ(results, std::vector<int>(3, TM_OK)) << "thread " << k;
+    ASSERT_TRUE(WaitForEvents(3 * (k + 1))) << "thread " << k;
+  }
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);  // counters settled
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 3 * kThreads);
+  const std::vector<Value> events = EventsOf(server_->Snapshot());
+  ASSERT_EQ(events.size(), 3 * kThreads);
+  for (uint32_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].array[2].uint, 100 + i / 3) << events[i].ToString();
+  }
+}
+
+// A thread may report to several clients; each has its own buffer.
+TEST_F(ThreadExitTest, ThreadReportsToTwoClients) {
+  StartServer();
+  NewClient();
+  tm_client* second = nullptr;
+  ASSERT_EQ(tm_client_new(DefaultOptions().get(), &second), TM_OK);
+  std::thread t([&] {
+    EXPECT_EQ(tm_tokens(client_, 1, 1, 1), TM_OK);
+    EXPECT_EQ(tm_tokens(second, 2, 2, 1), TM_OK);
+    EXPECT_EQ(tm_tokens(client_, 3, 1, 2), TM_OK);
+  });
+  t.join();
+  EXPECT_EQ(tm_client_close(second, nullptr, 0), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && c[0].eof && c[1].eof;
+  }));
+  std::vector<std::string> all;
+  for (const Value& ev : EventsOf(server_->Snapshot())) {
+    all.push_back(ev.ToString());
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all,
+            (std::vector<std::string>{"[4,1,1,1]", "[4,2,2,1]", "[4,3,1,2]"}));
+}
+
+}  // namespace
+}  // namespace tokenmeter::testing

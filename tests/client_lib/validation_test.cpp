@@ -1,0 +1,445 @@
+// Every input the C ABI refuses: bad event arguments (rejected and counted,
+// never sent), bad option values (refused, option unchanged), and NULL
+// handles. One test per error mode.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "client_fixture.h"
+#include "protocol_checks.h"
+#include "test_server.h"
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter::testing {
+namespace {
+
+// ---- events ----------------------------------------------------------------
+
+class EventValidationTest : public ClientFixture {
+ protected:
+  // No daemon for most of these: close drops what is buffered at once.
+  void SetUp() override {
+    OptionsPtr opts = DefaultOptions();
+    ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 0), TM_OK);
+    NewClient(opts.get());
+  }
+
+  uint64_t Rejected() const { return Stats()[TM_STAT_EVENTS_REJECTED]; }
+
+  // Calls every string-id event function with (rid, len); returns how many
+  // returned TM_E_INVALID.
+  int InvalidStringIdCalls(const char* rid, size_t len) {
+    tm_client* c = client_;
+    int invalid = 0;
+    invalid += tm_arrived_str(c, 1, rid, len, 1, 0, 0) == TM_E_INVALID;
+    invalid += tm_queued_str(c, 1, rid, len) == TM_E_INVALID;
+    invalid += tm_scheduled_str(c, 1, rid, len) == TM_E_INVALID;
+    invalid += tm_tokens_str(c, 1, rid, len, 1) == TM_E_INVALID;
+    invalid += tm_finished_str(c, 1, rid, len, TM_FINISH_STOP) == TM_E_INVALID;
+    invalid += tm_preempted_str(c, 1, rid, len) == TM_E_INVALID;
+    return invalid;
+  }
+
+  int Step(std::vector<tm_step_key> keys, std::vector<double> values) {
+    return tm_step(client_, 1, keys.data(), values.data(), keys.size(), nullptr,
+                   0);
+  }
+  int StepOne(tm_step_key key, double value) { return Step({key}, {value}); }
+};
+
+TEST_F(EventValidationTest, RejectsStringIdLongerThan128Bytes) {
+  const std::string rid(TM_MAX_RID_BYTES + 1, 'r');
+  EXPECT_EQ(InvalidStringIdCalls(rid.data(), rid.size()), 6);
+  EXPECT_EQ(Rejected(), 6u);
+  const std::string huge(100000, 'r');
+  EXPECT_EQ(InvalidStringIdCalls(huge.data(), huge.size()), 6);
+  EXPECT_EQ(Rejected(), 12u);
+  // Exactly 128 bytes is fine.
+  EXPECT_EQ(InvalidStringIdCalls(rid.data(), TM_MAX_RID_BYTES), 0);
+  EXPECT_EQ(Rejected(), 12u);
+}
+
+TEST_F(EventValidationTest, RejectsEmptyStringId) {
+  EXPECT_EQ(InvalidStringIdCalls("abc", 0), 6);
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(EventValidationTest, RejectsNullStringId) {
+  EXPECT_EQ(InvalidStringIdCalls(nullptr, 3), 6);
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(EventValidationTest, RejectsZeroTokens) {
+  EXPECT_EQ(tm_tokens(client_, 1, 1, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_tokens_str(client_, 1, "a", 1, 0), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsUnknownFinishReason) {
+  for (int bad : {-1, 4, 1000}) {
+    const auto reason = static_cast<tm_finish_reason>(bad);
+    EXPECT_EQ(tm_finished(client_, 1, 1, reason), TM_E_INVALID) << bad;
+    EXPECT_EQ(tm_finished_str(client_, 1, "a", 1, reason), TM_E_INVALID) << bad;
+  }
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(EventValidationTest, RejectsDuplicateStepKey) {
+  EXPECT_EQ(
+      Step({TM_STEP_KEY_RUNNING, TM_STEP_KEY_WAITING, TM_STEP_KEY_RUNNING},
+           {1, 2, 3}),
+      TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 1u);
+}
+
+TEST_F(EventValidationTest, RejectsOutOfRangeStepKey) {
+  EXPECT_EQ(StepOne(static_cast<tm_step_key>(TM_STEP_KEY_COUNT), 1),
+            TM_E_INVALID);
+  EXPECT_EQ(StepOne(static_cast<tm_step_key>(-1), 1), TM_E_INVALID);
+  EXPECT_EQ(StepOne(static_cast<tm_step_key>(31), 1), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+TEST_F(EventValidationTest, RejectsTooManyStepKeys) {
+  std::vector<tm_step_key> keys;
+  for (int k = 0; k < TM_STEP_KEY_COUNT; ++k) {
+    keys.push_back(static_cast<tm_step_key>(k));
+  }
+  keys.push_back(TM_STEP_KEY_RUNNING);
+  EXPECT_EQ(Step(keys, std::vector<double>(keys.size(), 0.0)), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 1u);
+}
+
+TEST_F(EventValidationTest, RejectsKvUsageOutsideZeroToOne) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {1.0000001, 2.0, -0.001, -1.0, inf, -inf,
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_EQ(StepOne(TM_STEP_KEY_KV_USAGE, bad), TM_E_INVALID) << bad;
+  }
+  EXPECT_EQ(Rejected(), 7u);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_KV_USAGE, 0.0), TM_OK);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_KV_USAGE, 1.0), TM_OK);
+  EXPECT_EQ(Rejected(), 7u);
+}
+
+TEST_F(EventValidationTest, RejectsNegativeIntegerStepValues) {
+  for (int k = 0; k < TM_STEP_KEY_COUNT; ++k) {
+    if (k == TM_STEP_KEY_KV_USAGE) continue;
+    EXPECT_EQ(StepOne(static_cast<tm_step_key>(k), -1.0), TM_E_INVALID) << k;
+  }
+  EXPECT_EQ(Rejected(), uint64_t{TM_STEP_KEY_COUNT - 1});
+}
+
+TEST_F(EventValidationTest, RejectsFractionalIntegerStepValues) {
+  for (int k = 0; k < TM_STEP_KEY_COUNT; ++k) {
+    if (k == TM_STEP_KEY_KV_USAGE) continue;
+    EXPECT_EQ(StepOne(static_cast<tm_step_key>(k), 2.5), TM_E_INVALID) << k;
+  }
+  EXPECT_EQ(StepOne(TM_STEP_KEY_RUNNING, 1e-9), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), uint64_t{TM_STEP_KEY_COUNT});
+}
+
+TEST_F(EventValidationTest, RejectsIntegerStepValuesAbove2To53) {
+  const double two53 = 9007199254740992.0;
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, two53 * 2), TM_E_INVALID);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, 1e300), TM_E_INVALID);
+  EXPECT_EQ(
+      StepOne(TM_STEP_KEY_WAITING, std::numeric_limits<double>::infinity()),
+      TM_E_INVALID);
+  EXPECT_EQ(
+      StepOne(TM_STEP_KEY_WAITING, std::numeric_limits<double>::quiet_NaN()),
+      TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 4u);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, two53), TM_OK);
+  EXPECT_EQ(Rejected(), 4u);
+}
+
+TEST_F(EventValidationTest, RejectsTooManySpecPositions) {
+  std::vector<uint64_t> pos(TM_MAX_SPEC_POSITIONS + 1, 1);
+  EXPECT_EQ(tm_step(client_, 1, nullptr, nullptr, 0, pos.data(), pos.size()),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 1u);
+  EXPECT_EQ(tm_step(client_, 1, nullptr, nullptr, 0, pos.data(),
+                    TM_MAX_SPEC_POSITIONS),
+            TM_OK);
+  EXPECT_EQ(Rejected(), 1u);
+}
+
+TEST_F(EventValidationTest, RejectsNullStepArrays) {
+  const tm_step_key key = TM_STEP_KEY_RUNNING;
+  const double value = 1;
+  EXPECT_EQ(tm_step(client_, 1, nullptr, &value, 1, nullptr, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_step(client_, 1, &key, nullptr, 1, nullptr, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_step(client_, 1, &key, &value, 1, nullptr, 2), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+// Rejected events take no buffer space and never reach the daemon; the
+// daemon learns of them only through dropped_total.
+TEST_F(EventValidationTest, RejectedEventsAreNotSent) {
+  const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
+  const tm_step_key dup[] = {TM_STEP_KEY_RUNNING, TM_STEP_KEY_RUNNING};
+  const double values[] = {1, 1};
+  EXPECT_EQ(tm_tokens(client_, 1, 1, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_queued_str(client_, 1, long_rid.data(), long_rid.size()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_finished(client_, 1, 1, static_cast<tm_finish_reason>(9)),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_step(client_, 1, dup, values, 2, nullptr, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_tokens(client_, 5, 1, 1), TM_OK);
+  StartServer();
+  ASSERT_TRUE(WaitForEvents(1));
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 4u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 1u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].ToString(), "[4,5,1,1]");
+  EXPECT_EQ(BatchesOf(conns[0])[0]->value.array[2].uint, 4u);
+}
+
+// ---- options ---------------------------------------------------------------
+
+class OptionsTest : public ::testing::Test {
+ protected:
+  OptionsPtr opts_{tm_options_new()};
+};
+
+TEST_F(OptionsTest, RejectsBadEngineNames) {
+  const std::string too_long(TM_MAX_STRING_BYTES + 1, 'e');
+  for (const char* bad : {"", "1vllm", "-vllm", "v llm", "v.llm", "v/llm",
+                          "v\xc3\xa9", "vllm\n", too_long.c_str()}) {
+    EXPECT_EQ(tm_options_set_engine(opts_.get(), bad), TM_E_INVALID) << bad;
+  }
+  const std::string longest(TM_MAX_STRING_BYTES, 'e');
+  for (const char* good :
+       {"vllm", "tokenmeter-engine", "_a-1_b", "SGLang", longest.c_str()}) {
+    EXPECT_EQ(tm_options_set_engine(opts_.get(), good), TM_OK) << good;
+  }
+}
+
+TEST_F(OptionsTest, RejectsReservedLabelNames) {
+  for (const char* name : {"model_name", "engine", "finished_reason",
+                           "position", "le", "quantile"}) {
+    EXPECT_EQ(tm_options_add_label(opts_.get(), name, "v"), TM_E_INVALID)
+        << name;
+  }
+}
+
+TEST_F(OptionsTest, RejectsDoubleUnderscoreLabelNames) {
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "__name__", "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "__", "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "_x", "v"), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsDuplicateLabelNames) {
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "region", "a"), TM_OK);
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "region", "b"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "region", "a"), TM_E_INVALID);
+}
+
+TEST_F(OptionsTest, RejectsMalformedLabelNames) {
+  for (const char* bad : {"", "1a", "a-b", "a b", "a.b", "a:b"}) {
+    EXPECT_EQ(tm_options_add_label(opts_.get(), bad, "v"), TM_E_INVALID) << bad;
+  }
+}
+
+TEST_F(OptionsTest, RejectsNinthLabel) {
+  for (int i = 0; i < int(TM_MAX_HELLO_LABELS); ++i) {
+    const std::string name = "l" + std::to_string(i);
+    EXPECT_EQ(tm_options_add_label(opts_.get(), name.c_str(), "v"), TM_OK);
+  }
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "ninth", "v"), TM_E_INVALID);
+}
+
+TEST_F(OptionsTest, RejectsLabelValueTooLong) {
+  const std::string value(TM_MAX_STRING_BYTES + 1, 'v');
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "a", value.c_str()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(opts_.get(), "a", value.c_str() + 1), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsSocketPathTooLongForSunPath) {
+  // sun_path is 108 bytes: 107 characters and the terminating NUL.
+  const std::string longest = "/" + std::string(106, 'p');
+  const std::string too_long = longest + "p";
+  EXPECT_EQ(tm_options_set_socket_path(opts_.get(), too_long.c_str()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_socket_path(opts_.get(), ""), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_socket_path(opts_.get(), longest.c_str()), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsBufferCapacityOutOfRange) {
+  for (size_t bad : {size_t{0}, size_t{1023}, (size_t{16} << 20) + 1,
+                     std::numeric_limits<size_t>::max()}) {
+    EXPECT_EQ(tm_options_set_buffer_capacity(opts_.get(), bad), TM_E_INVALID)
+        << bad;
+  }
+  EXPECT_EQ(tm_options_set_buffer_capacity(opts_.get(), 1024), TM_OK);
+  EXPECT_EQ(tm_options_set_buffer_capacity(opts_.get(), size_t{16} << 20),
+            TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsFlushIntervalOutOfRange) {
+  EXPECT_EQ(tm_options_set_flush_interval_ms(opts_.get(), 0), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_flush_interval_ms(opts_.get(), 10001), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_flush_interval_ms(opts_.get(), 1), TM_OK);
+  EXPECT_EQ(tm_options_set_flush_interval_ms(opts_.get(), 10000), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsCloseTimeoutOutOfRange) {
+  EXPECT_EQ(tm_options_set_close_timeout_ms(opts_.get(), 600001), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_close_timeout_ms(opts_.get(), UINT32_MAX),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_close_timeout_ms(opts_.get(), 0), TM_OK);
+  EXPECT_EQ(tm_options_set_close_timeout_ms(opts_.get(), 600000), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsMaxThreadsOutOfRange) {
+  EXPECT_EQ(tm_options_set_max_threads(opts_.get(), 0), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_max_threads(opts_.get(), 4097), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_max_threads(opts_.get(), 1), TM_OK);
+  EXPECT_EQ(tm_options_set_max_threads(opts_.get(), 4096), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsEmptyOrOverlongModel) {
+  const std::string too_long(TM_MAX_STRING_BYTES + 1, 'm');
+  EXPECT_EQ(tm_options_set_model(opts_.get(), ""), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_model(opts_.get(), too_long.c_str()), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_model(opts_.get(), too_long.c_str() + 1), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsOverlongInstanceAndScope) {
+  const std::string too_long(TM_MAX_STRING_BYTES + 1, 's');
+  EXPECT_EQ(tm_options_set_instance(opts_.get(), too_long.c_str()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_scope(opts_.get(), too_long.c_str()), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_instance(opts_.get(), too_long.c_str() + 1), TM_OK);
+  EXPECT_EQ(tm_options_set_scope(opts_.get(), too_long.c_str() + 1), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsNullArguments) {
+  tm_options* o = opts_.get();
+  EXPECT_EQ(tm_options_set_socket_path(o, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_engine(o, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_model(o, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_instance(o, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_scope(o, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(o, nullptr, "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(o, "n", nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_socket_path(nullptr, "/x"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_engine(nullptr, "vllm"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_model(nullptr, "m"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_instance(nullptr, "i"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_scope(nullptr, "s"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(nullptr, "n", "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_buffer_capacity(nullptr, 4096), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_flush_interval_ms(nullptr, 20), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_close_timeout_ms(nullptr, 20), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_max_threads(nullptr, 4), TM_E_INVALID);
+  tm_options_free(nullptr);  // a no-op
+}
+
+// ---- client creation and NULL handles --------------------------------------
+
+TEST(ClientNewTest, RejectsOptionsWithoutModel) {
+  OptionsPtr opts(tm_options_new());
+  ASSERT_NE(opts, nullptr);
+  tm_client* c = nullptr;
+  EXPECT_EQ(tm_client_new(opts.get(), &c), TM_E_INVALID);
+  EXPECT_EQ(c, nullptr);
+}
+
+TEST(ClientNewTest, RejectsNullArguments) {
+  OptionsPtr opts(tm_options_new());
+  ASSERT_EQ(tm_options_set_model(opts.get(), "m"), TM_OK);
+  tm_client* c = nullptr;
+  EXPECT_EQ(tm_client_new(nullptr, &c), TM_E_INVALID);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(tm_client_new(opts.get(), nullptr), TM_E_INVALID);
+}
+
+TEST(NullHandleTest, EventFunctionsRejectNullClient) {
+  const tm_step_key key = TM_STEP_KEY_RUNNING;
+  const double value = 1;
+  EXPECT_EQ(tm_arrived(nullptr, 1, 1, 1, 0, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_str(nullptr, 1, "a", 1, 1, 0, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_queued(nullptr, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_queued_str(nullptr, 1, "a", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_scheduled(nullptr, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_scheduled_str(nullptr, 1, "a", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_tokens(nullptr, 1, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_tokens(nullptr, 1, 1, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_tokens_str(nullptr, 1, "a", 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_finished(nullptr, 1, 1, TM_FINISH_STOP), TM_E_INVALID);
+  EXPECT_EQ(tm_finished(nullptr, 1, 1, static_cast<tm_finish_reason>(7)),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_finished_str(nullptr, 1, "a", 1, TM_FINISH_STOP), TM_E_INVALID);
+  EXPECT_EQ(tm_preempted(nullptr, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_preempted_str(nullptr, 1, "a", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_step(nullptr, 1, &key, &value, 1, nullptr, 0), TM_E_INVALID);
+}
+
+TEST(NullHandleTest, ClientFunctionsRejectNullClient) {
+  uint64_t stats[TM_STAT_COUNT] = {};
+  EXPECT_EQ(tm_client_flush(nullptr, 10), TM_E_INVALID);
+  EXPECT_EQ(tm_client_stats(nullptr, stats, TM_STAT_COUNT), TM_E_INVALID);
+  EXPECT_EQ(tm_thread_attach(nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_client_close(nullptr, stats, TM_STAT_COUNT), TM_OK);
+}
+
+using StatsTest = ClientFixture;
+
+TEST_F(StatsTest, RejectsNullOutputAndCopiesAtMostCount) {
+  NewClient();
+  EXPECT_EQ(tm_client_stats(client_, nullptr, 3), TM_E_INVALID);
+  EXPECT_EQ(tm_client_stats(client_, nullptr, 0), TM_OK);
+  uint64_t out[TM_STAT_COUNT + 2];
+  std::memset(out, 0xab, sizeof out);
+  EXPECT_EQ(tm_client_stats(client_, out, TM_STAT_COUNT + 2), TM_OK);
+  EXPECT_EQ(out[TM_STAT_EVENTS_SENT], 0u);
+  EXPECT_EQ(out[TM_STAT_COUNT], 0xababababababababu);
+  EXPECT_EQ(out[TM_STAT_COUNT + 1], 0xababababababababu);
+  uint64_t two[2] = {7, 7};
+  EXPECT_EQ(tm_client_stats(client_, two, 1), TM_OK);
+  EXPECT_EQ(two[0], 0u);
+  EXPECT_EQ(two[1], 7u);
+}
+
+TEST(StrerrorTest, NamesEveryStatus) {
+  const int codes[] = {TM_OK,      TM_E_INVALID, TM_E_DROPPED,
+                       TM_E_NOMEM, TM_E_TIMEOUT, TM_E_DISCONNECTED,
+                       TM_E_SYSTEM};
+  std::vector<std::string> texts;
+  for (int code : codes) {
+    const char* s = tm_strerror(code);
+    ASSERT_NE(s, nullptr);
+    EXPECT_GT(std::strlen(s), 0u);
+    texts.emplace_back(s);
+  }
+  std::sort(texts.begin(), texts.end());
+  EXPECT_EQ(std::unique(texts.begin(), texts.end()), texts.end());
+  ASSERT_NE(tm_strerror(-100), nullptr);
+  ASSERT_NE(tm_strerror(42), nullptr);
+}
+
+TEST(VersionTest, IsDottedTriple) {
+  const char* v = tm_version();
+  ASSERT_NE(v, nullptr);
+  unsigned major = 0, minor = 0, patch = 0;
+  char tail = 0;
+  EXPECT_EQ(std::sscanf(v, "%u.%u.%u%c", &major, &minor, &patch, &tail), 3)
+      << v;
+}
+
+}  // namespace
+}  // namespace tokenmeter::testing
