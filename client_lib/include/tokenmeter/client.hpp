@@ -106,7 +106,8 @@ class StepStats {
 };
 
 // Owns one tm_client; closing (flush with the close timeout, then free)
-// happens in Close() or the destructor. Move-only.
+// happens in Close() or the destructor. Neither copyable nor movable:
+// Create() hands it out in a std::unique_ptr.
 class Client {
  public:
   // Returns TM_OK and sets *out, or a TM_E_* code (an option the C layer
