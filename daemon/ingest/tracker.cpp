@@ -64,7 +64,7 @@ struct Tracker::Request {
   Gauge gauge = Gauge::kNone;
 };
 
-size_t Tracker::KeyHash::Mix(uint64_t a, uint64_t b) {
+size_t Tracker::KeyHash::Mix(uint64_t a, uint64_t b) noexcept {
   uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b;
   h ^= h >> 32;
   h *= 0xd6e8feb86659fd93ull;

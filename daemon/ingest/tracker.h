@@ -83,11 +83,17 @@ class Tracker {
     uint64_t num;
     std::string_view str;
   };
+  // noexcept (and cheap): libstdc++ then keeps no copy of the hash in each
+  // node, 8 bytes less per tracked request.
   struct KeyHash {
     using is_transparent = void;
-    size_t operator()(const Key& k) const { return Mix(k.space, k.num); }
-    size_t operator()(const KeyView& k) const { return Mix(k.space, k.num); }
-    static size_t Mix(uint64_t a, uint64_t b);
+    size_t operator()(const Key& k) const noexcept {
+      return Mix(k.space, k.num);
+    }
+    size_t operator()(const KeyView& k) const noexcept {
+      return Mix(k.space, k.num);
+    }
+    static size_t Mix(uint64_t a, uint64_t b) noexcept;
   };
   struct KeyEq {
     using is_transparent = void;

@@ -1,0 +1,400 @@
+// /metrics render time of tokenmeterd beside prometheus-cpp
+// (docs/performance.md, "tokenmeterd" / "Render").
+//
+// A Registry holds --identities engine series identities (default 42: about
+// 12.5 k samples with the daemon's own series), every histogram filled with
+// a spread of observations and every counter and gauge set. Cases:
+//   tokenmeterd_render           Registry::Render(kText004) into a reused
+//                                std::string (what a scrape does, including
+//                                reading /proc/self for process_*).
+//   prometheus_cpp_collect_serialize
+//                                the same families, label sets, bucket
+//                                layouts and values in a prometheus::Registry:
+//                                Collect(), then TextSerializer::Serialize()
+//                                into a std::string (what prometheus-cpp's
+//                                exposer does per scrape).
+//   prometheus_cpp_serialize     Serialize() alone, on one Collect() result.
+//
+// The prometheus-cpp registry is built from a parse of tokenmeterd's own
+// exposition, so the two hold the same samples by construction; before
+// timing, both expositions are parsed again and compared sample by sample
+// (name, label set, value), and the program exits 1 if they differ.
+//
+// Flags: --identities=N, then any Google Benchmark flag.
+#include <benchmark/benchmark.h>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "daemon/metrics/registry.h"
+
+namespace {
+
+namespace td = tokenmeter::daemon;
+
+// ---------------------------------------------------------------------------
+// The tokenmeterd registry.
+
+uint64_t Rand(uint64_t& s) {  // xorshift64*
+  s ^= s >> 12;
+  s ^= s << 25;
+  s ^= s >> 27;
+  return s * 2685821657736338717ull;
+}
+
+double Uniform(uint64_t& s) { return double(Rand(s) >> 11) * 0x1p-53; }
+
+std::unique_ptr<td::Registry> BuildRegistry(int identities) {
+  std::unique_ptr<td::Registry> reg;
+  if (!td::Registry::Create(td::RegistryOptions{}, &reg).ok()) std::abort();
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < identities; ++i) {
+    td::SeriesIdentity id;
+    id.ns = "vllm";
+    id.model = "org/model-" + std::to_string(i / 8);
+    id.instance = "dp" + std::to_string(i % 8);
+    id.labels = {{"region", "eu-west-1"}, {"pool", "p" + std::to_string(i % 3)}};
+    td::EngineSeries* s = reg->GetOrCreate(id);
+    if (s == nullptr) std::abort();
+    s->has_step_running = s->has_step_waiting = true;
+    s->step_running = Rand(rng) % 256;
+    s->step_waiting = Rand(rng) % 64;
+    s->kv_usage = Uniform(rng);
+    s->prefix_queries = Rand(rng) % 1'000'000'000;
+    s->prefix_hits = s->prefix_queries / 3;
+    s->preemptions = Rand(rng) % 1000;
+    s->prompt_tokens = Rand(rng) % 10'000'000'000ull;
+    s->generation_tokens = Rand(rng) % 10'000'000'000ull;
+    for (uint64_t& v : s->success) v = Rand(rng) % 1'000'000;
+    s->spec_drafts = Rand(rng) % 1'000'000;
+    s->spec_draft_tokens = s->spec_drafts * 4;
+    s->spec_accepted_tokens = s->spec_draft_tokens / 2;
+    for (td::Histogram& h : s->hists) {
+      // Log-uniform over the layout, a little past both ends, in raw units
+      // (whole nanoseconds for the seconds histograms).
+      const std::vector<double>& b = h.layout().bounds();
+      const double lo = std::log(b.front() / 2), hi = std::log(b.back() * 1.5);
+      const double div = h.layout().divisor();
+      for (int k = 0; k < 400; ++k) {
+        double raw = std::exp(lo + (hi - lo) * Uniform(rng)) * div;
+        if (div > 1) raw = std::round(raw);
+        h.Observe(raw);
+      }
+    }
+    reg->SetClientDropped("vllm", id.model, id.instance, 1000 + i,
+                          Rand(rng) % 100);
+  }
+  td::DaemonCounters& c = reg->counters();
+  c.ingest_connections = identities;
+  c.ingest_frames = 123456789;
+  for (uint64_t& v : c.ingest_events) v = Rand(rng) % 1'000'000'000;
+  c.tracked_requests = 5000;
+  c.scrape_duration_seconds = 0.0042;
+  return reg;
+}
+
+// ---------------------------------------------------------------------------
+// Text exposition parsing (the subset both serializers write).
+
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+struct Family {
+  std::string name, help, type;
+  std::vector<Sample> samples;
+};
+
+bool ParseSampleLine(std::string_view line, Sample* s) {
+  size_t i = line.find_first_of("{ ");
+  if (i == std::string_view::npos) return false;
+  s->name = line.substr(0, i);
+  s->labels.clear();
+  if (line[i] == '{') {
+    ++i;
+    while (i < line.size() && line[i] != '}') {
+      const size_t eq = line.find('=', i);
+      if (eq == std::string_view::npos || eq + 1 >= line.size() ||
+          line[eq + 1] != '"') {
+        return false;
+      }
+      std::string name(line.substr(i, eq - i)), value;
+      size_t j = eq + 2;
+      for (; j < line.size() && line[j] != '"'; ++j) {
+        if (line[j] == '\\' && j + 1 < line.size()) {
+          ++j;
+          value += line[j] == 'n' ? '\n' : line[j];
+        } else {
+          value += line[j];
+        }
+      }
+      s->labels[name] = value;
+      i = j + 1;
+      if (i < line.size() && line[i] == ',') ++i;
+    }
+    ++i;  // '}'
+  }
+  while (i < line.size() && line[i] == ' ') ++i;
+  const std::string value(line.substr(i));
+  if (value == "+Inf") {
+    s->value = HUGE_VAL;
+  } else if (value == "-Inf") {
+    s->value = -HUGE_VAL;
+  } else {
+    char* end = nullptr;
+    s->value = std::strtod(value.c_str(), &end);
+    if (end == value.c_str()) return false;
+  }
+  return true;
+}
+
+std::vector<Family> ParseText(const std::string& text) {
+  std::vector<Family> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line.starts_with("# HELP ")) {
+      const size_t sp = line.find(' ', 7);
+      Family f;
+      f.name = line.substr(7, sp - 7);
+      for (size_t i = sp + 1; i < line.size(); ++i) {
+        if (line[i] == '\\' && i + 1 < line.size()) {
+          ++i;
+          f.help += line[i] == 'n' ? '\n' : line[i];
+        } else {
+          f.help += line[i];
+        }
+      }
+      out.push_back(std::move(f));
+    } else if (line.starts_with("# TYPE ")) {
+      if (out.empty()) std::abort();
+      out.back().type = line.substr(line.rfind(' ') + 1);
+    } else if (line[0] != '#') {
+      Sample s;
+      if (out.empty() || !ParseSampleLine(line, &s)) {
+        std::fprintf(stderr, "render_bench: cannot parse: %s\n",
+                     line.c_str());
+        std::exit(1);
+      }
+      out.back().samples.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+// name{sorted labels} -> value, for comparing two expositions.
+std::map<std::string, double> SampleMap(const std::string& text) {
+  std::map<std::string, double> m;
+  for (const Family& f : ParseText(text)) {
+    for (const Sample& s : f.samples) {
+      std::string key = s.name + "{";
+      for (const auto& [k, v] : s.labels) key += k + "=" + v + ",";
+      m[key + "}"] = s.value;
+    }
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// The prometheus-cpp mirror.
+
+void BuildPrometheus(const std::string& text, prometheus::Registry& reg) {
+  for (const Family& f : ParseText(text)) {
+    if (f.type == "counter") {
+      auto& fam = prometheus::BuildCounter().Name(f.name).Help(f.help)
+                      .Register(reg);
+      for (const Sample& s : f.samples) fam.Add(s.labels).Increment(s.value);
+    } else if (f.type == "gauge") {
+      auto& fam =
+          prometheus::BuildGauge().Name(f.name).Help(f.help).Register(reg);
+      for (const Sample& s : f.samples) fam.Add(s.labels).Set(s.value);
+    } else if (f.type == "histogram") {
+      auto& fam = prometheus::BuildHistogram().Name(f.name).Help(f.help)
+                      .Register(reg);
+      // Group by label set (without le): bounds, cumulative counts, sum.
+      struct H {
+        std::vector<double> bounds, cumulative;
+        double sum = 0;
+      };
+      std::map<std::map<std::string, std::string>, H> hs;
+      std::vector<std::map<std::string, std::string>> order;
+      for (const Sample& s : f.samples) {
+        auto labels = s.labels;
+        labels.erase("le");
+        auto [it, inserted] = hs.try_emplace(labels);
+        if (inserted) order.push_back(labels);
+        if (s.name == f.name + "_bucket") {
+          if (s.labels.at("le") != "+Inf") {
+            it->second.bounds.push_back(std::strtod(s.labels.at("le").c_str(),
+                                                    nullptr));
+          }
+          it->second.cumulative.push_back(s.value);
+        } else if (s.name == f.name + "_sum") {
+          it->second.sum = s.value;
+        }
+      }
+      for (const auto& labels : order) {
+        const H& h = hs[labels];
+        std::vector<double> inc(h.cumulative.size());
+        for (size_t i = 0; i < inc.size(); ++i) {
+          inc[i] = h.cumulative[i] - (i > 0 ? h.cumulative[i - 1] : 0);
+        }
+        fam.Add(labels, h.bounds).ObserveMultiple(inc, h.sum);
+      }
+    } else {
+      std::fprintf(stderr, "render_bench: unexpected type %s\n",
+                   f.type.c_str());
+      std::exit(1);
+    }
+  }
+}
+
+size_t CountSamples(const std::string& text) {
+  size_t n = 0, start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start && text[start] != '#') ++n;
+    start = end + 1;
+  }
+  return n;
+}
+
+struct Fixture {
+  std::unique_ptr<td::Registry> tm;
+  prometheus::Registry prom;
+  size_t samples = 0;
+};
+Fixture* g_fixture = nullptr;
+
+void BM_TokenmeterdRender(benchmark::State& state) {
+  const td::Registry& reg = *g_fixture->tm;
+  std::string out;
+  for (auto _ : state) {
+    out.clear();
+    reg.Render(td::ExpositionFormat::kText004, out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["samples"] = double(CountSamples(out));
+  state.counters["bytes"] = double(out.size());
+}
+
+void BM_PrometheusCppCollectSerialize(benchmark::State& state) {
+  const prometheus::TextSerializer serializer;
+  std::string out;
+  for (auto _ : state) {
+    const std::vector<prometheus::MetricFamily> families =
+        g_fixture->prom.Collect();
+    out = serializer.Serialize(families);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["samples"] = double(CountSamples(out));
+  state.counters["bytes"] = double(out.size());
+}
+
+void BM_PrometheusCppSerialize(benchmark::State& state) {
+  const prometheus::TextSerializer serializer;
+  const std::vector<prometheus::MetricFamily> families =
+      g_fixture->prom.Collect();
+  std::string out;
+  for (auto _ : state) {
+    out = serializer.Serialize(families);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["samples"] = double(CountSamples(out));
+  state.counters["bytes"] = double(out.size());
+}
+
+BENCHMARK(BM_TokenmeterdRender)
+    ->Name("tokenmeterd_render")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PrometheusCppCollectSerialize)
+    ->Name("prometheus_cpp_collect_serialize")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PrometheusCppSerialize)
+    ->Name("prometheus_cpp_serialize")
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int identities = 42;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--identities=", 13) == 0) {
+      identities = std::atoi(argv[i] + 13);
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  if (identities < 1) {
+    std::fprintf(stderr, "render_bench: --identities must be >= 1\n");
+    return 2;
+  }
+
+  Fixture fixture;
+  fixture.tm = BuildRegistry(identities);
+  std::string ours;
+  fixture.tm->Render(td::ExpositionFormat::kText004, ours);
+  BuildPrometheus(ours, fixture.prom);
+  const prometheus::TextSerializer serializer;
+  const std::string theirs = serializer.Serialize(fixture.prom.Collect());
+
+  // Same samples on both sides, or the comparison means nothing.
+  const auto a = SampleMap(ours), b = SampleMap(theirs);
+  size_t mismatches = 0;
+  for (const auto& [key, v] : a) {
+    auto it = b.find(key);
+    const bool same =
+        it != b.end() &&
+        (it->second == v || std::fabs(it->second - v) <=
+                                1e-15 * std::max(std::fabs(v), 1.0));
+    if (!same && ++mismatches <= 5) {
+      std::fprintf(stderr, "render_bench: sample differs: %s\n", key.c_str());
+    }
+  }
+  if (a.size() != b.size() || mismatches > 0) {
+    std::fprintf(stderr,
+                 "render_bench: expositions differ (%zu vs %zu samples, %zu "
+                 "mismatches)\n",
+                 a.size(), b.size(), mismatches);
+    return 1;
+  }
+  fixture.samples = CountSamples(ours);
+  std::printf("render: %zu engine series identities; %zu samples (%zu "
+              "bytes) in tokenmeterd's exposition, %zu samples (%zu bytes) "
+              "in prometheus-cpp's; every sample equal\n",
+              fixture.tm->series_count(), fixture.samples, ours.size(),
+              CountSamples(theirs), theirs.size());
+  std::printf("RESULT render_identities=%d\nRESULT render_samples=%zu\n",
+              identities, fixture.samples);
+  std::fflush(stdout);
+
+  g_fixture = &fixture;
+  int bargc = int(args.size());
+  benchmark::Initialize(&bargc, args.data());
+  if (benchmark::ReportUnrecognizedArguments(bargc, args.data())) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
