@@ -53,7 +53,7 @@ echo "== tokenmeterd: ingest $tmp/ingest.sock, http://127.0.0.1:$port/metrics"
 echo "== tokenmeter-engine: 200 requests at 50/s"
 "$build/engine/tokenmeter-engine" --metrics-socket "$tmp/ingest.sock" \
   --requests 200 --rate 50 --prompt-len 128 --output-len 48 \
-  --shared-prefix 0.25 --kv-blocks 256 --max-batch 32
+  --shared-prefix 0.25 --kv-blocks 32 --max-batch 32
 
 # One more summary period, so the last seconds are logged too.
 sleep 1.2
