@@ -64,6 +64,8 @@ std::string_view IngestErrorName(IngestError e) {
       return "too_many_labels";
     case IngestError::kPeerNotAllowed:
       return "peer_not_allowed";
+    case IngestError::kSeriesLimit:
+      return "series_limit";
     case IngestError::kBadEvent:
       return "bad_event";
     case IngestError::kBadTimestamp:

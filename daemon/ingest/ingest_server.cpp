@@ -82,9 +82,12 @@ class IngestServer::Connection : public FrameSink {
                       hello.model, hello.instance, hello.labels};
     EngineSeries* series = reg.GetOrCreate(id);
     if (series == nullptr) {
-      spdlog::warn("ingest: {}: refused: the engine series limit is reached",
-                   peer_);
-      // Counted by the registry (series_rejected); close this peer only.
+      // The registry counts it in series_rejected too; close this peer only.
+      ++reg.counters().ingest_errors[size_t(IngestError::kSeriesLimit)];
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} (the engine "
+          "series limit, --max-engine-series, is reached)",
+          peer_, IngestErrorName(IngestError::kSeriesLimit));
       Close();
       return;
     }
