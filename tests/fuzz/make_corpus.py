@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""Writes the seed corpora in tests/fuzz/corpus/<target>/ from the worked
+bytes and examples of docs/protocol.md (and, for HTTP, the requests a real
+Prometheus sends). Deterministic; rerun after changing a seed.
+
+frame_decoder inputs start with one control byte (the split point and the
+limits, see frame_decoder_fuzzer.cpp); http_server inputs likewise (the
+split point).
+"""
+import os
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+H = 3600 * 10 ** 9
+T = 3 * H  # the fuzzer's fake clock starts 3 h after boot
+
+# Worked bytes, as docs/protocol.md writes them.
+HELLO = bytes.fromhex("92 00 83 a5 70 72 6f 74 6f 01 a6 65 6e 67 69 6e 65"
+                      " a4 76 6c 6c 6d a5 6d 6f 64 65 6c a1 6d")
+BATCH_TOKENS = bytes.fromhex("94 01 00 00 91 94 04 cf 01 02 03 04 05 06 07 08"
+                             " 07 03")
+FINISHED_STR = bytes.fromhex("94 05 cf 01 02 03 04 05 06 07 08 a5 72 65 71 2d"
+                             " 31 a4 73 74 6f 70")
+GOODBYE = bytes.fromhex("91 02")
+
+
+def pack(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def batch(events, seq=0, dropped=0):
+    return pack([1, seq, dropped, events])
+
+
+def hello(**extra):
+    meta = {"proto": 1, "engine": "vllm", "model": "m"}
+    meta.update(extra)
+    return pack([0, meta])
+
+
+LIFECYCLE = [
+    [1, T, 7, 100, {"max_tokens": 64, "n": 1}],
+    [2, T + 1, 7],
+    [3, T + 2, 7],
+    [4, T + 10, 7, 1],
+    [6, T + 11, 7],
+    [3, T + 12, 7],
+    [4, T + 20, 7, 2],
+    [5, T + 30, 7, "stop"],
+    [1, T, "req-1", 5],
+    [4, T + 5, "req-1", 1],
+    [5, T + 6, "req-1", "length"],
+    [5, T + 7, 8, "abort"],
+    [5, T + 8, 9, "error"],
+    [7, T, {"running": 3, "waiting": 2, "kv_usage": 0.5,
+            "prompt_tokens": 7, "generation_tokens": 9,
+            "prefix_queries": 10, "prefix_hits": 4, "spec_drafts": 2,
+            "spec_draft_tokens": 6, "spec_accepted_tokens": 4,
+            "spec_accepted_per_pos": [2, 1, 1]}],
+    [7, T, {"kv_usage": 1}],
+    [99, T, 1, 2],
+]
+
+DECODER = {
+    "hello": b"\x40" + HELLO,
+    "hello_batch_tokens": b"\x20" + HELLO + BATCH_TOKENS,
+    "hello_finished_str": b"\x05" + HELLO + b"\x94\x01\x00\x00\x91"
+    + FINISHED_STR,
+    "hello_goodbye": b"\x7f" + HELLO + GOODBYE,
+    "lifecycle": b"\x30" + hello(instance="dp0", scope="srv", pid=4711,
+                                  labels={"team": "a", "zone": "b"})
+    + batch(LIFECYCLE) + batch([[4, T + 40, 7, 1]], seq=1, dropped=3)
+    + GOODBYE,
+    "lifecycle_small_limits": b"\x90" + hello(labels={"a": "b"})
+    + batch(LIFECYCLE[:4]),
+    "invalid_msgpack": b"\x00" + HELLO + b"\xc1",
+    "batch_before_hello": b"\x01" + BATCH_TOKENS,
+    "second_hello": b"\x02" + HELLO + HELLO,
+    "bad_events": b"\x03" + HELLO + batch([
+        [4, T, 1, 0], [5, T, 1, "bogus"], [4, 2 ** 64 - 1, 1, 1],
+        [4, T, "", 1], [4, T, -1, 1], 5, [], [7, T, "x"],
+        [7, T, {"spec_accepted_per_pos": list(range(70))}]]),
+    "lying_length": b"\x04" + HELLO + b"\x94\x01\x00\x00\xdd\xff\xff\xff\xff",
+    "deep": b"\x06" + HELLO + b"\x94\x01\x00\x00\x91" + b"\x91" * 40 + b"\x00",
+    "reserved_label": b"\x07" + hello(labels={"le": "1", "__x": "y"}),
+    "wide_ints": b"\x08" + bytes.fromhex(
+        "dc 00 02 d3 00 00 00 00 00 00 00 00 de 00 03"
+        " d9 05 70 72 6f 74 6f cd 00 01"
+        " da 00 06 65 6e 67 69 6e 65 db 00 00 00 04 76 6c 6c 6d"
+        " a5 6d 6f 64 65 6c c4 01 6d"),
+}
+
+ACCEPT_PROM3 = (b"application/openmetrics-text;version=1.0.0;"
+                b"escaping=allow-utf-8;q=0.6,application/openmetrics-text;"
+                b"version=0.0.1;q=0.5,text/plain;version=1.0.0;"
+                b"escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,"
+                b"*/*;q=0.2")
+ACCEPT_PROM2 = (b"application/openmetrics-text;version=1.0.0,"
+                b"application/openmetrics-text;version=0.0.1;q=0.75,"
+                b"text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+def get(path, *headers):
+    return (b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1:10062\r\n"
+            + b"".join(h + b"\r\n" for h in headers) + b"\r\n")
+
+
+HTTP = {
+    "prometheus3": b"\x80" + get(b"/metrics", b"Accept: " + ACCEPT_PROM3,
+                                 b"Accept-Encoding: gzip",
+                                 b"User-Agent: Prometheus/3.0.0",
+                                 b"X-Prometheus-Scrape-Timeout-Seconds: 10"),
+    "prometheus2": b"\x40" + get(b"/metrics", b"Accept: " + ACCEPT_PROM2,
+                                 b"Accept-Encoding: gzip"),
+    "healthz": b"\xff" + get(b"/healthz"),
+    "head": b"\x10" + b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    "pipelined": b"\x33" + get(b"/metrics?x=1") + get(b"/healthz")
+    + get(b"/throw") + get(b"/nope"),
+    "http10": b"\x20" + b"GET /metrics HTTP/1.0\r\n\r\n",
+    "close": b"\x21" + get(b"/metrics", b"Connection: close"),
+    "post": b"\x22" + b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    "chunked": b"\x23" + b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: "
+    b"chunked\r\n\r\n0\r\n\r\n",
+    "folded": b"\x24" + b"GET /metrics HTTP/1.1\r\nAccept: text/plain;\r\n"
+    b" version=0.0.4\r\nAccept: */*\r\n\r\n",
+}
+
+NEGOTIATION = {
+    "prometheus3": ACCEPT_PROM3 + b"\ngzip",
+    "prometheus2": ACCEPT_PROM2 + b"\ngzip, deflate",
+    "text": b"text/plain; version=0.0.4; charset=utf-8\nidentity",
+    "openmetrics": b"application/openmetrics-text; version=1.0.0; "
+                   b"charset=utf-8\n*;q=0.5, gzip;q=0",
+    "wildcards": b"text/*;q=0.3, */*;q=0.1, application/*;q=0.9\nx-gzip;q=1.0",
+    "bad_q": b"text/plain;q=1.0001, application/openmetrics-text;q=abc\n"
+             b"gzip;q=0.0000",
+    "quoted": b'text/plain; version="0.0.4"; q=0.5\n*',
+}
+
+
+def write(target, seeds):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+
+
+write("frame_decoder", DECODER)
+write("http_server", HTTP)
+write("negotiation", NEGOTIATION)
