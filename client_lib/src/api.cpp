@@ -341,6 +341,116 @@ int tm_tokens_str(tm_client* c, uint64_t t_ns, const char* rid,
   return EmitStr(c, TM_EV_TOKENS, t_ns, rid, rid_len, n);
 }
 
+// ---- step batches -----------------------------------------------------------
+
+// The first entry of a batch that carries an event (n NULL: 1 token each).
+static size_t FirstEvent(const uint32_t* n, size_t count) {
+  size_t i = 0;
+  if (n != nullptr) {
+    while (i < count && n[i] == 0) ++i;
+  }
+  return i;
+}
+
+// The calling thread's ring for a batch with an event at `first`; nullptr
+// when the thread gets no slot, every event of the batch then counted as
+// dropped (RingFor() counts the first).
+static Ring* BatchRing(tm_client* c, const uint32_t* n, size_t first,
+                       size_t count) {
+  Ring* r = RingFor(c);
+  if (r == nullptr) [[unlikely]] {
+    uint64_t events = 0;
+    for (size_t i = first; i < count; ++i) {
+      events += n == nullptr || n[i] != 0;
+    }
+    c->CountDropped(events - 1);
+  }
+  return r;
+}
+
+int tm_tokens_batch(tm_client* c, uint64_t t_ns, const uint64_t* rids,
+                    const uint32_t* n, size_t count) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if ((rids == nullptr && count != 0) || count > TM_MAX_BATCH_EVENTS)
+      [[unlikely]] {
+    c->CountRejected(count);
+    return TM_E_INVALID;
+  }
+  const size_t first = FirstEvent(n, count);
+  if (first == count) return 0;  // no event: no thread attached, no drop
+  Ring* r = BatchRing(c, n, first, count);
+  if (r == nullptr) [[unlikely]]
+    return 0;
+  const uint64_t t = t_ns != 0 ? t_ns : Now();
+  int appended = 0;
+  for (size_t i = first; i < count; ++i) {
+    const uint32_t k = n != nullptr ? n[i] : 1;
+    if (k == 0) continue;
+    uint64_t* w = r->Reserve(3);
+    if (w == nullptr) [[unlikely]] {
+      r->CountDrop();
+      continue;
+    }
+    w[0] = MakeHeader(TM_EV_TOKENS, 3, 0, k);
+    w[1] = t;
+    w[2] = rids[i];
+    r->Commit();
+    ++appended;
+  }
+  return appended;
+}
+
+int tm_tokens_batch_str(tm_client* c, uint64_t t_ns, const char* ids,
+                        size_t ids_len, const uint32_t* n, size_t count) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  // Every id is checked before any is appended: a malformed batch is
+  // rejected whole, never half sent.
+  bool ok = count <= TM_MAX_BATCH_EVENTS && (ids != nullptr || count == 0);
+  const char* const end = ok && ids != nullptr ? ids + ids_len : ids;
+  const char* p = ids;
+  for (size_t i = 0; ok && i < count; ++i) {
+    const void* nul = std::memchr(p, 0, size_t(end - p));
+    const size_t len =
+        nul != nullptr ? size_t(static_cast<const char*>(nul) - p) : 0;
+    ok = len >= 1 && len <= TM_MAX_RID_BYTES;
+    p += len + 1;
+  }
+  if (!ok || p != end) [[unlikely]] {
+    c->CountRejected(count);
+    return TM_E_INVALID;
+  }
+  const size_t first = FirstEvent(n, count);
+  if (first == count) return 0;
+  Ring* r = BatchRing(c, n, first, count);
+  if (r == nullptr) [[unlikely]]
+    return 0;
+  const uint64_t t = t_ns != 0 ? t_ns : Now();
+  int appended = 0;
+  const char* id = ids;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t len = std::strlen(id);  // checked above: 1 .. 128
+    const char* rid = id;
+    id += len + 1;
+    const uint32_t k = n != nullptr ? n[i] : 1;
+    if (k == 0) continue;
+    const uint32_t words = 2 + RidWords(len);
+    uint64_t* w = r->Reserve(words);
+    if (w == nullptr) [[unlikely]] {
+      r->CountDrop();
+      continue;
+    }
+    w[0] = MakeHeader(TM_EV_TOKENS, words, uint32_t(len), k);
+    w[1] = t;
+    w[words - 1] = 0;
+    std::memcpy(w + 2, rid, len);
+    r->Commit();
+    ++appended;
+  }
+  return appended;
+}
+
 static bool ValidReason(tm_finish_reason reason) {
   const int r = static_cast<int>(reason);
   return r >= TM_FINISH_STOP && r <= TM_FINISH_ERROR;

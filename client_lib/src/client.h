@@ -79,6 +79,14 @@ struct tm_client {
   void CountRejected() {
     rejected_.fetch_add(1, std::memory_order_relaxed);
   }
+  void CountRejected(uint64_t n) {
+    rejected_.fetch_add(n, std::memory_order_relaxed);
+  }
+  // Events dropped outside any ring: a batch call that found no slot (after
+  // the one LocalRing() counted).
+  void CountDropped(uint64_t n) {
+    dropped_extra_.fetch_add(n, std::memory_order_relaxed);
+  }
 
  private:
   using ThreadSlot = tokenmeter::client::ThreadSlot;

@@ -1,0 +1,179 @@
+"""Finds and loads libtokenmeter and declares the C ABI (tokenmeter.h) to
+ctypes. Internal: use tokenmeter.Client.
+
+Where the library is looked for, in order:
+
+1. the path in the environment variable TOKENMETER_LIBRARY, when it is set
+   (then it is the only place tried: a wrong path is an error, not a reason
+   to load some other copy);
+2. this package's own folder: libtokenmeter.so, libtokenmeter.so.0, ... (a
+   copy shipped beside the .py files);
+3. the system library path, through the dynamic loader ("libtokenmeter.so.0":
+   LD_LIBRARY_PATH, the ld.so cache, /usr/lib...), then
+   ctypes.util.find_library("tokenmeter").
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+
+ENV_VAR = "TOKENMETER_LIBRARY"
+SONAME = "libtokenmeter.so.0"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# Functions every binding needs, checked at load so that an old library fails
+# at import with a clear message rather than at the first step.
+_REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str")
+
+
+class LibraryNotFoundError(ImportError):
+    """libtokenmeter could not be loaded from any of the places tried."""
+    __module__ = "tokenmeter"  # where users import it from
+
+
+def _try_load(path):
+    """(CDLL, PyDLL) for path, or raises OSError / LibraryNotFoundError."""
+    cdll = ctypes.CDLL(path)
+    missing = [name for name in _REQUIRED if not hasattr(cdll, name)]
+    if missing:
+        raise OSError(f"{path} lacks {', '.join(missing)}: a libtokenmeter "
+                      "older than this binding")
+    # Two views of one loaded library (dlopen counts references): event
+    # functions through PyDLL keep the GIL for their few nanoseconds, which
+    # saves dropping and retaking it on every call; functions that block
+    # (flush, close) go through CDLL, which lets other threads run meanwhile.
+    return cdll, ctypes.PyDLL(path)
+
+
+def _package_copies():
+    names = glob.glob(os.path.join(PACKAGE_DIR, "libtokenmeter.so*"))
+    # libtokenmeter.so first, then the shortest (soname) before full versions.
+    return sorted(names, key=lambda p: (len(os.path.basename(p)), p))
+
+
+def load():
+    """Loads the library: (cdll, pydll, path). Raises LibraryNotFoundError
+    naming every place tried and why each failed."""
+    tried = []
+    env = os.environ.get(ENV_VAR)
+    if env:
+        try:
+            return (*_try_load(env), env)
+        except OSError as e:
+            tried.append(f"1. ${ENV_VAR}={env}: {e}")
+            tried.append(f"2. the package folder {PACKAGE_DIR}: not tried "
+                         f"(${ENV_VAR} is set)")
+            tried.append("3. the system library path: not tried "
+                         f"(${ENV_VAR} is set)")
+            raise LibraryNotFoundError(_message(tried)) from None
+    tried.append(f"1. ${ENV_VAR}: not set")
+
+    copies = _package_copies()
+    reasons = []
+    for path in copies:
+        try:
+            return (*_try_load(path), path)
+        except OSError as e:
+            reasons.append(str(e))
+    tried.append(f"2. the package folder {PACKAGE_DIR}: "
+                 + ("; ".join(reasons) if reasons
+                    else "no libtokenmeter.so* there"))
+
+    reasons = []
+    candidates = [SONAME]
+    found = ctypes.util.find_library("tokenmeter")
+    if found and found != SONAME:
+        candidates.append(found)
+    for name in candidates:
+        try:
+            return (*_try_load(name), name)
+        except OSError as e:
+            reasons.append(str(e))
+    tried.append("3. the system library path (dynamic loader, then "
+                 "ctypes.util.find_library): " + "; ".join(reasons))
+    raise LibraryNotFoundError(_message(tried))
+
+
+def _message(tried):
+    return ("libtokenmeter not found. Tried:\n  " + "\n  ".join(tried)
+            + "\nInstall tokenmeter (meson install puts libtokenmeter.so.0 on "
+            f"the system library path), set {ENV_VAR} to the library's path, "
+            "or copy the library into the package folder.")
+
+
+# ---- declarations ----------------------------------------------------------
+
+_c = ctypes
+_client_p = _c.c_void_p
+_u64, _u32, _int, _size = _c.c_uint64, _c.c_uint32, _c.c_int, _c.c_size_t
+_str = _c.c_char_p
+_ptr = _c.c_void_p  # arrays passed as addresses (array.buffer_info()[0])
+
+# name: (restype, argtypes)
+_SIGNATURES = {
+    "tm_strerror": (_c.c_char_p, [_int]),
+    "tm_version": (_c.c_char_p, []),
+    "tm_now_ns": (_u64, []),
+    "tm_options_new": (_c.c_void_p, []),
+    "tm_options_free": (None, [_c.c_void_p]),
+    "tm_options_set_socket_path": (_int, [_c.c_void_p, _str]),
+    "tm_options_set_engine": (_int, [_c.c_void_p, _str]),
+    "tm_options_set_model": (_int, [_c.c_void_p, _str]),
+    "tm_options_set_instance": (_int, [_c.c_void_p, _str]),
+    "tm_options_set_scope": (_int, [_c.c_void_p, _str]),
+    "tm_options_add_label": (_int, [_c.c_void_p, _str, _str]),
+    "tm_options_set_buffer_capacity": (_int, [_c.c_void_p, _size]),
+    "tm_options_set_flush_interval_ms": (_int, [_c.c_void_p, _u32]),
+    "tm_options_set_close_timeout_ms": (_int, [_c.c_void_p, _u32]),
+    "tm_options_set_max_threads": (_int, [_c.c_void_p, _u32]),
+    "tm_client_new": (_int, [_c.c_void_p, _c.POINTER(_c.c_void_p)]),
+    "tm_client_close": (_int, [_client_p, _ptr, _size]),
+    "tm_client_flush": (_int, [_client_p, _u32]),
+    "tm_thread_attach": (_int, [_client_p]),
+    "tm_client_stats": (_int, [_client_p, _ptr, _size]),
+    "tm_arrived": (_int, [_client_p, _u64, _u64, _u32, _u32, _u32]),
+    "tm_arrived_str": (_int, [_client_p, _u64, _str, _size, _u32, _u32,
+                              _u32]),
+    "tm_queued": (_int, [_client_p, _u64, _u64]),
+    "tm_queued_str": (_int, [_client_p, _u64, _str, _size]),
+    "tm_scheduled": (_int, [_client_p, _u64, _u64]),
+    "tm_scheduled_str": (_int, [_client_p, _u64, _str, _size]),
+    "tm_tokens": (_int, [_client_p, _u64, _u64, _u32]),
+    "tm_tokens_str": (_int, [_client_p, _u64, _str, _size, _u32]),
+    "tm_tokens_batch": (_int, [_client_p, _u64, _ptr, _ptr, _size]),
+    "tm_tokens_batch_str": (_int, [_client_p, _u64, _str, _size, _ptr,
+                                   _size]),
+    # tm_finish_reason and tm_step_key are C enums: int-sized.
+    "tm_finished": (_int, [_client_p, _u64, _u64, _int]),
+    "tm_finished_str": (_int, [_client_p, _u64, _str, _size, _int]),
+    "tm_preempted": (_int, [_client_p, _u64, _u64]),
+    "tm_preempted_str": (_int, [_client_p, _u64, _str, _size]),
+    "tm_step": (_int, [_client_p, _u64, _ptr, _ptr, _size, _ptr, _size]),
+}
+
+# Called from Python hot paths and never blocking: loaded through PyDLL.
+_EVENT_FUNCTIONS = frozenset({
+    "tm_arrived", "tm_arrived_str", "tm_queued", "tm_queued_str",
+    "tm_scheduled", "tm_scheduled_str", "tm_tokens", "tm_tokens_str",
+    "tm_tokens_batch", "tm_tokens_batch_str", "tm_finished",
+    "tm_finished_str", "tm_preempted", "tm_preempted_str", "tm_step",
+    "tm_client_stats", "tm_now_ns"})
+
+
+class Lib:
+    """The loaded library's functions as attributes (tm_tokens, ...), each
+    with argtypes and restype declared."""
+
+    def __init__(self):
+        cdll, pydll, self.path = load()
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(pydll if name in _EVENT_FUNCTIONS else cdll, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(self, name, fn)
+
+    def strerror(self, status):
+        return self.tm_strerror(status).decode()
+
+
+lib = Lib()

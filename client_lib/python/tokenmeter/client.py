@@ -1,0 +1,631 @@
+"""tokenmeter.Client: the Python face of libtokenmeter's C ABI (tokenmeter.h).
+
+Every event method is one ctypes call into the library, which stamps the
+event and appends it to the calling thread's buffer; the library's own
+thread sends it to tokenmeterd. Nothing here takes a lock or touches the
+socket; the costs are ctypes' (docs/performance.md, "Python shim").
+"""
+import ctypes
+import operator
+import os
+import threading
+import weakref
+from array import array
+from collections import namedtuple
+from enum import IntEnum
+
+from ._lib import lib
+
+# Status codes of tokenmeter.h that event methods return.
+OK = 0
+INVALID = -1  # only after close(): the call did nothing
+DROPPED = -2  # buffer full or no thread slot; counted in stats()
+_NOMEM = -3   # TM_E_NOMEM
+
+MAX_RID_BYTES = 128      # TM_MAX_RID_BYTES
+MAX_LABELS = 8           # TM_MAX_HELLO_LABELS
+MAX_STRING_BYTES = 256   # TM_MAX_STRING_BYTES
+MAX_SPEC_POSITIONS = 64  # TM_MAX_SPEC_POSITIONS
+_MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+_STEP_INT_MAX = 1 << 53
+
+assert array("Q").itemsize == 8 and array("I").itemsize == 4
+
+# Bound once: a global lookup is cheaper than an attribute lookup per call.
+_arrived, _arrived_str = lib.tm_arrived, lib.tm_arrived_str
+_queued, _queued_str = lib.tm_queued, lib.tm_queued_str
+_scheduled, _scheduled_str = lib.tm_scheduled, lib.tm_scheduled_str
+_tokens, _tokens_str = lib.tm_tokens, lib.tm_tokens_str
+_tokens_batch, _tokens_batch_str = lib.tm_tokens_batch, lib.tm_tokens_batch_str
+_finished, _finished_str = lib.tm_finished, lib.tm_finished_str
+_preempted, _preempted_str = lib.tm_preempted, lib.tm_preempted_str
+_step = lib.tm_step
+
+
+class FinishReason(IntEnum):
+    """tm_finish_reason. finished() also takes the strings "stop",
+    "length", "abort", "error"."""
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+
+_REASONS = {"stop": 0, "length": 1, "abort": 2, "error": 3}
+_REASONS.update({r: int(r) for r in FinishReason})
+
+# Prebuilt ctypes arguments for the fast paths (see "events" below).
+_ZERO, _ONE = 0, 1
+_T_NOW = ctypes.c_uint64(0)
+_N_ZERO = ctypes.c_uint32(0)
+_N_ONE = ctypes.c_uint32(1)
+# A ready size_t for every valid string-id length: indexing a tuple costs a
+# quarter of converting an int.
+_RID_LEN = tuple(ctypes.c_size_t(i) for i in range(MAX_RID_BYTES + 1))
+# The same with None for 0, which ctypes refuses: a lookup that also checks.
+_STR_RID_LEN = (None,) + _RID_LEN[1:]
+_REASON_ARGS = {name: ctypes.c_int(v) for name, v in _REASONS.items()
+                if type(name) is str}
+
+Stats = namedtuple("Stats", [
+    "events_sent",       # events written to the socket
+    "events_dropped",    # buffer full, no thread slot, or unsent at close
+    "events_rejected",   # invalid arguments that reached the library
+    "reconnects",        # connections made after the first one
+    "batches_sent",      # BATCH frames written
+    "bytes_sent",        # bytes written, all frames
+    "connected",         # 1 while connected, else 0
+    "connect_failures",  # connection attempts that failed
+])
+Stats.__doc__ = "Counters of tm_client_stats(), in tm_stat order."
+_StatsArray = ctypes.c_uint64 * len(Stats._fields)
+
+# STEP keys, in tm_step_key order.
+_STEP_KEYS = ("running", "waiting", "kv_usage", "prompt_tokens",
+              "generation_tokens", "prefix_queries", "prefix_hits",
+              "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+_KV_USAGE = 2
+
+
+# ---- argument checks (the slow paths; the fast paths are inline) -----------
+
+def _rid(rid):
+    """(int id, None) or (None, bytes id); raises for anything else."""
+    if isinstance(rid, str):
+        b = rid.encode()  # UnicodeEncodeError (a ValueError): lone surrogate
+    elif isinstance(rid, (bytes, bytearray, memoryview)):
+        b = bytes(rid)
+    elif isinstance(rid, bool):
+        raise TypeError("request id must be an int or a str, not bool")
+    else:
+        try:
+            v = operator.index(rid)  # int subclasses, numpy integers
+        except TypeError:
+            raise TypeError("request id must be an int or a str, not "
+                            f"{type(rid).__name__}") from None
+        if not 0 <= v <= _U64:
+            raise ValueError(f"integer request id {v} is outside "
+                             "0 .. 2**64-1")
+        return v, None
+    if not 0 < len(b) <= MAX_RID_BYTES:
+        raise ValueError(f"request id {rid!r} is {len(b)} bytes of UTF-8; "
+                         f"it must be 1 .. {MAX_RID_BYTES}")
+    return None, b
+
+
+def _uint(name, v, lo, hi):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    v = operator.index(v)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} = {v} is outside {lo} .. {hi}")
+    return v
+
+
+def _index_array(typecode, values):
+    """array(typecode, values) of ints (numpy integers too), None when an
+    item is not an int; ValueError when one is out of range."""
+    try:
+        try:
+            return array(typecode, values)
+        except TypeError:  # not all plain ints: try __index__
+            return array(typecode, map(operator.index, values))
+    except TypeError:
+        return None
+    except OverflowError:
+        what = "request ids" if typecode == "Q" else "token counts n"
+        bits = 64 if typecode == "Q" else 32
+        raise ValueError(f"integer {what} must be 0 .. 2**{bits}-1") \
+            from None
+
+
+def _t(t_ns):
+    return _uint("t_ns (CLOCK_MONOTONIC ns, 0 = now)", t_ns, 0, _U64)
+
+
+def _option_str(name, v):
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must be a str, not {type(v).__name__}")
+    if "\0" in v:
+        raise ValueError(f"{name} {v!r} contains a NUL character")
+    b = v.encode()
+    if len(b) > MAX_STRING_BYTES:
+        raise ValueError(f"{name} {v!r} is {len(b)} bytes of UTF-8; the "
+                         f"limit is {MAX_STRING_BYTES}")
+    return b
+
+
+def _seconds_to_ms(name, v, lo, hi):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds")
+    ms = round(v * 1000)
+    if not lo <= ms <= hi:
+        raise ValueError(f"{name} = {v} s is outside {lo / 1000} .. "
+                         f"{hi / 1000} s")
+    return ms
+
+
+# ---- fork: a child has the buffers but not the sender thread ---------------
+
+_live = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for client in list(_live):
+        client._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_handle(handle):
+    lib.tm_client_close(handle, None, 0)
+
+
+class Client:
+    """One connection's worth of identity and buffers: a tm_client.
+
+    with tokenmeter.Client(engine="vllm", model="llama-3-8b",
+                           instance="dp0") as meter:
+        meter.arrived("req-1", prompt_tokens=812, max_tokens=256)
+        meter.tokens_batch(step_request_ids)      # once per engine step
+        meter.finished("req-1", "stop")
+
+    Arguments are keyword-only. model is required; engine names the metric
+    namespace (default "tokenmeter-engine"); instance is the `engine` label;
+    scope joins this client's request ids with other clients' of the same
+    engine, model and scope (a frontend process and an engine process);
+    labels are at most 8 constant labels. socket_path defaults to
+    /run/tokenmeter/ingest.sock. buffer_capacity (events per thread),
+    flush_interval and close_timeout (seconds) and max_threads tune the
+    library (tokenmeter.h). Bad values raise ValueError or TypeError naming
+    the rule; the daemon need not be running (the library connects in the
+    background and keeps retrying).
+
+    Event methods (arrived, queued, scheduled, tokens, tokens_batch,
+    finished, preempted, step) may be called from any number of threads at
+    once. They raise TypeError or ValueError for bad arguments, before
+    anything is sent, and never for transport trouble: a missing daemon or
+    a full buffer is counted in stats(). They return OK (0), or DROPPED (-2)
+    when the event was dropped (counted); after close() they do nothing and
+    return INVALID (-1). tokens_batch returns the number of events
+    appended. Timestamps t_ns are time.monotonic_ns() values; 0 means now.
+    Request ids are ints (0 .. 2**64-1) or strs (1 .. 128 bytes of UTF-8;
+    bytes also work); a request keeps one form in all its events.
+    """
+
+    __slots__ = ("_h", "_finalizer", "_close_lock", "_final_stats",
+                 "__weakref__")
+
+    def __init__(self, *, model, engine=None, instance=None, scope=None,
+                 labels=None, socket_path=None, buffer_capacity=None,
+                 flush_interval=None, close_timeout=None, max_threads=None):
+        # Set first so that close() works whatever fails below.
+        self._h = None
+        self._finalizer = None
+        self._close_lock = threading.Lock()
+        self._final_stats = Stats(*([0] * len(Stats._fields)))
+
+        opts = lib.tm_options_new()
+        if not opts:
+            raise MemoryError("tm_options_new")
+        try:
+            def apply(setter, value, rule):
+                if setter(opts, value) != OK:
+                    raise ValueError(rule)
+
+            m = _option_str("model", model)
+            apply(lib.tm_options_set_model, m, "model must not be empty")
+            if engine is not None:
+                apply(lib.tm_options_set_engine,
+                      _option_str("engine", engine),
+                      f"engine {engine!r} must match "
+                      "[a-zA-Z_][a-zA-Z0-9_-]*")
+            if instance is not None:
+                apply(lib.tm_options_set_instance,
+                      _option_str("instance", instance), "instance")
+            if scope is not None:
+                apply(lib.tm_options_set_scope, _option_str("scope", scope),
+                      "scope")
+            if socket_path is not None:
+                path = os.fsencode(socket_path)
+                if b"\0" in path:
+                    raise ValueError("socket_path contains a NUL byte")
+                apply(lib.tm_options_set_socket_path, path,
+                      f"socket_path {socket_path!r} must be 1 .. 107 bytes")
+            for name, value in dict(labels or {}).items():
+                if lib.tm_options_add_label(
+                        opts, _option_str("label name", name),
+                        _option_str(f"label {name!r} value", value)) != OK:
+                    raise ValueError(
+                        f"label {name!r}: at most {MAX_LABELS} labels; names "
+                        "match [a-zA-Z_][a-zA-Z0-9_]*, do not start with __ "
+                        "and are not model_name, engine, finished_reason, "
+                        "position, le or quantile")
+            if buffer_capacity is not None:
+                apply(lib.tm_options_set_buffer_capacity,
+                      _uint("buffer_capacity", buffer_capacity, 1024,
+                            16 << 20),
+                      "buffer_capacity must be 1024 .. 16Mi events")
+            if flush_interval is not None:
+                apply(lib.tm_options_set_flush_interval_ms,
+                      _seconds_to_ms("flush_interval", flush_interval, 1,
+                                     10000), "flush_interval")
+            if close_timeout is not None:
+                apply(lib.tm_options_set_close_timeout_ms,
+                      _seconds_to_ms("close_timeout", close_timeout, 0,
+                                     600000), "close_timeout")
+            if max_threads is not None:
+                apply(lib.tm_options_set_max_threads,
+                      _uint("max_threads", max_threads, 1, 4096),
+                      "max_threads must be 1 .. 4096")
+            handle = ctypes.c_void_p()
+            rc = lib.tm_client_new(opts, ctypes.byref(handle))
+        finally:
+            lib.tm_options_free(opts)
+        if rc == _NOMEM:
+            raise MemoryError("tm_client_new: out of memory")
+        if rc != OK:
+            raise OSError(f"tm_client_new: {lib.strerror(rc)} (could not "
+                          "start the sender thread)")
+        self._h = handle.value
+        # Unclosed clients are closed (their events sent) when collected or
+        # at interpreter exit.
+        self._finalizer = weakref.finalize(self, _close_handle, self._h)
+        _live.add(self)
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def close(self):
+        """Sends what is buffered (waiting at most close_timeout), says
+        GOODBYE and frees the library's client. Returns the final Stats.
+        Idempotent. Call it once the threads that report have stopped
+        reporting; event calls after it do nothing."""
+        with self._close_lock:
+            h, self._h = self._h, None
+            if h is None:
+                return self._final_stats
+            self._finalizer.detach()
+            _live.discard(self)
+            out = _StatsArray()
+            lib.tm_client_close(h, ctypes.addressof(out), len(out))
+            self._final_stats = Stats(*out)
+            return self._final_stats
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _forget_after_fork(self):
+        # The child has a copy of the buffers but no sender thread: closing
+        # would wait for a thread that is not there. Leave the copy alone.
+        self._h = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def __repr__(self):
+        state = "closed" if self._h is None else "open"
+        return f"<tokenmeter.Client {state}>"
+
+    # ---- control ---------------------------------------------------------
+
+    def stats(self):
+        """Counters as a Stats namedtuple (after close: the final ones).
+        Lock-free; any thread."""
+        out = _StatsArray()
+        addr, n = ctypes.addressof(out), len(out)
+        if lib.tm_client_stats(self._h, addr, n) != OK:  # closed meanwhile
+            return self._final_stats
+        return Stats(*out)
+
+    def flush(self, timeout=1.0):
+        """Waits until every event appended before the call is written to
+        the socket. True when done; False when the daemon is away (at once)
+        or the timeout ran out. Blocks (other threads run meanwhile): not
+        for hot paths."""
+        ms = _seconds_to_ms("timeout", timeout, 0, _U32)
+        with self._close_lock:  # blocks with the GIL released: keep close out
+            if self._h is None:
+                raise ValueError("flush() on a closed tokenmeter.Client")
+            return lib.tm_client_flush(self._h, ms) == OK
+
+    def attach_thread(self):
+        """Optional: allocates the calling thread's buffer now, so that its
+        first event call does not. False when max_threads are reporting."""
+        with self._close_lock:
+            return self._h is not None and lib.tm_thread_attach(self._h) == OK
+
+    # ---- events ----------------------------------------------------------
+    #
+    # Each method has a fast path for the common call (an int or str id,
+    # the other arguments at their defaults or plain ints), then a checking
+    # path that converts or raises. Costs here are ctypes': about 90 ns to
+    # convert each int argument, 40 ns to pass a ready ctypes object; so the
+    # fast paths pass prebuilt objects for default arguments (_T_NOW, ...),
+    # guarded by identity with the defaults (`t_ns is _ZERO`: any other 0
+    # takes the checking path and gets the same result).
+    #
+    # self._h is read as the last thing before the C call (no Python call in
+    # between), so a close() in another thread turns later calls into
+    # no-ops rather than uses of a freed client.
+
+    def _checked(self, fn_int, fn_str, rid, t_ns, *args):
+        t_ns = _t(t_ns)
+        v, b = _rid(rid)
+        if b is None:
+            return fn_int(self._h, t_ns, v, *args)
+        ln = len(b)
+        return fn_str(self._h, t_ns, b, ln, *args)
+
+    def arrived(self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0):
+        """The request entered the server (ARRIVED). max_tokens and n are
+        its sampling parameters; 0 means not given."""
+        # The fast path, for ints in range and a str or int id. Anything
+        # else takes the checking path below, which says what is wrong: a
+        # float count raises TypeError at `|` (a negative one shifts to -1),
+        # a numpy int makes ctypes raise ArgumentError before the call, an
+        # empty or overlong str id finds no ready length (None for 0,
+        # IndexError past MAX_RID_BYTES).
+        try:
+            if t_ns is _ZERO:
+                t = _T_NOW
+            elif type(t_ns) is int and not t_ns >> 64:
+                t = t_ns
+            else:
+                t = None
+            if t is not None and not (prompt_tokens | max_tokens | n) >> 32:
+                n_arg = _N_ZERO if n is _ZERO else n
+                kind = type(rid)
+                if kind is str:
+                    b = rid.encode()
+                    ln = _STR_RID_LEN[len(b)]
+                    return _arrived_str(self._h, t, b, ln, prompt_tokens,
+                                        max_tokens, n_arg)
+                if kind is int and not rid >> 64:
+                    return _arrived(self._h, t, rid, prompt_tokens,
+                                    max_tokens, n_arg)
+        except (TypeError, IndexError, ctypes.ArgumentError):
+            pass
+        return self._checked(
+            _arrived, _arrived_str, rid, t_ns,
+            _uint("prompt_tokens", prompt_tokens, 0, _U32),
+            _uint("max_tokens", max_tokens, 0, _U32), _uint("n", n, 0, _U32))
+
+    def queued(self, rid, t_ns=0):
+        """The request entered the engine's waiting queue (optional)."""
+        if t_ns is _ZERO:
+            if type(rid) is int and 0 <= rid <= _U64:
+                return _queued(self._h, _T_NOW, rid)
+            if type(rid) is str:
+                b = rid.encode()
+                ln = len(b)
+                if 0 < ln <= MAX_RID_BYTES:
+                    return _queued_str(self._h, _T_NOW, b, _RID_LEN[ln])
+        return self._checked(_queued, _queued_str, rid, t_ns)
+
+    def scheduled(self, rid, t_ns=0):
+        """The request was scheduled (the first time counts)."""
+        if t_ns is _ZERO:
+            if type(rid) is int and 0 <= rid <= _U64:
+                return _scheduled(self._h, _T_NOW, rid)
+            if type(rid) is str:
+                b = rid.encode()
+                ln = len(b)
+                if 0 < ln <= MAX_RID_BYTES:
+                    return _scheduled_str(self._h, _T_NOW, b,
+                                          _RID_LEN[ln])
+        return self._checked(_scheduled, _scheduled_str, rid, t_ns)
+
+    def tokens(self, rid, n=1, t_ns=0):
+        """n >= 1 output tokens were produced for the request in one step.
+        For a whole step, tokens_batch() costs far less per request."""
+        if n is _ONE and t_ns is _ZERO:
+            if type(rid) is int and 0 <= rid <= _U64:
+                return _tokens(self._h, _T_NOW, rid, _N_ONE)
+            if type(rid) is str:
+                b = rid.encode()
+                ln = len(b)
+                if 0 < ln <= MAX_RID_BYTES:
+                    return _tokens_str(self._h, _T_NOW, b, _RID_LEN[ln],
+                                       _N_ONE)
+        elif (type(rid) is int and type(n) is int and type(t_ns) is int
+              and 0 <= rid <= _U64 and 0 < n <= _U32 and 0 <= t_ns <= _U64):
+            return _tokens(self._h, t_ns, rid, n)
+        return self._checked(_tokens, _tokens_str, rid, t_ns,
+                             _uint("n (tokens)", n, 1, _U32))
+
+    def tokens_batch(self, rids, n=None, t_ns=0):
+        """One engine step's output tokens, for many requests, in one call:
+        the events tokens(rids[i], n[i], t_ns) would send, with one shared
+        timestamp (t_ns 0: read once).
+
+        rids: a sequence of ints or of strs (not mixed); an array('Q') is
+        used in place, without a copy. n: None (1 token each), one int for
+        all, or a sequence (an array('I') is used in place) as long as rids;
+        an entry of 0 is skipped (a prefill chunk that sampled nothing).
+        Returns the number of events appended; fewer than the non-zero
+        entries means the buffer was full (the rest dropped and counted).
+        Raises TypeError / ValueError, sending nothing, for bad arguments.
+        """
+        if isinstance(rids, (str, bytes)):
+            raise TypeError("rids must be a sequence of request ids, not one "
+                            f"{type(rids).__name__}")
+        try:
+            count = len(rids)
+        except TypeError:
+            raise TypeError("rids must be a sequence of request ids, not "
+                            f"{type(rids).__name__}") from None
+        if type(t_ns) is not int or not 0 <= t_ns <= _U64:
+            t_ns = _t(t_ns)
+        # Token counts.
+        if n is None:
+            n_arr = None
+        elif type(n) is int:
+            if not 0 <= n <= _U32:
+                raise ValueError(f"n = {n} is outside 0 .. {_U32}")
+            if n == 0:
+                return 0
+            n_arr = None if n == 1 else array("I", (n,)) * count
+        else:
+            if type(n) is array and n.typecode == "I":
+                n_arr = n
+            else:
+                n_arr = _index_array("I", n)
+                if n_arr is None:
+                    raise TypeError("n must be None, an int or a sequence of "
+                                    "ints")
+            if len(n_arr) != count:
+                raise ValueError(f"n has {len(n_arr)} entries for {count} "
+                                 "request ids")
+        if count > _MAX_BATCH:
+            return self._tokens_batch_split(rids, n, n_arr, count, t_ns)
+        n_addr = n_arr.buffer_info()[0] if n_arr is not None else None
+        # Request ids: integers (the cheap form), else strings.
+        if type(rids) is array and rids.typecode == "Q":
+            ids = rids
+        elif type(rids) is list and count and type(rids[0]) is str:
+            ids = None  # skip the failed int conversion, raising costs 1 us
+        else:
+            ids = _index_array("Q", rids)
+        if ids is not None:
+            ids_addr = ids.buffer_info()[0]
+            rc = _tokens_batch(self._h, t_ns, ids_addr, n_addr, count)
+            return rc if rc > 0 else 0  # < 0: closed
+        try:
+            # "a\0b" plus the NUL every bytes object ends with (CPython
+            # guarantees it): the packed form tm_tokens_batch_str takes.
+            buf = "\0".join(rids).encode()
+        except TypeError:
+            raise TypeError("request ids must be all ints or all strs") \
+                from None
+        buf_len = len(buf) + 1
+        rc = _tokens_batch_str(self._h, t_ns, buf, buf_len, n_addr, count)
+        if rc >= 0 or self._h is None:
+            return max(rc, 0)
+        for i, rid in enumerate(rids):
+            b = rid.encode()
+            if not 0 < len(b) <= MAX_RID_BYTES:
+                raise ValueError(f"request id {i} ({rid!r}) is {len(b)} "
+                                 "bytes of UTF-8; it must be 1 .. "
+                                 f"{MAX_RID_BYTES}")
+            if b"\0" in b:
+                raise ValueError(f"request id {i} ({rid!r}) contains a NUL "
+                                 "character, which tokens_batch cannot "
+                                 "carry; use tokens()")
+        return 0
+
+    def _tokens_batch_split(self, rids, n, n_arr, count, t_ns):
+        if t_ns == 0:
+            t_ns = lib.tm_now_ns()  # one timestamp for the whole step
+        appended = 0
+        for lo in range(0, count, _MAX_BATCH):
+            hi = min(lo + _MAX_BATCH, count)
+            part_n = n if n is None or type(n) is int else n_arr[lo:hi]
+            appended += self.tokens_batch(rids[lo:hi], part_n, t_ns)
+        return appended
+
+    def finished(self, rid, reason="stop", t_ns=0):
+        """The request finished: reason "stop", "length", "abort", "error"
+        or a FinishReason."""
+        if t_ns is _ZERO and type(reason) is str:
+            r = _REASON_ARGS.get(reason)
+            if r is not None:
+                if type(rid) is int and 0 <= rid <= _U64:
+                    return _finished(self._h, _T_NOW, rid, r)
+                if type(rid) is str:
+                    b = rid.encode()
+                    ln = len(b)
+                    if 0 < ln <= MAX_RID_BYTES:
+                        return _finished_str(self._h, _T_NOW, b,
+                                             _RID_LEN[ln], r)
+        try:
+            r = None if isinstance(reason, bool) else _REASONS.get(reason)
+        except TypeError:  # unhashable
+            r = None
+        if r is None:
+            raise ValueError(f"finish reason {reason!r} is not one of "
+                             "'stop', 'length', 'abort', 'error'")
+        return self._checked(_finished, _finished_str, rid, t_ns, r)
+
+    def preempted(self, rid, t_ns=0):
+        """The request lost its KV cache and went back to waiting."""
+        if t_ns is _ZERO:
+            if type(rid) is int and 0 <= rid <= _U64:
+                return _preempted(self._h, _T_NOW, rid)
+            if type(rid) is str:
+                b = rid.encode()
+                ln = len(b)
+                if 0 < ln <= MAX_RID_BYTES:
+                    return _preempted_str(self._h, _T_NOW, b,
+                                          _RID_LEN[ln])
+        return self._checked(_preempted, _preempted_str, rid, t_ns)
+
+    def step(self, *, running=None, waiting=None, kv_usage=None,
+             prompt_tokens=None, generation_tokens=None, prefix_queries=None,
+             prefix_hits=None, spec_drafts=None, spec_draft_tokens=None,
+             spec_accepted_tokens=None, spec_accepted_per_pos=None, t_ns=0):
+        """One scheduler iteration (STEP). Every figure is optional; None
+        leaves it out. Counts are ints 0 .. 2**53; kv_usage a fraction
+        0 .. 1; spec_accepted_per_pos at most 64 ints."""
+        given = (running, waiting, kv_usage, prompt_tokens, generation_tokens,
+                 prefix_queries, prefix_hits, spec_drafts, spec_draft_tokens,
+                 spec_accepted_tokens)
+        keys = array("i")
+        values = array("d")
+        for key, v in enumerate(given):
+            if v is None:
+                continue
+            if key == _KV_USAGE:
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise TypeError("kv_usage must be a number 0 .. 1")
+                if not 0.0 <= v <= 1.0:  # NaN fails too
+                    raise ValueError(f"kv_usage = {v} is outside 0 .. 1")
+                values.append(float(v))
+            else:
+                values.append(_uint(_STEP_KEYS[key], v, 0, _STEP_INT_MAX))
+            keys.append(key)
+        if spec_accepted_per_pos is None:
+            pos = array("Q")
+        else:
+            try:
+                pos = array("Q", spec_accepted_per_pos)
+            except (TypeError, OverflowError):
+                raise ValueError("spec_accepted_per_pos must be ints "
+                                 "0 .. 2**64-1") from None
+            if len(pos) > MAX_SPEC_POSITIONS:
+                raise ValueError(f"spec_accepted_per_pos has {len(pos)} "
+                                 f"entries; at most {MAX_SPEC_POSITIONS}")
+        t_ns = _t(t_ns)
+        k_addr, n_keys = keys.buffer_info()
+        v_addr = values.buffer_info()[0]
+        p_addr, n_pos = pos.buffer_info()
+        return _step(self._h, t_ns, k_addr, v_addr, n_keys, p_addr, n_pos)
+
