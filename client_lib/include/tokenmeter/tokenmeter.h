@@ -29,8 +29,9 @@
  *
  * Costs (docs/performance.md has the measured figures and the command):
  * an event call with a caller-supplied timestamp is a few stores into a
- * cache-hot buffer (about 5-15 ns); with t_ns = 0 add one clock_gettime
- * through the vDSO (about 16-20 ns).
+ * cache-hot buffer (about 8-10 ns measured); with t_ns = 0 add one
+ * clock_gettime through the vDSO (16 to 30 ns depending on the machine:
+ * 28 ns on the KVM guest of docs/performance.md).
  *
  * Return values. Every int-returning function returns TM_OK (0) or a
  * negative TM_E_* code; tm_strerror() names it. Event functions return
