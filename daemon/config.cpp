@@ -64,9 +64,9 @@ Status ParseSeconds(std::string_view flag, std::string_view v, double min,
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(x) ||
       x < min || x > 1e7) {
-    return Status::Error("--" + std::string(flag) + ": \"" + std::string(v) +
-                         "\" is not a number of seconds >= " +
-                         std::to_string(int(min)));
+    return Status::Error(
+        "--" + std::string(flag) + ": \"" + std::string(v) +
+        "\" is not a number of seconds >= " + std::to_string(int(min)));
   }
   *out = x;
   return Status::Ok();
@@ -108,8 +108,8 @@ bool ValidNamespace(std::string_view s) {
   if (s.empty()) return false;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                       c == '_';
+    const bool alpha =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
     if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
   }
   return true;
@@ -263,8 +263,10 @@ Status ParseBuckets(std::string_view suffix, std::string_view v,
 }
 
 std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
     s.remove_suffix(1);
   }
   return s;

@@ -49,10 +49,10 @@ Status Daemon::Start() {
                               : ingest_->Listen(config_.ingest_path);
   if (!s.ok()) return s;
   Daemon* self = this;
-  http_->AddRoute("/metrics", [self](const http::Request& req,
-                                     http::Response& resp) {
-    self->HandleMetrics(req, resp);
-  });
+  http_->AddRoute("/metrics",
+                  [self](const http::Request& req, http::Response& resp) {
+                    self->HandleMetrics(req, resp);
+                  });
   http_->AddRoute("/healthz", [](const http::Request&, http::Response& resp) {
     resp.status = 200;
     resp.content_type = "text/plain; charset=utf-8";
@@ -64,9 +64,10 @@ Status Daemon::Start() {
   if (!s.ok()) return s;
   for (const auto& [name, fd] : inherited) {
     if (name != "ingest" && name != "http") {
-      spdlog::warn("ignoring inherited socket \"{}\" (fd {}): expected "
-                   "FileDescriptorName=ingest or http",
-                   name, fd);
+      spdlog::warn(
+          "ignoring inherited socket \"{}\" (fd {}): expected "
+          "FileDescriptorName=ingest or http",
+          name, fd);
     }
   }
 
@@ -110,7 +111,9 @@ Status Daemon::Start() {
     const uint64_t ms = std::max<uint64_t>(1, notifier_.watchdog_usec() / 2000);
     uv_timer_start(
         &watchdog_timer_,
-        [](uv_timer_t* t) { static_cast<Daemon*>(t->data)->notifier_.Watchdog(); },
+        [](uv_timer_t* t) {
+          static_cast<Daemon*>(t->data)->notifier_.Watchdog();
+        },
         ms, ms);
   }
   uv_timer_init(&loop_, &status_timer_);

@@ -59,7 +59,7 @@ class Daemon {
   uv_timer_t watchdog_timer_{};
   uv_timer_t status_timer_{};
   Notifier notifier_;
-  uint64_t status_events_ = 0;   // events applied at the last STATUS=
+  uint64_t status_events_ = 0;  // events applied at the last STATUS=
   uint64_t status_ns_ = 0;
   uint64_t last_log_ns_ = 0;
   bool stopping_ = false;

@@ -32,8 +32,7 @@ int main(int argc, char** argv) {
   }
   s = tokenmeter::daemon::SetUpLogging(config.log_level);
   if (!s.ok()) {
-    std::fprintf(stderr, "tokenmeterd: --log-level: %s\n",
-                 s.message().c_str());
+    std::fprintf(stderr, "tokenmeterd: --log-level: %s\n", s.message().c_str());
     return 2;
   }
   std::unique_ptr<Daemon> daemon;

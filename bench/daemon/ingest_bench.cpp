@@ -589,8 +589,8 @@ const std::string kTokens = "tokenmeter_ingest_events_total{kind=\"tokens\"}";
 
 uint64_t EventsOfKind(const std::map<std::string, double>& m,
                       const char* kind) {
-  return GetCount(m, std::string("tokenmeter_ingest_events_total{kind=\"") +
-                         kind + "\"}");
+  return GetCount(
+      m, std::string("tokenmeter_ingest_events_total{kind=\"") + kind + "\"}");
 }
 
 // Fills a Report from a scrape.
@@ -613,7 +613,8 @@ void ReportFromMetrics(const std::map<std::string, double>& m, Report* rep) {
   rep->itl_observed =
       GetCount(m, "bench:inter_token_latency_seconds_count" + labels);
   rep->itl_negative = GetCount(
-      m, "tokenmeter_negative_intervals_total{interval=\"inter_token_latency\"}");
+      m,
+      "tokenmeter_negative_intervals_total{interval=\"inter_token_latency\"}");
   rep->tracked = GetCount(m, "tokenmeter_tracked_requests");
 }
 
@@ -705,8 +706,8 @@ RunResult RunOnce(const Options& o, const std::string& receiver,
     receiver_pid = fork();
     if (receiver_pid == 0) {
       Pin(o.receiver_cpu);
-      const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                           0644);
+      const int log =
+          open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (log < 0) Die("open log");
       dup2(log, 2);
       const int null = open("/dev/null", O_WRONLY);
@@ -888,8 +889,9 @@ int main(int argc, char** argv) {
   for (const std::string& r : o.receivers) {
     if (r != "ceiling" && r != "daemon" && r != "inproc") return Usage();
     if (r == "daemon" && o.tokenmeterd.empty()) {
-      std::fprintf(stderr, "ingest_bench: --receivers daemon needs "
-                           "--tokenmeterd PATH\n");
+      std::fprintf(stderr,
+                   "ingest_bench: --receivers daemon needs "
+                   "--tokenmeterd PATH\n");
       return 2;
     }
   }
@@ -906,7 +908,8 @@ int main(int argc, char** argv) {
   const std::string dir = tmpl;
 
   const uint64_t events = o.events / o.batch * o.batch;
-  std::printf("ingest: %" PRIu64 " TOKENS events per run in batches of %u, "
+  std::printf("ingest: %" PRIu64
+              " TOKENS events per run in batches of %u, "
               "request ids cycling over %u arrived requests; receiver on "
               "CPU %d, sender on CPU %d; %d runs per receiver\n",
               events, o.batch, o.requests, o.receiver_cpu, o.sender_cpu,
@@ -926,33 +929,37 @@ int main(int argc, char** argv) {
       const double cpu_rate = double(res.events) / res.cpu_seconds;
       rates[r].push_back(rate);
       cpu_rates[r].push_back(cpu_rate);
-      std::printf("run %d %-8s %" PRIu64 " events in %.3f s = %6.2f M "
-                  "events/s; receiver on a CPU %.3f s = %6.2f M events per "
-                  "CPU-second, runnable but waiting %.3f s, idle %.3f s  "
-                  "[%s]\n",
-                  rep, r.c_str(), res.events, res.seconds, rate / 1e6,
-                  res.cpu_seconds, cpu_rate / 1e6, res.wait_seconds,
-                  std::max(0.0, res.seconds - res.cpu_seconds -
-                                    res.wait_seconds),
-                  res.detail.c_str());
+      std::printf(
+          "run %d %-8s %" PRIu64
+          " events in %.3f s = %6.2f M "
+          "events/s; receiver on a CPU %.3f s = %6.2f M events per "
+          "CPU-second, runnable but waiting %.3f s, idle %.3f s  "
+          "[%s]\n",
+          rep, r.c_str(), res.events, res.seconds, rate / 1e6, res.cpu_seconds,
+          cpu_rate / 1e6, res.wait_seconds,
+          std::max(0.0, res.seconds - res.cpu_seconds - res.wait_seconds),
+          res.detail.c_str());
       std::fflush(stdout);
     }
   }
   if (rmdir(dir.c_str()) != 0) std::printf("(kept %s)\n", dir.c_str());
 
-  std::printf("\nmedians over %d runs (wall clock; per CPU-second of the "
-              "receiver):\n", o.reps);
+  std::printf(
+      "\nmedians over %d runs (wall clock; per CPU-second of the "
+      "receiver):\n",
+      o.reps);
   std::map<std::string, double> med, cpu_med;
   for (const std::string& r : o.receivers) {
     if (rates[r].empty()) continue;
     med[r] = Median(rates[r]);
     cpu_med[r] = Median(cpu_rates[r]);
-    std::printf("  %-8s %6.2f M events/s (min %.2f, max %.2f); %6.2f M "
-                "events per CPU-second\n",
-                r.c_str(), med[r] / 1e6,
-                *std::min_element(rates[r].begin(), rates[r].end()) / 1e6,
-                *std::max_element(rates[r].begin(), rates[r].end()) / 1e6,
-                cpu_med[r] / 1e6);
+    std::printf(
+        "  %-8s %6.2f M events/s (min %.2f, max %.2f); %6.2f M "
+        "events per CPU-second\n",
+        r.c_str(), med[r] / 1e6,
+        *std::min_element(rates[r].begin(), rates[r].end()) / 1e6,
+        *std::max_element(rates[r].begin(), rates[r].end()) / 1e6,
+        cpu_med[r] / 1e6);
   }
   for (const char* r : {"daemon", "inproc"}) {
     if (med.count(r) && med.count("ceiling")) {

@@ -22,7 +22,6 @@
 //
 // Flags: --identities=N, then any Google Benchmark flag.
 #include <benchmark/benchmark.h>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -70,7 +69,8 @@ std::unique_ptr<td::Registry> BuildRegistry(int identities) {
     id.ns = "vllm";
     id.model = "org/model-" + std::to_string(i / 8);
     id.instance = "dp" + std::to_string(i % 8);
-    id.labels = {{"region", "eu-west-1"}, {"pool", "p" + std::to_string(i % 3)}};
+    id.labels = {{"region", "eu-west-1"},
+                 {"pool", "p" + std::to_string(i % 3)}};
     td::EngineSeries* s = reg->GetOrCreate(id);
     if (s == nullptr) std::abort();
     s->has_step_running = s->has_step_waiting = true;
@@ -192,8 +192,7 @@ std::vector<Family> ParseText(const std::string& text) {
     } else if (line[0] != '#') {
       Sample s;
       if (out.empty() || !ParseSampleLine(line, &s)) {
-        std::fprintf(stderr, "render_bench: cannot parse: %s\n",
-                     line.c_str());
+        std::fprintf(stderr, "render_bench: cannot parse: %s\n", line.c_str());
         std::exit(1);
       }
       out.back().samples.push_back(std::move(s));
@@ -221,16 +220,16 @@ std::map<std::string, double> SampleMap(const std::string& text) {
 void BuildPrometheus(const std::string& text, prometheus::Registry& reg) {
   for (const Family& f : ParseText(text)) {
     if (f.type == "counter") {
-      auto& fam = prometheus::BuildCounter().Name(f.name).Help(f.help)
-                      .Register(reg);
+      auto& fam =
+          prometheus::BuildCounter().Name(f.name).Help(f.help).Register(reg);
       for (const Sample& s : f.samples) fam.Add(s.labels).Increment(s.value);
     } else if (f.type == "gauge") {
       auto& fam =
           prometheus::BuildGauge().Name(f.name).Help(f.help).Register(reg);
       for (const Sample& s : f.samples) fam.Add(s.labels).Set(s.value);
     } else if (f.type == "histogram") {
-      auto& fam = prometheus::BuildHistogram().Name(f.name).Help(f.help)
-                      .Register(reg);
+      auto& fam =
+          prometheus::BuildHistogram().Name(f.name).Help(f.help).Register(reg);
       // Group by label set (without le): bounds, cumulative counts, sum.
       struct H {
         std::vector<double> bounds, cumulative;
@@ -245,8 +244,8 @@ void BuildPrometheus(const std::string& text, prometheus::Registry& reg) {
         if (inserted) order.push_back(labels);
         if (s.name == f.name + "_bucket") {
           if (s.labels.at("le") != "+Inf") {
-            it->second.bounds.push_back(std::strtod(s.labels.at("le").c_str(),
-                                                    nullptr));
+            it->second.bounds.push_back(
+                std::strtod(s.labels.at("le").c_str(), nullptr));
           }
           it->second.cumulative.push_back(s.value);
         } else if (s.name == f.name + "_sum") {
@@ -367,8 +366,8 @@ int main(int argc, char** argv) {
     auto it = b.find(key);
     const bool same =
         it != b.end() &&
-        (it->second == v || std::fabs(it->second - v) <=
-                                1e-15 * std::max(std::fabs(v), 1.0));
+        (it->second == v ||
+         std::fabs(it->second - v) <= 1e-15 * std::max(std::fabs(v), 1.0));
     if (!same && ++mismatches <= 5) {
       std::fprintf(stderr, "render_bench: sample differs: %s\n", key.c_str());
     }
@@ -381,11 +380,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   fixture.samples = CountSamples(ours);
-  std::printf("render: %zu engine series identities; %zu samples (%zu "
-              "bytes) in tokenmeterd's exposition, %zu samples (%zu bytes) "
-              "in prometheus-cpp's; every sample equal\n",
-              fixture.tm->series_count(), fixture.samples, ours.size(),
-              CountSamples(theirs), theirs.size());
+  std::printf(
+      "render: %zu engine series identities; %zu samples (%zu "
+      "bytes) in tokenmeterd's exposition, %zu samples (%zu bytes) "
+      "in prometheus-cpp's; every sample equal\n",
+      fixture.tm->series_count(), fixture.samples, ours.size(),
+      CountSamples(theirs), theirs.size());
   std::printf("RESULT render_identities=%d\nRESULT render_samples=%zu\n",
               identities, fixture.samples);
   std::fflush(stdout);

@@ -282,9 +282,8 @@ int tm_arrived(tm_client* c, uint64_t t_ns, uint64_t rid,
   return TM_OK;
 }
 
-int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid,
-                   size_t rid_len, uint32_t prompt_tokens, uint32_t max_tokens,
-                   uint32_t n) {
+int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid, size_t rid_len,
+                   uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
@@ -332,8 +331,8 @@ int tm_tokens(tm_client* c, uint64_t t_ns, uint64_t rid, uint32_t n) {
   }
   return EmitInt(c, TM_EV_TOKENS, t_ns, rid, n);
 }
-int tm_tokens_str(tm_client* c, uint64_t t_ns, const char* rid,
-                  size_t rid_len, uint32_t n) {
+int tm_tokens_str(tm_client* c, uint64_t t_ns, const char* rid, size_t rid_len,
+                  uint32_t n) {
   if (n == 0) [[unlikely]] {
     if (c != nullptr) c->CountRejected();
     return TM_E_INVALID;
@@ -514,7 +513,8 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
   }
   Ring* r = RingFor(c);
   if (r == nullptr) return TM_E_DROPPED;
-  const uint32_t words = 2 + uint32_t(__builtin_popcount(mask)) + uint32_t(n_pos);
+  const uint32_t words =
+      2 + uint32_t(__builtin_popcount(mask)) + uint32_t(n_pos);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) return Full(r);
   w[0] = MakeHeader(TM_EV_STEP, words, 0, mask | (uint32_t(n_pos) << 16));

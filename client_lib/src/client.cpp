@@ -444,8 +444,7 @@ void tm_client::Run() {
     }
 
     if (closing) {
-      const bool empty =
-          out_.size() == 0 && batch_events_ == 0 && RingsEmpty();
+      const bool empty = out_.size() == 0 && batch_events_ == 0 && RingsEmpty();
       if (empty || now >= close_deadline_ns) break;
     }
 

@@ -37,7 +37,7 @@ struct ThreadSlot {
 
   Ring ring;
   std::atomic<int> state{kFree};
-  std::atomic<int> refs{1};            // the client's reference
+  std::atomic<int> refs{1};              // the client's reference
   std::atomic<bool> client_gone{false};  // set by close
 
   // Drops one reference; the last one frees the slot.
@@ -76,9 +76,7 @@ struct tm_client {
   }
   tokenmeter::client::Ring* AttachSlow(bool count_drop);
 
-  void CountRejected() {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-  }
+  void CountRejected() { rejected_.fetch_add(1, std::memory_order_relaxed); }
   void CountRejected(uint64_t n) {
     rejected_.fetch_add(n, std::memory_order_relaxed);
   }
@@ -135,12 +133,12 @@ struct tm_client {
   uint64_t next_attempt_ns_ = 0;
   uint64_t backoff_ns_ = 0;
   bool ever_connected_ = false;
-  ByteBuffer batch_body_;        // events of the batch being built
+  ByteBuffer batch_body_;  // events of the batch being built
   uint32_t batch_events_ = 0;
-  bool batch_ready_ = false;     // batch_body_ awaits sending
-  ByteBuffer out_;               // bytes to write on this connection
+  bool batch_ready_ = false;  // batch_body_ awaits sending
+  ByteBuffer out_;            // bytes to write on this connection
   size_t out_off_ = 0;
-  uint32_t out_batch_events_ = 0;  // events in out_ (0: no batch in out_)
+  uint32_t out_batch_events_ = 0;        // events in out_ (0: no batch in out_)
   std::vector<uint64_t> flush_targets_;  // per-slot tails a flush waits for
   uint64_t flush_ticket_ = 0;
   uint64_t close_dropped_ = 0;  // written by the sender before it exits

@@ -69,8 +69,8 @@ void EncodeHello(const HelloMeta& meta, ByteBuffer* out) {
   Packer pk(out);
   pk.Array(2);
   pk.Uint(TM_FRAME_HELLO);
-  uint32_t n = 4 + !meta.instance.empty() + !meta.scope.empty() +
-               !meta.labels.empty();
+  uint32_t n =
+      4 + !meta.instance.empty() + !meta.scope.empty() + !meta.labels.empty();
   pk.Map(n);
   pk.Str(TM_HELLO_PROTO);
   pk.Uint(TM_PROTO_VERSION);

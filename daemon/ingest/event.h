@@ -73,10 +73,10 @@ struct StepStats {
 struct Event {
   EventKind kind;
   uint64_t t_ns;
-  RequestId rid;               // not for kStep
-  uint64_t count = 0;          // ARRIVED prompt_tokens; TOKENS n
-  uint64_t max_tokens = 0;     // ARRIVED params; valid when has_max_tokens
-  uint64_t n = 0;              // ARRIVED params; valid when has_n
+  RequestId rid;            // not for kStep
+  uint64_t count = 0;       // ARRIVED prompt_tokens; TOKENS n
+  uint64_t max_tokens = 0;  // ARRIVED params; valid when has_max_tokens
+  uint64_t n = 0;           // ARRIVED params; valid when has_n
   bool has_max_tokens = false;
   bool has_n = false;
   FinishReason reason = FinishReason::kStop;  // FINISHED

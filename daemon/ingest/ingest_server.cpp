@@ -96,8 +96,8 @@ class IngestServer::Connection : public FrameSink {
     instance_ = hello.instance;
     client_key_ = hello.has_pid ? hello.pid : -int64_t(id_);
     source_ = Source{series, server_.SpaceFor(hello, id_)};
-    spdlog::info("ingest: {}: hello engine={} model={} instance={}{}{}",
-                 peer_, hello.engine, hello.model, hello.instance,
+    spdlog::info("ingest: {}: hello engine={} model={} instance={}{}{}", peer_,
+                 hello.engine, hello.model, hello.instance,
                  hello.has_scope ? " scope=" : "", hello.scope);
   }
 
@@ -118,9 +118,10 @@ class IngestServer::Connection : public FrameSink {
     // millions.
     if (!logged_event_error_) {
       logged_event_error_ = true;
-      spdlog::warn("ingest: {}: skipped an invalid event ({}); further "
-                   "skips on this connection are only counted",
-                   peer_, IngestErrorName(error));
+      spdlog::warn(
+          "ingest: {}: skipped an invalid event ({}); further "
+          "skips on this connection are only counted",
+          peer_, IngestErrorName(error));
     }
   }
 
@@ -138,9 +139,10 @@ class IngestServer::Connection : public FrameSink {
         spdlog::info("ingest: {}: read error: {}", c->peer_,
                      uv_strerror(int(nread)));
       } else if (c->decoder_.buffered_bytes() > 0) {
-        spdlog::warn("ingest: {}: closed in the middle of a frame ({} bytes "
-                     "discarded)",
-                     c->peer_, c->decoder_.buffered_bytes());
+        spdlog::warn(
+            "ingest: {}: closed in the middle of a frame ({} bytes "
+            "discarded)",
+            c->peer_, c->decoder_.buffered_bytes());
       }
       c->Close();
       return;
@@ -166,8 +168,9 @@ class IngestServer::Connection : public FrameSink {
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
       uid_ = cred.uid;
       gid_ = cred.gid;
-      peer_ = "peer#" + std::to_string(id_) + " pid=" +
-              std::to_string(cred.pid) + " uid=" + std::to_string(cred.uid) +
+      peer_ = "peer#" + std::to_string(id_) +
+              " pid=" + std::to_string(cred.pid) +
+              " uid=" + std::to_string(cred.uid) +
               " gid=" + std::to_string(cred.gid);
       return true;
     }
@@ -264,7 +267,8 @@ Status IngestServer::Listen(const std::string& path) {
     if (Status s = LookUpGroup(options_.group, &gid); !s.ok()) return s;
   }
   int rc = uv_pipe_init(loop_, &listener_, 0);
-  if (rc != 0) return Status::Error(std::string("uv_pipe_init: ") + uv_strerror(rc));
+  if (rc != 0)
+    return Status::Error(std::string("uv_pipe_init: ") + uv_strerror(rc));
   listener_.data = this;
   listener_closed_ = false;
   // Created 0660 from the start (no window where others could connect).
@@ -339,9 +343,10 @@ void IngestServer::Accept() {
     return;
   }
   if (connections_.size() > options_.max_connections) {
-    spdlog::warn("ingest: connection limit ({}) reached; closing a new "
-                 "connection",
-                 options_.max_connections);
+    spdlog::warn(
+        "ingest: connection limit ({}) reached; closing a new "
+        "connection",
+        options_.max_connections);
     c->Close();
     return;
   }

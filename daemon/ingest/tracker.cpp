@@ -72,8 +72,7 @@ size_t Tracker::KeyHash::Mix(uint64_t a, uint64_t b) noexcept {
   return size_t(h);
 }
 
-Tracker::Tracker(Registry& registry, const Clock& clock,
-                 TrackerOptions options)
+Tracker::Tracker(Registry& registry, const Clock& clock, TrackerOptions options)
     : registry_(registry),
       counters_(registry.counters()),
       clock_(clock),
@@ -81,7 +80,8 @@ Tracker::Tracker(Registry& registry, const Clock& clock,
 
 Tracker::~Tracker() = default;
 
-// ---- bookkeeping -------------------------------------------------------------
+// ---- bookkeeping
+// -------------------------------------------------------------
 
 namespace {
 
@@ -159,9 +159,7 @@ void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s) {
 
 void Tracker::Remove(Request& r, bool evicted) {
   // Intervals whose closing event came but whose start never did.
-  auto incomplete = [this](Interval i) {
-    ++counters_.incomplete[size_t(i)];
-  };
+  auto incomplete = [this](Interval i) { ++counters_.incomplete[size_t(i)]; };
   if (r.has_tokens && !r.ttft_done) incomplete(Interval::kTtft);
   if (r.has_tokens && !r.prefill_done) incomplete(Interval::kPrefill);
   if (r.pending_e2e) incomplete(Interval::kE2e);
@@ -202,7 +200,8 @@ void Tracker::Observe(EngineSeries& s, EngineMetric m, Interval interval,
   s.hist(m).Observe(double(delta_ns));
 }
 
-// ---- events ------------------------------------------------------------------
+// ---- events
+// ------------------------------------------------------------------
 
 void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
   const uint64_t now = clock_.NowNs();
@@ -248,9 +247,7 @@ void Tracker::Apply(const Source& src, const Event& ev,
 }
 
 namespace {
-int64_t Delta(uint64_t end, uint64_t start) {
-  return int64_t(end - start);
-}
+int64_t Delta(uint64_t end, uint64_t start) { return int64_t(end - start); }
 uint64_t QueueStart(const Tracker::Request& r) {
   return r.has_queued ? r.queued_ns : r.arrived_ns;
 }
@@ -291,7 +288,8 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r) {
     if (r.pending_arrival_stats) {
       r.pending_arrival_stats = false;
       f.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
-      if (r.has_max_tokens) f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
+      if (r.has_max_tokens)
+        f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
       if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
     }
   }
@@ -338,9 +336,8 @@ void Tracker::OnScheduled(const Source& src, const Event& ev, Request& r) {
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
   EngineSeries& s = *src.series;
   s.generation_tokens += ev.count;
-  r.generation_tokens =
-      uint32_t(std::min<uint64_t>(uint64_t(r.generation_tokens) + ev.count,
-                                  UINT32_MAX));
+  r.generation_tokens = uint32_t(
+      std::min<uint64_t>(uint64_t(r.generation_tokens) + ev.count, UINT32_MAX));
   if (r.has_tokens) {
     Observe(s, kInterTokenLatency, Interval::kItl,
             Delta(ev.t_ns, r.last_token_ns));

@@ -36,7 +36,7 @@ class MonotonicClock : public Clock {
 };
 
 struct TrackerOptions {
-  uint64_t grace_ns = 2'000'000'000;          // finished requests kept
+  uint64_t grace_ns = 2'000'000'000;           // finished requests kept
   uint64_t idle_timeout_ns = 600'000'000'000;  // unfinished, no events
   size_t max_requests = 1'000'000;
   uint64_t max_future_ns = TM_MAX_FUTURE_NS;

@@ -10,8 +10,7 @@ std::string SummaryLine(EngineSeries& s, double window_s, bool* idle) {
       s.generation_tokens - s.last_log_generation_tokens;
   const uint64_t queries = s.prefix_queries - s.last_log_prefix_queries;
   const uint64_t hits = s.prefix_hits - s.last_log_prefix_hits;
-  const uint64_t drafted =
-      s.spec_draft_tokens - s.last_log_spec_draft_tokens;
+  const uint64_t drafted = s.spec_draft_tokens - s.last_log_spec_draft_tokens;
   const uint64_t accepted =
       s.spec_accepted_tokens - s.last_log_spec_accepted_tokens;
   s.last_log_prompt_tokens = s.prompt_tokens;

@@ -32,8 +32,7 @@ const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
      kHistogram, "", BucketSet::kItl, true,
      "Histogram of time_per_output_token_seconds per request."},
     {kE2eRequestLatency, "e2e_request_latency_seconds", kHistogram, "",
-     BucketSet::kPhase, true,
-     "Histogram of e2e request latency in seconds."},
+     BucketSet::kPhase, true, "Histogram of e2e request latency in seconds."},
     {kRequestQueueTime, "request_queue_time_seconds", kHistogram, "",
      BucketSet::kPhase, true,
      "Histogram of time spent in WAITING phase for request."},
@@ -61,7 +60,8 @@ const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
     {kRequestParamsN, "request_params_n", kHistogram, "", BucketSet::kParamsN,
      false, "Histogram of the n request parameter."},
     {kIterationTokens, "iteration_tokens_total", kHistogram, "",
-     BucketSet::kIteration, false, "Histogram of number of tokens per engine_step."},
+     BucketSet::kIteration, false,
+     "Histogram of number of tokens per engine_step."},
     {kSpecDecodeNumDrafts, "spec_decode_num_drafts", kCounter, "",
      BucketSet::kNone, false, "Number of spec decoding drafts."},
     {kSpecDecodeNumDraftTokens, "spec_decode_num_draft_tokens", kCounter, "",
@@ -141,15 +141,15 @@ std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len) {
     case BucketSet::kNone:
       return {};
     case BucketSet::kTtft:
-      return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-              0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+      return {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+              0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
               20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
     case BucketSet::kItl:
       return {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
               0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
     case BucketSet::kPhase:
-      return {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,
-              5.0,  10.0, 15.0, 20.0, 30.0,  40.0,  50.0,
+      return {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+              5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
     case BucketSet::kTokens:
       return OneTwoFive(max_model_len);

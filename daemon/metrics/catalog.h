@@ -58,7 +58,7 @@ enum EngineMetric : uint8_t {
 
 struct EngineMetricDef {
   EngineMetric id;
-  std::string_view suffix;     // counters without _total
+  std::string_view suffix;  // counters without _total
   MetricType type;
   std::string_view own_label;  // "", "finished_reason" or "position"
   BucketSet buckets;           // histograms only

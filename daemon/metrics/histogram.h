@@ -20,9 +20,9 @@ class HistogramLayout {
   // The bucket an observation falls in: the first bound b with
   // raw / divisor <= b (le is inclusive), or bounds().size() for +Inf.
   size_t BucketFor(double raw) const {
-    return size_t(std::lower_bound(thresholds_.begin(), thresholds_.end(),
-                                   raw) -
-                  thresholds_.begin());
+    return size_t(
+        std::lower_bound(thresholds_.begin(), thresholds_.end(), raw) -
+        thresholds_.begin());
   }
   const std::vector<double>& bounds() const { return bounds_; }
   // Each bound formatted for the `le` label, then "+Inf".

@@ -70,8 +70,8 @@ ProcessStats ReadProcessStats() {
 // "# HELP name text\n# TYPE name type\n". Counters are named with _total in
 // text 0.0.4 metadata and without it in OpenMetrics.
 void AppendMeta(std::string& out, ExpositionFormat format,
-                std::string_view prefix, std::string_view name,
-                MetricType type, std::string_view help) {
+                std::string_view prefix, std::string_view name, MetricType type,
+                std::string_view help) {
   const bool total =
       type == MetricType::kCounter && format == ExpositionFormat::kText004;
   out += "# HELP ";
@@ -212,10 +212,10 @@ Status Registry::Create(const RegistryOptions& options,
   for (int i = 0; i < kNumHistograms; ++i) {
     const EngineMetricDef& def = kEngineMetrics[kFirstHistogram + i];
     auto it = options.buckets.find(def.suffix);
-    std::vector<double> bounds = it != options.buckets.end()
-                                     ? it->second
-                                     : DefaultBuckets(def.buckets,
-                                                      options.max_model_len);
+    std::vector<double> bounds =
+        it != options.buckets.end()
+            ? it->second
+            : DefaultBuckets(def.buckets, options.max_model_len);
     layouts.emplace_back(std::move(bounds), def.seconds ? 1e9 : 1.0);
   }
   out->reset(new Registry(options, std::move(layouts)));
@@ -306,8 +306,8 @@ void Registry::RenderEngine(ExpositionFormat format, std::string& out) const {
           case kRequestSuccess:
             for (int r = 0; r < kNumFinishReasons; ++r) {
               AppendSample(out, prefix, def.suffix, "_total", l,
-                           "finished_reason",
-                           FinishReasonName(FinishReason(r)), false);
+                           "finished_reason", FinishReasonName(FinishReason(r)),
+                           false);
               AppendUint(out, s.success[r]);
               out += '\n';
             }

@@ -29,8 +29,8 @@ inline constexpr EngineMetric kFirstHistogram = kTimeToFirstToken;
 inline constexpr int kNumHistograms = kIterationTokens - kTimeToFirstToken + 1;
 
 struct SeriesIdentity {
-  std::string ns;      // metric namespace (sanitized engine or --namespace)
-  std::string model;   // model_name
+  std::string ns;        // metric namespace (sanitized engine or --namespace)
+  std::string model;     // model_name
   std::string instance;  // engine
   std::vector<std::pair<std::string, std::string>> labels;  // HELLO order
 

@@ -46,9 +46,9 @@ std::map<std::string, int> ParseListenFds(const char* listen_pid,
   const std::vector<std::string> names =
       Split(listen_fdnames != nullptr ? listen_fdnames : "", ':');
   for (long i = 0; i < n && i < 64; ++i) {
-    out.emplace(size_t(i) < names.size() && !names[i].empty() ? names[i]
-                                                                : "unknown",
-                kListenFdsStart + int(i));
+    out.emplace(
+        size_t(i) < names.size() && !names[i].empty() ? names[i] : "unknown",
+        kListenFdsStart + int(i));
   }
   return out;
 }

@@ -2,13 +2,13 @@
 // the bytes on the socket show them, and their failure modes. Self-contained:
 // its own listening socket and the msgpack-c decoder.
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <msgpack.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-#include <msgpack.h>
 
 #include <cstdint>
 #include <cstring>
@@ -16,8 +16,6 @@
 #include <thread>
 #include <variant>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tokenmeter/tokenmeter.h"
 
@@ -217,8 +215,7 @@ TEST_F(TokensBatchTest, StringIdsArePackedWithNulTerminators) {
   const std::string id128(TM_MAX_RID_BYTES, 'x');
   const std::string packed = "req-1\0r2\0"s + id128 + "\0\xc3\xa9\0"s;
   const uint32_t n[] = {1, 0, 4, 2};
-  EXPECT_EQ(tm_tokens_batch_str(client_, 9, packed.data(), packed.size(), n,
-                                4),
+  EXPECT_EQ(tm_tokens_batch_str(client_, 9, packed.data(), packed.size(), n, 4),
             3);
   const std::vector<Event> ev = Received();
   ASSERT_EQ(ev.size(), 3u);
@@ -248,8 +245,8 @@ TEST_F(TokensBatchTest, MalformedStringBatchIsRejectedWhole) {
   };
   uint64_t rejected = 0;
   for (const Case& c : cases) {
-    EXPECT_EQ(tm_tokens_batch_str(client_, 1, c.packed.data(),
-                                  c.packed.size(), nullptr, c.count),
+    EXPECT_EQ(tm_tokens_batch_str(client_, 1, c.packed.data(), c.packed.size(),
+                                  nullptr, c.count),
               TM_E_INVALID)
         << c.what;
     rejected += c.count;
@@ -257,8 +254,7 @@ TEST_F(TokensBatchTest, MalformedStringBatchIsRejectedWhole) {
   }
   EXPECT_EQ(tm_tokens_batch_str(client_, 1, nullptr, 4, nullptr, 1),
             TM_E_INVALID);
-  EXPECT_EQ(tm_tokens_batch_str(nullptr, 1, "a", 2, nullptr, 1),
-            TM_E_INVALID);
+  EXPECT_EQ(tm_tokens_batch_str(nullptr, 1, "a", 2, nullptr, 1), TM_E_INVALID);
   EXPECT_TRUE(Received().empty());
 }
 

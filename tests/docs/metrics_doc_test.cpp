@@ -39,8 +39,8 @@ std::string EngineTable() {
     t += "| `<ns>:" + std::string(d.suffix) +
          (d.type == MetricType::kCounter ? "_total" : "") + "` | " +
          std::string(MetricTypeName(d.type)) + " | model_name, engine" +
-         (d.own_label.empty() ? "" : ", " + std::string(d.own_label)) +
-         " | " + BucketText(d.buckets) + " | " + std::string(d.help) + " |\n";
+         (d.own_label.empty() ? "" : ", " + std::string(d.own_label)) + " | " +
+         BucketText(d.buckets) + " | " + std::string(d.help) + " |\n";
   }
   return t;
 }

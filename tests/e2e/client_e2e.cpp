@@ -77,14 +77,14 @@ int main(int argc, char** argv) {
     sum.generation += x.generation;
     sum.queue_ns += x.queue_ns;
   }
-  std::printf(
-      "{\"requests\": %" PRIu64 ", \"ttft_sum_ns\": %" PRIu64
-      ", \"itl_count\": %" PRIu64 ", \"itl_sum_ns\": %" PRIu64
-      ", \"e2e_sum_ns\": %" PRIu64 ", \"queue_sum_ns\": %" PRIu64
-      ", \"prompt_tokens\": %" PRIu64 ", \"generation_tokens\": %" PRIu64
-      ", \"sent\": %" PRIu64 ", \"dropped\": %" PRIu64 "}\n",
-      sum.requests, sum.ttft_ns, sum.itl_count, sum.itl_ns, sum.e2e_ns,
-      sum.queue_ns, sum.prompt, sum.generation, s.events_sent,
-      s.events_dropped);
+  std::printf("{\"requests\": %" PRIu64 ", \"ttft_sum_ns\": %" PRIu64
+              ", \"itl_count\": %" PRIu64 ", \"itl_sum_ns\": %" PRIu64
+              ", \"e2e_sum_ns\": %" PRIu64 ", \"queue_sum_ns\": %" PRIu64
+              ", \"prompt_tokens\": %" PRIu64
+              ", \"generation_tokens\": %" PRIu64 ", \"sent\": %" PRIu64
+              ", \"dropped\": %" PRIu64 "}\n",
+              sum.requests, sum.ttft_ns, sum.itl_count, sum.itl_ns, sum.e2e_ns,
+              sum.queue_ns, sum.prompt, sum.generation, s.events_sent,
+              s.events_dropped);
   return 0;
 }

@@ -195,8 +195,7 @@ class Client {
   int Tokens(std::string_view rid, uint32_t n, uint64_t t_ns = 0) noexcept {
     return tm_tokens_str(c_, t_ns, rid.data(), rid.size(), n);
   }
-  int Finished(uint64_t rid, FinishReason reason,
-               uint64_t t_ns = 0) noexcept {
+  int Finished(uint64_t rid, FinishReason reason, uint64_t t_ns = 0) noexcept {
     return tm_finished(c_, t_ns, rid, static_cast<tm_finish_reason>(reason));
   }
   int Finished(std::string_view rid, FinishReason reason,

@@ -201,8 +201,8 @@ TM_API int tm_queued_str(tm_client* client, uint64_t t_ns, const char* rid,
 
 /* The request was scheduled for execution (the first time counts). */
 TM_API int tm_scheduled(tm_client* client, uint64_t t_ns, uint64_t rid);
-TM_API int tm_scheduled_str(tm_client* client, uint64_t t_ns,
-                            const char* rid, size_t rid_len);
+TM_API int tm_scheduled_str(tm_client* client, uint64_t t_ns, const char* rid,
+                            size_t rid_len);
 
 /* `n` >= 1 output tokens were produced for the request in one step. */
 TM_API int tm_tokens(tm_client* client, uint64_t t_ns, uint64_t rid,
@@ -257,8 +257,8 @@ TM_API int tm_finished_str(tm_client* client, uint64_t t_ns, const char* rid,
 
 /* The request lost its KV cache and went back to waiting. */
 TM_API int tm_preempted(tm_client* client, uint64_t t_ns, uint64_t rid);
-TM_API int tm_preempted_str(tm_client* client, uint64_t t_ns,
-                            const char* rid, size_t rid_len);
+TM_API int tm_preempted_str(tm_client* client, uint64_t t_ns, const char* rid,
+                            size_t rid_len);
 
 /* STEP stats keys (docs/protocol.md names their wire strings). */
 typedef enum tm_step_key {
