@@ -33,11 +33,12 @@ HISTOGRAMS = {
     "tpot_s": "request_time_per_output_token_seconds",
 }
 
-# 200 requests arriving at 400/s into a 16-wide batch: a queue forms. 48
+# 200 requests arriving at once into a 16-wide batch: a queue forms
+# however fast the machine (at a finite rate a fast one keeps up). 48
 # KV blocks of 8 slots hold about 384 tokens, less than 16 requests of
 # ~80 tokens: preemptions. A shared prefix makes the prefix cache hit.
 WORKLOAD = [
-    "--requests", "200", "--rate", "400", "--prompt-len", "48",
+    "--requests", "200", "--rate", "0", "--prompt-len", "48",
     "--output-len", "32", "--max-batch", "16", "--max-tokens-per-step", "256",
     "--kv-blocks", "48", "--block-size", "8", "--shared-prefix", "0.35",
     "--seed", "3", "--backend", "cpu", "--model", "e2e-tiny",
@@ -94,7 +95,8 @@ class EngineAgainstDaemon(unittest.TestCase):
         self.assertGreater(report["prefix_cache_hits"], 0)
         self.assertGreater(report["finished"]["stop"], 0)
         self.assertGreater(report["finished"]["length"], 0)
-        self.assertGreater(report["queue_s"]["p99"], 0.05)
+        # Without queueing, queue times are microseconds.
+        self.assertGreater(report["queue_s"]["p99"], 0.01)
 
         for rkey, hist in HISTOGRAMS.items():
             with self.subTest(histogram=hist):
