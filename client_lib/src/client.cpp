@@ -184,9 +184,8 @@ Ring* tm_client::AttachSlow(bool count_drop) {
   return &slot->ring;
 }
 
-uint64_t tm_client::DroppedTotal() const {
-  uint64_t total = dropped_extra_.load(std::memory_order_relaxed) +
-                   rejected_.load(std::memory_order_relaxed);
+uint64_t tm_client::DroppedEvents() const {
+  uint64_t total = dropped_extra_.load(std::memory_order_relaxed);
   const uint32_t n = n_slots_.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < n; ++i) {
     total += slots_[i].load(std::memory_order_relaxed)->ring.dropped();
@@ -194,16 +193,15 @@ uint64_t tm_client::DroppedTotal() const {
   return total;
 }
 
+uint64_t tm_client::DroppedTotal() const {
+  return DroppedEvents() + rejected_.load(std::memory_order_relaxed);
+}
+
 int tm_client::Stats(uint64_t* out, size_t n) const {
   if (out == nullptr && n > 0) return TM_E_INVALID;
-  uint64_t dropped = dropped_extra_.load(std::memory_order_relaxed);
-  const uint32_t slots = n_slots_.load(std::memory_order_acquire);
-  for (uint32_t i = 0; i < slots; ++i) {
-    dropped += slots_[i].load(std::memory_order_relaxed)->ring.dropped();
-  }
   const uint64_t all[TM_STAT_COUNT] = {
       sent_.load(std::memory_order_relaxed),
-      dropped,
+      DroppedEvents(),
       rejected_.load(std::memory_order_relaxed),
       reconnects_.load(std::memory_order_relaxed),
       batches_.load(std::memory_order_relaxed),

@@ -104,6 +104,9 @@ struct tm_client {
   bool RingsEmpty() const;
   uint64_t CountBufferedEvents() const;
   void RecycleOrphans();
+  // Events thrown away (buffer full, no slot, unsent at close).
+  uint64_t DroppedEvents() const;
+  // What BATCH headers carry: dropped plus rejected events.
   uint64_t DroppedTotal() const;
 
   const tm_options opts_;
