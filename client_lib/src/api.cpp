@@ -264,8 +264,10 @@ int tm_client_stats(const tm_client* client, uint64_t* out, size_t n) {
 
 // ---- events -----------------------------------------------------------------
 
-int tm_arrived(tm_client* c, uint64_t t_ns, uint64_t rid,
-               uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
+namespace {
+
+inline int ArrivedInt(tm_client* c, uint64_t t_ns, uint64_t rid,
+                      uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   Ring* r = RingFor(c);
@@ -282,8 +284,9 @@ int tm_arrived(tm_client* c, uint64_t t_ns, uint64_t rid,
   return TM_OK;
 }
 
-int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid, size_t rid_len,
-                   uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
+inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
+                      size_t rid_len, uint32_t prompt_tokens,
+                      uint32_t max_tokens, uint32_t n) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
@@ -306,6 +309,28 @@ int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid, size_t rid_len,
   w[2 + rw] = Params(max_tokens, n);
   r->Commit();
   return TM_OK;
+}
+
+}  // namespace
+
+int tm_arrived(tm_client* c, uint64_t t_ns, uint64_t rid,
+               uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
+  return ArrivedInt(c, t_ns, rid, prompt_tokens, max_tokens, n);
+}
+
+int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid, size_t rid_len,
+                   uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
+  return ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, max_tokens, n);
+}
+
+int tm_arrived_packed(tm_client* c, uint64_t rid, uint64_t tokens) {
+  return ArrivedInt(c, 0, rid, uint32_t(tokens), uint32_t(tokens >> 32), 0);
+}
+
+int tm_arrived_packed_str(tm_client* c, const char* rid, size_t rid_len,
+                          uint64_t tokens) {
+  return ArrivedStr(c, 0, rid, rid_len, uint32_t(tokens),
+                    uint32_t(tokens >> 32), 0);
 }
 
 int tm_queued(tm_client* c, uint64_t t_ns, uint64_t rid) {

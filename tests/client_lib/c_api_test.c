@@ -85,6 +85,8 @@ int main(void) {
   CHECK_RC(tm_thread_attach(client), TM_OK);
   CHECK_RC(tm_arrived(client, 0, 1, 100, 256, 1), TM_OK);
   CHECK_RC(tm_arrived_str(client, now, "c-1", 3, 50, 0, 0), TM_OK);
+  CHECK_RC(tm_arrived_packed(client, 2, 7 | (uint64_t)9 << 32), TM_OK);
+  CHECK_RC(tm_arrived_packed_str(client, "c-2", 3, 7), TM_OK);
   CHECK_RC(tm_queued(client, 0, 1), TM_OK);
   CHECK_RC(tm_scheduled(client, 0, 1), TM_OK);
   CHECK_RC(tm_scheduled_str(client, 0, "c-1", 3), TM_OK);
@@ -107,9 +109,9 @@ int main(void) {
   CHECK(stats[TM_STAT_CONNECTED] == 0);
   CHECK(stats[TM_STAT_RECONNECTS] == 0);
 
-  /* The 11 buffered events cannot be sent: dropped at close. */
+  /* The 13 buffered events cannot be sent: dropped at close. */
   CHECK_RC(tm_client_close(client, final_stats, TM_STAT_COUNT), TM_E_TIMEOUT);
-  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 11);
+  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 13);
   CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 2);
   CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
   CHECK_RC(tm_client_close(NULL, NULL, 0), TM_OK);

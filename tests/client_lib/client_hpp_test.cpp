@@ -136,6 +136,32 @@ TEST_F(CppClientTest, SendsEventsWithStringViewIds) {
                     }));
 }
 
+TEST_F(CppClientTest, TokensBatchSendsOneEventPerCountedEntry) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const uint64_t rids[] = {4, 5, 6};
+  const uint32_t n[] = {2, 0, 7};
+  EXPECT_EQ(client->TokensBatch(rids, 3, nullptr, 900), 3);
+  EXPECT_EQ(client->TokensBatch(rids, 3, n, 901), 2);
+  EXPECT_EQ(client->TokensBatch(nullptr, 1), TM_E_INVALID);
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_sent, 5u);
+  EXPECT_EQ(stats.events_rejected, 1u);
+  ASSERT_TRUE(WaitForEof(0));
+  std::vector<std::string> shapes;
+  for (const Value& ev : EventsOf(server_->Snapshot()[0])) {
+    shapes.push_back(ev.ToString());
+  }
+  EXPECT_EQ(shapes, (std::vector<std::string>{
+                        R"([4,900,4,1])",
+                        R"([4,900,5,1])",
+                        R"([4,900,6,1])",
+                        R"([4,901,4,2])",
+                        R"([4,901,6,7])",
+                    }));
+}
+
 TEST_F(CppClientTest, StepStatsSendsEachKeyOnce) {
   StartServer();
   std::unique_ptr<Client> client;

@@ -317,6 +317,44 @@ TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   }
 }
 
+// The packed ARRIVED entries are tm_arrived(_str) stamped now with n = 0:
+// the low 32 bits are prompt_tokens, the high 32 bits max_tokens.
+TEST_F(ClockTest, PackedArrivedEqualsArrivedStampedNow) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const uint64_t before = MonotonicNs();
+  EXPECT_EQ(tm_arrived_packed(c, 5, 512), TM_OK);
+  EXPECT_EQ(tm_arrived_packed(c, 6, 512 | uint64_t(256) << 32), TM_OK);
+  EXPECT_EQ(tm_arrived_packed(c, UINT64_MAX, UINT64_MAX), TM_OK);
+  EXPECT_EQ(tm_arrived_packed_str(c, "req-9xyz", 5, 40 | uint64_t(64) << 32),
+            TM_OK);
+  EXPECT_EQ(tm_arrived_packed_str(c, "r", 1, 0), TM_OK);
+  const uint64_t after = MonotonicNs();
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+
+  std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 5u);
+  uint64_t previous = before;
+  for (Value& ev : events) {
+    ASSERT_TRUE(IsValidEvent(ev));
+    const uint64_t t = ev.array[1].uint;
+    EXPECT_GE(t, previous) << ev.ToString();
+    EXPECT_LE(t, after) << ev.ToString();
+    previous = t;
+    ev.array[1].uint = 0;  // compared below without the time
+  }
+  EXPECT_EQ(ToStrings(events), (std::vector<std::string>{
+                                   R"([1,0,5,512])",
+                                   R"([1,0,6,512,{"max_tokens":256}])",
+                                   R"([1,0,18446744073709551615,4294967295,)"
+                                   R"({"max_tokens":4294967295}])",
+                                   R"([1,0,"req-9",40,{"max_tokens":64}])",
+                                   R"([1,0,"r",0])",
+                               }));
+}
+
 // GOODBYE comes once, last, after every event, and then the client closes;
 // the stats account for exactly the bytes and batches the server read.
 TEST_F(GoodbyeTest, ArrivesLastAfterAllEvents) {

@@ -37,6 +37,7 @@ class EventValidationTest : public ClientFixture {
     tm_client* c = client_;
     int invalid = 0;
     invalid += tm_arrived_str(c, 1, rid, len, 1, 0, 0) == TM_E_INVALID;
+    invalid += tm_arrived_packed_str(c, rid, len, 1) == TM_E_INVALID;
     invalid += tm_queued_str(c, 1, rid, len) == TM_E_INVALID;
     invalid += tm_scheduled_str(c, 1, rid, len) == TM_E_INVALID;
     invalid += tm_tokens_str(c, 1, rid, len, 1) == TM_E_INVALID;
@@ -54,24 +55,24 @@ class EventValidationTest : public ClientFixture {
 
 TEST_F(EventValidationTest, RejectsStringIdLongerThan128Bytes) {
   const std::string rid(TM_MAX_RID_BYTES + 1, 'r');
-  EXPECT_EQ(InvalidStringIdCalls(rid.data(), rid.size()), 6);
-  EXPECT_EQ(Rejected(), 6u);
+  EXPECT_EQ(InvalidStringIdCalls(rid.data(), rid.size()), 7);
+  EXPECT_EQ(Rejected(), 7u);
   const std::string huge(100000, 'r');
-  EXPECT_EQ(InvalidStringIdCalls(huge.data(), huge.size()), 6);
-  EXPECT_EQ(Rejected(), 12u);
+  EXPECT_EQ(InvalidStringIdCalls(huge.data(), huge.size()), 7);
+  EXPECT_EQ(Rejected(), 14u);
   // Exactly 128 bytes is fine.
   EXPECT_EQ(InvalidStringIdCalls(rid.data(), TM_MAX_RID_BYTES), 0);
-  EXPECT_EQ(Rejected(), 12u);
+  EXPECT_EQ(Rejected(), 14u);
 }
 
 TEST_F(EventValidationTest, RejectsEmptyStringId) {
-  EXPECT_EQ(InvalidStringIdCalls("abc", 0), 6);
-  EXPECT_EQ(Rejected(), 6u);
+  EXPECT_EQ(InvalidStringIdCalls("abc", 0), 7);
+  EXPECT_EQ(Rejected(), 7u);
 }
 
 TEST_F(EventValidationTest, RejectsNullStringId) {
-  EXPECT_EQ(InvalidStringIdCalls(nullptr, 3), 6);
-  EXPECT_EQ(Rejected(), 6u);
+  EXPECT_EQ(InvalidStringIdCalls(nullptr, 3), 7);
+  EXPECT_EQ(Rejected(), 7u);
 }
 
 TEST_F(EventValidationTest, RejectsZeroTokens) {
@@ -373,6 +374,8 @@ TEST(NullHandleTest, EventFunctionsRejectNullClient) {
   const double value = 1;
   EXPECT_EQ(tm_arrived(nullptr, 1, 1, 1, 0, 0), TM_E_INVALID);
   EXPECT_EQ(tm_arrived_str(nullptr, 1, "a", 1, 1, 0, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_packed(nullptr, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_packed_str(nullptr, "a", 1, 1), TM_E_INVALID);
   EXPECT_EQ(tm_queued(nullptr, 1, 1), TM_E_INVALID);
   EXPECT_EQ(tm_queued_str(nullptr, 1, "a", 1), TM_E_INVALID);
   EXPECT_EQ(tm_scheduled(nullptr, 1, 1), TM_E_INVALID);

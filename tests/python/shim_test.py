@@ -206,6 +206,26 @@ class EventKinds(DaemonTest):
         self.assertAlmostEqual(tokenmeter.now_ns(), time.monotonic_ns(),
                                delta=1e9)
 
+    def test_arrived_now_forms_carry_both_counts(self):
+        # arrived() stamped now without n takes the packed entries
+        # (tm_arrived_packed, _str); with n or a time, the full ones.
+        c = self.client()
+        self.assertEqual(c.arrived("p-1", 100, 64), OK)
+        self.assertEqual(c.arrived(11, 200, max_tokens=(1 << 32) - 1), OK)
+        self.assertEqual(c.arrived("p-3", (1 << 32) - 1), OK)
+        self.assertEqual(c.arrived(12, 300, 16, n=2), OK)
+        for rid in ("p-1", 11, "p-3", 12):  # params are observed at the end
+            c.finished(rid, "stop")
+        self.wait("request_success_total", 4, finished_reason="stop")
+        self.assertEqual(self.v("request_prompt_tokens_sum"),
+                         100 + 200 + (1 << 32) - 1 + 300)
+        self.assertEqual(self.v("request_params_max_tokens_count"), 3)
+        self.assertEqual(self.v("request_params_max_tokens_sum"),
+                         64 + (1 << 32) - 1 + 16)
+        self.assertEqual(self.v("request_params_n_count"), 1)
+        self.assertEqual(self.d.value("tokenmeter_ingest_events_total",
+                                      kind="arrived"), 4)
+
     def test_threads_share_one_client(self):
         c = self.client()
         errors = []

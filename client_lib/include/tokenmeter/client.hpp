@@ -195,6 +195,13 @@ class Client {
   int Tokens(std::string_view rid, uint32_t n, uint64_t t_ns = 0) noexcept {
     return tm_tokens_str(c_, t_ns, rid.data(), rid.size(), n);
   }
+  // One step's tokens: tm_tokens_batch(). `n` nullptr means 1 token each,
+  // else `count` counts (0 skips that entry). Returns the number of events
+  // appended, or TM_E_INVALID.
+  int TokensBatch(const uint64_t* rids, size_t count,
+                  const uint32_t* n = nullptr, uint64_t t_ns = 0) noexcept {
+    return tm_tokens_batch(c_, t_ns, rids, n, count);
+  }
   int Finished(uint64_t rid, FinishReason reason, uint64_t t_ns = 0) noexcept {
     return tm_finished(c_, t_ns, rid, static_cast<tm_finish_reason>(reason));
   }

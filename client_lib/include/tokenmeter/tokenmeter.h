@@ -193,6 +193,15 @@ TM_API int tm_arrived(tm_client* client, uint64_t t_ns, uint64_t rid,
 TM_API int tm_arrived_str(tm_client* client, uint64_t t_ns, const char* rid,
                           size_t rid_len, uint32_t prompt_tokens,
                           uint32_t max_tokens, uint32_t n);
+/* The same event stamped now, without `n`, with both token counts in one
+ * argument: `tokens` = prompt_tokens | (uint64_t)max_tokens << 32. Equal to
+ * tm_arrived(client, 0, rid, (uint32_t)tokens, (uint32_t)(tokens >> 32), 0).
+ * For bindings that pay per argument (Python's ctypes converts each one for
+ * 40 to 90 ns; the tokenmeter package uses these for arrived()'s common
+ * form); C and C++ callers gain nothing from them. */
+TM_API int tm_arrived_packed(tm_client* client, uint64_t rid, uint64_t tokens);
+TM_API int tm_arrived_packed_str(tm_client* client, const char* rid,
+                                 size_t rid_len, uint64_t tokens);
 
 /* The request entered the engine core's waiting queue (optional). */
 TM_API int tm_queued(tm_client* client, uint64_t t_ns, uint64_t rid);

@@ -134,6 +134,8 @@ _SIGNATURES = {
     "tm_arrived": (_int, [_client_p, _u64, _u64, _u32, _u32, _u32]),
     "tm_arrived_str": (_int, [_client_p, _u64, _str, _size, _u32, _u32,
                               _u32]),
+    "tm_arrived_packed": (_int, [_client_p, _u64, _u64]),
+    "tm_arrived_packed_str": (_int, [_client_p, _str, _size, _u64]),
     "tm_queued": (_int, [_client_p, _u64, _u64]),
     "tm_queued_str": (_int, [_client_p, _u64, _str, _size]),
     "tm_scheduled": (_int, [_client_p, _u64, _u64]),
@@ -153,7 +155,8 @@ _SIGNATURES = {
 
 # Called from Python hot paths and never blocking: loaded through PyDLL.
 _EVENT_FUNCTIONS = frozenset({
-    "tm_arrived", "tm_arrived_str", "tm_queued", "tm_queued_str",
+    "tm_arrived", "tm_arrived_str", "tm_arrived_packed",
+    "tm_arrived_packed_str", "tm_queued", "tm_queued_str",
     "tm_scheduled", "tm_scheduled_str", "tm_tokens", "tm_tokens_str",
     "tm_tokens_batch", "tm_tokens_batch_str", "tm_finished",
     "tm_finished_str", "tm_preempted", "tm_preempted_str", "tm_step",

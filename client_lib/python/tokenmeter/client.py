@@ -35,6 +35,8 @@ assert array("Q").itemsize == 8 and array("I").itemsize == 4
 
 # Bound once: a global lookup is cheaper than an attribute lookup per call.
 _arrived, _arrived_str = lib.tm_arrived, lib.tm_arrived_str
+_arrived_packed = lib.tm_arrived_packed
+_arrived_packed_str = lib.tm_arrived_packed_str
 _queued, _queued_str = lib.tm_queued, lib.tm_queued_str
 _scheduled, _scheduled_str = lib.tm_scheduled, lib.tm_scheduled_str
 _tokens, _tokens_str = lib.tm_tokens, lib.tm_tokens_str
@@ -395,6 +397,19 @@ class Client:
         # empty or overlong str id finds no ready length (None for 0,
         # IndexError past MAX_RID_BYTES).
         try:
+            if t_ns is _ZERO and n is _ZERO:
+                # The common form (now, no n): both counts in one argument
+                # to a 3- or 4-argument entry, each argument fewer saving
+                # ctypes 40 to 90 ns.
+                if not (prompt_tokens | max_tokens) >> 32:
+                    tokens = prompt_tokens | max_tokens << 32
+                    kind = type(rid)
+                    if kind is str:
+                        b = rid.encode()
+                        return _arrived_packed_str(
+                            self._h, b, _STR_RID_LEN[len(b)], tokens)
+                    if kind is int and not rid >> 64:
+                        return _arrived_packed(self._h, rid, tokens)
             if t_ns is _ZERO:
                 t = _T_NOW
             elif type(t_ns) is int and not t_ns >> 64:
