@@ -139,6 +139,18 @@ void Daemon::HandleMetrics(const http::Request& req, http::Response& resp) {
   timespec a, b;
   clock_gettime(CLOCK_MONOTONIC, &a);
   const http::Format format = http::ChooseFormat(req.accept);
+  DaemonCounters& counters = registry_->counters();
+  counters.http_responses.resize(http::Server::kNumCountedStatuses + 1);
+  for (size_t i = 0; i <= http::Server::kNumCountedStatuses; ++i) {
+    auto& [code, count] = counters.http_responses[i];
+    if (code.empty()) {
+      code = i < http::Server::kNumCountedStatuses
+                 ? std::to_string(http::Server::kCountedStatuses[i])
+                 : "other";
+    }
+    count = http_->responses(i);
+  }
+  counters.http_connections_rejected = http_->connections_rejected();
   resp.status = 200;
   resp.content_type = std::string(http::ContentType(format));
   resp.compressible = true;

@@ -492,6 +492,8 @@ void Server::Connection::Respond(Response& response, bool head,
   }
   int status = response.status;
   if (status < 100 || status > 999) status = 500;
+  server_->responses_[ResponseSlot(status)].fetch_add(
+      1, std::memory_order_relaxed);
   out_head_.clear();
   out_head_ += fmt::format("HTTP/1.1 {} {}\r\n", status, ReasonPhrase(status));
   if (!response.content_type.empty() &&
@@ -987,6 +989,13 @@ void Server::Accept(uv_stream_t* listener) {
   ++open_handles_;
   connections_count_.fetch_add(1, std::memory_order_relaxed);
   connection->Start(listener);
+}
+
+size_t Server::ResponseSlot(int status) {
+  for (size_t i = 0; i < kNumCountedStatuses; ++i) {
+    if (kCountedStatuses[i] == status) return i;
+  }
+  return kNumCountedStatuses;
 }
 
 void Server::Reject(uv_stream_t* listener) {

@@ -33,10 +33,12 @@
 
 #include <uv.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <list>
 #include <map>
 #include <memory>
@@ -147,6 +149,21 @@ class Server {
     return protocol_errors_.load(std::memory_order_relaxed);
   }
 
+  // Responses started, by status code: kCountedStatuses[i] for i <
+  // kNumCountedStatuses, every other code in slot kNumCountedStatuses
+  // ("other"). Counted when the response is handed to the socket, so a
+  // handler reading these does not see its own response. Any thread.
+  static constexpr int kCountedStatuses[] = {200, 400, 403, 404, 405,
+                                             408, 413, 431, 500, 503};
+  static constexpr size_t kNumCountedStatuses = std::size(kCountedStatuses);
+  uint64_t responses(size_t slot) const {
+    return slot <= kNumCountedStatuses
+               ? responses_[slot].load(std::memory_order_relaxed)
+               : 0;
+  }
+  // The slot a status code is counted in.
+  static size_t ResponseSlot(int status);
+
  private:
   class Connection;
   struct Listener;
@@ -190,6 +207,7 @@ class Server {
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> connections_rejected_{0};
   std::atomic<uint64_t> protocol_errors_{0};
+  std::array<std::atomic<uint64_t>, kNumCountedStatuses + 1> responses_{};
 };
 
 }  // namespace tokenmeter::daemon::http

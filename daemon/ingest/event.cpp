@@ -66,6 +66,8 @@ std::string_view IngestErrorName(IngestError e) {
       return "peer_not_allowed";
     case IngestError::kSeriesLimit:
       return "series_limit";
+    case IngestError::kConnectionLimit:
+      return "connection_limit";
     case IngestError::kBadEvent:
       return "bad_event";
     case IngestError::kBadTimestamp:

@@ -114,6 +114,7 @@ enum class IngestError : uint8_t {
   kTooManyLabels,     // more than 8 HELLO labels
   kPeerNotAllowed,    // peer credentials not in the allow-list
   kSeriesLimit,       // HELLO would create a series beyond the series cap
+  kConnectionLimit,   // accepted beyond --max-connections and closed
   // Event level.
   kBadEvent,      // wrong types or arity inside one event
   kBadTimestamp,  // more than 1 s ahead or 1 h behind the daemon's clock

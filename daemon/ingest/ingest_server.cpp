@@ -24,10 +24,29 @@ class IngestServer::Connection : public FrameSink {
   }
 
   uv_pipe_t* pipe() { return &pipe_; }
+  bool refused() const { return refused_; }
 
-  void Start() {
+  // over_limit: accepted while max_connections others were open.
+  void Start(bool over_limit) {
     const bool known = ReadPeerCredentials();
     const IngestOptions& o = server_.options_;
+    if (over_limit) {
+      refused_ = true;
+      ++server_.refused_open_;
+      ++server_.registry_.counters()
+            .ingest_errors[size_t(IngestError::kConnectionLimit)];
+      if (!server_.limit_logged_) {
+        spdlog::warn(
+            "ingest: {}: closing the connection: {} ({} engine connections "
+            "open, --max-connections); more refusals are counted, not "
+            "logged, until one is accepted",
+            peer_, IngestErrorName(IngestError::kConnectionLimit),
+            o.max_connections);
+        server_.limit_logged_ = true;
+      }
+      Close();
+      return;
+    }
     if ((!o.allow_uids.empty() || !o.allow_gids.empty()) &&
         !(known && server_.PeerAllowed(uid_, gid_))) {
       ++server_.registry_.counters()
@@ -184,6 +203,7 @@ class IngestServer::Connection : public FrameSink {
   FrameDecoder decoder_;
   bool closing_ = false;
   bool logged_event_error_ = false;
+  bool refused_ = false;  // closed at accept for the connection limit
   std::string peer_;
   uint32_t uid_ = 0;
   uint32_t gid_ = 0;
@@ -342,18 +362,15 @@ void IngestServer::Accept() {
     c->Close();
     return;
   }
-  if (connections_.size() > options_.max_connections) {
-    spdlog::warn(
-        "ingest: connection limit ({}) reached; closing a new "
-        "connection",
-        options_.max_connections);
-    c->Close();
-    return;
-  }
-  c->Start();
+  // Refused connections still closing do not take a place.
+  const bool over_limit =
+      connections_.size() - refused_open_ > options_.max_connections;
+  if (!over_limit) limit_logged_ = false;
+  c->Start(over_limit);
 }
 
 void IngestServer::Forget(Connection* c) {
+  if (c->refused()) --refused_open_;
   connections_.erase(c);
   --registry_.counters().ingest_connections;
   MaybeDone();

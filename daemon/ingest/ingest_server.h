@@ -93,6 +93,11 @@ class IngestServer {
   std::unordered_set<Connection*> connections_;
   std::function<void()> done_;
   uint64_t next_connection_id_ = 1;
+  // A connection-limit refusal was logged; reset by the next accepted one,
+  // so that a burst of refusals logs once.
+  bool limit_logged_ = false;
+  // Connections in connections_ refused for the limit and not yet freed.
+  size_t refused_open_ = 0;
   // (engine, model, scope) -> shared request-id space.
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t>
       shared_spaces_;

@@ -99,6 +99,12 @@ const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
      "Intervals not observed because the end came before the start."},
     {kScrapeDuration, "tokenmeter_scrape_duration_seconds", kGauge, "",
      "Time to render the previous scrape."},
+    {kHttpResponses, "tokenmeter_http_responses", kCounter, "code",
+     "HTTP responses sent, by status code."},
+    {kHttpConnectionsRejected, "tokenmeter_http_connections_rejected", kCounter,
+     "",
+     "HTTP connections closed unanswered because --max-http-connections "
+     "were open."},
     {kProcessCpuSeconds, "process_cpu_seconds", kCounter, "",
      "Total user and system CPU time spent in seconds."},
     {kProcessResidentMemory, "process_resident_memory_bytes", kGauge, "",

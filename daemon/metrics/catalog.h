@@ -80,6 +80,8 @@ enum DaemonMetric : uint8_t {
   kIncompleteIntervals,
   kNegativeIntervals,
   kScrapeDuration,
+  kHttpResponses,
+  kHttpConnectionsRejected,
   kProcessCpuSeconds,
   kProcessResidentMemory,
   kProcessVirtualMemory,

@@ -407,6 +407,16 @@ void Registry::RenderDaemon(ExpositionFormat format, std::string& out) const {
       case kScrapeDuration:
         AppendValue(out, "", n, "", "", c.scrape_duration_seconds);
         break;
+      case kHttpResponses:
+        for (const auto& [code, count] : c.http_responses) {
+          AppendSample(out, "", n, "_total", "", "code", code, false);
+          AppendUint(out, count);
+          out += '\n';
+        }
+        break;
+      case kHttpConnectionsRejected:
+        AppendCount(out, "", n, "", c.http_connections_rejected);
+        break;
       case kProcessCpuSeconds:
         AppendValue(out, "", n, "_total", "", p.cpu_seconds);
         break;

@@ -97,6 +97,11 @@ struct DaemonCounters {
   uint64_t negative[size_t(Interval::kCount)] = {};
   double scrape_duration_seconds = 0;
   uint64_t series_rejected = 0;  // identities refused by the series cap
+  // Set by the daemon from its HTTP server before each render: responses by
+  // status code label ("200", ..., "other"), and connections refused at the
+  // server's connection cap.
+  std::vector<std::pair<std::string, uint64_t>> http_responses;
+  uint64_t http_connections_rejected = 0;
 };
 
 enum class ExpositionFormat { kText004, kOpenMetrics100 };

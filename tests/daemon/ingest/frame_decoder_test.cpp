@@ -1571,8 +1571,9 @@ TEST(FrameDecoderTest, NamesEveryReason) {
       "string_too_long",    "batch_too_large", "too_deep",
       "batch_before_hello", "second_hello",    "bad_hello",
       "bad_name",           "reserved_label",  "too_many_labels",
-      "peer_not_allowed",   "series_limit",    "bad_event",
-      "bad_timestamp",      "bad_reason",      "unknown_kind"};
+      "peer_not_allowed",   "series_limit",    "connection_limit",
+      "bad_event",          "bad_timestamp",   "bad_reason",
+      "unknown_kind"};
   ASSERT_EQ(std::size(want), static_cast<size_t>(IngestError::kCount));
   for (size_t i = 0; i < std::size(want); ++i) {
     EXPECT_EQ(IngestErrorName(static_cast<IngestError>(i)), want[i]);

@@ -110,6 +110,8 @@ std::unique_ptr<Registry> PopulatedRegistry() {
     d.negative[i] = 2 * i;
   }
   d.scrape_duration_seconds = 0.00125;
+  d.http_responses = {{"200", 41}, {"404", 2}, {"other", 1}};
+  d.http_connections_rejected = 3;
   return reg;
 }
 
