@@ -409,6 +409,10 @@ void tm_client::Run() {
         if (out_batch_events_ == 0) {
           more = FillBatch();
           if (batch_events_ > 0) PrepareBatchFrame();
+        } else {
+          // A batch left over from a full socket: once it is written, the
+          // rings may hold more than one flush interval's worth.
+          more = true;
         }
         if (out_.size() == 0) break;
         if (!WritePending()) {

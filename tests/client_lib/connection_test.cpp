@@ -301,5 +301,25 @@ TEST_F(FlushTest, TimesOutWhileDaemonDoesNotRead) {
   EXPECT_EQ(CountsOf(EventsOf(conns[0])), OneTo(kEvents));
 }
 
+// Once the socket takes data again, the sender writes every full batch
+// at once, not one per flush interval: with a 10 s interval, a flush of
+// ~15 batches after the socket was full must complete within its 5 s.
+TEST_F(FlushTest, DrainsAllBatchesWhenTheSocketTakesDataAgain) {
+  StartServer();
+  server_->SetReading(false);
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_flush_interval_ms(opts.get(), 10000), TM_OK);
+  NewClient(opts.get());
+  ASSERT_TRUE(PollUntil([&] { return Stats()[TM_STAT_CONNECTED] == 1; }));
+  constexpr uint32_t kEvents = 60000;
+  ASSERT_EQ(PushTokens(client_, kEvents).ok, kEvents);
+  EXPECT_EQ(tm_client_flush(client_, 100), TM_E_TIMEOUT);  // socket full
+  EXPECT_LT(Stats()[TM_STAT_EVENTS_SENT], kEvents);
+  server_->SetReading(true);
+  EXPECT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  EXPECT_EQ(Stats()[TM_STAT_EVENTS_SENT], kEvents);
+  ASSERT_TRUE(WaitForEvents(kEvents));
+}
+
 }  // namespace
 }  // namespace tokenmeter::testing
