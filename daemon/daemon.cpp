@@ -209,7 +209,13 @@ void Daemon::Stop() {
   if (--pending_closes_ == 0) OnStopped();
 }
 
-void Daemon::OnStopped() { spdlog::info("stopped"); }
+void Daemon::OnStopped() {
+  const DaemonCounters& c = registry_->counters();
+  uint64_t events = 0;
+  for (uint64_t n : c.ingest_events) events += n;
+  spdlog::info("stopped: {} events applied, {} frames accepted since start",
+               events, c.ingest_frames);
+}
 
 int Daemon::Run() {
   uv_run(&loop_, UV_RUN_DEFAULT);

@@ -117,7 +117,8 @@ Status Engine::Run() {
     if (!status.ok()) break;
   }
   if (meter_) {
-    client_dropped_ = meter_->Close().events_dropped;
+    client_stats_ = meter_->Close();
+    client_dropped_ = client_stats_.events_dropped;
   }
   loop_cpu_s_ = double(CpuNs(CLOCK_THREAD_CPUTIME_ID) - loop_cpu0) / 1e9;
   process_cpu_s_ = double(CpuNs(CLOCK_PROCESS_CPUTIME_ID) - process_cpu0) / 1e9;
@@ -211,6 +212,8 @@ Report Engine::BuildReport() const {
       recorder_.Build(model_->backend(), options_.metrics, client_dropped_);
   r.loop_cpu_s = loop_cpu_s_;
   r.process_cpu_s = process_cpu_s_;
+  r.client_events_sent = client_stats_.events_sent;
+  r.client_reconnects = client_stats_.reconnects;
   return r;
 }
 

@@ -62,6 +62,7 @@ class Engine {
   std::unique_ptr<tokenmeter::Client> meter_;  // null with --no-metrics
   Recorder recorder_;
   uint64_t client_dropped_ = 0;
+  tokenmeter::Stats client_stats_;  // final, after Close()
   double loop_cpu_s_ = 0, process_cpu_s_ = 0;
   // Per-step scratch, kept to avoid allocating every step.
   SchedulerOutput plan_;

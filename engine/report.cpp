@@ -114,6 +114,10 @@ std::string ReportJson(const Report& r) {
   AppendUint(o, r.prefix_cache_hits);
   o += ", \"steps\": ";
   AppendUint(o, r.steps);
+  o += ",\n \"client_events_sent\": ";
+  AppendUint(o, r.client_events_sent);
+  o += ", \"client_reconnects\": ";
+  AppendUint(o, r.client_reconnects);
   o += ",\n \"loop_cpu_s\": ";
   AppendDouble(o, r.loop_cpu_s);
   o += ", \"process_cpu_s\": ";

@@ -62,10 +62,14 @@ class IngestServer::Connection : public FrameSink {
   }
 
   // Reads whatever the peer has already sent, without waiting, then closes.
+  // SHUT_RD first: from then on the peer's writes fail (EPIPE) instead of
+  // landing in a buffer nobody reads, so every write the peer saw succeed
+  // is read here, and a batch cut short is one the client knows to resend.
   void Drain() {
     if (closing_) return;
     uv_os_fd_t fd;
     if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) == 0) {
+      shutdown(fd, SHUT_RD);
       for (;;) {
         std::span<char> buf = decoder_.Prepare(64 * 1024);
         if (buf.empty()) break;

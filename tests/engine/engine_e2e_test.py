@@ -78,6 +78,15 @@ class EngineAgainstDaemon(unittest.TestCase):
         poll_until(lambda: success("stop") + success("length")
                    == report["requests"],
                    what="every FINISHED applied")
+        # Every event the client counted as written was applied (the
+        # engine has exited, so its close has sent everything).
+        def applied():
+            return sum(v for (name, _), v in d.samples().items()
+                       if name == "tokenmeter_ingest_events_total")
+        self.assertGreater(report["client_events_sent"], 0)
+        poll_until(lambda: applied() == report["client_events_sent"],
+                   what="client_events_sent events applied")
+        self.assertEqual(report["client_reconnects"], 0)
         samples = d.samples()
         key = frozenset(LABELS.items())
 

@@ -115,6 +115,8 @@ TEST(RecorderTest, SumsOverRequestsAndCountsFinishReasons) {
 
 TEST(ReportJsonTest, HasTheFixedKeysInOrder) {
   Report r;
+  r.client_events_sent = 7;
+  r.client_reconnects = 2;
   r.requests = 2;
   r.finished_stop = 1;
   r.finished_length = 1;
@@ -139,7 +141,9 @@ TEST(ReportJsonTest, HasTheFixedKeysInOrder) {
                         "\"tpot_s\"",
                         "\"backend\": \"cpu\"",
                         "\"metrics\": true",
-                        "\"client_dropped_events\": 0"};
+                        "\"client_dropped_events\": 0",
+                        "\"client_events_sent\": 7",
+                        "\"client_reconnects\": 2"};
   size_t at = 0;
   for (const char* k : keys) {
     const size_t found = j.find(k, at);
