@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Prints 'N passed, N failed, N skipped' from meson's testlog.json.
 
-Usage: summarize-tests.py BUILD_DIR. Exits 1 when a test failed or the log
-is missing, else 0. Lists failed tests by name on the lines before.
+Usage: summarize-tests.py BUILD_DIR [EXTRA_RESULTS]. EXTRA_RESULTS, if it
+exists, holds more results, one "name ok|FAILED" per line (the fuzz smoke's,
+from scripts/test.sh). Exits 1 when a test failed or the log is missing,
+else 0. Lists failed tests by name on the lines before.
 """
 import json
 import sys
@@ -32,6 +34,20 @@ def main() -> int:
         print(f"no test log at {path}")
         print("0 passed, 1 failed")
         return 1
+    if len(sys.argv) > 2:
+        try:
+            with open(sys.argv[2], encoding="utf-8") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) != 2:
+                        continue
+                    if parts[1] == "ok":
+                        passed += 1
+                    else:
+                        failed += 1
+                        print(f"FAILED: {parts[0]} ({parts[1]})")
+        except FileNotFoundError:
+            pass
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds with warnings as errors, runs every test,
-# and ends with the line "N passed, N failed, N skipped".
+# Installs what is missing, builds with warnings as errors, runs every test
+# and the fuzz smoke, and ends with the line "N passed, N failed, N skipped".
 # Usage: scripts/test.sh [BUILD_DIR] (default: build-test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +13,26 @@ fi
 ninja -C "$build"
 status=0
 meson test -C "$build" --print-errorlogs --num-processes 2 || status=$?
-/usr/bin/python3 scripts/summarize-tests.py "$build" || status=1
+
+# The libFuzzer smoke (tests/fuzz/run_fuzzers.sh): its own clang ASan+UBSan
+# build in "$build-fuzz", 200,000 executions per target; each target counts
+# as one test in the summary. TOKENMETER_FUZZ_SMOKE=0 skips it.
+fuzz_results="$build/fuzz-smoke-results.txt"
+rm -f "$fuzz_results"
+if [ "${TOKENMETER_FUZZ_SMOKE:-1}" != 0 ]; then
+  fuzz_log="$build/fuzz-smoke.log"
+  echo "fuzz smoke: building $build-fuzz and running 200000 executions per target"
+  tests/fuzz/run_fuzzers.sh "$build-fuzz" 200000 >"$fuzz_log" 2>&1 || status=1
+  grep -E '^[a-z_]+: (ok|FAILED),' "$fuzz_log" >"$fuzz_results.lines" || true
+  cat "$fuzz_results.lines"
+  sed -E 's/^([a-z_]+): (ok|FAILED),.*/fuzz_smoke_\1 \2/' \
+    "$fuzz_results.lines" >"$fuzz_results"
+  if [ ! -s "$fuzz_results" ]; then
+    echo "fuzz_smoke_build FAILED" >"$fuzz_results"
+    tail -40 "$fuzz_log"
+  elif grep -q FAILED "$fuzz_results"; then
+    cat "$fuzz_log"
+  fi
+fi
+/usr/bin/python3 scripts/summarize-tests.py "$build" "$fuzz_results" || status=1
 exit $status
