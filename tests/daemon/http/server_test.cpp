@@ -281,6 +281,9 @@ class HttpServerTest : public testing::Test {
     server_->AddRoute("/throw", [](const Request&, Response&) {
       throw std::runtime_error("boom");
     });
+    server_->AddRoute("/created", [](const Request&, Response& r) {
+      r.status = 201;  // not among kCountedStatuses: counted as "other"
+    });
   }
 
   void RunLoop() {
@@ -403,6 +406,32 @@ TEST_F(HttpServerTest, UnknownPathIs404) {
   // The query does not take part in routing.
   EXPECT_EQ(Fetch(Get("/metrics?x=1")).status, 200);
   EXPECT_EQ(Fetch(Get("/metrics/")).status, 404);
+}
+
+TEST_F(HttpServerTest, CountsResponsesByStatus) {
+  Start();
+  const size_t ok = Server::ResponseSlot(200);
+  const size_t not_found = Server::ResponseSlot(404);
+  const size_t error = Server::ResponseSlot(500);
+  const size_t other = Server::kNumCountedStatuses;
+  EXPECT_EQ(Server::kCountedStatuses[ok], 200);
+  EXPECT_EQ(Server::kCountedStatuses[not_found], 404);
+  EXPECT_EQ(Server::ResponseSlot(201), other);
+  EXPECT_EQ(Server::ResponseSlot(999), other);
+  EXPECT_EQ(Fetch(Get("/a")).status, 200);
+  EXPECT_EQ(Fetch(Get("/b")).status, 200);
+  EXPECT_EQ(Fetch(Get("/nope")).status, 404);
+  EXPECT_EQ(Fetch(Get("/throw")).status, 500);
+  EXPECT_EQ(Fetch(Get("/created")).status, 201);
+  // The client has read each answer, so each was counted before.
+  EXPECT_EQ(server_->responses(ok), 2u);
+  EXPECT_EQ(server_->responses(not_found), 1u);
+  EXPECT_EQ(server_->responses(error), 1u);
+  EXPECT_EQ(server_->responses(other), 1u);
+  EXPECT_EQ(server_->responses(other + 1), 0u);  // out of range
+  uint64_t total = 0;
+  for (size_t i = 0; i <= other; ++i) total += server_->responses(i);
+  EXPECT_EQ(total, 5u);
 }
 
 TEST_F(HttpServerTest, OtherMethodOnKnownPathIs405WithAllow) {
