@@ -8,6 +8,8 @@ Cases (ns per event; a batch call's time is divided by its events):
   tokens(int)            c.tokens(rid), timestamp "now"
   tokens(str)            c.tokens("cmpl-<32 hex>-0"), timestamp "now"
   arrived(int), (str)    c.arrived(rid, 512, 256)
+  queued, scheduled,     c.queued(rid), ..., c.finished(rid, "stop"): the
+  preempted, finished    other single calls, with str ids
   tokens_batch list[int] c.tokens_batch(step_ids), a list of N ints: the
                          realistic path (the list is converted to an array)
   tokens_batch array('Q') the same with ids already in an array('Q')
@@ -120,6 +122,22 @@ def make_cases(c, hist):
             arrived(rid, 512, 256)
         return n
     cases.append(Case("arrived(str)", arrived_str))
+
+    # The other single calls, with the costlier str ids.
+    def one_arg(method):
+        def run(n, m=method):
+            for rid in ids_str[:n]:
+                m(rid)
+            return n
+        return run
+    for name in ("queued", "scheduled", "preempted"):
+        cases.append(Case(f"{name}(str)", one_arg(getattr(c, name))))
+
+    def finished_str(n, finished=c.finished):
+        for rid in ids_str[:n]:
+            finished(rid, "stop")
+        return n
+    cases.append(Case("finished(str)", finished_str))
 
     for size in (64, 256):
         steps_int = [ids_int[i:i + size]
@@ -269,7 +287,8 @@ def main():
         goals.append((f"step batch list[int] x{size} <= {STEP_GOAL_NS:.0f} "
                       f"ns/event: {v:.1f}", v <= STEP_GOAL_NS))
     for name in ("tokens(int)", "tokens(str)", "arrived(int)",
-                 "arrived(str)"):
+                 "arrived(str)", "queued(str)", "scheduled(str)",
+                 "preempted(str)", "finished(str)"):
         r = paired_ratio(name)
         goals.append((f"{name} <= prometheus observe: {med[name]:.0f} vs "
                       f"{observe:.0f} ns; paired ratio {r:.2f}x", r >= 1.0))
