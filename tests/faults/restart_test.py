@@ -30,10 +30,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
-from harness import Daemon, poll_until
+from harness import Daemon, batch, hello, poll_until
 from prometheus_client.parser import text_string_to_metric_families
 
 DAEMON = os.environ.get("TOKENMETERD", "")
@@ -232,6 +233,53 @@ class GracefulRestart(unittest.TestCase):
         self.assertEqual(r["events_sent"], r["appended"])
         self.assertGreaterEqual(r["reconnects"], 3)
         self.finish(applied, last, r["events_sent"])
+
+
+class StopRace(unittest.TestCase):
+    """A raw writer that never pauses, against a daemon frozen until the
+    socket is full (the writer blocked half-way through a frame) and then
+    told to stop: exactly the frames whose write returned are applied.
+    The stop reads what is queued; the frame cut short fails with EPIPE in
+    the writer and is discarded, not half-applied, by the daemon."""
+
+    def test_every_frame_written_before_the_stop_is_applied(self):
+        for attempt in range(5):
+            d = Daemon("--log-interval", "0").start()
+            self.addCleanup(d.cleanup)
+            s = d.connect()
+            s.sendall(hello(model="race"))
+            sent = [1]  # frames fully written: HELLO, then each BATCH
+            stop = threading.Event()
+
+            def write():
+                seq = 0
+                try:
+                    while not stop.is_set():
+                        s.sendall(batch([[4, time.monotonic_ns(), seq, 1]],
+                                        seq=seq))
+                        sent[0] += 1
+                        seq += 1
+                except OSError:  # EPIPE or reset: the daemon stopped
+                    pass
+            writer = threading.Thread(target=write)
+            writer.start()
+            poll_until(lambda: (d.value("tokenmeter_ingest_frames_total")
+                                or 0) > 100, what="frames flowing")
+            d.proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.3)  # the writer fills the socket and blocks
+            d.proc.send_signal(signal.SIGTERM)
+            d.proc.send_signal(signal.SIGCONT)
+            rc = d.proc.wait(timeout=20)
+            stop.set()
+            writer.join(timeout=20)
+            s.close()
+            self.assertEqual(rc, 0)
+            m = re.search(rb"stopped: (\d+) events applied, (\d+) frames",
+                          d.read_log())
+            self.assertIsNotNone(m, d.read_log().decode())
+            self.assertEqual(int(m.group(2)), sent[0],
+                             f"attempt {attempt}: frames applied vs written")
+            self.assertEqual(int(m.group(1)), sent[0] - 1)
 
 
 class KillRestart(unittest.TestCase):
