@@ -48,7 +48,7 @@ WORKLOAD = [
     "--model", "faults", "--instance", "f0", "--quiet",
 ]
 
-STOPPED = re.compile(rb"stopped: (\d+) events applied")
+STOPPED = re.compile(rb"stopped: (\d+) events applied, (\d+) frames")
 
 
 def start_engine(socket_path, report_path):
@@ -274,8 +274,7 @@ class StopRace(unittest.TestCase):
             writer.join(timeout=20)
             s.close()
             self.assertEqual(rc, 0)
-            m = re.search(rb"stopped: (\d+) events applied, (\d+) frames",
-                          d.read_log())
+            m = STOPPED.search(d.read_log())
             self.assertIsNotNone(m, d.read_log().decode())
             self.assertEqual(int(m.group(2)), sent[0],
                              f"attempt {attempt}: frames applied vs written")
