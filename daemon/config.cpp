@@ -1,12 +1,18 @@
 #include "daemon/config.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <string>
 
 namespace tokenmeter::daemon {
 namespace {
@@ -41,6 +47,9 @@ them as Prometheus metrics.
                              open the socket)
   --allow-gids LIST          comma-separated gids allowed to send; a peer
                              passes if its uid or its gid is listed
+  --ready-fd N               once both listeners are live, write one line
+                             "ready http=HOST:PORT ingest=PATH" to file
+                             descriptor N and close it (default: none)
   --version                  print the version and exit
   --help                     print this text and exit
 )";
@@ -219,6 +228,10 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          return ParseIdList("allow-uids", v, &c->ingest.allow_uids);
        }},
+      {"ready-fd",
+       [](std::string_view v, Config* c) {
+         return SetUint("ready-fd", v, 0, INT32_MAX, &c->ready_fd);
+       }},
       {"allow-gids",
        [](std::string_view v, Config* c) {
          return ParseIdList("allow-gids", v, &c->ingest.allow_gids);
@@ -304,6 +317,42 @@ Status ReadConfigFile(const std::string& path, Config* config) {
 }  // namespace
 
 std::string_view UsageText() { return kUsage; }
+
+Status CheckReadyFd(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) {
+    return Status::Error("--ready-fd: " + std::to_string(fd) +
+                         " is not an open file descriptor");
+  }
+  if ((flags & O_ACCMODE) == O_RDONLY) {
+    return Status::Error("--ready-fd: " + std::to_string(fd) +
+                         " is not open for writing");
+  }
+  return Status::Ok();
+}
+
+Status WriteReadyLine(int fd, std::string_view http_address,
+                      std::string_view ingest_path) {
+  const std::string line = "ready http=" + std::string(http_address) +
+                           " ingest=" + std::string(ingest_path) + "\n";
+  size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t n = write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      err = errno;
+      break;
+    }
+    done += size_t(n);
+  }
+  close(fd);
+  if (err != 0) {
+    return Status::Error("--ready-fd: cannot write to " + std::to_string(fd) +
+                         ": " + std::strerror(err));
+  }
+  return Status::Ok();
+}
 
 Status ParseConfig(int argc, const char* const* argv, Config* config) {
   // Split into (name, value) pairs first so that --config can be read

@@ -27,6 +27,10 @@ struct Config {
   TrackerOptions tracker;
   IngestOptions ingest;
   uint32_t http_max_connections = 256;
+  // --ready-fd: once both listeners are live the daemon writes one line,
+  // "ready http=HOST:PORT ingest=PATH\n", to this descriptor and closes
+  // it. -1: none.
+  int ready_fd = -1;
   bool show_version = false;
   bool show_help = false;
 };
@@ -35,6 +39,15 @@ struct Config {
 // given on the command line win over it. Errors name the flag or the file
 // and line.
 Status ParseConfig(int argc, const char* const* argv, Config* config);
+
+// Checks that `fd` (--ready-fd) is open for writing, so that a bad one
+// stops the start-up before anything is bound. The error names the flag.
+Status CheckReadyFd(int fd);
+
+// Writes the --ready-fd line for these addresses to `fd` and closes it.
+// An error (e.g. the reader has gone) names the flag.
+Status WriteReadyLine(int fd, std::string_view http_address,
+                      std::string_view ingest_path);
 
 // The --help text.
 std::string_view UsageText();

@@ -1,14 +1,50 @@
 #include "daemon/daemon.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "daemon/http/negotiation.h"
 #include "daemon/logging/summary.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
+namespace {
+
+// The local address of an inherited socket, for the --ready-fd line:
+// "HOST:PORT", "[HOST6]:PORT" or a Unix socket path ("?" if unknown).
+std::string LocalAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_UNIX) {
+    const auto* un = reinterpret_cast<const sockaddr_un*>(&ss);
+    const size_t n = len > offsetof(sockaddr_un, sun_path)
+                         ? len - offsetof(sockaddr_un, sun_path)
+                         : 0;
+    return std::string(un->sun_path, strnlen(un->sun_path, n));
+  }
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    return fmt::format("{}:{}", host, ntohs(in->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    return fmt::format("[{}]:{}", host, ntohs(in6->sin6_port));
+  }
+  return "?";
+}
+
+}  // namespace
 
 Daemon::Daemon(const Config& config) : config_(config) {}
 
@@ -62,6 +98,14 @@ Status Daemon::Start() {
   s = http_inherited ? http_->Adopt(inherited["http"])
                      : http_->Listen(config_.listen);
   if (!s.ok()) return s;
+  ingest_address_ = ingest_inherited ? LocalAddress(inherited["ingest"])
+                                     : config_.ingest_path;
+  http_address_ =
+      http_inherited
+          ? LocalAddress(inherited["http"])
+          : fmt::format("{}:{}",
+                        config_.listen.substr(0, config_.listen.rfind(':')),
+                        http_->port());
   for (const auto& [name, fd] : inherited) {
     if (name != "ingest" && name != "http") {
       spdlog::warn(

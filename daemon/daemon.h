@@ -6,6 +6,7 @@
 #include <uv.h>
 
 #include <memory>
+#include <string>
 
 #include "daemon/config.h"
 #include "daemon/http/server.h"
@@ -36,6 +37,12 @@ class Daemon {
   void Stop();
 
   uint16_t http_port() const { return http_->port(); }
+  // What --ready-fd reports, set by a successful Start(): the HTTP address
+  // as HOST:PORT (HOST as --listen gave it, empty for every interface; the
+  // bound port, also for port 0) and the ingest socket path; under socket
+  // activation the addresses of the inherited sockets.
+  const std::string& http_address() const { return http_address_; }
+  const std::string& ingest_address() const { return ingest_address_; }
   Registry& registry() { return *registry_; }
 
  private:
@@ -64,6 +71,8 @@ class Daemon {
   uint64_t last_log_ns_ = 0;
   bool stopping_ = false;
   int pending_closes_ = 0;
+  std::string http_address_;
+  std::string ingest_address_;
 };
 
 }  // namespace tokenmeter::daemon

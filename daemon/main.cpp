@@ -35,9 +35,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tokenmeterd: --log-level: %s\n", s.message().c_str());
     return 2;
   }
+  if (config.ready_fd >= 0) {
+    s = tokenmeter::daemon::CheckReadyFd(config.ready_fd);
+    if (!s.ok()) {
+      std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
+      return 2;
+    }
+  }
   std::unique_ptr<Daemon> daemon;
   s = Daemon::Create(config, &daemon);
   if (s.ok()) s = daemon->Start();
+  if (s.ok() && config.ready_fd >= 0) {
+    s = tokenmeter::daemon::WriteReadyLine(
+        config.ready_fd, daemon->http_address(), daemon->ingest_address());
+  }
   if (s.ok()) return daemon->Run();
   std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
   return 1;
