@@ -4,6 +4,7 @@
 #include "daemon/config.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -75,6 +76,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.ingest.group, "");
   EXPECT_TRUE(c.ingest.allow_uids.empty());
   EXPECT_TRUE(c.ingest.allow_gids.empty());
+  EXPECT_EQ(c.ready_fd, -1);
   EXPECT_FALSE(c.show_help);
   EXPECT_FALSE(c.show_version);
 }
@@ -141,6 +143,10 @@ TEST(ConfigTest, EveryFlagInBothSpellings) {
                    (std::vector<uint32_t>{1000, 1001, 4294967294u}));
          EXPECT_TRUE(c.ingest.allow_gids.empty());
        }},
+      {"ready-fd", "3", [](const Config& c) { EXPECT_EQ(c.ready_fd, 3); }},
+      {"ready-fd", "0", [](const Config& c) { EXPECT_EQ(c.ready_fd, 0); }},
+      {"ready-fd", "2147483647",
+       [](const Config& c) { EXPECT_EQ(c.ready_fd, 2147483647); }},
       {"allow-gids", "5,6",
        [](const Config& c) {
          EXPECT_EQ(c.ingest.allow_gids, (std::vector<uint32_t>{5, 6}));
@@ -182,6 +188,7 @@ TEST(ConfigTest, HelpAndVersion) {
                            "--ingest-group",
                            "--allow-uids",
                            "--allow-gids",
+                           "--ready-fd",
                            "--version",
                            "--help"}) {
     EXPECT_TRUE(Contains(std::string(UsageText()), flag)) << flag;
@@ -246,6 +253,11 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {"allow-uids", "4294967296"},
       {"allow-gids", "1;2"},
       {"allow-gids", "1.5"},
+      {"ready-fd", "-1"},
+      {"ready-fd", ""},
+      {"ready-fd", "x"},
+      {"ready-fd", "3.0"},
+      {"ready-fd", "2147483648"},
   };
   for (const BadValueCase& c : cases) {
     for (const std::vector<std::string>& args :
@@ -308,6 +320,7 @@ TEST(ConfigTest, ReadsConfigFile) {
       "finished-grace=0.25\n"
       "\tnamespace   =   from_file   \n"
       "listen = 127.0.0.1:10063\r\n"
+      "ready-fd = 7\n"
       "buckets.time_to_first_token_seconds = 0.1, 0.5, 1\n"
       "buckets.request_params_n = 1 2 4\n");
   const Config c = MustParse({"--config", file.path()});
@@ -316,6 +329,7 @@ TEST(ConfigTest, ReadsConfigFile) {
   EXPECT_EQ(c.tracker.grace_ns, kSecond / 4);
   EXPECT_EQ(c.ingest.namespace_override, "from_file");
   EXPECT_EQ(c.listen, "127.0.0.1:10063");
+  EXPECT_EQ(c.ready_fd, 7);
   EXPECT_EQ(c.registry.buckets.at("time_to_first_token_seconds"),
             (std::vector<double>{0.1, 0.5, 1}));
   EXPECT_EQ(c.registry.buckets.at("request_params_n"),
@@ -379,6 +393,56 @@ TEST(ConfigTest, MissingFileIsAnErrorNamingIt) {
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(Contains(s.message(), "/nonexistent/tokenmeterd.conf"))
       << s.message();
+}
+
+// --ready-fd: a descriptor that is not open, or open only for reading, is
+// refused before anything is bound; the write end of a pipe is accepted,
+// gets exactly the one line and is closed.
+TEST(ConfigTest, ReadyFdMustBeOpenForWriting) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const int r = fds[0], w = fds[1];
+  EXPECT_TRUE(CheckReadyFd(w).ok());
+  const Status read_only = CheckReadyFd(r);
+  EXPECT_FALSE(read_only.ok());
+  EXPECT_TRUE(Contains(read_only.message(), "--ready-fd"))
+      << read_only.message();
+  EXPECT_TRUE(Contains(read_only.message(), "writing")) << read_only.message();
+
+  const Status written = WriteReadyLine(w, "127.0.0.1:43210", "/tmp/t/i.sock");
+  EXPECT_TRUE(written.ok()) << written.message();
+  char buf[256];
+  std::string got;
+  ssize_t n;
+  while ((n = read(r, buf, sizeof(buf))) > 0) got.append(buf, size_t(n));
+  EXPECT_EQ(n, 0);  // end of file: WriteReadyLine closed the write end
+  EXPECT_EQ(got, "ready http=127.0.0.1:43210 ingest=/tmp/t/i.sock\n");
+  close(r);
+
+  // Both ends are closed now.
+  for (const int fd : {r, w}) {
+    const Status closed = CheckReadyFd(fd);
+    EXPECT_FALSE(closed.ok());
+    EXPECT_TRUE(Contains(closed.message(), "--ready-fd: " + std::to_string(fd)))
+        << closed.message();
+    EXPECT_TRUE(Contains(closed.message(), "not an open file descriptor"))
+        << closed.message();
+  }
+}
+
+TEST(ConfigTest, ReadyLineToAClosedReaderIsAnError) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  close(fds[0]);
+  // SIGPIPE is ignored in tokenmeterd (main.cpp); here too, for EPIPE.
+  struct sigaction ignore = {}, old = {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGPIPE, &ignore, &old), 0);
+  const Status s = WriteReadyLine(fds[1], ":1", "/x");
+  sigaction(SIGPIPE, &old, nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "--ready-fd")) << s.message();
+  EXPECT_FALSE(CheckReadyFd(fds[1]).ok());  // closed even so
 }
 
 }  // namespace
