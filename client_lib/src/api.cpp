@@ -22,26 +22,17 @@ inline uint64_t Now() {
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
 
+// A HELLO string: at most TM_MAX_STRING_BYTES bytes of UTF-8 (protocol.h
+// holds the rules the daemon applies).
 bool ValidString(const char* s) {
-  return s != nullptr && std::strlen(s) <= TM_MAX_STRING_BYTES;
+  if (s == nullptr) return false;
+  const size_t n = std::strlen(s);
+  return n <= TM_MAX_STRING_BYTES && tm_proto_valid_utf8(s, n) != 0;
 }
 
-bool IsAlpha(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-// [a-zA-Z_][a-zA-Z0-9_]* (plus '-' when allow_dash).
 bool ValidName(std::string_view s, bool allow_dash) {
-  if (s.empty() || !IsAlpha(s[0])) return false;
-  for (char c : s) {
-    if (!IsAlpha(c) && !IsDigit(c) && !(allow_dash && c == '-')) return false;
-  }
-  return true;
+  return tm_proto_valid_name(s.data(), s.size(), allow_dash ? 1 : 0) != 0;
 }
-
-constexpr std::string_view kReservedLabels[] = {
-    "model_name", "engine", "finished_reason", "position", "le", "quantile"};
 
 // ---- hot path ---------------------------------------------------------------
 
@@ -176,11 +167,10 @@ int tm_options_add_label(tm_options* opts, const char* name,
     return TM_E_INVALID;
   }
   const std::string_view n(name);
-  if (!ValidName(n, false) || n.substr(0, 2) == "__") return TM_E_INVALID;
-  if (opts->meta.labels.size() >= TM_MAX_HELLO_LABELS) return TM_E_INVALID;
-  for (std::string_view r : kReservedLabels) {
-    if (n == r) return TM_E_INVALID;
+  if (!tm_proto_valid_label(name, n.size(), value, std::strlen(value))) {
+    return TM_E_INVALID;
   }
+  if (opts->meta.labels.size() >= TM_MAX_HELLO_LABELS) return TM_E_INVALID;
   for (const auto& [existing, v] : opts->meta.labels) {
     if (existing == n) return TM_E_INVALID;
   }

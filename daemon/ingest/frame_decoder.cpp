@@ -306,70 +306,17 @@ class Reader {
 // ---------------------------------------------------------------------------
 // HELLO validation.
 
+// The HELLO rules live in protocol.h, shared with the client library.
 bool IsValidUtf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
-  const uint8_t* end = p + s.size();
-  while (p < end) {
-    const uint8_t b = *p;
-    if (b < 0x80) {
-      ++p;
-      continue;
-    }
-    int n;
-    uint32_t cp;
-    if ((b & 0xe0) == 0xc0) {
-      n = 1;
-      cp = b & 0x1f;
-    } else if ((b & 0xf0) == 0xe0) {
-      n = 2;
-      cp = b & 0x0f;
-    } else if ((b & 0xf8) == 0xf0) {
-      n = 3;
-      cp = b & 0x07;
-    } else {
-      return false;
-    }
-    if (end - p <= n) return false;
-    for (int i = 1; i <= n; ++i) {
-      if ((p[i] & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (p[i] & 0x3f);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
-      return false;
-    }
-    p += n + 1;
-  }
-  return true;
+  return tm_proto_valid_utf8(s.data(), s.size()) != 0;
 }
 
-inline bool IsNameStart(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
-
-inline bool IsNameChar(char c) {
-  return IsNameStart(c) || (c >= '0' && c <= '9');
-}
-
-// [a-zA-Z_][a-zA-Z0-9_-]* (with_dash) or [a-zA-Z_][a-zA-Z0-9_]*.
 bool IsValidName(std::string_view s, bool with_dash) {
-  if (s.empty() || !IsNameStart(s[0])) return false;
-  for (char c : s.substr(1)) {
-    if (!IsNameChar(c) && !(with_dash && c == '-')) return false;
-  }
-  return true;
+  return tm_proto_valid_name(s.data(), s.size(), with_dash ? 1 : 0) != 0;
 }
-
-// Labels the daemon sets itself; a HELLO may not repeat them.
-constexpr std::string_view kReservedLabels[] = {
-    "model_name", "engine",   "engine_family", "finished_reason", "position",
-    "le",         "quantile", "interval",      "reason",          "kind",
-};
 
 bool IsReservedLabel(std::string_view name) {
-  if (name.starts_with("__")) return true;
-  return std::find(std::begin(kReservedLabels), std::end(kReservedLabels),
-                   name) != std::end(kReservedLabels);
+  return tm_proto_reserved_label(name.data(), name.size()) != 0;
 }
 
 // Reads a HELLO string value (any str, valid UTF-8).

@@ -229,11 +229,27 @@ TEST_F(OptionsTest, RejectsBadEngineNames) {
 }
 
 TEST_F(OptionsTest, RejectsReservedLabelNames) {
-  for (const char* name : {"model_name", "engine", "finished_reason",
-                           "position", "le", "quantile"}) {
+  // Every name the daemon refuses as reserved_label (it once took "reason",
+  // "kind", "interval" and "engine_family", which the daemon then refused
+  // on every connection).
+  for (const char* name : {"model_name", "engine", "engine_family",
+                           "finished_reason", "position", "le", "quantile",
+                           "interval", "reason", "kind"}) {
     EXPECT_EQ(tm_options_add_label(opts_.get(), name, "v"), TM_E_INVALID)
         << name;
   }
+}
+
+TEST_F(OptionsTest, RejectsMalformedUtf8Strings) {
+  for (const char* bad : {"\xff", "\xc0\x80", "\xed\xa0\x80", "a\x80",
+                          "\xe2\x82", "\xf4\x90\x80\x80"}) {
+    EXPECT_EQ(tm_options_add_label(opts_.get(), "a", bad), TM_E_INVALID);
+    EXPECT_EQ(tm_options_set_model(opts_.get(), bad), TM_E_INVALID);
+    EXPECT_EQ(tm_options_set_instance(opts_.get(), bad), TM_E_INVALID);
+    EXPECT_EQ(tm_options_set_scope(opts_.get(), bad), TM_E_INVALID);
+  }
+  EXPECT_EQ(tm_options_set_model(opts_.get(), "caf\xc3\xa9 \xf0\x9f\x98\x80"),
+            TM_OK);
 }
 
 TEST_F(OptionsTest, RejectsDoubleUnderscoreLabelNames) {

@@ -1,11 +1,17 @@
 /*
- * tokenmeter ingest protocol, version 1: the wire constants shared by the
- * client library and the daemon. docs/protocol.md describes the bytes; this
- * header only names the numbers and strings in it. C99 and C++ clean; no
- * functions, no state.
+ * tokenmeter ingest protocol, version 1: the wire constants and the naming
+ * rules shared by the client library and the daemon. docs/protocol.md
+ * describes the bytes; this header names the numbers and strings in it and
+ * holds the one implementation of the HELLO rules (name syntax, reserved
+ * label names, UTF-8) that both sides apply, so that the client accepts
+ * exactly what the daemon accepts. C99 and C++ clean; no state; the checks
+ * are pure static inline functions that allocate nothing and never fail.
  */
 #ifndef TOKENMETER_PROTOCOL_H_
 #define TOKENMETER_PROTOCOL_H_
+
+#include <stddef.h>
+#include <string.h>
 
 /* Protocol version carried in HELLO's `proto` key. */
 #define TM_PROTO_VERSION 1
@@ -69,5 +75,93 @@
 #define TM_STEP_SPEC_DRAFT_TOKENS "spec_draft_tokens"
 #define TM_STEP_SPEC_ACCEPTED_TOKENS "spec_accepted_tokens"
 #define TM_STEP_SPEC_ACCEPTED_PER_POS "spec_accepted_per_pos"
+
+/* ---- HELLO rules --------------------------------------------------------
+ * Label names the daemon sets itself on some series; a HELLO label may not
+ * use them, nor any name starting with TM_RESERVED_LABEL_PREFIX. */
+#define TM_RESERVED_LABEL_PREFIX "__"
+#define TM_RESERVED_LABEL_NAMES                                            \
+  "model_name", "engine", "engine_family", "finished_reason", "position", \
+      "le", "quantile", "interval", "reason", "kind"
+#define TM_NUM_RESERVED_LABELS 10
+
+/* 1 when s[0, len) is well-formed UTF-8 (no overlong forms, no surrogates,
+ * nothing above U+10FFFF), else 0. Every HELLO string must be. O(len). */
+static inline int tm_proto_valid_utf8(const char* s, size_t len) {
+  const unsigned char* p = (const unsigned char*)s;
+  const unsigned char* end = p + len;
+  while (p < end) {
+    const unsigned char b = *p;
+    int n, i;
+    unsigned long cp;
+    if (b < 0x80) {
+      ++p;
+      continue;
+    }
+    if ((b & 0xe0) == 0xc0) {
+      n = 1;
+      cp = b & 0x1fu;
+    } else if ((b & 0xf0) == 0xe0) {
+      n = 2;
+      cp = b & 0x0fu;
+    } else if ((b & 0xf8) == 0xf0) {
+      n = 3;
+      cp = b & 0x07u;
+    } else {
+      return 0;
+    }
+    if (end - p <= n) return 0;
+    for (i = 1; i <= n; ++i) {
+      if ((p[i] & 0xc0) != 0x80) return 0;
+      cp = (cp << 6) | (p[i] & 0x3fu);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) ||
+        (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+      return 0;
+    }
+    p += n + 1;
+  }
+  return 1;
+}
+
+/* 1 when s[0, len) matches [a-zA-Z_][a-zA-Z0-9_]* (with allow_dash, also
+ * '-' after the first character: the HELLO `engine` rule), else 0. */
+static inline int tm_proto_valid_name(const char* s, size_t len,
+                                      int allow_dash) {
+  size_t i;
+  if (len == 0) return 0;
+  for (i = 0; i < len; ++i) {
+    const char c = s[i];
+    const int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                      c == '_';
+    const int digit = c >= '0' && c <= '9';
+    if (!alpha && !(i > 0 && (digit || (allow_dash && c == '-')))) return 0;
+  }
+  return 1;
+}
+
+/* 1 when s[0, len) is a label name a HELLO may not use (one the daemon
+ * sets, or one starting with TM_RESERVED_LABEL_PREFIX), else 0. */
+static inline int tm_proto_reserved_label(const char* s, size_t len) {
+  static const char* const kNames[TM_NUM_RESERVED_LABELS] = {
+      TM_RESERVED_LABEL_NAMES};
+  size_t i;
+  if (len >= 2 && s[0] == '_' && s[1] == '_') return 1;
+  for (i = 0; i < TM_NUM_RESERVED_LABELS; ++i) {
+    if (strlen(kNames[i]) == len && memcmp(kNames[i], s, len) == 0) return 1;
+  }
+  return 0;
+}
+
+/* 1 when (name, value) may be a HELLO label: a valid, unreserved name and
+ * two well-formed UTF-8 strings of at most TM_MAX_STRING_BYTES bytes. */
+static inline int tm_proto_valid_label(const char* name, size_t name_len,
+                                       const char* value, size_t value_len) {
+  return name_len <= TM_MAX_STRING_BYTES && value_len <= TM_MAX_STRING_BYTES &&
+         tm_proto_valid_name(name, name_len, 0) &&
+         !tm_proto_reserved_label(name, name_len) &&
+         tm_proto_valid_utf8(value, value_len);
+}
 
 #endif /* TOKENMETER_PROTOCOL_H_ */

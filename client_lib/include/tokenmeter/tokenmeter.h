@@ -88,7 +88,10 @@ TM_API void tm_options_free(tm_options* opts); /* NULL is a no-op */
 
 /* Every setter copies its arguments and returns TM_OK, or TM_E_INVALID
  * (leaving the option unchanged) for NULL or a value outside the rules.
- * Strings are NUL-terminated UTF-8, at most TM_MAX_STRING_BYTES bytes. */
+ * Strings are NUL-terminated, well-formed UTF-8 (checked: bytes that are
+ * not are TM_E_INVALID, as the daemon would refuse them), at most
+ * TM_MAX_STRING_BYTES bytes. O(length); any thread, one options object at a
+ * time. */
 
 /* Daemon socket. Default TM_DEFAULT_SOCKET_PATH. Must fit sun_path
  * (107 bytes). */
@@ -106,8 +109,10 @@ TM_API int tm_options_set_instance(tm_options* opts, const char* instance);
 TM_API int tm_options_set_scope(tm_options* opts, const char* scope);
 /* Adds a constant label. At most TM_MAX_HELLO_LABELS; names match
  * [a-zA-Z_][a-zA-Z0-9_]*, must not start with "__", must not repeat a label
- * already added nor one the daemon sets (model_name, engine, and the
- * series' own: finished_reason, position, le, quantile). */
+ * already added nor one the daemon sets (TM_RESERVED_LABEL_NAMES in
+ * protocol.h: model_name, engine, engine_family, finished_reason, position,
+ * le, quantile, interval, reason, kind). Exactly the labels the daemon
+ * accepts pass: tm_proto_valid_label() is the check both sides apply. */
 TM_API int tm_options_add_label(tm_options* opts, const char* name,
                                 const char* value);
 /* Events each thread's buffer holds while the daemon is slow or away. The

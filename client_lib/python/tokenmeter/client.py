@@ -264,8 +264,9 @@ class Client:
                     raise ValueError(
                         f"label {name!r}: at most {MAX_LABELS} labels; names "
                         "match [a-zA-Z_][a-zA-Z0-9_]*, do not start with __ "
-                        "and are not model_name, engine, finished_reason, "
-                        "position, le or quantile")
+                        "nor repeat one the daemon sets "
+                        "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h), "
+                        "values are at most 256 bytes of UTF-8")
             if buffer_capacity is not None:
                 apply(lib.tm_options_set_buffer_capacity,
                       _uint("buffer_capacity", buffer_capacity, 1024,
