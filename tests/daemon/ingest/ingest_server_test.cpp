@@ -1,0 +1,166 @@
+// IngestServer on a real libuv loop and a real Unix socket in a temp dir.
+// The test thread is the loop thread: it steps the loop with
+// uv_run(UV_RUN_NOWAIT) while it polls, so reading the registry needs no
+// lock. Clients are raw sockets writing bytes by hand from docs/protocol.md
+// (as in frame_decoder_test.cpp); what the server did is read back from the
+// rendered exposition text only. Every test ends with the server closed, the
+// loop run to completion and uv_loop_close() == 0.
+#include "daemon/ingest/ingest_server.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "testutil/frames.h"
+#include "testutil/poll.h"
+#include "testutil/socket.h"
+#include "testutil/temp_dir.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+using testutil::Bytes;
+using testutil::Cat;
+using testutil::PollUntil;
+using testutil::TestSocket;
+using testutil::TokensBatch;
+
+// The tracker's clock, and the events' timestamps: the daemon skips events
+// more than 1 s ahead of its clock or 1 h behind it.
+constexpr uint64_t kNowNs = 5'000'000'000'000;
+
+class FixedClock : public Clock {
+ public:
+  uint64_t NowNs() const override { return kNowNs; }
+};
+
+class IngestServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
+    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    loop_initialized_ = true;
+    Status s = Registry::Create(RegistryOptions(), &registry_);
+    ASSERT_TRUE(s.ok()) << s.message();
+    tracker_ = std::make_unique<Tracker>(*registry_, clock_, TrackerOptions());
+    server_ = std::make_unique<IngestServer>(&loop_, *registry_, *tracker_,
+                                             IngestOptions());
+    s = server_->Listen(path_);
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr && !closed_) CloseServer();
+    server_.reset();
+    if (loop_initialized_) {
+      EXPECT_EQ(uv_loop_close(&loop_), 0);
+    }
+  }
+
+  // Close(), then the loop runs until nothing is left on it (uv_run()
+  // returns 0: no active handle or request).
+  void CloseServer() {
+    closed_ = true;
+    bool done = false;
+    server_->Close([&done] { done = true; });
+    EXPECT_TRUE(
+        PollUntil([&] { return uv_run(&loop_, UV_RUN_NOWAIT) == 0 && done; }));
+  }
+
+  // Steps the loop until `cond` holds.
+  ::testing::AssertionResult RunUntil(const std::function<bool()>& cond) {
+    return PollUntil([&] {
+      uv_run(&loop_, UV_RUN_NOWAIT);
+      return cond();
+    });
+  }
+
+  std::string Exposition() const {
+    std::string out;
+    registry_->Render(ExpositionFormat::kText004, out);
+    return out;
+  }
+
+  // True when the exposition has the line `series value`.
+  bool Shows(const std::string& series, const std::string& value) const {
+    return ("\n" + Exposition()).find("\n" + series + " " + value + "\n") !=
+           std::string::npos;
+  }
+
+  testutil::TempDir dir_;
+  const std::string path_ = dir_.File("ingest.sock");
+  uv_loop_t loop_{};
+  bool loop_initialized_ = false;
+  FixedClock clock_;
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<Tracker> tracker_;
+  std::unique_ptr<IngestServer> server_;
+  bool closed_ = false;
+};
+
+constexpr char kGenerationTokens[] =
+    "vllm:generation_tokens_total{model_name=\"m\",engine=\"0\"}";
+constexpr char kConnections[] = "tokenmeter_ingest_connections";
+constexpr char kFrames[] = "tokenmeter_ingest_frames_total";
+constexpr char kTokensEvents[] =
+    "tokenmeter_ingest_events_total{kind=\"tokens\"}";
+constexpr char kInvalidMsgpackErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"invalid_msgpack\"}";
+
+TEST_F(IngestServerTest, AppliesHelloAndBatchFromARawClient) {
+  TestSocket client(AF_UNIX);
+  ASSERT_TRUE(client.ConnectUnix(path_));
+  ASSERT_TRUE(client.SendAll(
+      Cat({testutil::VllmHello(), TokensBatch(0, kNowNs, 7, 3)})));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kGenerationTokens, "3"); }))
+      << Exposition();
+  EXPECT_TRUE(Shows(kFrames, "2"));
+  EXPECT_TRUE(Shows(kTokensEvents, "1"));
+  EXPECT_TRUE(Shows(kConnections, "1"));
+  EXPECT_EQ(server_->connections(), 1u);
+  EXPECT_FALSE(client.SawEof());
+}
+
+TEST_F(IngestServerTest, BadFrameClosesOnlyThatConnectionAndIsCounted) {
+  TestSocket good(AF_UNIX);
+  TestSocket bad(AF_UNIX);
+  ASSERT_TRUE(good.ConnectUnix(path_));
+  ASSERT_TRUE(bad.ConnectUnix(path_));
+  ASSERT_TRUE(good.SendAll(testutil::VllmHello()));
+  ASSERT_TRUE(
+      bad.SendAll(Cat({testutil::VllmHello(), testutil::InvalidMsgpack()})));
+  ASSERT_TRUE(RunUntil([&] { return bad.SawEof(); }));
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 1; }));
+  EXPECT_TRUE(Shows(kInvalidMsgpackErrors, "1")) << Exposition();
+  EXPECT_TRUE(Shows(kConnections, "1"));
+  // The other connection still works.
+  ASSERT_TRUE(good.SendAll(TokensBatch(0, kNowNs, 7, 5)));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kGenerationTokens, "5"); }))
+      << Exposition();
+  EXPECT_FALSE(good.SawEof());
+}
+
+TEST_F(IngestServerTest, CloseAppliesWhatWasSentThenEndsEveryConnection) {
+  TestSocket client(AF_UNIX);
+  ASSERT_TRUE(client.ConnectUnix(path_));
+  ASSERT_TRUE(client.SendAll(testutil::VllmHello()));
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 1; }));
+  // Sent, but not yet read by the loop when Close() starts.
+  ASSERT_TRUE(client.SendAll(TokensBatch(0, kNowNs, 7, 4)));
+  CloseServer();
+  EXPECT_TRUE(Shows(kGenerationTokens, "4")) << Exposition();
+  EXPECT_TRUE(Shows(kConnections, "0"));
+  EXPECT_EQ(server_->connections(), 0u);
+  EXPECT_TRUE(client.SawEof());
+  struct stat st {};
+  EXPECT_NE(lstat(path_.c_str(), &st), 0) << path_ << " was not unlinked";
+  // TearDown checks uv_loop_close().
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
