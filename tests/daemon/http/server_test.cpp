@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -23,11 +24,14 @@
 #include <thread>
 #include <vector>
 
+#include "testutil/poll.h"
+
 namespace tokenmeter::daemon::http {
 namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+using testutil::PollUntil;
 
 constexpr int kReceiveTimeoutMs = 5000;
 const std::string kMetricsBody = "tokenmeter_up 1\n";
@@ -40,17 +44,6 @@ std::string BigBody() {
             std::to_string(i) + "\n";
   }
   return body;
-}
-
-// Polls `done` until it holds or `limit` passes.
-bool WaitFor(const std::function<bool()>& done,
-             milliseconds limit = milliseconds(5000)) {
-  auto deadline = Clock::now() + limit;
-  while (Clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return done();
 }
 
 // A blocking client socket with a receive timeout; closed on destruction.
@@ -171,6 +164,12 @@ class Client {
   }
 
   int fd() const { return fd_; }
+
+  // Bytes that have arrived and not been read yet (FIONREAD).
+  size_t Unread() const {
+    int n = 0;
+    return ioctl(fd_, FIONREAD, &n) == 0 ? size_t(n) : 0;
+  }
 
  private:
   bool Fill() {
@@ -328,7 +327,7 @@ TEST_F(HttpServerTest, GetReturnsBodyWithContentLength) {
   EXPECT_EQ(r.Header("content-type"),
             "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_FALSE(r.Has("transfer-encoding"));
-  EXPECT_TRUE(WaitFor([&] { return server_->requests_served() == 1; }));
+  EXPECT_TRUE(PollUntil([&] { return server_->requests_served() == 1; }));
 }
 
 TEST_F(HttpServerTest, KeepAliveServesTwoRequestsOnOneConnection) {
@@ -502,7 +501,7 @@ TEST_F(HttpServerTest, ConnectionCloseIsHonoured) {
   EXPECT_EQ(rest, "");
   // The server lingers until the peer closes too.
   client.Reset();
-  EXPECT_TRUE(WaitFor([&] { return server_->connections() == 0; }));
+  EXPECT_TRUE(PollUntil([&] { return server_->connections() == 0; }));
 }
 
 TEST_F(HttpServerTest, Http10ClosesUnlessKeepAliveAsked) {
@@ -572,7 +571,7 @@ TEST_F(HttpServerTest, GarbageIs400ThenClose) {
   EXPECT_EQ(r.Header("connection"), "close");
   EXPECT_TRUE(client.ReadUntilClosed());
   client.Reset();
-  EXPECT_TRUE(WaitFor([&] { return server_->connections() == 0; }));
+  EXPECT_TRUE(PollUntil([&] { return server_->connections() == 0; }));
 }
 
 TEST_F(HttpServerTest, HalfSentRequestDoesNotBlockOthers) {
@@ -609,7 +608,7 @@ TEST_F(HttpServerTest, HeaderTimeoutClosesSlowConnection) {
   EXPECT_LT(elapsed, milliseconds(4000));
   EXPECT_EQ(got.compare(0, 12, "HTTP/1.1 408"), 0) << got;
   slow.Reset();
-  EXPECT_TRUE(WaitFor([&] { return server_->connections() == 0; }));
+  EXPECT_TRUE(PollUntil([&] { return server_->connections() == 0; }));
   EXPECT_EQ(server_->protocol_errors(), 1u);
 }
 
@@ -639,7 +638,7 @@ TEST_F(HttpServerTest, IdleKeepAliveConnectionIsClosed) {
   ASSERT_TRUE(client.ReadUntilClosed(&rest));
   EXPECT_EQ(rest, "");
   EXPECT_GE(Clock::now() - start, milliseconds(100));
-  EXPECT_TRUE(WaitFor([&] { return server_->connections() == 0; }));
+  EXPECT_TRUE(PollUntil([&] { return server_->connections() == 0; }));
 }
 
 TEST_F(HttpServerTest, ConnectionsBeyondTheCapAreClosed) {
@@ -650,12 +649,12 @@ TEST_F(HttpServerTest, ConnectionsBeyondTheCapAreClosed) {
   Client c2;
   ASSERT_TRUE(c1.Connect(port_));
   ASSERT_TRUE(c2.Connect(port_));
-  ASSERT_TRUE(WaitFor([&] { return server_->connections() == 2; }));
+  ASSERT_TRUE(PollUntil([&] { return server_->connections() == 2; }));
 
   Client c3;
   ASSERT_TRUE(c3.Connect(port_));
   EXPECT_TRUE(c3.ReadUntilClosed());
-  EXPECT_TRUE(WaitFor([&] { return server_->connections_rejected() == 1; }));
+  EXPECT_TRUE(PollUntil([&] { return server_->connections_rejected() == 1; }));
 
   // The accepted ones still work.
   Client::Response r;
@@ -665,7 +664,7 @@ TEST_F(HttpServerTest, ConnectionsBeyondTheCapAreClosed) {
 
   // A freed slot is usable again.
   c2.Reset();
-  ASSERT_TRUE(WaitFor([&] { return server_->connections() == 1; }));
+  ASSERT_TRUE(PollUntil([&] { return server_->connections() == 1; }));
   Client c4;
   ASSERT_TRUE(c4.Connect(port_));
   ASSERT_TRUE(c4.Send(Get("/b")));
@@ -736,8 +735,9 @@ TEST_F(HttpServerTest, LargeResponseReachesASlowReader) {
   Client client;
   ASSERT_TRUE(client.Connect(port_));
   ASSERT_TRUE(client.Send(Get("/huge") + Get("/a")));
-  // Let the server fill the socket buffers before anything is read.
-  std::this_thread::sleep_for(milliseconds(50));
+  // Nothing is read until the response has begun to pile up unread (far
+  // less than the socket buffers hold, far less than the 8 MiB body).
+  ASSERT_TRUE(PollUntil([&] { return client.Unread() >= 32 * 1024; }));
   Client::Response r;
   ASSERT_TRUE(client.Read(&r));
   EXPECT_EQ(r.body.size(), size_t{8} << 20);
@@ -752,7 +752,7 @@ TEST_F(HttpServerTest, CloseEndsOpenConnections) {
   ASSERT_TRUE(idle.Connect(port_));
   ASSERT_TRUE(partial.Connect(port_));
   ASSERT_TRUE(partial.Send("GET /metr"));
-  ASSERT_TRUE(WaitFor([&] { return server_->connections() == 2; }));
+  ASSERT_TRUE(PollUntil([&] { return server_->connections() == 2; }));
   uv_async_send(&stop_);
   thread_.join();
   EXPECT_TRUE(idle.ReadUntilClosed());
