@@ -1,5 +1,8 @@
 // The sender thread's life with a daemon that is absent, appears late,
-// closes the connection, or stops reading; and tm_client_flush().
+// closes the connection, stops reading, or writes back; and
+// tm_client_flush().
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -246,6 +249,58 @@ TEST_F(ReconnectTest, ReconnectsToRestartedDaemon) {
   ASSERT_EQ(conns.size(), 1u);
   ASSERT_TRUE(IsWellFormed(conns[0]));
   EXPECT_EQ(CountsOf(EventsOf(conns[0])), (std::vector<uint64_t>{2, 3}));
+}
+
+// ---- the peer writes to the client -----------------------------------------
+
+using InboundBytesTest = ClientFixture;
+
+// User plus system CPU time of the whole process (every thread: the client's
+// sender, the test server, this one).
+std::chrono::microseconds ProcessCpu() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return std::chrono::seconds(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         std::chrono::microseconds(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+// Protocol 1.0: a client that did not ask for ACKs closes a connection that
+// sends it bytes and reconnects with backoff; it never spins on them.
+TEST_F(InboundBytesTest, ClosesReconnectsWithBackoffAndStaysIdle) {
+  StartServer();
+  server_->SetWriteJunk(true);
+  NewClient();
+  ASSERT_TRUE(server_->WaitUntil(
+      [](const TestServer::Connections& c) { return !c.empty(); }));
+  const Clock::time_point start = Clock::now();
+  const std::chrono::microseconds cpu_start = ProcessCpu();
+  // Seven connections are at least 10 + 20 + 40 + 80 + 160 + 320 ms of
+  // backoff apart: over half a second with a peer that never stops talking.
+  constexpr size_t kConns = 7;
+  const bool reconnected = server_->WaitUntil(
+      [](const TestServer::Connections& c) { return c.size() >= kConns; });
+  const auto cpu = ProcessCpu() - cpu_start;
+  const auto wall = std::chrono::duration_cast<std::chrono::microseconds>(
+      Clock::now() - start);
+  EXPECT_TRUE(reconnected);
+  EXPECT_GE(wall, milliseconds(600));
+  // Generous: the idle case is a few milliseconds; a sender that keeps
+  // reading takes most of a core.
+  EXPECT_LT(double(cpu.count()), 0.2 * double(wall.count()))
+      << "cpu " << cpu.count() << " us over " << wall.count() << " us";
+  EXPECT_GE(Stats()[TM_STAT_RECONNECTS], kConns - 1);
+
+  // A quiet peer again: events flow on the next connection.
+  server_->SetWriteJunk(false);
+  ASSERT_EQ(tm_tokens(client_, 10, 1, 1), TM_OK);
+  ASSERT_TRUE(WaitForEvents(1));
+  ASSERT_EQ(CloseClient(), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_GE(conns.size(), kConns);
+  for (const Connection& c : conns) {
+    ASSERT_FALSE(c.frames.empty());
+    EXPECT_TRUE(IsValidHello(c.frames[0].value));  // HELLO on every one
+  }
 }
 
 // ---- flush -----------------------------------------------------------------

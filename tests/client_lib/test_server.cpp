@@ -115,6 +115,14 @@ void TestServer::SetReading(bool reading) {
   Wake();
 }
 
+void TestServer::SetWriteJunk(bool junk) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    write_junk_ = junk;
+  }
+  Wake();
+}
+
 void TestServer::ReadFrom(size_t index) {
   uint8_t buf[64 * 1024];
   const ssize_t n = read(fds_[index], buf, sizeof buf);
@@ -146,12 +154,12 @@ void TestServer::Run() {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (stop_) return;
-      if (reading_) {
-        for (size_t i = 0; i < fds_.size(); ++i) {
-          if (fds_[i] < 0) continue;
-          pfds.push_back({fds_[i], POLLIN, 0});
-          index_of.push_back(i);
-        }
+      const short events =
+          short((reading_ ? POLLIN : 0) | (write_junk_ ? POLLOUT : 0));
+      for (size_t i = 0; events != 0 && i < fds_.size(); ++i) {
+        if (fds_[i] < 0) continue;
+        pfds.push_back({fds_[i], events, 0});
+        index_of.push_back(i);
       }
     }
     if (poll(pfds.data(), pfds.size(), -1) < 0) {
@@ -176,6 +184,11 @@ void TestServer::Run() {
     for (size_t i = 2; i < pfds.size(); ++i) {
       if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
         ReadFrom(index_of[i - 2]);
+      } else if (pfds[i].revents & POLLOUT) {
+        static const std::vector<uint8_t> junk(64 * 1024, 0xc1);
+        // Whatever the socket takes; a closed peer is EPIPE, ignored.
+        [[maybe_unused]] ssize_t w = send(pfds[i].fd, junk.data(), junk.size(),
+                                          MSG_NOSIGNAL | MSG_DONTWAIT);
       }
     }
   }

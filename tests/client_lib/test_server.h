@@ -79,6 +79,10 @@ class TestServer {
   void Drop(size_t index);
   // While false, the server stops reading (the client's socket fills up).
   void SetReading(bool reading);
+  // While true, the server writes junk (0xc1, a byte msgpack never uses) to
+  // every open connection whenever it can: a peer that talks back to a v1
+  // client, which never asked it to.
+  void SetWriteJunk(bool junk);
 
  private:
   void Run();
@@ -95,6 +99,7 @@ class TestServer {
   Connections conns_;
   std::vector<int> fds_;  // per connection; -1 once closed
   bool reading_ = true;
+  bool write_junk_ = false;
   bool stop_ = false;
 
   std::thread thread_;

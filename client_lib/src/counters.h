@@ -1,0 +1,28 @@
+// The counters behind tm_client_stats(). Owned by tm_client; the thread
+// registry and the sender borrow them. Relaxed atomics: each is a plain
+// count that stats readers may see slightly stale.
+#ifndef TOKENMETER_CLIENT_LIB_SRC_COUNTERS_H_
+#define TOKENMETER_CLIENT_LIB_SRC_COUNTERS_H_
+
+#include <atomic>
+#include <cstdint>
+
+namespace tokenmeter::client {
+
+struct ClientCounters {
+  // Written by the sender thread.
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> reconnects{0};
+  std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> connected{0};
+  std::atomic<uint64_t> connect_failures{0};
+  // Written by any producer thread (and, for dropped_extra, by the sender
+  // at close). Per-ring drops are counted in the rings themselves.
+  std::atomic<uint64_t> rejected{0};
+  std::atomic<uint64_t> dropped_extra{0};  // no slot, or unsent at close
+};
+
+}  // namespace tokenmeter::client
+
+#endif  // TOKENMETER_CLIENT_LIB_SRC_COUNTERS_H_

@@ -1,0 +1,349 @@
+#include "sender.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace tokenmeter::client {
+namespace {
+
+constexpr uint64_t kMs = 1000000;
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+}  // namespace
+
+Sender::Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
+               ThreadRegistry& registry, ClientCounters& counters)
+    : opts_(std::move(opts)),
+      transport_(std::move(transport)),
+      registry_(registry),
+      counters_(counters),
+      inbound_(kInboundReadBytes) {
+  batch_body_.Reserve(kBatchMaxBytes + 4096);
+}
+
+Sender::~Sender() {
+  Stop();
+  transport_->Close();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+int Sender::Start() {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return TM_E_SYSTEM;
+  try {
+    thread_ = std::thread([this] { Run(); });
+  } catch (...) {
+    return TM_E_SYSTEM;
+  }
+  return TM_OK;
+}
+
+void Sender::Wake() {
+  uint64_t one = 1;
+  // A full eventfd counter still wakes the reader; nothing to handle.
+  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
+}
+
+int Sender::Flush(uint32_t timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (closing_) return TM_E_INVALID;
+  const uint64_t ticket = ++flush_requested_;
+  Wake();
+  const bool done = cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] {
+    return flush_done_ >= ticket || sender_done_;
+  });
+  if (!done || flush_done_ < ticket) return TM_E_TIMEOUT;
+  return flush_result_;
+}
+
+uint64_t Sender::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopped_) return 0;
+    stopped_ = true;
+    closing_ = true;
+  }
+  Wake();
+  if (thread_.joinable()) thread_.join();
+  return close_dropped_;
+}
+
+uint64_t Sender::DroppedTotal() const {
+  return counters_.dropped_extra.load(std::memory_order_relaxed) +
+         registry_.RingDrops() +
+         counters_.rejected.load(std::memory_order_relaxed);
+}
+
+// ---- connection
+// --------------------------------------------------------------
+
+bool Sender::TryConnect(uint64_t now_ns) {
+  if (transport_->Connect(opts_.socket_path) == 0) {
+    OnConnected(now_ns);
+    return true;
+  }
+  counters_.connect_failures.fetch_add(1, std::memory_order_relaxed);
+  backoff_ns_ = std::clamp(backoff_ns_ * 2, kBackoffMinNs, kBackoffMaxNs);
+  next_attempt_ns_ = now_ns + backoff_ns_;
+  return false;
+}
+
+void Sender::OnConnected(uint64_t now_ns) {
+  connected_ = true;
+  counters_.connected.store(1, std::memory_order_relaxed);
+  if (ever_connected_) {
+    counters_.reconnects.fetch_add(1, std::memory_order_relaxed);
+  }
+  ever_connected_ = true;
+  connected_at_ns_ = now_ns;
+  seq_ = 0;
+  out_.Clear();
+  out_off_ = 0;
+  out_batch_events_ = 0;
+  EncodeHello(opts_.meta, &out_);
+}
+
+void Sender::Disconnect(uint64_t now_ns) {
+  transport_->Close();
+  connected_ = false;
+  counters_.connected.store(0, std::memory_order_relaxed);
+  // A batch that was not completely written stays in batch_body_ and is sent
+  // whole, with a fresh header, on the next connection: the daemon discards
+  // the truncated frame it saw.
+  out_.Clear();
+  out_off_ = 0;
+  out_batch_events_ = 0;
+  if (now_ns - connected_at_ns_ >= kStableConnectionNs) {
+    backoff_ns_ = kBackoffMinNs;
+  } else {
+    backoff_ns_ = std::clamp(backoff_ns_ * 2, kBackoffMinNs, kBackoffMaxNs);
+  }
+  next_attempt_ns_ = now_ns + backoff_ns_;
+}
+
+bool Sender::ReadInbound() {
+  for (int i = 0; i < kMaxReadsPerWake; ++i) {
+    const IoResult r = transport_->Read(inbound_.data(), inbound_.size());
+    switch (r.status) {
+      case IoResult::Status::kAgain:
+        return true;
+      case IoResult::Status::kOk:
+        if (!OnInbound(inbound_.data(), r.bytes)) return false;
+        break;
+      case IoResult::Status::kEof:
+      case IoResult::Status::kError:
+        return false;
+    }
+  }
+  return true;
+}
+
+bool Sender::OnInbound(const uint8_t* /*data*/, size_t /*n*/) {
+  // Protocol 1.0: this client sends no `ack` in HELLO, so the daemon must
+  // never write to it; bytes mean a peer we do not understand. Closing (and
+  // the backoff that follows) is what keeps a chatty peer from making this
+  // thread spin.
+  return false;
+}
+
+// ---- batches
+// -----------------------------------------------------------------
+
+bool Sender::FillBatch() {
+  const uint32_t n = registry_.size();
+  for (uint32_t i = 0; i < n; ++i) {
+    Ring& r = registry_.slot(i)->ring;
+    uint64_t head = r.head();
+    const uint64_t tail = r.tail();
+    while (head < tail) {
+      if (batch_events_ >= kBatchMaxEvents ||
+          batch_body_.size() >= kBatchMaxBytes) {
+        r.Release(head);
+        return true;
+      }
+      const uint64_t* rec = r.At(head);
+      head += HeaderWords(*rec);
+      if (HeaderKind(*rec) == kPadKind) continue;
+      EncodeEvent(rec, &batch_body_);
+      ++batch_events_;
+    }
+    r.Release(head);
+  }
+  return false;
+}
+
+void Sender::PrepareBatchFrame() {
+  // out_ holds at most a HELLO that is already queued; the batch frame
+  // follows it.
+  EncodeBatchHeader(seq_, DroppedTotal(), batch_events_, &out_);
+  out_.Append(batch_body_.data(), batch_body_.size());
+  out_batch_events_ = batch_events_;
+}
+
+bool Sender::WritePending() {
+  while (out_off_ < out_.size()) {
+    const IoResult w =
+        transport_->Write(out_.data() + out_off_, out_.size() - out_off_);
+    if (w.status == IoResult::Status::kAgain) return true;
+    if (w.status != IoResult::Status::kOk) return false;
+    out_off_ += w.bytes;
+    counters_.bytes.fetch_add(uint64_t(w.bytes), std::memory_order_relaxed);
+  }
+  // Everything queued reached the transport.
+  if (out_batch_events_ > 0) OnBatchWritten();
+  out_.Clear();
+  out_off_ = 0;
+  return true;
+}
+
+void Sender::OnBatchWritten() {
+  counters_.sent.fetch_add(out_batch_events_, std::memory_order_relaxed);
+  counters_.batches.fetch_add(1, std::memory_order_relaxed);
+  ++seq_;
+  batch_body_.Clear();
+  batch_events_ = 0;
+  out_batch_events_ = 0;
+}
+
+bool Sender::SendBatches(uint64_t now_ns) {
+  bool more = false;
+  for (;;) {
+    if (out_batch_events_ == 0) {
+      more = FillBatch();
+      if (batch_events_ > 0) PrepareBatchFrame();
+    } else {
+      // A batch left over from a full transport: once it is written, the
+      // rings may hold more than one flush interval's worth.
+      more = true;
+    }
+    if (out_.size() == 0) break;
+    if (!WritePending()) {
+      Disconnect(now_ns);
+      break;
+    }
+    if (out_.size() != 0) break;  // transport full; wait for POLLOUT
+    if (!more) break;
+  }
+  return more;
+}
+
+// ---- the thread
+// --------------------------------------------------------------
+
+void Sender::TakeRequests(uint64_t now_ns, bool* closing,
+                          uint64_t* close_deadline_ns, bool* flush_active) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (closing_ && !*closing) {
+    *closing = true;
+    *close_deadline_ns = now_ns + uint64_t{opts_.close_timeout_ms} * kMs;
+  }
+  if (flush_requested_ > flush_ticket_) {
+    flush_ticket_ = flush_requested_;
+    *flush_active = true;
+    const uint32_t n = registry_.size();
+    flush_targets_.assign(n, 0);
+    for (uint32_t i = 0; i < n; ++i) {
+      flush_targets_[i] = registry_.slot(i)->ring.tail();
+    }
+  }
+}
+
+bool Sender::FlushDone(int* result) const {
+  *result = TM_OK;
+  if (!connected_) {
+    *result = TM_E_DISCONNECTED;
+    return true;
+  }
+  if (out_.size() != 0 || batch_events_ != 0) return false;
+  for (size_t i = 0; i < flush_targets_.size(); ++i) {
+    if (registry_.slot(uint32_t(i))->ring.head() < flush_targets_[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Sender::Run() {
+  bool closing = false;
+  uint64_t close_deadline_ns = 0;
+  bool flush_active = false;
+  for (;;) {
+    const uint64_t now = NowNs();
+    TakeRequests(now, &closing, &close_deadline_ns, &flush_active);
+    registry_.RecycleOrphans();
+    if (!connected_ && now >= next_attempt_ns_) TryConnect(now);
+
+    const bool more = connected_ && SendBatches(now);
+
+    int result = TM_OK;
+    if (flush_active && FlushDone(&result)) {
+      flush_active = false;
+      std::lock_guard<std::mutex> l(mu_);
+      flush_done_ = flush_ticket_;
+      flush_result_ = result;
+      cv_.notify_all();
+    }
+
+    if (closing) {
+      const bool empty =
+          out_.size() == 0 && batch_events_ == 0 && registry_.RingsEmpty();
+      if (empty || now >= close_deadline_ns) break;
+    }
+
+    // Sleep until the flush interval, a reconnect attempt, a wake-up, the
+    // transport taking bytes again, or bytes (or a close) from the peer.
+    uint64_t wait_ns = uint64_t{opts_.flush_interval_ms} * kMs;
+    if (more && out_.size() == 0) wait_ns = 0;
+    if (!connected_) {
+      wait_ns = next_attempt_ns_ > now ? next_attempt_ns_ - now : 0;
+    }
+    if (closing) {
+      wait_ns = std::min<uint64_t>(wait_ns, 10 * kMs);
+      if (close_deadline_ns > now) {
+        wait_ns = std::min(wait_ns, close_deadline_ns - now);
+      }
+    }
+    pollfd pfd[2] = {{wake_fd_, POLLIN, 0}, {transport_->fd(), POLLIN, 0}};
+    if (connected_ && out_.size() != 0) pfd[1].events |= POLLOUT;
+    const int nfds = connected_ ? 2 : 1;
+    const int timeout_ms = int((wait_ns + kMs - 1) / kMs);
+    if (poll(pfd, nfds, timeout_ms) > 0) {
+      if (pfd[0].revents & POLLIN) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
+      }
+      if (nfds == 2 && (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+          !ReadInbound()) {
+        Disconnect(NowNs());
+      }
+    }
+  }
+
+  if (connected_ && out_.size() == 0) {
+    EncodeGoodbye(&out_);
+    WritePending();
+    transport_->Shutdown();
+  }
+  if (connected_) {
+    transport_->Close();
+    connected_ = false;
+    counters_.connected.store(0, std::memory_order_relaxed);
+  }
+  close_dropped_ = registry_.CountBufferedEvents() + batch_events_;
+  counters_.dropped_extra.fetch_add(close_dropped_, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> l(mu_);
+  sender_done_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace tokenmeter::client

@@ -1,0 +1,147 @@
+// The sender: one thread that drains the registry's rings into BATCH frames
+// and writes them to the daemon through a Transport. It owns the connection
+// (connect, backoff, HELLO, GOODBYE), the batching, and the flush and close
+// handshakes with the application's threads.
+//
+// Threads: Start(), Flush() and Stop() are called by application threads
+// (Flush() from any number of them at once); Run() and everything it calls
+// run on the sender thread, the only one that touches the transport and the
+// batch state.
+//
+// Delivery (protocol 1.0): a BATCH counts as sent once all of its bytes are
+// written. A BATCH that was only partly written when the connection broke is
+// sent again whole, with a fresh header, on the next connection (the daemon
+// discards the truncated frame). A replay buffer of unacked batches (1.1's
+// ACK) hooks in at OnConnected() (queue them after HELLO), OnBatchWritten()
+// (keep the frame until acked) and OnInbound() (decode ACKs).
+#ifndef TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
+#define TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "counters.h"
+#include "encoder.h"
+#include "thread_registry.h"
+#include "tokenmeter/tokenmeter.h"
+#include "transport.h"
+
+namespace tokenmeter::client {
+
+// Caps of one BATCH frame: it closes at whichever comes first.
+inline constexpr uint32_t kBatchMaxEvents = 4096;
+inline constexpr size_t kBatchMaxBytes = 256 * 1024;
+// Reconnect backoff: doubles on every failed attempt or short-lived
+// connection, from kBackoffMinNs up to kBackoffMaxNs; a connection that
+// lived kStableConnectionNs resets it.
+inline constexpr uint64_t kBackoffMinNs = 10'000'000;
+inline constexpr uint64_t kBackoffMaxNs = 1'000'000'000;
+inline constexpr uint64_t kStableConnectionNs = 1'000'000'000;
+// Inbound bytes are read this many at a time, at most kMaxReadsPerWake
+// times per wake-up (the next poll reports what is left).
+inline constexpr size_t kInboundReadBytes = 64 * 1024;
+inline constexpr int kMaxReadsPerWake = 16;
+
+struct SenderOptions {
+  std::string socket_path;
+  HelloMeta meta;
+  uint32_t flush_interval_ms = 20;
+  uint32_t close_timeout_ms = 1000;
+};
+
+class Sender {
+ public:
+  // Borrows `registry` and `counters` for its whole life; owns `transport`
+  // (non-null). Starts nothing.
+  Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
+         ThreadRegistry& registry, ClientCounters& counters);
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
+  // Stop() if it was not called.
+  ~Sender();
+
+  // Starts the sender thread. TM_OK, or TM_E_SYSTEM (no eventfd, no thread).
+  int Start();
+  // Waits up to `timeout_ms` until every event committed to any ring before
+  // the call has been written. TM_OK; TM_E_DISCONNECTED at once while there
+  // is no connection; TM_E_TIMEOUT; TM_E_INVALID once Stop() has begun.
+  int Flush(uint32_t timeout_ms);
+  // Sends what the rings hold (within close_timeout_ms), then GOODBYE, and
+  // joins the thread. Returns the number of events given up (also counted
+  // in counters.dropped_extra). Call once; later calls return 0.
+  uint64_t Stop();
+
+ private:
+  void Run();
+  void Wake();
+  // Application requests, taken under mu_ at the top of each round.
+  void TakeRequests(uint64_t now_ns, bool* closing, uint64_t* close_deadline_ns,
+                    bool* flush_active);
+  // True once the flush being served is complete (or cannot be).
+  bool FlushDone(int* result) const;
+
+  bool TryConnect(uint64_t now_ns);
+  void OnConnected(uint64_t now_ns);
+  void Disconnect(uint64_t now_ns);
+  // Builds and writes batches until the rings are empty or the transport
+  // is full. Returns true when more events may be waiting. Disconnects on
+  // a broken connection.
+  bool SendBatches(uint64_t now_ns);
+  // Drains the rings into batch_body_ until they are empty or the batch is
+  // full. Returns true when the batch filled up (more may be waiting).
+  bool FillBatch();
+  void PrepareBatchFrame();
+  // Writes as much of out_ as the transport takes. False on a broken
+  // connection.
+  bool WritePending();
+  void OnBatchWritten();
+  // Reads what the peer sent, in bulk, until kAgain. False when the
+  // connection must be closed (EOF, error, or bytes 1.0 forbids).
+  bool ReadInbound();
+  bool OnInbound(const uint8_t* data, size_t n);
+  // Dropped plus rejected events: what BATCH headers carry.
+  uint64_t DroppedTotal() const;
+
+  const SenderOptions opts_;
+  const std::unique_ptr<Transport> transport_;
+  ThreadRegistry& registry_;
+  ClientCounters& counters_;
+
+  // Flush and close requests (mu_ guards the non-atomic members).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t flush_requested_ = 0;
+  uint64_t flush_done_ = 0;
+  int flush_result_ = TM_OK;
+  bool closing_ = false;
+  bool sender_done_ = false;
+  bool stopped_ = false;
+  int wake_fd_ = -1;  // eventfd
+  std::thread thread_;
+
+  // Sender-thread state.
+  bool connected_ = false;
+  uint64_t seq_ = 0;
+  uint64_t connected_at_ns_ = 0;
+  uint64_t next_attempt_ns_ = 0;
+  uint64_t backoff_ns_ = 0;
+  bool ever_connected_ = false;
+  ByteBuffer batch_body_;  // events of the batch being built
+  uint32_t batch_events_ = 0;
+  ByteBuffer out_;  // bytes to write on this connection
+  size_t out_off_ = 0;
+  uint32_t out_batch_events_ = 0;        // events in out_ (0: no batch in out_)
+  std::vector<uint64_t> flush_targets_;  // per-slot tails a flush waits for
+  uint64_t flush_ticket_ = 0;
+  std::vector<uint8_t> inbound_;  // kInboundReadBytes
+  uint64_t close_dropped_ = 0;    // written by the sender before it exits
+};
+
+}  // namespace tokenmeter::client
+
+#endif  // TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
