@@ -9,30 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 namespace tokenmeter::testing {
-
-TempDir::TempDir() {
-  char templ[] = "/tmp/tmcl.XXXXXX";
-  if (mkdtemp(templ) != nullptr) path_ = templ;
-}
-
-TempDir::~TempDir() {
-  if (path_.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-bool PollUntil(const std::function<bool()>& cond,
-               std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (cond()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
 
 TestServer::TestServer(std::string path) : path_(std::move(path)) {
   if (pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {

@@ -14,28 +14,16 @@
 #include <vector>
 
 #include "msgpack_value.h"
+#include "testutil/poll.h"
+#include "testutil/temp_dir.h"
 
 namespace tokenmeter::testing {
 
-// Generous: success paths finish in milliseconds; this only bounds a failure
-// (and leaves room for sanitizer builds on a loaded machine).
-inline constexpr std::chrono::milliseconds kDeadline{5000};
+// How long WaitUntil() waits by default: the shared polling bound.
+inline constexpr std::chrono::milliseconds kDeadline = testutil::kPollTimeout;
 
-// A fresh directory under /tmp (short, so that socket paths fit sun_path),
-// removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir();
-
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+// A fresh directory under /tmp, removed on destruction (testutil/temp_dir.h).
+using testutil::TempDir;
 
 // What the server saw on one accepted connection.
 struct Connection {
@@ -47,9 +35,8 @@ struct Connection {
   bool dropped = false;        // the server closed it (Drop())
 };
 
-// Polls `cond` until it holds or `timeout` passes; true when it held.
-bool PollUntil(const std::function<bool()>& cond,
-               std::chrono::milliseconds timeout = kDeadline);
+// Polls a condition until it holds or a timeout passes (testutil/poll.h).
+using testutil::PollUntil;
 
 // Listens on a Unix stream socket at `path` from construction to
 // destruction. Accepts any number of connections; one thread reads them all.
