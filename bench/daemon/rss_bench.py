@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Resident memory of tokenmeterd: idle, and per tracked request.
 
-Starts the real tokenmeterd binary (temp ingest socket, --listen
-127.0.0.1:0, --log-interval 0), reads VmRSS from /proc/PID/status once it
+Starts the real tokenmeterd binary (tests/testutil: temp ingest socket,
+--listen 127.0.0.1:0, --log-interval 0), reads VmRSS from /proc/PID/status once it
 has been idle for --idle-wait seconds after start, then sends ARRIVED events
 for --requests distinct request ids that never finish (timestamps from
 time.monotonic_ns(), so they pass the daemon's clock check), waits until
@@ -18,19 +18,16 @@ Prints one line per run, then "RESULT key=value" lines (medians over runs).
 """
 import argparse
 import os
-import re
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 import uuid
 
 import msgpack
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
 
 BATCH = 4096
 
@@ -43,51 +40,15 @@ def vmrss_bytes(pid):
     raise RuntimeError("no VmRSS")
 
 
-def scrape(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                timeout=30) as r:
-        text = r.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            samples[key] = float(value)
-    return samples
-
-
-def poll_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def run_once(binary, requests, string_ids, idle_wait):
-    tmp = tempfile.mkdtemp(prefix="tm-rss-bench-", dir="/tmp")
-    sock_path = os.path.join(tmp, "i.sock")
-    log_path = os.path.join(tmp, "daemon.log")
-    log = open(log_path, "w+b")
-    proc = subprocess.Popen(
-        [binary, "--ingest", sock_path, "--listen", "127.0.0.1:0",
-         "--log-interval", "0"],
-        stdout=subprocess.DEVNULL, stderr=log)
+    d = tu.Daemon("--log-interval", "0", binary=binary,
+                  prefix="tm-rss-bench-")
     try:
-        def port():
-            if proc.poll() is not None:
-                raise RuntimeError("tokenmeterd exited: " +
-                                   open(log_path, "rb").read().decode())
-            m = re.search(rb"http port (\d+)", open(log_path, "rb").read())
-            return int(m.group(1)) if m else None
-        http_port = poll_until(port, 30, "tokenmeterd to start")
-        time.sleep(idle_wait)
-        idle = vmrss_bytes(proc.pid)
+        d.start()
+        time.sleep(idle_wait)  # the idle period measured
+        idle = vmrss_bytes(d.proc.pid)
 
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(sock_path)
+        s = d.connect()
         s.sendall(msgpack.packb(
             [0, {"proto": 1, "engine": "bench", "model": "m",
                  "instance": "0", "pid": os.getpid()}]))
@@ -102,35 +63,29 @@ def run_once(binary, requests, string_ids, idle_wait):
             seq += 1
 
         def all_tracked():
-            m = scrape(http_port)
-            return m if m.get("tokenmeter_tracked_requests") == requests \
-                else None
-        m = poll_until(all_tracked, 300, f"{requests} tracked requests")
-        time.sleep(0.5)
-        after = vmrss_bytes(proc.pid)
-        m = scrape(http_port)
+            return tu.scrape(d.port, timeout=30).value(
+                "tokenmeter_tracked_requests") == requests
+        tu.poll_until(all_tracked, 300, interval=0.05,
+                      what=f"{requests} tracked requests")
+        time.sleep(0.5)  # the allocator settles before the reading
+        after = vmrss_bytes(d.proc.pid)
+        m = tu.scrape(d.port, timeout=30)
         s.close()
 
-        errors = sum(v for k, v in m.items()
-                     if k.startswith("tokenmeter_ingest_errors_total"))
-        arrived = m.get('tokenmeter_ingest_events_total{kind="arrived"}')
-        evicted = m.get("tokenmeter_evicted_requests_total")
-        tracked = m.get("tokenmeter_tracked_requests")
+        errors = m.sum("tokenmeter_ingest_errors_total")
+        arrived = m.value("tokenmeter_ingest_events_total", kind="arrived")
+        evicted = m.value("tokenmeter_evicted_requests_total")
+        tracked = m.value("tokenmeter_tracked_requests")
         if errors or evicted or arrived != requests or tracked != requests:
             raise RuntimeError(
                 f"not every request tracked: arrived={arrived} "
                 f"tracked={tracked} errors={errors} evicted={evicted}")
         return idle, after
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            d.stop(timeout=30)
+        finally:
+            d.cleanup()
 
 
 def main():
@@ -168,6 +123,6 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except RuntimeError as e:
+    except (RuntimeError, AssertionError) as e:
         print(f"rss_bench: {e}", file=sys.stderr)
         sys.exit(1)

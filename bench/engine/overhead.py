@@ -27,14 +27,13 @@ docs/performance.md records the figures and the command.
 import argparse
 import json
 import os
-import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
 
 GOAL = 0.995
 
@@ -47,25 +46,6 @@ CPU_BOUND = [
     "--max-batch", "64", "--max-tokens-per-step", "1024",
     "--kv-blocks", "4096", "--block-size", "16", "--seed", "7", "--quiet",
 ]
-
-
-def start_daemon(binary, tmp):
-    sock = os.path.join(tmp, "ingest.sock")
-    log = open(os.path.join(tmp, "daemon.log"), "w+b")
-    proc = subprocess.Popen(
-        [binary, "--ingest", sock, "--listen", "127.0.0.1:0",
-         "--log-interval", "0"],
-        stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with open(log.name, "rb") as f:
-            if re.search(rb"http port (\d+)", f.read()):
-                return proc, sock, log
-        if proc.poll() is not None:
-            sys.exit("tokenmeterd exited at start")
-        time.sleep(0.02)
-    proc.kill()
-    sys.exit("tokenmeterd did not start")
 
 
 def cpu_seconds(pid):
@@ -98,9 +78,10 @@ def main():
             sys.exit(f"{path} not built (ninja -C {a.build})")
     args = a.engine_args or CPU_BOUND
 
-    tmp = tempfile.mkdtemp(prefix="tm-overhead-", dir="/tmp")
-    proc, sock, log = start_daemon(daemon, tmp)
-    report_path = os.path.join(tmp, "report.json")
+    d = tu.Daemon("--log-interval", "0", binary=daemon,
+                  prefix="tm-overhead-").start_or_exit()
+    proc, sock = d.proc, d.sock
+    report_path = os.path.join(d.dir, "report.json")
     without = args + ["--no-metrics"]
     with_metrics = without if a.aa else args + ["--metrics-socket", sock]
     print(f"engine: {' '.join(args)}")
@@ -139,10 +120,8 @@ def main():
                   f"{loop_ratio:>10.4f} {100 * sender:>8.3f} "
                   f"{ra['client_dropped_events']:>7}")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        d.stop()
+        d.cleanup()
 
     median = statistics.median(ratios)
     verdict = "PASS" if median >= GOAL else "MISS"

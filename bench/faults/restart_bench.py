@@ -31,13 +31,15 @@ import datetime
 import json
 import os
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
 
 ENGINE_ARGS = [
     "--backend", "cpu", "--model-size", "tiny", "--requests", "800",
@@ -54,37 +56,23 @@ def stamp_of(line):
     return datetime.datetime.strptime(line.decode(), "%Y-%m-%dT%H:%M:%S.%f")
 
 
-class DaemonProc:
-    def __init__(self, binary, directory):
-        self.binary = binary
-        self.sock = os.path.join(directory, "ingest.sock")
-        self.directory = directory
-        self.n = 0
-        self.proc = None
-        self.log_path = None
+class DaemonProc(tu.Daemon):
+    """tokenmeterd restarted on one socket path; each restart() appends to
+    the one log, and reconnect_delay() reads the latest start's part."""
 
-    def start(self):
-        self.log_path = os.path.join(self.directory, f"d{self.n}.log")
-        self.n += 1
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [self.binary, "--ingest", self.sock, "--listen",
-                 "127.0.0.1:0", "--log-interval", "0"],
-                stdout=subprocess.DEVNULL, stderr=log)
-        deadline = time.monotonic() + 10
-        while b" listening: " not in self.read():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit("tokenmeterd did not start:\n" +
-                         self.read().decode())
-            time.sleep(0.02)
+    def __init__(self, binary):
+        super().__init__("--log-interval", "0", binary=binary,
+                         prefix="tm-restart-")
+        self.log_from = 0
 
-    def read(self):
-        with open(self.log_path, "rb") as f:
-            return f.read()
+    def restart(self):
+        """Starts it (again), its log read from here on."""
+        self.log_from = len(self.read_log())
+        return self.start_or_exit()
 
     def reconnect_delay(self):
         """Seconds from this daemon's listening line to its first hello."""
-        log = self.read()
+        log = self.read_log()[self.log_from:]
         listen = re.search(STAMP + rb"\S+ tokenmeterd .* listening: ", log,
                            re.M)
         hello = re.search(STAMP + rb"\S+ ingest: .*: hello ", log, re.M)
@@ -93,24 +81,14 @@ class DaemonProc:
         return (stamp_of(hello.group(1)) -
                 stamp_of(listen.group(1))).total_seconds()
 
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=20)
-
 
 def run(engine, daemon_bin, kills, down, report_path):
     """One engine run; with kills > 0 the daemon is SIGKILLed and restarted
     that many times. Returns (tokens/s, report, reconnect delays)."""
-    tmp = tempfile.mkdtemp(prefix="tm-restart-", dir="/tmp")
-    d = DaemonProc(daemon_bin, tmp)
+    d = DaemonProc(daemon_bin)
     delays = []
     try:
-        d.start()
+        d.restart()
         proc = subprocess.Popen(
             [engine, *ENGINE_ARGS, "--metrics-socket", d.sock, "--report",
              report_path])
@@ -120,21 +98,21 @@ def run(engine, daemon_bin, kills, down, report_path):
                 break
             d.kill()
             time.sleep(down)
-            d.start()
+            d.restart()
             # The delay comes from the log's timestamps; this only waits
             # for the hello line, coarsely, to leave the CPUs to the engine.
-            deadline = time.monotonic() + 5
-            while (d.reconnect_delay() is None and proc.poll() is None and
-                   time.monotonic() < deadline):
-                time.sleep(0.1)
+            try:
+                tu.poll_until(lambda: d.reconnect_delay() is not None or
+                              proc.poll() is not None, timeout=5,
+                              interval=0.1, what="the engine's hello")
+            except AssertionError:
+                pass  # reported as an unknown delay
             delays.append(d.reconnect_delay())
         if proc.wait(timeout=300) != 0:
             sys.exit("engine failed")
         d.stop()
     finally:
-        if d.proc and d.proc.poll() is None:
-            d.proc.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        d.cleanup()
     with open(report_path) as f:
         report = json.load(f)
     return report["output_tokens_per_s"], report, delays

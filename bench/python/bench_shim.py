@@ -53,6 +53,10 @@ from array import array
 
 import tokenmeter
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+
 BUFFER_EVENTS = 1 << 17
 CHUNK_EVENTS = 16384  # appended between two flushes; well under the buffer
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -222,11 +226,8 @@ def main():
     try:
         c = tokenmeter.Client(socket_path=sock, engine="bench", model="m",
                               buffer_capacity=BUFFER_EVENTS)
-        deadline = time.monotonic() + 10
-        while not c.stats().connected:
-            if time.monotonic() > deadline:
-                raise SystemExit("the client never connected to the sink")
-            time.sleep(0.01)
+        tu.poll_until(lambda: c.stats().connected, timeout=10, interval=0.01,
+                      what="the client connected to the sink")
         c.attach_thread()
         hist = Histogram("ttft_seconds", "TTFT", ["model_name", "engine"],
                          buckets=TTFT_BUCKETS,

@@ -27,15 +27,13 @@ import argparse
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
 
 
 def vm_rss_kib(pid):
@@ -53,15 +51,15 @@ def cpu_seconds(pid):
 
 
 def scrape(port):
+    """(status, seconds the answer took, {name: sum over its samples},
+    body bytes)."""
     t0 = time.monotonic()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                timeout=10) as r:
-        status, body = r.status, r.read().decode()
+    status, _, body = tu.http_get("127.0.0.1", port)
     elapsed = time.monotonic() - t0
+    samples = tu.parse(body.decode())
     values = {}
-    for fam in text_string_to_metric_families(body):
-        for s in fam.samples:
-            values[s.name] = values.get(s.name, 0) + s.value
+    for (name, _), v in samples.items():
+        values[name] = values.get(name, 0) + v
     return status, elapsed, values, len(body)
 
 
@@ -80,21 +78,9 @@ def main():
         if not os.access(b, os.X_OK):
             sys.exit(f"{b} is not built (meson compile -C {args.build})")
 
-    tmp = tempfile.mkdtemp(prefix="tm-soak-", dir="/tmp")
-    sock = os.path.join(tmp, "ingest.sock")
-    log_path = os.path.join(tmp, "daemon.log")
-    log = open(log_path, "wb")
-    daemon = subprocess.Popen(
-        [daemon_bin, "--ingest", sock, "--listen", "127.0.0.1:0",
-         "--log-interval", "10"], stdout=subprocess.DEVNULL, stderr=log)
-    port = None
-    deadline = time.monotonic() + 10
-    while port is None:
-        m = re.search(rb"http port (\d+)", open(log_path, "rb").read())
-        port = int(m.group(1)) if m else None
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            sys.exit("tokenmeterd did not start")
-        time.sleep(0.02)
+    d = tu.Daemon("--log-interval", "10", binary=daemon_bin,
+                  prefix="tm-soak-").start_or_exit()
+    daemon, sock, port = d.proc, d.sock, d.port
 
     print(f"soak: {args.rate:,.0f} events/s for {args.duration:.0f} s, "
           f"{args.threads} producer threads; daemon {daemon_bin}; load "
@@ -144,27 +130,23 @@ def main():
         if loadgen.returncode != 0:
             sys.exit("loadgen failed: " + err.decode())
         gen = json.loads(out)
-        # Let the daemon apply the tail, then stop it and read its total.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            _, _, v, _ = scrape(port)
-            if v.get("tokenmeter_ingest_events_total", 0) >= \
-                    gen["events_sent"]:
-                break
-            time.sleep(0.1)
-        daemon.send_signal(signal.SIGTERM)
-        rc = daemon.wait(timeout=30)
-        log.close()
-        m = re.search(rb"stopped: (\d+) events applied",
-                      open(log_path, "rb").read())
+        # Let the daemon apply the tail, then stop it and read its total
+        # (a shortfall is reported by the checks below).
+        try:
+            tu.poll_until(lambda: scrape(port)[2].get(
+                "tokenmeter_ingest_events_total", 0) >= gen["events_sent"],
+                timeout=30, interval=0.1, what="the tail applied")
+        except AssertionError:
+            pass
+        rc = d.stop(timeout=30)
+        log = d.read_log()
+        m = re.search(rb"stopped: (\d+) events applied", log)
         applied = int(m.group(1)) if m else -1
-        summaries = len(re.findall(rb"Avg prompt throughput",
-                                   open(log_path, "rb").read()))
+        summaries = len(re.findall(rb"Avg prompt throughput", log))
     finally:
-        for p in (loadgen, daemon):
-            if p.poll() is None:
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if loadgen.poll() is None:
+            loadgen.kill()
+        d.cleanup()
 
     if args.json:
         with open(args.json, "w") as f:

@@ -12,8 +12,11 @@ import sys
 import time
 import unittest
 
-import harness
-from harness import Daemon, batch, frame, hello, poll_until, wait_closed
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import (  # noqa: E402
+    Daemon, batch, hello, poll_until, wait_closed)
 
 MS = 1_000_000
 
@@ -265,7 +268,7 @@ class Lifecycle(unittest.TestCase):
         s.close()
 
     def run_daemon(self, *args):
-        r = subprocess.run([harness.DAEMON, *args], capture_output=True,
+        r = subprocess.run([tu.DAEMON, *args], capture_output=True,
                            timeout=20)
         return r.returncode, r.stderr.decode()
 
@@ -303,6 +306,53 @@ class Lifecycle(unittest.TestCase):
         taken.close()
         self.assertNotEqual(rc, 0)
         self.assertIn(str(port), err)
+
+    def test_ready_line_names_the_bound_port_and_the_socket(self):
+        # Port 0 on the command line: the line has the port bound.
+        with Daemon("--log-interval", "0") as d:
+            self.assertRegex(d.ready_line,
+                             r"^ready http=127\.0\.0\.1:[1-9][0-9]* ingest=")
+            self.assertEqual(d.ready_line, f"ready http=127.0.0.1:{d.port} "
+                             f"ingest={os.path.join(d.dir, 'i.sock')}")
+            self.assertEqual(d.get("/healthz")[2], b"ok\n")
+            d.connect().close()
+        # Every interface: HOST empty, as --listen spells it.
+        with Daemon("--log-interval", "0", listen=":0") as d:
+            self.assertRegex(d.ready_line, r"^ready http=:[1-9][0-9]* ")
+            self.assertEqual(d.get("/healthz")[0], 200)
+
+    def test_ready_fd_from_the_config_file(self):
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        conf = os.path.join(d.dir, "tokenmeterd.conf")
+        with open(conf, "w") as f:
+            f.write("ready-fd = 1\nlog-interval = 0\n")
+        r = subprocess.Popen([tu.DAEMON, "--config", conf, "--ingest", d.sock,
+                              "--listen", "127.0.0.1:0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = r.stdout.readline().decode()
+        self.assertRegex(line, rf"^ready http=127\.0\.0\.1:\d+ "
+                               rf"ingest={d.sock}\n$")
+        self.assertEqual(r.stdout.read(), b"")  # the fd was closed
+        r.terminate()
+        self.assertEqual(r.wait(timeout=20), 0)
+        r.stdout.close()
+        r.stderr.close()
+
+    def test_bad_ready_fd_is_a_one_line_start_up_error(self):
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        for fd, why in (("77", "not an open file descriptor"),
+                        ("0", "not open for writing")):
+            with open(os.devnull, "rb") as null:
+                r = subprocess.run(
+                    [tu.DAEMON, "--ingest", d.sock, "--listen", "127.0.0.1:0",
+                     "--ready-fd", fd], stdin=null, capture_output=True,
+                    timeout=20)
+            err = r.stderr.decode()
+            self.assertEqual(r.returncode, 2, err)
+            self.assertEqual(err, f"tokenmeterd: --ready-fd: {fd} is {why}\n")
+            self.assertFalse(os.path.exists(d.sock))
 
     def test_ingest_path_too_long(self):
         rc, err = self.run_daemon("--ingest", "/tmp/" + "x" * 200,
@@ -355,9 +405,9 @@ class ClientLibrary(unittest.TestCase):
 
 class VllmDashboard(unittest.TestCase):
     def test_every_metric_the_vllm_dashboard_queries_exists(self):
-        exprs = os.environ.get("VLLM_EXPRS")
-        if not exprs or not os.path.exists(exprs):
-            self.skipTest("shared/peers/vllm/grafana-exprs.txt not found")
+        exprs = tu.need_path(
+            os.path.join(tu.peers_dir(), "vllm", "grafana-exprs.txt"),
+            "vLLM's dashboard expressions")
         import re
         names = set()
         with open(exprs) as f:
@@ -376,5 +426,5 @@ class VllmDashboard(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    harness.DAEMON = os.path.abspath(sys.argv.pop(1))
-    unittest.main(verbosity=2)
+    tu.DAEMON = os.path.abspath(sys.argv.pop(1))
+    tu.main()

@@ -6,16 +6,19 @@ histogram's _count and _sum must equal the engine's own --report figures
 counters, finish reasons, preemptions and prefix-cache counters. Then the
 same run with no daemon: the engine finishes and reports drops.
 
-Environment: TOKENMETERD, TOKENMETER_ENGINE (paths of the built binaries),
-PYTHONPATH including tests/e2e (harness.py).
+Environment: TOKENMETERD, TOKENMETER_ENGINE (paths of the built binaries).
 """
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import unittest
 
-from harness import Daemon, poll_until
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import Daemon, poll_until  # noqa: E402
 
 ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 NS = "tokenmeter_engine"
@@ -81,8 +84,7 @@ class EngineAgainstDaemon(unittest.TestCase):
         # Every event the client counted as written was applied (the
         # engine has exited, so its close has sent everything).
         def applied():
-            return sum(v for (name, _), v in d.samples().items()
-                       if name == "tokenmeter_ingest_events_total")
+            return d.samples().sum("tokenmeter_ingest_events_total")
         self.assertGreater(report["client_events_sent"], 0)
         poll_until(lambda: applied() == report["client_events_sent"],
                    what="client_events_sent events applied")
@@ -151,4 +153,4 @@ class EngineWithoutDaemon(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    tu.main()

@@ -19,7 +19,7 @@ deliver to the new daemon; what was in the dead daemon's socket buffer
 is lost, which this test only bounds. Throughput and reconnect time are
 measured by bench/faults/restart_bench.py, not asserted here.
 
-Environment: TOKENMETERD, TOKENMETER_ENGINE, PYTHONPATH with tests/e2e.
+Environment: TOKENMETERD, TOKENMETER_ENGINE, TOKENMETER_LOADGEN.
 """
 import json
 import os
@@ -34,10 +34,11 @@ import threading
 import time
 import unittest
 
-from harness import Daemon, batch, hello, poll_until
-from prometheus_client.parser import text_string_to_metric_families
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import Daemon, batch, hello, poll_until  # noqa: E402
 
-DAEMON = os.environ.get("TOKENMETERD", "")
 ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 LOADGEN = os.environ.get("TOKENMETER_LOADGEN", "")
 
@@ -81,7 +82,8 @@ class HeldSockets:
         self.http.listen(64)
         self.port = self.http.getsockname()[1]
 
-    def spawn(self, log):
+    def daemon(self):
+        """A Daemon (not started) that gets these listeners as LISTEN_FDS."""
         ingest, http = self.ingest.fileno(), self.http.fileno()
 
         def to_3_and_4():
@@ -90,23 +92,18 @@ class HeldSockets:
             a, b = os.dup(ingest), os.dup(http)
             os.dup2(a, 3)
             os.dup2(b, 4)
-        env = dict(os.environ, LISTEN_FDS="2", LISTEN_FDNAMES="ingest:http")
         # LISTEN_PID must be the daemon's pid: the shell sets it to its own
         # and then becomes the daemon.
-        return subprocess.Popen(
-            ["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$0" "$@"', DAEMON,
-             "--log-interval", "0"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log,
-            preexec_fn=to_3_and_4, pass_fds=(ingest, http))
+        return Daemon(
+            "--log-interval", "0", ingest=None, listen=None,
+            launcher=["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$0" "$@"'],
+            env={"LISTEN_FDS": "2", "LISTEN_FDNAMES": "ingest:http"},
+            preexec_fn=to_3_and_4, pass_fds=(ingest, http),
+            prefix="tm-faults-")
 
     def close(self):
         self.ingest.close()
         self.http.close()
-
-
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
 
 
 class GracefulRestart(unittest.TestCase):
@@ -117,64 +114,45 @@ class GracefulRestart(unittest.TestCase):
         self.addCleanup(self.held.close)
         self.daemons = []
 
-        def kill_all():
-            for p, _ in self.daemons:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        self.addCleanup(kill_all)
-
     def start_daemon(self):
-        log_path = os.path.join(self.dir, f"daemon{len(self.daemons)}.log")
-        with open(log_path, "wb") as log:
-            proc = self.held.spawn(log)
-        self.daemons.append((proc, log_path))
+        d = self.held.daemon()
+        self.addCleanup(d.cleanup)
+        self.daemons.append(d)
+        d.start()
+        # Its ready line reports the sockets it inherited.
+        self.assertEqual(d.ready_line, f"ready http=127.0.0.1:"
+                         f"{self.held.port} ingest={self.held.path}")
+        self.assertIn(b"(inherited socket)", d.read_log())
+        return d
 
-        def ready():
-            if proc.poll() is not None:
-                raise AssertionError("daemon exited: " +
-                                     read(log_path).decode())
-            return b"(inherited socket)" in read(log_path)
-        poll_until(ready, what="daemon on the held sockets")
-        return proc, log_path
-
-    def stop_daemon(self, proc, log_path, backlog_s=0):
+    def stop_daemon(self, d, backlog_s=0):
         if backlog_s:
             # Freeze the daemon first so that unread batches pile up in its
             # sockets (and the client's writes block half-way): the stop
             # then has to read all that was written before it, and make
             # the client send again whatever it had not finished writing.
-            proc.send_signal(signal.SIGSTOP)
-            time.sleep(backlog_s)
-            proc.send_signal(signal.SIGTERM)
-            proc.send_signal(signal.SIGCONT)
+            d.signal(signal.SIGSTOP)
+            time.sleep(backlog_s)  # the freeze itself
+            d.signal(signal.SIGTERM)
+            d.signal(signal.SIGCONT)
+            rc = d.wait()
         else:
-            proc.send_signal(signal.SIGTERM)
-        self.assertEqual(proc.wait(timeout=20), 0)
-        m = STOPPED.search(read(log_path))
-        self.assertIsNotNone(m, read(log_path).decode())
+            rc = d.stop()
+        self.assertEqual(rc, 0)
+        m = STOPPED.search(d.read_log())
+        self.assertIsNotNone(m, d.read_log().decode())
         return int(m.group(1))
 
     def scrape(self, name, **labels):
         """The sum of the samples of `name` whose labels include `labels`."""
-        with socket.create_connection(("127.0.0.1", self.held.port),
-                                      timeout=5) as c:
-            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
-                      b"Connection: close\r\n\r\n")
-            data = b""
-            while chunk := c.recv(65536):
-                data += chunk
-        body = data.split(b"\r\n\r\n", 1)[1].decode()
-        return sum(s.value for f in text_string_to_metric_families(body)
-                   for s in f.samples
-                   if s.name == name and labels.items() <= s.labels.items())
+        return tu.scrape(self.held.port).sum(name, **labels)
 
     def restart_under_load(self, client, restarts):
         """Starts a daemon, then `client` (a Popen reporting to the held
         socket), restarts the daemon `restarts` times with SIGTERM while
         the client runs, waits for the client to end; returns the events
         each daemon applied, in order, and the client's stdout."""
-        proc, log_path = self.start_daemon()
+        d = self.start_daemon()
         client_proc = client()
         applied = []
         for _ in range(restarts):
@@ -183,13 +161,13 @@ class GracefulRestart(unittest.TestCase):
             before = self.scrape("tokenmeter_ingest_events_total")
             poll_until(lambda: self.scrape("tokenmeter_ingest_events_total")
                        > before, timeout=30, what="events reaching the daemon")
-            time.sleep(0.3)
+            time.sleep(0.3)  # a stretch of the live stream before the cut
             self.assertIsNone(client_proc.poll(), "the client ended too soon")
-            applied.append(self.stop_daemon(proc, log_path, backlog_s=0.3))
-            proc, log_path = self.start_daemon()
+            applied.append(self.stop_daemon(d, backlog_s=0.3))
+            d = self.start_daemon()
         out, err = client_proc.communicate(timeout=120)
         self.assertEqual(client_proc.returncode, 0, err.decode())
-        return applied, (proc, log_path), out
+        return applied, d, out
 
     def finish(self, applied, last, sent):
         # The client has closed (everything written): wait until the last
@@ -200,12 +178,12 @@ class GracefulRestart(unittest.TestCase):
                 what="the last events applied")
         except AssertionError:
             pass  # events lost: the comparison below says how many
-        applied.append(self.stop_daemon(*last))
+        applied.append(self.stop_daemon(last))
         self.assertTrue(all(n > 0 for n in applied), applied)
         self.assertEqual(sum(applied), sent,
                          f"applied per daemon {applied}, sent {sent}")
-        for p, path in self.daemons:
-            self.assertEqual(p.returncode, 0, read(path).decode())
+        for d in self.daemons:
+            self.assertEqual(d.proc.returncode, 0, d.read_log().decode())
 
     def test_engine_across_two_sigterm_restarts_loses_nothing(self):
         report_path = os.path.join(self.dir, "report.json")
@@ -265,11 +243,13 @@ class StopRace(unittest.TestCase):
             writer.start()
             poll_until(lambda: (d.value("tokenmeter_ingest_frames_total")
                                 or 0) > 100, what="frames flowing")
-            d.proc.send_signal(signal.SIGSTOP)
-            time.sleep(0.3)  # the writer fills the socket and blocks
-            d.proc.send_signal(signal.SIGTERM)
-            d.proc.send_signal(signal.SIGCONT)
-            rc = d.proc.wait(timeout=20)
+            d.signal(signal.SIGSTOP)
+            # The freeze itself: long enough for the writer to fill the
+            # socket and block half-way through a frame.
+            time.sleep(0.3)
+            d.signal(signal.SIGTERM)
+            d.signal(signal.SIGCONT)
+            rc = d.wait()
             stop.set()
             writer.join(timeout=20)
             s.close()
@@ -289,14 +269,12 @@ class KillRestart(unittest.TestCase):
         engine = start_engine(d.sock, report_path)
         poll_until(lambda: (d.value("tokenmeter_ingest_connections") or 0)
                    == 1, timeout=30, what="the engine connected")
-        time.sleep(0.3)
-        d.proc.kill()
-        d.proc.wait()
-        d.log.close()
+        time.sleep(0.3)  # events flow for a while, then the crash
+        d.kill()
         # The socket file is left behind, as after a crash; the new daemon
         # replaces it (no process listens on it).
         self.assertTrue(os.path.exists(d.sock))
-        time.sleep(0.5)
+        time.sleep(0.5)  # the pause without a daemon
         self.assertIsNone(engine.poll(), "the engine ended too soon")
         d.start()
         poll_until(lambda: (d.value("tokenmeter_ingest_connections") or 0)
@@ -314,4 +292,4 @@ class KillRestart(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1] + sys.argv[1:], verbosity=2)
+    tu.main()

@@ -9,7 +9,6 @@ Usage: access_test.py TOKENMETERD [unittest args]
 """
 import grp
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -18,9 +17,10 @@ import tempfile
 import time
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
-import harness  # noqa: E402
-from harness import Daemon, batch, hello, wait_closed  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import Daemon, batch, hello, wait_closed  # noqa: E402
 
 UID = os.getuid()
 GID = os.getgid()
@@ -132,7 +132,7 @@ class IngestGroup(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="tm-acc-", dir="/tmp")
         self.addCleanup(shutil.rmtree, tmp, True)
         sock = os.path.join(tmp, "i.sock")
-        cmd = [harness.DAEMON, "--ingest", sock, "--listen", "127.0.0.1:0",
+        cmd = [tu.DAEMON, "--ingest", sock, "--listen", "127.0.0.1:0",
                "--log-interval", "0", *args]
         if user is not None:
             os.chmod(tmp, 0o777)
@@ -159,5 +159,5 @@ class IngestGroup(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    harness.DAEMON = os.path.abspath(sys.argv.pop(1))
-    unittest.main(verbosity=2)
+    tu.DAEMON = os.path.abspath(sys.argv.pop(1))
+    tu.main()

@@ -25,9 +25,11 @@ import warnings
 
 import msgpack
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
-import harness  # noqa: E402
-from harness import Daemon, batch, frame, hello, poll_until, wait_closed  # noqa: E402,E501
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import (  # noqa: E402
+    Daemon, batch, frame, hello, poll_until, wait_closed)
 
 PID = os.getpid()
 SEC = 1_000_000_000
@@ -630,7 +632,17 @@ class HostileHttp(Base):
                 s.sendall(b"GET /metrics HTTP/1.1\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # over the cap: closed at accept
-        time.sleep(0.2)
+        # Wait until those past the cap have been closed at accept (a
+        # scrape now would be refused too): seen from this end.
+        def refused(s):
+            try:
+                return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:  # reset
+                return True
+        poll_until(lambda: sum(map(refused, held)) >= 8,
+                   what="8 connections over the cap refused")
         for s in held:
             s.close()
         def healthy():
@@ -652,7 +664,7 @@ class HostileHttp(Base):
 
 
 if __name__ == "__main__":
-    harness.DAEMON = os.path.abspath(sys.argv.pop(1))
+    tu.DAEMON = os.path.abspath(sys.argv.pop(1))
     # Sockets the daemon closed on us are left to the garbage collector.
     warnings.simplefilter("ignore", ResourceWarning)
-    unittest.main(verbosity=2)
+    tu.main()

@@ -19,8 +19,10 @@ API, every query must succeed and return data:
   rule, recording or alerting, loaded and evaluated without error;
 * the alerts whose conditions the feeds create (ingest errors, client
   drops, KV cache near full, daemon down);
-* every expression of vLLM's dashboard (shared/peers/vllm/grafana-exprs.txt)
-  and of LMDeploy's (shared/peers/lmdeploy/lmdeploy-dashboard.json, through
+* (class PeerDashboards, its own meson test, skipped without the peers
+  directory beside the repository) every expression of vLLM's dashboard
+  (shared/peers/vllm/grafana-exprs.txt) and of LMDeploy's
+  (shared/peers/lmdeploy/lmdeploy-dashboard.json, through
   docs/prometheus/lmdeploy-compat.rules.yml);
 * the federation matchers of docs/prometheus/global.yml.
 
@@ -49,13 +51,17 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from sim_engine import SimEngine  # noqa: E402
+
 SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
                      os.path.dirname(os.path.dirname(HERE)))
 PROMETHEUS = os.environ.get("PROMETHEUS", "/usr/bin/prometheus")
 DAEMON = os.environ.get("TOKENMETERD", "")
 ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
-PEERS = os.environ.get("PEERS_DIR",
-                       os.path.join(SRC, "..", "shared", "peers"))
+PEERS = tu.peers_dir()
 DOCS_PROM = os.path.join(SRC, "docs", "prometheus")
 DASHBOARD = os.path.join(SRC, "docs", "grafana", "tokenmeter.json")
 
@@ -67,9 +73,6 @@ BUILTINS = {"__rate_interval": "15s", "__interval": "5s", "__range": "1m"}
 VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 LMDEPLOY_MODEL = "internlm/internlm2_5-7b-chat"
 NAMESPACES = {"tokenmeter_engine", "vllm", "lmdeploy"}
-
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(SRC, "tests", "e2e"))
 
 
 def prometheus_regular_escape(v):
@@ -129,8 +132,6 @@ class Env:
     """Daemons, feeds and Prometheus for the whole test class."""
 
     def __init__(self):
-        import harness
-        from sim_engine import SimEngine
         self.dir = tempfile.mkdtemp(prefix="tm-mon-", dir="/tmp")
         self.procs = []
         self.sims = []
@@ -138,7 +139,7 @@ class Env:
         self.prom = None
         self.uses_engine = bool(ENGINE) and os.access(ENGINE, os.X_OK)
         for _ in range(2):
-            d = harness.Daemon("--log-interval", "0", binary=DAEMON)
+            d = tu.Daemon("--log-interval", "0", binary=DAEMON)
             self.daemons.append(d)
             d.start()
         a, b = self.daemons
@@ -218,20 +219,20 @@ class Env:
             return ""
 
     def wait_prometheus_ready(self, timeout=30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """True once /-/ready answers 200; False if Prometheus exits (e.g.
+        its port was taken)."""
+        def ready():
             if self.prom.poll() is not None:
-                return False
+                return "exited"
             try:
                 with urllib.request.urlopen(
                         f"http://127.0.0.1:{self.prom_port}/-/ready",
                         timeout=2) as r:
-                    if r.status == 200:
-                        return True
+                    return "ready" if r.status == 200 else None
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        return False
+                return None
+        return tu.poll_until(ready, timeout=timeout, interval=0.1,
+                             what="prometheus /-/ready") == "ready"
 
     def api(self, path, params=None, post=True):
         url = f"http://127.0.0.1:{self.prom_port}{path}"
@@ -273,17 +274,19 @@ class Env:
 
 
 def poll(what, predicate, timeout=60, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last is True:
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}: {last}")
+    """Until predicate returns True (anything else is what is missing)."""
+    last = []
+
+    def done():
+        last[:] = [predicate()]
+        return last[0] is True
+    tu.poll_until(done, timeout=timeout, interval=interval,
+                  what=f"{what} (missing: {last})")
 
 
-class LivePrometheus(unittest.TestCase):
+class LiveBase(unittest.TestCase):
+    """The Env of one class's tests, and the helpers (no tests here)."""
+
     @classmethod
     def setUpClass(cls):
         cls.env = env = Env()
@@ -417,7 +420,11 @@ class LivePrometheus(unittest.TestCase):
             for t in p.get("targets", []):
                 yield p["title"], t["refId"], t["expr"]
 
-    # -- tests ----------------------------------------------------------------
+
+
+class LivePrometheus(LiveBase):
+    """Everything that needs nothing from outside the repository."""
+
     def test_targets_health_matches_the_hosts(self):
         r = self.env.query('up{job="tokenmeter"}')
         up = {x["metric"]["instance"]: x["value"][1]
@@ -506,35 +513,6 @@ class LivePrometheus(unittest.TestCase):
             print("  " + k, file=sys.stderr)
         self.assertLessEqual(len(no_data), 2 * 3)
 
-    def test_vllm_dashboard_expressions_return_data(self):
-        path = os.path.join(PEERS, "vllm", "grafana-exprs.txt")
-        if not os.path.exists(path):
-            self.skipTest(f"{path} not found")
-        with open(path) as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
-        self.assertGreater(len(lines), 20)
-        exprs = {f"vllm #{i + 1}": interpolate(ln, {"model_name": VLLM_MODEL})
-                 for i, ln in enumerate(lines)}
-        self.evaluate(exprs)
-        print(f"\nvLLM dashboard: {len(exprs)} expressions returned data",
-              file=sys.stderr)
-
-    def test_lmdeploy_dashboard_expressions_return_data(self):
-        path = os.path.join(PEERS, "lmdeploy", "lmdeploy-dashboard.json")
-        if not os.path.exists(path):
-            self.skipTest(f"{path} not found")
-        with open(path) as f:
-            dash = json.load(f)
-        exprs = {}
-        for p in dash["panels"]:
-            for t in p.get("targets", []):
-                exprs[f"lmdeploy {p['title']} / {t['refId']}"] = interpolate(
-                    t["expr"], {"model_name": LMDEPLOY_MODEL})
-        self.assertGreater(len(exprs), 20)
-        self.evaluate(exprs)
-        print(f"\nLMDeploy dashboard: {len(exprs)} expressions returned data",
-              file=sys.stderr)
-
     def test_alerts_fire_on_live_conditions(self):
         env = self.env
         a, b = env.targets
@@ -574,16 +552,54 @@ class LivePrometheus(unittest.TestCase):
             self.assertTrue(samples, f"/federate match[]={m} returned nothing")
 
 
+class PeerDashboards(LiveBase):
+    """The vLLM and LMDeploy dashboards, from the peers directory beside
+    the repository (PEERS_DIR): skipped, before anything starts, without
+    it."""
+
+    VLLM_EXPRS = os.path.join(PEERS, "vllm", "grafana-exprs.txt")
+    LMDEPLOY_DASHBOARD = os.path.join(PEERS, "lmdeploy",
+                                      "lmdeploy-dashboard.json")
+
+    @classmethod
+    def setUpClass(cls):
+        tu.need_path(cls.VLLM_EXPRS, "vLLM's dashboard expressions")
+        tu.need_path(cls.LMDEPLOY_DASHBOARD, "LMDeploy's dashboard")
+        super().setUpClass()
+
+    def test_vllm_dashboard_expressions_return_data(self):
+        path = self.VLLM_EXPRS
+        with open(path) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+        self.assertGreater(len(lines), 20)
+        exprs = {f"vllm #{i + 1}": interpolate(ln, {"model_name": VLLM_MODEL})
+                 for i, ln in enumerate(lines)}
+        self.evaluate(exprs)
+        print(f"\nvLLM dashboard: {len(exprs)} expressions returned data",
+              file=sys.stderr)
+
+    def test_lmdeploy_dashboard_expressions_return_data(self):
+        path = self.LMDEPLOY_DASHBOARD
+        with open(path) as f:
+            dash = json.load(f)
+        exprs = {}
+        for p in dash["panels"]:
+            for t in p.get("targets", []):
+                exprs[f"lmdeploy {p['title']} / {t['refId']}"] = interpolate(
+                    t["expr"], {"model_name": LMDEPLOY_MODEL})
+        self.assertGreater(len(exprs), 20)
+        self.evaluate(exprs)
+        print(f"\nLMDeploy dashboard: {len(exprs)} expressions returned data",
+              file=sys.stderr)
+
+
 def main():
     if not os.access(PROMETHEUS, os.X_OK):
-        print(f"SKIP: {PROMETHEUS} not installed (Debian package prometheus; "
-              "scripts/install-deps.sh installs it)")
-        sys.exit(77)
+        tu.skip(f"{PROMETHEUS} not installed (Debian package prometheus; "
+                "scripts/install-deps.sh installs it)")
     if not DAEMON:
-        print("SKIP: TOKENMETERD not set (run through meson test)")
-        sys.exit(77)
-    prog = unittest.main(exit=False, verbosity=2)
-    sys.exit(0 if prog.result.wasSuccessful() else 1)
+        tu.skip("TOKENMETERD not set (run through meson test)")
+    tu.main()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
                      os.path.dirname(os.path.dirname(HERE)))
 GUIDE = os.path.join(SRC, "docs", "user-guide.md")
-sys.path.insert(0, os.path.join(SRC, "tests", "e2e"))
+sys.path.insert(0, os.path.join(HERE, "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
 
 
 def guide():
@@ -23,14 +24,12 @@ def guide():
 
 class PythonExample(unittest.TestCase):
     def test_example_reports_one_request(self):
-        import harness
         m = re.search(r"<!-- BEGIN python-example -->\n```python\n(.*?)```\n"
                       r"<!-- END python-example -->", guide(), re.S)
         self.assertTrue(m, "python-example block not found")
         code = m.group(1)
         self.assertLessEqual(len(code.splitlines()), 40)
-        with harness.Daemon("--log-interval", "0",
-                            binary=os.environ["TOKENMETERD"]) as d, \
+        with tu.Daemon("--log-interval", "0") as d, \
                 tempfile.NamedTemporaryFile("w", suffix=".py") as f:
             f.write(code)
             f.flush()
@@ -81,7 +80,6 @@ class Links(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if not os.environ.get("TOKENMETERD"):
-        print("SKIP: TOKENMETERD not set (run through meson test)")
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    if not tu.DAEMON:
+        tu.skip("TOKENMETERD not set (run through meson test)")
+    tu.main()

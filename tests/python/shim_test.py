@@ -8,7 +8,7 @@ an error naming every place tried.
 
 Environment (tests/python/meson.build sets it): TOKENMETERD, the daemon;
 TOKENMETER_LIBRARY, the built libtokenmeter.so; PYTHONPATH with
-client_lib/python and tests/e2e (the daemon harness).
+client_lib/python. The daemon harness is tests/testutil.
 """
 import json
 import os
@@ -21,9 +21,12 @@ import time
 import unittest
 from array import array
 
-import harness
 import tokenmeter
 from tokenmeter import DROPPED, INVALID, OK, FinishReason
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
 
 MS = 1_000_000
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,8 +41,7 @@ class DaemonTest(unittest.TestCase):
     """A fresh tokenmeterd per test; self.client() makes clients of it."""
 
     def setUp(self):
-        self.d = harness.Daemon("--log-interval", "0",
-                                binary=os.environ["TOKENMETERD"]).start()
+        self.d = tu.Daemon("--log-interval", "0").start()
         self.addCleanup(self.d.cleanup)
         self.addCleanup(self.d.stop)
 
@@ -563,4 +565,4 @@ class Library(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    tu.main()

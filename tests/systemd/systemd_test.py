@@ -8,7 +8,6 @@ Usage: systemd_test.py TOKENMETERD UNIT_DIR_SRC SERVICE_IN [unittest args]
 """
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -16,10 +15,12 @@ import tempfile
 import time
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
-from harness import batch, hello, poll_until  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import Daemon, batch, hello, poll_until  # noqa: E402
 
-DAEMON = UNITS = SERVICE_IN = ""
+UNITS = SERVICE_IN = ""
 
 
 def free_port():
@@ -67,24 +68,27 @@ class SocketActivation(unittest.TestCase):
         port = free_port()
         notify = NotifySocket(self.dir)
         self.addCleanup(notify.close)
-        log = open(os.path.join(self.dir, "log"), "w+b")
-        self.addCleanup(log.close)
-        proc = subprocess.Popen(
-            ["systemd-socket-activate", "-l", ingest,
-             "-l", f"127.0.0.1:{port}", "--fdname=ingest:http",
-             "-E", f"NOTIFY_SOCKET={notify.path}",
-             DAEMON, "--log-interval", "0",
-             # Flags the inherited sockets must win over:
-             "--ingest", os.path.join(self.dir, "unused.sock"),
-             "--listen", "127.0.0.1:1"],
-            stdout=subprocess.DEVNULL, stderr=log)
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
-        poll_until(lambda: os.path.exists(ingest), what="ingest socket")
-        # The first connection makes systemd-socket-activate exec the daemon.
+        d = Daemon(
+            "--log-interval", "0",
+            # Flags the inherited sockets must win over:
+            ingest=os.path.join(self.dir, "unused.sock"),
+            listen="127.0.0.1:1", ready_fifo=True,
+            launcher=["systemd-socket-activate", "-l", ingest,
+                      "-l", f"127.0.0.1:{port}", "--fdname=ingest:http",
+                      "-E", f"NOTIFY_SOCKET={notify.path}"])
+        self.addCleanup(d.cleanup)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(ingest)
-        s.sendall(hello(engine="vllm", model="m"))
-        s.sendall(batch([[4, time.monotonic_ns(), 1, 5]]))
+
+        def first_connection():
+            # It makes systemd-socket-activate exec the daemon.
+            poll_until(lambda: os.path.exists(ingest), what="ingest socket")
+            s.connect(ingest)
+            s.sendall(hello(engine="vllm", model="m"))
+            s.sendall(batch([[4, time.monotonic_ns(), 1, 5]]))
+        d.start(before_ready=first_connection)
+        # The ready line names the inherited sockets, not the flags.
+        self.assertEqual(d.ready_line,
+                         f"ready http=127.0.0.1:{port} ingest={ingest}")
         notify.wait_for("READY=1")
         notify.wait_for("STATUS=")
 
@@ -99,60 +103,43 @@ class SocketActivation(unittest.TestCase):
                 return False
         poll_until(scraped, what="metrics on the inherited HTTP socket")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "unused.sock")))
-        proc.send_signal(signal.SIGTERM)
-        self.assertEqual(proc.wait(timeout=10), 0)
+        self.assertEqual(d.stop(), 0)
         notify.wait_for("STOPPING=1")
         # The socket file belongs to the service manager: not unlinked.
         self.assertTrue(os.path.exists(ingest))
-        log.seek(0)
-        self.assertIn(b"(inherited socket)", log.read())
+        self.assertIn(b"(inherited socket)", d.read_log())
         s.close()
 
 
 class Notify(unittest.TestCase):
     def test_watchdog_pings_at_half_the_interval(self):
-        d = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, d, True)
-        notify = NotifySocket(d)
+        d = Daemon("--log-interval", "0")
+        self.addCleanup(d.cleanup)
+        notify = NotifySocket(d.dir)
         self.addCleanup(notify.close)
-        env = dict(os.environ, NOTIFY_SOCKET=notify.path,
-                   WATCHDOG_USEC="200000")
-        proc = subprocess.Popen(
-            [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
-             "127.0.0.1:0", "--log-interval", "0"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        d.env = {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"}
+        d.start()
         notify.wait_for("READY=1")
         start = time.monotonic()
         notify.wait_for("WATCHDOG=1", timeout=5)
         self.assertLess(time.monotonic() - start, 1.0)
-        proc.send_signal(signal.SIGTERM)
-        self.assertEqual(proc.wait(timeout=10), 0)
+        self.assertEqual(d.stop(), 0)
 
 
 class Journal(unittest.TestCase):
     def test_every_stderr_line_has_a_priority_prefix_under_journald(self):
-        d = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, d, True)
-        err_path = os.path.join(d, "stderr")
-        with open(err_path, "wb") as err:
-            st = os.fstat(err.fileno())
-            env = dict(os.environ,
-                       JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
-            proc = subprocess.Popen(
-                [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
-                 "127.0.0.1:0", "--log-interval", "0"],
-                env=env, stdout=subprocess.DEVNULL, stderr=err)
-            poll_until(lambda: b"http port" in open(err_path, "rb").read(),
-                       what="start-up line")
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(os.path.join(d, "i.sock"))
-            s.sendall(b"\xc1")  # a warning line
-            poll_until(lambda: b"invalid_msgpack" in open(err_path, "rb").read(),
-                       what="warning line")
-            proc.send_signal(signal.SIGTERM)
-            self.assertEqual(proc.wait(timeout=10), 0)
-        lines = open(err_path, "rb").read().decode().splitlines()
+        d = Daemon("--log-interval", "0")
+        self.addCleanup(d.cleanup)
+        st = os.stat(d.log_path)  # the daemon's stderr
+        d.env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        d.start()
+        s = d.connect()
+        s.sendall(b"\xc1")  # a warning line
+        poll_until(lambda: b"invalid_msgpack" in d.read_log(),
+                   what="warning line")
+        self.assertEqual(d.stop(), 0)
+        s.close()
+        lines = d.read_log().decode().splitlines()
         self.assertGreater(len(lines), 2)
         for line in lines:
             self.assertRegex(line, r"^<[0-7]>[^<0-9]", line)
@@ -160,24 +147,18 @@ class Journal(unittest.TestCase):
         self.assertTrue(any(l.startswith("<6>") for l in lines), lines)
 
     def test_human_format_with_timestamps_otherwise(self):
-        d = tempfile.mkdtemp(prefix="tm-sd-", dir="/tmp")
-        self.addCleanup(shutil.rmtree, d, True)
-        env = dict(os.environ)
-        env.pop("JOURNAL_STREAM", None)
-        proc = subprocess.Popen(
-            [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
-             "127.0.0.1:0", "--log-interval", "0"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        line = proc.stderr.readline().decode()
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        saved = os.environ.pop("JOURNAL_STREAM", None)
+        if saved is not None:
+            self.addCleanup(os.environ.__setitem__, "JOURNAL_STREAM", saved)
+        with Daemon("--log-interval", "0") as d:
+            line = d.read_log().decode().splitlines()[0]
         self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} info ")
 
 
 class Units(unittest.TestCase):
     def render(self, d):
         with open(SERVICE_IN) as f:
-            text = f.read().replace("@sbindir@", os.path.dirname(DAEMON))
+            text = f.read().replace("@sbindir@", os.path.dirname(tu.DAEMON))
         with open(os.path.join(d, "tokenmeterd.service"), "w") as f:
             f.write(text)
         for name in ("tokenmeterd.socket", "tokenmeterd-http.socket"):
@@ -221,7 +202,7 @@ class Units(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    DAEMON = os.path.abspath(sys.argv.pop(1))
+    tu.DAEMON = os.path.abspath(sys.argv.pop(1))
     UNITS = os.path.abspath(sys.argv.pop(1))
     SERVICE_IN = os.path.abspath(sys.argv.pop(1))
-    unittest.main(verbosity=2)
+    tu.main()
