@@ -9,7 +9,10 @@
 
 namespace tokenmeter::client {
 
-struct ClientCounters {
+// A cache line of its own: the sender bumps `bytes` and `sent` on every
+// batch, and that must not evict the line producers read on every event
+// (ThreadRegistry's id, which follows the counters in tm_client).
+struct alignas(64) ClientCounters {
   // Written by the sender thread.
   std::atomic<uint64_t> sent{0};
   std::atomic<uint64_t> reconnects{0};
