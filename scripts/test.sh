@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds with warnings as errors, runs every test
-# and the fuzz smoke, and ends with the line "N passed, N failed, N skipped".
+# Installs what is missing, builds with warnings as errors, runs every test,
+# the style check and the fuzz smoke, and ends with the line
+# "N passed, N failed, N skipped".
 # Usage: scripts/test.sh [BUILD_DIR] (default: build-test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,27 @@ fi
 ninja -C "$build"
 status=0
 meson test -C "$build" --print-errorlogs --num-processes 2 || status=$?
+
+# Results beyond meson's, one "name ok|FAILED" per line, for the summary.
+extra_results="$build/extra-test-results.txt"
+rm -f "$extra_results"
+touch "$extra_results"
+
+# The style check (scripts/check-style.sh): clang-format on the C/C++ files
+# changed since HEAD~1 (every file in a clone without it), clang-tidy on the
+# changed lines of the shipped .cpp files; one test in the summary.
+# TOKENMETER_STYLE_CHECK=0 skips it.
+if [ "${TOKENMETER_STYLE_CHECK:-1}" != 0 ]; then
+  style_log="$build/style-check.log"
+  if scripts/check-style.sh -p "$build" >"$style_log" 2>&1; then
+    echo "style ok" >>"$extra_results"
+    grep -E '^(clang-format|clang-tidy):' "$style_log" || true
+  else
+    echo "style FAILED" >>"$extra_results"
+    status=1
+    cat "$style_log"
+  fi
+fi
 
 # The libFuzzer smoke (tests/fuzz/run_fuzzers.sh): its own clang ASan+UBSan
 # build in "$build-fuzz", 200,000 executions per target; each target counts
@@ -34,5 +56,8 @@ if [ "${TOKENMETER_FUZZ_SMOKE:-1}" != 0 ]; then
     cat "$fuzz_log"
   fi
 fi
-/usr/bin/python3 scripts/summarize-tests.py "$build" "$fuzz_results" || status=1
+if [ -f "$fuzz_results" ]; then
+  cat "$fuzz_results" >>"$extra_results"
+fi
+/usr/bin/python3 scripts/summarize-tests.py "$build" "$extra_results" || status=1
 exit $status
