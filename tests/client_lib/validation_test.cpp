@@ -232,9 +232,9 @@ TEST_F(OptionsTest, RejectsReservedLabelNames) {
   // Every name the daemon refuses as reserved_label (it once took "reason",
   // "kind", "interval" and "engine_family", which the daemon then refused
   // on every connection).
-  for (const char* name : {"model_name", "engine", "engine_family",
-                           "finished_reason", "position", "le", "quantile",
-                           "interval", "reason", "kind"}) {
+  for (const char* name :
+       {"model_name", "engine", "engine_family", "finished_reason", "position",
+        "le", "quantile", "interval", "reason", "kind"}) {
     EXPECT_EQ(tm_options_add_label(opts_.get(), name, "v"), TM_E_INVALID)
         << name;
   }

@@ -120,9 +120,9 @@ std::vector<std::string> NameCandidates() {
     for (char& c : upper) c = char(toupper(c));
     v.push_back(upper);
   }
-  for (const char* s :
-       {"", "_", "__", "___", "__name__", "_x", "x", "a1", "1a", "a-b", "-a",
-        "a.b", "a b", "é", "aé", "A_Z", "z9_", "__x", "x__", "_9"}) {
+  for (const char* s : {"",   "_",   "__",  "___", "__name__", "_x",  "x",
+                        "a1", "1a",  "a-b", "-a",  "a.b",      "a b", "é",
+                        "aé", "A_Z", "z9_", "__x", "x__",      "_9"}) {
     v.push_back(s);
   }
   for (int c = 1; c < 256; ++c) {
@@ -144,24 +144,24 @@ std::vector<std::string> StringCandidates() {
   std::vector<std::string> v = {
       "v",
       "",
-      "caf\xc3\xa9",                  // 2-byte
-      "\xe2\x82\xac",                 // 3-byte
-      "\xf0\x9f\x98\x80",             // 4-byte
-      "\xf4\x8f\xbf\xbf",             // U+10FFFF
-      "\xff",                         // never valid
-      "\xc0\x80",                     // overlong NUL
-      "\xc1\xbf",                     // overlong
-      "\xe0\x80\xaf",                 // overlong 3-byte
-      "\xf0\x80\x80\xaf",             // overlong 4-byte
-      "\xed\xa0\x80",                 // surrogate U+D800
-      "\xed\xbf\xbf",                 // surrogate U+DFFF
-      "\xf4\x90\x80\x80",             // above U+10FFFF
-      "\xe2\x82",                     // truncated
-      "a\x80",                        // stray continuation
-      "\xc3",                         // truncated at the end
-      "\xf8\x88\x80\x80\x80",         // 5-byte form
-      std::string(256, 'x'),          // at the limit
-      std::string(257, 'x'),          // over it
+      "caf\xc3\xa9",           // 2-byte
+      "\xe2\x82\xac",          // 3-byte
+      "\xf0\x9f\x98\x80",      // 4-byte
+      "\xf4\x8f\xbf\xbf",      // U+10FFFF
+      "\xff",                  // never valid
+      "\xc0\x80",              // overlong NUL
+      "\xc1\xbf",              // overlong
+      "\xe0\x80\xaf",          // overlong 3-byte
+      "\xf0\x80\x80\xaf",      // overlong 4-byte
+      "\xed\xa0\x80",          // surrogate U+D800
+      "\xed\xbf\xbf",          // surrogate U+DFFF
+      "\xf4\x90\x80\x80",      // above U+10FFFF
+      "\xe2\x82",              // truncated
+      "a\x80",                 // stray continuation
+      "\xc3",                  // truncated at the end
+      "\xf8\x88\x80\x80\x80",  // 5-byte form
+      std::string(256, 'x'),   // at the limit
+      std::string(257, 'x'),   // over it
       std::string(254, 'x') + "\xc3\xa9",
       std::string(255, 'x') + "\xc3\xa9",  // 257 bytes
   };
