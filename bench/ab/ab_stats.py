@@ -11,11 +11,10 @@ Subcommands:
       metrics found passed; 1: at least one FAIL; 2: a run is invalid (a
       benchmark errored, dropped events, a VOID ingest run, a REP with only
       one side) or nothing was found.
-  rss --tokenmeterd PATH [--requests N]
-      One rss_bench.py measurement with integer request ids (the id kind the
-      200 B requirement is stated for); prints "RESULT key=value" lines.
   describe BUILD
       One line: the build's buildtype, b_ndebug and source commit.
+  source BUILD
+      The source directory the build was configured from.
   --self-test
       Runs summarize on synthetic outputs written to a temporary directory:
       equal figures must PASS, a slower new side and a tightened threshold
@@ -30,8 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (key, file metric, label, unit, scale, lower_is_better). The file metric
 # names the raw outputs the figure is read from; see FIGURE_READERS.
@@ -201,11 +198,14 @@ def summarize(directory, thresholds):
               + " ".join(f"{r:.3f}" for r in ratios))
     print()
     failed = False
+    skipped = set()
     for key, kind, flag, _default in REQUIREMENTS:
         label, unit = next((m[2], m[3]) for m in METRICS if m[0] == key)
         limit = thresholds[flag]
         if key not in stats:
-            print(f"SKIP  {label}: not run")
+            if key not in skipped:
+                print(f"SKIP  {label}: not run")
+            skipped.add(key)
             continue
         new, ratio = stats[key]
         if kind == "max_abs":
@@ -227,23 +227,19 @@ def add_threshold_flags(ap):
                             help=f"default {default:g}")
 
 
-def rss(binary, requests):
-    sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-    import rss_bench  # pylint: disable=import-outside-toplevel
-    idle, after = rss_bench.run_once(binary, requests, False, 1.0)
-    print(f"RESULT rss_idle_mib={idle / 2**20:.2f}")
-    print(f"RESULT rss_bytes_per_request_int={(after - idle) / requests:.1f}")
-    return 0
+def source_dir(build):
+    """The source directory a meson build dir was configured from."""
+    with open(os.path.join(build, "meson-info", "meson-info.json"),
+              encoding="utf-8") as f:
+        return json.load(f)["directories"]["source"]
 
 
 def describe(build):
     """'buildtype=... b_ndebug=... source ... commit' for a meson build."""
-    info = os.path.join(build, "meson-info")
-    with open(os.path.join(info, "intro-buildoptions.json"),
+    with open(os.path.join(build, "meson-info", "intro-buildoptions.json"),
               encoding="utf-8") as f:
         opts = {o["name"]: o["value"] for o in json.load(f)}
-    with open(os.path.join(info, "meson-info.json"), encoding="utf-8") as f:
-        src = json.load(f)["directories"]["source"]
+    src = source_dir(build)
 
     def git(*args):
         r = subprocess.run(["git", "-C", src, *args], capture_output=True,
@@ -378,22 +374,16 @@ def main():
     s = sub.add_parser("summarize")
     s.add_argument("dir")
     add_threshold_flags(s)
-    r = sub.add_parser("rss")
-    r.add_argument("--tokenmeterd", required=True)
-    r.add_argument("--requests", type=int, default=1_000_000)
-    d = sub.add_parser("describe")
-    d.add_argument("build")
+    for name in ("describe", "source"):
+        sub.add_parser(name).add_argument("build")
     args = ap.parse_args()
     if args.cmd == "summarize":
         return summarize(args.dir, vars(args))
-    if args.cmd == "rss":
-        return rss(args.tokenmeterd, args.requests)
+    if args.cmd == "source":
+        print(source_dir(args.build))
+        return 0
     return describe(args.build)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except RuntimeError as e:  # rss_bench's errors
-        print(f"ab_stats: {e}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

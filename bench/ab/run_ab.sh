@@ -10,9 +10,9 @@
 #            build's own tokenmeterd (events per CPU-second of the receiver;
 #            it pins the receiver to CPU 0 and the sender to CPU 1 itself)
 #   render   bench/daemon/daemon_render_bench, tokenmeterd_render (CPU ms)
-#   rss      bench/daemon/rss_bench.py's measurement with integer ids against
-#            the build's tokenmeterd (bytes per tracked request), the script
-#            next to this one for both builds
+#   rss      the build's source tree's bench/daemon/rss_bench.py --runs 1
+#            against the build's tokenmeterd (bytes per tracked request with
+#            integer ids; it measures 36-byte string ids too, not judged)
 # Pair REP runs old first when REP is odd and new first when it is even.
 # client and render run under taskset on --cpu.
 #
@@ -29,7 +29,7 @@
 #            meson setup DIR --buildtype=release -Db_ndebug=true -Dtests=disabled
 #            ninja -C DIR bench/client_bench bench/daemon/daemon_ingest_bench \
 #              bench/daemon/daemon_render_bench daemon/tokenmeterd
-#   --reps N          pairs per benchmark (default 5; ~30 s per pair on 2 CPUs)
+#   --reps N          pairs per benchmark (default 5; 35-50 s per pair on 2 CPUs)
 #   --cpu N           CPU for client and render (default 1)
 #   --events N        TOKENS events per ingest run (default 10000000)
 #   --rss-requests N  tracked requests per rss run (default 1000000)
@@ -169,7 +169,8 @@ run_one() {
       gbench "$build/bench/daemon/daemon_render_bench" \
         '^tokenmeterd_render$' 0.2 "$base" || rc=$? ;;
     rss)
-      timeout 600 "${stats[@]}" rss --tokenmeterd "$build/daemon/tokenmeterd" \
+      timeout 600 "$python" "$("${stats[@]}" source "$build")/bench/daemon/rss_bench.py" \
+        --tokenmeterd "$build/daemon/tokenmeterd" --runs 1 \
         --requests "$rss_requests" >"$base.txt" 2>&1 || rc=$? ;;
   esac
   if [[ "$rc" != 0 ]]; then
