@@ -375,7 +375,7 @@ class LiveBase(unittest.TestCase):
                        if not allow_no_data(k)}
             if not pending:
                 break
-            time.sleep(2)
+            time.sleep(2)  # the interval of this bounded retry (rounds)
         allowed = sorted(k for k in failures if allow_no_data(k))
         if pending:
             self.fail("queries without data:\n" + "\n".join(
