@@ -60,6 +60,9 @@ usage() {
 
 if [[ "${1:-}" == "--self-test" ]]; then exec "${stats[@]}" --self-test; fi
 [[ $# -ge 2 && "$1" != -* && "$2" != -* ]] || usage
+for dir in "$1" "$2"; do
+  [[ -d "$dir" ]] || { echo "run_ab: $dir: not a directory" >&2; exit 2; }
+done
 old_build="$(cd "$1" && pwd)"
 new_build="$(cd "$2" && pwd)"
 shift 2
