@@ -283,7 +283,7 @@ TEST_F(InboundBytesTest, ClosesReconnectsWithBackoffAndStaysIdle) {
   const auto wall = std::chrono::duration_cast<std::chrono::microseconds>(
       Clock::now() - start);
   EXPECT_TRUE(reconnected);
-  EXPECT_GE(wall, milliseconds(600));
+  EXPECT_GE(wall, milliseconds(500));
   // Generous: the idle case is a few milliseconds; a sender that keeps
   // reading takes most of a core.
   EXPECT_LT(double(cpu.count()), 0.2 * double(wall.count()))
