@@ -288,7 +288,9 @@ TEST_F(InboundBytesTest, ClosesReconnectsWithBackoffAndStaysIdle) {
   // reading takes most of a core.
   EXPECT_LT(double(cpu.count()), 0.2 * double(wall.count()))
       << "cpu " << cpu.count() << " us over " << wall.count() << " us";
-  EXPECT_GE(Stats()[TM_STAT_RECONNECTS], kConns - 1);
+  // The server may see a connection before the client has counted it.
+  EXPECT_TRUE(
+      PollUntil([&] { return Stats()[TM_STAT_RECONNECTS] >= kConns - 1; }));
 
   // A quiet peer again: events flow on the next connection.
   server_->SetWriteJunk(false);
