@@ -18,7 +18,7 @@
 #
 # Usage: bench/ab/run_ab.sh OLD_BUILD NEW_BUILD [--reps N] [--cpu N]
 #          [--events N] [--rss-requests N] [--only client,ingest,render,rss]
-#          [--out DIR] [--client-max-ns X] [--client-max-ratio X]
+#          [--out DIR] [--stale-ok] [--client-max-ns X] [--client-max-ratio X]
 #          [--ingest-min-ratio X] [--render-max-ratio X] [--rss-max-bytes X]
 #        bench/ab/run_ab.sh --self-test
 #   OLD_BUILD, NEW_BUILD  meson build dirs (the same one twice measures the
@@ -36,6 +36,8 @@
 #   --only LIST       run only these benchmarks (the others report SKIP)
 #   --out DIR         keep the raw outputs in DIR (default: a temp dir,
 #                     removed at exit unless a run failed)
+#   --stale-ok        measure binaries that ninja would rebuild (refused
+#                     otherwise: they are not the sources the header names)
 #   threshold flags   override a requirement's limit (defaults 15, 1.10,
 #                     0.95, 1.10, 200); a limit no noise lets a 1.00 ratio
 #                     meet, e.g. --render-max-ratio 0.5, shows the FAIL path
@@ -74,7 +76,9 @@ rss_requests=1000000
 only="client,ingest,render,rss"
 out=""
 thresholds=()
+stale_ok=0
 while [[ $# -gt 0 ]]; do
+  if [[ "$1" == --stale-ok ]]; then stale_ok=1; shift; continue; fi
   [[ $# -ge 2 ]] || usage
   case "$1" in
     --reps) reps="$2" ;;
@@ -117,6 +121,20 @@ for build in "$old_build" "$new_build"; do
     fi
   done
 done
+# Binaries older than their sources would measure something else than the
+# tree named in the header.
+stale=()
+for build in "$old_build" "$new_build"; do
+  steps="$(ninja -C "$build" -n "${bins[@]}" 2>/dev/null | grep -c '^\[' || true)"
+  if [[ "$steps" != 0 ]]; then
+    stale+=("$build")
+    echo "run_ab: $build: $steps build steps pending for ${bins[*]}" >&2
+  fi
+done
+if [[ ${#stale[@]} -gt 0 && "$stale_ok" == 0 ]]; then
+  echo "run_ab: build them (ninja -C DIR ${bins[*]}), or pass --stale-ok" >&2
+  exit 2
+fi
 old_desc="$("${stats[@]}" describe "$old_build")"
 new_desc="$("${stats[@]}" describe "$new_build")"
 if [[ "${old_desc%% source *}" != "${new_desc%% source *}" ]]; then
@@ -145,6 +163,9 @@ echo "new:     $new_build: $new_desc"
 if [[ "$old_build" == "$new_build" ]]; then
   echo "         (the same build twice: the ratios measure the noise)"
 fi
+for build in "${stale[@]}"; do
+  echo "STALE:   $build: binaries older than their sources (--stale-ok)"
+done
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) at start"
 echo "pairs:   $reps of ${benches[*]}; client and render on CPU $cpu"
 
