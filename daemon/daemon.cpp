@@ -12,6 +12,7 @@
 
 #include "daemon/http/negotiation.h"
 #include "daemon/logging/summary.h"
+#include "daemon/metrics/exposition.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
@@ -46,6 +47,51 @@ std::string LocalAddress(int fd) {
 
 }  // namespace
 
+// The daemon's own families: build info, the previous scrape's duration,
+// and the HTTP server's response and refusal counts.
+class Daemon::SelfCollector : public Collector {
+ public:
+  explicit SelfCollector(Daemon& d) : d_(d) {
+    for (DaemonMetric id : kOwned) d_.registry_->Register(id, this);
+  }
+  SelfCollector(const SelfCollector&) = delete;
+  SelfCollector& operator=(const SelfCollector&) = delete;
+  ~SelfCollector() override {
+    for (DaemonMetric id : kOwned) d_.registry_->Unregister(id, this);
+  }
+
+  void Collect(DaemonMetric id, MetricWriter& w) const override {
+    const SampleLabels none;
+    switch (id) {
+      case kBuildInfo:
+        w.Sample(none.WithOwn("version", TOKENMETER_VERSION), uint64_t{1});
+        break;
+      case kScrapeDuration:
+        w.Sample(none, double(d_.scrape_duration_ns_) / 1e9);
+        break;
+      case kHttpResponses:
+        for (size_t i = 0; i <= http::Server::kNumCountedStatuses; ++i) {
+          const std::string code =
+              i < http::Server::kNumCountedStatuses
+                  ? std::to_string(http::Server::kCountedStatuses[i])
+                  : "other";
+          w.Sample(none.WithOwn("code", code), d_.http_->responses(i));
+        }
+        break;
+      case kHttpConnectionsRejected:
+        w.Sample(none, d_.http_->connections_rejected());
+        break;
+      default:
+        break;
+    }
+  }
+
+ private:
+  static constexpr DaemonMetric kOwned[] = {
+      kBuildInfo, kScrapeDuration, kHttpResponses, kHttpConnectionsRejected};
+  Daemon& d_;
+};
+
 Daemon::Daemon(const Config& config) : config_(config) {}
 
 Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
@@ -57,13 +103,17 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
     return Status::Error(std::string("uv_loop_init: ") + uv_strerror(rc));
   }
   d->loop_initialized_ = true;
-  d->tracker_ =
-      std::make_unique<Tracker>(*d->registry_, d->clock_, config.tracker);
-  d->ingest_ = std::make_unique<IngestServer>(&d->loop_, *d->registry_,
-                                              *d->tracker_, config.ingest);
+  d->ingest_stats_ = std::make_unique<IngestStats>(*d->registry_);
+  d->tracker_ = std::make_unique<Tracker>(*d->registry_, *d->ingest_stats_,
+                                          d->clock_, config.tracker);
+  d->ingest_ = std::make_unique<IngestServer>(
+      &d->loop_, *d->registry_, *d->tracker_, *d->ingest_stats_,
+      config.ingest);
   http::ServerOptions http_options;
   http_options.max_connections = config.http_max_connections;
   d->http_ = std::make_unique<http::Server>(&d->loop_, http_options);
+  d->process_ = std::make_unique<ProcessCollector>(*d->registry_);
+  d->self_ = std::make_unique<SelfCollector>(*d);
   *out = std::move(d);
   return Status::Ok();
 }
@@ -131,7 +181,8 @@ Status Daemon::Start() {
         [](uv_timer_t* t) {
           auto* d = static_cast<Daemon*>(t->data);
           const uint64_t now = d->clock_.NowNs();
-          LogSummaries(*d->registry_, double(now - d->last_log_ns_) / 1e9);
+          d->summary_.LogAll(*d->registry_,
+                             double(now - d->last_log_ns_) / 1e9);
           d->last_log_ns_ = now;
         },
         ms, ms);
@@ -180,38 +231,22 @@ Status Daemon::Start() {
 }
 
 void Daemon::HandleMetrics(const http::Request& req, http::Response& resp) {
-  timespec a, b;
-  clock_gettime(CLOCK_MONOTONIC, &a);
+  const uint64_t start_ns = clock_.NowNs();
   const http::Format format = http::ChooseFormat(req.accept);
-  DaemonCounters& counters = registry_->counters();
-  counters.http_responses.resize(http::Server::kNumCountedStatuses + 1);
-  for (size_t i = 0; i <= http::Server::kNumCountedStatuses; ++i) {
-    auto& [code, count] = counters.http_responses[i];
-    if (code.empty()) {
-      code = i < http::Server::kNumCountedStatuses
-                 ? std::to_string(http::Server::kCountedStatuses[i])
-                 : "other";
-    }
-    count = http_->responses(i);
-  }
-  counters.http_connections_rejected = http_->connections_rejected();
   resp.status = 200;
   resp.content_type = std::string(http::ContentType(format));
   resp.compressible = true;
   resp.body.reserve(64 * 1024);
-  registry_->Render(format == http::Format::kOpenMetrics100
-                        ? ExpositionFormat::kOpenMetrics100
-                        : ExpositionFormat::kText004,
-                    resp.body);
-  clock_gettime(CLOCK_MONOTONIC, &b);
-  registry_->counters().scrape_duration_seconds =
-      double(b.tv_sec - a.tv_sec) + double(b.tv_nsec - a.tv_nsec) / 1e9;
+  Render(*registry_,
+         format == http::Format::kOpenMetrics100
+             ? ExpositionFormat::kOpenMetrics100
+             : ExpositionFormat::kText004,
+         resp.body);
+  scrape_duration_ns_ = clock_.NowNs() - start_ns;
 }
 
 void Daemon::UpdateStatus() {
-  const DaemonCounters& c = registry_->counters();
-  uint64_t events = 0;
-  for (uint64_t n : c.ingest_events) events += n;
+  const uint64_t events = ingest_stats_->events_total();
   const uint64_t now = clock_.NowNs();
   const double rate = now > status_ns_ ? double(events - status_events_) /
                                              (double(now - status_ns_) / 1e9)
@@ -219,7 +254,7 @@ void Daemon::UpdateStatus() {
   status_events_ = events;
   status_ns_ = now;
   notifier_.Status(fmt::format("{} engine connections, {:.0f} events/s",
-                               c.ingest_connections, rate));
+                               ingest_stats_->connections(), rate));
 }
 
 void Daemon::Stop() {
@@ -254,11 +289,8 @@ void Daemon::Stop() {
 }
 
 void Daemon::OnStopped() {
-  const DaemonCounters& c = registry_->counters();
-  uint64_t events = 0;
-  for (uint64_t n : c.ingest_events) events += n;
   spdlog::info("stopped: {} events applied, {} frames accepted since start",
-               events, c.ingest_frames);
+               ingest_stats_->events_total(), ingest_stats_->frames());
 }
 
 int Daemon::Run() {

@@ -11,7 +11,10 @@
 #include "daemon/config.h"
 #include "daemon/http/server.h"
 #include "daemon/ingest/ingest_server.h"
+#include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/logging/summary.h"
+#include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/service/systemd.h"
 #include "daemon/status.h"
@@ -46,6 +49,7 @@ class Daemon {
   Registry& registry() { return *registry_; }
 
  private:
+  class SelfCollector;  // build info, scrape duration, HTTP counters
   explicit Daemon(const Config& config);
   void HandleMetrics(const http::Request& req, http::Response& resp);
   void OnStopped();
@@ -55,10 +59,17 @@ class Daemon {
   uv_loop_t loop_{};
   bool loop_initialized_ = false;
   MonotonicClock clock_;
+  // Declared in dependency order: collectors register with the registry
+  // and unregister (in reverse order) before it goes.
   std::unique_ptr<Registry> registry_;
+  std::unique_ptr<IngestStats> ingest_stats_;
   std::unique_ptr<Tracker> tracker_;
   std::unique_ptr<IngestServer> ingest_;
   std::unique_ptr<http::Server> http_;
+  std::unique_ptr<ProcessCollector> process_;
+  std::unique_ptr<SelfCollector> self_;
+  SummaryLog summary_;
+  uint64_t scrape_duration_ns_ = 0;  // the previous scrape's render
   uv_timer_t sweep_timer_{};
   uv_timer_t log_timer_{};
   uv_signal_t sigterm_{};

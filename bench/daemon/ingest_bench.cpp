@@ -434,6 +434,7 @@ int ConnectUnix(const std::string& path) {
 struct Inproc {
   const Options* o = nullptr;
   td::Registry* registry = nullptr;
+  td::IngestStats* stats = nullptr;
   td::IngestServer* ingest = nullptr;
   int ctl_out = -1;
   uint64_t want = 0;
@@ -449,9 +450,8 @@ struct Inproc {
 // before.
 void InprocPrepare(uv_prepare_t* h) {
   auto* s = static_cast<Inproc*>(h->data);
-  const td::DaemonCounters& c = s->registry->counters();
-  const uint64_t arrived = c.ingest_events[size_t(td::EventKind::kArrived) - 1];
-  const uint64_t tokens = c.ingest_events[size_t(td::EventKind::kTokens) - 1];
+  const uint64_t arrived = s->stats->events(td::EventKind::kArrived);
+  const uint64_t tokens = s->stats->events(td::EventKind::kTokens);
   if (!s->notified && arrived >= s->o->requests) {
     s->notified = true;
     s->sched0 = ReadSched("self");
@@ -480,8 +480,10 @@ void InprocPrepare(uv_prepare_t* h) {
     Die("Registry::Create");
   }
   td::MonotonicClock clock;
-  td::Tracker tracker(*registry, clock, td::TrackerOptions{});
-  td::IngestServer ingest(&loop, *registry, tracker, td::IngestOptions{});
+  td::IngestStats stats(*registry);
+  td::Tracker tracker(*registry, stats, clock, td::TrackerOptions{});
+  td::IngestServer ingest(&loop, *registry, tracker, stats,
+                          td::IngestOptions{});
   const td::Status st = ingest.Listen(path);
   if (!st.ok()) {
     std::fprintf(stderr, "ingest_bench: %s\n", st.message().c_str());
@@ -490,6 +492,7 @@ void InprocPrepare(uv_prepare_t* h) {
   Inproc s;
   s.o = &o;
   s.registry = registry.get();
+  s.stats = &stats;
   s.ingest = &ingest;
   s.ctl_out = ctl_out;
   s.want = o.events / o.batch * o.batch;
@@ -503,11 +506,10 @@ void InprocPrepare(uv_prepare_t* h) {
   }
 
   Report rep;
-  const td::DaemonCounters& c = registry->counters();
   rep.end_ns = s.end_ns;
   SetSchedDelta(s.sched0, s.sched1, &rep);
   for (int k = 0; k < td::kNumEventKinds; ++k) {
-    const uint64_t v = c.ingest_events[k];
+    const uint64_t v = stats.events(td::EventKind(k + 1));
     if (k == int(td::EventKind::kTokens) - 1) {
       rep.tokens = v;
     } else if (k == int(td::EventKind::kArrived) - 1) {
@@ -516,13 +518,15 @@ void InprocPrepare(uv_prepare_t* h) {
       rep.other_events += v;
     }
   }
-  for (uint64_t e : c.ingest_errors) rep.errors += e;
+  for (size_t e = 0; e < size_t(td::IngestError::kCount); ++e) {
+    rep.errors += stats.errors(td::IngestError(e));
+  }
   registry->ForEachSeries([&](td::EngineSeries& series) {
-    rep.generation_tokens += series.generation_tokens;
+    rep.generation_tokens += series.count(td::kGenerationTokens);
     rep.itl_observed += series.hist(td::kInterTokenLatency).count();
   });
-  rep.itl_negative = c.negative[size_t(td::Interval::kItl)];
-  rep.tracked = uint64_t(c.tracked_requests);
+  rep.itl_negative = tracker.negative(td::Interval::kItl);
+  rep.tracked = uint64_t(tracker.size());
   rep.ok = 1;
   WriteAll(ctl_out, "E", 1);
   WriteAll(ctl_out, &rep, sizeof rep);

@@ -42,11 +42,57 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/tracker.h"
+#include "daemon/metrics/exposition.h"
+#include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/registry.h"
 
 namespace {
 
 namespace td = tokenmeter::daemon;
+
+// The daemon's own families that the Daemon class writes (build info, the
+// scrape duration, the HTTP counters), with the values a quiet daemon has.
+class SelfFamilies : public td::Collector {
+ public:
+  explicit SelfFamilies(td::Registry& reg) : reg_(reg) {
+    for (td::DaemonMetric id : kOwned) reg_.Register(id, this);
+  }
+  ~SelfFamilies() override {
+    for (td::DaemonMetric id : kOwned) reg_.Unregister(id, this);
+  }
+  void Collect(td::DaemonMetric id, td::MetricWriter& w) const override {
+    const td::SampleLabels none;
+    if (id == td::kBuildInfo) {
+      w.Sample(none.WithOwn("version", "0.1.0"), uint64_t{1});
+    } else if (id == td::kScrapeDuration) {
+      w.Sample(none, 0.0042);
+    } else if (id == td::kHttpConnectionsRejected) {
+      w.Sample(none, uint64_t{0});
+    }
+  }
+
+ private:
+  static constexpr td::DaemonMetric kOwned[] = {
+      td::kBuildInfo, td::kScrapeDuration, td::kHttpResponses,
+      td::kHttpConnectionsRejected};
+  td::Registry& reg_;
+};
+
+// The registry and every family owner, as the daemon wires them.
+struct TmState {
+  std::unique_ptr<td::Registry> reg;
+  std::unique_ptr<td::IngestStats> ingest;
+  td::MonotonicClock clock;
+  std::unique_ptr<td::Tracker> tracker;
+  std::unique_ptr<td::ProcessCollector> process;
+  std::unique_ptr<SelfFamilies> self;
+  size_t series_count() const { return reg->series_count(); }
+  void Render(std::string& out) const {
+    td::Render(*reg, td::ExpositionFormat::kText004, out);
+  }
+};
 
 // ---------------------------------------------------------------------------
 // The tokenmeterd registry.
@@ -60,9 +106,17 @@ uint64_t Rand(uint64_t& s) {  // xorshift64*
 
 double Uniform(uint64_t& s) { return double(Rand(s) >> 11) * 0x1p-53; }
 
-std::unique_ptr<td::Registry> BuildRegistry(int identities) {
-  std::unique_ptr<td::Registry> reg;
-  if (!td::Registry::Create(td::RegistryOptions{}, &reg).ok()) std::abort();
+std::unique_ptr<TmState> BuildRegistry(int identities) {
+  auto st = std::make_unique<TmState>();
+  if (!td::Registry::Create(td::RegistryOptions{}, &st->reg).ok()) {
+    std::abort();
+  }
+  td::Registry* reg = st->reg.get();
+  st->ingest = std::make_unique<td::IngestStats>(*reg);
+  st->tracker = std::make_unique<td::Tracker>(*reg, *st->ingest, st->clock,
+                                              td::TrackerOptions{});
+  st->process = std::make_unique<td::ProcessCollector>(*reg);
+  st->self = std::make_unique<SelfFamilies>(*reg);
   uint64_t rng = 0x9e3779b97f4a7c15ull;
   for (int i = 0; i < identities; ++i) {
     td::SeriesIdentity id;
@@ -73,20 +127,25 @@ std::unique_ptr<td::Registry> BuildRegistry(int identities) {
                  {"pool", "p" + std::to_string(i % 3)}};
     td::EngineSeries* s = reg->GetOrCreate(id);
     if (s == nullptr) std::abort();
-    s->has_step_running = s->has_step_waiting = true;
-    s->step_running = Rand(rng) % 256;
-    s->step_waiting = Rand(rng) % 64;
-    s->kv_usage = Uniform(rng);
-    s->prefix_queries = Rand(rng) % 1'000'000'000;
-    s->prefix_hits = s->prefix_queries / 3;
-    s->preemptions = Rand(rng) % 1000;
-    s->prompt_tokens = Rand(rng) % 10'000'000'000ull;
-    s->generation_tokens = Rand(rng) % 10'000'000'000ull;
-    for (uint64_t& v : s->success) v = Rand(rng) % 1'000'000;
-    s->spec_drafts = Rand(rng) % 1'000'000;
-    s->spec_draft_tokens = s->spec_drafts * 4;
-    s->spec_accepted_tokens = s->spec_draft_tokens / 2;
-    for (td::Histogram& h : s->hists) {
+    s->Set(td::kNumRequestsRunning, double(Rand(rng) % 256));
+    s->Set(td::kNumRequestsWaiting, double(Rand(rng) % 64));
+    s->Set(td::kKvCacheUsagePerc, Uniform(rng));
+    const uint64_t queries = Rand(rng) % 1'000'000'000;
+    s->Add(td::kPrefixCacheQueries, queries);
+    s->Add(td::kPrefixCacheHits, queries / 3);
+    s->Add(td::kNumPreemptions, Rand(rng) % 1000);
+    s->Add(td::kPromptTokens, Rand(rng) % 10'000'000'000ull);
+    s->Add(td::kGenerationTokens, Rand(rng) % 10'000'000'000ull);
+    for (size_t r = 0; r < s->children(td::kRequestSuccess).size(); ++r) {
+      s->AddChild(td::kRequestSuccess, r, Rand(rng) % 1'000'000);
+    }
+    const uint64_t drafts = Rand(rng) % 1'000'000;
+    s->Add(td::kSpecDecodeNumDrafts, drafts);
+    s->Add(td::kSpecDecodeNumDraftTokens, drafts * 4);
+    s->Add(td::kSpecDecodeNumAcceptedTokens, drafts * 2);
+    for (int m = td::kFirstHistogram;
+         m < td::kFirstHistogram + td::kNumHistograms; ++m) {
+      td::Histogram& h = s->hist(td::EngineMetric(m));
       // Log-uniform over the layout, a little past both ends, in raw units
       // (whole nanoseconds for the seconds histograms).
       const std::vector<double>& b = h.layout().bounds();
@@ -98,16 +157,11 @@ std::unique_ptr<td::Registry> BuildRegistry(int identities) {
         h.Observe(raw);
       }
     }
-    reg->SetClientDropped("vllm", id.model, id.instance, 1000 + i,
-                          Rand(rng) % 100);
+    st->ingest->SetClientDropped("vllm", id.model, id.instance, 1000 + i,
+                                 Rand(rng) % 100);
   }
-  td::DaemonCounters& c = reg->counters();
-  c.ingest_connections = identities;
-  c.ingest_frames = 123456789;
-  for (uint64_t& v : c.ingest_events) v = Rand(rng) % 1'000'000'000;
-  c.tracked_requests = 5000;
-  c.scrape_duration_seconds = 0.0042;
-  return reg;
+  st->ingest->SetConnections(identities);
+  return st;
 }
 
 // ---------------------------------------------------------------------------
@@ -280,18 +334,18 @@ size_t CountSamples(const std::string& text) {
 }
 
 struct Fixture {
-  std::unique_ptr<td::Registry> tm;
+  std::unique_ptr<TmState> tm;
   prometheus::Registry prom;
   size_t samples = 0;
 };
 Fixture* g_fixture = nullptr;
 
 void BM_TokenmeterdRender(benchmark::State& state) {
-  const td::Registry& reg = *g_fixture->tm;
+  const TmState& tm = *g_fixture->tm;
   std::string out;
   for (auto _ : state) {
     out.clear();
-    reg.Render(td::ExpositionFormat::kText004, out);
+    tm.Render(out);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["samples"] = double(CountSamples(out));
@@ -354,7 +408,7 @@ int main(int argc, char** argv) {
   Fixture fixture;
   fixture.tm = BuildRegistry(identities);
   std::string ours;
-  fixture.tm->Render(td::ExpositionFormat::kText004, ours);
+  fixture.tm->Render(ours);
   BuildPrometheus(ours, fixture.prom);
   const prometheus::TextSerializer serializer;
   const std::string theirs = serializer.Serialize(fixture.prom.Collect());

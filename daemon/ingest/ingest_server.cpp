@@ -19,12 +19,17 @@ namespace tokenmeter::daemon {
 class IngestServer::Connection : public FrameSink {
  public:
   Connection(IngestServer& server, uint64_t id)
-      : server_(server), id_(id), decoder_(server.options_.limits) {
+      : server_(server),
+        id_(id),
+        decoder_(server.options_.limits),
+        shared_space_(server.shared_spaces_.end()) {
     pipe_.data = this;
   }
 
   uv_pipe_t* pipe() { return &pipe_; }
   bool refused() const { return refused_; }
+  // The shared request-id space this connection holds, or end().
+  SharedSpaces::iterator shared_space() const { return shared_space_; }
 
   // over_limit: accepted while max_connections others were open.
   void Start(bool over_limit) {
@@ -33,8 +38,7 @@ class IngestServer::Connection : public FrameSink {
     if (over_limit) {
       refused_ = true;
       ++server_.refused_open_;
-      ++server_.registry_.counters()
-            .ingest_errors[size_t(IngestError::kConnectionLimit)];
+      server_.stats_.CountError(IngestError::kConnectionLimit);
       if (!server_.limit_logged_) {
         spdlog::warn(
             "ingest: {}: closing the connection: {} ({} engine connections "
@@ -49,8 +53,7 @@ class IngestServer::Connection : public FrameSink {
     }
     if ((!o.allow_uids.empty() || !o.allow_gids.empty()) &&
         !(known && server_.PeerAllowed(uid_, gid_))) {
-      ++server_.registry_.counters()
-            .ingest_errors[size_t(IngestError::kPeerNotAllowed)];
+      server_.stats_.CountError(IngestError::kPeerNotAllowed);
       spdlog::warn("ingest: {}: closing the connection: {} ({})", peer_,
                    IngestErrorName(IngestError::kPeerNotAllowed),
                    known ? "uid and gid not in --allow-uids/--allow-gids"
@@ -98,7 +101,7 @@ class IngestServer::Connection : public FrameSink {
   // FrameSink.
   void OnHello(const Hello& hello) override {
     Registry& reg = server_.registry_;
-    ++reg.counters().ingest_frames;
+    server_.stats_.CountFrame();
     SeriesIdentity id{server_.options_.namespace_override.empty()
                           ? SanitizeNamespace(hello.engine)
                           : server_.options_.namespace_override,
@@ -106,7 +109,7 @@ class IngestServer::Connection : public FrameSink {
     EngineSeries* series = reg.GetOrCreate(id);
     if (series == nullptr) {
       // The registry counts it in series_rejected too; close this peer only.
-      ++reg.counters().ingest_errors[size_t(IngestError::kSeriesLimit)];
+      server_.stats_.CountError(IngestError::kSeriesLimit);
       spdlog::warn(
           "ingest: {}: closing the connection: {} (the engine "
           "series limit, --max-engine-series, is reached)",
@@ -114,11 +117,22 @@ class IngestServer::Connection : public FrameSink {
       Close();
       return;
     }
+    uint64_t space = 0;
+    if (!server_.SpaceFor(hello, &space, &shared_space_)) {
+      server_.stats_.CountError(IngestError::kSeriesLimit);
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} ({} shared request-id "
+          "spaces (HELLO scopes) are in use)",
+          peer_, IngestErrorName(IngestError::kSeriesLimit),
+          server_.max_shared_spaces_);
+      Close();
+      return;
+    }
     family_ = hello.engine;
     model_ = hello.model;
     instance_ = hello.instance;
     client_key_ = hello.has_pid ? hello.pid : -int64_t(id_);
-    source_ = Source{series, server_.SpaceFor(hello, id_)};
+    source_ = Source{series, space};
     spdlog::info("ingest: {}: hello engine={} model={} instance={}{}{}", peer_,
                  hello.engine, hello.model, hello.instance,
                  hello.has_scope ? " scope=" : "", hello.scope);
@@ -126,17 +140,16 @@ class IngestServer::Connection : public FrameSink {
 
   void OnBatch(const Batch& batch) override {
     if (closing_) return;
-    Registry& reg = server_.registry_;
-    ++reg.counters().ingest_frames;
+    server_.stats_.CountFrame();
     server_.tracker_.ApplyBatch(source_, batch);
-    reg.SetClientDropped(family_, model_, instance_, client_key_,
-                         batch.dropped_total);
+    server_.stats_.SetClientDropped(family_, model_, instance_, client_key_,
+                                    batch.dropped_total);
   }
 
-  void OnGoodbye() override { ++server_.registry_.counters().ingest_frames; }
+  void OnGoodbye() override { server_.stats_.CountFrame(); }
 
   void OnEventError(IngestError error) override {
-    ++server_.registry_.counters().ingest_errors[size_t(error)];
+    server_.stats_.CountError(error);
     // One line per connection, not per event: a broken client can send
     // millions.
     if (!logged_event_error_) {
@@ -176,7 +189,7 @@ class IngestServer::Connection : public FrameSink {
 
   void FrameError() {
     const IngestError e = decoder_.error();
-    ++server_.registry_.counters().ingest_errors[size_t(e)];
+    server_.stats_.CountError(e);
     spdlog::warn("ingest: {}: closing the connection: {}", peer_,
                  IngestErrorName(e));
     Close();
@@ -214,6 +227,7 @@ class IngestServer::Connection : public FrameSink {
   Source source_{nullptr, 0};
   std::string family_, model_, instance_;
   int64_t client_key_ = 0;
+  SharedSpaces::iterator shared_space_;
 };
 
 namespace {
@@ -248,11 +262,16 @@ Status LookUpGroup(const std::string& name, gid_t* gid) {
 }  // namespace
 
 IngestServer::IngestServer(uv_loop_t* loop, Registry& registry,
-                           Tracker& tracker, IngestOptions options)
+                           Tracker& tracker, IngestStats& stats,
+                           IngestOptions options)
     : loop_(loop),
       registry_(registry),
       tracker_(tracker),
-      options_(std::move(options)) {}
+      stats_(stats),
+      options_(std::move(options)),
+      max_shared_spaces_(options_.max_shared_spaces != 0
+                             ? options_.max_shared_spaces
+                             : 4 * registry.options().max_engine_series) {}
 
 IngestServer::~IngestServer() = default;
 
@@ -359,7 +378,7 @@ void IngestServer::Accept() {
   auto* c = new Connection(*this, next_connection_id_++);
   uv_pipe_init(loop_, c->pipe(), 0);
   connections_.insert(c);
-  ++registry_.counters().ingest_connections;
+  stats_.SetConnections(stats_.connections() + 1);
   if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_),
                 reinterpret_cast<uv_stream_t*>(c->pipe())) != 0 ||
       closing_) {
@@ -375,8 +394,11 @@ void IngestServer::Accept() {
 
 void IngestServer::Forget(Connection* c) {
   if (c->refused()) --refused_open_;
+  if (c->shared_space() != shared_spaces_.end()) {
+    --c->shared_space()->second.connections;
+  }
   connections_.erase(c);
-  --registry_.counters().ingest_connections;
+  stats_.SetConnections(stats_.connections() - 1);
   MaybeDone();
 }
 
@@ -387,12 +409,32 @@ bool IngestServer::PeerAllowed(uint32_t uid, uint32_t gid) const {
          std::find(g.begin(), g.end(), gid) != g.end();
 }
 
-uint64_t IngestServer::SpaceFor(const Hello& hello, uint64_t) {
-  if (!hello.has_scope) return next_space_++;
-  auto [it, inserted] = shared_spaces_.try_emplace(
-      std::make_tuple(hello.engine, hello.model, hello.scope), next_space_);
-  if (inserted) ++next_space_;
-  return it->second;
+bool IngestServer::SpaceFor(const Hello& hello, uint64_t* space,
+                            SharedSpaces::iterator* shared) {
+  *shared = shared_spaces_.end();
+  if (!hello.has_scope) {
+    *space = next_space_++;
+    return true;
+  }
+  auto key = std::make_tuple(hello.engine, hello.model, hello.scope);
+  auto it = shared_spaces_.find(key);
+  if (it == shared_spaces_.end()) {
+    if (shared_spaces_.size() >= max_shared_spaces_) {
+      // Make room: forget a scope no connection uses (its requests stay
+      // tracked until retired; a later HELLO with it gets a new space).
+      auto unused = std::find_if(
+          shared_spaces_.begin(), shared_spaces_.end(),
+          [](const auto& e) { return e.second.connections == 0; });
+      if (unused == shared_spaces_.end()) return false;
+      shared_spaces_.erase(unused);
+    }
+    it = shared_spaces_.emplace(std::move(key), SharedSpace{next_space_++, 0})
+             .first;
+  }
+  ++it->second.connections;
+  *space = it->second.space;
+  *shared = it;
+  return true;
 }
 
 void IngestServer::Close(std::function<void()> done) {

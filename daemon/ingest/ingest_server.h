@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "daemon/ingest/frame_decoder.h"
+#include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/status.h"
@@ -44,12 +45,18 @@ struct IngestOptions {
   // Both empty: everyone who can open the socket is accepted.
   std::vector<uint32_t> allow_uids;
   std::vector<uint32_t> allow_gids;
+  // Shared request-id spaces (distinct HELLO engine, model and scope) kept
+  // at once; 0: four times the registry's series cap. Past it a scope no
+  // open connection uses is forgotten, and with none, the HELLO is refused
+  // as series_limit.
+  size_t max_shared_spaces = 0;
 };
 
 class IngestServer {
  public:
+  // `stats` receives the connection, frame, error and client-drop counts.
   IngestServer(uv_loop_t* loop, Registry& registry, Tracker& tracker,
-               IngestOptions options);
+               IngestStats& stats, IngestOptions options);
   IngestServer(const IngestServer&) = delete;
   IngestServer& operator=(const IngestServer&) = delete;
   ~IngestServer();  // requires Close() to have completed
@@ -78,13 +85,25 @@ class IngestServer {
   void Accept();
   void Forget(Connection* c);
   void MaybeDone();
-  uint64_t SpaceFor(const Hello& hello, uint64_t connection_id);
+  struct SharedSpace {
+    uint64_t space;
+    size_t connections;  // open connections in it
+  };
+  using SharedSpaces =
+      std::map<std::tuple<std::string, std::string, std::string>,
+               SharedSpace>;
+  // The request-id space of a HELLO: a new private one, or its scope's
+  // (joined: *shared names it). False when the scope cap is reached.
+  bool SpaceFor(const Hello& hello, uint64_t* space,
+                SharedSpaces::iterator* shared);
   bool PeerAllowed(uint32_t uid, uint32_t gid) const;
 
   uv_loop_t* loop_;
   Registry& registry_;
   Tracker& tracker_;
+  IngestStats& stats_;
   const IngestOptions options_;
+  const size_t max_shared_spaces_;
   uv_pipe_t listener_{};
   bool listening_ = false;
   bool closing_ = false;
@@ -99,8 +118,7 @@ class IngestServer {
   // Connections in connections_ refused for the limit and not yet freed.
   size_t refused_open_ = 0;
   // (engine, model, scope) -> shared request-id space.
-  std::map<std::tuple<std::string, std::string, std::string>, uint64_t>
-      shared_spaces_;
+  SharedSpaces shared_spaces_;
   uint64_t next_space_ = 1;
 };
 

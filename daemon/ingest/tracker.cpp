@@ -27,6 +27,66 @@ uint64_t HashBytes(std::string_view s) {
   return h;
 }
 
+// A request's time points, in event terms. kQueueStart is not stored: it
+// reads queued when known, else arrived (QUEUED is optional).
+enum Point : uint8_t {
+  kArrived,
+  kQueued,
+  kScheduled,
+  kFirstToken,
+  kLastToken,
+  kFinished,
+  kNumPoints,
+  kQueueStart = kNumPoints,
+};
+constexpr uint8_t Bit(Point p) { return uint8_t(1u << p); }
+
+// One interval: from `start` to `end`, observed into `metric` with the
+// labels of the connection that sent the first token (kFirstToken) or the
+// FINISHED (kFinished), either as soon as both ends are known or (at_finish)
+// once the request has finished. It should exist once any point in
+// `exists_if` is known; an at_finish one only if that holds when FINISHED
+// is applied (and, per_token, the request then has more than one token):
+// what is decided then is not revisited by later events. One that should
+// exist but never closes is counted as incomplete when the request is
+// retired. per_token divides the interval by generation tokens - 1 (TPOT).
+struct IntervalDef {
+  Interval interval;
+  EngineMetric metric;
+  Point start;
+  Point end;
+  Point labels;  // kFirstToken or kFinished
+  bool at_finish;
+  uint8_t exists_if;
+  bool per_token;
+};
+
+constexpr IntervalDef kIntervals[] = {
+    {Interval::kTtft, kTimeToFirstToken, kArrived, kFirstToken, kFirstToken,
+     false, Bit(kFirstToken), false},
+    {Interval::kPrefill, kRequestPrefillTime, kScheduled, kFirstToken,
+     kFirstToken, false, Bit(kFirstToken), false},
+    {Interval::kE2e, kE2eRequestLatency, kArrived, kFinished, kFinished, true,
+     Bit(kFinished), false},
+    // A request with tokens was scheduled, even if SCHEDULED has not come.
+    {Interval::kQueue, kRequestQueueTime, kQueueStart, kScheduled, kFinished,
+     true, uint8_t(Bit(kScheduled) | Bit(kFirstToken)), false},
+    {Interval::kDecode, kRequestDecodeTime, kFirstToken, kLastToken, kFinished,
+     true, Bit(kFirstToken), false},
+    {Interval::kInference, kRequestInferenceTime, kScheduled, kLastToken,
+     kFinished, true, Bit(kFirstToken), false},
+    {Interval::kTpot, kRequestTimePerOutputToken, kFirstToken, kLastToken,
+     kFinished, true, Bit(kFirstToken), true},
+};
+constexpr size_t kNumIntervalDefs = std::size(kIntervals);
+// The `closed` bit after the intervals': the per-request histograms that
+// need ARRIVED's figures (prompt tokens, params), observed at finish.
+constexpr uint8_t kArrivalStatsBit = uint8_t(1u << kNumIntervalDefs);
+static_assert(kNumIntervalDefs < 8);
+// request_success's children are indexed by FinishReason.
+static_assert(kNumFinishReasons == std::size(kFinishedReasonValues) &&
+              size_t(FinishReason::kError) == 3);
+
 }  // namespace
 
 struct Tracker::Request {
@@ -36,33 +96,46 @@ struct Tracker::Request {
   EngineSeries* first_token_series = nullptr;  // sent the first TOKENS
   EngineSeries* finish_series = nullptr;       // sent FINISHED
   EngineSeries* gauge_series = nullptr;        // holds the derived gauge
-  uint64_t arrived_ns = 0;
-  uint64_t queued_ns = 0;
-  uint64_t scheduled_ns = 0;
-  uint64_t first_token_ns = 0;
-  uint64_t last_token_ns = 0;
-  uint64_t finished_ns = 0;
+  uint64_t t_ns[kNumPoints] = {};              // valid where `known` says
   uint64_t activity_ns = 0;  // daemon clock: last event, or finish
   uint32_t prompt_tokens = 0;
   uint32_t generation_tokens = 0;
   uint32_t max_tokens = 0;
   uint32_t n = 0;
-  bool has_arrived : 1 = false;
-  bool has_queued : 1 = false;
-  bool has_scheduled : 1 = false;
-  bool has_tokens : 1 = false;
-  bool finished : 1 = false;
+  uint8_t known = 0;   // Bit(Point) of the points set
+  uint8_t closed = 0;  // kIntervals rows observed, and kArrivalStatsBit
   bool has_max_tokens : 1 = false;
   bool has_n : 1 = false;
-  bool ttft_done : 1 = false;
-  bool prefill_done : 1 = false;
-  // Finish-time observations still waiting for their start event.
-  bool pending_e2e : 1 = false;
-  bool pending_queue : 1 = false;
-  bool pending_inference : 1 = false;
-  bool pending_arrival_stats : 1 = false;  // prompt and params histograms
   Gauge gauge = Gauge::kNone;
+
+  bool has(Point p) const {
+    if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
+    return (known & Bit(p)) != 0;
+  }
+  uint64_t at(Point p) const {
+    if (p == kQueueStart) {
+      return has(kQueued) ? t_ns[kQueued] : t_ns[kArrived];
+    }
+    return t_ns[p];
+  }
+  void set(Point p, uint64_t t) {
+    t_ns[p] = t;
+    known |= Bit(p);
+  }
+  bool finished() const { return has(kFinished); }
 };
+
+namespace {
+
+// An interval's existence, per kIntervals (at_finish rows: as of the
+// FINISHED; OnFinished closes the rows that do not exist then).
+bool ShouldExist(const IntervalDef& d, const Tracker::Request& r) {
+  if ((r.known & d.exists_if) == 0) return false;
+  if (!d.at_finish) return true;
+  return r.finished() && (!d.per_token || r.generation_tokens > 1);
+}
+
+}  // namespace
 
 size_t Tracker::KeyHash::Mix(uint64_t a, uint64_t b) noexcept {
   uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b;
@@ -72,13 +145,41 @@ size_t Tracker::KeyHash::Mix(uint64_t a, uint64_t b) noexcept {
   return size_t(h);
 }
 
-Tracker::Tracker(Registry& registry, const Clock& clock, TrackerOptions options)
-    : registry_(registry),
-      counters_(registry.counters()),
-      clock_(clock),
-      options_(options) {}
+namespace {
+constexpr DaemonMetric kOwned[] = {kTrackedRequests, kEvictedRequests,
+                                   kIncompleteIntervals, kNegativeIntervals};
+}  // namespace
 
-Tracker::~Tracker() = default;
+Tracker::Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
+                 TrackerOptions options)
+    : registry_(registry), ingest_(ingest), clock_(clock), options_(options) {
+  for (DaemonMetric id : kOwned) registry_.Register(id, this);
+}
+
+Tracker::~Tracker() {
+  for (DaemonMetric id : kOwned) registry_.Unregister(id, this);
+}
+
+void Tracker::Collect(DaemonMetric id, MetricWriter& w) const {
+  const SampleLabels none;
+  switch (id) {
+    case kTrackedRequests:
+      w.Sample(none, double(requests_.size()));
+      break;
+    case kEvictedRequests:
+      w.Sample(none, evicted_);
+      break;
+    case kIncompleteIntervals:
+    case kNegativeIntervals:
+      for (size_t i = 0; i < size_t(Interval::kCount); ++i) {
+        w.Sample(none.WithOwn("interval", IntervalName(Interval(i))),
+                 id == kIncompleteIntervals ? incomplete_[i] : negative_[i]);
+      }
+      break;
+    default:
+      break;
+  }
+}
 
 // ---- bookkeeping
 // -------------------------------------------------------------
@@ -114,7 +215,7 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
   auto it = requests_.find(view);
   if (it != requests_.end()) {
     Request& r = it->second;
-    if (!r.finished) {
+    if (!r.finished()) {
       Unlink(r, active_head_, active_tail_);
       Append(r, active_head_, active_tail_);
       r.activity_ns = now_ns;
@@ -140,34 +241,36 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
   r.key = &pos->first;
   r.activity_ns = now_ns;
   Append(r, active_head_, active_tail_);
-  counters_.tracked_requests = int64_t(requests_.size());
   return r;
 }
 
 namespace {
 
 void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s) {
-  if (r.gauge == Gauge::kWaiting) --r.gauge_series->derived_waiting;
-  if (r.gauge == Gauge::kRunning) --r.gauge_series->derived_running;
+  if (r.gauge == Gauge::kWaiting) {
+    r.gauge_series->AddDerived(kNumRequestsWaiting, -1);
+  }
+  if (r.gauge == Gauge::kRunning) {
+    r.gauge_series->AddDerived(kNumRequestsRunning, -1);
+  }
   r.gauge = g;
   r.gauge_series = s;
-  if (g == Gauge::kWaiting) ++s->derived_waiting;
-  if (g == Gauge::kRunning) ++s->derived_running;
+  if (g == Gauge::kWaiting) s->AddDerived(kNumRequestsWaiting, 1);
+  if (g == Gauge::kRunning) s->AddDerived(kNumRequestsRunning, 1);
 }
 
 }  // namespace
 
 void Tracker::Remove(Request& r, bool evicted) {
-  // Intervals whose closing event came but whose start never did.
-  auto incomplete = [this](Interval i) { ++counters_.incomplete[size_t(i)]; };
-  if (r.has_tokens && !r.ttft_done) incomplete(Interval::kTtft);
-  if (r.has_tokens && !r.prefill_done) incomplete(Interval::kPrefill);
-  if (r.pending_e2e) incomplete(Interval::kE2e);
-  if (r.pending_queue) incomplete(Interval::kQueue);
-  if (r.pending_inference) incomplete(Interval::kInference);
-  if (evicted) ++counters_.evicted_requests;
+  // Intervals that should exist but whose other end never came.
+  for (size_t i = 0; i < kNumIntervalDefs; ++i) {
+    if ((r.closed & (1u << i)) == 0 && ShouldExist(kIntervals[i], r)) {
+      ++incomplete_[size_t(kIntervals[i].interval)];
+    }
+  }
+  if (evicted) ++evicted_;
   SetGauge(r, Gauge::kNone, nullptr);
-  if (r.finished) {
+  if (r.finished()) {
     Unlink(r, finished_head_, finished_tail_);
   } else {
     Unlink(r, active_head_, active_tail_);
@@ -176,7 +279,6 @@ void Tracker::Remove(Request& r, bool evicted) {
   // Heterogeneous erase() is C++23; find() then erase the node.
   requests_.erase(requests_.find(
       KeyView{k.space, k.num, std::string_view(k.str.get(), k.len)}));
-  counters_.tracked_requests = int64_t(requests_.size());
 }
 
 void Tracker::Sweep() {
@@ -191,13 +293,39 @@ void Tracker::Sweep() {
   }
 }
 
-void Tracker::Observe(EngineSeries& s, EngineMetric m, Interval interval,
-                      int64_t delta_ns) {
-  if (delta_ns < 0) {
-    ++counters_.negative[size_t(interval)];
-    return;
+void Tracker::CloseReady(Request& r) {
+  for (size_t i = 0; i < kNumIntervalDefs; ++i) {
+    const IntervalDef& d = kIntervals[i];
+    if ((r.closed & (1u << i)) != 0 || !ShouldExist(d, r) || !r.has(d.start) ||
+        !r.has(d.end)) {
+      continue;
+    }
+    r.closed |= uint8_t(1u << i);
+    EngineSeries& s =
+        d.labels == kFirstToken ? *r.first_token_series : *r.finish_series;
+    const int64_t delta = int64_t(r.at(d.end) - r.at(d.start));
+    if (delta < 0) {
+      ++negative_[size_t(d.interval)];
+      continue;
+    }
+    if (d.per_token) {
+      s.hist(d.metric).Observe(double(delta) /
+                               double(r.generation_tokens - 1));
+    } else {
+      s.hist(d.metric).Observe(double(delta));
+    }
+    // Prompt tokens are counted when the first token appears.
+    if (d.interval == Interval::kTtft) {
+      s.Add(kPromptTokens, r.prompt_tokens);
+    }
   }
-  s.hist(m).Observe(double(delta_ns));
+  if ((r.closed & kArrivalStatsBit) == 0 && r.finished() && r.has(kArrived)) {
+    r.closed |= kArrivalStatsBit;
+    EngineSeries& f = *r.finish_series;
+    f.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
+    if (r.has_max_tokens) f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
+    if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
+  }
 }
 
 // ---- events
@@ -213,24 +341,26 @@ void Tracker::Apply(const Source& src, const Event& ev,
                     const uint64_t* positions, uint64_t now_ns) {
   if (ev.t_ns > now_ns + options_.max_future_ns ||
       ev.t_ns + options_.max_past_ns < now_ns) {
-    ++counters_.ingest_errors[size_t(IngestError::kBadTimestamp)];
+    ingest_.CountError(IngestError::kBadTimestamp);
     return;
   }
-  ++counters_.ingest_events[size_t(ev.kind) - 1];
+  ingest_.CountEvent(ev.kind);
   if (ev.kind == EventKind::kStep) {
     OnStep(src, ev, positions);
     return;
   }
   Request& r = Find(src, ev.rid, now_ns);
+  const uint8_t known_before = r.known;
   switch (ev.kind) {
     case EventKind::kArrived:
       OnArrived(src, ev, r);
       break;
     case EventKind::kQueued:
-      OnQueued(ev, r);
+      if (!r.has(kQueued)) r.set(kQueued, ev.t_ns);
       break;
     case EventKind::kScheduled:
-      OnScheduled(src, ev, r);
+      OnScheduled(src, r);
+      if (!r.has(kScheduled)) r.set(kScheduled, ev.t_ns);  // later ones: no
       break;
     case EventKind::kTokens:
       OnTokens(src, ev, r);
@@ -244,184 +374,78 @@ void Tracker::Apply(const Source& src, const Event& ev,
     case EventKind::kStep:
       break;
   }
+  // Only a new point can make an interval ready.
+  if (r.known != known_before) CloseReady(r);
 }
-
-namespace {
-int64_t Delta(uint64_t end, uint64_t start) { return int64_t(end - start); }
-uint64_t QueueStart(const Tracker::Request& r) {
-  return r.has_queued ? r.queued_ns : r.arrived_ns;
-}
-}  // namespace
 
 void Tracker::OnArrived(const Source& src, const Event& ev, Request& r) {
-  if (r.has_arrived) return;  // a repeated ARRIVED changes nothing
-  r.has_arrived = true;
-  r.arrived_ns = ev.t_ns;
+  if (r.has(kArrived)) return;  // a repeated ARRIVED changes nothing
+  r.set(kArrived, ev.t_ns);
   r.prompt_tokens = uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX));
   r.has_max_tokens = ev.has_max_tokens;
   r.max_tokens = uint32_t(std::min<uint64_t>(ev.max_tokens, UINT32_MAX));
   r.has_n = ev.has_n;
   r.n = uint32_t(std::min<uint64_t>(ev.n, UINT32_MAX));
-  if (!r.finished && !r.has_scheduled && !r.has_tokens &&
+  if (!r.finished() && !r.has(kScheduled) && !r.has(kFirstToken) &&
       r.gauge == Gauge::kNone) {
     SetGauge(r, Gauge::kWaiting, src.series);
   }
-  if (r.has_tokens && !r.ttft_done) {
-    // The first token came first: TTFT closes now, with its labels.
-    r.ttft_done = true;
-    Observe(*r.first_token_series, kTimeToFirstToken, Interval::kTtft,
-            Delta(r.first_token_ns, r.arrived_ns));
-    r.first_token_series->prompt_tokens += r.prompt_tokens;
-  }
-  if (r.finished) {
-    EngineSeries& f = *r.finish_series;
-    if (r.pending_e2e) {
-      r.pending_e2e = false;
-      Observe(f, kE2eRequestLatency, Interval::kE2e,
-              Delta(r.finished_ns, r.arrived_ns));
-    }
-    if (r.pending_queue && r.has_scheduled) {
-      r.pending_queue = false;
-      Observe(f, kRequestQueueTime, Interval::kQueue,
-              Delta(r.scheduled_ns, QueueStart(r)));
-    }
-    if (r.pending_arrival_stats) {
-      r.pending_arrival_stats = false;
-      f.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
-      if (r.has_max_tokens)
-        f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
-      if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
-    }
-  }
 }
 
-void Tracker::OnQueued(const Event& ev, Request& r) {
-  if (r.has_queued) return;
-  r.has_queued = true;
-  r.queued_ns = ev.t_ns;
-  if (r.finished && r.pending_queue && r.has_scheduled) {
-    r.pending_queue = false;
-    Observe(*r.finish_series, kRequestQueueTime, Interval::kQueue,
-            Delta(r.scheduled_ns, r.queued_ns));
-  }
-}
-
-void Tracker::OnScheduled(const Source& src, const Event& ev, Request& r) {
-  if (!r.finished && r.gauge != Gauge::kRunning) {
+void Tracker::OnScheduled(const Source& src, Request& r) {
+  if (!r.finished() && r.gauge != Gauge::kRunning) {
     SetGauge(r, Gauge::kRunning, src.series);
-  }
-  if (r.has_scheduled) return;  // later SCHEDULEDs do not move it
-  r.has_scheduled = true;
-  r.scheduled_ns = ev.t_ns;
-  if (r.has_tokens && !r.prefill_done) {
-    r.prefill_done = true;
-    Observe(*r.first_token_series, kRequestPrefillTime, Interval::kPrefill,
-            Delta(r.first_token_ns, r.scheduled_ns));
-  }
-  if (r.finished) {
-    EngineSeries& f = *r.finish_series;
-    if (r.pending_queue && (r.has_queued || r.has_arrived)) {
-      r.pending_queue = false;
-      Observe(f, kRequestQueueTime, Interval::kQueue,
-              Delta(r.scheduled_ns, QueueStart(r)));
-    }
-    if (r.pending_inference) {
-      r.pending_inference = false;
-      Observe(f, kRequestInferenceTime, Interval::kInference,
-              Delta(r.last_token_ns, r.scheduled_ns));
-    }
   }
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
   EngineSeries& s = *src.series;
-  s.generation_tokens += ev.count;
+  s.Add(kGenerationTokens, ev.count);
   r.generation_tokens = uint32_t(
       std::min<uint64_t>(uint64_t(r.generation_tokens) + ev.count, UINT32_MAX));
-  if (r.has_tokens) {
-    Observe(s, kInterTokenLatency, Interval::kItl,
-            Delta(ev.t_ns, r.last_token_ns));
-    if (ev.t_ns > r.last_token_ns) r.last_token_ns = ev.t_ns;
+  if (r.has(kFirstToken)) {
+    // Inter-token latency: one observation per TOKENS after the first.
+    const int64_t itl = int64_t(ev.t_ns - r.t_ns[kLastToken]);
+    if (itl < 0) {
+      ++negative_[size_t(Interval::kItl)];
+    } else {
+      s.hist(kInterTokenLatency).Observe(double(itl));
+    }
+    if (ev.t_ns > r.t_ns[kLastToken]) r.t_ns[kLastToken] = ev.t_ns;
     return;
   }
-  r.has_tokens = true;
-  r.first_token_ns = r.last_token_ns = ev.t_ns;
+  r.set(kFirstToken, ev.t_ns);
+  r.set(kLastToken, ev.t_ns);
   r.first_token_series = &s;
-  if (!r.finished && r.gauge != Gauge::kRunning) {
+  if (!r.finished() && r.gauge != Gauge::kRunning) {
     SetGauge(r, Gauge::kRunning, &s);
-  }
-  if (r.has_arrived) {
-    r.ttft_done = true;
-    Observe(s, kTimeToFirstToken, Interval::kTtft,
-            Delta(r.first_token_ns, r.arrived_ns));
-    s.prompt_tokens += r.prompt_tokens;
-  }
-  if (r.has_scheduled) {
-    r.prefill_done = true;
-    Observe(s, kRequestPrefillTime, Interval::kPrefill,
-            Delta(r.first_token_ns, r.scheduled_ns));
   }
 }
 
 void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
                          uint64_t now_ns) {
-  if (r.finished) return;  // a repeated FINISHED changes nothing
+  if (r.finished()) return;  // a repeated FINISHED changes nothing
   EngineSeries& s = *src.series;
-  r.finished = true;
-  r.finished_ns = ev.t_ns;
+  r.set(kFinished, ev.t_ns);
   r.finish_series = &s;
-  ++s.success[size_t(ev.reason)];
+  // Which finish-time intervals exist is decided now, once.
+  for (size_t i = 0; i < kNumIntervalDefs; ++i) {
+    if (kIntervals[i].at_finish && !ShouldExist(kIntervals[i], r)) {
+      r.closed |= uint8_t(1u << i);
+    }
+  }
+  s.AddChild(kRequestSuccess, size_t(ev.reason), 1);
   SetGauge(r, Gauge::kNone, nullptr);
   Unlink(r, active_head_, active_tail_);
   r.activity_ns = now_ns;
   Append(r, finished_head_, finished_tail_);
-  ObserveFinishTime(r);
-}
-
-void Tracker::ObserveFinishTime(Request& r) {
-  EngineSeries& s = *r.finish_series;
-  if (r.has_arrived) {
-    Observe(s, kE2eRequestLatency, Interval::kE2e,
-            Delta(r.finished_ns, r.arrived_ns));
-    s.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
-    if (r.has_max_tokens) s.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
-    if (r.has_n) s.hist(kRequestParamsN).Observe(r.n);
-  } else {
-    r.pending_e2e = true;
-    r.pending_arrival_stats = true;
-  }
-  if (r.has_scheduled) {
-    if (r.has_queued || r.has_arrived) {
-      Observe(s, kRequestQueueTime, Interval::kQueue,
-              Delta(r.scheduled_ns, QueueStart(r)));
-    } else {
-      r.pending_queue = true;
-    }
-  } else if (r.has_tokens) {
-    // It must have been scheduled; the event has not come (yet).
-    r.pending_queue = true;
-  }
-  if (r.has_tokens) {
-    const int64_t decode = Delta(r.last_token_ns, r.first_token_ns);
-    Observe(s, kRequestDecodeTime, Interval::kDecode, decode);
-    if (r.has_scheduled) {
-      Observe(s, kRequestInferenceTime, Interval::kInference,
-              Delta(r.last_token_ns, r.scheduled_ns));
-    } else {
-      r.pending_inference = true;
-    }
-    if (r.generation_tokens > 1) {
-      s.hist(kRequestTimePerOutputToken)
-          .Observe(double(decode) / double(r.generation_tokens - 1));
-    }
-  }
   s.hist(kRequestGenerationTokens).Observe(r.generation_tokens);
   s.hist(kRequestMaxNumGenerationTokens).Observe(r.generation_tokens);
 }
 
 void Tracker::OnPreempted(const Source& src, Request& r) {
-  ++src.series->preemptions;
-  if (!r.finished) SetGauge(r, Gauge::kWaiting, src.series);
+  src.series->Add(kNumPreemptions, 1);
+  if (!r.finished()) SetGauge(r, Gauge::kWaiting, src.series);
 }
 
 void Tracker::OnStep(const Source& src, const Event& ev,
@@ -429,30 +453,24 @@ void Tracker::OnStep(const Source& src, const Event& ev,
   EngineSeries& s = *src.series;
   const StepStats& st = ev.step;
   if (st.has & StepStats::kRunning) {
-    s.has_step_running = true;
-    s.step_running = st.running;
+    s.Set(kNumRequestsRunning, double(st.running));
   }
   if (st.has & StepStats::kWaiting) {
-    s.has_step_waiting = true;
-    s.step_waiting = st.waiting;
+    s.Set(kNumRequestsWaiting, double(st.waiting));
   }
-  if (st.has & StepStats::kKvUsage) s.kv_usage = st.kv_usage;
-  s.prefix_queries += st.prefix_queries;
-  s.prefix_hits += st.prefix_hits;
+  if (st.has & StepStats::kKvUsage) s.Set(kKvCacheUsagePerc, st.kv_usage);
+  s.Add(kPrefixCacheQueries, st.prefix_queries);
+  s.Add(kPrefixCacheHits, st.prefix_hits);
   if (st.has & (StepStats::kPromptTokens | StepStats::kGenerationTokens)) {
     s.hist(kIterationTokens)
         .Observe(double(st.prompt_tokens + st.generation_tokens));
   }
-  s.spec_drafts += st.spec_drafts;
-  s.spec_draft_tokens += st.spec_draft_tokens;
-  s.spec_accepted_tokens += st.spec_accepted_tokens;
-  if (st.pos_count > 0) {
-    if (s.spec_accepted_per_pos.size() < st.pos_count) {
-      s.spec_accepted_per_pos.resize(st.pos_count, 0);
-    }
-    for (uint32_t i = 0; i < st.pos_count; ++i) {
-      s.spec_accepted_per_pos[i] += positions[st.pos_begin + i];
-    }
+  s.Add(kSpecDecodeNumDrafts, st.spec_drafts);
+  s.Add(kSpecDecodeNumDraftTokens, st.spec_draft_tokens);
+  s.Add(kSpecDecodeNumAcceptedTokens, st.spec_accepted_tokens);
+  for (uint32_t i = st.pos_count; i > 0; --i) {
+    s.AddChild(kSpecDecodeNumAcceptedTokensPerPos, i - 1,
+               positions[st.pos_begin + i - 1]);
   }
 }
 

@@ -2,9 +2,22 @@
 // connections of one request-id space, in any order), computes the
 // intervals of docs/protocol.md and updates the engine series.
 //
+// Each event sets one of a request's time points (arrived, queued,
+// scheduled, first and last token, finished); one table (kIntervals in
+// tracker.cpp) says which interval runs between which points, into which
+// histogram, with whose labels and whether it waits for FINISHED; after
+// every event that sets a new point one step observes what has become
+// ready. Inter-token latency, observed per TOKENS event, is the only
+// interval outside the table.
+//
 // Every event names the connection it came from through a Source; the
 // observation of an interval goes to the series of the connection that sent
 // the interval's closing event, whatever order the events came in.
+//
+// Owns the tokenmeter_tracked_requests, _evicted_requests_total,
+// _incomplete_intervals_total and _negative_intervals_total families
+// (registered with the registry while it lives); events applied and
+// bad timestamps are counted in the IngestStats it is given.
 //
 // Memory: one Request per tracked request (about 190 bytes with an integer
 // id, see docs/performance.md), at most TrackerOptions::max_requests.
@@ -17,8 +30,11 @@
 #include <string_view>
 #include <unordered_map>
 
+#include <array>
+
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
+#include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/registry.h"
 
 namespace tokenmeter::daemon {
@@ -49,12 +65,13 @@ struct Source {
   uint64_t space;        // its request-id space
 };
 
-class Tracker {
+class Tracker : public Collector {
  public:
-  Tracker(Registry& registry, const Clock& clock, TrackerOptions options);
+  Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
+          TrackerOptions options);
   Tracker(const Tracker&) = delete;
   Tracker& operator=(const Tracker&) = delete;
-  ~Tracker();
+  ~Tracker() override;
 
   // Applies every event of a decoded batch (timestamps checked against one
   // reading of the clock).
@@ -68,6 +85,11 @@ class Tracker {
   void Sweep();
 
   size_t size() const { return requests_.size(); }
+  uint64_t evicted() const { return evicted_; }
+  uint64_t incomplete(Interval i) const { return incomplete_[size_t(i)]; }
+  uint64_t negative(Interval i) const { return negative_[size_t(i)]; }
+
+  void Collect(DaemonMetric id, MetricWriter& w) const override;
 
   struct Request;  // defined in tracker.cpp
 
@@ -110,15 +132,13 @@ class Tracker {
   using Map = std::unordered_map<Key, Request, KeyHash, KeyEq>;
 
   Request& Find(const Source& src, const RequestId& rid, uint64_t now_ns);
-  void Touch(Request& r, uint64_t now_ns);
-  void Observe(EngineSeries& s, EngineMetric m, Interval interval,
-               int64_t delta_ns);
-  void ObserveFinishTime(Request& r);
   void Remove(Request& r, bool evicted);
+  // Observes every interval of `r` whose ends are known (and, for those
+  // observed at finish, that has finished), once each.
+  void CloseReady(Request& r);
 
   void OnArrived(const Source& src, const Event& ev, Request& r);
-  void OnQueued(const Event& ev, Request& r);
-  void OnScheduled(const Source& src, const Event& ev, Request& r);
+  void OnScheduled(const Source& src, Request& r);
   void OnTokens(const Source& src, const Event& ev, Request& r);
   void OnFinished(const Source& src, const Event& ev, Request& r,
                   uint64_t now_ns);
@@ -126,7 +146,7 @@ class Tracker {
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
 
   Registry& registry_;
-  DaemonCounters& counters_;
+  IngestStats& ingest_;
   const Clock& clock_;
   const TrackerOptions options_;
   Map requests_;
@@ -136,6 +156,9 @@ class Tracker {
   Request* active_tail_ = nullptr;
   Request* finished_head_ = nullptr;
   Request* finished_tail_ = nullptr;
+  uint64_t evicted_ = 0;
+  std::array<uint64_t, size_t(Interval::kCount)> incomplete_{};
+  std::array<uint64_t, size_t(Interval::kCount)> negative_{};
 };
 
 }  // namespace tokenmeter::daemon

@@ -4,36 +4,37 @@
 
 namespace tokenmeter::daemon {
 
-std::string SummaryLine(EngineSeries& s, double window_s, bool* idle) {
-  const uint64_t prompt = s.prompt_tokens - s.last_log_prompt_tokens;
-  const uint64_t generation =
-      s.generation_tokens - s.last_log_generation_tokens;
-  const uint64_t queries = s.prefix_queries - s.last_log_prefix_queries;
-  const uint64_t hits = s.prefix_hits - s.last_log_prefix_hits;
-  const uint64_t drafted = s.spec_draft_tokens - s.last_log_spec_draft_tokens;
-  const uint64_t accepted =
-      s.spec_accepted_tokens - s.last_log_spec_accepted_tokens;
-  s.last_log_prompt_tokens = s.prompt_tokens;
-  s.last_log_generation_tokens = s.generation_tokens;
-  s.last_log_prefix_queries = s.prefix_queries;
-  s.last_log_prefix_hits = s.prefix_hits;
-  s.last_log_spec_draft_tokens = s.spec_draft_tokens;
-  s.last_log_spec_accepted_tokens = s.spec_accepted_tokens;
 
-  const uint64_t running =
-      s.has_step_running ? s.step_running
-                         : uint64_t(std::max<int64_t>(0, s.derived_running));
-  const uint64_t waiting =
-      s.has_step_waiting ? s.step_waiting
-                         : uint64_t(std::max<int64_t>(0, s.derived_waiting));
+std::string SummaryLog::Line(const EngineSeries& s, double window_s,
+                             bool* idle) {
+  Window& win = windows_[&s];
+  // This window's increase of counter m; moves the window's mark on.
+  auto delta = [&s](EngineMetric m, uint64_t& mark) {
+    const uint64_t now = s.count(m);
+    const uint64_t d = now - mark;
+    mark = now;
+    return d;
+  };
+  const uint64_t prompt = delta(kPromptTokens, win.prompt_tokens);
+  const uint64_t generation = delta(kGenerationTokens, win.generation_tokens);
+  const uint64_t queries = delta(kPrefixCacheQueries, win.prefix_queries);
+  const uint64_t hits = delta(kPrefixCacheHits, win.prefix_hits);
+  const uint64_t drafted =
+      delta(kSpecDecodeNumDraftTokens, win.spec_draft_tokens);
+  const uint64_t accepted =
+      delta(kSpecDecodeNumAcceptedTokens, win.spec_accepted_tokens);
+
+  const auto running = uint64_t(s.gauge(kNumRequestsRunning).value());
+  const auto waiting = uint64_t(s.gauge(kNumRequestsWaiting).value());
   *idle = prompt == 0 && generation == 0 && running == 0 && waiting == 0;
   const double w = window_s > 0 ? window_s : 1;
   std::string line = fmt::format(
       "engine={} model={}: Avg prompt throughput: {:.1f} tokens/s, Avg "
       "generation throughput: {:.1f} tokens/s, Running: {} reqs, Waiting: {} "
       "reqs, GPU KV cache usage: {:.1f}%, Prefix cache hit rate: {:.1f}%",
-      s.identity.instance, s.identity.model, double(prompt) / w,
-      double(generation) / w, running, waiting, s.kv_usage * 100,
+      s.identity().instance, s.identity().model, double(prompt) / w,
+      double(generation) / w, running, waiting,
+      s.gauge(kKvCacheUsagePerc).value() * 100,
       queries > 0 ? 100.0 * double(hits) / double(queries) : 0.0);
   if (drafted > 0) {
     line += fmt::format(
@@ -45,12 +46,13 @@ std::string SummaryLine(EngineSeries& s, double window_s, bool* idle) {
   return line;
 }
 
-void LogSummaries(Registry& registry, double window_s) {
-  registry.ForEachSeries([&](EngineSeries& s) {
+void SummaryLog::LogAll(const Registry& registry, double window_s) {
+  registry.ForEachSeries([&](const EngineSeries& s) {
     bool idle = false;
-    const std::string line = SummaryLine(s, window_s, &idle);
-    s.idle_windows = idle ? s.idle_windows + 1 : 0;
-    if (s.idle_windows >= 2) {
+    const std::string line = Line(s, window_s, &idle);
+    int& idle_windows = windows_[&s].idle_windows;
+    idle_windows = idle ? idle_windows + 1 : 0;
+    if (idle_windows >= 2) {
       spdlog::debug("{}", line);
     } else {
       spdlog::info("{}", line);

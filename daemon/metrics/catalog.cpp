@@ -119,6 +119,11 @@ const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
      "Start time of the process since unix epoch in seconds."},
 };
 
+std::span<const std::string_view> FixedLabelValues(EngineMetric m) {
+  if (m == kRequestSuccess) return kFinishedReasonValues;
+  return {};
+}
+
 std::string_view MetricTypeName(MetricType type) {
   switch (type) {
     case kCounter:

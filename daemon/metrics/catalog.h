@@ -5,6 +5,7 @@
 #define TOKENMETER_DAEMON_METRICS_CATALOG_H_
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -66,6 +67,15 @@ struct EngineMetricDef {
   std::string_view help;
 };
 extern const EngineMetricDef kEngineMetrics[kNumEngineMetrics];
+
+// The values of a fixed own label, in exposition order (every value is
+// rendered, 0 included): request_success's finished_reason ("stop",
+// "length", "abort", "error": the order of the protocol's reasons). Empty
+// for scalar metrics and for an own label whose values are indices that
+// appear as they are counted (spec_decode_num_accepted_tokens_per_pos).
+std::span<const std::string_view> FixedLabelValues(EngineMetric m);
+inline constexpr std::string_view kFinishedReasonValues[] = {"stop", "length",
+                                                             "abort", "error"};
 
 // Daemon series (tokenmeter_* and process_*), in exposition order.
 enum DaemonMetric : uint8_t {

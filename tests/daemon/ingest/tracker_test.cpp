@@ -3,6 +3,7 @@
 // source), order independence, grace, eviction, timestamps and gauges.
 // Events are built as values; time is a fake clock.
 #include "daemon/ingest/tracker.h"
+#include "daemon/metrics/exposition.h"
 
 #include <gtest/gtest.h>
 
@@ -124,7 +125,8 @@ struct Harness {
     EXPECT_TRUE(s.ok()) << s.message();
     core = registry->GetOrCreate({"vllm", "m", "core", {}});
     front = registry->GetOrCreate({"vllm", "m", "front", {}});
-    tracker = std::make_unique<Tracker>(*registry, clock, options);
+    stats = std::make_unique<IngestStats>(*registry);
+    tracker = std::make_unique<Tracker>(*registry, *stats, clock, options);
   }
 
   Source Core(uint64_t space = kSpace) const { return {core, space}; }
@@ -141,10 +143,22 @@ struct Harness {
     tracker->Sweep();
   }
 
-  DaemonCounters& counters() { return registry->counters(); }
+  std::array<uint64_t, size_t(Interval::kCount)> Incomplete() const {
+    std::array<uint64_t, size_t(Interval::kCount)> a{};
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = tracker->incomplete(Interval(i));
+    }
+    return a;
+  }
+  std::array<uint64_t, size_t(Interval::kCount)> Negative() const {
+    std::array<uint64_t, size_t(Interval::kCount)> a{};
+    for (size_t i = 0; i < a.size(); ++i) a[i] = tracker->negative(Interval(i));
+    return a;
+  }
+  int64_t Tracked() const { return int64_t(tracker->size()); }
   std::string Render() {
     std::string out;
-    registry->Render(ExpositionFormat::kText004, out);
+    daemon::Render(*registry, ExpositionFormat::kText004, out);
     return out;
   }
 
@@ -152,12 +166,15 @@ struct Harness {
   std::unique_ptr<Registry> registry;
   EngineSeries* core = nullptr;
   EngineSeries* front = nullptr;
+  std::unique_ptr<IngestStats> stats;
   std::unique_ptr<Tracker> tracker;
 };
 
 uint64_t TotalObservations(const EngineSeries& s) {
   uint64_t n = 0;
-  for (const Histogram& h : s.hists) n += h.count();
+  for (int m = kFirstHistogram; m < kFirstHistogram + kNumHistograms; ++m) {
+    n += s.hist(EngineMetric(m)).count();
+  }
   return n;
 }
 
@@ -193,12 +210,6 @@ std::array<uint64_t, size_t(Interval::kCount)> Intervals(
   return a;
 }
 
-std::array<uint64_t, size_t(Interval::kCount)> AsArray(
-    const uint64_t (&counts)[size_t(Interval::kCount)]) {
-  std::array<uint64_t, size_t(Interval::kCount)> a{};
-  for (size_t i = 0; i < a.size(); ++i) a[i] = counts[i];
-  return a;
-}
 
 // ---- intervals
 // ---------------------------------------------------------------
@@ -250,13 +261,13 @@ TEST(TrackerTest, ComputesEveryIntervalOfOneRequest) {
   EXPECT_EQ(CountIn(h.core->hist(kInterTokenLatency), 0.025), 1u);
   EXPECT_EQ(CountIn(h.core->hist(kInterTokenLatency), 0.05), 1u);
 
-  EXPECT_EQ(h.core->prompt_tokens, 7u);
-  EXPECT_EQ(h.core->generation_tokens, 6u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kLength)], 1u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 0u);
-  EXPECT_EQ(h.core->preemptions, 0u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 7u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 6u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kLength)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 0u);
+  EXPECT_EQ(h.core->count(kNumPreemptions), 0u);
   EXPECT_EQ(TotalObservations(*h.front), 0u);
-  EXPECT_EQ(AsArray(h.counters().negative), Intervals({}));
+  EXPECT_EQ(h.Negative(), Intervals({}));
 }
 
 TEST(TrackerTest, TtftAndPrefillAtFirstTokenOtherPhasesAtFinished) {
@@ -265,7 +276,7 @@ TEST(TrackerTest, TtftAndPrefillAtFirstTokenOtherPhasesAtFinished) {
                     Tokens(T(30), Rid(1), 1)});
   ExpectHist(*h.core, kTimeToFirstToken, 1, double(30 * kMs));
   ExpectHist(*h.core, kRequestPrefillTime, 1, double(20 * kMs));
-  EXPECT_EQ(h.core->prompt_tokens, 5u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 5u);
   for (EngineMetric m :
        {kE2eRequestLatency, kRequestQueueTime, kRequestDecodeTime,
         kRequestInferenceTime, kRequestTimePerOutputToken, kRequestPromptTokens,
@@ -310,7 +321,7 @@ TEST(TrackerTest, TimePerOutputTokenIsDecodeOverTokensMinusOne) {
   ExpectHist(*h.core, kRequestTimePerOutputToken, 1, double(90 * kMs) / 9.0);
   EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).sum(), 0.01);
   ExpectHist(*h.core, kInterTokenLatency, 2, double(90 * kMs));
-  EXPECT_EQ(h.core->generation_tokens, 10u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 10u);
 }
 
 TEST(TrackerTest, ParamsHistogramsOnlyWhenGiven) {
@@ -333,10 +344,10 @@ TEST(TrackerTest, CountsFinishedRequestsByReason) {
     ++id;
     h.Send(h.Core(), {Arrived(T(0), Rid(id), 1), Finished(T(1), Rid(id), r)});
   }
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 1u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kLength)], 2u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kAbort)], 1u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kError)], 3u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kLength)], 2u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kAbort)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kError)], 3u);
 }
 
 TEST(TrackerTest, RepeatedArrivedAndFinishedChangeNothing) {
@@ -346,9 +357,9 @@ TEST(TrackerTest, RepeatedArrivedAndFinishedChangeNothing) {
                     Finished(T(30), Rid(1), FinishReason::kError)});
   ExpectHist(*h.core, kTimeToFirstToken, 1, double(10 * kMs));
   ExpectHist(*h.core, kE2eRequestLatency, 1, double(20 * kMs));
-  EXPECT_EQ(h.core->prompt_tokens, 4u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 1u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kError)], 0u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 4u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kError)], 0u);
 }
 
 // ---- labels: the source of the closing event
@@ -361,29 +372,29 @@ TEST(TrackerTest, FrontendArrivedEngineCoreRestLabelsEverythingWithCore) {
                     Tokens(T(10), Rid(1), 1), Tokens(T(20), Rid(1), 1),
                     Finished(T(30), Rid(1))});
   EXPECT_EQ(TotalObservations(*h.front), 0u);
-  EXPECT_EQ(h.front->prompt_tokens, 0u);
-  EXPECT_EQ(h.front->generation_tokens, 0u);
+  EXPECT_EQ(h.front->count(kPromptTokens), 0u);
+  EXPECT_EQ(h.front->count(kGenerationTokens), 0u);
   for (int i = 0; i < kNumHistograms; ++i) {
     const auto m = EngineMetric(kFirstHistogram + i);
     const uint64_t want = m == kIterationTokens ? 0 : 1;
     EXPECT_EQ(h.core->hist(m).count(), want) << MetricName(m);
   }
-  EXPECT_EQ(h.core->prompt_tokens, 8u);
-  EXPECT_EQ(h.core->generation_tokens, 2u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 8u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 2u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
 }
 
 TEST(TrackerTest, LateArrivedFromFrontendPutsTtftInCoreSeries) {
   Harness h;
   h.Send(h.Core(), {Scheduled(T(5), Rid(1)), Tokens(T(50), Rid(1), 1)});
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
-  EXPECT_EQ(h.core->prompt_tokens, 0u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 0u);
   h.Send(h.Front(), Arrived(T(0), Rid(1), 12));
   ExpectHist(*h.core, kTimeToFirstToken, 1, double(50 * kMs));
   EXPECT_EQ(h.front->hist(kTimeToFirstToken).count(), 0u);
   // The prompt tokens are counted with the first token's source too.
-  EXPECT_EQ(h.core->prompt_tokens, 12u);
-  EXPECT_EQ(h.front->prompt_tokens, 0u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 12u);
+  EXPECT_EQ(h.front->count(kPromptTokens), 0u);
 }
 
 TEST(TrackerTest, FinishPhasesGoToTheFinishedSource) {
@@ -404,8 +415,8 @@ TEST(TrackerTest, FinishPhasesGoToTheFinishedSource) {
     EXPECT_EQ(h.front->hist(m).count(), 1u) << MetricName(m);
     EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
   }
-  EXPECT_EQ(h.front->success[size_t(FinishReason::kStop)], 1u);
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kStop)], 0u);
+  EXPECT_EQ(h.front->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 0u);
 }
 
 TEST(TrackerTest, EachItlGoesToItsTokensSource) {
@@ -415,8 +426,8 @@ TEST(TrackerTest, EachItlGoesToItsTokensSource) {
   h.Send(h.Core(), Tokens(T(45), Rid(1), 1));
   ExpectHist(*h.front, kInterTokenLatency, 1, double(15 * kMs));
   ExpectHist(*h.core, kInterTokenLatency, 1, double(20 * kMs));
-  EXPECT_EQ(h.core->generation_tokens, 2u);
-  EXPECT_EQ(h.front->generation_tokens, 3u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 2u);
+  EXPECT_EQ(h.front->count(kGenerationTokens), 3u);
 }
 
 // ---- order independence
@@ -433,7 +444,7 @@ TEST(TrackerTest, ScheduledAfterFirstTokenStillGivesPrefill) {
   h.Send(h.Core(), {Tokens(T(40), Rid(1), 1), Finished(T(41), Rid(1))});
   ExpectHist(*h.core, kRequestQueueTime, 1, double(10 * kMs));
   ExpectHist(*h.core, kRequestInferenceTime, 1, double(30 * kMs));
-  EXPECT_EQ(AsArray(h.counters().negative), Intervals({}));
+  EXPECT_EQ(h.Negative(), Intervals({}));
 }
 
 TEST(TrackerTest, ScheduledAfterFinishedGivesQueueAndInference) {
@@ -450,7 +461,7 @@ TEST(TrackerTest, ScheduledAfterFinishedGivesQueueAndInference) {
   EXPECT_EQ(TotalObservations(*h.front), 0u);
   h.AdvanceAndSweep(2 * kSecond);
   EXPECT_EQ(h.tracker->size(), 0u);
-  EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}));
+  EXPECT_EQ(h.Incomplete(), Intervals({}));
 }
 
 TEST(TrackerTest, ArrivedAfterFinishedWithinGraceGivesE2eAndQueue) {
@@ -472,12 +483,12 @@ TEST(TrackerTest, ArrivedAfterFinishedWithinGraceGivesE2eAndQueue) {
   ExpectHist(*h.core, kRequestPromptTokens, 1, 9);
   ExpectHist(*h.core, kRequestParamsMaxTokens, 1, 50);
   ExpectHist(*h.core, kRequestParamsN, 1, 3);
-  EXPECT_EQ(h.core->prompt_tokens, 9u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 9u);
   EXPECT_EQ(TotalObservations(*h.front), 0u);
 
   h.AdvanceAndSweep(1);
   EXPECT_EQ(h.tracker->size(), 0u);
-  EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}));
+  EXPECT_EQ(h.Incomplete(), Intervals({}));
 }
 
 TEST(TrackerTest, ArrivedAfterFinishedWithoutQueuedGivesQueueFromArrived) {
@@ -489,7 +500,7 @@ TEST(TrackerTest, ArrivedAfterFinishedWithoutQueuedGivesQueueFromArrived) {
   ExpectHist(*h.core, kRequestQueueTime, 1, double(4 * kMs));
   ExpectHist(*h.core, kE2eRequestLatency, 1, double(34 * kMs));
   h.AdvanceAndSweep(10 * kSecond);
-  EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}));
+  EXPECT_EQ(h.Incomplete(), Intervals({}));
 }
 
 TEST(TrackerTest, LaterScheduledDoesNotMoveTheFirst) {
@@ -502,7 +513,7 @@ TEST(TrackerTest, LaterScheduledDoesNotMoveTheFirst) {
   ExpectHist(*h.core, kRequestQueueTime, 1, double(10 * kMs));
   ExpectHist(*h.core, kRequestPrefillTime, 1, double(30 * kMs));
   ExpectHist(*h.core, kRequestInferenceTime, 1, double(50 * kMs));
-  EXPECT_EQ(h.core->preemptions, 2u);
+  EXPECT_EQ(h.core->count(kNumPreemptions), 2u);
 }
 
 TEST(TrackerTest, QueuedComesOnlyFromTheFirstQueued) {
@@ -524,11 +535,11 @@ TEST(TrackerTest, FinishedRequestRetiredAfterGrace) {
   EXPECT_EQ(h.tracker->size(), 1u);
   h.AdvanceAndSweep(500 * kMs - 1);
   EXPECT_EQ(h.tracker->size(), 1u);
-  EXPECT_EQ(h.counters().tracked_requests, 1);
+  EXPECT_EQ(h.Tracked(), 1);
   h.AdvanceAndSweep(1);
   EXPECT_EQ(h.tracker->size(), 0u);
-  EXPECT_EQ(h.counters().tracked_requests, 0);
-  EXPECT_EQ(h.counters().evicted_requests, 0u);
+  EXPECT_EQ(h.Tracked(), 0);
+  EXPECT_EQ(h.tracker->evicted(), 0u);
   // Events in the grace period do not extend it.
   h.Send(h.Core(), {Arrived(T(0), Rid(2), 1), Finished(T(1), Rid(2))});
   h.AdvanceAndSweep(400 * kMs);
@@ -545,8 +556,8 @@ TEST(TrackerTest, EventAfterRetirementDoesNotJoin) {
   h.Send(h.Front(), Arrived(T(0), Rid(1), 1));
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
   EXPECT_EQ(h.core->hist(kE2eRequestLatency).count(), 0u);
-  EXPECT_EQ(h.counters().incomplete[size_t(Interval::kTtft)], 1u);
-  EXPECT_EQ(h.counters().incomplete[size_t(Interval::kE2e)], 1u);
+  EXPECT_EQ(h.tracker->incomplete(Interval::kTtft), 1u);
+  EXPECT_EQ(h.tracker->incomplete(Interval::kE2e), 1u);
 }
 
 struct IncompleteCase {
@@ -588,12 +599,12 @@ TEST(TrackerTest, CountsIncompleteIntervalsAtRetirementNeverObservesThem) {
     SCOPED_TRACE(c.name);
     Harness h;
     for (const Event& ev : c.events) h.Send(h.Core(), ev);
-    EXPECT_EQ(AsArray(h.counters().incomplete), Intervals({}))
+    EXPECT_EQ(h.Incomplete(), Intervals({}))
         << "counted before retirement";
     h.AdvanceAndSweep(2 * kSecond);
     EXPECT_EQ(h.tracker->size(), 0u);
-    EXPECT_EQ(AsArray(h.counters().incomplete), c.incomplete);
-    const auto& inc = h.counters().incomplete;
+    EXPECT_EQ(h.Incomplete(), c.incomplete);
+    const auto inc = h.Incomplete();
     if (inc[size_t(Interval::kTtft)] != 0) {
       EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
     }
@@ -610,7 +621,7 @@ TEST(TrackerTest, CountsIncompleteIntervalsAtRetirementNeverObservesThem) {
     if (inc[size_t(Interval::kInference)] != 0) {
       EXPECT_EQ(h.core->hist(kRequestInferenceTime).count(), 0u);
     }
-    EXPECT_EQ(h.counters().evicted_requests, 0u);
+    EXPECT_EQ(h.tracker->evicted(), 0u);
   }
 }
 
@@ -619,12 +630,12 @@ TEST(TrackerTest, AbortBeforeFirstTokenCountsNoIncompleteTtft) {
   h.Send(h.Core(), {Arrived(T(0), Rid(1), 6), Scheduled(T(3), Rid(1)),
                     Finished(T(9), Rid(1), FinishReason::kAbort)});
   h.AdvanceAndSweep(3 * kSecond);
-  EXPECT_EQ(h.counters().incomplete[size_t(Interval::kTtft)], 0u);
+  EXPECT_EQ(h.tracker->incomplete(Interval::kTtft), 0u);
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
   ExpectHist(*h.core, kE2eRequestLatency, 1, double(9 * kMs));
-  EXPECT_EQ(h.core->success[size_t(FinishReason::kAbort)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kAbort)], 1u);
   // No first token: no prompt tokens counted.
-  EXPECT_EQ(h.core->prompt_tokens, 0u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 0u);
 }
 
 struct NegativeCase {
@@ -677,7 +688,7 @@ TEST(TrackerTest, CountsNegativeIntervalsNeverObservesThem) {
     SCOPED_TRACE(c.name);
     Harness h;
     for (const Event& ev : c.events) h.Send(h.Core(), ev);
-    EXPECT_EQ(AsArray(h.counters().negative), c.negative);
+    EXPECT_EQ(h.Negative(), c.negative);
     for (EngineMetric m : c.not_observed) {
       EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
     }
@@ -693,22 +704,22 @@ TEST(TrackerTest, EvictsIdleUnfinishedRequests) {
   Harness h(options);
   h.Send(h.Core(), Arrived(T(0), Rid(1), 1));
   h.Send(h.Core(), Arrived(T(0), Rid(2), 1));
-  EXPECT_EQ(h.core->derived_waiting, 2);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 2);
   h.AdvanceAndSweep(6 * kSecond);
   h.Send(h.Core(), Scheduled(T(1), Rid(2)));  // activity: restarts its timer
   h.AdvanceAndSweep(4 * kSecond - 1);
   EXPECT_EQ(h.tracker->size(), 2u);
   h.AdvanceAndSweep(1);
   EXPECT_EQ(h.tracker->size(), 1u);
-  EXPECT_EQ(h.counters().evicted_requests, 1u);
-  EXPECT_EQ(h.counters().tracked_requests, 1);
-  EXPECT_EQ(h.core->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 1);
+  EXPECT_EQ(h.tracker->evicted(), 1u);
+  EXPECT_EQ(h.Tracked(), 1);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 1);
   h.AdvanceAndSweep(6 * kSecond);
   EXPECT_EQ(h.tracker->size(), 0u);
-  EXPECT_EQ(h.counters().evicted_requests, 2u);
-  EXPECT_EQ(h.counters().tracked_requests, 0);
-  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_EQ(h.tracker->evicted(), 2u);
+  EXPECT_EQ(h.Tracked(), 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 0);
   // An evicted request was never finished: nothing observed at finish.
   EXPECT_EQ(h.core->hist(kE2eRequestLatency).count(), 0u);
 }
@@ -721,8 +732,8 @@ TEST(TrackerTest, CapEvictsLeastRecentlyActiveRequest) {
                     Tokens(T(10), Rid(1), 1)});  // 2 is now the oldest
   h.Send(h.Core(), Arrived(T(0), Rid(3), 1));
   EXPECT_EQ(h.tracker->size(), 2u);
-  EXPECT_EQ(h.counters().tracked_requests, 2);
-  EXPECT_EQ(h.counters().evicted_requests, 1u);
+  EXPECT_EQ(h.Tracked(), 2);
+  EXPECT_EQ(h.tracker->evicted(), 1u);
   // 1 and 3 are still tracked: their tokens join their arrivals.
   h.Send(h.Core(), Tokens(T(20), Rid(3), 1));
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
@@ -732,9 +743,9 @@ TEST(TrackerTest, CapEvictsLeastRecentlyActiveRequest) {
   // 2 is gone: its tokens start a new request (pushing out 3).
   h.Send(h.Core(), Tokens(T(40), Rid(2), 1));
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
-  EXPECT_EQ(h.counters().evicted_requests, 2u);
+  EXPECT_EQ(h.tracker->evicted(), 2u);
   EXPECT_EQ(h.tracker->size(), 2u);
-  EXPECT_EQ(h.counters().tracked_requests, 2);
+  EXPECT_EQ(h.Tracked(), 2);
 }
 
 TEST(TrackerTest, CapRetiresFinishedRequestFirstWithoutCountingEviction) {
@@ -745,9 +756,9 @@ TEST(TrackerTest, CapRetiresFinishedRequestFirstWithoutCountingEviction) {
                     Finished(T(5), Rid(2), FinishReason::kAbort)});
   h.Send(h.Core(), Arrived(T(0), Rid(3), 1));
   EXPECT_EQ(h.tracker->size(), 2u);
-  EXPECT_EQ(h.counters().evicted_requests, 0u);
-  EXPECT_EQ(h.counters().tracked_requests, 2);
-  EXPECT_EQ(h.core->derived_waiting, 2);
+  EXPECT_EQ(h.tracker->evicted(), 0u);
+  EXPECT_EQ(h.Tracked(), 2);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 2);
   // 1 survived.
   h.Send(h.Core(), Tokens(T(10), Rid(1), 1));
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 1u);
@@ -783,12 +794,12 @@ TEST(TrackerTest, RejectsTimestampsOutsideTheWindow) {
     st.running = 4;
     h.Send(h.Core(), Step(t, st));
     const uint64_t bad = c.accepted ? 0 : 2;
-    EXPECT_EQ(h.counters().ingest_errors[size_t(IngestError::kBadTimestamp)],
+    EXPECT_EQ(h.stats->errors(IngestError::kBadTimestamp),
               bad);
     EXPECT_EQ(h.tracker->size(), c.accepted ? 1u : 0u);
-    EXPECT_EQ(h.core->derived_waiting, c.accepted ? 1 : 0);
-    EXPECT_EQ(h.core->has_step_running, c.accepted);
-    EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kArrived) - 1],
+    EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, c.accepted ? 1 : 0);
+    EXPECT_EQ(h.core->gauge(kNumRequestsRunning).has_set, c.accepted);
+    EXPECT_EQ(h.stats->events(EventKind::kArrived),
               c.accepted ? 1u : 0u);
   }
 }
@@ -802,7 +813,7 @@ TEST(TrackerTest, TimestampWindowFollowsOptions) {
   h.Send(h.Core(),
          {Arrived(now + 5, Rid(1), 1), Arrived(now + 6, Rid(2), 1),
           Arrived(now - 10, Rid(3), 1), Arrived(now - 11, Rid(4), 1)});
-  EXPECT_EQ(h.counters().ingest_errors[size_t(IngestError::kBadTimestamp)], 2u);
+  EXPECT_EQ(h.stats->errors(IngestError::kBadTimestamp), 2u);
   EXPECT_EQ(h.tracker->size(), 2u);
 }
 
@@ -813,11 +824,11 @@ TEST(TrackerTest, ApplyBatchSkipsOnlyTheBadEvent) {
                   Arrived(h.clock.now + 2 * kSecond, Rid(2), 1),
                   Tokens(T(10), Rid(1), 1)};
   h.tracker->ApplyBatch(h.Core(), batch);
-  EXPECT_EQ(h.counters().ingest_errors[size_t(IngestError::kBadTimestamp)], 1u);
+  EXPECT_EQ(h.stats->errors(IngestError::kBadTimestamp), 1u);
   EXPECT_EQ(h.tracker->size(), 1u);
   ExpectHist(*h.core, kTimeToFirstToken, 1, double(10 * kMs));
-  EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kArrived) - 1], 1u);
-  EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kTokens) - 1], 1u);
+  EXPECT_EQ(h.stats->events(EventKind::kArrived), 1u);
+  EXPECT_EQ(h.stats->events(EventKind::kTokens), 1u);
 }
 
 // ---- gauges and STEP
@@ -834,43 +845,43 @@ TEST(TrackerTest, DerivesRunningAndWaitingWithoutStepData) {
   const std::string waiting_core =
       "vllm:num_requests_waiting{model_name=\"m\",engine=\"core\"} ";
   h.Send(h.Core(), Arrived(T(0), Rid(1), 1));
-  EXPECT_EQ(h.core->derived_waiting, 1);
-  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 1);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 0);
   EXPECT_TRUE(HasLine(h.Render(), waiting_core + "1"));
   h.Send(h.Core(), Scheduled(T(1), Rid(1)));
-  EXPECT_EQ(h.core->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 1);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 1);
   EXPECT_TRUE(HasLine(h.Render(), running_core + "1"));
   EXPECT_TRUE(HasLine(h.Render(), waiting_core + "0"));
   h.Send(h.Core(), Preempted(T(2), Rid(1)));
-  EXPECT_EQ(h.core->derived_waiting, 1);
-  EXPECT_EQ(h.core->derived_running, 0);
-  EXPECT_EQ(h.core->preemptions, 1u);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 1);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 0);
+  EXPECT_EQ(h.core->count(kNumPreemptions), 1u);
   h.Send(h.Core(), {Scheduled(T(3), Rid(1)), Tokens(T(4), Rid(1), 1)});
-  EXPECT_EQ(h.core->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 1);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 1);
   h.Send(h.Core(), Finished(T(5), Rid(1)));
-  EXPECT_EQ(h.core->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 0);
   EXPECT_TRUE(HasLine(h.Render(), running_core + "0"));
   // Events after FINISHED do not bring the request back into a gauge.
   h.Send(h.Core(), {Scheduled(T(6), Rid(1)), Preempted(T(7), Rid(1))});
-  EXPECT_EQ(h.core->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 0);
 }
 
 TEST(TrackerTest, DerivedGaugesFollowTheSourceOfTheLatestState) {
   Harness h;
   h.Send(h.Front(), Arrived(T(0), Rid(1), 1));
-  EXPECT_EQ(h.front->derived_waiting, 1);
+  EXPECT_EQ(h.front->gauge(kNumRequestsWaiting).derived, 1);
   h.Send(h.Core(), Scheduled(T(1), Rid(1)));
-  EXPECT_EQ(h.front->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 1);
+  EXPECT_EQ(h.front->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 1);
   // An ARRIVED after the first token does not count it as waiting.
   h.Send(h.Core(), Tokens(T(10), Rid(2), 1));
   h.Send(h.Front(), Arrived(T(0), Rid(2), 1));
-  EXPECT_EQ(h.front->derived_waiting, 0);
-  EXPECT_EQ(h.core->derived_running, 2);
+  EXPECT_EQ(h.front->gauge(kNumRequestsWaiting).derived, 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsRunning).derived, 2);
 }
 
 TEST(TrackerTest, StepGaugesOverrideDerivedOnes) {
@@ -932,13 +943,13 @@ TEST(TrackerTest, StepCountersAndIterationTokensAccumulate) {
   EXPECT_EQ(it.sum(), 129.0);
   EXPECT_EQ(CountIn(it, 128), 1u);
   EXPECT_EQ(CountIn(it, 1), 1u);
-  EXPECT_EQ(h.core->prefix_queries, 55u);
-  EXPECT_EQ(h.core->prefix_hits, 20u);
-  EXPECT_EQ(h.core->spec_drafts, 2u);
-  EXPECT_EQ(h.core->spec_draft_tokens, 6u);
-  EXPECT_EQ(h.core->spec_accepted_tokens, 4u);
-  EXPECT_EQ(h.core->spec_accepted_per_pos, (std::vector<uint64_t>{4, 2, 0}));
-  EXPECT_EQ(h.counters().ingest_events[size_t(EventKind::kStep) - 1], 3u);
+  EXPECT_EQ(h.core->count(kPrefixCacheQueries), 55u);
+  EXPECT_EQ(h.core->count(kPrefixCacheHits), 20u);
+  EXPECT_EQ(h.core->count(kSpecDecodeNumDrafts), 2u);
+  EXPECT_EQ(h.core->count(kSpecDecodeNumDraftTokens), 6u);
+  EXPECT_EQ(h.core->count(kSpecDecodeNumAcceptedTokens), 4u);
+  EXPECT_EQ(h.core->children(kSpecDecodeNumAcceptedTokensPerPos), (std::vector<uint64_t>{4, 2, 0}));
+  EXPECT_EQ(h.stats->events(EventKind::kStep), 3u);
   EXPECT_EQ(h.tracker->size(), 0u);  // STEP belongs to no request
   EXPECT_EQ(TotalObservations(*h.front), 0u);
 }
@@ -998,15 +1009,15 @@ TEST(TrackerTest, TrackedRequestsGaugeEqualsSize) {
   for (uint64_t i = 0; i < 80; ++i) {
     h.Send(h.Core(), Arrived(T(i), Rid(i), 1));
     if (i % 3 == 0) h.Send(h.Core(), Finished(T(i + 1), Rid(i)));
-    EXPECT_EQ(h.counters().tracked_requests, int64_t(h.tracker->size()));
+    EXPECT_EQ(h.Tracked(), int64_t(h.tracker->size()));
   }
   EXPECT_EQ(h.tracker->size(), 50u);
   h.AdvanceAndSweep(kSecond);
-  EXPECT_EQ(h.counters().tracked_requests, int64_t(h.tracker->size()));
+  EXPECT_EQ(h.Tracked(), int64_t(h.tracker->size()));
   h.AdvanceAndSweep(options.idle_timeout_ns);
   EXPECT_EQ(h.tracker->size(), 0u);
-  EXPECT_EQ(h.counters().tracked_requests, 0);
-  EXPECT_EQ(h.core->derived_waiting, 0);
+  EXPECT_EQ(h.Tracked(), 0);
+  EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
 }
 
 }  // namespace

@@ -25,7 +25,10 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/catalog.h"
+#include "daemon/metrics/exposition.h"
+#include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/text_format.h"
 
@@ -46,28 +49,32 @@ constexpr char kOddLabel[] = "back\\slash \"quoted\"\nnew line";
 // Deterministic data for one series; `k` (1, 2, 3) varies the numbers.
 void Fill(EngineSeries& s, uint64_t k, bool step_gauges, bool spec_positions) {
   if (step_gauges) {
-    s.has_step_running = s.has_step_waiting = true;
-    s.step_running = 3 * k;
-    s.step_waiting = k;
+    s.Set(kNumRequestsRunning, double(3 * k));
+    s.Set(kNumRequestsWaiting, double(k));
   }
-  s.derived_running = int64_t(2 * k);
-  s.derived_waiting = int64_t(5 * k);
-  s.kv_usage = 0.25 * double(k);
-  s.prefix_queries = 1000 * k;
-  s.prefix_hits = 250 * k;
-  s.preemptions = k;
-  s.prompt_tokens = 512 * k;
-  s.generation_tokens = 128 * k;
-  s.success[size_t(FinishReason::kStop)] = 10 * k;
-  s.success[size_t(FinishReason::kLength)] = 2 * k;
-  s.success[size_t(FinishReason::kAbort)] = k;
-  s.spec_drafts = 4 * k;
-  s.spec_draft_tokens = 12 * k;
-  s.spec_accepted_tokens = 7 * k;
-  if (spec_positions) s.spec_accepted_per_pos = {4 * k, 2 * k, k};
+  s.AddDerived(kNumRequestsRunning, int64_t(2 * k));
+  s.AddDerived(kNumRequestsWaiting, int64_t(5 * k));
+  s.Set(kKvCacheUsagePerc, 0.25 * double(k));
+  s.Add(kPrefixCacheQueries, 1000 * k);
+  s.Add(kPrefixCacheHits, 250 * k);
+  s.Add(kNumPreemptions, k);
+  s.Add(kPromptTokens, 512 * k);
+  s.Add(kGenerationTokens, 128 * k);
+  s.AddChild(kRequestSuccess, 0, 10 * k);  // stop
+  s.AddChild(kRequestSuccess, 1, 2 * k);   // length
+  s.AddChild(kRequestSuccess, 2, k);       // abort
+  s.Add(kSpecDecodeNumDrafts, 4 * k);
+  s.Add(kSpecDecodeNumDraftTokens, 12 * k);
+  s.Add(kSpecDecodeNumAcceptedTokens, 7 * k);
+  if (spec_positions) {
+    s.AddChild(kSpecDecodeNumAcceptedTokensPerPos, 0, 4 * k);
+    s.AddChild(kSpecDecodeNumAcceptedTokensPerPos, 1, 2 * k);
+    s.AddChild(kSpecDecodeNumAcceptedTokensPerPos, 2, k);
+  }
   // Every histogram: an observation exactly at its first bound (le is
   // inclusive), one between bounds, one past the last bound (+Inf).
-  for (Histogram& h : s.hists) {
+  for (int m = kFirstHistogram; m < kFirstHistogram + kNumHistograms; ++m) {
+    Histogram& h = s.hist(EngineMetric(m));
     const auto& b = h.layout().bounds();
     const double d = h.layout().divisor();
     const double mid = b.size() >= 2
@@ -80,10 +87,94 @@ void Fill(EngineSeries& s, uint64_t k, bool step_gauges, bool spec_positions) {
   s.hist(kTimeToFirstToken).Observe(123'456'789);
 }
 
-std::unique_ptr<Registry> PopulatedRegistry() {
+// The tracker's and the daemon's own families, with fixed values (their
+// owners need a running daemon; the e2e tests render those).
+class FixedCollector : public Collector {
+ public:
+  explicit FixedCollector(Registry& reg) : reg_(reg) {
+    for (DaemonMetric id : kOwned) reg_.Register(id, this);
+  }
+  FixedCollector(const FixedCollector&) = delete;
+  FixedCollector& operator=(const FixedCollector&) = delete;
+  ~FixedCollector() override {
+    for (DaemonMetric id : kOwned) reg_.Unregister(id, this);
+  }
+  void Collect(DaemonMetric id, MetricWriter& w) const override {
+    const SampleLabels none;
+    switch (id) {
+      case kBuildInfo:
+        w.Sample(none.WithOwn("version", TOKENMETER_VERSION), uint64_t{1});
+        break;
+      case kTrackedRequests:
+        w.Sample(none, double(tracked));
+        break;
+      case kEvictedRequests:
+        w.Sample(none, evicted);
+        break;
+      case kIncompleteIntervals:
+      case kNegativeIntervals:
+        for (size_t i = 0; i < size_t(Interval::kCount); ++i) {
+          w.Sample(none.WithOwn("interval", IntervalName(Interval(i))),
+                   id == kIncompleteIntervals ? incomplete[i] : negative[i]);
+        }
+        break;
+      case kScrapeDuration:
+        w.Sample(none, scrape_duration_seconds);
+        break;
+      case kHttpResponses:
+        for (const auto& [code, count] : http_responses) {
+          w.Sample(none.WithOwn("code", code), count);
+        }
+        break;
+      case kHttpConnectionsRejected:
+        w.Sample(none, http_connections_rejected);
+        break;
+      default:
+        break;
+    }
+  }
+
+  int64_t tracked = 0;
+  uint64_t evicted = 0;
+  uint64_t incomplete[size_t(Interval::kCount)] = {};
+  uint64_t negative[size_t(Interval::kCount)] = {};
+  double scrape_duration_seconds = 0;
+  std::vector<std::pair<std::string, uint64_t>> http_responses;
+  uint64_t http_connections_rejected = 0;
+
+ private:
+  static constexpr DaemonMetric kOwned[] = {
+      kBuildInfo,           kTrackedRequests,   kEvictedRequests,
+      kIncompleteIntervals, kNegativeIntervals, kScrapeDuration,
+      kHttpResponses,       kHttpConnectionsRejected};
+  Registry& reg_;
+};
+
+// A registry with an owner for every daemon family, as the daemon wires
+// them: the real IngestStats and ProcessCollector, FixedCollector for the
+// rest. Members go in reverse order, the collectors before the registry.
+struct Exposed {
   std::unique_ptr<Registry> reg;
-  const Status st = Registry::Create(RegistryOptions{}, &reg);
+  std::unique_ptr<IngestStats> ingest;
+  std::unique_ptr<ProcessCollector> process;
+  std::unique_ptr<FixedCollector> fixed;
+  Registry* operator->() const { return reg.get(); }
+  Registry& operator*() const { return *reg; }
+};
+
+Exposed MakeExposed(const RegistryOptions& options) {
+  Exposed e;
+  const Status st = Registry::Create(options, &e.reg);
   EXPECT_TRUE(st.ok()) << st.message();
+  if (!st.ok()) return e;
+  e.ingest = std::make_unique<IngestStats>(*e.reg);
+  e.process = std::make_unique<ProcessCollector>(*e.reg);
+  e.fixed = std::make_unique<FixedCollector>(*e.reg);
+  return e;
+}
+
+Exposed PopulatedRegistry() {
+  Exposed reg = MakeExposed(RegistryOptions{});
   EngineSeries* a =
       reg->GetOrCreate({"vllm", "llama-3-8b", "0", {{"tier", "gold"}}});
   EngineSeries* b =
@@ -93,18 +184,21 @@ std::unique_ptr<Registry> PopulatedRegistry() {
   Fill(*a, 1, /*step_gauges=*/true, /*spec_positions=*/true);
   Fill(*b, 2, /*step_gauges=*/false, /*spec_positions=*/false);
   Fill(*c, 3, /*step_gauges=*/false, /*spec_positions=*/true);
-  reg->SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 100, 5);
-  reg->SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 200, 7);
-  reg->SetClientDropped("vllm", "llama-3-8b", "1", 300, 1);
-  DaemonCounters& d = reg->counters();
-  d.ingest_connections = 3;
-  d.ingest_frames = 1234;
-  for (int i = 0; i < kNumEventKinds; ++i) d.ingest_events[i] = 100 + i;
-  for (size_t i = 0; i < size_t(IngestError::kCount); ++i) {
-    d.ingest_errors[i] = i;
+  IngestStats& in = *reg.ingest;
+  in.SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 100, 5);
+  in.SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 200, 7);
+  in.SetClientDropped("vllm", "llama-3-8b", "1", 300, 1);
+  in.SetConnections(3);
+  for (int i = 0; i < 1234; ++i) in.CountFrame();
+  for (int k = 0; k < kNumEventKinds; ++k) {
+    for (int i = 0; i < 100 + k; ++i) in.CountEvent(EventKind(k + 1));
   }
-  d.tracked_requests = 42;
-  d.evicted_requests = 6;
+  for (size_t r = 0; r < size_t(IngestError::kCount); ++r) {
+    for (size_t i = 0; i < r; ++i) in.CountError(IngestError(r));
+  }
+  FixedCollector& d = *reg.fixed;
+  d.tracked = 42;
+  d.evicted = 6;
   for (size_t i = 0; i < size_t(Interval::kCount); ++i) {
     d.incomplete[i] = i + 1;
     d.negative[i] = 2 * i;
@@ -117,7 +211,7 @@ std::unique_ptr<Registry> PopulatedRegistry() {
 
 std::string Render(const Registry& reg, ExpositionFormat format) {
   std::string out;
-  reg.Render(format, out);
+  daemon::Render(reg, format, out);
   return out;
 }
 
@@ -473,8 +567,7 @@ TEST(ExpositionTest, TextFormatStructure) {
 }
 
 TEST(ExpositionTest, StructureOfAnEmptyRegistryAndOfOverriddenBuckets) {
-  std::unique_ptr<Registry> empty;
-  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &empty).ok());
+  const Exposed empty = MakeExposed(RegistryOptions{});
   CheckStructure(Render(*empty, ExpositionFormat::kText004),
                  ExpositionFormat::kText004);
 
@@ -482,8 +575,7 @@ TEST(ExpositionTest, StructureOfAnEmptyRegistryAndOfOverriddenBuckets) {
   options.max_model_len = 7;
   options.buckets["time_to_first_token_seconds"] = {1e-6, 0.1, 0.5, 1};
   options.buckets["request_params_n"] = {1};
-  std::unique_ptr<Registry> reg;
-  ASSERT_TRUE(Registry::Create(options, &reg).ok());
+  const Exposed reg = MakeExposed(options);
   EngineSeries* s = reg->GetOrCreate({"x", "m", "0", {}});
   Fill(*s, 1, false, false);
   const std::string text = Render(*reg, ExpositionFormat::kText004);

@@ -1,5 +1,7 @@
 // Registry: option checks (bucket overrides), series identities and the
 // series cap.
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/metrics/exposition.h"
 #include "daemon/metrics/registry.h"
 
 #include <gtest/gtest.h>
@@ -153,10 +155,10 @@ TEST(RegistryTest, SeriesCapReturnsNullAndCounts) {
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(reg->GetOrCreate({"vllm", "m", "1", {}}), nullptr);
   EXPECT_EQ(reg->GetOrCreate({"vllm", "m", "2", {}}), nullptr);
-  EXPECT_EQ(reg->counters().series_rejected, 2u);
+  EXPECT_EQ(reg->series_rejected(), 2u);
   // Known identities still resolve.
   EXPECT_EQ(reg->GetOrCreate({"vllm", "m", "0", {}}), a);
-  EXPECT_EQ(reg->counters().series_rejected, 2u);
+  EXPECT_EQ(reg->series_rejected(), 2u);
   EXPECT_EQ(reg->series_count(), 2u);
 }
 
@@ -164,9 +166,30 @@ TEST(RegistryTest, LabelTextIsEscapedInHelloOrder) {
   auto reg = MustCreate(RegistryOptions{});
   EngineSeries* s = reg->GetOrCreate(
       {"vllm", "m\"1", "dp\\0", {{"zone", "a\nb"}, {"app", "x"}}});
-  EXPECT_EQ(s->label_text,
+  EXPECT_EQ(s->label_text(),
             "model_name=\"m\\\"1\",engine=\"dp\\\\0\",zone=\"a\\nb\","
             "app=\"x\"");
+}
+
+// Two HELLOs whose labels differ only in order are one series: a real
+// Prometheus would keep one of two samples with the same label set and
+// silently drop the other engine's data.
+TEST(RegistryTest, LabelOrderDoesNotMakeASecondSeries) {
+  auto reg = MustCreate(RegistryOptions{});
+  EngineSeries* ab =
+      reg->GetOrCreate({"vllm", "m", "0", {{"a", "x"}, {"b", "y"}}});
+  EngineSeries* ba =
+      reg->GetOrCreate({"vllm", "m", "0", {{"b", "y"}, {"a", "x"}}});
+  EXPECT_EQ(ab, ba);
+  EXPECT_EQ(reg->series_count(), 1u);
+  // Shown in the first HELLO's order; the identity is canonical.
+  EXPECT_EQ(ab->label_text(), "model_name=\"m\",engine=\"0\",a=\"x\",b=\"y\"");
+  EXPECT_EQ(ab->identity().labels,
+            (LabelPairs{{"a", "x"}, {"b", "y"}}));
+  EngineSeries* other =
+      reg->GetOrCreate({"vllm", "m", "0", {{"b", "x"}, {"a", "y"}}});
+  EXPECT_NE(other, ab);
+  EXPECT_EQ(reg->series_count(), 2u);
 }
 
 TEST(RegistryTest, SanitizesNamespaces) {
@@ -178,15 +201,62 @@ TEST(RegistryTest, SanitizesNamespaces) {
 
 TEST(RegistryTest, ClientDroppedSumsClientsOfOneIdentity) {
   auto reg = MustCreate(RegistryOptions{});
-  reg->SetClientDropped("vllm", "m", "0", 1, 5);
-  reg->SetClientDropped("vllm", "m", "0", 2, 7);
-  reg->SetClientDropped("vllm", "m", "0", 1, 9);  // latest value wins
+  IngestStats stats(*reg);
+  stats.SetClientDropped("vllm", "m", "0", 1, 5);
+  stats.SetClientDropped("vllm", "m", "0", 2, 7);
+  stats.SetClientDropped("vllm", "m", "0", 1, 9);  // latest value wins
   std::string text;
-  reg->Render(ExpositionFormat::kText004, text);
+  Render(*reg, ExpositionFormat::kText004, text);
   EXPECT_NE(text.find("tokenmeter_client_dropped_events_total{engine_family="
                       "\"vllm\",model_name=\"m\",engine=\"0\"} 16\n"),
             std::string::npos)
       << text;
+}
+
+// Clients of one identity come and go (every engine restart is a new pid):
+// past the cap the least recently reporting one is folded into a retired
+// total, so memory stays bounded and the counter never goes down.
+TEST(RegistryTest, ClientDroppedMapIsCappedWithoutLosingCounts) {
+  RegistryOptions options;
+  options.max_engine_series = 2;
+  auto reg = MustCreate(options);
+  IngestStats stats(*reg);
+  const size_t cap = IngestStats::kMaxClientsPerIdentity;
+  uint64_t expected = 0;
+  for (size_t pid = 1; pid <= 3 * cap; ++pid) {
+    stats.SetClientDropped("vllm", "m", "0", int64_t(pid), 2);
+    expected += 2;
+  }
+  stats.SetClientDropped("vllm", "m", "0", int64_t(3 * cap), 5);  // latest
+  expected += 3;
+  std::string text;
+  Render(*reg, ExpositionFormat::kText004, text);
+  EXPECT_NE(text.find("tokenmeter_client_dropped_events_total{engine_family="
+                      "\"vllm\",model_name=\"m\",engine=\"0\"} " +
+                      std::to_string(expected) + "\n"),
+            std::string::npos)
+      << text;
+  // Identities are capped at the series cap; further ones are not kept.
+  stats.SetClientDropped("vllm", "m", "1", 1, 1);
+  stats.SetClientDropped("vllm", "m", "2", 1, 1);
+  EXPECT_EQ(stats.drop_identities(), 2u);
+}
+
+TEST(RegistryTest, CollectorsOwnTheirFamiliesUntilTheyGo) {
+  auto reg = MustCreate(RegistryOptions{});
+  std::string text;
+  {
+    IngestStats stats(*reg);
+    stats.CountFrame();
+    Render(*reg, ExpositionFormat::kText004, text);
+    EXPECT_NE(text.find("tokenmeter_ingest_frames_total 1\n"),
+              std::string::npos);
+    EXPECT_EQ(reg->collector(kIngestFrames), &stats);
+  }
+  EXPECT_EQ(reg->collector(kIngestFrames), nullptr);
+  text.clear();
+  Render(*reg, ExpositionFormat::kText004, text);
+  EXPECT_EQ(text.find("tokenmeter_ingest_frames"), std::string::npos);
 }
 
 }  // namespace

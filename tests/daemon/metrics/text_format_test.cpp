@@ -20,6 +20,7 @@
 #include <string>
 #include <utility>
 
+#include "daemon/metrics/exposition.h"
 #include "daemon/metrics/registry.h"
 
 namespace tokenmeter::daemon {
@@ -200,10 +201,10 @@ TEST(TextFormatTest, IgnoresTheProcessLocale) {
   ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
   EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {}});
   ASSERT_NE(s, nullptr);
-  s->kv_usage = 0.25;
+  s->Set(kKvCacheUsagePerc, 0.25);
   s->hist(kTimeToFirstToken).Observe(1'500'000);
   std::string text;
-  reg->Render(ExpositionFormat::kText004, text);
+  Render(*reg, ExpositionFormat::kText004, text);
   EXPECT_NE(text.find("vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} "
                       "0.25\n"),
             std::string::npos);

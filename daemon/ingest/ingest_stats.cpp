@@ -1,0 +1,104 @@
+#include "daemon/ingest/ingest_stats.h"
+
+#include "daemon/metrics/text_format.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr DaemonMetric kOwned[] = {kIngestConnections, kIngestFrames,
+                                   kIngestEvents, kIngestErrors,
+                                   kClientDroppedEvents};
+
+}  // namespace
+
+IngestStats::IngestStats(Registry& registry)
+    : registry_(registry),
+      max_identities_(registry.options().max_engine_series) {
+  for (DaemonMetric id : kOwned) registry_.Register(id, this);
+}
+
+IngestStats::~IngestStats() {
+  for (DaemonMetric id : kOwned) registry_.Unregister(id, this);
+}
+
+uint64_t IngestStats::events_total() const {
+  uint64_t n = 0;
+  for (uint64_t e : events_) n += e;
+  return n;
+}
+
+void IngestStats::SetClientDropped(const std::string& family,
+                                   const std::string& model,
+                                   const std::string& instance, int64_t client,
+                                   uint64_t dropped_total) {
+  auto key = std::make_tuple(family, model, instance);
+  auto it = dropped_.find(key);
+  if (it == dropped_.end()) {
+    if (dropped_.size() >= max_identities_) return;
+    it = dropped_.emplace(std::move(key), Drops{}).first;
+  }
+  Drops& d = it->second;
+  auto c = d.clients.find(client);
+  if (c == d.clients.end()) {
+    if (d.clients.size() >= kMaxClientsPerIdentity) {
+      auto oldest = d.clients.begin();
+      for (auto i = d.clients.begin(); i != d.clients.end(); ++i) {
+        if (i->second.updated < oldest->second.updated) oldest = i;
+      }
+      d.retired += oldest->second.dropped_total;
+      d.clients.erase(oldest);
+    }
+    c = d.clients.emplace(client, Drops::Client{}).first;
+  }
+  c->second.dropped_total = dropped_total;
+  c->second.updated = ++reports_;
+}
+
+void IngestStats::Collect(DaemonMetric id, MetricWriter& w) const {
+  const SampleLabels none;
+  switch (id) {
+    case kIngestConnections:
+      w.Sample(none, double(connections_));
+      break;
+    case kIngestFrames:
+      w.Sample(none, frames_);
+      break;
+    case kIngestEvents:
+      for (int k = 0; k < kNumEventKinds; ++k) {
+        w.Sample(none.WithOwn("kind", EventKindName(EventKind(k + 1))),
+                 events_[size_t(k)]);
+      }
+      break;
+    case kIngestErrors:
+      for (size_t r = 0; r < size_t(IngestError::kCount); ++r) {
+        w.Sample(none.WithOwn("reason", IngestErrorName(IngestError(r))),
+                 errors_[r]);
+      }
+      break;
+    case kClientDroppedEvents: {
+      std::string text;
+      for (const auto& [key, drops] : dropped_) {
+        uint64_t total = drops.retired;
+        for (const auto& [client, c] : drops.clients) total += c.dropped_total;
+        const auto& [family, model, instance] = key;
+        text = "engine_family=\"";
+        AppendEscaped(text, family);
+        text += "\",model_name=\"";
+        AppendEscaped(text, model);
+        text += "\",engine=\"";
+        AppendEscaped(text, instance);
+        text += '"';
+        const std::pair<std::string, std::string> pairs[] = {
+            {"engine_family", family},
+            {"model_name", model},
+            {"engine", instance}};
+        w.Sample(SampleLabels{text, pairs, {}, {}}, total);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+}  // namespace tokenmeter::daemon

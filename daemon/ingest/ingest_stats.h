@@ -1,0 +1,78 @@
+// The ingest pipeline's own counters (tokenmeter_ingest_*, and the clients'
+// reported drops): written by the ingest server (connections, frames,
+// frame errors, drops) and the tracker (events applied, event errors), and
+// exposed through the registry, for which this is the Collector.
+//
+// Single-threaded: the daemon's loop.
+#ifndef TOKENMETER_DAEMON_INGEST_INGEST_STATS_H_
+#define TOKENMETER_DAEMON_INGEST_INGEST_STATS_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "daemon/ingest/event.h"
+#include "daemon/metrics/registry.h"
+
+namespace tokenmeter::daemon {
+
+class IngestStats : public Collector {
+ public:
+  // Clients remembered per (engine family, model, instance) identity for
+  // tokenmeter_client_dropped_events_total; past it the least recently
+  // reporting one is folded into the identity's retired total (so the
+  // counter never goes down).
+  static constexpr size_t kMaxClientsPerIdentity = 256;
+
+  // Registers itself with `registry` for the tokenmeter_ingest_* and
+  // client-drop families. At most `max_identities` drop identities are
+  // kept (the registry's series cap); reports for further ones are ignored.
+  explicit IngestStats(Registry& registry);
+  IngestStats(const IngestStats&) = delete;
+  IngestStats& operator=(const IngestStats&) = delete;
+  ~IngestStats() override;
+
+  void SetConnections(int64_t n) { connections_ = n; }
+  void CountFrame() { ++frames_; }
+  void CountEvent(EventKind kind) { ++events_[size_t(kind) - 1]; }
+  void CountError(IngestError e) { ++errors_[size_t(e)]; }
+  // The latest dropped_total a client reported. `client` tells clients of
+  // one identity apart (their pid, else a connection id). O(log n).
+  void SetClientDropped(const std::string& family, const std::string& model,
+                        const std::string& instance, int64_t client,
+                        uint64_t dropped_total);
+
+  int64_t connections() const { return connections_; }
+  uint64_t frames() const { return frames_; }
+  uint64_t events(EventKind kind) const { return events_[size_t(kind) - 1]; }
+  uint64_t events_total() const;
+  uint64_t errors(IngestError e) const { return errors_[size_t(e)]; }
+  size_t drop_identities() const { return dropped_.size(); }
+
+  void Collect(DaemonMetric id, MetricWriter& w) const override;
+
+ private:
+  struct Drops {
+    struct Client {
+      uint64_t dropped_total = 0;
+      uint64_t updated = 0;  // report sequence number, for the fold
+    };
+    std::map<int64_t, Client> clients;
+    uint64_t retired = 0;  // folded clients' last totals
+  };
+
+  Registry& registry_;
+  const size_t max_identities_;
+  int64_t connections_ = 0;
+  uint64_t frames_ = 0;
+  std::array<uint64_t, kNumEventKinds> events_{};
+  std::array<uint64_t, size_t(IngestError::kCount)> errors_{};
+  std::map<std::tuple<std::string, std::string, std::string>, Drops> dropped_;
+  uint64_t reports_ = 0;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_INGEST_INGEST_STATS_H_
