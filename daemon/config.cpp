@@ -67,8 +67,10 @@ Status ParseUint(std::string_view flag, std::string_view v, uint64_t min,
   return Status::Ok();
 }
 
-Status ParseSeconds(std::string_view flag, std::string_view v, double min,
-                    double* out) {
+// A number of seconds (decimals allowed) >= min, at most 1e7, as
+// nanoseconds.
+Status ParseSecondsNs(std::string_view flag, std::string_view v, double min,
+                      uint64_t* out_ns) {
   double x = 0;
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(x) ||
@@ -77,7 +79,7 @@ Status ParseSeconds(std::string_view flag, std::string_view v, double min,
         "--" + std::string(flag) + ": \"" + std::string(v) +
         "\" is not a number of seconds >= " + std::to_string(int(min)));
   }
-  *out = x;
+  *out_ns = uint64_t(std::llround(x * 1e9));
   return Status::Ok();
 }
 
@@ -153,7 +155,7 @@ const std::vector<Flag>& Flags() {
        }},
       {"log-interval",
        [](std::string_view v, Config* c) {
-         return ParseSeconds("log-interval", v, 0, &c->log_interval_s);
+         return ParseSecondsNs("log-interval", v, 0, &c->log_interval_ns);
        }},
       {"namespace",
        [](std::string_view v, Config* c) {
@@ -181,17 +183,12 @@ const std::vector<Flag>& Flags() {
        }},
       {"request-idle-timeout",
        [](std::string_view v, Config* c) {
-         double s = 0;
-         Status st = ParseSeconds("request-idle-timeout", v, 1, &s);
-         if (st.ok()) c->tracker.idle_timeout_ns = uint64_t(s * 1e9);
-         return st;
+         return ParseSecondsNs("request-idle-timeout", v, 1,
+                               &c->tracker.idle_timeout_ns);
        }},
       {"finished-grace",
        [](std::string_view v, Config* c) {
-         double s = 0;
-         Status st = ParseSeconds("finished-grace", v, 0, &s);
-         if (st.ok()) c->tracker.grace_ns = uint64_t(s * 1e9);
-         return st;
+         return ParseSecondsNs("finished-grace", v, 0, &c->tracker.grace_ns);
        }},
       {"max-frame-bytes",
        [](std::string_view v, Config* c) {

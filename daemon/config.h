@@ -20,7 +20,7 @@ namespace tokenmeter::daemon {
 struct Config {
   std::string ingest_path = TM_DEFAULT_SOCKET_PATH;
   std::string listen = ":10062";
-  double log_interval_s = 10;
+  uint64_t log_interval_ns = 10'000'000'000;  // 0: no summary line
   std::string log_level = "info";
   std::string config_file;
   RegistryOptions registry;

@@ -174,8 +174,9 @@ Status Daemon::Start() {
   uv_timer_init(&loop_, &log_timer_);
   log_timer_.data = this;
   last_log_ns_ = clock_.NowNs();
-  if (config_.log_interval_s > 0) {
-    const uint64_t ms = uint64_t(config_.log_interval_s * 1000);
+  if (config_.log_interval_ns > 0) {
+    const uint64_t ms =
+        std::max<uint64_t>(1, config_.log_interval_ns / 1'000'000);
     uv_timer_start(
         &log_timer_,
         [](uv_timer_t* t) {

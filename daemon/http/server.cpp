@@ -25,7 +25,7 @@ constexpr size_t kReadBufferBytes = 64 * 1024;
 constexpr int kListenBacklog = 511;
 // After the last response: how long, and how much, to keep reading and
 // discarding what the peer still sends before closing.
-constexpr uint32_t kLingerMs = 2000;
+constexpr uint64_t kLingerNs = 2'000'000'000;
 constexpr size_t kLingerMaxBytes = 1024 * 1024;
 // Header names longer than this cannot be one we look at; only their
 // length is counted.
@@ -243,7 +243,7 @@ class Server::Connection {
   void Respond(Response& response, bool head, bool close_after);
   void SendErrorAndClose(int status);
   void BeginLingeringClose();
-  void ArmTimer(TimerKind kind, uint32_t ms);
+  void ArmTimer(TimerKind kind, uint64_t ns);  // 0: stop the timer
   bool AddHeaderBytes(size_t n);
   void ResetRequest();
 
@@ -324,7 +324,7 @@ void Server::Connection::Start(uv_stream_t* listener) {
   }
   peer_ = PeerName(&tcp_);
   uv_tcp_nodelay(&tcp_, 1);
-  ArmTimer(TimerKind::kHeader, options().header_timeout_ms);
+  ArmTimer(TimerKind::kHeader, options().header_timeout_ns);
   StartReading();
 }
 
@@ -529,7 +529,7 @@ void Server::Connection::Respond(Response& response, bool head,
   // reading answers cannot make the server buffer without bound.
   uv_read_stop(stream());
   state_ = State::kWriting;
-  ArmTimer(TimerKind::kWrite, options().idle_timeout_ms);
+  ArmTimer(TimerKind::kWrite, options().idle_timeout_ns);
   uv_buf_t bufs[2] = {
       uv_buf_init(out_head_.data(), static_cast<unsigned>(out_head_.size())),
       uv_buf_init(out_body_.data(), static_cast<unsigned>(out_body_.size())),
@@ -570,7 +570,7 @@ void Server::Connection::AfterResponse() {
   }
   // OnMessageBegin armed the header timer if part of a request is here.
   if (!message_in_progress_) {
-    ArmTimer(TimerKind::kIdle, options().idle_timeout_ms);
+    ArmTimer(TimerKind::kIdle, options().idle_timeout_ns);
   }
   StartReading();
 }
@@ -582,7 +582,7 @@ void Server::Connection::BeginLingeringClose() {
     Close();
     return;
   }
-  ArmTimer(TimerKind::kLinger, kLingerMs);
+  ArmTimer(TimerKind::kLinger, kLingerNs);
   StartReading();
 }
 
@@ -593,13 +593,14 @@ void Server::Connection::OnShutdown(uv_shutdown_t* req, int status) {
   // Otherwise keep discarding input until EOF or the linger timer.
 }
 
-void Server::Connection::ArmTimer(TimerKind kind, uint32_t ms) {
+void Server::Connection::ArmTimer(TimerKind kind, uint64_t ns) {
   timer_kind_ = kind;
-  if (ms == 0) {
+  if (ns == 0) {
     uv_timer_stop(&timer_);
     return;
   }
-  uv_timer_start(&timer_, &Connection::OnTimer, ms, 0);
+  // libuv counts milliseconds: round up, so that a timeout never fires early.
+  uv_timer_start(&timer_, &Connection::OnTimer, (ns + 999'999) / 1'000'000, 0);
 }
 
 void Server::Connection::OnTimer(uv_timer_t* timer) {
@@ -613,22 +614,22 @@ void Server::Connection::OnTimer(uv_timer_t* timer) {
         spdlog::warn(
             "HTTP: {}: request not complete within {} ms; "
             "answering 408 and closing",
-            c->peer_, c->options().header_timeout_ms);
+            c->peer_, c->options().header_timeout_ns / 1'000'000);
         c->SendErrorAndClose(408);
       } else {
         spdlog::debug("HTTP: {}: no request within {} ms; closing", c->peer_,
-                      c->options().header_timeout_ms);
+                      c->options().header_timeout_ns / 1'000'000);
         c->Close();
       }
       return;
     case TimerKind::kIdle:
       spdlog::debug("HTTP: {}: idle for {} ms; closing", c->peer_,
-                    c->options().idle_timeout_ms);
+                    c->options().idle_timeout_ns / 1'000'000);
       c->Close();
       return;
     case TimerKind::kWrite:
       spdlog::warn("HTTP: {}: response not taken within {} ms; closing",
-                   c->peer_, c->options().idle_timeout_ms);
+                   c->peer_, c->options().idle_timeout_ns / 1'000'000);
       c->Close();
       return;
     case TimerKind::kLinger:
@@ -662,7 +663,7 @@ int Server::Connection::OnMessageBegin(llhttp_t* parser) {
   Connection* c = From(parser);
   c->ResetRequest();
   c->message_in_progress_ = true;
-  c->ArmTimer(TimerKind::kHeader, c->options().header_timeout_ms);
+  c->ArmTimer(TimerKind::kHeader, c->options().header_timeout_ns);
   return 0;
 }
 

@@ -19,10 +19,10 @@
 // (server-wide; more are accepted and closed at once).
 //
 // Timeouts: a request's headers (and body, if any) must arrive within
-// header_timeout_ms of its first byte (408, then close); a new connection
-// that sends nothing within header_timeout_ms, and a keep-alive connection
-// with no request in progress for idle_timeout_ms, are closed silently; a
-// response the peer does not take within idle_timeout_ms closes the
+// header_timeout_ns of its first byte (408, then close); a new connection
+// that sends nothing within header_timeout_ns, and a keep-alive connection
+// with no request in progress for idle_timeout_ns, are closed silently; a
+// response the peer does not take within idle_timeout_ns closes the
 // connection. After the last
 // response on a connection the server shuts down its sending side and
 // discards what the peer still sends for up to 2 s (a "lingering close",
@@ -84,8 +84,8 @@ using Handler = std::function<void(const Request&, Response&)>;
 struct ServerOptions {
   size_t max_header_bytes = 16 * 1024;  // Request target + header names and
                                         // values + 4 bytes per header line.
-  uint32_t header_timeout_ms = 10000;
-  uint32_t idle_timeout_ms = 60000;
+  uint64_t header_timeout_ns = 10'000'000'000;
+  uint64_t idle_timeout_ns = 60'000'000'000;
   uint32_t max_connections = 256;
   size_t gzip_min_bytes = 256;
   // Largest request body read (and ignored); larger bodies get 413 and

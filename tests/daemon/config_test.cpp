@@ -57,7 +57,7 @@ TEST(ConfigTest, Defaults) {
   const Config c = MustParse({});
   EXPECT_EQ(c.ingest_path, "/run/tokenmeter/ingest.sock");
   EXPECT_EQ(c.listen, ":10062");
-  EXPECT_EQ(c.log_interval_s, 10);
+  EXPECT_EQ(c.log_interval_ns, 10'000'000'000u);
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.config_file, "");
   EXPECT_EQ(c.ingest.namespace_override, "");
@@ -96,9 +96,9 @@ TEST(ConfigTest, EveryFlagInBothSpellings) {
       {"listen", "[::1]:9000",
        [](const Config& c) { EXPECT_EQ(c.listen, "[::1]:9000"); }},
       {"log-interval", "2.5",
-       [](const Config& c) { EXPECT_EQ(c.log_interval_s, 2.5); }},
+       [](const Config& c) { EXPECT_EQ(c.log_interval_ns, 2'500'000'000u); }},
       {"log-interval", "0",
-       [](const Config& c) { EXPECT_EQ(c.log_interval_s, 0); }},
+       [](const Config& c) { EXPECT_EQ(c.log_interval_ns, 0u); }},
       {"namespace", "my_ns1",
        [](const Config& c) {
          EXPECT_EQ(c.ingest.namespace_override, "my_ns1");

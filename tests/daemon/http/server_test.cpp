@@ -595,7 +595,7 @@ TEST_F(HttpServerTest, HalfSentRequestDoesNotBlockOthers) {
 
 TEST_F(HttpServerTest, HeaderTimeoutClosesSlowConnection) {
   ServerOptions options;
-  options.header_timeout_ms = 200;
+  options.header_timeout_ns = 200'000'000;
   Start(options);
   Client slow;
   ASSERT_TRUE(slow.Connect(port_));
@@ -614,7 +614,7 @@ TEST_F(HttpServerTest, HeaderTimeoutClosesSlowConnection) {
 
 TEST_F(HttpServerTest, ConnectionThatSendsNothingIsClosed) {
   ServerOptions options;
-  options.header_timeout_ms = 200;
+  options.header_timeout_ns = 200'000'000;
   Start(options);
   Client silent;
   ASSERT_TRUE(silent.Connect(port_));
@@ -625,7 +625,7 @@ TEST_F(HttpServerTest, ConnectionThatSendsNothingIsClosed) {
 
 TEST_F(HttpServerTest, IdleKeepAliveConnectionIsClosed) {
   ServerOptions options;
-  options.idle_timeout_ms = 200;
+  options.idle_timeout_ns = 200'000'000;
   Start(options);
   Client client;
   ASSERT_TRUE(client.Connect(port_));
