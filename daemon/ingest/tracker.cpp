@@ -303,20 +303,17 @@ void Tracker::CloseReady(Request& r) {
     r.closed |= uint8_t(1u << i);
     EngineSeries& s =
         d.labels == kFirstToken ? *r.first_token_series : *r.finish_series;
+    // Prompt tokens are counted when TTFT closes (the first token and the
+    // ARRIVED that carries the count are both in), whatever its sign.
+    if (d.interval == Interval::kTtft) s.Add(kPromptTokens, r.prompt_tokens);
     const int64_t delta = int64_t(r.at(d.end) - r.at(d.start));
     if (delta < 0) {
       ++negative_[size_t(d.interval)];
-      continue;
-    }
-    if (d.per_token) {
+    } else if (d.per_token) {
       s.hist(d.metric).Observe(double(delta) /
                                double(r.generation_tokens - 1));
     } else {
       s.hist(d.metric).Observe(double(delta));
-    }
-    // Prompt tokens are counted when the first token appears.
-    if (d.interval == Interval::kTtft) {
-      s.Add(kPromptTokens, r.prompt_tokens);
     }
   }
   if ((r.closed & kArrivalStatsBit) == 0 && r.finished() && r.has(kArrived)) {

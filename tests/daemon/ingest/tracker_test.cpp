@@ -1001,6 +1001,37 @@ TEST(TrackerTest, ExtremeIntegerIds) {
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
 }
 
+// A TTFT whose first token is stamped before the ARRIVED is not observed
+// (counted as negative), but the request's prompt tokens are still counted
+// when it closes, in either arrival order. (A differential run against the
+// previous tracker found this.)
+TEST(TrackerTest, NegativeTtftStillCountsPromptTokens) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(20), Rid(1), 9), Tokens(T(10), Rid(1), 1)});
+  h.Send(h.Core(), {Tokens(T(30), Rid(2), 1), Arrived(T(40), Rid(2), 5)});
+  EXPECT_EQ(h.core->count(kPromptTokens), 14u);
+  EXPECT_EQ(h.tracker->negative(Interval::kTtft), 2u);
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+}
+
+// TPOT is one of the table's intervals: observed at FINISHED from decode /
+// (tokens - 1), only with more than one token, with the finisher's labels.
+TEST(TrackerTest, TpotAtFinishWithMoreThanOneToken) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 3), Scheduled(T(1), Rid(1)),
+                    Tokens(T(10), Rid(1), 1), Tokens(T(20), Rid(1), 2)});
+  EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).count(), 0u);
+  h.Send(h.Front(), Finished(T(30), Rid(1), FinishReason::kStop));
+  EXPECT_EQ(h.front->hist(kRequestTimePerOutputToken).count(), 1u);
+  EXPECT_DOUBLE_EQ(h.front->hist(kRequestTimePerOutputToken).sum(),
+                   0.010 / 2);
+  h.Send(h.Core(), {Arrived(T(0), Rid(2), 3), Tokens(T(10), Rid(2), 1),
+                    Finished(T(30), Rid(2), FinishReason::kStop)});
+  EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).count(), 0u);
+  h.AdvanceAndSweep(10 * kSecond);
+  EXPECT_EQ(h.tracker->incomplete(Interval::kTpot), 0u);
+}
+
 TEST(TrackerTest, TrackedRequestsGaugeEqualsSize) {
   TrackerOptions options;
   options.max_requests = 50;

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Same bytes in, same exposition out: two tokenmeterd binaries (an old and
+a new build) get the same randomized ingest stream, and their /metrics must
+be equal line for line, in text 0.0.4 and in OpenMetrics.
+
+The stream (seeded) has requests split over a frontend and an engine-core
+connection of one scope, with events in every order across the two (TOKENS
+before ARRIVED, FINISHED before SCHEDULED, ...), missing starts (incomplete
+intervals), time running backwards (negative intervals), preemptions,
+integer and string ids, ARRIVED params, STEP statistics with spec-decode
+positions, invalid events, a second private connection and a bad frame.
+Steps are applied one at a time (each waits until both daemons counted its
+frames), so both daemons see the same order. After the last step both
+retire every request (short grace and idle timeout), then are scraped.
+
+Lines that describe the process or the scrape itself are left out of the
+comparison: process_*, tokenmeter_scrape_duration_seconds and
+tokenmeter_http_responses_total (each side counts its own polls).
+
+Usage: bench/ab/same_exposition.py OLD_TOKENMETERD NEW_TOKENMETERD
+         [--seed N] [--requests N]
+Exit 0 when equal (prints the number of lines compared), 1 with a diff.
+"""
+import argparse
+import difflib
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import msgpack
+
+IGNORED_PREFIXES = ("process_", "# HELP process_", "# TYPE process_")
+IGNORED_NAMES = ("tokenmeter_scrape_duration_seconds",
+                 "tokenmeter_http_responses")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def now_ns():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+class Daemon:
+    def __init__(self, binary, tmp, name):
+        self.dir = os.path.join(tmp, name)
+        os.mkdir(self.dir)
+        self.sock = os.path.join(self.dir, "i.sock")
+        self.port = free_port()
+        self.log = open(os.path.join(self.dir, "log"), "w")
+        self.proc = subprocess.Popen(
+            [binary, "--ingest", self.sock, "--listen",
+             f"127.0.0.1:{self.port}", "--log-interval", "0",
+             "--finished-grace", "0.2", "--request-idle-timeout", "1"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.get("/healthz")
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{binary} did not start")
+                time.sleep(0.02)
+
+    def get(self, path, accept=None):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
+        if accept:
+            req.add_header("Accept", accept)
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.read().decode()
+
+    def value(self, name):
+        total = 0.0
+        for line in self.get("/metrics").splitlines():
+            if line.startswith(name) and line[len(name)] in " {":
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.log.close()
+
+
+def hello(engine, model, instance, scope=None, labels=None):
+    meta = {"proto": 1, "engine": engine, "model": model,
+            "instance": instance}
+    if scope is not None:
+        meta["scope"] = scope
+    if labels:
+        meta["labels"] = labels
+    return msgpack.packb([0, meta])
+
+
+def build_stream(seed, n_requests):
+    """Returns (connections, steps): connection name -> HELLO bytes, and a
+    list of (connection, frame bytes, frames in it)."""
+    rng = random.Random(seed)
+    conns = {
+        "front": hello("vllm", "m", "front", scope="s",
+                       labels={"zone": "a", "app": "x"}),
+        "core": hello("vllm", "m", "core", scope="s",
+                      labels={"zone": "a", "app": "x"}),
+        "solo": hello("tokenmeter-engine", "tiny", "dp0",
+                      labels={"tier": 'q"uote\\d'}),
+    }
+    base = now_ns() - 600 * 10**9  # ten minutes ago: inside the hour
+    events = {"front": [], "core": [], "solo": []}
+    for i in range(n_requests):
+        rid = i if rng.random() < 0.7 else f"req-{i}-{rng.random():.6f}"
+        t = base + i * 1_000_000 + rng.randrange(1000)
+        arrived = [1, t, rid, rng.randrange(1, 4000)]
+        if rng.random() < 0.5:
+            params = {}
+            if rng.random() < 0.8:
+                params["max_tokens"] = rng.randrange(1, 2000)
+            if rng.random() < 0.5:
+                params["n"] = rng.randrange(1, 6)
+            arrived.append(params)
+        front, core = [], []
+        if rng.random() > 0.05:  # 5 %: ARRIVED never comes
+            front.append(arrived)
+        t += rng.randrange(0, 5_000_000)
+        if rng.random() < 0.5:
+            core.append([2, t, rid])
+        t += rng.randrange(0, 20_000_000)
+        if rng.random() > 0.03:  # 3 %: SCHEDULED never comes
+            core.append([3, t if rng.random() > 0.02 else t - 10**9, rid])
+        n_tok = rng.choice([0, 1, 2, 5, 20])
+        for k in range(n_tok):
+            t += rng.randrange(1_000_000, 30_000_000)
+            if rng.random() < 0.02:
+                core.append([6, t, rid])  # preempted
+            back = 50_000_000 if rng.random() < 0.01 else 0
+            core.append([4, t - back, rid, rng.choice([1, 1, 1, 4])])
+        t += rng.randrange(0, 5_000_000)
+        if rng.random() > 0.05:  # 5 %: never finishes (idle eviction)
+            reason = rng.choice(["stop", "length", "abort", "error"])
+            core.append([5, t, rid, reason])
+        if rng.random() < 0.01:
+            core.append([4, t, rid, "bad"])  # invalid event
+        if rng.random() < 0.3:  # some requests go to the private connection
+            events["solo"].extend(front + core)
+        else:
+            events["front"].extend(front)
+            events["core"].extend(core)
+        if i % 50 == 0:
+            step = {"running": rng.randrange(64), "kv_usage": rng.random(),
+                    "prompt_tokens": rng.randrange(4096),
+                    "generation_tokens": rng.randrange(256),
+                    "prefix_queries": rng.randrange(10000),
+                    "prefix_hits": rng.randrange(5000),
+                    "spec_drafts": rng.randrange(10),
+                    "spec_draft_tokens": rng.randrange(40),
+                    "spec_accepted_tokens": rng.randrange(20),
+                    "spec_accepted_per_pos": [rng.randrange(9)
+                                              for _ in range(rng.randrange(5))]}
+            if rng.random() < 0.5:
+                step["waiting"] = rng.randrange(32)
+            events["core"].append([7, t, step])
+    # Cut each connection's events into batches and interleave the
+    # connections in a random order of batches: one step per batch.
+    steps = []
+    queues = {}
+    for name, evs in events.items():
+        batches, seq = [], 0
+        for start in range(0, len(evs), 97):
+            batches.append(msgpack.packb([1, seq, 0, evs[start:start + 97]]))
+            seq += 1
+        queues[name] = batches
+    order = [n for n, b in queues.items() for _ in b]
+    rng.shuffle(order)
+    for name in order:
+        steps.append((name, queues[name].pop(0)))
+    return conns, steps
+
+
+def run(old_bin, new_bin, seed, n_requests):
+    tmp = tempfile.mkdtemp(prefix="tm-same-")
+    daemons = []
+    try:
+        daemons = [Daemon(old_bin, tmp, "old"), Daemon(new_bin, tmp, "new")]
+        conns, steps = build_stream(seed, n_requests)
+        socks = []
+        for d in daemons:
+            by_name = {}
+            for name, hello_bytes in conns.items():
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(d.sock)
+                s.sendall(hello_bytes)
+                by_name[name] = s
+            socks.append(by_name)
+        frames = len(conns)
+        for name, frame in steps:
+            frames += 1
+            for d, by_name in zip(daemons, socks):
+                by_name[name].sendall(frame)
+            for d in daemons:
+                deadline = time.monotonic() + 20
+                while d.value("tokenmeter_ingest_frames_total") < frames:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("a daemon stopped applying frames")
+                    time.sleep(0.005)
+        # A bad frame on the private connection closes it (counted).
+        for by_name in socks:
+            by_name["solo"].sendall(b"\xc1")
+        for by_name in socks:
+            for s in by_name.values():
+                s.close()
+        for d in daemons:
+            deadline = time.monotonic() + 30
+            while (d.value("tokenmeter_tracked_requests") > 0 or
+                   d.value("tokenmeter_ingest_connections") > 0):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("requests were not retired")
+                time.sleep(0.05)
+        compared = 0
+        for accept in (None, "application/openmetrics-text; version=1.0.0"):
+            texts = []
+            for d in daemons:
+                lines = [
+                    l for l in d.get("/metrics", accept).splitlines()
+                    if not l.startswith(IGNORED_PREFIXES) and not any(
+                        n in l for n in IGNORED_NAMES)]
+                texts.append(lines)
+            if texts[0] != texts[1]:
+                sys.stdout.writelines(
+                    l + "\n" for l in difflib.unified_diff(
+                        texts[0], texts[1], "old", "new", lineterm="", n=1))
+                print(f"DIFFER ({accept or 'text 0.0.4'})")
+                return 1
+            compared += len(texts[0])
+        print(f"same exposition: {compared} lines equal (text 0.0.4 and "
+              f"OpenMetrics), {len(steps)} batches of {n_requests} requests, "
+              f"seed {seed}")
+        return 0
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=3000)
+    a = ap.parse_args()
+    sys.exit(run(a.old, a.new, a.seed, a.requests))
+
+
+if __name__ == "__main__":
+    main()
