@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/metrics/exposition.h"
 #include "testutil/frames.h"
 #include "testutil/poll.h"
 #include "testutil/socket.h"
@@ -47,9 +49,11 @@ class IngestServerTest : public ::testing::Test {
     loop_initialized_ = true;
     Status s = Registry::Create(RegistryOptions(), &registry_);
     ASSERT_TRUE(s.ok()) << s.message();
-    tracker_ = std::make_unique<Tracker>(*registry_, clock_, TrackerOptions());
+    stats_ = std::make_unique<IngestStats>(*registry_);
+    tracker_ = std::make_unique<Tracker>(*registry_, *stats_, clock_,
+                                         TrackerOptions());
     server_ = std::make_unique<IngestServer>(&loop_, *registry_, *tracker_,
-                                             IngestOptions());
+                                             *stats_, IngestOptions());
     s = server_->Listen(path_);
     ASSERT_TRUE(s.ok()) << s.message();
   }
@@ -82,7 +86,7 @@ class IngestServerTest : public ::testing::Test {
 
   std::string Exposition() const {
     std::string out;
-    registry_->Render(ExpositionFormat::kText004, out);
+    Render(*registry_, ExpositionFormat::kText004, out);
     return out;
   }
 
@@ -98,6 +102,7 @@ class IngestServerTest : public ::testing::Test {
   bool loop_initialized_ = false;
   FixedClock clock_;
   std::unique_ptr<Registry> registry_;
+  std::unique_ptr<IngestStats> stats_;
   std::unique_ptr<Tracker> tracker_;
   std::unique_ptr<IngestServer> server_;
   bool closed_ = false;
