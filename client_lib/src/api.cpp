@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "client.h"
+#include "clock.h"
 #include "tokenmeter/tokenmeter.h"
 
 using tokenmeter::client::MakeHeader;
@@ -16,11 +17,7 @@ using tokenmeter::client::Ring;
 
 namespace {
 
-inline uint64_t Now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
-}
+inline uint64_t Now() { return tokenmeter::client::MonotonicNowNs(); }
 
 // A HELLO string: at most TM_MAX_STRING_BYTES bytes of UTF-8 (protocol.h
 // holds the rules the daemon applies).

@@ -8,16 +8,14 @@
 #include <algorithm>
 #include <chrono>
 
+#include "clock.h"
+
 namespace tokenmeter::client {
 namespace {
 
 constexpr uint64_t kMs = 1000000;
 
-uint64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
-}
+uint64_t NowNs() { return MonotonicNowNs(); }
 
 }  // namespace
 
