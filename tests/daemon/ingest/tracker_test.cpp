@@ -3,7 +3,6 @@
 // source), order independence, grace, eviction, timestamps and gauges.
 // Events are built as values; time is a fake clock.
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/exposition.h"
 
 #include <gtest/gtest.h>
 
@@ -18,6 +17,7 @@
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/metrics/catalog.h"
+#include "daemon/metrics/exposition.h"
 #include "daemon/metrics/histogram.h"
 #include "daemon/metrics/registry.h"
 
@@ -210,7 +210,6 @@ std::array<uint64_t, size_t(Interval::kCount)> Intervals(
   return a;
 }
 
-
 // ---- intervals
 // ---------------------------------------------------------------
 
@@ -263,7 +262,8 @@ TEST(TrackerTest, ComputesEveryIntervalOfOneRequest) {
 
   EXPECT_EQ(h.core->count(kPromptTokens), 7u);
   EXPECT_EQ(h.core->count(kGenerationTokens), 6u);
-  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kLength)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kLength)],
+            1u);
   EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 0u);
   EXPECT_EQ(h.core->count(kNumPreemptions), 0u);
   EXPECT_EQ(TotalObservations(*h.front), 0u);
@@ -345,9 +345,12 @@ TEST(TrackerTest, CountsFinishedRequestsByReason) {
     h.Send(h.Core(), {Arrived(T(0), Rid(id), 1), Finished(T(1), Rid(id), r)});
   }
   EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
-  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kLength)], 2u);
-  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kAbort)], 1u);
-  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kError)], 3u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kLength)],
+            2u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kAbort)],
+            1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kError)],
+            3u);
 }
 
 TEST(TrackerTest, RepeatedArrivedAndFinishedChangeNothing) {
@@ -359,7 +362,8 @@ TEST(TrackerTest, RepeatedArrivedAndFinishedChangeNothing) {
   ExpectHist(*h.core, kE2eRequestLatency, 1, double(20 * kMs));
   EXPECT_EQ(h.core->count(kPromptTokens), 4u);
   EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
-  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kError)], 0u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kError)],
+            0u);
 }
 
 // ---- labels: the source of the closing event
@@ -415,7 +419,8 @@ TEST(TrackerTest, FinishPhasesGoToTheFinishedSource) {
     EXPECT_EQ(h.front->hist(m).count(), 1u) << MetricName(m);
     EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
   }
-  EXPECT_EQ(h.front->children(kRequestSuccess)[size_t(FinishReason::kStop)], 1u);
+  EXPECT_EQ(h.front->children(kRequestSuccess)[size_t(FinishReason::kStop)],
+            1u);
   EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kStop)], 0u);
 }
 
@@ -599,8 +604,7 @@ TEST(TrackerTest, CountsIncompleteIntervalsAtRetirementNeverObservesThem) {
     SCOPED_TRACE(c.name);
     Harness h;
     for (const Event& ev : c.events) h.Send(h.Core(), ev);
-    EXPECT_EQ(h.Incomplete(), Intervals({}))
-        << "counted before retirement";
+    EXPECT_EQ(h.Incomplete(), Intervals({})) << "counted before retirement";
     h.AdvanceAndSweep(2 * kSecond);
     EXPECT_EQ(h.tracker->size(), 0u);
     EXPECT_EQ(h.Incomplete(), c.incomplete);
@@ -633,7 +637,8 @@ TEST(TrackerTest, AbortBeforeFirstTokenCountsNoIncompleteTtft) {
   EXPECT_EQ(h.tracker->incomplete(Interval::kTtft), 0u);
   EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
   ExpectHist(*h.core, kE2eRequestLatency, 1, double(9 * kMs));
-  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kAbort)], 1u);
+  EXPECT_EQ(h.core->children(kRequestSuccess)[size_t(FinishReason::kAbort)],
+            1u);
   // No first token: no prompt tokens counted.
   EXPECT_EQ(h.core->count(kPromptTokens), 0u);
 }
@@ -794,13 +799,11 @@ TEST(TrackerTest, RejectsTimestampsOutsideTheWindow) {
     st.running = 4;
     h.Send(h.Core(), Step(t, st));
     const uint64_t bad = c.accepted ? 0 : 2;
-    EXPECT_EQ(h.stats->errors(IngestError::kBadTimestamp),
-              bad);
+    EXPECT_EQ(h.stats->errors(IngestError::kBadTimestamp), bad);
     EXPECT_EQ(h.tracker->size(), c.accepted ? 1u : 0u);
     EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, c.accepted ? 1 : 0);
     EXPECT_EQ(h.core->gauge(kNumRequestsRunning).has_set, c.accepted);
-    EXPECT_EQ(h.stats->events(EventKind::kArrived),
-              c.accepted ? 1u : 0u);
+    EXPECT_EQ(h.stats->events(EventKind::kArrived), c.accepted ? 1u : 0u);
   }
 }
 
@@ -948,7 +951,8 @@ TEST(TrackerTest, StepCountersAndIterationTokensAccumulate) {
   EXPECT_EQ(h.core->count(kSpecDecodeNumDrafts), 2u);
   EXPECT_EQ(h.core->count(kSpecDecodeNumDraftTokens), 6u);
   EXPECT_EQ(h.core->count(kSpecDecodeNumAcceptedTokens), 4u);
-  EXPECT_EQ(h.core->children(kSpecDecodeNumAcceptedTokensPerPos), (std::vector<uint64_t>{4, 2, 0}));
+  EXPECT_EQ(h.core->children(kSpecDecodeNumAcceptedTokensPerPos),
+            (std::vector<uint64_t>{4, 2, 0}));
   EXPECT_EQ(h.stats->events(EventKind::kStep), 3u);
   EXPECT_EQ(h.tracker->size(), 0u);  // STEP belongs to no request
   EXPECT_EQ(TotalObservations(*h.front), 0u);
@@ -1023,8 +1027,7 @@ TEST(TrackerTest, TpotAtFinishWithMoreThanOneToken) {
   EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).count(), 0u);
   h.Send(h.Front(), Finished(T(30), Rid(1), FinishReason::kStop));
   EXPECT_EQ(h.front->hist(kRequestTimePerOutputToken).count(), 1u);
-  EXPECT_DOUBLE_EQ(h.front->hist(kRequestTimePerOutputToken).sum(),
-                   0.010 / 2);
+  EXPECT_DOUBLE_EQ(h.front->hist(kRequestTimePerOutputToken).sum(), 0.010 / 2);
   h.Send(h.Core(), {Arrived(T(0), Rid(2), 3), Tokens(T(10), Rid(2), 1),
                     Finished(T(30), Rid(2), FinishReason::kStop)});
   EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).count(), 0u);

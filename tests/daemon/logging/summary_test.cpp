@@ -65,8 +65,7 @@ TEST_F(SummaryTest, IdleWindowIsReported) {
 
 TEST_F(SummaryTest, SpecDecodeFiguresOnlyWhenPresent) {
   bool idle = false;
-  EXPECT_EQ(log_.Line(*s_, 10.0, &idle).find("Spec decode"),
-            std::string::npos);
+  EXPECT_EQ(log_.Line(*s_, 10.0, &idle).find("Spec decode"), std::string::npos);
   s_->Add(kSpecDecodeNumDraftTokens, 100);
   s_->Add(kSpecDecodeNumAcceptedTokens, 60);
   const std::string line = log_.Line(*s_, 10.0, &idle);

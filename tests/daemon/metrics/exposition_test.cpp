@@ -2,6 +2,8 @@
 // rewrites it), our own structural checks (promtool does not notice
 // unsorted le buckets or a missing +Inf), OpenMetrics specifics, and two
 // real parsers: promtool and Python's prometheus_client.
+#include "daemon/metrics/exposition.h"
+
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +29,6 @@
 
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/catalog.h"
-#include "daemon/metrics/exposition.h"
 #include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/text_format.h"
@@ -144,8 +145,8 @@ class FixedCollector : public Collector {
 
  private:
   static constexpr DaemonMetric kOwned[] = {
-      kBuildInfo,           kTrackedRequests,   kEvictedRequests,
-      kIncompleteIntervals, kNegativeIntervals, kScrapeDuration,
+      kBuildInfo,           kTrackedRequests,        kEvictedRequests,
+      kIncompleteIntervals, kNegativeIntervals,      kScrapeDuration,
       kHttpResponses,       kHttpConnectionsRejected};
   Registry& reg_;
 };

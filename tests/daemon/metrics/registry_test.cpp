@@ -1,7 +1,5 @@
 // Registry: option checks (bucket overrides), series identities and the
 // series cap.
-#include "daemon/ingest/ingest_stats.h"
-#include "daemon/metrics/exposition.h"
 #include "daemon/metrics/registry.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +9,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/metrics/exposition.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -184,8 +185,7 @@ TEST(RegistryTest, LabelOrderDoesNotMakeASecondSeries) {
   EXPECT_EQ(reg->series_count(), 1u);
   // Shown in the first HELLO's order; the identity is canonical.
   EXPECT_EQ(ab->label_text(), "model_name=\"m\",engine=\"0\",a=\"x\",b=\"y\"");
-  EXPECT_EQ(ab->identity().labels,
-            (LabelPairs{{"a", "x"}, {"b", "y"}}));
+  EXPECT_EQ(ab->identity().labels, (LabelPairs{{"a", "x"}, {"b", "y"}}));
   EngineSeries* other =
       reg->GetOrCreate({"vllm", "m", "0", {{"b", "x"}, {"a", "y"}}});
   EXPECT_NE(other, ab);
