@@ -107,8 +107,7 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   d->tracker_ = std::make_unique<Tracker>(*d->registry_, *d->ingest_stats_,
                                           d->clock_, config.tracker);
   d->ingest_ = std::make_unique<IngestServer>(
-      &d->loop_, *d->registry_, *d->tracker_, *d->ingest_stats_,
-      config.ingest);
+      &d->loop_, *d->registry_, *d->tracker_, *d->ingest_stats_, config.ingest);
   http::ServerOptions http_options;
   http_options.max_connections = config.http_max_connections;
   d->http_ = std::make_unique<http::Server>(&d->loop_, http_options);
@@ -296,6 +295,14 @@ void Daemon::OnStopped() {
 
 int Daemon::Run() {
   uv_run(&loop_, UV_RUN_DEFAULT);
+  // Every handle must be closed by now (libuv's rule, and ours).
+  const int rc = uv_loop_close(&loop_);
+  if (rc != 0) {
+    spdlog::error("the loop still has open handles at exit: {}",
+                  uv_strerror(rc));
+    return 1;
+  }
+  loop_initialized_ = false;
   return 0;
 }
 

@@ -34,7 +34,8 @@ class Daemon {
   // starts the timers and signal handlers; then tells systemd READY=1.
   Status Start();
   // Runs the loop until SIGTERM/SIGINT (or Stop()) has shut everything
-  // down. Returns 0.
+  // down, then closes it: 0, or 1 (logged) when uv_loop_close() finds a
+  // handle still open. Call once.
   int Run();
   // Begins a graceful shutdown; callable from the loop thread only.
   void Stop();

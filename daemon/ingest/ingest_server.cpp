@@ -422,9 +422,9 @@ bool IngestServer::SpaceFor(const Hello& hello, uint64_t* space,
     if (shared_spaces_.size() >= max_shared_spaces_) {
       // Make room: forget a scope no connection uses (its requests stay
       // tracked until retired; a later HELLO with it gets a new space).
-      auto unused = std::find_if(
-          shared_spaces_.begin(), shared_spaces_.end(),
-          [](const auto& e) { return e.second.connections == 0; });
+      auto unused =
+          std::find_if(shared_spaces_.begin(), shared_spaces_.end(),
+                       [](const auto& e) { return e.second.connections == 0; });
       if (unused == shared_spaces_.end()) return false;
       shared_spaces_.erase(unused);
     }

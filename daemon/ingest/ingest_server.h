@@ -90,8 +90,7 @@ class IngestServer {
     size_t connections;  // open connections in it
   };
   using SharedSpaces =
-      std::map<std::tuple<std::string, std::string, std::string>,
-               SharedSpace>;
+      std::map<std::tuple<std::string, std::string, std::string>, SharedSpace>;
   // The request-id space of a HELLO: a new private one, or its scope's
   // (joined: *shared names it). False when the scope cap is reached.
   bool SpaceFor(const Hello& hello, uint64_t* space,

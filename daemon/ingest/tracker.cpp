@@ -310,8 +310,7 @@ void Tracker::CloseReady(Request& r) {
     if (delta < 0) {
       ++negative_[size_t(d.interval)];
     } else if (d.per_token) {
-      s.hist(d.metric).Observe(double(delta) /
-                               double(r.generation_tokens - 1));
+      s.hist(d.metric).Observe(double(delta) / double(r.generation_tokens - 1));
     } else {
       s.hist(d.metric).Observe(double(delta));
     }

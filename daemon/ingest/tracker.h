@@ -25,12 +25,11 @@
 #ifndef TOKENMETER_DAEMON_INGEST_TRACKER_H_
 #define TOKENMETER_DAEMON_INGEST_TRACKER_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string_view>
 #include <unordered_map>
-
-#include <array>
 
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"

@@ -4,7 +4,6 @@
 
 namespace tokenmeter::daemon {
 
-
 std::string SummaryLog::Line(const EngineSeries& s, double window_s,
                              bool* idle) {
   Window& win = windows_[&s];

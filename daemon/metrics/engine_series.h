@@ -90,7 +90,9 @@ class EngineSeries {
     gauges_[m].set_value = v;
     gauges_[m].has_set = true;
   }
-  void AddDerived(EngineMetric m, int64_t delta) { gauges_[m].derived += delta; }
+  void AddDerived(EngineMetric m, int64_t delta) {
+    gauges_[m].derived += delta;
+  }
   const GaugeCell& gauge(EngineMetric m) const { return gauges_[m]; }
 
   Histogram& hist(EngineMetric m) { return hists_[m - kFirstHistogram]; }

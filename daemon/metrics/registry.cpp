@@ -31,8 +31,8 @@ Status Registry::Create(const RegistryOptions& options,
     }
   }
   for (const EngineMetricDef& def : kEngineMetrics) {
-    const bool in_range = def.id >= kFirstHistogram &&
-                          def.id < kFirstHistogram + kNumHistograms;
+    const bool in_range =
+        def.id >= kFirstHistogram && def.id < kFirstHistogram + kNumHistograms;
     if ((def.type == MetricType::kHistogram) != in_range) std::abort();
   }
   std::vector<HistogramLayout> layouts;

@@ -21,8 +21,7 @@ class TextWriter : public MetricWriter {
                    MetricType type, std::string_view help) override;
   void Sample(const SampleLabels& labels, uint64_t value) override;
   void Sample(const SampleLabels& labels, double value) override;
-  void HistogramSample(const SampleLabels& labels,
-                       const Histogram& h) override;
+  void HistogramSample(const SampleLabels& labels, const Histogram& h) override;
   void Finish() override;
 
  private:

@@ -105,8 +105,9 @@ TEST_F(DaemonTest, ServesMetricsOverTcpAndStopsCleanlyOnSigterm) {
   ASSERT_NE(port, 0);
 
   std::atomic<bool> returned{false};
+  std::atomic<int> run_rc{-1};
   std::thread loop([&] {
-    daemon->Run();
+    run_rc = daemon->Run();  // 0 only when uv_loop_close() returned 0
     returned = true;
   });
 
@@ -141,6 +142,7 @@ TEST_F(DaemonTest, ServesMetricsOverTcpAndStopsCleanlyOnSigterm) {
     std::abort();  // the loop thread cannot be joined
   }
   loop.join();
+  EXPECT_EQ(run_rc.load(), 0) << "uv_loop_close() found handles still open";
   // Run() returned: every listener and connection is closed.
   std::string after;
   EXPECT_TRUE(engine.ReadToEof(&after));

@@ -80,7 +80,7 @@
  * Label names the daemon sets itself on some series; a HELLO label may not
  * use them, nor any name starting with TM_RESERVED_LABEL_PREFIX. */
 #define TM_RESERVED_LABEL_PREFIX "__"
-#define TM_RESERVED_LABEL_NAMES                                            \
+#define TM_RESERVED_LABEL_NAMES                                           \
   "model_name", "engine", "engine_family", "finished_reason", "position", \
       "le", "quantile", "interval", "reason", "kind"
 #define TM_NUM_RESERVED_LABELS 10
@@ -133,8 +133,8 @@ static inline int tm_proto_valid_name(const char* s, size_t len,
   if (len == 0) return 0;
   for (i = 0; i < len; ++i) {
     const char c = s[i];
-    const int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      c == '_';
+    const int alpha =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
     const int digit = c >= '0' && c <= '9';
     if (!alpha && !(i > 0 && (digit || (allow_dash && c == '-')))) return 0;
   }

@@ -53,7 +53,7 @@ class IngestServerTest : public ::testing::Test {
     tracker_ = std::make_unique<Tracker>(*registry_, *stats_, clock_,
                                          TrackerOptions());
     server_ = std::make_unique<IngestServer>(&loop_, *registry_, *tracker_,
-                                             *stats_, IngestOptions());
+                                             *stats_, options_);
     s = server_->Listen(path_);
     ASSERT_TRUE(s.ok()) << s.message();
   }
@@ -96,6 +96,7 @@ class IngestServerTest : public ::testing::Test {
            std::string::npos;
   }
 
+  IngestOptions options_;
   testutil::TempDir dir_;
   const std::string path_ = dir_.File("ingest.sock");
   uv_loop_t loop_{};
@@ -165,6 +166,56 @@ TEST_F(IngestServerTest, CloseAppliesWhatWasSentThenEndsEveryConnection) {
   struct stat st {};
   EXPECT_NE(lstat(path_.c_str(), &st), 0) << path_ << " was not unlinked";
   // TearDown checks uv_loop_close().
+}
+
+// [0, {"proto": 1, "engine": "vllm", "model": "m", "scope": <scope>}]
+Bytes ScopedHello(char scope) {
+  Bytes b = {0x92, 0x00, 0x84, 0xa5, 'p', 'r', 'o', 't',  'o',  0x01,
+             0xa6, 'e',  'n',  'g',  'i', 'n', 'e', 0xa4, 'v',  'l',
+             'l',  'm',  0xa5, 'm',  'o', 'd', 'e', 'l',  0xa1, 'm',
+             0xa5, 's',  'c',  'o',  'p', 'e', 0xa1};
+  b.push_back(uint8_t(scope));
+  return b;
+}
+
+class SharedSpaceCapTest : public IngestServerTest {
+ protected:
+  SharedSpaceCapTest() { options_.max_shared_spaces = 2; }
+};
+
+constexpr char kSeriesLimitErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"series_limit\"}";
+
+// Scopes are client input: at most max_shared_spaces are kept. A new one
+// past the cap takes the place of a scope no open connection uses; with
+// none, its HELLO is refused (series_limit) and only that peer is closed.
+TEST_F(SharedSpaceCapTest, ScopesAreCappedAndUnusedOnesMakeRoom) {
+  TestSocket a(AF_UNIX), c(AF_UNIX), a2(AF_UNIX);
+  auto b = std::make_unique<TestSocket>(AF_UNIX);
+  for (TestSocket* s : {&a, b.get(), &c, &a2}) {
+    ASSERT_TRUE(s->ConnectUnix(path_));
+  }
+  ASSERT_TRUE(a.SendAll(ScopedHello('A')));
+  ASSERT_TRUE(b->SendAll(ScopedHello('B')));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kFrames, "2"); })) << Exposition();
+  ASSERT_TRUE(c.SendAll(ScopedHello('C')));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kSeriesLimitErrors, "1"); }))
+      << Exposition();
+  EXPECT_TRUE(RunUntil([&] { return c.SawEof(); }));
+  // (A refused HELLO is still a frame accepted.) A known scope is joined,
+  // not counted against the cap.
+  ASSERT_TRUE(a2.SendAll(ScopedHello('A')));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kFrames, "4"); })) << Exposition();
+  EXPECT_TRUE(Shows(kSeriesLimitErrors, "1"));
+  // Once B's only connection is gone, a new scope takes its place.
+  b.reset();
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 2; }));
+  TestSocket d(AF_UNIX);
+  ASSERT_TRUE(d.ConnectUnix(path_));
+  ASSERT_TRUE(d.SendAll(ScopedHello('C')));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kFrames, "5"); })) << Exposition();
+  EXPECT_TRUE(Shows(kSeriesLimitErrors, "1"));
+  EXPECT_FALSE(d.SawEof());
 }
 
 }  // namespace
