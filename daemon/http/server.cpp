@@ -208,6 +208,8 @@ class Server::Connection {
   enum class State { kReading, kWriting, kLingering, kClosing };
   enum class TimerKind { kHeader, kIdle, kWrite, kLinger };
   enum class Capture { kNone, kAccept, kAcceptEncoding };
+  // A request's framing or headers that the parser accepts and we refuse.
+  enum class Refusal { kNone, kMissingHost, kRepeatedHost };
 
   static const llhttp_settings_t* Settings();
   static Connection* From(llhttp_t* parser) {
@@ -266,7 +268,9 @@ class Server::Connection {
   Capture capture_ = Capture::kNone;
   size_t header_bytes_ = 0;
   uint64_t body_bytes_ = 0;
-  int error_status_ = 0;  // 431 or 413, set by a parser callback.
+  int error_status_ = 0;  // 400, 431 or 413, set by a parser callback.
+  Refusal refusal_ = Refusal::kNone;  // Why error_status_ is 400.
+  int host_headers_ = 0;
   bool message_in_progress_ = false;
   bool upgrade_ = false;
   bool keep_alive_ = false;
@@ -402,6 +406,11 @@ void Server::Connection::Feed(const char* data, size_t length) {
   } else if (status == 413) {
     spdlog::warn("HTTP: {}: request body over {} bytes; closing", peer_,
                  options().max_body_bytes);
+  } else if (refusal_ != Refusal::kNone) {
+    spdlog::warn("HTTP: {}: {}; answering 400 and closing", peer_,
+                 refusal_ == Refusal::kMissingHost
+                     ? "HTTP/1.1 request without Host"
+                     : "request with more than one Host");
   } else {
     spdlog::warn(
         "HTTP: {}: malformed request ({}: {}); answering 400 and "
@@ -647,6 +656,8 @@ void Server::Connection::ResetRequest() {
   header_bytes_ = 0;
   body_bytes_ = 0;
   error_status_ = 0;
+  refusal_ = Refusal::kNone;
+  host_headers_ = 0;
   upgrade_ = false;
   keep_alive_ = false;
   http10_ = false;
@@ -698,6 +709,7 @@ int Server::Connection::OnHeaderFieldComplete(llhttp_t* parser) {
     target = &c->accept_encoding_;
   } else {
     c->capture_ = Capture::kNone;
+    if (EqualsIgnoreCase(c->header_field_, "host")) ++c->host_headers_;
   }
   // A repeated header is the same as one joined by commas (RFC 9110 5.3).
   if (target != nullptr && !target->empty()) target->append(", ");
@@ -725,6 +737,15 @@ int Server::Connection::OnHeaderValueComplete(llhttp_t* parser) {
 int Server::Connection::OnHeadersComplete(llhttp_t* parser) {
   Connection* c = From(parser);
   c->upgrade_ = parser->upgrade != 0;
+  // RFC 9112 3.2: 400 for an HTTP/1.1 request without Host, and for any
+  // request with more than one.
+  const bool http11 = parser->http_major == 1 && parser->http_minor == 1;
+  if (c->host_headers_ > 1 || (http11 && c->host_headers_ == 0)) {
+    c->refusal_ =
+        c->host_headers_ > 1 ? Refusal::kRepeatedHost : Refusal::kMissingHost;
+    c->error_status_ = 400;
+    return -1;
+  }
   if ((parser->flags & F_CONTENT_LENGTH) != 0 &&
       parser->content_length > c->options().max_body_bytes) {
     c->error_status_ = 413;

@@ -1,7 +1,9 @@
 // A small HTTP/1.x server on a libuv loop, for /metrics and /healthz.
 //
 // Scope: GET and HEAD on exact paths, answered with Content-Length (never
-// chunked), keep-alive, pipelining, optional gzip. Requests carrying a
+// chunked), keep-alive, pipelining, optional gzip. An HTTP/1.1 request
+// without Host, or any request with more than one, is answered 400 and the
+// connection closed (RFC 9112 3.2). Requests carrying a
 // body larger than ServerOptions::max_body_bytes (by default any body) are
 // answered 413 (or 404/405 when the path or method is wrong anyway) and the
 // connection is closed; smaller bodies are read and ignored.

@@ -550,19 +550,26 @@ class HostileHttp(Base):
              b"".join(b"X-%d: %s\r\n" % (i, b"y" * 100) for i in range(300))
              + b"\r\n", 431),
             ("huge target", b"GET /" + big + b" HTTP/1.1\r\n\r\n", 431),
-            ("body", b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\n"
-             b"hello", 405),
-            ("body on GET", b"GET /metrics HTTP/1.1\r\nContent-Length: 100"
-             b"\r\n\r\n" + b"z" * 100, 413),
+            ("body", b"POST /metrics HTTP/1.1\r\nHost: x\r\n"
+             b"Content-Length: 5\r\n\r\nhello", 405),
+            ("body on GET", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+             b"Content-Length: 100\r\n\r\n" + b"z" * 100, 413),
             ("negative length", b"GET /metrics HTTP/1.1\r\nContent-Length: "
              b"-1\r\n\r\n", 400),
-            ("chunked body", b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: "
-             b"chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 413),
+            ("chunked body", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+             413),
             ("chunk size overflow", b"GET /metrics HTTP/1.1\r\n"
              b"Transfer-Encoding: chunked\r\n\r\n"
              b"fffffffffffffffff\r\n", 400),
-            ("unknown path", b"GET /../../etc/passwd HTTP/1.1\r\n\r\n", 404),
-            ("bad method", b"DELETE /metrics HTTP/1.1\r\n\r\n", 405),
+            ("unknown path",
+             b"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+            ("bad method", b"DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+             405),
+            ("HTTP/1.1 without Host", b"GET /metrics HTTP/1.1\r\n\r\n", 400),
+            ("two Hosts",
+             b"GET /metrics HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+            ("HTTP/1.0 without Host", b"GET /nope HTTP/1.0\r\n\r\n", 404),
             ("bad version", b"GET /metrics HTTP/9.9\r\n\r\n", 400),
             ("NUL in header", b"GET /metrics HTTP/1.1\r\nX: a\x00b\r\n\r\n",
              400),

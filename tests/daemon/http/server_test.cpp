@@ -574,6 +574,40 @@ TEST_F(HttpServerTest, GarbageIs400ThenClose) {
   EXPECT_TRUE(PollUntil([&] { return server_->connections() == 0; }));
 }
 
+// RFC 9112 3.2: an HTTP/1.1 request without Host, or any request with two,
+// is answered 400 and counted there, whatever its path or method.
+TEST_F(HttpServerTest, Http11WithoutHostIs400ThenClose) {
+  Start();
+  const size_t bad = Server::ResponseSlot(400);
+  const std::string cases[] = {
+      "GET /metrics HTTP/1.1\r\n\r\n",
+      "GET /nope HTTP/1.1\r\nAccept: */*\r\n\r\n",
+      "DELETE /metrics HTTP/1.1\r\n\r\n",
+      "GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+      "GET /metrics HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n",
+      "GET /metrics HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n",
+  };
+  uint64_t expected = 0;
+  for (const std::string& request : cases) {
+    Client client;
+    ASSERT_TRUE(client.Connect(port_));
+    ASSERT_TRUE(client.Send(request));
+    Client::Response r;
+    ASSERT_TRUE(client.Read(&r)) << request;
+    EXPECT_EQ(r.status, 400) << request;
+    EXPECT_EQ(r.Header("connection"), "close") << request;
+    EXPECT_TRUE(client.ReadUntilClosed()) << request;
+    EXPECT_EQ(server_->responses(bad), ++expected) << request;
+  }
+  EXPECT_EQ(server_->protocol_errors(), expected);
+  EXPECT_EQ(server_->requests_served(), 0u);
+  // Host in any case, and HTTP/1.0 without it, are fine.
+  EXPECT_EQ(Fetch("GET /metrics HTTP/1.1\r\nhOsT: x\r\n\r\n").status, 200);
+  EXPECT_EQ(Fetch("GET /metrics HTTP/1.0\r\n\r\n").status, 200);
+  EXPECT_EQ(Fetch("GET /nope HTTP/1.0\r\n\r\n").status, 404);
+  EXPECT_EQ(server_->responses(bad), expected);
+}
+
 TEST_F(HttpServerTest, HalfSentRequestDoesNotBlockOthers) {
   Start();
   Client a;
