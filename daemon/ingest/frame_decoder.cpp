@@ -484,7 +484,7 @@ bool ParseParams(Reader& r, Event* e) {
     const Header v = r.Next();
     if (key == TM_PARAM_MAX_TOKENS || key == TM_PARAM_N) {
       if (v.type == Type::kNil) continue;
-      if (v.type != Type::kUint) return false;
+      if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) return false;
       if (key == TM_PARAM_N) {
         e->n = v.value;
         e->has_n = true;
@@ -512,7 +512,9 @@ bool ParseStats(Reader& r, const DecoderLimits& limits,
     bool known = false;
     for (const UintStatKey& k : kUintStatKeys) {
       if (key == k.name) {
-        if (v.type != Type::kUint) return false;
+        if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
+          return false;
+        }
         st->*k.field = v.value;
         st->has |= k.bit;
         known = true;
@@ -544,7 +546,9 @@ bool ParseStats(Reader& r, const DecoderLimits& limits,
       st->pos_begin = static_cast<uint32_t>(positions.size());
       for (uint64_t j = 0; j < v.value; ++j) {
         const Header p = r.Next();
-        if (p.type != Type::kUint) return false;
+        if (p.type != Type::kUint || p.value > TM_MAX_EVENT_COUNT) {
+          return false;
+        }
         positions.push_back(p.value);
       }
       st->pos_count = static_cast<uint32_t>(v.value);
@@ -591,7 +595,9 @@ IngestError ParseEventBody(Reader& r, uint64_t n, const DecoderLimits& limits,
   }
   switch (e->kind) {
     case EventKind::kArrived:
-      if (!r.ReadUint(&e->count)) return IngestError::kBadEvent;
+      if (!r.ReadUint(&e->count) || e->count > TM_MAX_EVENT_COUNT) {
+        return IngestError::kBadEvent;
+      }
       used = 4;
       if (n >= 5) {
         if (!ParseParams(r, e)) return IngestError::kBadEvent;
@@ -599,7 +605,8 @@ IngestError ParseEventBody(Reader& r, uint64_t n, const DecoderLimits& limits,
       }
       break;
     case EventKind::kTokens:
-      if (!r.ReadUint(&e->count) || e->count == 0) {
+      if (!r.ReadUint(&e->count) || e->count == 0 ||
+          e->count > TM_MAX_EVENT_COUNT) {
         return IngestError::kBadEvent;
       }
       used = 4;

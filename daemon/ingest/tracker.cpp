@@ -50,6 +50,10 @@ constexpr uint8_t Bit(Point p) { return uint8_t(1u << p); }
 // what is decided then is not revisited by later events. One that should
 // exist but never closes is counted as incomplete when the request is
 // retired. per_token divides the interval by generation tokens - 1 (TPOT).
+// `needs` are points that must be known besides the two ends: the decode
+// phase's rows need ARRIVED, because a request whose start the daemon
+// never saw (it was in flight across a daemon restart) may have produced
+// tokens before the first one seen, and its phases would be biased short.
 struct IntervalDef {
   Interval interval;
   EngineMetric metric;
@@ -59,28 +63,31 @@ struct IntervalDef {
   bool at_finish;
   uint8_t exists_if;
   bool per_token;
+  uint8_t needs;
 };
 
 constexpr IntervalDef kIntervals[] = {
     {Interval::kTtft, kTimeToFirstToken, kArrived, kFirstToken, kFirstToken,
-     false, Bit(kFirstToken), false},
+     false, Bit(kFirstToken), false, 0},
     {Interval::kPrefill, kRequestPrefillTime, kScheduled, kFirstToken,
-     kFirstToken, false, Bit(kFirstToken), false},
+     kFirstToken, false, Bit(kFirstToken), false, 0},
     {Interval::kE2e, kE2eRequestLatency, kArrived, kFinished, kFinished, true,
-     Bit(kFinished), false},
+     Bit(kFinished), false, 0},
     // A request with tokens was scheduled, even if SCHEDULED has not come.
     {Interval::kQueue, kRequestQueueTime, kQueueStart, kScheduled, kFinished,
-     true, uint8_t(Bit(kScheduled) | Bit(kFirstToken)), false},
+     true, uint8_t(Bit(kScheduled) | Bit(kFirstToken)), false, 0},
     {Interval::kDecode, kRequestDecodeTime, kFirstToken, kLastToken, kFinished,
-     true, Bit(kFirstToken), false},
+     true, Bit(kFirstToken), false, Bit(kArrived)},
     {Interval::kInference, kRequestInferenceTime, kScheduled, kLastToken,
-     kFinished, true, Bit(kFirstToken), false},
+     kFinished, true, Bit(kFirstToken), false, Bit(kArrived)},
     {Interval::kTpot, kRequestTimePerOutputToken, kFirstToken, kLastToken,
-     kFinished, true, Bit(kFirstToken), true},
+     kFinished, true, Bit(kFirstToken), true, Bit(kArrived)},
 };
 constexpr size_t kNumIntervalDefs = std::size(kIntervals);
-// The `closed` bit after the intervals': the per-request histograms that
-// need ARRIVED's figures (prompt tokens, params), observed at finish.
+// The `closed` bit after the intervals': the per-request histograms,
+// observed at finish once ARRIVED is known (prompt tokens and params come
+// with it; generation tokens of a request whose start was never seen would
+// be biased low).
 constexpr uint8_t kArrivalStatsBit = uint8_t(1u << kNumIntervalDefs);
 static_assert(kNumIntervalDefs < 8);
 // request_success's children are indexed by FinishReason.
@@ -297,7 +304,7 @@ void Tracker::CloseReady(Request& r) {
   for (size_t i = 0; i < kNumIntervalDefs; ++i) {
     const IntervalDef& d = kIntervals[i];
     if ((r.closed & (1u << i)) != 0 || !ShouldExist(d, r) || !r.has(d.start) ||
-        !r.has(d.end)) {
+        !r.has(d.end) || (r.known & d.needs) != d.needs) {
       continue;
     }
     r.closed |= uint8_t(1u << i);
@@ -321,6 +328,8 @@ void Tracker::CloseReady(Request& r) {
     f.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
     if (r.has_max_tokens) f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
     if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
+    f.hist(kRequestGenerationTokens).Observe(r.generation_tokens);
+    f.hist(kRequestMaxNumGenerationTokens).Observe(r.generation_tokens);
   }
 }
 
@@ -435,8 +444,6 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
   Unlink(r, active_head_, active_tail_);
   r.activity_ns = now_ns;
   Append(r, finished_head_, finished_tail_);
-  s.hist(kRequestGenerationTokens).Observe(r.generation_tokens);
-  s.hist(kRequestMaxNumGenerationTokens).Observe(r.generation_tokens);
 }
 
 void Tracker::OnPreempted(const Source& src, Request& r) {

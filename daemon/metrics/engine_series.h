@@ -70,8 +70,9 @@ class EngineSeries {
   // (name, value) pairs in label_text() order, model_name and engine first.
   const LabelPairs& label_pairs() const { return label_pairs_; }
 
-  // Scalar counters.
-  void Add(EngineMetric m, uint64_t n) { counts_[m] += n; }
+  // Scalar counters. Saturating: a counter stops at 2^64 - 1 instead of
+  // wrapping to a small value (which Prometheus would read as a reset).
+  void Add(EngineMetric m, uint64_t n) { SaturatingAdd(counts_[m], n); }
   uint64_t count(EngineMetric m) const { return counts_[m]; }
 
   // Counters with an own label: child `i` is FixedLabelValues(m)[i], or
@@ -79,7 +80,7 @@ class EngineSeries {
   void AddChild(EngineMetric m, size_t i, uint64_t n) {
     std::vector<uint64_t>& c = children_[m];
     if (c.size() <= i) c.resize(i + 1, 0);
-    c[i] += n;
+    SaturatingAdd(c[i], n);
   }
   const std::vector<uint64_t>& children(EngineMetric m) const {
     return children_[m];
@@ -101,6 +102,10 @@ class EngineSeries {
   }
 
  private:
+  static void SaturatingAdd(uint64_t& acc, uint64_t n) {
+    if (__builtin_add_overflow(acc, n, &acc)) acc = UINT64_MAX;
+  }
+
   const SeriesIdentity identity_;
   LabelPairs label_pairs_;
   std::string label_text_;

@@ -40,6 +40,12 @@
 #define TM_MAX_RID_BYTES 128u
 #define TM_MAX_HELLO_LABELS 8u
 
+/* The largest count one event may carry (TOKENS n, ARRIVED prompt_tokens
+ * and params, every STEP count and spec_accepted_per_pos entry): no engine
+ * produces more in one event, so a larger value is a bad event, not data
+ * (it would wrap the daemon's counters). */
+#define TM_MAX_EVENT_COUNT 4294967295ull /* 2^32 - 1 */
+
 /* Accepted event times relative to the daemon's clock. */
 #define TM_MAX_FUTURE_NS 1000000000ull           /* 1 s */
 #define TM_MAX_PAST_NS (3600ull * 1000000000ull) /* 1 hour */

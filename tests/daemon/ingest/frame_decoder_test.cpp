@@ -1190,6 +1190,10 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
                          'e',  'r', '_', 'p', 'o', 's'};
   const Bytes kMaxTokens = {0xaa, 'm', 'a', 'x', '_', 't',
                             'o',  'k', 'e', 'n', 's'};
+  const Bytes kPrefixQueries = {0xae, 'p', 'r', 'e', 'f', 'i', 'x', '_',
+                                'q',  'u', 'e', 'r', 'i', 'e', 's'};
+  const Bytes k2To32 = {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0};  // uint64 2^32
+  const Bytes kMaxU64 = {0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   struct Case {
     const char* name;
     Bytes event;
@@ -1271,6 +1275,20 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
       {"STEP spec_accepted_per_pos str",
        Cat({{0x93, 0x07, 0x00, 0x81}, kPerPos, {0x91, 0xa1, '1'}})},
       {"STEP 65 positions", many_positions},
+      // Counts above TM_MAX_EVENT_COUNT (2^32 - 1): no engine produces
+      // them in one event, and they would wrap the daemon's counters.
+      {"TOKENS n 2^32", Cat({{0x94, 0x04, 0x00, 0x07}, k2To32})},
+      {"TOKENS n 2^64-1", Cat({{0x94, 0x04, 0x00, 0x07}, kMaxU64})},
+      {"ARRIVED prompt 2^32", Cat({{0x94, 0x01, 0x00, 0x07}, k2To32})},
+      {"ARRIVED max_tokens 2^32",
+       Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, kMaxTokens, k2To32})},
+      {"ARRIVED n 2^32",
+       Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81, 0xa1, 'n'}, k2To32})},
+      {"STEP running 2^32", Cat({{0x93, 0x07, 0x00, 0x81}, kRunning, k2To32})},
+      {"STEP prefix_queries 2^64-1",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kPrefixQueries, kMaxU64})},
+      {"STEP spec_accepted_per_pos 2^32",
+       Cat({{0x93, 0x07, 0x00, 0x81}, kPerPos, {0x92, 0x01}, k2To32})},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -1288,6 +1306,34 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
     EXPECT_EQ(ev[1].count, 1u);
     EXPECT_TRUE(sink.batches[0].positions.empty());
   }
+}
+
+// TM_MAX_EVENT_COUNT itself is a valid count in every count position.
+TEST(FrameDecoderTest, AcceptsCountsUpToTheMaximum) {
+  const Bytes kMax = {0xce, 0xff, 0xff, 0xff, 0xff};  // uint32 2^32 - 1
+  const Bytes kPq = {0xae, 'p', 'r', 'e', 'f', 'i', 'x', '_',
+                     'q',  'u', 'e', 'r', 'i', 'e', 's'};
+  const Bytes kPerPos = {0xb5, 's', 'p', 'e', 'c', '_', 'a', 'c',
+                         'c',  'e', 'p', 't', 'e', 'd', '_', 'p',
+                         'e',  'r', '_', 'p', 'o', 's'};
+  const Bytes tokens = Cat({{0x94, 0x04, 0x00, 0x07}, kMax});
+  const Bytes arrived =
+      Cat({{0x95, 0x01, 0x00, 0x07}, kMax, {0x81, 0xa1, 'n'}, kMax});
+  const Bytes step =
+      Cat({{0x93, 0x07, 0x00, 0x82}, kPq, kMax, kPerPos, {0x91}, kMax});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(3, {tokens, arrived, step})}), sink))
+      << IngestErrorName(d.error());
+  EXPECT_TRUE(sink.event_errors.empty());
+  const std::vector<Event> ev = sink.AllEvents();
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[0].count, TM_MAX_EVENT_COUNT);
+  EXPECT_EQ(ev[1].count, TM_MAX_EVENT_COUNT);
+  EXPECT_EQ(ev[1].n, TM_MAX_EVENT_COUNT);
+  EXPECT_EQ(ev[2].step.prefix_queries, TM_MAX_EVENT_COUNT);
+  ASSERT_EQ(sink.batches[0].positions.size(), 1u);
+  EXPECT_EQ(sink.batches[0].positions[0], TM_MAX_EVENT_COUNT);
 }
 
 TEST(FrameDecoderTest, RejectsNegativeIntWhereUintExpected) {

@@ -574,17 +574,27 @@ struct IncompleteCase {
 TEST(TrackerTest, CountsIncompleteIntervalsAtRetirementNeverObservesThem) {
   const RequestId r = Rid(1);
   const IncompleteCase cases[] = {
+      // Without ARRIVED the decode phase (decode, inference, TPOT) is not
+      // observed either: the request may have produced tokens before the
+      // first one seen (it was in flight across a daemon restart).
       {"tokens but no arrived, scheduled",
        {Tokens(T(10), r, 1), Finished(T(20), r)},
        Intervals({Interval::kTtft, Interval::kPrefill, Interval::kE2e,
-                  Interval::kQueue, Interval::kInference})},
+                  Interval::kQueue, Interval::kDecode, Interval::kInference})},
       {"scheduled and tokens but no arrived",
        {Scheduled(T(5), r), Tokens(T(10), r, 1), Finished(T(20), r)},
-       Intervals({Interval::kTtft, Interval::kE2e, Interval::kQueue})},
+       Intervals({Interval::kTtft, Interval::kE2e, Interval::kQueue,
+                  Interval::kDecode, Interval::kInference})},
       {"queued but no arrived",
        {Queued(T(2), r), Scheduled(T(5), r), Tokens(T(10), r, 1),
         Finished(T(20), r)},
-       Intervals({Interval::kTtft, Interval::kE2e})},
+       Intervals({Interval::kTtft, Interval::kE2e, Interval::kDecode,
+                  Interval::kInference})},
+      {"several tokens but no arrived (TPOT too)",
+       {Scheduled(T(5), r), Tokens(T(10), r, 1), Tokens(T(12), r, 1),
+        Finished(T(20), r)},
+       Intervals({Interval::kTtft, Interval::kE2e, Interval::kQueue,
+                  Interval::kDecode, Interval::kInference, Interval::kTpot})},
       {"arrived and tokens but no scheduled",
        {Arrived(T(0), r, 1), Tokens(T(10), r, 1), Finished(T(20), r)},
        Intervals({Interval::kPrefill, Interval::kQueue, Interval::kInference})},
@@ -1033,6 +1043,43 @@ TEST(TrackerTest, TpotAtFinishWithMoreThanOneToken) {
   EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).count(), 0u);
   h.AdvanceAndSweep(10 * kSecond);
   EXPECT_EQ(h.tracker->incomplete(Interval::kTpot), 0u);
+}
+
+// A request in flight across a daemon restart: the new daemon sees some
+// TOKENS and the FINISHED, never the ARRIVED. Only the inter-token
+// latencies between tokens it saw are observed; every phase and the
+// per-request histograms (which would be biased short or low) are not,
+// and the phases are counted as incomplete.
+TEST(TrackerTest, RequestWhoseStartWasNeverSeenObservesNoPhase) {
+  Harness h;
+  h.Send(h.Core(), {Tokens(T(100), Rid(1), 1), Tokens(T(110), Rid(1), 1),
+                    Tokens(T(125), Rid(1), 1), Finished(T(130), Rid(1))});
+  h.AdvanceAndSweep(10 * kSecond);
+  EXPECT_EQ(h.core->hist(kInterTokenLatency).count(), 2u);
+  EXPECT_EQ(TotalObservations(*h.core), 2u);  // the two ITLs only
+  EXPECT_EQ(h.Incomplete(),
+            Intervals({Interval::kTtft, Interval::kPrefill, Interval::kE2e,
+                       Interval::kQueue, Interval::kDecode,
+                       Interval::kInference, Interval::kTpot}));
+  EXPECT_EQ(h.core->count(kGenerationTokens), 3u);  // the counter counts
+}
+
+// A frontend's ARRIVED that reaches the daemon after the engine core's
+// FINISHED (within the grace period) completes the decode phase then.
+TEST(TrackerTest, LateArrivedCompletesTheDecodePhase) {
+  Harness h;
+  h.Send(h.Core(), {Scheduled(T(5), Rid(1)), Tokens(T(10), Rid(1), 1),
+                    Tokens(T(20), Rid(1), 1), Finished(T(30), Rid(1))});
+  EXPECT_EQ(h.core->hist(kRequestDecodeTime).count(), 0u);
+  EXPECT_EQ(h.core->hist(kRequestGenerationTokens).count(), 0u);
+  h.Send(h.Front(), Arrived(T(0), Rid(1), 4));
+  EXPECT_EQ(h.core->hist(kRequestDecodeTime).count(), 1u);
+  EXPECT_EQ(h.core->hist(kRequestInferenceTime).count(), 1u);
+  EXPECT_EQ(h.core->hist(kRequestTimePerOutputToken).count(), 1u);
+  EXPECT_EQ(h.core->hist(kRequestGenerationTokens).count(), 1u);
+  EXPECT_EQ(h.core->hist(kRequestMaxNumGenerationTokens).count(), 1u);
+  h.AdvanceAndSweep(10 * kSecond);
+  EXPECT_EQ(h.Incomplete(), Intervals({}));
 }
 
 TEST(TrackerTest, TrackedRequestsGaugeEqualsSize) {

@@ -192,6 +192,23 @@ TEST(RegistryTest, LabelOrderDoesNotMakeASecondSeries) {
   EXPECT_EQ(reg->series_count(), 2u);
 }
 
+// A counter that would pass 2^64 - 1 stays there: wrapping to a small
+// value would read as a counter reset (and a huge negative rate).
+TEST(RegistryTest, CountersSaturateInsteadOfWrapping) {
+  auto reg = MustCreate(RegistryOptions{});
+  EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {}});
+  s->Add(kGenerationTokens, UINT64_MAX - 1);
+  s->Add(kGenerationTokens, 5);
+  EXPECT_EQ(s->count(kGenerationTokens), UINT64_MAX);
+  s->Add(kGenerationTokens, 1);
+  EXPECT_EQ(s->count(kGenerationTokens), UINT64_MAX);
+  s->AddChild(kSpecDecodeNumAcceptedTokensPerPos, 2, UINT64_MAX);
+  s->AddChild(kSpecDecodeNumAcceptedTokensPerPos, 2, 7);
+  EXPECT_EQ(s->children(kSpecDecodeNumAcceptedTokensPerPos)[2], UINT64_MAX);
+  s->Add(kPromptTokens, 3);  // others are untouched
+  EXPECT_EQ(s->count(kPromptTokens), 3u);
+}
+
 TEST(RegistryTest, SanitizesNamespaces) {
   EXPECT_EQ(SanitizeNamespace("tokenmeter-engine"), "tokenmeter_engine");
   EXPECT_EQ(SanitizeNamespace("vllm"), "vllm");
