@@ -16,7 +16,9 @@
 #include <string>
 
 #include "daemon/ingest/frame_decoder.h"
+#include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/metrics/exposition.h"
 #include "daemon/metrics/registry.h"
 
 namespace tokenmeter::daemon {
@@ -35,10 +37,12 @@ struct State {
     if (!Registry::Create(options, &registry).ok()) __builtin_trap();
     TrackerOptions t;
     t.max_requests = 4096;
-    tracker = std::make_unique<Tracker>(*registry, clock, t);
+    stats = std::make_unique<IngestStats>(*registry);
+    tracker = std::make_unique<Tracker>(*registry, *stats, clock, t);
   }
   FakeClock clock;
   std::unique_ptr<Registry> registry;
+  std::unique_ptr<IngestStats> stats;
   std::unique_ptr<Tracker> tracker;
   uint64_t inputs = 0;
   uint64_t next_space = 1;
@@ -122,9 +126,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (++state.inputs % 256 == 0) {
     state.tracker->Sweep();
     std::string out;
-    state.registry->Render(ExpositionFormat::kText004, out);
+    Render(*state.registry, ExpositionFormat::kText004, out);
     out.clear();
-    state.registry->Render(ExpositionFormat::kOpenMetrics100, out);
+    Render(*state.registry, ExpositionFormat::kOpenMetrics100, out);
   }
   return 0;
 }
