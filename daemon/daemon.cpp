@@ -51,14 +51,10 @@ std::string LocalAddress(int fd) {
 // and the HTTP server's response and refusal counts.
 class Daemon::SelfCollector : public Collector {
  public:
-  explicit SelfCollector(Daemon& d) : d_(d) {
-    for (DaemonMetric id : kOwned) d_.registry_->Register(id, this);
-  }
+  explicit SelfCollector(Daemon& d)
+      : d_(d), registration_(*d.registry_, this, kOwned) {}
   SelfCollector(const SelfCollector&) = delete;
   SelfCollector& operator=(const SelfCollector&) = delete;
-  ~SelfCollector() override {
-    for (DaemonMetric id : kOwned) d_.registry_->Unregister(id, this);
-  }
 
   void Collect(DaemonMetric id, MetricWriter& w) const override {
     const SampleLabels none;
@@ -90,6 +86,7 @@ class Daemon::SelfCollector : public Collector {
   static constexpr DaemonMetric kOwned[] = {
       kBuildInfo, kScrapeDuration, kHttpResponses, kHttpConnectionsRejected};
   Daemon& d_;
+  Registration registration_;
 };
 
 Daemon::Daemon(const Config& config) : config_(config) {}

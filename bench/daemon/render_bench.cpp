@@ -56,12 +56,7 @@ namespace td = tokenmeter::daemon;
 // scrape duration, the HTTP counters), with the values a quiet daemon has.
 class SelfFamilies : public td::Collector {
  public:
-  explicit SelfFamilies(td::Registry& reg) : reg_(reg) {
-    for (td::DaemonMetric id : kOwned) reg_.Register(id, this);
-  }
-  ~SelfFamilies() override {
-    for (td::DaemonMetric id : kOwned) reg_.Unregister(id, this);
-  }
+  explicit SelfFamilies(td::Registry& reg) : registration_(reg, this, kOwned) {}
   void Collect(td::DaemonMetric id, td::MetricWriter& w) const override {
     const td::SampleLabels none;
     if (id == td::kBuildInfo) {
@@ -77,7 +72,7 @@ class SelfFamilies : public td::Collector {
   static constexpr td::DaemonMetric kOwned[] = {
       td::kBuildInfo, td::kScrapeDuration, td::kHttpResponses,
       td::kHttpConnectionsRejected};
-  td::Registry& reg_;
+  td::Registration registration_;
 };
 
 // The registry and every family owner, as the daemon wires them.

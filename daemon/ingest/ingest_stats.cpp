@@ -12,14 +12,10 @@ constexpr DaemonMetric kOwned[] = {kIngestConnections, kIngestFrames,
 }  // namespace
 
 IngestStats::IngestStats(Registry& registry)
-    : registry_(registry),
-      max_identities_(registry.options().max_engine_series) {
-  for (DaemonMetric id : kOwned) registry_.Register(id, this);
-}
+    : max_identities_(registry.options().max_engine_series),
+      registration_(registry, this, kOwned) {}
 
-IngestStats::~IngestStats() {
-  for (DaemonMetric id : kOwned) registry_.Unregister(id, this);
-}
+IngestStats::~IngestStats() = default;
 
 uint64_t IngestStats::events_total() const {
   uint64_t n = 0;

@@ -63,7 +63,6 @@ class IngestStats : public Collector {
     uint64_t retired = 0;  // folded clients' last totals
   };
 
-  Registry& registry_;
   const size_t max_identities_;
   int64_t connections_ = 0;
   uint64_t frames_ = 0;
@@ -71,6 +70,7 @@ class IngestStats : public Collector {
   std::array<uint64_t, size_t(IngestError::kCount)> errors_{};
   std::map<std::tuple<std::string, std::string, std::string>, Drops> dropped_;
   uint64_t reports_ = 0;
+  Registration registration_;  // last: unregisters first
 };
 
 }  // namespace tokenmeter::daemon

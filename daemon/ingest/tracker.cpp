@@ -159,13 +159,12 @@ constexpr DaemonMetric kOwned[] = {kTrackedRequests, kEvictedRequests,
 
 Tracker::Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
                  TrackerOptions options)
-    : registry_(registry), ingest_(ingest), clock_(clock), options_(options) {
-  for (DaemonMetric id : kOwned) registry_.Register(id, this);
-}
+    : ingest_(ingest),
+      clock_(clock),
+      options_(options),
+      registration_(registry, this, kOwned) {}
 
-Tracker::~Tracker() {
-  for (DaemonMetric id : kOwned) registry_.Unregister(id, this);
-}
+Tracker::~Tracker() = default;
 
 void Tracker::Collect(DaemonMetric id, MetricWriter& w) const {
   const SampleLabels none;

@@ -144,7 +144,6 @@ class Tracker : public Collector {
   void OnPreempted(const Source& src, Request& r);
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
 
-  Registry& registry_;
   IngestStats& ingest_;
   const Clock& clock_;
   const TrackerOptions options_;
@@ -158,6 +157,7 @@ class Tracker : public Collector {
   uint64_t evicted_ = 0;
   std::array<uint64_t, size_t(Interval::kCount)> incomplete_{};
   std::array<uint64_t, size_t(Interval::kCount)> negative_{};
+  Registration registration_;  // last: unregisters first
 };
 
 }  // namespace tokenmeter::daemon

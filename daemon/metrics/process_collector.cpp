@@ -62,13 +62,10 @@ ProcessStats ReadProcessStats() {
   return p;
 }
 
-ProcessCollector::ProcessCollector(Registry& registry) : registry_(registry) {
-  for (DaemonMetric id : kOwned) registry_.Register(id, this);
-}
+ProcessCollector::ProcessCollector(Registry& registry)
+    : registration_(registry, this, kOwned) {}
 
-ProcessCollector::~ProcessCollector() {
-  for (DaemonMetric id : kOwned) registry_.Unregister(id, this);
-}
+ProcessCollector::~ProcessCollector() = default;
 
 void ProcessCollector::Collect(DaemonMetric id, MetricWriter& w) const {
   const SampleLabels none;

@@ -33,8 +33,8 @@ class ProcessCollector : public Collector {
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
  private:
-  Registry& registry_;
   mutable ProcessStats stats_;  // the current render's snapshot
+  Registration registration_;
 };
 
 }  // namespace tokenmeter::daemon

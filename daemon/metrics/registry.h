@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,28 @@ class Registry {
   std::map<SeriesIdentity, std::unique_ptr<EngineSeries>> series_;
   uint64_t series_rejected_ = 0;
   std::array<const Collector*, kNumDaemonMetrics> collectors_{};
+};
+
+// Makes a collector the owner of some daemon families for as long as this
+// object lives: a collector holds one as a member, constructed with
+// `this`, so that it can never be rendered after it is gone.
+class Registration {
+ public:
+  Registration(Registry& registry, const Collector* c,
+               std::span<const DaemonMetric> ids)
+      : registry_(registry), collector_(c), ids_(ids) {
+    for (DaemonMetric id : ids_) registry_.Register(id, collector_);
+  }
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+  ~Registration() {
+    for (DaemonMetric id : ids_) registry_.Unregister(id, collector_);
+  }
+
+ private:
+  Registry& registry_;
+  const Collector* const collector_;
+  const std::span<const DaemonMetric> ids_;  // static storage
 };
 
 }  // namespace tokenmeter::daemon

@@ -92,14 +92,7 @@ void Fill(EngineSeries& s, uint64_t k, bool step_gauges, bool spec_positions) {
 // owners need a running daemon; the e2e tests render those).
 class FixedCollector : public Collector {
  public:
-  explicit FixedCollector(Registry& reg) : reg_(reg) {
-    for (DaemonMetric id : kOwned) reg_.Register(id, this);
-  }
-  FixedCollector(const FixedCollector&) = delete;
-  FixedCollector& operator=(const FixedCollector&) = delete;
-  ~FixedCollector() override {
-    for (DaemonMetric id : kOwned) reg_.Unregister(id, this);
-  }
+  explicit FixedCollector(Registry& reg) : registration_(reg, this, kOwned) {}
   void Collect(DaemonMetric id, MetricWriter& w) const override {
     const SampleLabels none;
     switch (id) {
@@ -148,7 +141,7 @@ class FixedCollector : public Collector {
       kBuildInfo,           kTrackedRequests,        kEvictedRequests,
       kIncompleteIntervals, kNegativeIntervals,      kScrapeDuration,
       kHttpResponses,       kHttpConnectionsRejected};
-  Registry& reg_;
+  Registration registration_;
 };
 
 // A registry with an owner for every daemon family, as the daemon wires
