@@ -35,11 +35,18 @@ bool ValidName(std::string_view s, bool allow_dash) {
 
 inline uint32_t RidWords(size_t len) { return uint32_t((len + 7) / 8); }
 
-inline Ring* RingFor(tm_client* c) { return c->LocalRing(); }
-
+// Every event call: Enter() (the client is open and this thread has a
+// ring, marked "in a call"), reserve, write, commit, Leave().
 inline int Full(Ring* r) {
   r->CountDrop();
+  tm_client::Leave(r);
   return TM_E_DROPPED;
+}
+
+inline int Done(Ring* r) {
+  r->Commit();
+  tm_client::Leave(r);
+  return TM_OK;
 }
 
 // Events whose layout is hdr, t, rid (+ `extra` words).
@@ -47,17 +54,17 @@ inline int EmitInt(tm_client* c, uint8_t kind, uint64_t t, uint64_t rid,
                    uint32_t arg) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
-  Ring* r = RingFor(c);
-  if (r == nullptr) [[unlikely]]
-    return TM_E_DROPPED;
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
   uint64_t* w = r->Reserve(3);
   if (w == nullptr) [[unlikely]]
     return Full(r);
   w[0] = MakeHeader(kind, 3, 0, arg);
   w[1] = t != 0 ? t : Now();
   w[2] = rid;
-  r->Commit();
-  return TM_OK;
+  return Done(r);
 }
 
 inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
@@ -68,9 +75,10 @@ inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
     c->CountRejected();
     return TM_E_INVALID;
   }
-  Ring* r = RingFor(c);
-  if (r == nullptr) [[unlikely]]
-    return TM_E_DROPPED;
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
   const uint32_t words = 2 + RidWords(len);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
@@ -79,8 +87,7 @@ inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
   w[1] = t != 0 ? t : Now();
   w[words - 1] = 0;
   std::memcpy(w + 2, rid, len);
-  r->Commit();
-  return TM_OK;
+  return Done(r);
 }
 
 inline uint64_t Params(uint32_t max_tokens, uint32_t n) {
@@ -107,6 +114,10 @@ const char* tm_strerror(int status) {
       return "daemon not connected";
     case TM_E_SYSTEM:
       return "system call failed";
+    case TM_E_CLOSED:
+      return "client closed: the call did nothing (counted as rejected)";
+    case TM_E_FORKED:
+      return "client inherited through fork(): inert in this process";
     default:
       return "unknown status";
   }
@@ -208,29 +219,20 @@ int tm_client_new(const tm_options* opts, tm_client** out) {
     return TM_E_INVALID;
   }
   *out = nullptr;
-  tm_client* c = nullptr;
   try {
     // HELLO's informational pid: this process, not the options' zero.
     tm_options with_pid = *opts;
     with_pid.meta.pid = getpid();
-    c = new tm_client(with_pid);
+    return tm_client::New(with_pid, out);
   } catch (...) {
     return TM_E_NOMEM;
   }
-  const int rc = c->Start();
-  if (rc != TM_OK) {
-    delete c;
-    return rc;
-  }
-  *out = c;
-  return TM_OK;
 }
 
 int tm_client_close(tm_client* client, uint64_t* stats_out, size_t n_stats) {
   if (client == nullptr) return TM_OK;
-  const int rc = client->Close(stats_out, n_stats);
-  delete client;
-  return rc;
+  // The handle is not freed: it stays as a tombstone (client.h).
+  return client->Close(stats_out, n_stats);
 }
 
 int tm_client_flush(tm_client* client, uint32_t timeout_ms) {
@@ -240,8 +242,7 @@ int tm_client_flush(tm_client* client, uint32_t timeout_ms) {
 
 int tm_thread_attach(tm_client* client) {
   if (client == nullptr) return TM_E_INVALID;
-  return client->LocalRing(/*count_drop=*/false) != nullptr ? TM_OK
-                                                            : TM_E_DROPPED;
+  return client->Attach();
 }
 
 int tm_client_stats(const tm_client* client, uint64_t* out, size_t n) {
@@ -257,9 +258,10 @@ inline int ArrivedInt(tm_client* c, uint64_t t_ns, uint64_t rid,
                       uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
-  Ring* r = RingFor(c);
-  if (r == nullptr) [[unlikely]]
-    return TM_E_DROPPED;
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
   uint64_t* w = r->Reserve(4);
   if (w == nullptr) [[unlikely]]
     return Full(r);
@@ -267,8 +269,7 @@ inline int ArrivedInt(tm_client* c, uint64_t t_ns, uint64_t rid,
   w[1] = t_ns != 0 ? t_ns : Now();
   w[2] = rid;
   w[3] = Params(max_tokens, n);
-  r->Commit();
-  return TM_OK;
+  return Done(r);
 }
 
 inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
@@ -281,9 +282,10 @@ inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
     c->CountRejected();
     return TM_E_INVALID;
   }
-  Ring* r = RingFor(c);
-  if (r == nullptr) [[unlikely]]
-    return TM_E_DROPPED;
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
   const uint32_t rw = RidWords(rid_len);
   const uint32_t words = 3 + rw;
   uint64_t* w = r->Reserve(words);
@@ -294,8 +296,7 @@ inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
   w[1 + rw] = 0;
   std::memcpy(w + 2, rid, rid_len);
   w[2 + rw] = Params(max_tokens, n);
-  r->Commit();
-  return TM_OK;
+  return Done(r);
 }
 
 }  // namespace
@@ -363,20 +364,24 @@ static size_t FirstEvent(const uint32_t* n, size_t count) {
   return i;
 }
 
-// The calling thread's ring for a batch with an event at `first`; nullptr
-// when the thread gets no slot, every event of the batch then counted as
-// dropped (RingFor() counts the first).
-static Ring* BatchRing(tm_client* c, const uint32_t* n, size_t first,
-                       size_t count) {
-  Ring* r = RingFor(c);
-  if (r == nullptr) [[unlikely]] {
+// Enters `c` for a batch with an event at `first`. When it cannot, every
+// event of the batch is counted (rejected on a closed or inherited client,
+// dropped when the thread gets no slot) and the code returned.
+static int BatchEnter(tm_client* c, const uint32_t* n, size_t first,
+                      size_t count, Ring** r) {
+  const int rc = c->Enter(r, 0);
+  if (rc != TM_OK) [[unlikely]] {
     uint64_t events = 0;
     for (size_t i = first; i < count; ++i) {
       events += n == nullptr || n[i] != 0;
     }
-    c->CountDropped(events - 1);
+    if (rc == TM_E_DROPPED) {
+      c->CountDropped(events);
+    } else {
+      c->CountRejected(events);
+    }
   }
-  return r;
+  return rc;
 }
 
 int tm_tokens_batch(tm_client* c, uint64_t t_ns, const uint64_t* rids,
@@ -390,9 +395,10 @@ int tm_tokens_batch(tm_client* c, uint64_t t_ns, const uint64_t* rids,
   }
   const size_t first = FirstEvent(n, count);
   if (first == count) return 0;  // no event: no thread attached, no drop
-  Ring* r = BatchRing(c, n, first, count);
-  if (r == nullptr) [[unlikely]]
-    return 0;
+  Ring* r;
+  const int rc = BatchEnter(c, n, first, count, &r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc == TM_E_DROPPED ? 0 : rc;
   const uint64_t t = t_ns != 0 ? t_ns : Now();
   int appended = 0;
   for (size_t i = first; i < count; ++i) {
@@ -409,6 +415,7 @@ int tm_tokens_batch(tm_client* c, uint64_t t_ns, const uint64_t* rids,
     r->Commit();
     ++appended;
   }
+  tm_client::Leave(r);
   return appended;
 }
 
@@ -434,9 +441,10 @@ int tm_tokens_batch_str(tm_client* c, uint64_t t_ns, const char* ids,
   }
   const size_t first = FirstEvent(n, count);
   if (first == count) return 0;
-  Ring* r = BatchRing(c, n, first, count);
-  if (r == nullptr) [[unlikely]]
-    return 0;
+  Ring* r;
+  const int rc = BatchEnter(c, n, first, count, &r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc == TM_E_DROPPED ? 0 : rc;
   const uint64_t t = t_ns != 0 ? t_ns : Now();
   int appended = 0;
   const char* id = ids;
@@ -459,6 +467,7 @@ int tm_tokens_batch_str(tm_client* c, uint64_t t_ns, const char* ids,
     r->Commit();
     ++appended;
   }
+  tm_client::Leave(r);
   return appended;
 }
 
@@ -523,8 +532,9 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
     c->CountRejected();
     return TM_E_INVALID;
   }
-  Ring* r = RingFor(c);
-  if (r == nullptr) return TM_E_DROPPED;
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) return rc;
   const uint32_t words =
       2 + uint32_t(__builtin_popcount(mask)) + uint32_t(n_pos);
   uint64_t* w = r->Reserve(words);
@@ -536,8 +546,7 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
     if (mask & (1u << key)) *p++ = slot_values[key];
   }
   for (size_t i = 0; i < n_pos; ++i) *p++ = accepted_per_pos[i];
-  r->Commit();
-  return TM_OK;
+  return Done(r);
 }
 
 }  // extern "C"

@@ -1,14 +1,34 @@
-// The client behind the C ABI: a thin owner that wires three parts
-// together (see each header for its contract):
-//   ThreadRegistry (thread_registry.h)  per-thread rings, attach, recycling
-//   Sender         (sender.h)           the sender thread: batching,
-//                                       connect/backoff, flush and close
-//   Transport      (transport.h)        the socket calls, owned by the Sender
-// and holds the counters that tm_client_stats() reports (counters.h).
+// The client behind the C ABI. A tm_client is two things:
+//
+//  * the handle (this struct): the counters, the state word the event calls
+//    check, and the guards that keep the parts alive while a call uses
+//    them. It is never freed: after tm_client_close() it stays behind as a
+//    tombstone (about 256 bytes) until the process exits, so that a call on
+//    a closed handle, or one racing the close, reads valid memory and is
+//    refused and counted (tokenmeter.h, tm_client_close()).
+//  * the parts (ClientParts), freed at close once no thread can use them:
+//      ThreadRegistry (thread_registry.h)  per-thread rings, attach, recycling
+//      Sender         (sender.h)           the sender thread: batching,
+//                                          connect/backoff, flush and close
+//      Transport      (transport.h)        the socket calls, owned by the
+//      Sender
+//
+// Who touches what. An event call reads the handle's hot line (state,
+// registry id) and its thread's slot (reference counted by the thread's
+// cache, thread_registry.h): never the parts, except to attach a thread
+// (AttachRing(), under attaching_). Flush, stats and attach hold callers_
+// or attaching_ while they use the parts; Close() waits for both to drain
+// before it frees them.
+//
+// fork(): a pthread_atfork child handler marks every open client kForked in
+// the child (its sender thread is not there and its socket is the
+// parent's): calls are refused and counted, close frees nothing.
 #ifndef TOKENMETER_CLIENT_LIB_SRC_CLIENT_H_
 #define TOKENMETER_CLIENT_LIB_SRC_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "counters.h"
@@ -31,53 +51,120 @@ struct tm_options {
   tokenmeter::client::TransportFactory make_transport;
 };
 
+namespace tokenmeter::client {
+
+// What a client frees at close. Declaration order is construction order:
+// the sender borrows the registry, and is destroyed (its thread joined)
+// first.
+struct ClientParts {
+  ClientParts(const tm_options& opts, ClientCounters& counters);
+  ThreadRegistry registry;
+  Sender sender;
+};
+
+}  // namespace tokenmeter::client
+
 struct tm_client {
  public:
+  // The state word every event call reads.
+  enum State : int { kOpen = 0, kClosed = 1, kForked = 2 };
+
   // Builds the parts; starts nothing. Throws std::bad_alloc (and whatever
-  // opts.make_transport throws); tm_client_new() catches.
+  // opts.make_transport throws); tm_client_new() catches. The handle is
+  // then never deleted: use New(), which also registers it for fork().
   explicit tm_client(const tm_options& opts);
   tm_client(const tm_client&) = delete;
   tm_client& operator=(const tm_client&) = delete;
-  // Stops the sender (as Close() does) if Close() was not called.
-  ~tm_client() = default;
 
-  // Starts the sender thread. TM_OK or TM_E_SYSTEM.
-  int Start() { return sender_.Start(); }
-  // Sends what is buffered (within close_timeout_ms), says GOODBYE, stops
-  // the sender thread, then copies the final stats. TM_OK, or TM_E_TIMEOUT
-  // when events were given up (counted as dropped).
+  // Creates, starts and registers a client. TM_OK and *out, or TM_E_NOMEM,
+  // TM_E_SYSTEM (nothing is left behind then).
+  static int New(const tm_options& opts, tm_client** out);
+
+  // tm_client_close(): see tokenmeter.h. Any thread; once per handle does
+  // the work, later or concurrent calls return TM_E_CLOSED.
   int Close(uint64_t* stats_out, size_t n);
-  // See Sender::Flush().
-  int Flush(uint32_t timeout_ms) { return sender_.Flush(timeout_ms); }
-  // Any thread, any time; never blocks.
+  // tm_client_flush(), tm_client_stats(), tm_thread_attach(): any thread;
+  // TM_E_CLOSED / TM_E_FORKED once the client is closed or inherited.
+  int Flush(uint32_t timeout_ms);
   int Stats(uint64_t* out, size_t n) const;
+  int Attach();
 
-  // Hot path, producer threads: the calling thread's ring, attaching the
-  // thread on its first call; nullptr when no slot can be had. An event
-  // that finds no slot is dropped and counted (count_drop);
-  // tm_thread_attach() drops no event.
-  tokenmeter::client::Ring* LocalRing(bool count_drop = true) {
-    return registry_.LocalRing(count_drop);
+  // ---- hot path (producer threads) -----------------------------------------
+  // An event call brackets its ring access with Enter() and Leave():
+  //   Ring* r; int rc = c->Enter(&r); if (rc != TM_OK) return rc;
+  //   ... reserve, write, commit ...; c->Leave(r);
+  // Enter() returns TM_OK with the calling thread's ring marked "in a call"
+  // (attaching the thread on its first call), or TM_E_CLOSED / TM_E_FORKED
+  // (the event counted as rejected) or TM_E_DROPPED (no thread slot,
+  // counted). Cost on a cached thread: a thread_local lookup, one store to
+  // the ring's own line, one acquire load of state_ on the line the lookup
+  // already read; no read-modify-write. See Close() for why that suffices.
+  int Enter(tokenmeter::client::Ring** ring, uint64_t events = 1) {
+    tokenmeter::client::ThreadSlot* slot =
+        tokenmeter::client::CachedSlot(registry_id_);
+    if (slot == nullptr) [[unlikely]]
+      return AttachRing(ring, events);
+    slot->ring.BeginCall();
+    const int state = state_.load(std::memory_order_acquire);
+    if (state != kOpen) [[unlikely]] {
+      slot->ring.EndCall();
+      return Refuse(state, events);
+    }
+    *ring = &slot->ring;
+    return TM_OK;
+  }
+  static void Leave(tokenmeter::client::Ring* ring) { ring->EndCall(); }
+
+  // TM_OK while open, else the code a call on this client returns (the
+  // call's `events` counted as rejected). For calls that reject their
+  // arguments before Enter().
+  int CheckOpen(uint64_t events) {
+    const int state = state_.load(std::memory_order_acquire);
+    return state == kOpen ? TM_OK : Refuse(state, events);
   }
 
-  void CountRejected() {
-    counters_.rejected.fetch_add(1, std::memory_order_relaxed);
-  }
-  void CountRejected(uint64_t n) {
+  void CountRejected(uint64_t n = 1) {
     counters_.rejected.fetch_add(n, std::memory_order_relaxed);
   }
   // Events dropped outside any ring: a batch call that found no slot (after
-  // the one LocalRing() counted).
+  // the one the attach counted).
   void CountDropped(uint64_t n) {
     counters_.dropped_extra.fetch_add(n, std::memory_order_relaxed);
   }
 
+  // fork() child handler (client.cpp): marks the client inert and closes
+  // the child's copies of its descriptors. Only the forking thread exists.
+  void ForgetAfterFork();
+
+  // The process-wide list of open clients, for the fork handlers (guarded
+  // by a mutex in client.cpp).
+  tm_client* prev_ = nullptr;
+  tm_client* next_ = nullptr;
+
  private:
-  // Declaration order is construction order: the sender borrows the
-  // registry and the counters, and is destroyed (its thread joined) first.
+  int AttachRing(tokenmeter::client::Ring** ring, uint64_t events);
+  int Refuse(int state, uint64_t events) {
+    CountRejected(events);
+    return state == kForked ? TM_E_FORKED : TM_E_CLOSED;
+  }
+  // The parts while they exist; callers hold callers_ (or attaching_).
+  tokenmeter::client::ClientParts* Parts() const {
+    return parts_.load(std::memory_order_seq_cst);
+  }
+
+  // Line 0: counters (the sender writes them per batch).
   tokenmeter::client::ClientCounters counters_;
-  tokenmeter::client::ThreadRegistry registry_;
-  tokenmeter::client::Sender sender_;
+  // Line 1, read by every event call: written once at close or fork.
+  alignas(64) std::atomic<int> state_{kOpen};
+  uint64_t registry_id_ = 0;  // set by the constructor, then read-only
+  // Line 2: the slow paths' guards and the parts.
+  alignas(64) mutable std::atomic<uint32_t> callers_{0};  // flush, stats
+  std::atomic<uint32_t> attaching_{0};                    // AttachRing()
+  std::atomic<tokenmeter::client::ClientParts*> parts_{nullptr};
+  std::unique_ptr<tokenmeter::client::ClientParts> owned_parts_;
+  // Ring drops at close, for the tombstone's stats (written before parts_
+  // is cleared).
+  uint64_t final_ring_drops_ = 0;
 };
 
 #endif  // TOKENMETER_CLIENT_LIB_SRC_CLIENT_H_

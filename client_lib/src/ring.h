@@ -77,6 +77,19 @@ class Ring {
   }
   void Commit() { tail_.store(pending_tail_, std::memory_order_release); }
 
+  // Producer: brackets one event call (tm_client::Enter()/Leave()). The
+  // store in BeginCall() is ordered before the caller's next load of the
+  // client's state by a compiler barrier only; the closing thread supplies
+  // the processor barrier (client.cpp, HeavyFence()). Plain stores on the
+  // producer's own line: no read-modify-write.
+  void BeginCall() {
+    in_call_.store(1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  void EndCall() { in_call_.store(0, std::memory_order_release); }
+  // Any thread: whether the producer is inside an event call.
+  bool InCall() const { return in_call_.load(std::memory_order_acquire) != 0; }
+
   // Producer: one more event thrown away (single writer, so no RMW).
   void CountDrop() {
     dropped_.store(dropped_.load(std::memory_order_relaxed) + 1,
@@ -99,6 +112,7 @@ class Ring {
   uint64_t cached_head_ = 0;
   uint64_t pending_tail_ = 0;
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint32_t> in_call_{0};
   // Consumer-owned line.
   alignas(64) std::atomic<uint64_t> head_{0};
   // Read-only after construction.

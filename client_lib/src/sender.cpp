@@ -76,6 +76,12 @@ uint64_t Sender::Stop() {
   return close_dropped_;
 }
 
+void Sender::ForgetAfterFork() {
+  transport_->Close();
+  if (wake_fd_ >= 0) close(wake_fd_);
+  wake_fd_ = -1;
+}
+
 uint64_t Sender::DroppedTotal() const {
   return counters_.dropped_extra.load(std::memory_order_relaxed) +
          registry_.RingDrops() +

@@ -75,6 +75,12 @@ class Sender {
   // joins the thread. Returns the number of events given up (also counted
   // in counters.dropped_extra). Call once; later calls return 0.
   uint64_t Stop();
+  // In the child of a fork(), from the atfork handler (the only thread):
+  // closes the child's copies of the wake-up descriptor and the socket (the
+  // parent's connection: the child never writes to it) without shutting the
+  // connection down. The sender must not be used afterwards; the child
+  // never runs its destructor (the thread it would join is the parent's).
+  void ForgetAfterFork();
 
  private:
   void Run();

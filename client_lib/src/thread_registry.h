@@ -4,7 +4,7 @@
 // before the registry dies; a slot whose thread exited (orphaned) is reused
 // by the next thread that attaches once its events are all drained.
 //
-// Threads: LocalRing()/AttachSlow() run on producer threads; everything
+// Threads: CachedSlot()/AttachSlow() run on producer threads; everything
 // under "consumer side" runs on the sender thread (and the stats caller);
 // the destructor runs after the sender thread has been joined.
 #ifndef TOKENMETER_CLIENT_LIB_SRC_THREAD_REGISTRY_H_
@@ -57,17 +57,15 @@ class ThreadRegistry {
   // be stopped.
   ~ThreadRegistry();
 
-  // Producer side. The calling thread's ring, attaching the thread on its
-  // first call; nullptr when no slot can be had (all max_threads slots in
-  // use, or no memory). An event that finds no slot is dropped and counted
-  // (count_drop); tm_thread_attach() drops no event. The attach takes a
-  // mutex and may allocate a ring; never blocks otherwise.
-  Ring* LocalRing(bool count_drop = true) {
-    ThreadSlot* slot = CachedSlot(id_);
-    if (slot != nullptr) [[likely]]
-      return &slot->ring;
-    return AttachSlow(count_drop);
-  }
+  // The id the calling thread's cache is keyed by: CachedSlot(id()) is the
+  // hot path's lookup (tm_client::Enter()).
+  uint64_t id() const { return id_; }
+
+  // Producer side, a thread that CachedSlot() found nothing for: attaches
+  // the thread and returns its ring; nullptr when no slot can be had (all
+  // max_threads slots in use, or no memory). An event that finds no slot is
+  // dropped and counted (count_drop); tm_thread_attach() drops no event.
+  // Takes a mutex and may allocate a ring.
   Ring* AttachSlow(bool count_drop);
 
   // Consumer side. Slots [0, size()) are valid; size() only grows.

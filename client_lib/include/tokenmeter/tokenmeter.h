@@ -39,6 +39,30 @@
  * rejected) and TM_E_DROPPED when the buffer was full (counted as dropped).
  * Engines normally ignore the result: the counts reach the daemon in every
  * BATCH's dropped_total and are readable through tm_client_stats().
+ * On a closed client they return TM_E_CLOSED, in the child of a fork()
+ * TM_E_FORKED (both: the event is not sent and is counted as rejected; see
+ * tm_client_close() and "fork()" below).
+ *
+ * fork(). A client belongs to the process that created it. In the child of
+ * a fork() an inherited client is inert (a pthread_atfork handler marks it
+ * so, in the child only): its sender thread did not come along, its socket
+ * is the parent's connection, and its buffers hold copies of events the
+ * parent sends. So in the child every event call on it returns TM_E_FORKED
+ * and counts the event as rejected (TM_STAT_EVENTS_REJECTED: what the child
+ * discarded), tm_client_flush() and tm_thread_attach() return TM_E_FORKED,
+ * tm_client_stats() works (the counters as inherited, plus the child's
+ * rejections), and tm_client_close() returns TM_E_FORKED, sending nothing
+ * and freeing nothing (the pages stay shared with the parent copy-on-write;
+ * the handle becomes a tombstone as after any close). The child closes its
+ * copies of the client's two descriptors at fork time, so the parent's
+ * connection ends when the parent's does. The events buffered at fork time
+ * are the parent's: its client sends them once; the child's copies are
+ * never sent and not counted again. A child that reports creates its own
+ * client (tm_client_new() works in the child). Restarting the inherited
+ * client in the child instead was not chosen: it would need a thread made
+ * inside the atfork handler or on an event call, and a fresh connection
+ * from each prefork worker that never reports. The parent's client is
+ * unaffected by the fork.
  */
 #ifndef TOKENMETER_TOKENMETER_H_
 #define TOKENMETER_TOKENMETER_H_
@@ -67,6 +91,8 @@ extern "C" {
 #define TM_E_TIMEOUT (-4)      /* the wait ran out before the work was done */
 #define TM_E_DISCONNECTED (-5) /* the daemon is away; events stay buffered */
 #define TM_E_SYSTEM (-6)       /* the OS refused (e.g. thread creation) */
+#define TM_E_CLOSED (-7)       /* the client was closed; nothing was done */
+#define TM_E_FORKED (-8)       /* the client was inherited through fork() */
 
 /* Static English text for a status code; never NULL. Any thread. */
 TM_API const char* tm_strerror(int status);
@@ -142,23 +168,44 @@ TM_API int tm_client_new(const tm_options* opts, tm_client** out);
 
 /* Stops the client: waits up to the close timeout for every buffered event
  * to be written to the daemon, sends GOODBYE, closes the socket, joins the
- * sender thread and frees everything. Events still unsent when the wait
- * ends are counted as dropped. If `stats_out` is not NULL, the final
- * counters are written there as by tm_client_stats(). No other call on this
- * client may run concurrently or follow. NULL client is a no-op (TM_OK).
- * Returns TM_OK when nothing was dropped at close, else TM_E_TIMEOUT. */
+ * sender thread and frees the buffers, the thread and the socket. Events
+ * still unsent when the wait ends are counted as dropped. If `stats_out` is
+ * not NULL, the final counters are written there as by tm_client_stats().
+ * NULL client is a no-op (TM_OK). Returns TM_OK when nothing was dropped at
+ * close, else TM_E_TIMEOUT; TM_E_CLOSED (doing nothing but the stats) when
+ * the client was already closed or another thread is closing it;
+ * TM_E_FORKED in the child of a fork() (see "fork()" above).
+ *
+ * Calls racing the close, and calls after it, are safe. The handle itself
+ * is never freed: it stays valid as a tombstone (about 256 bytes, holding
+ * the final counters) until the process exits, so a tm_client* the
+ * application still holds keeps working, and a process that creates and
+ * closes clients in a loop keeps that much per client closed. On a closed
+ * handle event calls return TM_E_CLOSED and count the event as rejected,
+ * tm_client_flush() and tm_thread_attach() return TM_E_CLOSED, and
+ * tm_client_stats() returns the final counters (plus those rejections).
+ * An event call that overlaps the close either is sent like any event
+ * before it (counted as sent, or as dropped if the close timeout runs out)
+ * or returns TM_E_CLOSED; never both, never neither. A tm_client_flush()
+ * overlapping it returns early (TM_E_TIMEOUT or TM_E_CLOSED). The close
+ * waits for event calls already inside the client to leave it (each is a
+ * few stores) and for attaches and stats calls in progress, then makes
+ * every thread of the process pass a memory barrier once (membarrier(2),
+ * microseconds; it is what keeps the event calls free of fences). Any
+ * thread. */
 TM_API int tm_client_close(tm_client* client, uint64_t* stats_out,
                            size_t n_stats);
 
 /* Waits until every event appended (by any thread) before the call has been
  * written to the socket. Returns TM_OK; TM_E_DISCONNECTED at once when the
  * daemon is away (events stay buffered); TM_E_TIMEOUT when timeout_ms ran
- * out first. Blocks the caller: not for hot paths. Any thread. */
+ * out first; TM_E_CLOSED / TM_E_FORKED (see tm_client_close()). Blocks
+ * the caller: not for hot paths. Any thread. */
 TM_API int tm_client_flush(tm_client* client, uint32_t timeout_ms);
 
 /* Allocates and pre-faults the calling thread's buffer now so that no later
  * event call from this thread allocates. TM_OK, TM_E_DROPPED (max_threads
- * reached) or TM_E_NOMEM. Optional. */
+ * reached, or no memory), TM_E_CLOSED or TM_E_FORKED. Optional. */
 TM_API int tm_thread_attach(tm_client* client);
 
 /* Counters, indexes into the array tm_client_stats() fills. */
@@ -177,7 +224,8 @@ typedef enum tm_stat {
 
 /* Copies min(n, TM_STAT_COUNT) counters into out[] (indexed by tm_stat).
  * Each counter is read atomically; together they are not one snapshot.
- * Lock-free; any thread. Returns TM_OK or TM_E_INVALID. */
+ * Lock-free; any thread; also on a closed client (its final counters).
+ * Returns TM_OK or TM_E_INVALID. */
 TM_API int tm_client_stats(const tm_client* client, uint64_t* out, size_t n);
 
 /* ---- events ------------------------------------------------------------ */
@@ -188,7 +236,8 @@ TM_API int tm_client_stats(const tm_client* client, uint64_t* out, size_t n);
  * rejected). A request must use the same id form in all its events. Wait-free:
  * no lock, no system call (except clock_gettime for t_ns = 0), no allocation
  * (after the thread's first call, see above). Returns TM_OK, TM_E_INVALID
- * (rejected, counted) or TM_E_DROPPED (buffer full, counted).
+ * (rejected, counted), TM_E_DROPPED (buffer full, counted), or TM_E_CLOSED /
+ * TM_E_FORKED (closed or inherited client; counted as rejected).
  */
 
 /* The request entered the server. `max_tokens` and `n` are the request's
@@ -239,7 +288,8 @@ TM_API int tm_tokens_str(tm_client* client, uint64_t t_ns, const char* rid,
  * counted, the others are appended. Returns TM_E_INVALID, appending
  * nothing, for a NULL client (nothing counted), or NULL `rids` with
  * count > 0, or count > TM_MAX_BATCH_EVENTS (65536): then `count` events
- * are counted as rejected. */
+ * are counted as rejected. On a closed or inherited client returns
+ * TM_E_CLOSED / TM_E_FORKED, its events counted as rejected. */
 TM_API int tm_tokens_batch(tm_client* client, uint64_t t_ns,
                            const uint64_t* rids, const uint32_t* n,
                            size_t count);
