@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with warnings as errors, runs every test,
-# the style check and the fuzz smoke, and ends with the line
+# the client tests under TSan, the hostile suite under ASan+UBSan, the style
+# check and the fuzz smoke, and ends with the line
 # "N passed, N failed, N skipped".
 # Usage: scripts/test.sh [BUILD_DIR] (default: build-test)
 set -euo pipefail
@@ -19,6 +20,55 @@ meson test -C "$build" --print-errorlogs --num-processes 2 || status=$?
 extra_results="$build/extra-test-results.txt"
 rm -f "$extra_results"
 touch "$extra_results"
+
+# Sanitizer runs, each in a build dir of its own beside "$build", building
+# only what its suite needs; their tests count in the summary as tsan/NAME
+# and asan/NAME.
+sanitizer_builds=()
+sanitizer_setup() {  # DIR SANITIZERS
+  if [ ! -f "$1/build.ninja" ]; then
+    meson setup "$1" -Dwerror=true --buildtype=debugoptimized \
+      -Db_sanitize="$2" -Db_lundef=false >/dev/null
+  fi
+}
+
+# The client library's tests under ThreadSanitizer (suite client_lib: the
+# close race, fork, threads, sender, ...). TOKENMETER_TSAN=0 skips it.
+if [ "${TOKENMETER_TSAN:-1}" != 0 ]; then
+  echo "tsan: building the client_lib tests in $build-tsan"
+  tsan_targets=()
+  if sanitizer_setup "$build-tsan" thread; then
+    mapfile -t tsan_targets < <(ninja -C "$build-tsan" -t targets all |
+      grep -oE '^tests/client_lib/client_lib_[a-z_]+_test' | sort -u)
+  fi
+  if [ "${#tsan_targets[@]}" -gt 0 ] &&
+    ninja -C "$build-tsan" "${tsan_targets[@]}"; then
+    TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+      meson test -C "$build-tsan" --no-rebuild --print-errorlogs \
+      --num-processes 2 --suite client_lib || status=$?
+    sanitizer_builds+=("tsan=$build-tsan")
+  else
+    echo "tsan/build FAILED" >>"$extra_results"
+    status=1
+  fi
+fi
+
+# The hostile suite (tests/hostile) against a tokenmeterd built with
+# AddressSanitizer and UndefinedBehaviorSanitizer; any report stops the
+# daemon, which fails the case. TOKENMETER_ASAN_HOSTILE=0 skips it.
+if [ "${TOKENMETER_ASAN_HOSTILE:-1}" != 0 ]; then
+  echo "asan: building tokenmeterd in $build-asan for the hostile suite"
+  if sanitizer_setup "$build-asan" address,undefined &&
+    ninja -C "$build-asan" daemon/tokenmeterd; then
+    UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+      meson test -C "$build-asan" --no-rebuild --print-errorlogs \
+      --num-processes 2 --suite hostile || status=$?
+    sanitizer_builds+=("asan=$build-asan")
+  else
+    echo "asan/build FAILED" >>"$extra_results"
+    status=1
+  fi
+fi
 
 # The style check (scripts/check-style.sh): clang-format on the C/C++ files
 # changed since HEAD~1 (every file in a clone without it), clang-tidy on the
@@ -59,5 +109,8 @@ fi
 if [ -f "$fuzz_results" ]; then
   cat "$fuzz_results" >>"$extra_results"
 fi
-/usr/bin/python3 scripts/summarize-tests.py "$build" "$extra_results" || status=1
+more=()
+for b in "${sanitizer_builds[@]}"; do more+=(--also "$b"); done
+/usr/bin/python3 scripts/summarize-tests.py "$build" "$extra_results" \
+  "${more[@]}" || status=1
 exit $status
