@@ -1,5 +1,6 @@
 #include "daemon/http/server.h"
 
+#include <fcntl.h>
 #include <llhttp.h>
 #include <netdb.h>
 #include <spdlog/fmt/fmt.h>
@@ -23,6 +24,12 @@ namespace {
 
 constexpr size_t kReadBufferBytes = 64 * 1024;
 constexpr int kListenBacklog = 511;
+// Connections accepted per readable event of one listener, so that a flood
+// of connects cannot keep the loop from the rest of its work.
+constexpr int kAcceptsPerWakeup = 64;
+// Out of file descriptors with no spare to give back: how long the
+// listeners pause before trying again.
+constexpr uint64_t kFdRetryMs = 100;
 // After the last response: how long, and how much, to keep reading and
 // discarding what the peer still sends before closing.
 constexpr uint64_t kLingerNs = 2'000'000'000;
@@ -184,10 +191,29 @@ bool ParsePort(std::string_view text, uint16_t* port) {
 
 }  // namespace
 
+// A listening socket we accept on ourselves (not uv_listen), so that
+// running out of file descriptors is seen, counted and logged here; libuv
+// would shed those connections silently.
 struct Server::Listener {
-  uv_tcp_t tcp;
-  Server* server;
+  uv_poll_t poll;
+  int fd = -1;  // Owned; closed in the poll handle's close callback.
+  Server* server = nullptr;
 };
+
+namespace {
+
+std::string PeerNameOf(int fd) {
+  struct sockaddr_storage ss = {};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<struct sockaddr*>(&ss), &len) != 0) {
+    return "unknown peer";
+  }
+  return FormatAddress(reinterpret_cast<struct sockaddr*>(&ss));
+}
+
+int OpenSpareFd() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+}  // namespace
 
 // One accepted connection. Owns its uv_tcp_t and uv_timer_t; it is freed
 // (through Server::OnConnectionClosed) when the second close callback runs.
@@ -197,8 +223,8 @@ class Server::Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Accepts the pending connection of `listener` and starts reading.
-  void Start(uv_stream_t* listener);
+  // Takes the accepted socket fd (closed on failure) and starts reading.
+  void Start(int fd);
   // Closes both handles (idempotent); the object is freed later.
   void Close();
 
@@ -319,10 +345,11 @@ Server::Connection::Connection(Server* server) : server_(server) {
   parser_.data = this;
 }
 
-void Server::Connection::Start(uv_stream_t* listener) {
-  int rc = uv_accept(listener, stream());
+void Server::Connection::Start(int fd) {
+  int rc = uv_tcp_open(&tcp_, fd);
   if (rc != 0) {
-    spdlog::warn("HTTP: accept failed: {}", UvError(rc));
+    spdlog::warn("HTTP: cannot use an accepted connection: {}", UvError(rc));
+    close(fd);
     Close();
     return;
   }
@@ -781,6 +808,7 @@ Server::Server(uv_loop_t* loop, ServerOptions options)
       read_buffer_(std::make_unique<char[]>(kReadBufferBytes)) {}
 
 Server::~Server() {
+  if (spare_fd_ >= 0) close(spare_fd_);
   if (open_handles_ != 0) {
     spdlog::critical("HTTP: server destroyed with {} open handles",
                      open_handles_);
@@ -904,24 +932,12 @@ Status Server::Adopt(int fd) {
     return fail("not a TCP socket");
   }
 
-  auto* listener = new Listener{};
-  listener->server = this;
-  int rc = uv_tcp_init(loop_, &listener->tcp);
-  if (rc != 0) {
-    delete listener;
-    return fail(UvError(rc));
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return fail(UvError(uv_translate_sys_error(errno)));
   }
-  listener->tcp.data = listener;
-  listeners_.push_back(listener);
-  ++open_handles_;
-  rc = uv_tcp_open(&listener->tcp, fd);
+  int rc = StartListener(fd);  // Closes fd on failure.
   if (rc != 0) {
-    CloseListener(listener);
-    return fail(UvError(rc));
-  }
-  rc = StartListener(listener);
-  if (rc != 0) {
-    CloseListener(listener);  // Closes fd.
     return Status::Error(fmt::format(
         "cannot use inherited HTTP socket (fd {}): {}", fd, UvError(rc)));
   }
@@ -929,32 +945,54 @@ Status Server::Adopt(int fd) {
 }
 
 int Server::BindAndListen(const struct sockaddr* addr) {
-  auto* listener = new Listener{};
-  listener->server = this;
-  int rc = uv_tcp_init(loop_, &listener->tcp);
-  if (rc != 0) {
-    delete listener;
-    return rc;
+  int fd =
+      socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return uv_translate_sys_error(errno);
+  const int one = 1;
+  const socklen_t addr_len = addr->sa_family == AF_INET6
+                                 ? sizeof(struct sockaddr_in6)
+                                 : sizeof(struct sockaddr_in);
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, addr, addr_len) != 0 || listen(fd, kListenBacklog) != 0) {
+    int err = uv_translate_sys_error(errno);
+    close(fd);
+    return err;
   }
-  listener->tcp.data = listener;
-  listeners_.push_back(listener);
-  ++open_handles_;
-  // libuv reports some bind errors (EADDRINUSE) only at listen time.
-  rc = uv_tcp_bind(&listener->tcp, addr, 0);
-  if (rc == 0) rc = StartListener(listener);
-  if (rc != 0) CloseListener(listener);
-  return rc;
+  return StartListener(fd);
 }
 
-int Server::StartListener(Listener* listener) {
-  int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener->tcp),
-                     kListenBacklog, &Server::OnConnection);
-  if (rc != 0) return rc;
+int Server::StartListener(int fd) {
+  if (spare_fd_ < 0) spare_fd_ = OpenSpareFd();
+  if (!retry_timer_started_) {
+    int rc = uv_timer_init(loop_, &retry_timer_);
+    if (rc != 0) {
+      close(fd);
+      return rc;
+    }
+    retry_timer_.data = this;
+    retry_timer_started_ = true;
+    ++open_handles_;
+  }
+  auto* listener = new Listener{};
+  listener->server = this;
+  listener->fd = fd;
+  int rc = uv_poll_init_socket(loop_, &listener->poll, fd);
+  if (rc != 0) {
+    delete listener;
+    close(fd);
+    return rc;
+  }
+  listener->poll.data = listener;
+  listeners_.push_back(listener);
+  ++open_handles_;
+  rc = uv_poll_start(&listener->poll, UV_READABLE, &Server::OnListenerReadable);
+  if (rc != 0) {
+    CloseListener(listener);  // Closes fd.
+    return rc;
+  }
   struct sockaddr_storage addr = {};
-  int len = sizeof(addr);
-  if (uv_tcp_getsockname(&listener->tcp,
-                         reinterpret_cast<struct sockaddr*>(&addr),
-                         &len) == 0) {
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<struct sockaddr*>(&addr), &len) == 0) {
     uint16_t port = 0;
     if (addr.ss_family == AF_INET) {
       port = ntohs(reinterpret_cast<struct sockaddr_in*>(&addr)->sin_port);
@@ -969,7 +1007,7 @@ int Server::StartListener(Listener* listener) {
 }
 
 void Server::CloseListener(Listener* listener) {
-  auto* handle = reinterpret_cast<uv_handle_t*>(&listener->tcp);
+  auto* handle = reinterpret_cast<uv_handle_t*>(&listener->poll);
   if (!uv_is_closing(handle)) uv_close(handle, &Server::OnListenerClosed);
 }
 
@@ -978,30 +1016,99 @@ void Server::OnListenerClosed(uv_handle_t* handle) {
   Server* server = listener->server;
   auto& all = server->listeners_;
   all.erase(std::remove(all.begin(), all.end(), listener), all.end());
+  close(listener->fd);
   delete listener;
   server->OnHandleClosed();
 }
 
-void Server::OnConnection(uv_stream_t* stream, int status) {
-  Server* server = static_cast<Listener*>(stream->data)->server;
+void Server::OnListenerReadable(uv_poll_t* poll, int status, int /*events*/) {
+  auto* listener = static_cast<Listener*>(poll->data);
+  Server* server = listener->server;
   if (status < 0) {
-    // EMFILE and the like arrive in bursts; say so once per burst.
     if (!server->accept_failing_) {
-      spdlog::warn("HTTP: accept failed: {}", UvError(status));
+      spdlog::warn("HTTP: listener failed: {}", UvError(status));
     }
     server->accept_failing_ = true;
     return;
   }
-  if (server->closing_) return;
-  if (server->connections_count_.load(std::memory_order_relaxed) >=
-      server->options_.max_connections) {
-    server->Reject(stream);
-  } else {
-    server->Accept(stream);
+  server->AcceptPending(listener);
+}
+
+void Server::AcceptPending(Listener* listener) {
+  for (int i = 0; i < kAcceptsPerWakeup && !closing_; ++i) {
+    int fd =
+        accept4(listener->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      if (connections_count_.load(std::memory_order_relaxed) >=
+          options_.max_connections) {
+        Reject(fd);
+      } else {
+        Accept(fd);
+      }
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (errno == EMFILE || errno == ENFILE) {
+      ShedWithoutFds(listener, errno);
+      return;
+    }
+    // Other errors (ENOBUFS, ENOMEM, a network error of the new
+    // connection) concern that connection; say so once per burst.
+    if (!accept_failing_) {
+      spdlog::warn("HTTP: accept failed: {}",
+                   UvError(uv_translate_sys_error(errno)));
+    }
+    accept_failing_ = true;
+    return;
   }
 }
 
-void Server::Accept(uv_stream_t* listener) {
+void Server::ShedWithoutFds(Listener* listener, int err) {
+  // The spare descriptor makes room for one accept at a time: each waiting
+  // connection is accepted and closed at once, so that it fails fast instead
+  // of hanging in the backlog, and the listener is not woken again and
+  // again for it.
+  uint64_t shed = 0;
+  for (int i = 0; i < kAcceptsPerWakeup && spare_fd_ >= 0; ++i) {
+    close(spare_fd_);
+    int fd = accept4(listener->fd, nullptr, nullptr, SOCK_CLOEXEC);
+    int accept_errno = errno;
+    if (fd >= 0) {
+      close(fd);
+      ++shed;
+    }
+    spare_fd_ = OpenSpareFd();
+    if (fd < 0 && accept_errno != EINTR && accept_errno != ECONNABORTED) {
+      break;
+    }
+  }
+  connections_rejected_.fetch_add(shed, std::memory_order_relaxed);
+  if (!accept_failing_) {
+    spdlog::warn(
+        "HTTP: out of file descriptors ({}); closing new connections "
+        "unanswered until descriptors free up",
+        UvError(uv_translate_sys_error(err)));
+  }
+  accept_failing_ = true;
+  if (spare_fd_ >= 0) return;
+  // No spare to give back (the process or the system is at its limit):
+  // the pending connection cannot be taken, so stop watching the listeners
+  // for a while instead of spinning on them.
+  for (Listener* l : listeners_) uv_poll_stop(&l->poll);
+  uv_timer_start(&retry_timer_, &Server::OnRetryTimer, kFdRetryMs, 0);
+}
+
+void Server::OnRetryTimer(uv_timer_t* timer) {
+  auto* server = static_cast<Server*>(timer->data);
+  if (server->closing_) return;
+  if (server->spare_fd_ < 0) server->spare_fd_ = OpenSpareFd();
+  for (Listener* l : server->listeners_) {
+    uv_poll_start(&l->poll, UV_READABLE, &Server::OnListenerReadable);
+  }
+}
+
+void Server::Accept(int fd) {
   rejecting_ = false;
   accept_failing_ = false;
   auto owned = std::make_unique<Connection>(this);
@@ -1010,7 +1117,7 @@ void Server::Accept(uv_stream_t* listener) {
   connection->self = std::prev(connection_list_.end());
   ++open_handles_;
   connections_count_.fetch_add(1, std::memory_order_relaxed);
-  connection->Start(listener);
+  connection->Start(fd);
 }
 
 size_t Server::ResponseSlot(int status) {
@@ -1020,30 +1127,20 @@ size_t Server::ResponseSlot(int status) {
   return kNumCountedStatuses;
 }
 
-void Server::Reject(uv_stream_t* listener) {
-  auto* tcp = new uv_tcp_t;
-  if (uv_tcp_init(loop_, tcp) != 0) {
-    delete tcp;
-    return;
-  }
-  tcp->data = this;
-  ++open_handles_;
+void Server::Reject(int fd) {
   connections_rejected_.fetch_add(1, std::memory_order_relaxed);
-  if (uv_accept(listener, reinterpret_cast<uv_stream_t*>(tcp)) == 0 &&
-      !rejecting_) {
+  if (!rejecting_) {
     spdlog::warn(
         "HTTP: {} connections open (max_connections); closing the "
         "new one from {} and any more until one ends",
-        options_.max_connections, PeerName(tcp));
+        options_.max_connections, PeerNameOf(fd));
     rejecting_ = true;
   }
-  uv_close(reinterpret_cast<uv_handle_t*>(tcp), &Server::OnRejectedClosed);
+  close(fd);
 }
 
-void Server::OnRejectedClosed(uv_handle_t* handle) {
-  auto* server = static_cast<Server*>(handle->data);
-  delete reinterpret_cast<uv_tcp_t*>(handle);
-  server->OnHandleClosed();
+void Server::OnRetryTimerClosed(uv_handle_t* handle) {
+  static_cast<Server*>(handle->data)->OnHandleClosed();
 }
 
 void Server::OnConnectionClosed(Connection* connection) {
@@ -1064,6 +1161,10 @@ void Server::Close(std::function<void()> done) {
   std::vector<Listener*> listeners = listeners_;
   for (Listener* listener : listeners) CloseListener(listener);
   for (auto& connection : connection_list_) connection->Close();
+  auto* timer = reinterpret_cast<uv_handle_t*>(&retry_timer_);
+  if (retry_timer_started_ && !uv_is_closing(timer)) {
+    uv_close(timer, &Server::OnRetryTimerClosed);
+  }
   FinishCloseIfDone();
 }
 

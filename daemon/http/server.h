@@ -18,7 +18,9 @@
 // pipelined request is not parsed until the previous response is written,
 // so at most one read buffer of 64 KiB is held unparsed); reading stops
 // while a response is being written; at most max_connections connections
-// (server-wide; more are accepted and closed at once).
+// (server-wide; more are accepted and closed at once; likewise while the
+// process is out of file descriptors, using a spare descriptor held for
+// that).
 //
 // Timeouts: a request's headers (and body, if any) must arrive within
 // header_timeout_ns of its first byte (408, then close); a new connection
@@ -141,7 +143,10 @@ class Server {
   uint64_t requests_served() const {
     return requests_served_.load(std::memory_order_relaxed);
   }
-  // Connections refused because max_connections was reached. Any thread.
+  // Connections closed unanswered at once: max_connections were open, or
+  // the process or system was out of file descriptors (EMFILE, ENFILE:
+  // logged once per burst; the listener keeps accepting once descriptors
+  // free up). Any thread.
   uint64_t connections_rejected() const {
     return connections_rejected_.load(std::memory_order_relaxed);
   }
@@ -170,16 +175,20 @@ class Server {
   class Connection;
   struct Listener;
 
-  static void OnConnection(uv_stream_t* listener, int status);
+  static void OnListenerReadable(uv_poll_t* poll, int status, int events);
   static void OnListenerClosed(uv_handle_t* handle);
-  static void OnRejectedClosed(uv_handle_t* handle);
+  static void OnRetryTimer(uv_timer_t* timer);
+  static void OnRetryTimerClosed(uv_handle_t* handle);
 
-  // Returns a libuv error code.
+  // Return a libuv error code. StartListener takes ownership of fd (a
+  // bound, listening, non-blocking socket) and closes it on failure.
   int BindAndListen(const struct sockaddr* addr);
-  int StartListener(Listener* listener);
+  int StartListener(int fd);
   void CloseListener(Listener* listener);
-  void Accept(uv_stream_t* listener);
-  void Reject(uv_stream_t* listener);
+  void AcceptPending(Listener* listener);
+  void ShedWithoutFds(Listener* listener, int err);
+  void Accept(int fd);
+  void Reject(int fd);
   void OnConnectionClosed(Connection* connection);
   void OnHandleClosed();
   void FinishCloseIfDone();
@@ -202,6 +211,13 @@ class Server {
   bool rejecting_ = false;
   // Likewise for failed accepts (EMFILE and the like).
   bool accept_failing_ = false;
+  // A descriptor held in reserve (/dev/null): out of descriptors, it is
+  // closed to accept and close a waiting connection, then reopened; -1
+  // while it cannot be reopened.
+  int spare_fd_ = -1;
+  // Restarts the listeners after they paused for lack of descriptors.
+  uv_timer_t retry_timer_;
+  bool retry_timer_started_ = false;
   // One read buffer shared by every connection: libuv calls read_cb right
   // after alloc_cb, and unparsed bytes are copied out before returning.
   std::unique_ptr<char[]> read_buffer_;

@@ -3,9 +3,12 @@
 #include "daemon/http/server.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -704,6 +707,86 @@ TEST_F(HttpServerTest, ConnectionsBeyondTheCapAreClosed) {
   ASSERT_TRUE(c4.Send(Get("/b")));
   ASSERT_TRUE(c4.Read(&r));
   EXPECT_EQ(r.body, "BB");
+}
+
+// The highest file descriptor open in this process.
+int HighestOpenFd() {
+  int highest = 2;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 1024;
+  while (dirent* entry = readdir(dir)) {
+    highest = std::max(highest, std::atoi(entry->d_name));
+  }
+  closedir(dir);
+  return highest;
+}
+
+// Lowers RLIMIT_NOFILE's soft limit for the scope of the test and holds
+// every descriptor left under it; Release(n) gives n back.
+class FdExhaustion {
+ public:
+  FdExhaustion() {
+    getrlimit(RLIMIT_NOFILE, &saved_);
+    rlimit low = saved_;
+    low.rlim_cur = static_cast<rlim_t>(HighestOpenFd() + 32);
+    ok_ = setrlimit(RLIMIT_NOFILE, &low) == 0;
+    while (ok_) {
+      int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) break;
+      held_.push_back(fd);
+    }
+  }
+  FdExhaustion(const FdExhaustion&) = delete;
+  FdExhaustion& operator=(const FdExhaustion&) = delete;
+  ~FdExhaustion() {
+    Release(held_.size());
+    setrlimit(RLIMIT_NOFILE, &saved_);
+  }
+  bool ok() const { return ok_ && !held_.empty(); }
+  void Release(size_t n) {
+    for (; n > 0 && !held_.empty(); --n) {
+      close(held_.back());
+      held_.pop_back();
+    }
+  }
+
+ private:
+  rlimit saved_{};
+  bool ok_ = false;
+  std::vector<int> held_;
+};
+
+// Out of file descriptors, a new connection is closed unanswered at once
+// (not left hanging in the backlog), counted as rejected, and /metrics is
+// served again as soon as descriptors free up.
+TEST_F(HttpServerTest, OutOfFileDescriptorsShedsThenRecovers) {
+  Start();
+  EXPECT_EQ(Fetch(Get("/metrics")).status, 200);
+  // Its descriptor on the server's side must be gone before counting.
+  ASSERT_TRUE(PollUntil([&] { return server_->connections() == 0; }));
+  {
+    FdExhaustion exhaustion;
+    ASSERT_TRUE(exhaustion.ok());
+    // Room for one client socket only, which each client below frees.
+    exhaustion.Release(1);
+    for (uint64_t i = 1; i <= 3; ++i) {
+      Client client;
+      ASSERT_TRUE(client.Connect(port_));
+      ASSERT_TRUE(client.Send(Get("/metrics")));
+      std::string got;
+      EXPECT_TRUE(client.ReadUntilClosed(&got));
+      EXPECT_EQ(got, "");
+      EXPECT_TRUE(
+          PollUntil([&] { return server_->connections_rejected() == i; }));
+    }
+    EXPECT_EQ(server_->connections(), 0u);
+  }
+  for (int i = 0; i < 3; ++i) {
+    Client::Response r = Fetch(Get("/metrics"));
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, kMetricsBody);
+  }
+  EXPECT_EQ(server_->connections_rejected(), 3u);
 }
 
 TEST_F(HttpServerTest, GzipRoundTrip) {
