@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -38,6 +39,11 @@ them as Prometheus metrics.
   --max-frame-bytes N        largest frame accepted (default 1048576)
   --max-batch-events N       most events in one batch (default 65536)
   --max-connections N        engine connections at once (default 1024)
+  --max-connections-per-uid N
+                             engine connections of one uid at once
+                             (default 256)
+  --hello-timeout SECONDS    close a connection that sent no HELLO this
+                             long (default 10)
   --max-http-connections N   HTTP connections at once (default 256)
   --max-engine-series N      engine label sets at once (default 4096)
   --ingest-group NAME        group of the ingest socket file (default: the
@@ -205,6 +211,16 @@ const std::vector<Flag>& Flags() {
          return SetUint("max-connections", v, 1, 1 << 20,
                         &c->ingest.max_connections);
        }},
+      {"max-connections-per-uid",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-connections-per-uid", v, 1, 1 << 20,
+                        &c->ingest.max_connections_per_uid);
+       }},
+      {"hello-timeout",
+       [](std::string_view v, Config* c) {
+         return ParseSecondsNs("hello-timeout", v, 1,
+                               &c->ingest.hello_timeout_ns);
+       }},
       {"max-http-connections",
        [](std::string_view v, Config* c) {
          return SetUint("max-http-connections", v, 1, 1 << 16,
@@ -314,6 +330,40 @@ Status ReadConfigFile(const std::string& path, Config* config) {
 }  // namespace
 
 std::string_view UsageText() { return kUsage; }
+
+Status FitConnectionCaps(uint64_t fd_limit, uint64_t fds_in_use, Config* config,
+                         std::string* clamped) {
+  clamped->clear();
+  const uint64_t reserve = fds_in_use + kDaemonFdHeadroom;
+  const uint64_t ingest = config->ingest.max_connections;
+  const uint64_t http = config->http_max_connections;
+  if (fd_limit < reserve + 2) {
+    return Status::Error(
+        "the file descriptor limit (RLIMIT_NOFILE) is " +
+        std::to_string(fd_limit) + ": the daemon keeps " +
+        std::to_string(reserve) + " for itself (" + std::to_string(fds_in_use) +
+        " open at start, " + std::to_string(kDaemonFdHeadroom) +
+        " more for its own use) and needs at least one more for each "
+        "listener's connections; raise it (LimitNOFILE=, ulimit -n)");
+  }
+  const uint64_t available = fd_limit - reserve;
+  if (ingest + http <= available) return Status::Ok();
+  // Shrink both in proportion, each to at least 1.
+  const uint64_t new_http =
+      std::max<uint64_t>(1, http * available / (ingest + http));
+  const uint64_t new_ingest = available - new_http;
+  config->ingest.max_connections = uint32_t(new_ingest);
+  config->http_max_connections = uint32_t(new_http);
+  *clamped = "file descriptors: the limit (RLIMIT_NOFILE) of " +
+             std::to_string(fd_limit) + " less " + std::to_string(reserve) +
+             " kept for the daemon leaves " + std::to_string(available) +
+             " for connections: --max-connections " + std::to_string(ingest) +
+             " lowered to " + std::to_string(new_ingest) +
+             ", --max-http-connections " + std::to_string(http) +
+             " lowered to " + std::to_string(new_http) +
+             " (raise LimitNOFILE= or ulimit -n, or lower the caps)";
+  return Status::Ok();
+}
 
 Status CheckReadyFd(int fd) {
   const int flags = fcntl(fd, F_GETFL);

@@ -5,6 +5,7 @@
 #ifndef TOKENMETER_DAEMON_CONFIG_H_
 #define TOKENMETER_DAEMON_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,20 @@ Status CheckReadyFd(int fd);
 // An error (e.g. the reader has gone) names the flag.
 Status WriteReadyLine(int fd, std::string_view http_address,
                       std::string_view ingest_path);
+
+// Descriptors FitConnectionCaps() keeps for the daemon beyond those open
+// at start: its loop, listeners, the ingest spare, the journal, /proc
+// reads while rendering.
+inline constexpr uint64_t kDaemonFdHeadroom = 32;
+
+// Fits --max-connections and --max-http-connections under `fd_limit`
+// (the soft RLIMIT_NOFILE), each connection taking one descriptor, after
+// `fds_in_use` (open at start) plus kDaemonFdHeadroom: when they do not
+// fit, both are lowered in proportion (each to at least 1) and *clamped
+// says so in one line to log; otherwise *clamped is empty and the config
+// unchanged. An error when the limit leaves not one descriptor for each.
+Status FitConnectionCaps(uint64_t fd_limit, uint64_t fds_in_use, Config* config,
+                         std::string* clamped);
 
 // The --help text.
 std::string_view UsageText();

@@ -1,11 +1,67 @@
 // tokenmeterd: see docs/operations.md.
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <string>
 
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/logging/log_setup.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+// Raises the soft RLIMIT_NOFILE to the hard one (the daemon uses epoll, so
+// descriptors above 1024 are fine) and logs the limit; returns the soft
+// limit now in force (0 if unknown).
+uint64_t RaiseFdLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    spdlog::warn("file descriptors: getrlimit(RLIMIT_NOFILE): {}",
+                 std::strerror(errno));
+    return 0;
+  }
+  const rlim_t before = rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      rl = raised;
+    } else {
+      spdlog::warn(
+          "file descriptors: cannot raise the soft limit from {} to the hard "
+          "limit {}: {}",
+          uint64_t(rl.rlim_cur), uint64_t(rl.rlim_max), std::strerror(errno));
+    }
+  }
+  if (rl.rlim_cur != before) {
+    spdlog::info("file descriptors: soft limit {} (raised from {})",
+                 uint64_t(rl.rlim_cur), uint64_t(before));
+  } else {
+    spdlog::info("file descriptors: soft limit {} (the hard limit is {})",
+                 uint64_t(rl.rlim_cur), uint64_t(rl.rlim_max));
+  }
+  return uint64_t(rl.rlim_cur);
+}
+
+// Descriptors open now (those inherited included); 3 if /proc is absent.
+uint64_t OpenFds() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 3;
+  uint64_t n = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using tokenmeter::daemon::Config;
@@ -41,6 +97,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
       return 2;
     }
+  }
+  if (const uint64_t fd_limit = RaiseFdLimit(); fd_limit > 0) {
+    std::string clamped;
+    s = tokenmeter::daemon::FitConnectionCaps(fd_limit, OpenFds(), &config,
+                                              &clamped);
+    if (!s.ok()) {
+      std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
+      return 1;
+    }
+    if (!clamped.empty()) spdlog::warn("{}", clamped);
   }
   std::unique_ptr<Daemon> daemon;
   s = Daemon::Create(config, &daemon);

@@ -68,6 +68,12 @@ std::string_view IngestErrorName(IngestError e) {
       return "series_limit";
     case IngestError::kConnectionLimit:
       return "connection_limit";
+    case IngestError::kUidConnectionLimit:
+      return "uid_connection_limit";
+    case IngestError::kHelloTimeout:
+      return "hello_timeout";
+    case IngestError::kFdLimit:
+      return "fd_limit";
     case IngestError::kBadEvent:
       return "bad_event";
     case IngestError::kBadTimestamp:

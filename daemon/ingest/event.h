@@ -100,21 +100,24 @@ struct Hello {
 // event-level ones skip one event.
 enum class IngestError : uint8_t {
   // Frame level.
-  kInvalidMsgpack,    // bytes that are not msgpack
-  kBadFrame,          // not an array starting with a known frame type
-  kFrameTooLarge,     // frame over the size limit (or a length that says so)
-  kStringTooLong,     // a string over the string limit
-  kBatchTooLarge,     // more events than the batch limit
-  kTooDeep,           // nesting deeper than the decoder allows
-  kBatchBeforeHello,  // BATCH (or GOODBYE) before HELLO
-  kSecondHello,       // HELLO after HELLO
-  kBadHello,          // HELLO missing a key, wrong type, bad proto
-  kBadName,           // HELLO engine name or label name breaks the rules
-  kReservedLabel,     // HELLO label that the daemon sets or starts with __
-  kTooManyLabels,     // more than 8 HELLO labels
-  kPeerNotAllowed,    // peer credentials not in the allow-list
-  kSeriesLimit,       // HELLO would create a series beyond the series cap
-  kConnectionLimit,   // accepted beyond --max-connections and closed
+  kInvalidMsgpack,      // bytes that are not msgpack
+  kBadFrame,            // not an array starting with a known frame type
+  kFrameTooLarge,       // frame over the size limit (or a length that says so)
+  kStringTooLong,       // a string over the string limit
+  kBatchTooLarge,       // more events than the batch limit
+  kTooDeep,             // nesting deeper than the decoder allows
+  kBatchBeforeHello,    // BATCH (or GOODBYE) before HELLO
+  kSecondHello,         // HELLO after HELLO
+  kBadHello,            // HELLO missing a key, wrong type, bad proto
+  kBadName,             // HELLO engine name or label name breaks the rules
+  kReservedLabel,       // HELLO label that the daemon sets or starts with __
+  kTooManyLabels,       // more than 8 HELLO labels
+  kPeerNotAllowed,      // peer credentials not in the allow-list
+  kSeriesLimit,         // HELLO would create a series beyond the series cap
+  kConnectionLimit,     // accepted beyond --max-connections and closed
+  kUidConnectionLimit,  // accepted beyond --max-connections-per-uid
+  kHelloTimeout,        // no complete HELLO within --hello-timeout
+  kFdLimit,             // accept() out of descriptors: accepted, closed
   // Event level.
   kBadEvent,      // wrong types or arity inside one event
   kBadTimestamp,  // more than 1 s ahead or 1 h behind the daemon's clock

@@ -1,6 +1,8 @@
 #include "daemon/ingest/ingest_server.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +16,38 @@
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
+namespace {
+
+// Accepts per loop iteration: the rest wait for the next one (the poll is
+// level-triggered), so a connection storm cannot starve scrapes.
+constexpr int kAcceptsPerWake = 128;
+// How long accepting pauses after an error that retrying at once would
+// only repeat (ENOBUFS, ENOMEM, or EMFILE with no spare descriptor).
+constexpr uint64_t kAcceptRetryMs = 100;
+
+// "peer#7 pid=4711 uid=1001 gid=1001" (or "peer#7" when SO_PEERCRED
+// fails; then *cred is left alone and false returned).
+bool NamePeer(int fd, uint64_t id, std::string* name, ucred* cred) {
+  ucred c{};
+  socklen_t len = sizeof c;
+  if (fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0) {
+    *cred = c;
+    *name = "peer#" + std::to_string(id) + " pid=" + std::to_string(c.pid) +
+            " uid=" + std::to_string(c.uid) + " gid=" + std::to_string(c.gid);
+    return true;
+  }
+  *name = "peer#" + std::to_string(id);
+  return false;
+}
+
+int OpenSpare() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+uint64_t SoftFdLimit() {
+  rlimit rl{};
+  return getrlimit(RLIMIT_NOFILE, &rl) == 0 ? uint64_t(rl.rlim_cur) : 0;
+}
+
+}  // namespace
 
 // One engine connection. Owns its uv_pipe_t; freed in the close callback.
 class IngestServer::Connection : public FrameSink {
@@ -28,6 +62,19 @@ class IngestServer::Connection : public FrameSink {
 
   uv_pipe_t* pipe() { return &pipe_; }
   bool refused() const { return refused_; }
+  // Counted in uid_connections_ under uid().
+  bool counts_uid() const { return counts_uid_; }
+  uint32_t uid() const { return uid_; }
+  // Where this connection is in awaiting_hello_ (valid while awaiting()).
+  bool awaiting() const { return awaiting_; }
+  std::list<Connection*>::iterator hello_wait() const { return hello_wait_; }
+  uint64_t hello_deadline_ms() const { return hello_deadline_ms_; }
+  void MarkAwaiting(std::list<Connection*>::iterator it, uint64_t deadline_ms) {
+    awaiting_ = true;
+    hello_wait_ = it;
+    hello_deadline_ms_ = deadline_ms;
+  }
+  void MarkNotAwaiting() { awaiting_ = false; }
   // The shared request-id space this connection holds, or end().
   SharedSpaces::iterator shared_space() const { return shared_space_; }
 
@@ -36,32 +83,50 @@ class IngestServer::Connection : public FrameSink {
     const bool known = ReadPeerCredentials();
     const IngestOptions& o = server_.options_;
     if (over_limit) {
-      refused_ = true;
-      ++server_.refused_open_;
-      server_.stats_.CountError(IngestError::kConnectionLimit);
-      if (!server_.limit_logged_) {
-        spdlog::warn(
-            "ingest: {}: closing the connection: {} ({} engine connections "
-            "open, --max-connections); more refusals are counted, not "
-            "logged, until one is accepted",
-            peer_, IngestErrorName(IngestError::kConnectionLimit),
-            o.max_connections);
-        server_.limit_logged_ = true;
-      }
-      Close();
+      Refuse(IngestError::kConnectionLimit, &server_.limit_logged_,
+             fmt::format("{} engine connections open, --max-connections",
+                         o.max_connections));
       return;
     }
     if ((!o.allow_uids.empty() || !o.allow_gids.empty()) &&
         !(known && server_.PeerAllowed(uid_, gid_))) {
-      server_.stats_.CountError(IngestError::kPeerNotAllowed);
-      spdlog::warn("ingest: {}: closing the connection: {} ({})", peer_,
-                   IngestErrorName(IngestError::kPeerNotAllowed),
-                   known ? "uid and gid not in --allow-uids/--allow-gids"
-                         : "peer credentials unavailable");
-      Close();
+      Refuse(IngestError::kPeerNotAllowed, nullptr,
+             known ? "uid and gid not in --allow-uids/--allow-gids"
+                   : "peer credentials unavailable");
       return;
     }
+    if (known) {
+      auto it = server_.uid_connections_.find(uid_);
+      if (it != server_.uid_connections_.end() &&
+          it->second >= o.max_connections_per_uid) {
+        Refuse(IngestError::kUidConnectionLimit, &server_.uid_limit_logged_,
+               fmt::format("{} connections of uid {} open, "
+                           "--max-connections-per-uid",
+                           it->second, uid_));
+        return;
+      }
+      server_.uid_limit_logged_ = false;
+      ++server_.uid_connections_[uid_];
+      counts_uid_ = true;
+    }
+    server_.AwaitHello(this);
     uv_read_start(reinterpret_cast<uv_stream_t*>(&pipe_), OnAlloc, OnRead);
+  }
+
+  // The HELLO timer found this connection without a HELLO: close it.
+  void HelloTimeout() {
+    server_.stats_.CountError(IngestError::kHelloTimeout);
+    if (!server_.hello_timeout_logged_) {
+      server_.hello_timeout_logged_ = true;
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} (no HELLO within {} s, "
+          "--hello-timeout; {} bytes received); more are counted, not "
+          "logged, until a connection sends HELLO",
+          peer_, IngestErrorName(IngestError::kHelloTimeout),
+          double(server_.options_.hello_timeout_ns) / 1e9,
+          decoder_.buffered_bytes());
+    }
+    Close();
   }
 
   // Reads whatever the peer has already sent, without waiting, then closes.
@@ -90,6 +155,7 @@ class IngestServer::Connection : public FrameSink {
   void Close() {
     if (closing_) return;
     closing_ = true;
+    server_.StopAwaitingHello(this);
     uv_close(reinterpret_cast<uv_handle_t*>(&pipe_), [](uv_handle_t* h) {
       auto* c = static_cast<Connection*>(h->data);
       IngestServer& server = c->server_;
@@ -102,6 +168,8 @@ class IngestServer::Connection : public FrameSink {
   void OnHello(const Hello& hello) override {
     Registry& reg = server_.registry_;
     server_.stats_.CountFrame();
+    server_.StopAwaitingHello(this);
+    server_.hello_timeout_logged_ = false;
     SeriesIdentity id{server_.options_.namespace_override.empty()
                           ? SanitizeNamespace(hello.engine)
                           : server_.options_.namespace_override,
@@ -187,6 +255,25 @@ class IngestServer::Connection : public FrameSink {
     if (!c->decoder_.Commit(size_t(nread), *c)) c->FrameError();
   }
 
+  // Closes a connection at accept, before any byte is read. `logged`: the
+  // server's once-per-burst flag for this reason (nullptr: log each).
+  void Refuse(IngestError reason, bool* logged, const std::string& why) {
+    refused_ = true;
+    ++server_.refused_open_;
+    server_.stats_.CountError(reason);
+    if (logged == nullptr) {
+      spdlog::warn("ingest: {}: closing the connection: {} ({})", peer_,
+                   IngestErrorName(reason), why);
+    } else if (!*logged) {
+      *logged = true;
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} ({}); more refusals are "
+          "counted, not logged, until one is accepted",
+          peer_, IngestErrorName(reason), why);
+    }
+    Close();
+  }
+
   void FrameError() {
     const IngestError e = decoder_.error();
     server_.stats_.CountError(e);
@@ -197,21 +284,13 @@ class IngestServer::Connection : public FrameSink {
 
   // Names the peer for log lines; false when SO_PEERCRED failed.
   bool ReadPeerCredentials() {
-    uv_os_fd_t fd;
+    uv_os_fd_t fd = -1;
     ucred cred{};
-    socklen_t len = sizeof cred;
-    if (uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd) == 0 &&
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      uid_ = cred.uid;
-      gid_ = cred.gid;
-      peer_ = "peer#" + std::to_string(id_) +
-              " pid=" + std::to_string(cred.pid) +
-              " uid=" + std::to_string(cred.uid) +
-              " gid=" + std::to_string(cred.gid);
-      return true;
-    }
-    peer_ = "peer#" + std::to_string(id_);
-    return false;
+    uv_fileno(reinterpret_cast<uv_handle_t*>(&pipe_), &fd);
+    if (!NamePeer(fd, id_, &peer_, &cred)) return false;
+    uid_ = cred.uid;
+    gid_ = cred.gid;
+    return true;
   }
 
   IngestServer& server_;
@@ -220,7 +299,11 @@ class IngestServer::Connection : public FrameSink {
   FrameDecoder decoder_;
   bool closing_ = false;
   bool logged_event_error_ = false;
-  bool refused_ = false;  // closed at accept for the connection limit
+  bool refused_ = false;  // closed at accept (a limit, the allow-list)
+  bool counts_uid_ = false;
+  bool awaiting_ = false;
+  std::list<Connection*>::iterator hello_wait_;
+  uint64_t hello_deadline_ms_ = 0;  // uv_now() scale
   std::string peer_;
   uint32_t uid_ = 0;
   uint32_t gid_ = 0;
@@ -273,7 +356,12 @@ IngestServer::IngestServer(uv_loop_t* loop, Registry& registry,
                              ? options_.max_shared_spaces
                              : 4 * registry.options().max_engine_series) {}
 
-IngestServer::~IngestServer() = default;
+IngestServer::~IngestServer() {
+  // Close() has run (the contract); these only matter after a failed
+  // Listen() that was never followed by Close().
+  if (listen_fd_ >= 0 && !handles_open_) close(listen_fd_);
+  if (spare_fd_ >= 0) close(spare_fd_);
+}
 
 Status IngestServer::Listen(const std::string& path) {
   sockaddr_un addr{};
@@ -282,6 +370,8 @@ Status IngestServer::Listen(const std::string& path) {
                          "longer than " +
                          std::to_string(sizeof addr.sun_path - 1) + " bytes");
   }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -290,8 +380,6 @@ Status IngestServer::Listen(const std::string& path) {
     }
     // A socket file: live if someone accepts on it, stale otherwise.
     const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.data(), path.size());
     const bool live =
         probe >= 0 &&
         connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
@@ -309,34 +397,28 @@ Status IngestServer::Listen(const std::string& path) {
   if (!options_.group.empty()) {
     if (Status s = LookUpGroup(options_.group, &gid); !s.ok()) return s;
   }
-  int rc = uv_pipe_init(loop_, &listener_, 0);
-  if (rc != 0)
-    return Status::Error(std::string("uv_pipe_init: ") + uv_strerror(rc));
-  listener_.data = this;
-  listener_closed_ = false;
+  const auto failed = [&path](const char* what) {
+    return Status::Error("cannot listen on ingest socket \"" + path +
+                         "\": " + what + ": " + std::strerror(errno));
+  };
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) return failed("socket");
   // Created 0660 from the start (no window where others could connect).
   const mode_t old_mask = umask(0117);
-  rc = uv_pipe_bind(&listener_, path.c_str());
+  const int rc =
+      bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   umask(old_mask);
-  if (rc == 0) unlink_path_ = path;
+  if (rc != 0) return failed("bind");
+  unlink_path_ = path;
   // The group is set between bind and listen: nobody can connect before.
-  if (rc == 0 && !options_.group.empty() &&
-      chown(path.c_str(), uid_t(-1), gid) != 0) {
+  if (!options_.group.empty() && chown(path.c_str(), uid_t(-1), gid) != 0) {
     return Status::Error("--ingest-group: cannot give ingest socket \"" + path +
                          "\" the group \"" + options_.group + "\" (gid " +
                          std::to_string(gid) + "): " + std::strerror(errno));
   }
-  if (rc == 0) {
-    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 512,
-                   OnConnection);
-  }
-  if (rc != 0) {
-    return Status::Error("cannot listen on ingest socket \"" + path +
-                         "\": " + uv_strerror(rc));
-  }
+  if (listen(listen_fd_, 512) != 0) return failed("listen");
   chmod(path.c_str(), 0660);
-  listening_ = true;
-  return Status::Ok();
+  return StartListening(listen_fd_);
 }
 
 Status IngestServer::Adopt(int fd) {
@@ -346,42 +428,130 @@ Status IngestServer::Adopt(int fd) {
         "socket (set SocketGroup= in the socket unit)",
         options_.group);
   }
-  int rc = uv_pipe_init(loop_, &listener_, 0);
-  if (rc == 0) {
-    listener_.data = this;
-    listener_closed_ = false;
-    rc = uv_pipe_open(&listener_, fd);
-  }
-  if (rc == 0) {
-    rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), 512,
-                   OnConnection);
-  }
-  if (rc != 0) {
+  listen_fd_ = fd;
+  // Already listening under socket activation; listen() again only sets
+  // the backlog (and makes a bound socket listen).
+  if (listen(fd, 512) != 0) {
     return Status::Error(std::string("cannot use the inherited ingest "
                                      "socket: ") +
+                         std::strerror(errno));
+  }
+  return StartListening(fd);
+}
+
+Status IngestServer::StartListening(int fd) {
+  spare_fd_ = OpenSpare();
+  if (spare_fd_ < 0) {
+    return Status::Error(std::string("cannot open /dev/null (the ingest "
+                                     "listener's spare descriptor): ") +
+                         std::strerror(errno));
+  }
+  const int rc = uv_poll_init(loop_, &listener_, fd);
+  if (rc != 0) {
+    return Status::Error(std::string("cannot poll the ingest socket: ") +
                          uv_strerror(rc));
   }
-  listening_ = true;
+  uv_timer_init(loop_, &hello_timer_);
+  uv_timer_init(loop_, &retry_timer_);
+  listener_.data = this;
+  hello_timer_.data = this;
+  retry_timer_.data = this;
+  handles_open_ = true;
+  uv_poll_start(&listener_, UV_READABLE, OnReadable);
   return Status::Ok();
 }
 
-void IngestServer::OnConnection(uv_stream_t* server, int status) {
-  auto* self = static_cast<IngestServer*>(server->data);
+void IngestServer::OnReadable(uv_poll_t* poll, int status, int) {
+  auto* self = static_cast<IngestServer*>(poll->data);
   if (status != 0) {
-    spdlog::warn("ingest: accept failed: {}", uv_strerror(status));
+    spdlog::warn("ingest: polling the listener failed: {}; retrying in {} ms",
+                 uv_strerror(status), kAcceptRetryMs);
+    self->PauseAccepting();
     return;
   }
-  self->Accept();
+  self->AcceptPending();
 }
 
-void IngestServer::Accept() {
+void IngestServer::AcceptPending() {
+  for (int i = 0; i < kAcceptsPerWake && !closing_; ++i) {
+    const int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      fd_limit_logged_ = false;
+      Accept(fd);
+      continue;
+    }
+    const int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK) return;
+    if (err == EINTR || err == ECONNABORTED) continue;
+    if (err == EMFILE || err == ENFILE) {
+      const FdRefusal r = RefuseForFdLimit(err);
+      if (r == FdRefusal::kRefused) continue;
+      if (r == FdRefusal::kQueueEmpty) return;
+    }
+    spdlog::warn("ingest: accept failed: {}; retrying in {} ms",
+                 std::strerror(err), kAcceptRetryMs);
+    PauseAccepting();
+    return;
+  }
+}
+
+IngestServer::FdRefusal IngestServer::RefuseForFdLimit(int accept_errno) {
+  if (spare_fd_ < 0) spare_fd_ = OpenSpare();
+  if (spare_fd_ < 0) return FdRefusal::kNoSpare;
+  close(spare_fd_);
+  spare_fd_ = -1;
+  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  const int accept_err = errno;
+  std::string peer;
+  ucred cred{};
+  const uint64_t id = next_connection_id_++;
+  if (fd >= 0) {
+    NamePeer(fd, id, &peer, &cred);
+    close(fd);
+  }
+  spare_fd_ = OpenSpare();
+  if (fd < 0) {
+    // Nothing pending after all (or it went away): nothing refused.
+    return accept_err == EAGAIN || accept_err == EWOULDBLOCK ||
+                   accept_err == ECONNABORTED || accept_err == EINTR
+               ? FdRefusal::kQueueEmpty
+               : FdRefusal::kNoSpare;
+  }
+  stats_.CountError(IngestError::kFdLimit);
+  if (!fd_limit_logged_) {
+    fd_limit_logged_ = true;
+    spdlog::warn(
+        "ingest: {}: closing the connection: {} (accept: {}; the soft "
+        "RLIMIT_NOFILE is {}); more refusals are counted, not logged, until "
+        "an accept succeeds",
+        peer, IngestErrorName(IngestError::kFdLimit),
+        std::strerror(accept_errno), SoftFdLimit());
+  }
+  return FdRefusal::kRefused;
+}
+
+void IngestServer::PauseAccepting() {
+  if (closing_ || !handles_open_) return;
+  uv_poll_stop(&listener_);
+  uv_timer_start(
+      &retry_timer_,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<IngestServer*>(t->data);
+        if (!self->closing_) {
+          uv_poll_start(&self->listener_, UV_READABLE, OnReadable);
+        }
+      },
+      kAcceptRetryMs, 0);
+}
+
+void IngestServer::Accept(int fd) {
   auto* c = new Connection(*this, next_connection_id_++);
   uv_pipe_init(loop_, c->pipe(), 0);
   connections_.insert(c);
   stats_.SetConnections(stats_.connections() + 1);
-  if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener_),
-                reinterpret_cast<uv_stream_t*>(c->pipe())) != 0 ||
-      closing_) {
+  if (uv_pipe_open(c->pipe(), fd) != 0) {
+    close(fd);
     c->Close();
     return;
   }
@@ -392,8 +562,54 @@ void IngestServer::Accept() {
   c->Start(over_limit);
 }
 
+void IngestServer::AwaitHello(Connection* c) {
+  const uint64_t timeout_ms =
+      std::max<uint64_t>(1, (options_.hello_timeout_ns + 999'999) / 1'000'000);
+  const bool was_empty = awaiting_hello_.empty();
+  awaiting_hello_.push_back(c);
+  c->MarkAwaiting(std::prev(awaiting_hello_.end()), uv_now(loop_) + timeout_ms);
+  if (was_empty) ArmHelloTimer();
+}
+
+void IngestServer::StopAwaitingHello(Connection* c) {
+  if (!c->awaiting()) return;
+  awaiting_hello_.erase(c->hello_wait());
+  c->MarkNotAwaiting();
+  // The timer may fire early for a connection no longer waiting; it then
+  // re-arms for the next one.
+}
+
+void IngestServer::ArmHelloTimer() {
+  if (closing_ || !handles_open_) return;
+  if (awaiting_hello_.empty()) {
+    uv_timer_stop(&hello_timer_);
+    return;
+  }
+  const uint64_t deadline = awaiting_hello_.front()->hello_deadline_ms();
+  const uint64_t now = uv_now(loop_);
+  uv_timer_start(&hello_timer_, OnHelloTimer,
+                 deadline > now ? deadline - now : 0, 0);
+}
+
+void IngestServer::OnHelloTimer(uv_timer_t* timer) {
+  auto* self = static_cast<IngestServer*>(timer->data);
+  const uint64_t now = uv_now(self->loop_);
+  while (!self->awaiting_hello_.empty() &&
+         self->awaiting_hello_.front()->hello_deadline_ms() <= now) {
+    // HelloTimeout() closes it, which takes it off the list.
+    self->awaiting_hello_.front()->HelloTimeout();
+  }
+  self->ArmHelloTimer();
+}
+
 void IngestServer::Forget(Connection* c) {
   if (c->refused()) --refused_open_;
+  if (c->counts_uid()) {
+    auto it = uid_connections_.find(c->uid());
+    if (it != uid_connections_.end() && --it->second == 0) {
+      uid_connections_.erase(it);
+    }
+  }
   if (c->shared_space() != shared_spaces_.end()) {
     --c->shared_space()->second.connections;
   }
@@ -440,12 +656,30 @@ bool IngestServer::SpaceFor(const Hello& hello, uint64_t* space,
 void IngestServer::Close(std::function<void()> done) {
   closing_ = true;
   done_ = std::move(done);
-  if (!listener_closed_) {
-    uv_close(reinterpret_cast<uv_handle_t*>(&listener_), [](uv_handle_t* h) {
+  if (handles_open_) {
+    handles_open_ = false;
+    const auto closed = [](uv_handle_t* h) {
       auto* self = static_cast<IngestServer*>(h->data);
-      self->listener_closed_ = true;
+      if (h == reinterpret_cast<uv_handle_t*>(&self->listener_)) {
+        close(self->listen_fd_);  // the poll no longer watches it
+        self->listen_fd_ = -1;
+      }
+      --self->closing_handles_;
       self->MaybeDone();
-    });
+    };
+    for (uv_handle_t* h : {reinterpret_cast<uv_handle_t*>(&listener_),
+                           reinterpret_cast<uv_handle_t*>(&hello_timer_),
+                           reinterpret_cast<uv_handle_t*>(&retry_timer_)}) {
+      ++closing_handles_;
+      uv_close(h, closed);
+    }
+  } else if (listen_fd_ >= 0) {
+    close(listen_fd_);  // a Listen() that failed before the poll started
+    listen_fd_ = -1;
+  }
+  if (spare_fd_ >= 0) {
+    close(spare_fd_);
+    spare_fd_ = -1;
   }
   if (!unlink_path_.empty()) {
     unlink(unlink_path_.c_str());
@@ -458,7 +692,7 @@ void IngestServer::Close(std::function<void()> done) {
 }
 
 void IngestServer::MaybeDone() {
-  if (closing_ && listener_closed_ && connections_.empty() && done_) {
+  if (closing_ && closing_handles_ == 0 && connections_.empty() && done_) {
     auto done = std::move(done_);
     done_ = nullptr;
     done();

@@ -7,6 +7,16 @@
 // applying (a read callback decodes and applies what it read), so a
 // connection is read only as fast as the daemon applies its events; the
 // decoder holds at most one incomplete frame (max_frame_bytes).
+//
+// Slots are bounded three ways, each refusal counted in
+// tokenmeter_ingest_errors_total and logged once per burst: at most
+// max_connections at once (connection_limit), at most
+// max_connections_per_uid of one peer uid (uid_connection_limit), and a
+// connection that has not sent HELLO within hello_timeout_ns is closed
+// (hello_timeout). When accept() fails for lack of file descriptors
+// (EMFILE, ENFILE), a spare descriptor kept for the purpose is closed, the
+// pending connection accepted and closed at once (fd_limit), and the spare
+// reopened, so the listener never spins on a connection it cannot take.
 #ifndef TOKENMETER_DAEMON_INGEST_INGEST_SERVER_H_
 #define TOKENMETER_DAEMON_INGEST_INGEST_SERVER_H_
 
@@ -14,10 +24,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -33,6 +45,16 @@ struct IngestOptions {
   DecoderLimits limits;
   std::string namespace_override;  // --namespace; empty: from HELLO engine
   uint32_t max_connections = 1024;
+  // --max-connections-per-uid: connections one peer uid (SO_PEERCRED) may
+  // have open at once; the next is closed at accept, before any byte is
+  // read, as uid_connection_limit. A peer whose credentials cannot be read
+  // counts against no uid. At least 1; max_connections or more turns it
+  // off.
+  uint32_t max_connections_per_uid = 256;
+  // --hello-timeout: a connection whose HELLO frame is not complete this
+  // long after accept is closed as hello_timeout. Rounded up to whole
+  // milliseconds (the loop's timer resolution), at least 1 ms.
+  uint64_t hello_timeout_ns = 10'000'000'000;
   // --ingest-group: the group given to the socket file Listen() creates
   // (a name, or a number when no group has that name); empty: the
   // daemon's own group. Not applied to an adopted socket (the socket unit
@@ -66,9 +88,12 @@ class IngestServer {
   // a path too long for sun_path, or a group that does not exist or that
   // the daemon may not give the file is an error naming the path or group.
   // The group is set before listen(), so no one connects before it is.
+  // Also opens the spare descriptor (/dev/null) for EMFILE; failing to is
+  // an error. Call Listen() or Adopt() once.
   Status Listen(const std::string& path);
-  // Uses an inherited, already listening Unix socket (socket activation).
-  // The daemon then does not unlink it at exit.
+  // Uses an inherited, already listening Unix socket (socket activation);
+  // takes ownership of `fd` (closed by Close()). The daemon then does not
+  // unlink the socket file at exit.
   Status Adopt(int fd);
 
   // Stops accepting, reads what every connection has already sent, closes
@@ -81,8 +106,27 @@ class IngestServer {
 
  private:
   friend class Connection;
-  static void OnConnection(uv_stream_t* server, int status);
-  void Accept();
+  // Polls `fd` (a listening socket, owned from now on) for connections.
+  Status StartListening(int fd);
+  static void OnReadable(uv_poll_t* poll, int status, int events);
+  // Accepts what is pending, at most kAcceptsPerWake per loop iteration.
+  void AcceptPending();
+  void Accept(int fd);
+  // EMFILE/ENFILE: closes the spare, accepts and closes one pending
+  // connection (counted as fd_limit), reopens the spare.
+  enum class FdRefusal {
+    kRefused,     // one connection taken off the queue
+    kQueueEmpty,  // nothing was pending (accept() reports EMFILE first)
+    kNoSpare,     // no spare to give up: accepting pauses
+  };
+  FdRefusal RefuseForFdLimit(int accept_errno);
+  // Stops polling the listener for 100 ms (an accept error that retrying
+  // at once would only repeat).
+  void PauseAccepting();
+  void AwaitHello(Connection* c);
+  void StopAwaitingHello(Connection* c);
+  static void OnHelloTimer(uv_timer_t* timer);
+  void ArmHelloTimer();
   void Forget(Connection* c);
   void MaybeDone();
   struct SharedSpace {
@@ -103,19 +147,35 @@ class IngestServer {
   IngestStats& stats_;
   const IngestOptions options_;
   const size_t max_shared_spaces_;
-  uv_pipe_t listener_{};
-  bool listening_ = false;
+  int listen_fd_ = -1;  // the listening socket, owned
+  int spare_fd_ = -1;   // /dev/null, given up to accept-and-close on EMFILE
+  // The poll on listen_fd_, the HELLO timer and the accept retry timer:
+  // initialised together by StartListening(), closed by Close().
+  uv_poll_t listener_{};
+  uv_timer_t hello_timer_{};
+  uv_timer_t retry_timer_{};
+  bool handles_open_ = false;
+  int closing_handles_ = 0;  // of those three, close callbacks to come
   bool closing_ = false;
-  bool listener_closed_ = true;
   std::string unlink_path_;  // the socket file this process created
   std::unordered_set<Connection*> connections_;
   std::function<void()> done_;
   uint64_t next_connection_id_ = 1;
-  // A connection-limit refusal was logged; reset by the next accepted one,
+  // A refusal of that kind was logged; reset by the next connection that
+  // passes that check (a HELLO for hello_timeout, an accept for fd_limit),
   // so that a burst of refusals logs once.
   bool limit_logged_ = false;
-  // Connections in connections_ refused for the limit and not yet freed.
+  bool uid_limit_logged_ = false;
+  bool hello_timeout_logged_ = false;
+  bool fd_limit_logged_ = false;
+  // Connections in connections_ refused at accept and not yet freed.
   size_t refused_open_ = 0;
+  // Accepted connections by peer uid (those whose credentials were read);
+  // at most max_connections entries, a uid with none is erased.
+  std::unordered_map<uint32_t, uint32_t> uid_connections_;
+  // Connections without a HELLO yet, oldest first (the timeout is the
+  // same for all, so this is also deadline order).
+  std::list<Connection*> awaiting_hello_;
   // (engine, model, scope) -> shared request-id space.
   SharedSpaces shared_spaces_;
   uint64_t next_space_ = 1;

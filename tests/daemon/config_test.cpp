@@ -72,6 +72,8 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.ingest.limits.max_frame_bytes, 1024u * 1024u);
   EXPECT_EQ(c.ingest.limits.max_batch_events, 65536u);
   EXPECT_EQ(c.ingest.max_connections, 1024u);
+  EXPECT_EQ(c.ingest.max_connections_per_uid, 256u);
+  EXPECT_EQ(c.ingest.hello_timeout_ns, 10 * kSecond);
   EXPECT_EQ(c.http_max_connections, 256u);
   EXPECT_EQ(c.ingest.group, "");
   EXPECT_TRUE(c.ingest.allow_uids.empty());
@@ -129,6 +131,20 @@ TEST(ConfigTest, EveryFlagInBothSpellings) {
        [](const Config& c) { EXPECT_EQ(c.ingest.max_connections, 7u); }},
       {"max-http-connections", "9",
        [](const Config& c) { EXPECT_EQ(c.http_max_connections, 9u); }},
+      {"max-connections-per-uid", "3",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.max_connections_per_uid, 3u);
+       }},
+      {"max-connections-per-uid", "1048576",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.max_connections_per_uid, 1048576u);
+       }},
+      {"hello-timeout", "2.5",
+       [](const Config& c) {
+         EXPECT_EQ(c.ingest.hello_timeout_ns, 2'500'000'000u);
+       }},
+      {"hello-timeout", "1",
+       [](const Config& c) { EXPECT_EQ(c.ingest.hello_timeout_ns, kSecond); }},
       {"max-engine-series", "11",
        [](const Config& c) { EXPECT_EQ(c.registry.max_engine_series, 11u); }},
       {"ingest-group", "tokenmeter",
@@ -240,6 +256,16 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {"max-connections", "1048577"},
       {"max-http-connections", "0"},
       {"max-http-connections", "65537"},
+      {"max-connections-per-uid", "0"},
+      {"max-connections-per-uid", "1048577"},
+      {"max-connections-per-uid", "-1"},
+      {"max-connections-per-uid", "x"},
+      {"hello-timeout", "0"},
+      {"hello-timeout", "0.5"},
+      {"hello-timeout", "-1"},
+      {"hello-timeout", "1e8"},
+      {"hello-timeout", "10s"},
+      {"hello-timeout", ""},
       {"max-engine-series", "0"},
       {"max-engine-series", "16777217"},
       {"ingest-group", ""},
@@ -443,6 +469,68 @@ TEST(ConfigTest, ReadyLineToAClosedReaderIsAnError) {
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(Contains(s.message(), "--ready-fd")) << s.message();
   EXPECT_FALSE(CheckReadyFd(fds[1]).ok());  // closed even so
+}
+
+TEST(ConfigTest, HelloTimeoutAndPerUidCapFromTheFile) {
+  TempConfigFile f("hello-timeout = 3\nmax-connections-per-uid = 17\n");
+  const Config c = MustParse({"--config", f.path()});
+  EXPECT_EQ(c.ingest.hello_timeout_ns, 3 * kSecond);
+  EXPECT_EQ(c.ingest.max_connections_per_uid, 17u);
+}
+
+// The connection caps against the descriptor limit: each connection takes
+// one descriptor, the daemon keeps what is open at start plus
+// kDaemonFdHeadroom.
+TEST(ConfigTest, CapsThatFitTheFdLimitAreLeftAlone) {
+  Config c;  // 1024 + 256
+  std::string clamped = "not cleared";
+  const Status s =
+      FitConnectionCaps(1024 + 256 + 10 + kDaemonFdHeadroom, 10, &c, &clamped);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(clamped, "");
+  EXPECT_EQ(c.ingest.max_connections, 1024u);
+  EXPECT_EQ(c.http_max_connections, 256u);
+}
+
+TEST(ConfigTest, CapsOverTheFdLimitShrinkInProportion) {
+  Config c;  // 1024 + 256: systemd's default soft limit of 1024 is too low
+  std::string clamped;
+  const Status s = FitConnectionCaps(1024, 8, &c, &clamped);
+  ASSERT_TRUE(s.ok()) << s.message();
+  const uint64_t available = 1024 - 8 - kDaemonFdHeadroom;  // 984
+  EXPECT_EQ(c.ingest.max_connections + c.http_max_connections, available);
+  EXPECT_EQ(c.http_max_connections, 256 * available / 1280);  // 196
+  EXPECT_EQ(c.ingest.max_connections, available - 196);
+  EXPECT_TRUE(Contains(clamped, "RLIMIT_NOFILE) of 1024")) << clamped;
+  EXPECT_TRUE(Contains(clamped, "--max-connections 1024 lowered to 788"))
+      << clamped;
+  EXPECT_TRUE(Contains(clamped, "--max-http-connections 256 lowered to 196"))
+      << clamped;
+}
+
+TEST(ConfigTest, CapsShrinkToOneEachAtTheSmallestLimit) {
+  Config c;
+  c.ingest.max_connections = 1'000'000;
+  c.http_max_connections = 1;
+  std::string clamped;
+  Status s = FitConnectionCaps(5 + kDaemonFdHeadroom + 2, 5, &c, &clamped);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(c.ingest.max_connections, 1u);
+  EXPECT_EQ(c.http_max_connections, 1u);
+  EXPECT_FALSE(clamped.empty());
+}
+
+TEST(ConfigTest, AnFdLimitWithNoRoomForConnectionsIsAnError) {
+  Config c;
+  std::string clamped;
+  const Status s =
+      FitConnectionCaps(5 + kDaemonFdHeadroom + 1, 5, &c, &clamped);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "RLIMIT_NOFILE")) << s.message();
+  EXPECT_TRUE(
+      Contains(s.message(), "is " + std::to_string(5 + kDaemonFdHeadroom + 1)))
+      << s.message();
+  EXPECT_EQ(c.ingest.max_connections, 1024u);  // unchanged
 }
 
 }  // namespace

@@ -188,6 +188,15 @@ class Units(unittest.TestCase):
         self.assertRegex(out, r"Overall exposure level for tokenmeterd.service: "
                               r"(0\.\d|1\.\d|2\.[0-5]) ")
 
+    def test_service_sets_a_descriptor_limit_above_the_caps(self):
+        # 1,024 engine + 256 HTTP connections by default, plus the
+        # daemon's own: systemd's default soft limit (1,024) is too low.
+        with open(os.path.join(self.dir, "tokenmeterd.service")) as f:
+            limits = [line.split("=", 1)[1].strip() for line in f
+                      if line.startswith("LimitNOFILE=")]
+        self.assertEqual(limits, ["8192"])
+        self.assertGreater(int(limits[0]), 1024 + 256 + 64)
+
     def test_socket_units_name_their_descriptors(self):
         with open(os.path.join(self.dir, "tokenmeterd.socket")) as f:
             ingest = f.read()

@@ -1612,14 +1612,17 @@ TEST(FrameDecoderTest, DecodesManyBatchesThroughSmallReads) {
 }
 
 TEST(FrameDecoderTest, NamesEveryReason) {
-  const char* want[] = {
-      "invalid_msgpack",    "bad_frame",       "frame_too_large",
-      "string_too_long",    "batch_too_large", "too_deep",
-      "batch_before_hello", "second_hello",    "bad_hello",
-      "bad_name",           "reserved_label",  "too_many_labels",
-      "peer_not_allowed",   "series_limit",    "connection_limit",
-      "bad_event",          "bad_timestamp",   "bad_reason",
-      "unknown_kind"};
+  const char* want[] = {"invalid_msgpack",    "bad_frame",
+                        "frame_too_large",    "string_too_long",
+                        "batch_too_large",    "too_deep",
+                        "batch_before_hello", "second_hello",
+                        "bad_hello",          "bad_name",
+                        "reserved_label",     "too_many_labels",
+                        "peer_not_allowed",   "series_limit",
+                        "connection_limit",   "uid_connection_limit",
+                        "hello_timeout",      "fd_limit",
+                        "bad_event",          "bad_timestamp",
+                        "bad_reason",         "unknown_kind"};
   ASSERT_EQ(std::size(want), static_cast<size_t>(IngestError::kCount));
   for (size_t i = 0; i < std::size(want); ++i) {
     EXPECT_EQ(IngestErrorName(static_cast<IngestError>(i)), want[i]);

@@ -7,17 +7,27 @@
 // loop run to completion and uv_loop_close() == 0.
 #include "daemon/ingest/ingest_server.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/exposition.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "testutil/frames.h"
 #include "testutil/poll.h"
 #include "testutil/socket.h"
@@ -216,6 +226,187 @@ TEST_F(SharedSpaceCapTest, ScopesAreCappedAndUnusedOnesMakeRoom) {
   ASSERT_TRUE(RunUntil([&] { return Shows(kFrames, "5"); })) << Exposition();
   EXPECT_TRUE(Shows(kSeriesLimitErrors, "1"));
   EXPECT_FALSE(d.SawEof());
+}
+
+// What the server logs while it lives: a sink added to the default logger.
+class LogCapture {
+ public:
+  LogCapture()
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  // Lines containing `part`.
+  size_t Count(const std::string& part) const {
+    size_t n = 0;
+    for (const std::string& line : sink_->last_formatted()) {
+      if (line.find(part) != std::string::npos) ++n;
+    }
+    return n;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
+constexpr char kHelloTimeoutErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"hello_timeout\"}";
+constexpr char kUidLimitErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"uid_connection_limit\"}";
+constexpr char kFdLimitErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"fd_limit\"}";
+
+class HelloTimeoutTest : public IngestServerTest {
+ protected:
+  HelloTimeoutTest() { options_.hello_timeout_ns = 200'000'000; }  // 200 ms
+};
+
+// A connection that never completes a HELLO (silent, or half of one) is
+// closed after the timeout and counted; the warning is logged once per
+// burst; a connection that sent HELLO stays; one accepted later gets its
+// own deadline.
+TEST_F(HelloTimeoutTest, ClosesConnectionsWithoutHelloAndCountsThem) {
+  LogCapture log;
+  TestSocket silent(AF_UNIX), half(AF_UNIX), good(AF_UNIX);
+  for (TestSocket* s : {&silent, &half, &good}) {
+    ASSERT_TRUE(s->ConnectUnix(path_));
+  }
+  const Bytes hello = testutil::VllmHello();
+  ASSERT_TRUE(half.SendAll(Bytes(hello.begin(), hello.begin() + 5)));
+  ASSERT_TRUE(good.SendAll(hello));
+  ASSERT_TRUE(RunUntil([&] { return silent.SawEof() && half.SawEof(); }));
+  EXPECT_TRUE(Shows(kHelloTimeoutErrors, "2")) << Exposition();
+  EXPECT_EQ(log.Count("closing the connection: hello_timeout"), 1u);
+  ASSERT_TRUE(good.SendAll(TokensBatch(0, kNowNs, 7, 3)));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kGenerationTokens, "3"); }))
+      << Exposition();
+  EXPECT_FALSE(good.SawEof());
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 1; }));
+
+  TestSocket late(AF_UNIX);
+  ASSERT_TRUE(late.ConnectUnix(path_));
+  ASSERT_TRUE(RunUntil([&] { return late.SawEof(); }));
+  EXPECT_TRUE(Shows(kHelloTimeoutErrors, "3")) << Exposition();
+  // No HELLO came in between: still the same burst.
+  EXPECT_EQ(log.Count("closing the connection: hello_timeout"), 1u);
+  EXPECT_FALSE(good.SawEof());
+}
+
+class PerUidCapTest : public IngestServerTest {
+ protected:
+  PerUidCapTest() { options_.max_connections_per_uid = 2; }
+};
+
+// Every test socket has this process's uid: past two open, a new one is
+// closed at accept and counted (logged once per burst); a place freed is
+// taken again; refused ones do not count against the total.
+TEST_F(PerUidCapTest, RefusesConnectionsPastTheCapOfOneUid) {
+  LogCapture log;
+  TestSocket a(AF_UNIX);
+  auto b = std::make_unique<TestSocket>(AF_UNIX);
+  ASSERT_TRUE(a.ConnectUnix(path_));
+  ASSERT_TRUE(b->ConnectUnix(path_));
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 2; }));
+  TestSocket c(AF_UNIX), d(AF_UNIX);
+  ASSERT_TRUE(c.ConnectUnix(path_));
+  ASSERT_TRUE(d.ConnectUnix(path_));
+  ASSERT_TRUE(RunUntil([&] { return c.SawEof() && d.SawEof(); }));
+  EXPECT_TRUE(Shows(kUidLimitErrors, "2")) << Exposition();
+  EXPECT_EQ(log.Count("closing the connection: uid_connection_limit (2 "
+                      "connections of uid " +
+                      std::to_string(getuid())),
+            1u);
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 2; }));
+  ASSERT_TRUE(
+      a.SendAll(Cat({testutil::VllmHello(), TokensBatch(0, kNowNs, 7, 3)})));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kGenerationTokens, "3"); }))
+      << Exposition();
+
+  b.reset();
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 1; }));
+  TestSocket e(AF_UNIX);
+  ASSERT_TRUE(e.ConnectUnix(path_));
+  ASSERT_TRUE(e.SendAll(testutil::VllmHello()));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kFrames, "3"); })) << Exposition();
+  EXPECT_FALSE(e.SawEof());
+  EXPECT_TRUE(Shows(kUidLimitErrors, "2"));
+  EXPECT_EQ(server_->connections(), 2u);
+}
+
+// Fills this process's descriptor table: lowers the soft RLIMIT_NOFILE to
+// a little above the highest open descriptor and takes every free one
+// (/dev/null); gives them back and restores the limit when destroyed.
+class FullFdTable {
+ public:
+  FullFdTable() {
+    if (getrlimit(RLIMIT_NOFILE, &saved_) != 0) return;
+    int highest = 2;
+    if (DIR* dir = opendir("/proc/self/fd")) {
+      while (const dirent* e = readdir(dir)) {
+        highest = std::max(highest, std::atoi(e->d_name));
+      }
+      closedir(dir);
+    }
+    rlimit low = saved_;
+    low.rlim_cur = rlim_t(highest) + 16;
+    if (setrlimit(RLIMIT_NOFILE, &low) != 0) return;
+    lowered_ = true;
+    for (;;) {
+      const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        full_ = errno == EMFILE;
+        break;
+      }
+      fds_.push_back(fd);
+    }
+  }
+  FullFdTable(const FullFdTable&) = delete;
+  FullFdTable& operator=(const FullFdTable&) = delete;
+  ~FullFdTable() {
+    for (int fd : fds_) close(fd);
+    if (lowered_) setrlimit(RLIMIT_NOFILE, &saved_);
+  }
+  bool full() const { return full_; }
+
+ private:
+  rlimit saved_{};
+  bool lowered_ = false;
+  bool full_ = false;
+  std::vector<int> fds_;
+};
+
+// accept() fails with EMFILE: each pending connection is still taken off
+// the queue (accepted on the spare descriptor and closed at once, so the
+// peer sees EOF rather than waiting), counted as fd_limit and logged once;
+// once descriptors are free again, connections are served as before.
+TEST_F(IngestServerTest, OutOfDescriptorsClosesPendingConnectionsAndRecovers) {
+  LogCapture log;
+  TestSocket a(AF_UNIX), b(AF_UNIX), c(AF_UNIX);
+  for (TestSocket* s : {&a, &b, &c}) ASSERT_TRUE(s->ConnectUnix(path_));
+  {
+    FullFdTable full;
+    ASSERT_TRUE(full.full());
+    ASSERT_TRUE(
+        RunUntil([&] { return a.SawEof() && b.SawEof() && c.SawEof(); }));
+    EXPECT_TRUE(Shows(kFdLimitErrors, "3")) << Exposition();
+    EXPECT_EQ(server_->connections(), 0u);
+  }
+  EXPECT_EQ(log.Count("closing the connection: fd_limit (accept: Too many "
+                      "open files"),
+            1u);
+  TestSocket d(AF_UNIX);
+  ASSERT_TRUE(d.ConnectUnix(path_));
+  ASSERT_TRUE(
+      d.SendAll(Cat({testutil::VllmHello(), TokensBatch(0, kNowNs, 7, 4)})));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kGenerationTokens, "4"); }))
+      << Exposition();
+  EXPECT_FALSE(d.SawEof());
+  EXPECT_TRUE(Shows(kFdLimitErrors, "3"));
 }
 
 }  // namespace
