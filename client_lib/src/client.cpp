@@ -98,39 +98,42 @@ void YieldUntil(F done) {
   while (!done()) sched_yield();
 }
 
-// ---- the open clients, for fork()
-// ---------------------------------------------
+// ---- every client, for fork() and to keep tombstones reachable
+// ---------------
 
-std::mutex open_mu;
+// Open clients (the fork handler's list) and closed ones: a tombstone stays
+// linked until the process exits, so that leak checkers (LSan, valgrind)
+// see it as reachable, which it is: the application may hold it.
+std::mutex clients_mu;
 tm_client* open_head = nullptr;
+tm_client* closed_head = nullptr;
 
-void Link(tm_client* c) {
+void Link(tm_client** head, tm_client* c) {
   c->prev_ = nullptr;
-  c->next_ = open_head;
-  if (open_head != nullptr) open_head->prev_ = c;
-  open_head = c;
+  c->next_ = *head;
+  if (*head != nullptr) (*head)->prev_ = c;
+  *head = c;
 }
 
-void Unlink(tm_client* c) {
+void Unlink(tm_client** head, tm_client* c) {
   if (c->prev_ != nullptr) c->prev_->next_ = c->next_;
   if (c->next_ != nullptr) c->next_->prev_ = c->prev_;
-  if (open_head == c) open_head = c->next_;
+  if (*head == c) *head = c->next_;
   c->prev_ = c->next_ = nullptr;
 }
 
-// open_mu is held across fork() so that the child's list is whole: no
-// client is half linked or half closed in it.
-void BeforeFork() { open_mu.lock(); }
-void AfterForkParent() { open_mu.unlock(); }
+// clients_mu is held across fork() so that the child's lists are whole: no
+// client is half linked or half closed in them.
+void BeforeFork() { clients_mu.lock(); }
+void AfterForkParent() { clients_mu.unlock(); }
 void AfterForkChild() {
-  for (tm_client* c = open_head; c != nullptr;) {
-    tm_client* next = c->next_;
+  while (open_head != nullptr) {
+    tm_client* c = open_head;
+    Unlink(&open_head, c);
     c->ForgetAfterFork();
-    c->prev_ = c->next_ = nullptr;
-    c = next;
+    Link(&closed_head, c);
   }
-  open_head = nullptr;
-  open_mu.unlock();
+  clients_mu.unlock();
 }
 
 void InstallForkHandlers() {
@@ -164,12 +167,12 @@ int tm_client::New(const tm_options& opts, tm_client** out) {
   } catch (...) {
     return TM_E_NOMEM;
   }
-  // Started and linked under open_mu: a fork() sees the client with its
+  // Started and linked under clients_mu: a fork() sees the client with its
   // sender thread and in the list, or neither.
-  std::lock_guard<std::mutex> l(open_mu);
+  std::lock_guard<std::mutex> l(clients_mu);
   const int rc = c->owned_parts_->sender.Start();
   if (rc != TM_OK) return rc;
-  Link(c.get());
+  Link(&open_head, c.get());
   *out = c.release();
   return TM_OK;
 }
@@ -177,11 +180,12 @@ int tm_client::New(const tm_options& opts, tm_client** out) {
 int tm_client::Close(uint64_t* stats_out, size_t n) {
   int was = kOpen;
   {
-    std::lock_guard<std::mutex> l(open_mu);
+    std::lock_guard<std::mutex> l(clients_mu);
     if (!state_.compare_exchange_strong(was, kClosed)) {
-      if (was == kForked) state_.store(kClosed);
+      if (was == kForked) state_.store(kClosed);  // already on closed_head
     } else {
-      Unlink(this);
+      Unlink(&open_head, this);
+      Link(&closed_head, this);
     }
   }
   if (was == kClosed) {
@@ -192,11 +196,11 @@ int tm_client::Close(uint64_t* stats_out, size_t n) {
   if (was == kForked) {
     // The child of a fork(): no sender thread, and the parent's locks may
     // have been copied held; nothing to send, nothing safe to free. The
-    // parts' pages stay shared with the parent's copy-on-write.
+    // parts stay (owned_parts_ is never reset), their pages shared with the
+    // parent's copy-on-write.
     Stats(stats_out, n);
     final_ring_drops_ = parts->registry.RingDrops();
     parts_.store(nullptr);
-    [[maybe_unused]] ClientParts* leaked = owned_parts_.release();
     return TM_E_FORKED;
   }
   // Every event call that read kOpen is now seen in its ring's in-call mark

@@ -3,7 +3,8 @@
 //  * the handle (this struct): the counters, the state word the event calls
 //    check, and the guards that keep the parts alive while a call uses
 //    them. It is never freed: after tm_client_close() it stays behind as a
-//    tombstone (about 256 bytes) until the process exits, so that a call on
+//    tombstone (about 256 bytes, on a list of closed clients, so that leak
+//    checkers see it reachable) until the process exits, so that a call on
 //    a closed handle, or one racing the close, reads valid memory and is
 //    refused and counted (tokenmeter.h, tm_client_close()).
 //  * the parts (ClientParts), freed at close once no thread can use them:
@@ -136,8 +137,8 @@ struct tm_client {
   // the child's copies of its descriptors. Only the forking thread exists.
   void ForgetAfterFork();
 
-  // The process-wide list of open clients, for the fork handlers (guarded
-  // by a mutex in client.cpp).
+  // Links in the process-wide lists of open and of closed clients (the
+  // fork handler's, and the tombstones'; guarded by a mutex in client.cpp).
   tm_client* prev_ = nullptr;
   tm_client* next_ = nullptr;
 
