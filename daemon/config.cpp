@@ -26,6 +26,9 @@ them as Prometheus metrics.
 
   --ingest PATH              engine socket (default /run/tokenmeter/ingest.sock)
   --listen HOST:PORT         HTTP address (default :10062, every interface)
+  --web-config FILE          TLS and basic auth for the HTTP listener: the
+                             exporter-toolkit web configuration file
+                             (tls_server_config, basic_auth_users)
   --log-interval SECONDS     summary-line period, 0 disables (default 10)
   --namespace NAME           metric namespace for every engine (default: the
                              engine name each engine sends)
@@ -157,6 +160,12 @@ const std::vector<Flag>& Flags() {
       {"listen",
        [](std::string_view v, Config* c) {
          c->listen = v;
+         return Status::Ok();
+       }},
+      {"web-config",
+       [](std::string_view v, Config* c) {
+         if (v.empty()) return Status::Error("--web-config: empty path");
+         c->web_config = v;
          return Status::Ok();
        }},
       {"log-interval",

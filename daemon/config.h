@@ -21,6 +21,9 @@ namespace tokenmeter::daemon {
 struct Config {
   std::string ingest_path = TM_DEFAULT_SOCKET_PATH;
   std::string listen = ":10062";
+  // --web-config FILE (daemon/http/web_config.h): TLS and basic auth on the
+  // HTTP listener. Empty: plain HTTP, no authentication.
+  std::string web_config;
   uint64_t log_interval_ns = 10'000'000'000;  // 0: no summary line
   std::string log_level = "info";
   std::string config_file;

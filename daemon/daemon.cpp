@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "daemon/http/negotiation.h"
+#include "daemon/http/web_config.h"
 #include "daemon/logging/summary.h"
 #include "daemon/metrics/exposition.h"
 #include "spdlog/spdlog.h"
@@ -95,6 +96,13 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   std::unique_ptr<Daemon> d(new Daemon(config));
   Status s = Registry::Create(config.registry, &d->registry_);
   if (!s.ok()) return s;
+  // Before the loop exists: a bad file is a start-up error with nothing
+  // to undo.
+  http::WebConfig web;
+  if (!config.web_config.empty()) {
+    s = http::WebConfig::Load(config.web_config, &web);
+    if (!s.ok()) return s;
+  }
   const int rc = uv_loop_init(&d->loop_);
   if (rc != 0) {
     return Status::Error(std::string("uv_loop_init: ") + uv_strerror(rc));
@@ -107,6 +115,8 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
       &d->loop_, *d->registry_, *d->tracker_, *d->ingest_stats_, config.ingest);
   http::ServerOptions http_options;
   http_options.max_connections = config.http_max_connections;
+  http_options.tls = std::move(web.tls);
+  http_options.basic_auth = std::move(web.basic_auth);
   d->http_ = std::make_unique<http::Server>(&d->loop_, http_options);
   d->process_ = std::make_unique<ProcessCollector>(*d->registry_);
   d->self_ = std::make_unique<SelfCollector>(*d);

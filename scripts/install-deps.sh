@@ -9,7 +9,8 @@ packages=(
   libmsgpack-dev libspdlog-dev node-llhttp libsystemd-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
   python3-prometheus-client python3-msgpack wrk systemd prometheus-cpp-dev
-  curl clang-format-14 clang-tidy-14
+  curl clang-format-14 clang-tidy-14 libssl-dev libcrypt-dev libyaml-cpp-dev
+  apache2-utils
 )
 
 missing=()

@@ -17,7 +17,9 @@
 #include <exception>
 #include <iterator>
 
+#include "daemon/http/basic_auth.h"
 #include "daemon/http/negotiation.h"
+#include "daemon/http/tls.h"
 
 namespace tokenmeter::daemon::http {
 namespace {
@@ -55,6 +57,8 @@ std::string_view ReasonPhrase(int status) {
       return "Not Modified";
     case 400:
       return "Bad Request";
+    case 401:
+      return "Unauthorized";
     case 403:
       return "Forbidden";
     case 404:
@@ -233,7 +237,7 @@ class Server::Connection {
  private:
   enum class State { kReading, kWriting, kLingering, kClosing };
   enum class TimerKind { kHeader, kIdle, kWrite, kLinger };
-  enum class Capture { kNone, kAccept, kAcceptEncoding };
+  enum class Capture { kNone, kAccept, kAcceptEncoding, kAuthorization };
   // A request's framing or headers that the parser accepts and we refuse.
   enum class Refusal { kNone, kMissingHost, kRepeatedHost };
 
@@ -264,6 +268,11 @@ class Server::Connection {
 
   void StartReading();
   void Feed(const char* data, size_t length);
+  // TLS: decrypts what the session holds and feeds it while reading, then
+  // sends what the session produced (handshake, tickets, alerts).
+  void PumpTls();
+  void FlushTlsOutput();
+  static void OnTlsWrite(uv_write_t* req, int status);
   // 0 when the current request may reach its handler, else 404 or 405.
   int RouteCheck(Target target, const Handler** handler) const;
   void HandleRequest();
@@ -291,6 +300,7 @@ class Server::Connection {
   std::string header_field_;
   std::string accept_;
   std::string accept_encoding_;
+  std::string authorization_;
   Capture capture_ = Capture::kNone;
   size_t header_bytes_ = 0;
   uint64_t body_bytes_ = 0;
@@ -310,7 +320,19 @@ class Server::Connection {
   std::string out_body_;
   bool close_after_write_ = false;
   size_t lingered_bytes_ = 0;
+  std::unique_ptr<TlsSession> tls_;  // Null: plain HTTP.
 };
+
+namespace {
+
+// Ciphertext sent outside a response (handshake, session tickets); freed in
+// its callback, which libuv runs before the handle's close callback.
+struct TlsWrite {
+  uv_write_t req;
+  std::string data;
+};
+
+}  // namespace
 
 const llhttp_settings_t* Server::Connection::Settings() {
   static const llhttp_settings_t settings = [] {
@@ -355,6 +377,7 @@ void Server::Connection::Start(int fd) {
   }
   peer_ = PeerName(&tcp_);
   uv_tcp_nodelay(&tcp_, 1);
+  if (options().tls) tls_ = std::make_unique<TlsSession>(*options().tls);
   ArmTimer(TimerKind::kHeader, options().header_timeout_ns);
   StartReading();
 }
@@ -403,7 +426,63 @@ void Server::Connection::OnRead(uv_stream_t* stream, ssize_t nread,
     return;
   }
   if (c->state_ != State::kReading) return;  // Reading is stopped; unreachable.
+  if (c->tls_) {
+    c->tls_->FeedCiphertext(buf->base, static_cast<size_t>(nread));
+    c->PumpTls();
+    return;
+  }
   c->Feed(buf->base, static_cast<size_t>(nread));
+}
+
+void Server::Connection::PumpTls() {
+  // The shared read buffer is free again: the ciphertext was copied into
+  // the session.
+  char* plain = server_->read_buffer_.get();
+  while (state_ == State::kReading) {
+    size_t n = 0;
+    TlsSession::ReadResult r = tls_->Read(plain, kReadBufferBytes, &n);
+    if (r == TlsSession::ReadResult::kData) {
+      server_->tls_failing_ = false;
+      Feed(plain, n);
+      continue;
+    }
+    if (r == TlsSession::ReadResult::kNeedMore) break;
+    if (r == TlsSession::ReadResult::kError) {
+      server_->protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      if (!server_->tls_failing_) {
+        spdlog::warn(
+            "HTTP: {}: TLS failed ({}); closing (said once until a "
+            "handshake succeeds)",
+            peer_, tls_->error());
+      }
+      server_->tls_failing_ = true;
+    }
+    Close();  // kClosed (close_notify) or kError.
+    return;
+  }
+  if (state_ == State::kReading) FlushTlsOutput();
+}
+
+void Server::Connection::FlushTlsOutput() {
+  if (!tls_->HasOutput()) return;
+  auto* w = new TlsWrite;
+  tls_->TakeOutput(&w->data);
+  w->req.data = this;
+  uv_buf_t buf =
+      uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
+  int rc = uv_write(&w->req, stream(), &buf, 1, &Connection::OnTlsWrite);
+  if (rc != 0) {
+    delete w;
+    spdlog::debug("HTTP: {}: write failed: {}", peer_, UvError(rc));
+    Close();
+  }
+}
+
+void Server::Connection::OnTlsWrite(uv_write_t* req, int status) {
+  auto* w = reinterpret_cast<TlsWrite*>(req);
+  auto* c = static_cast<Connection*>(req->data);
+  delete w;
+  if (status < 0 && c->state_ != State::kClosing) c->Close();
 }
 
 void Server::Connection::Feed(const char* data, size_t length) {
@@ -467,7 +546,26 @@ void Server::Connection::HandleRequest() {
   const Handler* handler = nullptr;
   int route_status = RouteCheck(target, &handler);
   Response response;
-  if (route_status == 404) {
+  if (options().basic_auth && !options().basic_auth->Check(authorization_)) {
+    // Every path, as exporter-toolkit does: a 404 would tell what exists.
+    if (!server_->auth_failing_) {
+      spdlog::warn(
+          "HTTP: {}: missing or wrong credentials; answering 401 "
+          "(said once until a request passes)",
+          peer_);
+    }
+    server_->auth_failing_ = true;
+    route_status = 401;
+    response.status = 401;
+    response.body = "401 Unauthorized\n";
+    response.headers.emplace_back("WWW-Authenticate",
+                                  "Basic realm=\"tokenmeterd\"");
+  } else if (options().basic_auth) {
+    server_->auth_failing_ = false;
+  }
+  if (route_status == 401) {
+    // Answered above.
+  } else if (route_status == 404) {
     response.status = 404;
     response.body = "404 page not found\n";
   } else if (route_status == 405) {
@@ -560,6 +658,21 @@ void Server::Connection::Respond(Response& response, bool head,
     out_body_ = std::move(response.body);
   }
   close_after_write_ = close_after;
+  if (tls_) {
+    // One ciphertext buffer: whatever the session still had to send, then
+    // the response's records (and close_notify when closing).
+    std::string cipher;
+    tls_->TakeOutput(&cipher);
+    if (!tls_->Write(out_head_) || !tls_->Write(out_body_)) {
+      spdlog::debug("HTTP: {}: TLS write failed: {}", peer_, tls_->error());
+      Close();
+      return;
+    }
+    if (close_after) tls_->Shutdown();
+    tls_->TakeOutput(&cipher);
+    out_head_.swap(cipher);
+    out_body_.clear();
+  }
 
   // No reading while the response is out: a client that pipelines without
   // reading answers cannot make the server buffer without bound.
@@ -582,6 +695,7 @@ void Server::Connection::OnWrite(uv_write_t* req, int status) {
   auto* c = static_cast<Connection*>(req->data);
   if (c->state_ == State::kClosing) return;  // Cancelled by Close().
   std::string().swap(c->out_body_);  // Large bodies are not kept around.
+  if (c->tls_) std::string().swap(c->out_head_);  // The ciphertext.
   if (status < 0) {
     spdlog::debug("HTTP: {}: write failed: {}", c->peer_, UvError(status));
     c->Close();
@@ -603,6 +717,10 @@ void Server::Connection::AfterResponse() {
     pending.swap(pending_);
     Feed(pending.data(), pending.size());
     if (state_ != State::kReading) return;  // Answering the next request.
+  }
+  if (tls_) {
+    PumpTls();  // Records that arrived with the previous request.
+    if (state_ != State::kReading) return;
   }
   // OnMessageBegin armed the header timer if part of a request is here.
   if (!message_in_progress_) {
@@ -679,6 +797,7 @@ void Server::Connection::ResetRequest() {
   header_field_.clear();
   accept_.clear();
   accept_encoding_.clear();
+  authorization_.clear();
   capture_ = Capture::kNone;
   header_bytes_ = 0;
   body_bytes_ = 0;
@@ -734,6 +853,11 @@ int Server::Connection::OnHeaderFieldComplete(llhttp_t* parser) {
   } else if (EqualsIgnoreCase(c->header_field_, "accept-encoding")) {
     c->capture_ = Capture::kAcceptEncoding;
     target = &c->accept_encoding_;
+  } else if (EqualsIgnoreCase(c->header_field_, "authorization")) {
+    // Only the first: "user:pass, user2:pass2" is no credential.
+    c->capture_ =
+        c->authorization_.empty() ? Capture::kAuthorization : Capture::kNone;
+    if (c->capture_ == Capture::kNone) c->authorization_ = "invalid";
   } else {
     c->capture_ = Capture::kNone;
     if (EqualsIgnoreCase(c->header_field_, "host")) ++c->host_headers_;
@@ -752,6 +876,8 @@ int Server::Connection::OnHeaderValue(llhttp_t* parser, const char* at,
     c->accept_.append(at, length);
   } else if (c->capture_ == Capture::kAcceptEncoding) {
     c->accept_encoding_.append(at, length);
+  } else if (c->capture_ == Capture::kAuthorization) {
+    c->authorization_.append(at, length);
   }
   return 0;
 }

@@ -55,6 +55,9 @@
 
 namespace tokenmeter::daemon::http {
 
+class BasicAuth;
+class TlsContext;
+
 // A parsed request, as a handler sees it. Views are valid for the duration
 // of the handler call only.
 struct Request {
@@ -95,6 +98,13 @@ struct ServerOptions {
   // Largest request body read (and ignored); larger bodies get 413 and
   // close. 0: any body is refused (a chunked request's empty body is fine).
   size_t max_body_bytes = 0;
+  // --web-config (web_config.h). With `tls`, every connection speaks TLS
+  // (a failed handshake is logged, counted as a protocol error and closes
+  // that connection); null costs plain HTTP nothing. With `basic_auth`,
+  // every request, whatever its path, needs valid credentials: others get
+  // 401 with "WWW-Authenticate: Basic" (the connection stays open).
+  std::shared_ptr<const TlsContext> tls;
+  std::shared_ptr<BasicAuth> basic_auth;
 };
 
 class Server {
@@ -160,7 +170,7 @@ class Server {
   // kNumCountedStatuses, every other code in slot kNumCountedStatuses
   // ("other"). Counted when the response is handed to the socket, so a
   // handler reading these does not see its own response. Any thread.
-  static constexpr int kCountedStatuses[] = {200, 400, 403, 404, 405,
+  static constexpr int kCountedStatuses[] = {200, 400, 401, 403, 404, 405,
                                              408, 413, 431, 500, 503};
   static constexpr size_t kNumCountedStatuses = std::size(kCountedStatuses);
   uint64_t responses(size_t slot) const {
@@ -211,6 +221,9 @@ class Server {
   bool rejecting_ = false;
   // Likewise for failed accepts (EMFILE and the like).
   bool accept_failing_ = false;
+  // Likewise for refused credentials (401) and failed TLS handshakes.
+  bool auth_failing_ = false;
+  bool tls_failing_ = false;
   // A descriptor held in reserve (/dev/null): out of descriptors, it is
   // closed to accept and close a waiting connection, then reopened; -1
   // while it cannot be reopened.

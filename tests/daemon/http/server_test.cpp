@@ -27,7 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/http/basic_auth.h"
+#include "daemon/http/tls.h"
+#include "test_certs.h"
 #include "testutil/poll.h"
+#include "testutil/temp_dir.h"
 
 namespace tokenmeter::daemon::http {
 namespace {
@@ -787,6 +791,97 @@ TEST_F(HttpServerTest, OutOfFileDescriptorsShedsThenRecovers) {
     EXPECT_EQ(r.body, kMetricsBody);
   }
   EXPECT_EQ(server_->connections_rejected(), 3u);
+}
+
+// --web-config's TLS: requests and keep-alive over TLS, verified against
+// the certificate; a plain-HTTP client on the TLS port is closed and
+// counted, and the server goes on serving TLS clients.
+TEST_F(HttpServerTest, ServesOverTlsAndRefusesPlainHttp) {
+  testutil::TempDir dir;
+  ASSERT_TRUE(
+      testutil::WriteSelfSignedCert(dir.File("c.pem"), dir.File("k.pem")));
+  ServerOptions options;
+  Status s =
+      TlsContext::Create(dir.File("c.pem"), dir.File("k.pem"), &options.tls);
+  ASSERT_TRUE(s.ok()) << s.message();
+  Start(options);
+
+  Client socket;
+  ASSERT_TRUE(socket.Connect(port_));
+  testutil::TlsClient tls;
+  ASSERT_TRUE(tls.Handshake(socket.fd(), dir.File("c.pem")));
+  std::string response;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(tls.Send(Get("/metrics")));
+    ASSERT_TRUE(tls.ReadResponse(&response));
+    EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
+    EXPECT_EQ(response.substr(response.size() - kMetricsBody.size()),
+              kMetricsBody);
+  }
+  // Two pipelined requests in one TLS write, then a large body.
+  ASSERT_TRUE(tls.Send(Get("/a") + Get("/b", "Connection: close\r\n")));
+  response = tls.ReadAll();
+  EXPECT_NE(response.find("\r\n\r\nA"), std::string::npos) << response;
+  EXPECT_NE(response.find("\r\n\r\nBB"), std::string::npos) << response;
+
+  Client big_socket;
+  ASSERT_TRUE(big_socket.Connect(port_));
+  testutil::TlsClient big;
+  ASSERT_TRUE(big.Handshake(big_socket.fd(), dir.File("c.pem")));
+  ASSERT_TRUE(big.Send(Get("/huge", "Connection: close\r\n")));
+  response = big.ReadAll();
+  EXPECT_EQ(response.size() - response.find("\r\n\r\n") - 4, 8u << 20);
+
+  const uint64_t errors = server_->protocol_errors();
+  Client plain;
+  ASSERT_TRUE(plain.Connect(port_));
+  ASSERT_TRUE(plain.Send(Get("/metrics")));
+  std::string got;
+  EXPECT_TRUE(plain.ReadUntilClosed(&got));
+  EXPECT_EQ(got.find("tokenmeter_up"), std::string::npos);
+  EXPECT_TRUE(
+      PollUntil([&] { return server_->protocol_errors() == errors + 1; }));
+  EXPECT_EQ(server_->responses(Server::ResponseSlot(200)), 5u);
+}
+
+// --web-config's basic_auth_users: every path needs the credentials (a
+// wrong path gets 401, not 404); 401 carries WWW-Authenticate: Basic and
+// keeps the connection open; the right ones are served.
+TEST_F(HttpServerTest, BasicAuthGuardsEveryPath) {
+  ServerOptions options;
+  std::unique_ptr<BasicAuth> auth;
+  ASSERT_TRUE(
+      BasicAuth::Create({{"prom", testutil::BcryptHash("pw")}}, &auth).ok());
+  options.basic_auth = std::move(auth);
+  Start(options);
+  const std::string good = "Authorization: Basic cHJvbTpwdw==\r\n";   // prom:pw
+  const std::string wrong = "Authorization: Basic cHJvbTpQVw==\r\n";  // prom:PW
+  for (const std::string& request :
+       {Get("/metrics"), Get("/nope"), Get("/metrics", wrong),
+        Get("/metrics", "Authorization: Bearer cHJvbTpwdw==\r\n"),
+        Get("/metrics", good + "Authorization: Basic eDp5\r\n"),
+        std::string("HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n")}) {
+    Client::Response r = Fetch(request, /*head=*/request.rfind("HEAD", 0) == 0);
+    EXPECT_EQ(r.status, 401) << request;
+    EXPECT_EQ(r.Header("www-authenticate"), "Basic realm=\"tokenmeterd\"")
+        << request;
+  }
+  EXPECT_EQ(server_->responses(Server::ResponseSlot(401)), 6u);
+  EXPECT_EQ(server_->responses(Server::ResponseSlot(404)), 0u);
+
+  Client client;
+  ASSERT_TRUE(client.Connect(port_));
+  Client::Response r;
+  ASSERT_TRUE(client.Send(Get("/metrics")));
+  ASSERT_TRUE(client.Read(&r));
+  EXPECT_EQ(r.status, 401);
+  ASSERT_TRUE(client.Send(Get("/metrics", good)));  // same connection
+  ASSERT_TRUE(client.Read(&r));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, kMetricsBody);
+  ASSERT_TRUE(client.Send(Get("/nope", good)));
+  ASSERT_TRUE(client.Read(&r));
+  EXPECT_EQ(r.status, 404);
 }
 
 TEST_F(HttpServerTest, GzipRoundTrip) {
