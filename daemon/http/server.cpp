@@ -199,7 +199,7 @@ bool ParsePort(std::string_view text, uint16_t* port) {
 // running out of file descriptors is seen, counted and logged here; libuv
 // would shed those connections silently.
 struct Server::Listener {
-  uv_poll_t poll;
+  uv_poll_t poll{};
   int fd = -1;  // Owned; closed in the poll handle's close callback.
   Server* server = nullptr;
 };
@@ -328,7 +328,7 @@ namespace {
 // Ciphertext sent outside a response (handshake, session tickets); freed in
 // its callback, which libuv runs before the handle's close callback.
 struct TlsWrite {
-  uv_write_t req;
+  uv_write_t req{};
   std::string data;
 };
 
@@ -930,7 +930,7 @@ int Server::Connection::OnMessageComplete(llhttp_t* parser) {
 
 Server::Server(uv_loop_t* loop, ServerOptions options)
     : loop_(loop),
-      options_(options),
+      options_(std::move(options)),
       read_buffer_(std::make_unique<char[]>(kReadBufferBytes)) {}
 
 Server::~Server() {

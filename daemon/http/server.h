@@ -229,7 +229,7 @@ class Server {
   // while it cannot be reopened.
   int spare_fd_ = -1;
   // Restarts the listeners after they paused for lack of descriptors.
-  uv_timer_t retry_timer_;
+  uv_timer_t retry_timer_{};
   bool retry_timer_started_ = false;
   // One read buffer shared by every connection: libuv calls read_cb right
   // after alloc_cb, and unparsed bytes are copied out before returning.

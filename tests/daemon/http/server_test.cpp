@@ -732,7 +732,7 @@ class FdExhaustion {
   FdExhaustion() {
     getrlimit(RLIMIT_NOFILE, &saved_);
     rlimit low = saved_;
-    low.rlim_cur = static_cast<rlim_t>(HighestOpenFd() + 32);
+    low.rlim_cur = static_cast<rlim_t>(HighestOpenFd()) + 32;
     ok_ = setrlimit(RLIMIT_NOFILE, &low) == 0;
     while (ok_) {
       int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
