@@ -456,6 +456,16 @@ void Server::Connection::PumpTls() {
             peer_, tls_->error());
       }
       server_->tls_failing_ = true;
+      if (tls_->peer_sent_plain_http()) {
+        // As Go's servers do: say so in plain text, so that curl http://
+        // shows why instead of an empty reply.
+        tls_.reset();
+        Response response;
+        response.status = 400;
+        response.body = "Client sent an HTTP request to an HTTPS server.\n";
+        Respond(response, /*head=*/false, /*close_after=*/true);
+        return;
+      }
     }
     Close();  // kClosed (close_notify) or kError.
     return;

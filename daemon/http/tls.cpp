@@ -111,6 +111,7 @@ TlsSession::ReadResult TlsSession::Read(char* buffer, size_t capacity,
     case SSL_ERROR_ZERO_RETURN:
       return ReadResult::kClosed;
     default:
+      plain_http_ = ERR_GET_REASON(ERR_peek_error()) == SSL_R_HTTP_REQUEST;
       error_ = TakeOpenSslErrors();
       return ReadResult::kError;
   }

@@ -75,10 +75,13 @@ class TlsSession {
 
   // Why the last call failed (OpenSSL's reason), for the log.
   const std::string& error() const { return error_; }
+  // After kError: the peer's first bytes were a plain HTTP request.
+  bool peer_sent_plain_http() const { return plain_http_; }
 
  private:
   SSL* ssl_;
   std::string error_;
+  bool plain_http_ = false;
 };
 
 }  // namespace tokenmeter::daemon::http

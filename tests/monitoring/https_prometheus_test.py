@@ -293,7 +293,7 @@ class HttpsScrape(WebConfigBase):
         self.assertEqual(self.https_get("/healthz", f"{USER}:{PASSWORD}")[0],
                          200)
 
-    def test_plain_http_gets_no_answer(self):
+    def test_plain_http_gets_400_and_no_metrics(self):
         with socket.create_connection(("127.0.0.1", self.daemon.port),
                                       timeout=10) as s:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -307,6 +307,8 @@ class HttpsScrape(WebConfigBase):
             except ConnectionResetError:
                 pass
         self.assertNotIn(b"tokenmeter_", got)
+        self.assertTrue(got.startswith(b"HTTP/1.1 400 "), got)
+        self.assertIn(b"HTTP request to an HTTPS server", got)
 
 
 if __name__ == "__main__":

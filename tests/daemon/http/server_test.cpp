@@ -836,11 +836,23 @@ TEST_F(HttpServerTest, ServesOverTlsAndRefusesPlainHttp) {
   Client plain;
   ASSERT_TRUE(plain.Connect(port_));
   ASSERT_TRUE(plain.Send(Get("/metrics")));
+  Client::Response r;
+  ASSERT_TRUE(plain.Read(&r));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body, "Client sent an HTTP request to an HTTPS server.\n");
+  EXPECT_EQ(r.Header("connection"), "close");
+  EXPECT_TRUE(plain.ReadUntilClosed());
+  EXPECT_EQ(server_->protocol_errors(), errors + 1);
+  EXPECT_EQ(server_->responses(Server::ResponseSlot(400)), 1u);
+  // Other garbage (not a TLS ClientHello) is closed without an answer.
+  Client garbage;
+  ASSERT_TRUE(garbage.Connect(port_));
+  ASSERT_TRUE(garbage.Send(std::string(64, '\x16')));
   std::string got;
-  EXPECT_TRUE(plain.ReadUntilClosed(&got));
-  EXPECT_EQ(got.find("tokenmeter_up"), std::string::npos);
+  EXPECT_TRUE(garbage.ReadUntilClosed(&got));
+  EXPECT_EQ(got, "");
   EXPECT_TRUE(
-      PollUntil([&] { return server_->protocol_errors() == errors + 1; }));
+      PollUntil([&] { return server_->protocol_errors() == errors + 2; }));
   EXPECT_EQ(server_->responses(Server::ResponseSlot(200)), 5u);
 }
 
