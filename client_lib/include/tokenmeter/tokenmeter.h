@@ -187,12 +187,14 @@ TM_API int tm_client_new(const tm_options* opts, tm_client** out);
  * An event call that overlaps the close either is sent like any event
  * before it (counted as sent, or as dropped if the close timeout runs out)
  * or returns TM_E_CLOSED; never both, never neither. A tm_client_flush()
- * overlapping it returns early (TM_E_TIMEOUT or TM_E_CLOSED). The close
- * waits for event calls already inside the client to leave it (each is a
- * few stores) and for attaches and stats calls in progress, then makes
- * every thread of the process pass a memory barrier once (membarrier(2),
- * microseconds; it is what keeps the event calls free of fences). Any
- * thread. */
+ * overlapping it returns once the close has sent what it could (TM_OK,
+ * TM_E_TIMEOUT or TM_E_DISCONNECTED), or at once with TM_E_CLOSED. Cost
+ * beyond the sending: the close makes every thread of the process pass a
+ * memory barrier once (membarrier(2), microseconds; it is what keeps the
+ * event calls free of fences), then waits (yielding) for the event calls
+ * and attaches already inside the client to leave it (each is a few
+ * stores; an attach may allocate its buffer), and before freeing, for the
+ * flush and stats calls in progress. Any thread. */
 TM_API int tm_client_close(tm_client* client, uint64_t* stats_out,
                            size_t n_stats);
 
