@@ -1190,12 +1190,14 @@ void Server::AcceptPending(Listener* listener) {
       return;
     }
     // Other errors (ENOBUFS, ENOMEM, a network error of the new
-    // connection) concern that connection; say so once per burst.
+    // connection): say so once per burst, and give the system a moment
+    // rather than being woken again at once for the same connection.
     if (!accept_failing_) {
       spdlog::warn("HTTP: accept failed: {}",
                    UvError(uv_translate_sys_error(errno)));
     }
     accept_failing_ = true;
+    PauseListeners();
     return;
   }
 }
@@ -1206,6 +1208,7 @@ void Server::ShedWithoutFds(Listener* listener, int err) {
   // of hanging in the backlog, and the listener is not woken again and
   // again for it.
   uint64_t shed = 0;
+  bool exhausted = true;  // Until an accept tells otherwise.
   for (int i = 0; i < kAcceptsPerWakeup && spare_fd_ >= 0; ++i) {
     close(spare_fd_);
     int fd = accept4(listener->fd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -1216,8 +1219,10 @@ void Server::ShedWithoutFds(Listener* listener, int err) {
     }
     spare_fd_ = OpenSpareFd();
     if (fd < 0 && accept_errno != EINTR && accept_errno != ECONNABORTED) {
+      exhausted = accept_errno == EMFILE || accept_errno == ENFILE;
       break;
     }
+    exhausted = false;
   }
   connections_rejected_.fetch_add(shed, std::memory_order_relaxed);
   if (!accept_failing_) {
@@ -1227,10 +1232,14 @@ void Server::ShedWithoutFds(Listener* listener, int err) {
         UvError(uv_translate_sys_error(err)));
   }
   accept_failing_ = true;
-  if (spare_fd_ >= 0) return;
-  // No spare to give back (the process or the system is at its limit):
-  // the pending connection cannot be taken, so stop watching the listeners
-  // for a while instead of spinning on them.
+  // No spare to give back, or giving it back did not help (another
+  // listener took it, or it lies above a lowered limit): the pending
+  // connection cannot be taken, so stop watching the listeners for a while
+  // instead of spinning on them.
+  if (spare_fd_ < 0 || exhausted) PauseListeners();
+}
+
+void Server::PauseListeners() {
   for (Listener* l : listeners_) uv_poll_stop(&l->poll);
   uv_timer_start(&retry_timer_, &Server::OnRetryTimer, kFdRetryMs, 0);
 }

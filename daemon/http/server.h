@@ -197,6 +197,8 @@ class Server {
   void CloseListener(Listener* listener);
   void AcceptPending(Listener* listener);
   void ShedWithoutFds(Listener* listener, int err);
+  // Stops polling every listener for kFdRetryMs.
+  void PauseListeners();
   void Accept(int fd);
   void Reject(int fd);
   void OnConnectionClosed(Connection* connection);
