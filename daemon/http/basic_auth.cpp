@@ -77,7 +77,11 @@ bool BasicAuth::IsBcryptHash(const std::string& hash) {
        hash.compare(0, 4, "$2y$") != 0)) {
     return false;
   }
-  // crypt_r accepts the setting (cost, salt) only if it is well formed.
+  // libxcrypt's own check of the setting (cost, salt). It also keeps
+  // libcrypt linked under ASan, whose crypt_r interceptor would otherwise
+  // satisfy the linker and leave the real crypt_r unloaded.
+  if (crypt_checksalt(hash.c_str()) != CRYPT_SALT_OK) return false;
+  // crypt_r accepts the setting only if it is well formed.
   auto data = std::make_unique<crypt_data>();
   const char* r = crypt_r("", hash.c_str(), data.get());
   return r != nullptr && r[0] == '$' && std::strlen(r) == hash.size();
