@@ -103,8 +103,8 @@ const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
      "HTTP responses sent, by status code."},
     {kHttpConnectionsRejected, "tokenmeter_http_connections_rejected", kCounter,
      "",
-     "HTTP connections closed unanswered because --max-http-connections "
-     "were open."},
+     "HTTP connections closed unanswered: --max-http-connections were "
+     "open, or the daemon was out of file descriptors."},
     {kProcessCpuSeconds, "process_cpu_seconds", kCounter, "",
      "Total user and system CPU time spent in seconds."},
     {kProcessResidentMemory, "process_resident_memory_bytes", kGauge, "",

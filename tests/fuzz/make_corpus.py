@@ -119,11 +119,12 @@ HTTP = {
     + get(b"/throw") + get(b"/nope"),
     "http10": b"\x20" + b"GET /metrics HTTP/1.0\r\n\r\n",
     "close": b"\x21" + get(b"/metrics", b"Connection: close"),
-    "post": b"\x22" + b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
-    "chunked": b"\x23" + b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: "
-    b"chunked\r\n\r\n0\r\n\r\n",
-    "folded": b"\x24" + b"GET /metrics HTTP/1.1\r\nAccept: text/plain;\r\n"
-    b" version=0.0.4\r\nAccept: */*\r\n\r\n",
+    "post": b"\x22" + b"POST /metrics HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Length: 3\r\n\r\nabc",
+    "chunked": b"\x23" + b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "folded": b"\x24" + b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+    b"Accept: text/plain;\r\n version=0.0.4\r\nAccept: */*\r\n\r\n",
 }
 
 NEGOTIATION = {
