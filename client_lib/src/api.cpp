@@ -522,11 +522,15 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
       if (!(v >= 0.0 && v <= 1.0)) ok = false;
       std::memcpy(&slot_values[key], &v, sizeof v);
     } else {
-      if (!(v >= 0.0 && v <= 9007199254740992.0) || v != std::floor(v)) {
+      if (!(v >= 0.0 && v <= double(TM_MAX_EVENT_COUNT)) ||
+          v != std::floor(v)) {
         ok = false;
       }
       slot_values[key] = static_cast<uint64_t>(v);
     }
+  }
+  for (size_t i = 0; ok && i < n_pos; ++i) {
+    if (accepted_per_pos[i] > TM_MAX_EVENT_COUNT) ok = false;
   }
   if (!ok) {
     c->CountRejected();

@@ -145,9 +145,13 @@ TEST_F(EventValidationTest, RejectsFractionalIntegerStepValues) {
   EXPECT_EQ(Rejected(), uint64_t{TM_STEP_KEY_COUNT});
 }
 
-TEST_F(EventValidationTest, RejectsIntegerStepValuesAbove2To53) {
-  const double two53 = 9007199254740992.0;
-  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, two53 * 2), TM_E_INVALID);
+// The daemon skips a count above TM_MAX_EVENT_COUNT as a bad event (it
+// would wrap its counters); the client refuses it first, and counts it.
+TEST_F(EventValidationTest, RejectsStepCountsAboveTheEventMaximum) {
+  const double max = double(TM_MAX_EVENT_COUNT);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, max + 1), TM_E_INVALID);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_PREFIX_QUERIES, 9007199254740992.0),
+            TM_E_INVALID);
   EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, 1e300), TM_E_INVALID);
   EXPECT_EQ(
       StepOne(TM_STEP_KEY_WAITING, std::numeric_limits<double>::infinity()),
@@ -155,9 +159,14 @@ TEST_F(EventValidationTest, RejectsIntegerStepValuesAbove2To53) {
   EXPECT_EQ(
       StepOne(TM_STEP_KEY_WAITING, std::numeric_limits<double>::quiet_NaN()),
       TM_E_INVALID);
-  EXPECT_EQ(Rejected(), 4u);
-  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, two53), TM_OK);
-  EXPECT_EQ(Rejected(), 4u);
+  const uint64_t too_many[] = {1, uint64_t{TM_MAX_EVENT_COUNT} + 1};
+  EXPECT_EQ(tm_step(client_, 1, nullptr, nullptr, 0, too_many, 2),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 6u);
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING, max), TM_OK);
+  const uint64_t most[] = {1, TM_MAX_EVENT_COUNT};
+  EXPECT_EQ(tm_step(client_, 1, nullptr, nullptr, 0, most, 2), TM_OK);
+  EXPECT_EQ(Rejected(), 6u);
 }
 
 TEST_F(EventValidationTest, RejectsTooManySpecPositions) {

@@ -354,6 +354,10 @@ class ArgumentChecks(unittest.TestCase):
              lambda: c.step(waiting=2.5)),
             (ValueError, r"at most 64",
              lambda: c.step(spec_accepted_per_pos=[1] * 65)),
+            (ValueError, r"prefix_queries = 4294967296 is outside",
+             lambda: c.step(prefix_queries=2**32)),
+            (ValueError, r"entries must be ints 0 \.\. 2\*\*32-1",
+             lambda: c.step(spec_accepted_per_pos=[1, 2**32])),
             (TypeError, r"unexpected keyword", lambda: c.step(foo=1)),
         ]
         for exc, pattern, call in cases:

@@ -345,11 +345,13 @@ typedef enum tm_step_key {
 #define TM_MAX_SPEC_POSITIONS 64u
 
 /* One scheduler iteration. keys[i] has value values[i] (i < n_keys); each
- * key at most once. Integer keys take whole values in 0 .. 2^53; kv_usage a
- * value in 0..1. `accepted_per_pos` (may be NULL when n_pos is 0) holds the
- * accepted tokens per draft position, at most TM_MAX_SPEC_POSITIONS; it is
+ * key at most once. Integer keys take whole values in 0 ..
+ * TM_MAX_EVENT_COUNT (2^32 - 1, protocol.h: the daemon skips larger ones as
+ * bad events); kv_usage a value in 0..1. `accepted_per_pos` (may be NULL
+ * when n_pos is 0) holds the accepted tokens per draft position, at most
+ * TM_MAX_SPEC_POSITIONS entries of at most TM_MAX_EVENT_COUNT each; it is
  * sent as spec_accepted_per_pos only when n_pos > 0. Anything else is
- * rejected. */
+ * rejected (TM_E_INVALID, counted as rejected, nothing sent). */
 TM_API int tm_step(tm_client* client, uint64_t t_ns, const tm_step_key* keys,
                    const double* values, size_t n_keys,
                    const uint64_t* accepted_per_pos, size_t n_pos);

@@ -29,7 +29,7 @@ MAX_SPEC_POSITIONS = 64  # TM_MAX_SPEC_POSITIONS
 _MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
-_STEP_INT_MAX = 1 << 53
+_STEP_INT_MAX = _U32  # TM_MAX_EVENT_COUNT: one event's counts fit 32 bits
 
 assert array("Q").itemsize == 8 and array("I").itemsize == 4
 
@@ -609,8 +609,8 @@ class Client:
              prefix_hits=None, spec_drafts=None, spec_draft_tokens=None,
              spec_accepted_tokens=None, spec_accepted_per_pos=None, t_ns=0):
         """One scheduler iteration (STEP). Every figure is optional; None
-        leaves it out. Counts are ints 0 .. 2**53; kv_usage a fraction
-        0 .. 1; spec_accepted_per_pos at most 64 ints."""
+        leaves it out. Counts are ints 0 .. 2**32-1; kv_usage a fraction
+        0 .. 1; spec_accepted_per_pos at most 64 ints 0 .. 2**32-1."""
         given = (running, waiting, kv_usage, prompt_tokens, generation_tokens,
                  prefix_queries, prefix_hits, spec_drafts, spec_draft_tokens,
                  spec_accepted_tokens)
@@ -639,6 +639,9 @@ class Client:
             if len(pos) > MAX_SPEC_POSITIONS:
                 raise ValueError(f"spec_accepted_per_pos has {len(pos)} "
                                  f"entries; at most {MAX_SPEC_POSITIONS}")
+            if any(p > _STEP_INT_MAX for p in pos):
+                raise ValueError("spec_accepted_per_pos entries must be "
+                                 "ints 0 .. 2**32-1")
         t_ns = _t(t_ns)
         k_addr, n_keys = keys.buffer_info()
         v_addr = values.buffer_info()[0]
