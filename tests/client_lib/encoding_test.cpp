@@ -231,7 +231,7 @@ TEST_F(EventLayoutTest, SendsStepWithEveryKey) {
       TM_STEP_KEY_SPEC_DRAFTS,
       TM_STEP_KEY_SPEC_DRAFT_TOKENS,
   };
-  const double values[] = {10, 1, 2, 0.25, 4, 5, 6, 7, 8, 9007199254740992.0};
+  const double values[] = {10, 1, 2, 0.25, 4, 5, 6, 7, 8, 4294967295.0};
   uint64_t positions[TM_MAX_SPEC_POSITIONS];
   for (size_t i = 0; i < TM_MAX_SPEC_POSITIONS; ++i) positions[i] = i * 1000;
   ASSERT_EQ(
@@ -264,7 +264,7 @@ TEST_F(EventLayoutTest, SendsStepWithEveryKey) {
   EXPECT_EQ(s.Find("prefix_queries")->uint, 6u);
   EXPECT_EQ(s.Find("prefix_hits")->uint, 7u);
   EXPECT_EQ(s.Find("spec_drafts")->uint, 8u);
-  EXPECT_EQ(s.Find("spec_draft_tokens")->uint, uint64_t{1} << 53);
+  EXPECT_EQ(s.Find("spec_draft_tokens")->uint, TM_MAX_EVENT_COUNT);
   EXPECT_EQ(s.Find("spec_accepted_tokens")->uint, 10u);
   const Value* pos = s.Find("spec_accepted_per_pos");
   ASSERT_TRUE(pos != nullptr && pos->IsArray());
