@@ -27,8 +27,9 @@ class IngestStats : public Collector {
   static constexpr size_t kMaxClientsPerIdentity = 256;
 
   // Registers itself with `registry` for the tokenmeter_ingest_* and
-  // client-drop families. At most `max_identities` drop identities are
-  // kept (the registry's series cap); reports for further ones are ignored.
+  // client-drop families (until destroyed). At most as many drop
+  // identities as the registry's series cap (--max-engine-series) are kept;
+  // reports for further ones are ignored.
   explicit IngestStats(Registry& registry);
   IngestStats(const IngestStats&) = delete;
   IngestStats& operator=(const IngestStats&) = delete;
