@@ -195,15 +195,8 @@ class HttpsScrape(WebConfigBase):
                     "scrape_configs": jobs}
             with open(os.path.join(pdir, "prometheus.yml"), "w") as f:
                 json.dump(conf, f)  # JSON is YAML
-            cls.prom_log = os.path.join(pdir, "prometheus.log")
-            with open(cls.prom_log, "wb") as log:
-                cls.prom = subprocess.Popen(
-                    [PROMETHEUS,
-                     "--config.file=" + os.path.join(pdir, "prometheus.yml"),
-                     "--storage.tsdb.path=" + os.path.join(pdir, "data"),
-                     f"--web.listen-address=127.0.0.1:{cls.prom_port}",
-                     "--log.level=warn"],
-                    stdout=subprocess.DEVNULL, stderr=log, cwd=pdir)
+            cls.prom, cls.prom_log = tu.start_prometheus(
+                PROMETHEUS, pdir, cls.prom_port)
             if cls.wait_ready():
                 return
             cls.prom.kill()

@@ -196,15 +196,8 @@ class Env:
             for name in os.listdir(DOCS_PROM):
                 if name.endswith((".rules.yml", ".alerts.yml")):
                     shutil.copy(os.path.join(DOCS_PROM, name), pdir)
-            self.prom_log = os.path.join(pdir, "prometheus.log")
-            with open(self.prom_log, "wb") as log:
-                self.prom = subprocess.Popen(
-                    [PROMETHEUS,
-                     "--config.file=" + os.path.join(pdir, "prometheus.yml"),
-                     "--storage.tsdb.path=" + os.path.join(pdir, "data"),
-                     f"--web.listen-address=127.0.0.1:{self.prom_port}",
-                     "--log.level=warn"],
-                    stdout=subprocess.DEVNULL, stderr=log, cwd=pdir)
+            self.prom, self.prom_log = tu.start_prometheus(
+                PROMETHEUS, pdir, self.prom_port)
             if self.wait_prometheus_ready():
                 return
             self.prom.kill()
