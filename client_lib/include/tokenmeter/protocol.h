@@ -39,6 +39,12 @@
 #define TM_MAX_STRING_BYTES 256u
 #define TM_MAX_RID_BYTES 128u
 #define TM_MAX_HELLO_LABELS 8u
+/* 1.1: HELLO cache_config entries; ARRIVED params lora bytes, labels
+ * entries and label value bytes. */
+#define TM_MAX_CACHE_CONFIG 32u
+#define TM_MAX_LORA_BYTES 128u
+#define TM_MAX_REQUEST_LABELS 4u
+#define TM_MAX_REQUEST_LABEL_VALUE_BYTES 128u
 
 /* The largest count one event may carry (TOKENS n, ARRIVED prompt_tokens
  * and params, every STEP count and spec_accepted_per_pos entry): no engine
@@ -58,10 +64,19 @@
 #define TM_HELLO_SCOPE "scope"
 #define TM_HELLO_LABELS "labels"
 #define TM_HELLO_PID "pid"
+/* 1.1 HELLO keys (protocol-v1.md "Additions in 1.1"). */
+#define TM_HELLO_PROFILE "profile"           /* "vllm", "sglang", "lmdeploy" */
+#define TM_HELLO_CACHE_CONFIG "cache_config" /* map str -> str/int/float/bool */
+#define TM_HELLO_MAX_LORA "max_lora"         /* int */
+#define TM_PROFILE_VLLM "vllm"
+#define TM_PROFILE_SGLANG "sglang"
+#define TM_PROFILE_LMDEPLOY "lmdeploy"
 
 /* ARRIVED params keys. */
 #define TM_PARAM_MAX_TOKENS "max_tokens"
 #define TM_PARAM_N "n"
+#define TM_PARAM_LORA "lora"     /* 1.1: str, 1..TM_MAX_LORA_BYTES */
+#define TM_PARAM_LABELS "labels" /* 1.1: map str -> str, per-request labels */
 
 /* FINISHED reasons. */
 #define TM_REASON_STOP "stop"
