@@ -101,10 +101,12 @@
  * Label names the daemon sets itself on some series; a HELLO label may not
  * use them, nor any name starting with TM_RESERVED_LABEL_PREFIX. */
 #define TM_RESERVED_LABEL_PREFIX "__"
-#define TM_RESERVED_LABEL_NAMES                                           \
-  "model_name", "engine", "engine_family", "finished_reason", "position", \
-      "le", "quantile", "interval", "reason", "kind"
-#define TM_NUM_RESERVED_LABELS 10
+#define TM_RESERVED_LABEL_NAMES                                            \
+  "model_name", "engine", "engine_family", "finished_reason", "position",  \
+      "le", "quantile", "interval", "reason", "kind", /* 1.1: */ "max_lora", \
+      "running_lora_adapters", "waiting_lora_adapters", "cache_source",    \
+      "layer", "expert"
+#define TM_NUM_RESERVED_LABELS 16
 
 /* 1 when s[0, len) is well-formed UTF-8 (no overlong forms, no surrogates,
  * nothing above U+10FFFF), else 0. Every HELLO string must be. O(len). */
