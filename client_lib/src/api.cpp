@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "client.h"
 #include "clock.h"
@@ -29,6 +31,22 @@ bool ValidString(const char* s) {
 
 bool ValidName(std::string_view s, bool allow_dash) {
   return tm_proto_valid_name(s.data(), s.size(), allow_dash ? 1 : 0) != 0;
+}
+
+// A HELLO cache_config entry: the key follows the HELLO label rules and is
+// new, and there is room for it.
+int AddCacheConfig(tm_options* opts, const char* key,
+                   tokenmeter::client::CacheConfigValue value) {
+  if (opts == nullptr || key == nullptr) return TM_E_INVALID;
+  const std::string_view k(key);
+  if (!tm_proto_valid_label(key, k.size(), "", 0)) return TM_E_INVALID;
+  auto& entries = opts->meta.cache_config;
+  if (entries.size() >= TM_MAX_CACHE_CONFIG) return TM_E_INVALID;
+  for (const auto& [existing, v] : entries) {
+    if (existing == k) return TM_E_INVALID;
+  }
+  entries.emplace_back(std::string(k), std::move(value));
+  return TM_OK;
 }
 
 // ---- hot path ---------------------------------------------------------------
@@ -186,6 +204,45 @@ int tm_options_add_label(tm_options* opts, const char* name,
   return TM_OK;
 }
 
+int tm_options_set_profile(tm_options* opts, const char* profile) {
+  if (opts == nullptr || profile == nullptr) return TM_E_INVALID;
+  const std::string_view p(profile);
+  if (p != TM_PROFILE_VLLM && p != TM_PROFILE_SGLANG &&
+      p != TM_PROFILE_LMDEPLOY) {
+    return TM_E_INVALID;
+  }
+  opts->meta.profile = p;
+  return TM_OK;
+}
+
+int tm_options_add_cache_config_str(tm_options* opts, const char* key,
+                                    const char* value) {
+  if (!ValidString(value)) return TM_E_INVALID;
+  return AddCacheConfig(opts, key, std::string(value));
+}
+
+int tm_options_add_cache_config_int(tm_options* opts, const char* key,
+                                    int64_t value) {
+  return AddCacheConfig(opts, key, value);
+}
+
+int tm_options_add_cache_config_float(tm_options* opts, const char* key,
+                                      double value) {
+  if (!std::isfinite(value)) return TM_E_INVALID;
+  return AddCacheConfig(opts, key, value);
+}
+
+int tm_options_add_cache_config_bool(tm_options* opts, const char* key,
+                                     int value) {
+  return AddCacheConfig(opts, key, value != 0);
+}
+
+int tm_options_set_max_lora(tm_options* opts, int64_t max_lora) {
+  if (opts == nullptr || max_lora < 0) return TM_E_INVALID;
+  opts->meta.max_lora = max_lora;
+  return TM_OK;
+}
+
 int tm_options_set_buffer_capacity(tm_options* opts, size_t events) {
   if (opts == nullptr || events < 1024 || events > (size_t{16} << 20)) {
     return TM_E_INVALID;
@@ -254,27 +311,110 @@ int tm_client_stats(const tm_client* client, uint64_t* out, size_t n) {
 
 namespace {
 
+// tm_arrived_ex()'s lora and labels, checked, with their lengths and the
+// words they take in the record (ring.h).
+struct ArrivedExtras {
+  const char* lora = nullptr;
+  const tm_label* labels = nullptr;
+  uint32_t lora_len = 0;
+  uint32_t n_labels = 0;
+  uint32_t name_len[TM_MAX_REQUEST_LABELS] = {};
+  uint32_t value_len[TM_MAX_REQUEST_LABELS] = {};
+  uint32_t words = 0;  // 0: neither given; the record is tm_arrived()'s
+};
+
+// True when the 1.1 params follow tokenmeter.h's rules; fills *x. Bounded
+// work: every strnlen stops one byte past its limit.
+bool CheckExtras(const char* lora, const tm_label* labels, size_t n_labels,
+                 ArrivedExtras* x) {
+  if (n_labels > TM_MAX_REQUEST_LABELS || (labels == nullptr && n_labels != 0))
+    return false;
+  size_t bytes = 0;
+  if (lora != nullptr) {
+    const size_t len = strnlen(lora, TM_MAX_LORA_BYTES + 1);
+    if (len == 0 || len > TM_MAX_LORA_BYTES ||
+        tm_proto_valid_utf8(lora, len) == 0) {
+      return false;
+    }
+    x->lora_len = uint32_t(len);
+    bytes += len;
+  }
+  for (size_t i = 0; i < n_labels; ++i) {
+    const char* name = labels[i].name;
+    const char* value = labels[i].value;
+    if (name == nullptr || value == nullptr) return false;
+    const size_t nl = strnlen(name, TM_MAX_STRING_BYTES + 1);
+    const size_t vl = strnlen(value, TM_MAX_REQUEST_LABEL_VALUE_BYTES + 1);
+    if (vl > TM_MAX_REQUEST_LABEL_VALUE_BYTES ||
+        tm_proto_valid_label(name, nl, value, vl) == 0) {
+      return false;
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (x->name_len[j] == nl && std::memcmp(labels[j].name, name, nl) == 0)
+        return false;
+    }
+    x->name_len[i] = uint32_t(nl);
+    x->value_len[i] = uint32_t(vl);
+    bytes += nl + vl;
+  }
+  x->lora = lora;
+  x->labels = labels;
+  x->n_labels = uint32_t(n_labels);
+  if (lora != nullptr || n_labels != 0) {
+    x->words = 1 + x->n_labels + uint32_t((bytes + 7) / 8);
+  }
+  return true;
+}
+
+// Writes the x->words words of the 1.1 params at w.
+inline void WriteExtras(uint64_t* w, const ArrivedExtras& x) {
+  w[0] = tokenmeter::client::PackLengths(x.lora_len, x.n_labels);
+  for (uint32_t i = 0; i < x.n_labels; ++i) {
+    w[1 + i] = tokenmeter::client::PackLengths(x.name_len[i], x.value_len[i]);
+  }
+  w[x.words - 1] = 0;  // the padding after the bytes
+  char* p = reinterpret_cast<char*>(w + 1 + x.n_labels);
+  if (x.lora != nullptr) {
+    std::memcpy(p, x.lora, x.lora_len);
+    p += x.lora_len;
+  }
+  for (uint32_t i = 0; i < x.n_labels; ++i) {
+    std::memcpy(p, x.labels[i].name, x.name_len[i]);
+    p += x.name_len[i];
+    std::memcpy(p, x.labels[i].value, x.value_len[i]);
+    p += x.value_len[i];
+  }
+}
+
+// `x`: the checked 1.1 params, or nullptr for tm_arrived()'s record.
 inline int ArrivedInt(tm_client* c, uint64_t t_ns, uint64_t rid,
-                      uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
+                      uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n,
+                      const ArrivedExtras* x = nullptr) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
-  uint64_t* w = r->Reserve(4);
+  const uint32_t words = 4 + (x != nullptr ? x->words : 0);
+  uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
-  w[0] = MakeHeader(TM_EV_ARRIVED, 4, 0, prompt_tokens);
+  w[0] = MakeHeader(TM_EV_ARRIVED, words, 0, prompt_tokens);
   w[1] = t_ns != 0 ? t_ns : Now();
   w[2] = rid;
   w[3] = Params(max_tokens, n);
+  if (x != nullptr) WriteExtras(w + 4, *x);
   return Done(r);
 }
 
-inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
-                      size_t rid_len, uint32_t prompt_tokens,
-                      uint32_t max_tokens, uint32_t n) {
+// Inlined into every entry point, so that the nullptr of tm_arrived_str()
+// folds away (an outlined copy would take `x` on the stack).
+[[gnu::always_inline]] inline int ArrivedStr(tm_client* c, uint64_t t_ns,
+                                             const char* rid, size_t rid_len,
+                                             uint32_t prompt_tokens,
+                                             uint32_t max_tokens, uint32_t n,
+                                             const ArrivedExtras* x = nullptr) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
@@ -287,7 +427,7 @@ inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
   if (rc != TM_OK) [[unlikely]]
     return rc;
   const uint32_t rw = RidWords(rid_len);
-  const uint32_t words = 3 + rw;
+  const uint32_t words = 3 + rw + (x != nullptr ? x->words : 0);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
@@ -296,6 +436,7 @@ inline int ArrivedStr(tm_client* c, uint64_t t_ns, const char* rid,
   w[1 + rw] = 0;
   std::memcpy(w + 2, rid, rid_len);
   w[2 + rw] = Params(max_tokens, n);
+  if (x != nullptr) WriteExtras(w + 3 + rw, *x);
   return Done(r);
 }
 
@@ -309,6 +450,33 @@ int tm_arrived(tm_client* c, uint64_t t_ns, uint64_t rid,
 int tm_arrived_str(tm_client* c, uint64_t t_ns, const char* rid, size_t rid_len,
                    uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n) {
   return ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, max_tokens, n);
+}
+
+int tm_arrived_ex(tm_client* c, uint64_t t_ns, uint64_t rid,
+                  uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n,
+                  const char* lora, const tm_label* labels, size_t n_labels) {
+  if (c == nullptr) return TM_E_INVALID;
+  ArrivedExtras x;
+  if (!CheckExtras(lora, labels, n_labels, &x)) {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return ArrivedInt(c, t_ns, rid, prompt_tokens, max_tokens, n,
+                    x.words != 0 ? &x : nullptr);
+}
+
+int tm_arrived_ex_str(tm_client* c, uint64_t t_ns, const char* rid,
+                      size_t rid_len, uint32_t prompt_tokens,
+                      uint32_t max_tokens, uint32_t n, const char* lora,
+                      const tm_label* labels, size_t n_labels) {
+  if (c == nullptr) return TM_E_INVALID;
+  ArrivedExtras x;
+  if (!CheckExtras(lora, labels, n_labels, &x)) {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, max_tokens, n,
+                    x.words != 0 ? &x : nullptr);
 }
 
 int tm_arrived_packed(tm_client* c, uint64_t rid, uint64_t tokens) {

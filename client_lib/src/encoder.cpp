@@ -26,6 +26,13 @@ class Packer {
   void Uint(uint64_t v) { msgpack_pack_uint64(&pk_, v); }
   void Int(int64_t v) { msgpack_pack_int64(&pk_, v); }
   void Double(double v) { msgpack_pack_double(&pk_, v); }
+  void Bool(bool v) {
+    if (v) {
+      msgpack_pack_true(&pk_);
+    } else {
+      msgpack_pack_false(&pk_);
+    }
+  }
   void Str(const char* s, size_t n) {
     msgpack_pack_str(&pk_, n);
     msgpack_pack_str_body(&pk_, s, n);
@@ -69,8 +76,9 @@ void EncodeHello(const HelloMeta& meta, ByteBuffer* out) {
   Packer pk(out);
   pk.Array(2);
   pk.Uint(TM_FRAME_HELLO);
-  uint32_t n =
-      4 + !meta.instance.empty() + !meta.scope.empty() + !meta.labels.empty();
+  const uint32_t n = 4 + !meta.instance.empty() + !meta.scope.empty() +
+                     !meta.labels.empty() + !meta.profile.empty() +
+                     !meta.cache_config.empty() + meta.max_lora.has_value();
   pk.Map(n);
   pk.Str(TM_HELLO_PROTO);
   pk.Uint(TM_PROTO_VERSION);
@@ -93,6 +101,30 @@ void EncodeHello(const HelloMeta& meta, ByteBuffer* out) {
       pk.Str(name);
       pk.Str(value);
     }
+  }
+  if (!meta.profile.empty()) {
+    pk.Str(TM_HELLO_PROFILE);
+    pk.Str(meta.profile);
+  }
+  if (!meta.cache_config.empty()) {
+    pk.Str(TM_HELLO_CACHE_CONFIG);
+    pk.Map(static_cast<uint32_t>(meta.cache_config.size()));
+    for (const auto& [key, value] : meta.cache_config) {
+      pk.Str(key);
+      if (const auto* s = std::get_if<std::string>(&value)) {
+        pk.Str(*s);
+      } else if (const auto* i = std::get_if<int64_t>(&value)) {
+        pk.Int(*i);
+      } else if (const auto* d = std::get_if<double>(&value)) {
+        pk.Double(*d);
+      } else {
+        pk.Bool(std::get<bool>(value));
+      }
+    }
+  }
+  if (meta.max_lora.has_value()) {
+    pk.Str(TM_HELLO_MAX_LORA);
+    pk.Int(*meta.max_lora);
   }
   pk.Str(TM_HELLO_PID);
   pk.Int(meta.pid);
@@ -124,24 +156,54 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
   const uint64_t* p = record + 2;
   switch (kind) {
     case TM_EV_ARRIVED: {
-      const uint64_t* params = p + (rid_len == 0 ? 1 : (rid_len + 7) / 8);
+      const uint32_t rid_words = rid_len == 0 ? 1 : (rid_len + 7) / 8;
+      const uint64_t* params = p + rid_words;
       const uint32_t max_tokens = static_cast<uint32_t>(*params >> 32);
       const uint32_t n = static_cast<uint32_t>(*params);
-      const bool has_params = max_tokens != 0 || n != 0;
-      pk.Array(has_params ? 5 : 4);
+      // The 1.1 params (lora, labels) follow when the record is longer
+      // than tm_arrived()'s (ring.h).
+      uint32_t lora_len = 0;
+      uint32_t n_labels = 0;
+      const uint64_t* label_lengths = nullptr;
+      const char* bytes = nullptr;
+      if (HeaderWords(hdr) > 3 + rid_words) {
+        lora_len = static_cast<uint32_t>(params[1]);
+        n_labels = static_cast<uint32_t>(params[1] >> 32);
+        label_lengths = params + 2;
+        bytes = reinterpret_cast<const char*>(label_lengths + n_labels);
+      }
+      const uint32_t n_params =
+          (max_tokens != 0) + (n != 0) + (lora_len != 0) + (n_labels != 0);
+      pk.Array(n_params != 0 ? 5 : 4);
       pk.Uint(kind);
       pk.Uint(t);
       PackRid(pk, rid_len, p);
       pk.Uint(arg);
-      if (has_params) {
-        pk.Map((max_tokens != 0) + (n != 0));
-        if (max_tokens != 0) {
-          pk.Str(TM_PARAM_MAX_TOKENS);
-          pk.Uint(max_tokens);
-        }
-        if (n != 0) {
-          pk.Str(TM_PARAM_N);
-          pk.Uint(n);
+      if (n_params == 0) return;
+      pk.Map(n_params);
+      if (max_tokens != 0) {
+        pk.Str(TM_PARAM_MAX_TOKENS);
+        pk.Uint(max_tokens);
+      }
+      if (n != 0) {
+        pk.Str(TM_PARAM_N);
+        pk.Uint(n);
+      }
+      if (lora_len != 0) {
+        pk.Str(TM_PARAM_LORA);
+        pk.Str(bytes, lora_len);
+        bytes += lora_len;
+      }
+      if (n_labels != 0) {
+        pk.Str(TM_PARAM_LABELS);
+        pk.Map(n_labels);
+        for (uint32_t i = 0; i < n_labels; ++i) {
+          const auto name_len = static_cast<uint32_t>(label_lengths[i]);
+          const auto value_len = static_cast<uint32_t>(label_lengths[i] >> 32);
+          pk.Str(bytes, name_len);
+          bytes += name_len;
+          pk.Str(bytes, value_len);
+          bytes += value_len;
         }
       }
       return;

@@ -4,11 +4,16 @@
 #define TOKENMETER_CLIENT_LIB_SRC_ENCODER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace tokenmeter::client {
+
+// One HELLO cache_config value (protocol 1.1): str, int, float64 or bool.
+using CacheConfigValue = std::variant<std::string, int64_t, double, bool>;
 
 struct HelloMeta {
   std::string engine = "tokenmeter-engine";
@@ -16,6 +21,11 @@ struct HelloMeta {
   std::string instance;  // empty: not sent
   std::string scope;     // empty: not sent
   std::vector<std::pair<std::string, std::string>> labels;
+  // Protocol 1.1 keys.
+  std::string profile;  // empty: not sent (the daemon decides)
+  // In the order added; empty: not sent.
+  std::vector<std::pair<std::string, CacheConfigValue>> cache_config;
+  std::optional<int64_t> max_lora;  // nullopt: not sent
   int64_t pid = 0;
 };
 

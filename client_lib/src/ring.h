@@ -14,10 +14,19 @@
 #include <cstdint>
 #include <memory>
 
+#include "tokenmeter/protocol.h"
+
 namespace tokenmeter::client {
 
 // Records (words):
 //   ARRIVED     hdr(arg=prompt_tokens) t rid... params(max_tokens<<32 | n)
+//               [with the 1.1 params (tm_arrived_ex), only when it has a
+//               lora or labels:
+//                 PackLengths(lora_len, n_labels)
+//                 PackLengths(name_len, value_len) per label
+//                 the bytes of lora, name 0, value 0, name 1, ... back to
+//                 back, zero padded to a word]
+//               The encoder tells the two forms apart by the record length.
 //   QUEUED, SCHEDULED, PREEMPTED   hdr t rid...
 //   TOKENS      hdr(arg=n) t rid...
 //   FINISHED    hdr(arg=tm_finish_reason) t rid...
@@ -41,9 +50,30 @@ inline constexpr uint32_t HeaderWords(uint64_t h) { return (h >> 8) & 0xffff; }
 inline constexpr uint32_t HeaderRidLen(uint64_t h) { return (h >> 24) & 0xff; }
 inline constexpr uint32_t HeaderArg(uint64_t h) { return h >> 32; }
 
+// Two 32-bit lengths in one word (the low one first), for the records'
+// length words.
+inline constexpr uint64_t PackLengths(uint32_t low, uint32_t high) {
+  return uint64_t{low} | (uint64_t{high} << 32);
+}
+
 inline constexpr uint8_t kPadKind = 0;
-// The largest record: header, time, ten STEP values, 64 positions.
-inline constexpr uint32_t kMaxRecordWords = 2 + 10 + 64;
+// The largest STEP: header, time, ten values, 64 positions.
+inline constexpr uint32_t kMaxStepWords = 2 + 10 + 64;
+// The largest ARRIVED: header, time, a TM_MAX_RID_BYTES id, params, the 1.1
+// lengths words, and the longest lora and labels (names up to
+// TM_MAX_STRING_BYTES, values up to TM_MAX_REQUEST_LABEL_VALUE_BYTES).
+inline constexpr uint32_t kMaxArrivedWords =
+    2 + TM_MAX_RID_BYTES / 8 + 1 + 1 + TM_MAX_REQUEST_LABELS +
+    (TM_MAX_LORA_BYTES +
+     TM_MAX_REQUEST_LABELS *
+         (TM_MAX_STRING_BYTES + TM_MAX_REQUEST_LABEL_VALUE_BYTES) +
+     7) /
+        8;
+inline constexpr uint32_t kMaxRecordWords =
+    kMaxArrivedWords > kMaxStepWords ? kMaxArrivedWords : kMaxStepWords;
+// The smallest ring (1024 events of capacity: 4096 words) holds any record,
+// and a record's length fits its header's 16 bits.
+static_assert(kMaxRecordWords < 4096);
 
 class Ring {
  public:

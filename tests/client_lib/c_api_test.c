@@ -44,6 +44,7 @@ int main(void) {
   const tm_step_key keys[2] = {TM_STEP_KEY_RUNNING, TM_STEP_KEY_KV_USAGE};
   const double values[2] = {3.0, 0.5};
   const uint64_t positions[2] = {4, 2};
+  const tm_label labels[2] = {{"tenant", "acme"}, {"tier", "gold"}};
   uint64_t now;
   size_t i;
 
@@ -73,6 +74,17 @@ int main(void) {
   CHECK_RC(tm_options_set_scope(opts, "c-scope"), TM_OK);
   CHECK_RC(tm_options_add_label(opts, "lang", "c99"), TM_OK);
   CHECK_RC(tm_options_add_label(opts, "le", "x"), TM_E_INVALID);
+  /* Protocol 1.1 HELLO keys. */
+  CHECK_RC(tm_options_set_profile(opts, TM_PROFILE_VLLM), TM_OK);
+  CHECK_RC(tm_options_set_profile(opts, "tgi"), TM_E_INVALID);
+  CHECK_RC(tm_options_add_cache_config_int(opts, "block_size", 16), TM_OK);
+  CHECK_RC(tm_options_add_cache_config_str(opts, "cache_dtype", "auto"), TM_OK);
+  CHECK_RC(tm_options_add_cache_config_float(opts, "gpu_util", 0.9), TM_OK);
+  CHECK_RC(tm_options_add_cache_config_bool(opts, "prefix_caching", 1), TM_OK);
+  CHECK_RC(tm_options_add_cache_config_int(opts, "block_size", 32),
+           TM_E_INVALID);
+  CHECK_RC(tm_options_set_max_lora(opts, 4), TM_OK);
+  CHECK_RC(tm_options_set_max_lora(opts, -1), TM_E_INVALID);
   CHECK_RC(tm_options_set_buffer_capacity(opts, 1024), TM_OK);
   CHECK_RC(tm_options_set_flush_interval_ms(opts, 5), TM_OK);
   CHECK_RC(tm_options_set_close_timeout_ms(opts, 50), TM_OK);
@@ -87,6 +99,9 @@ int main(void) {
   CHECK_RC(tm_arrived_str(client, now, "c-1", 3, 50, 0, 0), TM_OK);
   CHECK_RC(tm_arrived_packed(client, 2, 7 | (uint64_t)9 << 32), TM_OK);
   CHECK_RC(tm_arrived_packed_str(client, "c-2", 3, 7), TM_OK);
+  CHECK_RC(tm_arrived_ex(client, 0, 3, 10, 0, 0, "sql-lora", labels, 2), TM_OK);
+  CHECK_RC(tm_arrived_ex_str(client, 0, "c-3", 3, 10, 16, 1, NULL, labels, 1),
+           TM_OK);
   CHECK_RC(tm_queued(client, 0, 1), TM_OK);
   CHECK_RC(tm_scheduled(client, 0, 1), TM_OK);
   CHECK_RC(tm_scheduled_str(client, 0, "c-1", 3), TM_OK);
@@ -96,23 +111,24 @@ int main(void) {
   CHECK_RC(tm_step(client, 0, keys, values, 2, positions, 2), TM_OK);
   CHECK_RC(tm_finished(client, 0, 1, TM_FINISH_STOP), TM_OK);
   CHECK_RC(tm_finished_str(client, 0, "c-1", 3, TM_FINISH_LENGTH), TM_OK);
-  /* Rejected: zero tokens, an empty id. */
+  /* Rejected: zero tokens, an empty id, an empty lora. */
   CHECK_RC(tm_tokens(client, 0, 1, 0), TM_E_INVALID);
   CHECK_RC(tm_queued_str(client, 0, "", 0), TM_E_INVALID);
+  CHECK_RC(tm_arrived_ex(client, 0, 4, 10, 0, 0, "", NULL, 0), TM_E_INVALID);
 
   CHECK_RC(tm_client_flush(client, 1000), TM_E_DISCONNECTED);
   for (i = 0; i < TM_STAT_COUNT; ++i) stats[i] = 12345;
   CHECK_RC(tm_client_stats(client, stats, TM_STAT_COUNT), TM_OK);
   CHECK(stats[TM_STAT_EVENTS_SENT] == 0);
-  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 2);
+  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 3);
   CHECK(stats[TM_STAT_EVENTS_DROPPED] == 0);
   CHECK(stats[TM_STAT_CONNECTED] == 0);
   CHECK(stats[TM_STAT_RECONNECTS] == 0);
 
-  /* The 13 buffered events cannot be sent: dropped at close. */
+  /* The 15 buffered events cannot be sent: dropped at close. */
   CHECK_RC(tm_client_close(client, final_stats, TM_STAT_COUNT), TM_E_TIMEOUT);
-  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 13);
-  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 2);
+  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 15);
+  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 3);
   CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
   CHECK_RC(tm_client_close(NULL, NULL, 0), TM_OK);
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -123,6 +124,82 @@ TEST_F(HelloTest, RejectedSettersLeaveOptionsUnchanged) {
   EXPECT_EQ(meta.Find("labels")->ToString(), R"({"a":"1"})");
 }
 
+// Protocol 1.1: profile, cache_config (each value type, in the order
+// added) and max_lora.
+TEST_F(HelloTest, SendsProtocol11KeysWhenSet) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_profile(opts.get(), TM_PROFILE_SGLANG), TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_int(opts.get(), "page_size", 16),
+            TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_str(opts.get(), "dtype", "fp8_e4m3"),
+            TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_float(opts.get(), "gpu_util", 0.5),
+            TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_bool(opts.get(), "prefix", 7), TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_bool(opts.get(), "swap", 0), TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_int(opts.get(), "offset", -3), TM_OK);
+  ASSERT_EQ(tm_options_add_cache_config_int(opts.get(), "num_pages", INT64_MAX),
+            TM_OK);
+  ASSERT_EQ(tm_options_set_max_lora(opts.get(), 8), TM_OK);
+  const Value hello = HelloOf(opts.get());
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(MapKeys(meta),
+            (std::vector<std::string>{"cache_config", "engine", "max_lora",
+                                      "model", "pid", "profile", "proto"}));
+  EXPECT_EQ(meta.Find("profile")->str, "sglang");
+  const Value* max_lora = meta.Find("max_lora");
+  ASSERT_TRUE(max_lora->IsUint());
+  EXPECT_EQ(max_lora->uint, 8u);
+  const Value* cc = meta.Find("cache_config");
+  ASSERT_TRUE(cc != nullptr && cc->IsMap());
+  EXPECT_EQ(cc->ToString(),
+            R"({"page_size":16,"dtype":"fp8_e4m3","gpu_util":0.5,)"
+            R"("prefix":true,"swap":false,"offset":-3,)"
+            R"("num_pages":9223372036854775807})");
+  EXPECT_EQ(cc->Find("gpu_util")->type, Value::Type::kFloat64);
+  EXPECT_EQ(cc->Find("gpu_util")->real, 0.5);
+  EXPECT_EQ(cc->Find("prefix")->type, Value::Type::kBool);
+  EXPECT_EQ(cc->Find("offset")->type, Value::Type::kInt);
+  EXPECT_EQ(cc->Find("offset")->sint, -3);
+}
+
+TEST_F(HelloTest, SendsMaxLoraZero) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_max_lora(opts.get(), 0), TM_OK);
+  ASSERT_EQ(tm_options_set_profile(opts.get(), TM_PROFILE_VLLM), TM_OK);
+  ASSERT_EQ(tm_options_set_profile(opts.get(), TM_PROFILE_LMDEPLOY), TM_OK);
+  const Value hello = HelloOf(opts.get());
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(meta.Find("max_lora")->ToString(), "0");
+  EXPECT_EQ(meta.Find("profile")->str, "lmdeploy");  // the last one set
+  EXPECT_EQ(meta.Find("cache_config"), nullptr);
+}
+
+TEST_F(HelloTest, RejectedProtocol11SettersLeaveOptionsUnchanged) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  tm_options* o = opts.get();
+  ASSERT_EQ(tm_options_set_profile(o, TM_PROFILE_VLLM), TM_OK);
+  EXPECT_EQ(tm_options_set_profile(o, "tgi"), TM_E_INVALID);
+  ASSERT_EQ(tm_options_add_cache_config_int(o, "block_size", 16), TM_OK);
+  EXPECT_EQ(tm_options_add_cache_config_int(o, "block_size", 32), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, "le", "x"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, "dtype", "\xff"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_float(o, "util", NAN), TM_E_INVALID);
+  ASSERT_EQ(tm_options_set_max_lora(o, 4), TM_OK);
+  EXPECT_EQ(tm_options_set_max_lora(o, -1), TM_E_INVALID);
+  const Value hello = HelloOf(o);
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(meta.Find("profile")->str, "vllm");
+  EXPECT_EQ(meta.Find("cache_config")->ToString(), R"({"block_size":16})");
+  EXPECT_EQ(meta.Find("max_lora")->uint, 4u);
+}
+
 TEST_F(HelloTest, ClientKeepsItsOwnCopyOfOptions) {
   StartServer();
   OptionsPtr opts = DefaultOptions();
@@ -214,6 +291,133 @@ TEST_F(EventLayoutTest, SendsArrivedWithBothParams) {
   const Value& p1 = events[1].array[4];
   EXPECT_EQ(p1.Find("max_tokens")->uint, 1u);
   EXPECT_EQ(p1.Find("n")->uint, 1u);
+}
+
+// Protocol 1.1 ARRIVED params: lora and labels, alone or with max_tokens
+// and n, for integer and string ids, in the order max_tokens, n, lora,
+// labels (labels in the order given).
+TEST_F(EventLayoutTest, SendsArrivedWithLoraAndLabels) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const tm_label two[] = {{"tenant", "acme"}, {"tier", ""}};
+  const tm_label one[] = {{"_x", "caf\xc3\xa9"}};
+  EXPECT_EQ(tm_arrived_ex(c, 1000, 1, 10, 0, 0, "sql-lora", nullptr, 0), TM_OK);
+  EXPECT_EQ(tm_arrived_ex(c, 1001, 2, 20, 64, 2, "a", two, 2), TM_OK);
+  EXPECT_EQ(tm_arrived_ex(c, 1002, 3, 30, 0, 0, nullptr, one, 1), TM_OK);
+  EXPECT_EQ(tm_arrived_ex(c, 1003, 4, 40, 0, 3, nullptr, two, 2), TM_OK);
+  EXPECT_EQ(tm_arrived_ex_str(c, 1004, "req-9", 5, 50, 0, 0, "l", nullptr, 0),
+            TM_OK);
+  EXPECT_EQ(
+      tm_arrived_ex_str(c, 1005, "req-9xyz", 5, 60, 128, 0, "lora-2", two, 2),
+      TM_OK);
+  EXPECT_EQ(tm_arrived_ex_str(c, 1006, "r", 1, 70, 0, 0, nullptr, one, 1),
+            TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  EXPECT_EQ(ToStrings(EventsOf(conns[0])),
+            (std::vector<std::string>{
+                R"([1,1000,1,10,{"lora":"sql-lora"}])",
+                R"([1,1001,2,20,{"max_tokens":64,"n":2,"lora":"a",)"
+                R"("labels":{"tenant":"acme","tier":""}}])",
+                R"([1,1002,3,30,{"labels":{"_x":"caf\xc3\xa9"}}])",
+                R"([1,1003,4,40,{"n":3,"labels":{"tenant":"acme","tier":""}}])",
+                R"([1,1004,"req-9",50,{"lora":"l"}])",
+                R"([1,1005,"req-9",60,{"max_tokens":128,"lora":"lora-2",)"
+                R"("labels":{"tenant":"acme","tier":""}}])",
+                R"([1,1006,"r",70,{"labels":{"_x":"caf\xc3\xa9"}}])",
+            }));
+}
+
+// Without lora and labels, tm_arrived_ex(_str) sends tm_arrived(_str)'s
+// event: 4 elements without params, the same params otherwise.
+TEST_F(EventLayoutTest, ArrivedExWithoutNewParamsIsArrived) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  EXPECT_EQ(tm_arrived_ex(c, 7, 70, 700, 0, 0, nullptr, nullptr, 0), TM_OK);
+  EXPECT_EQ(tm_arrived(c, 7, 70, 700, 0, 0), TM_OK);
+  EXPECT_EQ(tm_arrived_ex(c, 8, 80, 800, 5, 6, nullptr, nullptr, 0), TM_OK);
+  EXPECT_EQ(tm_arrived(c, 8, 80, 800, 5, 6), TM_OK);
+  const tm_label unused = {"ignored", "because n_labels is 0"};
+  EXPECT_EQ(tm_arrived_ex_str(c, 9, "r", 1, 900, 0, 0, nullptr, &unused, 0),
+            TM_OK);
+  EXPECT_EQ(tm_arrived_str(c, 9, "r", 1, 900, 0, 0), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_EQ(events[0].ToString(), "[1,7,70,700]");
+  EXPECT_EQ(events[2].ToString(), R"([1,8,80,800,{"max_tokens":5,"n":6}])");
+  EXPECT_EQ(events[4].ToString(), R"([1,9,"r",900])");
+  const std::vector<const Frame*> batches = BatchesOf(conns[0]);
+  ASSERT_EQ(batches.size(), 1u);
+  for (size_t i = 0; i < 6; i += 2) {
+    EXPECT_EQ(events[i].ToString(), events[i + 1].ToString()) << i;
+  }
+}
+
+// The largest ARRIVED (a 128-byte id, a 128-byte lora, four labels with
+// 256-byte names and 128-byte values) round after round through the
+// smallest buffer, so that records wrap around its end.
+TEST_F(EventLayoutTest, LargestArrivedRecordsWrapTheBuffer) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  NewClient(opts.get());
+  const std::string rid(TM_MAX_RID_BYTES, 'r');
+  const std::string lora(TM_MAX_LORA_BYTES, 'l');
+  std::vector<std::string> names, values;
+  for (char ch : {'a', 'b', 'c', 'd'}) {
+    names.push_back(std::string(TM_MAX_STRING_BYTES - 1, ch) + "_");
+    values.push_back(std::string(TM_MAX_REQUEST_LABEL_VALUE_BYTES, ch));
+  }
+  tm_label labels[TM_MAX_REQUEST_LABELS];
+  for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
+    labels[i] = {names[i].c_str(), values[i].c_str()};
+  }
+  // 17 records of 232 words fill most of the 4096-word ring; each round
+  // starts where the last one ended.
+  constexpr int kRounds = 5;
+  constexpr int kPerRound = 17;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kPerRound; ++i) {
+      ASSERT_EQ(tm_arrived_ex_str(client_, 1 + i, rid.data(), rid.size(),
+                                  uint32_t(round), 1, 1, lora.c_str(), labels,
+                                  TM_MAX_REQUEST_LABELS),
+                TM_OK)
+          << round << " " << i;
+    }
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
+  for (size_t e = 0; e < events.size(); ++e) {
+    const Value& ev = events[e];
+    ASSERT_EQ(ev.array.size(), 5u) << e;
+    EXPECT_EQ(ev.array[2].str, rid) << e;
+    EXPECT_EQ(ev.array[3].uint, e / kPerRound) << e;
+    const Value& params = ev.array[4];
+    EXPECT_EQ(params.Find("lora")->str, lora) << e;
+    const Value* l = params.Find("labels");
+    ASSERT_TRUE(l != nullptr && l->IsMap()) << e;
+    ASSERT_EQ(l->map.size(), TM_MAX_REQUEST_LABELS) << e;
+    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
+      EXPECT_EQ(l->map[i].first.str, names[i]) << e;
+      EXPECT_EQ(l->map[i].second.str, values[i]) << e;
+    }
+  }
 }
 
 TEST_F(EventLayoutTest, SendsStepWithEveryKey) {
@@ -434,6 +638,30 @@ const BytesCase kBytesCases[] = {
      [](tm_client* c) { return tm_arrived(c, 0xffffffffu, 200, 65536, 0, 2); },
      {0x95, 0x01, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcc, 0xc8, 0xce, 0x00, 0x01,
       0x00, 0x00, 0x81, 0xa1, 'n', 0x02}},
+    // [1, 2, 3, 4, {"lora": "ab", "labels": {"t": "", "u": "v"}}]
+    {"ArrivedExLoraAndLabels",
+     [](tm_client* c) {
+       const tm_label labels[] = {{"t", ""}, {"u", "v"}};
+       return tm_arrived_ex(c, 2, 3, 4, 0, 0, "ab", labels, 2);
+     },
+     {0x95, 0x01, 0x02, 0x03, 0x04, 0x82, 0xa4, 'l', 'o', 'r', 'a', 0xa2, 'a',
+      'b', 0xa6, 'l', 'a', 'b', 'e', 'l', 's', 0x82, 0xa1, 't', 0xa0, 0xa1, 'u',
+      0xa1, 'v'}},
+    // [1, 1, "r", 0, {"n": 1, "lora": 32 x "y" (str8)}]
+    {"ArrivedExStr8Lora",
+     [](tm_client* c) {
+       return tm_arrived_ex_str(c, 1, "r", 1, 0, 0, 1, kRid32.c_str(), nullptr,
+                                0);
+     },
+     Concat({0x95, 0x01, 0x01, 0xa1, 'r', 0x00, 0x82, 0xa1, 'n', 0x01, 0xa4,
+             'l', 'o', 'r', 'a', 0xd9, 0x20},
+            Repeat('y', 32))},
+    // [1, 1, "r", 0]: tm_arrived_ex_str without the 1.1 params
+    {"ArrivedExStringIdNoParams",
+     [](tm_client* c) {
+       return tm_arrived_ex_str(c, 1, "r", 1, 0, 0, 0, nullptr, nullptr, 0);
+     },
+     {0x94, 0x01, 0x01, 0xa1, 'r', 0x00}},
     // [1, 1, "r", 0]
     {"ArrivedStringIdNoParams",
      [](tm_client* c) { return tm_arrived_str(c, 1, "r", 1, 0, 0, 0); },

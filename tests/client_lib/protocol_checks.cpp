@@ -43,16 +43,42 @@ AssertionResult Bad(const Value& v, const char* why) {
   return AssertionFailure() << why << ": " << v.ToString();
 }
 
+// A label name as protocol.md states the HELLO rules (names the daemon
+// sets, and names starting with "__", are reserved).
+bool IsLabelName(const std::string& s) {
+  static const std::set<std::string> kReserved = {
+      "model_name", "engine",   "engine_family", "finished_reason", "position",
+      "le",         "quantile", "interval",      "reason",          "kind"};
+  return IsName(s, false) && s.size() <= 256 && s.rfind("__", 0) != 0 &&
+         kReserved.count(s) == 0;
+}
+
 AssertionResult CheckArrivedParams(const Value& ev, const Value& params) {
   if (!params.IsMap() || params.map.empty() || !HasUniqueStringKeys(params)) {
     return Bad(ev, "ARRIVED params must be a non-empty map with unique keys");
   }
   for (const auto& [k, v] : params.map) {
-    if (k.str != "max_tokens" && k.str != "n") {
+    if (k.str == "max_tokens" || k.str == "n") {
+      if (!v.IsUint() || v.uint == 0) {
+        return Bad(ev, "ARRIVED max_tokens / n are given (non-zero) ints");
+      }
+    } else if (k.str == "lora") {  // 1.1
+      if (!v.IsStr() || v.str.empty() || v.str.size() > 128) {
+        return Bad(ev, "ARRIVED lora must be a str of 1..128 bytes");
+      }
+    } else if (k.str == "labels") {  // 1.1
+      if (!v.IsMap() || v.map.empty() || v.map.size() > 4 ||
+          !HasUniqueStringKeys(v)) {
+        return Bad(ev, "ARRIVED labels: 1..4 unique string keys");
+      }
+      for (const auto& [name, value] : v.map) {
+        if (!IsLabelName(name.str) || !value.IsStr() ||
+            value.str.size() > 128) {
+          return Bad(ev, "ARRIVED label name or value invalid");
+        }
+      }
+    } else {
       return Bad(ev, "unexpected ARRIVED param");
-    }
-    if (!v.IsUint() || v.uint == 0) {
-      return Bad(ev, "ARRIVED params are given (non-zero) integers");
     }
   }
   return AssertionSuccess();
@@ -124,11 +150,31 @@ AssertionResult IsValidHello(const Value& frame) {
         return Bad(frame, "HELLO labels: 1..8 unique string keys");
       }
       for (const auto& [name, value] : v.map) {
-        if (!IsName(name.str, false) || name.str.rfind("__", 0) == 0 ||
-            !value.IsStr()) {
+        if (!IsLabelName(name.str) || !value.IsStr()) {
           return Bad(frame, "HELLO label name or value invalid");
         }
       }
+    } else if (k.str == "profile") {  // 1.1
+      if (!v.IsStr() ||
+          (v.str != "vllm" && v.str != "sglang" && v.str != "lmdeploy")) {
+        return Bad(frame, "HELLO profile must be vllm, sglang or lmdeploy");
+      }
+    } else if (k.str == "cache_config") {  // 1.1
+      if (!v.IsMap() || v.map.empty() || v.map.size() > 32 ||
+          !HasUniqueStringKeys(v)) {
+        return Bad(frame, "HELLO cache_config: 1..32 unique string keys");
+      }
+      for (const auto& [key, value] : v.map) {
+        const bool scalar = value.IsStr() || value.IsUint() ||
+                            value.type == Value::Type::kInt ||
+                            value.type == Value::Type::kFloat64 ||
+                            value.type == Value::Type::kBool;
+        if (!IsLabelName(key.str) || !scalar) {
+          return Bad(frame, "HELLO cache_config key or value invalid");
+        }
+      }
+    } else if (k.str == "max_lora") {  // 1.1
+      if (!v.IsUint()) return Bad(frame, "HELLO max_lora must be an int >= 0");
     } else {
       return Bad(frame, "unexpected HELLO key");
     }

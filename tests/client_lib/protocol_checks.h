@@ -15,13 +15,17 @@ namespace tokenmeter::testing {
 
 // [0, meta]: proto 1, engine matching [a-zA-Z_][a-zA-Z0-9_-]*, non-empty
 // model, optional instance / scope / labels (at most 8, valid names) / pid,
+// and the 1.1 keys profile (vllm, sglang, lmdeploy), cache_config (at most
+// 32, valid names, str/int/float64/bool values), max_lora (int >= 0);
 // string keys, no key twice, nothing else.
 ::testing::AssertionResult IsValidHello(const Value& frame);
 
 // One event, exactly as the v1 client must send it: the kind's layout with
 // no extra elements, an integer or 1..128-byte string request id, and the
 // kind's argument rules (TOKENS n >= 1, FINISHED reason, ARRIVED params
-// present only when given, STEP keys and types).
+// present only when given: max_tokens, n, and the 1.1 lora (1..128 bytes)
+// and labels (at most 4, valid names, values at most 128 bytes); STEP keys
+// and types).
 ::testing::AssertionResult IsValidEvent(const Value& event);
 
 // A whole connection: no undecodable or trailing bytes, HELLO first and

@@ -46,6 +46,41 @@ class EventValidationTest : public ClientFixture {
     return invalid;
   }
 
+  // Calls tm_arrived_ex and tm_arrived_ex_str with (lora, labels,
+  // n_labels); returns how many returned TM_E_INVALID.
+  int InvalidArrivedExCalls(const char* lora, const tm_label* labels,
+                            size_t n_labels) {
+    int invalid = 0;
+    invalid += tm_arrived_ex(client_, 1, 1, 1, 0, 0, lora, labels, n_labels) ==
+               TM_E_INVALID;
+    invalid += tm_arrived_ex_str(client_, 1, "r", 1, 1, 0, 0, lora, labels,
+                                 n_labels) == TM_E_INVALID;
+    return invalid;
+  }
+  int InvalidLabelCalls(const char* name, const char* value) {
+    const tm_label label = {name, value};
+    return InvalidArrivedExCalls(nullptr, &label, 1);
+  }
+
+  // Starts the daemon and checks that of the calls so far only `event`
+  // reached it, and that `rejected` events were counted, also in the
+  // BATCH's dropped_total.
+  void ExpectOnlySent(const std::string& event, uint64_t rejected) {
+    StartServer();
+    ASSERT_TRUE(WaitForEvents(1));
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+    const StatsArray s = Stats();
+    EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], rejected);
+    EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 1u);
+    EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+    const TestServer::Connections conns = server_->Snapshot();
+    ASSERT_TRUE(IsWellFormed(conns[0]));
+    const std::vector<Value> events = EventsOf(conns[0]);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].ToString(), event);
+    EXPECT_EQ(BatchesOf(conns[0])[0]->value.array[2].uint, rejected);
+  }
+
   int Step(std::vector<tm_step_key> keys, std::vector<double> values) {
     return tm_step(client_, 1, keys.data(), values.data(), keys.size(), nullptr,
                    0);
@@ -189,6 +224,127 @@ TEST_F(EventValidationTest, RejectsNullStepArrays) {
   EXPECT_EQ(Rejected(), 3u);
 }
 
+TEST_F(EventValidationTest, RejectsEmptyLora) {
+  EXPECT_EQ(InvalidArrivedExCalls("", nullptr, 0), 2);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsLoraLongerThan128Bytes) {
+  const std::string lora(TM_MAX_LORA_BYTES + 1, 'l');
+  EXPECT_EQ(InvalidArrivedExCalls(lora.c_str(), nullptr, 0), 2);
+  EXPECT_EQ(Rejected(), 2u);
+  const std::string huge(100000, 'l');
+  EXPECT_EQ(InvalidArrivedExCalls(huge.c_str(), nullptr, 0), 2);
+  EXPECT_EQ(Rejected(), 4u);
+  // Exactly 128 bytes is fine.
+  EXPECT_EQ(InvalidArrivedExCalls(lora.c_str() + 1, nullptr, 0), 0);
+  EXPECT_EQ(Rejected(), 4u);
+}
+
+TEST_F(EventValidationTest, RejectsMalformedUtf8Lora) {
+  for (const char* bad : {"\xff", "\xc0\x80", "\xed\xa0\x80", "a\x80",
+                          "\xe2\x82", "\xf4\x90\x80\x80"}) {
+    EXPECT_EQ(InvalidArrivedExCalls(bad, nullptr, 0), 2) << bad;
+  }
+  EXPECT_EQ(Rejected(), 12u);
+  EXPECT_EQ(InvalidArrivedExCalls("caf\xc3\xa9-\xf0\x9f\x98\x80", nullptr, 0),
+            0);
+}
+
+TEST_F(EventValidationTest, RejectsFiveRequestLabels) {
+  const tm_label labels[] = {
+      {"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}, {"e", "5"}};
+  EXPECT_EQ(InvalidArrivedExCalls(nullptr, labels, 5), 2);
+  EXPECT_EQ(Rejected(), 2u);
+  EXPECT_EQ(InvalidArrivedExCalls(nullptr, labels, TM_MAX_REQUEST_LABELS), 0);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsDuplicateRequestLabelName) {
+  const tm_label labels[] = {{"tenant", "a"}, {"tier", "b"}, {"tenant", "a"}};
+  EXPECT_EQ(InvalidArrivedExCalls(nullptr, labels, 3), 2);
+  EXPECT_EQ(Rejected(), 2u);
+  EXPECT_EQ(InvalidArrivedExCalls(nullptr, labels, 2), 0);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsReservedRequestLabelNames) {
+  for (const char* name : {TM_RESERVED_LABEL_NAMES, "__x", "__"}) {
+    EXPECT_EQ(InvalidLabelCalls(name, "v"), 2) << name;
+  }
+  EXPECT_EQ(Rejected(), 2u * (TM_NUM_RESERVED_LABELS + 2));
+  EXPECT_EQ(InvalidLabelCalls("_x", "v"), 0);
+}
+
+TEST_F(EventValidationTest, RejectsMalformedRequestLabelNames) {
+  const std::string too_long(TM_MAX_STRING_BYTES + 1, 'n');
+  for (const char* bad :
+       {"", "1a", "a-b", "a b", "a.b", "a:b", "\xc3\xa9", too_long.c_str()}) {
+    EXPECT_EQ(InvalidLabelCalls(bad, "v"), 2) << bad;
+  }
+  EXPECT_EQ(Rejected(), 16u);
+  EXPECT_EQ(InvalidLabelCalls(too_long.c_str() + 1, "v"), 0);
+}
+
+TEST_F(EventValidationTest, RejectsRequestLabelValueLongerThan128Bytes) {
+  const std::string value(TM_MAX_REQUEST_LABEL_VALUE_BYTES + 1, 'v');
+  EXPECT_EQ(InvalidLabelCalls("tenant", value.c_str()), 2);
+  EXPECT_EQ(Rejected(), 2u);
+  // Exactly 128 bytes, and the empty value, are fine.
+  EXPECT_EQ(InvalidLabelCalls("tenant", value.c_str() + 1), 0);
+  EXPECT_EQ(InvalidLabelCalls("tenant", ""), 0);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsMalformedUtf8RequestLabelValue) {
+  for (const char* bad : {"\xff", "\xc0\x80", "\xed\xa0\x80", "a\x80"}) {
+    EXPECT_EQ(InvalidLabelCalls("tenant", bad), 2) << bad;
+  }
+  EXPECT_EQ(Rejected(), 8u);
+}
+
+TEST_F(EventValidationTest, RejectsNullRequestLabels) {
+  EXPECT_EQ(InvalidArrivedExCalls(nullptr, nullptr, 1), 2);
+  EXPECT_EQ(InvalidLabelCalls(nullptr, "v"), 2);
+  EXPECT_EQ(InvalidLabelCalls("tenant", nullptr), 2);
+  EXPECT_EQ(Rejected(), 6u);
+  // NULL labels with n_labels 0 is no labels.
+  EXPECT_EQ(InvalidArrivedExCalls(nullptr, nullptr, 0), 0);
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(EventValidationTest, RejectsArrivedExWithBadStringId) {
+  const tm_label label = {"tenant", "a"};
+  const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
+  EXPECT_EQ(tm_arrived_ex_str(client_, 1, long_rid.data(), long_rid.size(), 1,
+                              0, 0, "lora", &label, 1),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex_str(client_, 1, "r", 0, 1, 0, 0, "lora", &label, 1),
+            TM_E_INVALID);
+  EXPECT_EQ(
+      tm_arrived_ex_str(client_, 1, nullptr, 1, 1, 0, 0, nullptr, nullptr, 0),
+      TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+// A rejected ARRIVED takes no buffer space and never reaches the daemon,
+// whichever rule it broke; the valid one around it is sent.
+TEST_F(EventValidationTest, RejectedArrivedExIsNotSent) {
+  const tm_label good = {"tenant", "a"};
+  const tm_label dup[] = {{"tenant", "a"}, {"tenant", "b"}};
+  const std::string long_lora(TM_MAX_LORA_BYTES + 1, 'l');
+  EXPECT_EQ(tm_arrived_ex(client_, 1, 1, 1, 0, 0, "", nullptr, 0),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex(client_, 1, 2, 1, 0, 0, long_lora.c_str(), &good, 1),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex_str(client_, 1, "r", 1, 1, 0, 0, "ok", dup, 2),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex(client_, 1, 4, 1, 0, 0, nullptr, nullptr, 3),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex(client_, 5, 5, 9, 0, 0, "ok", &good, 1), TM_OK);
+  ExpectOnlySent(R"([1,5,5,9,{"lora":"ok","labels":{"tenant":"a"}}])", 4);
+}
+
 // Rejected events take no buffer space and never reach the daemon; the
 // daemon learns of them only through dropped_total.
 TEST_F(EventValidationTest, RejectedEventsAreNotSent) {
@@ -202,19 +358,7 @@ TEST_F(EventValidationTest, RejectedEventsAreNotSent) {
             TM_E_INVALID);
   EXPECT_EQ(tm_step(client_, 1, dup, values, 2, nullptr, 0), TM_E_INVALID);
   EXPECT_EQ(tm_tokens(client_, 5, 1, 1), TM_OK);
-  StartServer();
-  ASSERT_TRUE(WaitForEvents(1));
-  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
-  const StatsArray s = Stats();
-  EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 4u);
-  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 1u);
-  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].ToString(), "[4,5,1,1]");
-  EXPECT_EQ(BatchesOf(conns[0])[0]->value.array[2].uint, 4u);
+  ExpectOnlySent("[4,5,1,1]", 4);
 }
 
 // ---- options ---------------------------------------------------------------
@@ -292,6 +436,98 @@ TEST_F(OptionsTest, RejectsLabelValueTooLong) {
   EXPECT_EQ(tm_options_add_label(opts_.get(), "a", value.c_str()),
             TM_E_INVALID);
   EXPECT_EQ(tm_options_add_label(opts_.get(), "a", value.c_str() + 1), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsUnknownProfile) {
+  for (const char* bad :
+       {"", "VLLM", "vllm ", "trtllm", "tokenmeter-engine", "auto"}) {
+    EXPECT_EQ(tm_options_set_profile(opts_.get(), bad), TM_E_INVALID) << bad;
+  }
+  for (const char* good :
+       {TM_PROFILE_VLLM, TM_PROFILE_SGLANG, TM_PROFILE_LMDEPLOY}) {
+    EXPECT_EQ(tm_options_set_profile(opts_.get(), good), TM_OK) << good;
+  }
+}
+
+TEST_F(OptionsTest, RejectsCacheConfigEntryPastTheLimit) {
+  for (int i = 0; i < int(TM_MAX_CACHE_CONFIG); ++i) {
+    const std::string key = "k" + std::to_string(i);
+    EXPECT_EQ(tm_options_add_cache_config_int(opts_.get(), key.c_str(), i),
+              TM_OK);
+  }
+  tm_options* o = opts_.get();
+  EXPECT_EQ(tm_options_add_cache_config_int(o, "more", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, "more", "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_float(o, "more", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_bool(o, "more", 1), TM_E_INVALID);
+}
+
+TEST_F(OptionsTest, RejectsDuplicateCacheConfigKey) {
+  tm_options* o = opts_.get();
+  EXPECT_EQ(tm_options_add_cache_config_int(o, "block_size", 16), TM_OK);
+  EXPECT_EQ(tm_options_add_cache_config_int(o, "block_size", 32), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, "block_size", "16"),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_float(o, "block_size", 16),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_bool(o, "block_size", 1), TM_E_INVALID);
+}
+
+TEST_F(OptionsTest, RejectsReservedCacheConfigKeys) {
+  for (const char* key : {TM_RESERVED_LABEL_NAMES, "__x", "__"}) {
+    EXPECT_EQ(tm_options_add_cache_config_int(opts_.get(), key, 1),
+              TM_E_INVALID)
+        << key;
+  }
+  EXPECT_EQ(tm_options_add_cache_config_int(opts_.get(), "_x", 1), TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsMalformedCacheConfigKeys) {
+  const std::string too_long(TM_MAX_STRING_BYTES + 1, 'k');
+  for (const char* bad :
+       {"", "1a", "a-b", "a b", "a.b", "\xc3\xa9", "\xff", too_long.c_str()}) {
+    EXPECT_EQ(tm_options_add_cache_config_bool(opts_.get(), bad, 1),
+              TM_E_INVALID)
+        << bad;
+  }
+  EXPECT_EQ(
+      tm_options_add_cache_config_bool(opts_.get(), too_long.c_str() + 1, 1),
+      TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsMalformedUtf8CacheConfigValue) {
+  for (const char* bad : {"\xff", "\xc0\x80", "\xed\xa0\x80", "a\x80",
+                          "\xe2\x82", "\xf4\x90\x80\x80"}) {
+    EXPECT_EQ(tm_options_add_cache_config_str(opts_.get(), "dtype", bad),
+              TM_E_INVALID);
+  }
+  const std::string too_long(TM_MAX_STRING_BYTES + 1, 'v');
+  EXPECT_EQ(
+      tm_options_add_cache_config_str(opts_.get(), "dtype", too_long.c_str()),
+      TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(opts_.get(), "dtype",
+                                            too_long.c_str() + 1),
+            TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsNonFiniteCacheConfigFloat) {
+  for (double bad : {std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_EQ(tm_options_add_cache_config_float(opts_.get(), "f", bad),
+              TM_E_INVALID)
+        << bad;
+  }
+  EXPECT_EQ(tm_options_add_cache_config_float(
+                opts_.get(), "f", std::numeric_limits<double>::max()),
+            TM_OK);
+}
+
+TEST_F(OptionsTest, RejectsNegativeMaxLora) {
+  EXPECT_EQ(tm_options_set_max_lora(opts_.get(), -1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_max_lora(opts_.get(), INT64_MIN), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_max_lora(opts_.get(), 0), TM_OK);
+  EXPECT_EQ(tm_options_set_max_lora(opts_.get(), INT64_MAX), TM_OK);
 }
 
 TEST_F(OptionsTest, RejectsSocketPathTooLongForSunPath) {
@@ -372,6 +608,18 @@ TEST_F(OptionsTest, RejectsNullArguments) {
   EXPECT_EQ(tm_options_set_flush_interval_ms(nullptr, 20), TM_E_INVALID);
   EXPECT_EQ(tm_options_set_close_timeout_ms(nullptr, 20), TM_E_INVALID);
   EXPECT_EQ(tm_options_set_max_threads(nullptr, 4), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_profile(o, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_profile(nullptr, "vllm"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, nullptr, "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, "k", nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(nullptr, "k", "v"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_int(o, nullptr, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_int(nullptr, "k", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_float(o, nullptr, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_float(nullptr, "k", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_bool(o, nullptr, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_bool(nullptr, "k", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_options_set_max_lora(nullptr, 1), TM_E_INVALID);
   tm_options_free(nullptr);  // a no-op
 }
 
@@ -415,6 +663,13 @@ TEST(NullHandleTest, EventFunctionsRejectNullClient) {
   EXPECT_EQ(tm_preempted(nullptr, 1, 1), TM_E_INVALID);
   EXPECT_EQ(tm_preempted_str(nullptr, 1, "a", 1), TM_E_INVALID);
   EXPECT_EQ(tm_step(nullptr, 1, &key, &value, 1, nullptr, 0), TM_E_INVALID);
+  const tm_label label = {"tenant", "a"};
+  EXPECT_EQ(tm_arrived_ex(nullptr, 1, 1, 1, 0, 0, "l", &label, 1),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex(nullptr, 1, 1, 1, 0, 0, "", nullptr, 9),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_ex_str(nullptr, 1, "a", 1, 1, 0, 0, "l", &label, 1),
+            TM_E_INVALID);
 }
 
 TEST(NullHandleTest, ClientFunctionsRejectNullClient) {

@@ -141,11 +141,45 @@ TM_API int tm_options_set_scope(tm_options* opts, const char* scope);
  * accepts pass: tm_proto_valid_label() is the check both sides apply. */
 TM_API int tm_options_add_label(tm_options* opts, const char* name,
                                 const char* value);
+/* HELLO keys of protocol 1.1 (docs/protocol.md; a 1.0 daemon ignores
+ * them). Same rules as the setters above: copied, TM_OK or TM_E_INVALID
+ * (leaving the options unchanged). */
+
+/* The naming profile of this client's series: TM_PROFILE_VLLM ("vllm"),
+ * TM_PROFILE_SGLANG ("sglang") or TM_PROFILE_LMDEPLOY ("lmdeploy"); any
+ * other string is TM_E_INVALID. Default: not sent (the daemon decides from
+ * its --profile and the engine name). */
+TM_API int tm_options_set_profile(tm_options* opts, const char* profile);
+/* Adds an entry to HELLO's cache_config map (the engine's KV-cache
+ * configuration, e.g. block_size 16, num_gpu_blocks 8192; each becomes a
+ * label of <ns>:cache_config_info). Sent in the order added. At most
+ * TM_MAX_CACHE_CONFIG (32) entries; keys follow the HELLO label rules
+ * (tm_proto_valid_label(): [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__",
+ * none of TM_RESERVED_LABEL_NAMES) and must not repeat an entry already
+ * added, of any type. Values: a string (well-formed UTF-8, at most
+ * TM_MAX_STRING_BYTES), an int64 (sent as a msgpack int), a finite double
+ * (float64; NaN and infinities are TM_E_INVALID), a bool (0 false, anything
+ * else true). */
+TM_API int tm_options_add_cache_config_str(tm_options* opts, const char* key,
+                                           const char* value);
+TM_API int tm_options_add_cache_config_int(tm_options* opts, const char* key,
+                                           int64_t value);
+TM_API int tm_options_add_cache_config_float(tm_options* opts, const char* key,
+                                             double value);
+TM_API int tm_options_add_cache_config_bool(tm_options* opts, const char* key,
+                                            int value);
+/* HELLO max_lora: the most LoRA adapters the engine serves at once (the
+ * max_lora label of <ns>:lora_requests_info). >= 0; default: not sent. */
+TM_API int tm_options_set_max_lora(tm_options* opts, int64_t max_lora);
+
 /* Events each thread's buffer holds while the daemon is slow or away. The
  * buffer is capacity x 32 bytes; an event takes 24 to 40 bytes with an
  * integer request id (a string id: its length rounded up to 8 bytes instead
- * of 8), a STEP 16 bytes plus 8 per key and per position. 1024 .. 16 Mi,
- * rounded up to a power of two. Default 65536. */
+ * of 8), a STEP 16 bytes plus 8 per key and per position, a tm_arrived_ex()
+ * with a lora or labels 8 bytes more plus 8 per label plus the bytes of the
+ * lora and of every label name and value, rounded up to 8 in all (at most
+ * 1,856 bytes). 1024 .. 16 Mi, rounded up to a power of two. Default
+ * 65536. */
 TM_API int tm_options_set_buffer_capacity(tm_options* opts, size_t events);
 /* How often the sender drains the buffers when they are not filling up.
  * 1 .. 10000 ms. Default 20. */
@@ -249,6 +283,37 @@ TM_API int tm_arrived(tm_client* client, uint64_t t_ns, uint64_t rid,
 TM_API int tm_arrived_str(tm_client* client, uint64_t t_ns, const char* rid,
                           size_t rid_len, uint32_t prompt_tokens,
                           uint32_t max_tokens, uint32_t n);
+/* ARRIVED with the protocol 1.1 params (a 1.0 daemon ignores them):
+ * `lora` the LoRA adapter serving the request, NULL for none, else a
+ * NUL-terminated string of 1 .. TM_MAX_LORA_BYTES (128) bytes of
+ * well-formed UTF-8; `labels` the request's labels (only those the daemon
+ * enables with --request-label are used), n_labels <= TM_MAX_REQUEST_LABELS
+ * (4) entries, `labels` may be NULL when n_labels is 0. Each name follows
+ * the HELLO label rules (tm_proto_valid_label(): [a-zA-Z_][a-zA-Z0-9_]*, at
+ * most TM_MAX_STRING_BYTES, not starting with "__", none of
+ * TM_RESERVED_LABEL_NAMES) and appears once in the call; each value is a
+ * NUL-terminated string of 0 .. TM_MAX_REQUEST_LABEL_VALUE_BYTES (128)
+ * bytes of well-formed UTF-8. Anything else is TM_E_INVALID: counted as
+ * rejected, nothing appended. The strings are copied into the buffer and
+ * may be reused once the call returns. On the wire the params map holds
+ * max_tokens and n (when nonzero), lora (when given) and labels (a map,
+ * when n_labels > 0); with neither lora nor labels the event is exactly
+ * tm_arrived()'s / tm_arrived_str()'s. Cost: tm_arrived()'s plus checking
+ * and copying the strings (bounded: no scan goes past a limit); buffer
+ * space as tm_options_set_buffer_capacity() says. Wait-free, any thread,
+ * the same rules and results as the other event calls. */
+typedef struct tm_label {
+  const char* name;
+  const char* value;
+} tm_label;
+TM_API int tm_arrived_ex(tm_client* client, uint64_t t_ns, uint64_t rid,
+                         uint32_t prompt_tokens, uint32_t max_tokens,
+                         uint32_t n, const char* lora, const tm_label* labels,
+                         size_t n_labels);
+TM_API int tm_arrived_ex_str(tm_client* client, uint64_t t_ns, const char* rid,
+                             size_t rid_len, uint32_t prompt_tokens,
+                             uint32_t max_tokens, uint32_t n, const char* lora,
+                             const tm_label* labels, size_t n_labels);
 /* The same event stamped now, without `n`, with both token counts in one
  * argument: `tokens` = prompt_tokens | (uint64_t)max_tokens << 32. Equal to
  * tm_arrived(client, 0, rid, (uint32_t)tokens, (uint32_t)(tokens >> 32), 0).
