@@ -1,9 +1,12 @@
 // The C++ wrapper (tokenmeter/client.hpp) over a real socket.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "protocol_checks.h"
@@ -61,6 +64,64 @@ TEST_F(CppClientTest, CreateSendsHelloWithOptions) {
   EXPECT_EQ(meta.Find("scope")->str, "api");
   EXPECT_EQ(meta.Find("labels")->Find("zone")->str, "a");
   EXPECT_EQ(meta.Find("labels")->Find("pool")->str, "gpu");
+}
+
+TEST_F(CppClientTest, CreateSendsProtocol11HelloKeys) {
+  StartServer();
+  Options o = BaseOptions();
+  o.profile = "lmdeploy";
+  o.cache_config = {{"block_size", 64},
+                    {"quant_policy", "int8"},
+                    {"cache_max_entry_count", 0.5},
+                    {"enable_prefix_caching", true}};
+  o.cache_config.emplace_back("num_gpu_blocks", int64_t{8192});
+  o.max_lora = 0;
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  client->Close();
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const Value& meta = conns[0].frames.at(0).value.array.at(1);
+  EXPECT_EQ(meta.Find("profile")->str, "lmdeploy");
+  EXPECT_EQ(meta.Find("cache_config")->ToString(),
+            R"({"block_size":64,"quant_policy":"int8",)"
+            R"("cache_max_entry_count":0.5,"enable_prefix_caching":true,)"
+            R"("num_gpu_blocks":8192})");
+  EXPECT_EQ(meta.Find("max_lora")->ToString(), "0");
+}
+
+TEST_F(CppClientTest, CreateWithoutProtocol11OptionsSendsNoneOfTheirKeys) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  client->Close();
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  const Value& meta = conns.at(0).frames.at(0).value.array.at(1);
+  EXPECT_EQ(meta.Find("profile"), nullptr);
+  EXPECT_EQ(meta.Find("cache_config"), nullptr);
+  EXPECT_EQ(meta.Find("max_lora"), nullptr);
+}
+
+TEST_F(CppClientTest, CreateRejectsInvalidProtocol11Options) {
+  std::unique_ptr<Client> client;
+  Options bad_profile = BaseOptions();
+  bad_profile.profile = "tgi";
+  EXPECT_EQ(Client::Create(bad_profile, &client), TM_E_INVALID);
+  Options dup_key = BaseOptions();
+  dup_key.cache_config = {{"block_size", 16}, {"block_size", "16"}};
+  EXPECT_EQ(Client::Create(dup_key, &client), TM_E_INVALID);
+  Options nan_value = BaseOptions();
+  nan_value.cache_config = {{"util", std::nan("")}};
+  EXPECT_EQ(Client::Create(nan_value, &client), TM_E_INVALID);
+  Options reserved_key = BaseOptions();
+  reserved_key.cache_config = {{"engine", 1}};
+  EXPECT_EQ(Client::Create(reserved_key, &client), TM_E_INVALID);
+  Options negative_lora = BaseOptions();
+  negative_lora.max_lora = -2;
+  EXPECT_EQ(Client::Create(negative_lora, &client), TM_E_INVALID);
+  EXPECT_EQ(client, nullptr);
 }
 
 TEST_F(CppClientTest, CreateRejectsInvalidOptions) {
@@ -134,6 +195,95 @@ TEST_F(CppClientTest, SendsEventsWithStringViewIds) {
                         R"([4,124,77,3])",
                         R"([5,125,77,"stop"])",
                     }));
+}
+
+// Arrived() with lora and request labels: string_views need no NUL
+// terminator; an empty lora is none.
+TEST_F(CppClientTest, ArrivedSendsLoraAndRequestLabels) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const std::string text = "sql-loratenantacmetiergold";
+  const std::string_view lora(text.data(), 8);
+  const RequestLabel labels[] = {
+      {std::string_view(text.data() + 8, 6),
+       std::string_view(text.data() + 14, 4)},
+      {std::string_view(text.data() + 18, 4), std::string_view()}};
+  EXPECT_EQ(client->Arrived(uint64_t{1}, 10, 0, 0, lora, labels, 100), TM_OK);
+  EXPECT_EQ(client->Arrived(uint64_t{2}, 20, 32, 2, lora, {}, 101), TM_OK);
+  EXPECT_EQ(client->Arrived(uint64_t{3}, 30, 0, 0, "", labels, 102), TM_OK);
+  EXPECT_EQ(client->Arrived(uint64_t{4}, 40, 0, 0, "", {}, 103), TM_OK);
+  EXPECT_EQ(client->Arrived("req-5", 50, 0, 1, "adapter", labels, 104), TM_OK);
+  EXPECT_EQ(client->Arrived("req-6", 60, 0, 0, {}, {}, 105), TM_OK);
+  const std::vector<RequestLabel> one = {{"tenant", "b"}};
+  EXPECT_EQ(client->Arrived("req-7", 70, 0, 0, "a", one, 106), TM_OK);
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_sent, 7u);
+  EXPECT_EQ(stats.events_rejected, 0u);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  std::vector<std::string> shapes;
+  for (const Value& ev : EventsOf(conns[0])) shapes.push_back(ev.ToString());
+  EXPECT_EQ(shapes,
+            (std::vector<std::string>{
+                R"([1,100,1,10,{"lora":"sql-lora",)"
+                R"("labels":{"tenant":"acme","tier":""}}])",
+                R"([1,101,2,20,{"max_tokens":32,"n":2,"lora":"sql-lora"}])",
+                R"([1,102,3,30,{"labels":{"tenant":"acme","tier":""}}])",
+                R"([1,103,4,40])",
+                R"([1,104,"req-5",50,{"n":1,"lora":"adapter",)"
+                R"("labels":{"tenant":"acme","tier":""}}])",
+                R"([1,105,"req-6",60])",
+                R"([1,106,"req-7",70,{"lora":"a","labels":{"tenant":"b"}}])",
+            }));
+}
+
+// What the C call refuses, and what cannot reach it (a NUL byte inside a
+// string_view, a string longer than its buffer), is rejected and counted
+// alike; nothing is sent.
+TEST_F(CppClientTest, ArrivedRejectsInvalidLoraAndLabels) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const std::string long_lora(TM_MAX_LORA_BYTES + 1, 'l');
+  const std::string long_value(TM_MAX_REQUEST_LABEL_VALUE_BYTES + 1, 'v');
+  const std::string long_name(TM_MAX_STRING_BYTES + 1, 'n');
+  const std::string nul_lora("a\0b", 3);
+  const RequestLabel five[] = {
+      {"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}, {"e", "5"}};
+  const RequestLabel dup[] = {{"a", "1"}, {"a", "2"}};
+  const RequestLabel reserved[] = {{"le", "1"}};
+  const RequestLabel too_long_value[] = {{"a", long_value}};
+  const RequestLabel too_long_name[] = {{long_name, "v"}};
+  const RequestLabel nul_value[] = {{"a", std::string_view("x\0y", 3)}};
+  uint64_t rid = 1;
+  for (const auto& [lora, labels] :
+       std::vector<std::pair<std::string_view, std::span<const RequestLabel>>>{
+           {long_lora, {}},
+           {nul_lora, {}},
+           {"\xff", {}},
+           {"", five},
+           {"", dup},
+           {"", reserved},
+           {"", too_long_value},
+           {"", too_long_name},
+           {"", nul_value},
+       }) {
+    EXPECT_EQ(client->Arrived(rid, 1, 0, 0, lora, labels), TM_E_INVALID) << rid;
+    EXPECT_EQ(client->Arrived("r", 1, 0, 0, lora, labels), TM_E_INVALID) << rid;
+    ++rid;
+  }
+  EXPECT_EQ(client->GetStats().events_rejected, 18u);
+  EXPECT_EQ(client->Arrived(uint64_t{99}, 1, 0, 0, "ok", {}, 7), TM_OK);
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_sent, 1u);
+  ASSERT_TRUE(WaitForEof(0));
+  const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].ToString(), R"([1,7,99,1,{"lora":"ok"}])");
+  // Closed: inert, like every call.
+  EXPECT_EQ(client->Arrived(uint64_t{1}, 1, 0, 0, "ok", {}), TM_E_INVALID);
 }
 
 TEST_F(CppClientTest, TokensBatchSendsOneEventPerCountedEntry) {

@@ -1,20 +1,34 @@
 // C++ wrapper over the C ABI in tokenmeter.h: RAII, string_view ids,
 // default "now" timestamps. Header-only; every call forwards to one C call
 // and has that call's cost, thread rules and failure behaviour (see
-// tokenmeter.h). Nothing here throws.
+// tokenmeter.h). Nothing here throws. C++17; the Arrived() overloads with
+// request labels (std::span) need C++20.
 #ifndef TOKENMETER_CLIENT_HPP_
 #define TOKENMETER_CLIENT_HPP_
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
+#if __cplusplus >= 202002L
+#include <span>
+#endif
 
 #include "tokenmeter/tokenmeter.h"
 
 namespace tokenmeter {
+
+// A HELLO cache_config value: str, int, float (finite) or bool, sent with
+// its own msgpack type. {"block_size", 16}, {"dtype", "auto"},
+// {"gpu_memory_utilization", 0.9} and {"enable_prefix_caching", true} pick
+// the alternative their literal suggests.
+using CacheConfigValue = std::variant<std::string, int64_t, double, bool>;
 
 struct Options {
   std::string socket_path = TM_DEFAULT_SOCKET_PATH;
@@ -23,6 +37,12 @@ struct Options {
   std::string instance;  // empty: the daemon's default "0"
   std::string scope;     // empty: a private request-id space
   std::vector<std::pair<std::string, std::string>> labels;
+  // Protocol 1.1 HELLO keys (tm_options_set_profile() and the others).
+  std::string profile;  // "vllm", "sglang" or "lmdeploy"; empty: not sent
+  // The engine's KV-cache configuration, sent in this order; at most
+  // TM_MAX_CACHE_CONFIG entries, keys as label names, none twice.
+  std::vector<std::pair<std::string, CacheConfigValue>> cache_config;
+  std::optional<int64_t> max_lora;  // >= 0; nullopt: not sent
   size_t buffer_capacity = 65536;
   uint32_t flush_interval_ms = 20;
   uint32_t close_timeout_ms = 1000;
@@ -39,6 +59,9 @@ struct Stats {
   bool connected = false;
   uint64_t connect_failures = 0;
 };
+
+// One request label of Arrived(): (name, value).
+using RequestLabel = std::pair<std::string_view, std::string_view>;
 
 enum class FinishReason : int {
   kStop = TM_FINISH_STOP,
@@ -129,6 +152,15 @@ class Client {
         rc = tm_options_add_label(opts, name.c_str(), value.c_str());
       }
     }
+    if (rc == TM_OK && !o.profile.empty()) {
+      rc = tm_options_set_profile(opts, o.profile.c_str());
+    }
+    for (const auto& [key, value] : o.cache_config) {
+      if (rc == TM_OK) rc = AddCacheConfig(opts, key.c_str(), value);
+    }
+    if (rc == TM_OK && o.max_lora.has_value()) {
+      rc = tm_options_set_max_lora(opts, *o.max_lora);
+    }
     if (rc == TM_OK) {
       rc = tm_options_set_buffer_capacity(opts, o.buffer_capacity);
     }
@@ -177,6 +209,38 @@ class Client {
     return tm_arrived_str(c_, t_ns, rid.data(), rid.size(), prompt_tokens,
                           max_tokens, n);
   }
+#if __cplusplus >= 202002L
+  // ARRIVED with the protocol 1.1 params: tm_arrived_ex(_str). `lora`
+  // empty means none; `labels` are (name, value) pairs, the rules of
+  // tm_arrived_ex(). The strings are copied once more, NUL-terminated, into
+  // buffers on the stack (about 1.7 KB; no allocation); one holding a NUL
+  // byte, or longer than its limit, makes the call TM_E_INVALID, counted as
+  // rejected like any the C call refuses.
+  int Arrived(uint64_t rid, uint32_t prompt_tokens, uint32_t max_tokens,
+              uint32_t n, std::string_view lora,
+              std::span<const RequestLabel> labels = {},
+              uint64_t t_ns = 0) noexcept {
+    ArrivedStrings a;
+    if (!a.Copy(lora, labels)) {
+      return tm_arrived_ex(c_, t_ns, rid, prompt_tokens, max_tokens, n, nullptr,
+                           nullptr, kRefusedLabels);
+    }
+    return tm_arrived_ex(c_, t_ns, rid, prompt_tokens, max_tokens, n,
+                         a.lora_arg, a.labels, a.n_labels);
+  }
+  int Arrived(std::string_view rid, uint32_t prompt_tokens, uint32_t max_tokens,
+              uint32_t n, std::string_view lora,
+              std::span<const RequestLabel> labels = {},
+              uint64_t t_ns = 0) noexcept {
+    ArrivedStrings a;
+    if (!a.Copy(lora, labels)) {
+      return tm_arrived_ex_str(c_, t_ns, rid.data(), rid.size(), prompt_tokens,
+                               max_tokens, n, nullptr, nullptr, kRefusedLabels);
+    }
+    return tm_arrived_ex_str(c_, t_ns, rid.data(), rid.size(), prompt_tokens,
+                             max_tokens, n, a.lora_arg, a.labels, a.n_labels);
+  }
+#endif
   int Queued(uint64_t rid, uint64_t t_ns = 0) noexcept {
     return tm_queued(c_, t_ns, rid);
   }
@@ -235,6 +299,67 @@ class Client {
 
  private:
   explicit Client(tm_client* c) : c_(c) {}
+  static int AddCacheConfig(tm_options* opts, const char* key,
+                            const CacheConfigValue& v) {
+    if (const auto* s = std::get_if<std::string>(&v)) {
+      return tm_options_add_cache_config_str(opts, key, s->c_str());
+    }
+    if (const auto* i = std::get_if<int64_t>(&v)) {
+      return tm_options_add_cache_config_int(opts, key, *i);
+    }
+    if (const auto* d = std::get_if<double>(&v)) {
+      return tm_options_add_cache_config_float(opts, key, *d);
+    }
+    return tm_options_add_cache_config_bool(opts, key, std::get<bool>(v));
+  }
+
+#if __cplusplus >= 202002L
+  // An n_labels the C call always refuses (and counts): what Arrived()
+  // passes when its strings cannot be handed over.
+  static constexpr size_t kRefusedLabels = TM_MAX_REQUEST_LABELS + 1;
+
+  // NUL-terminated copies of Arrived()'s lora and labels. The buffers are
+  // left uninitialized (1.7 KB not cleared per call); Copy() writes what
+  // the C call reads.
+  struct ArrivedStrings {  // NOLINT(cppcoreguidelines-pro-type-member-init)
+    // False when a string holds a NUL byte or does not fit (then longer
+    // than the C call takes), or there are too many labels.
+    bool Copy(std::string_view lora_in,
+              std::span<const RequestLabel> labels_in) noexcept {
+      if (labels_in.size() > TM_MAX_REQUEST_LABELS) return false;
+      if (!lora_in.empty()) {
+        if (!CopyOne(lora_in, lora, sizeof lora)) return false;
+        lora_arg = lora;
+      }
+      for (const auto& [name, value] : labels_in) {
+        if (!CopyOne(name, names[n_labels], sizeof names[n_labels]) ||
+            !CopyOne(value, values[n_labels], sizeof values[n_labels])) {
+          return false;
+        }
+        labels[n_labels] = {names[n_labels], values[n_labels]};
+        ++n_labels;
+      }
+      return true;
+    }
+    static bool CopyOne(std::string_view s, char* out, size_t cap) noexcept {
+      if (s.size() >= cap) return false;
+      if (!s.empty()) {
+        if (std::memchr(s.data(), 0, s.size()) != nullptr) return false;
+        std::memcpy(out, s.data(), s.size());
+      }
+      out[s.size()] = '\0';
+      return true;
+    }
+
+    char lora[TM_MAX_LORA_BYTES + 1];
+    char names[TM_MAX_REQUEST_LABELS][TM_MAX_STRING_BYTES + 1];
+    char values[TM_MAX_REQUEST_LABELS][TM_MAX_REQUEST_LABEL_VALUE_BYTES + 1];
+    tm_label labels[TM_MAX_REQUEST_LABELS];
+    const char* lora_arg = nullptr;  // nullptr: no lora
+    size_t n_labels = 0;
+  };
+#endif
+
   static Stats ToStats(const uint64_t* s) {
     Stats r;
     r.events_sent = s[TM_STAT_EVENTS_SENT];
