@@ -35,7 +35,9 @@ tokenmeter::FinishReason ToClient(Finish f) {
 }  // namespace
 
 Engine::Engine(const EngineOptions& o)
-    : options_(o), recorder_(o.workload.requests) {}
+    : options_(o),
+      recorder_(o.workload.requests, o.workload.lora_adapters,
+                o.workload.tenants) {}
 
 Engine::~Engine() = default;
 
@@ -47,21 +49,32 @@ Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
   e->arrival_offset_ns_.reserve(work.size());
   for (WorkloadRequest& w : work) {
     e->arrival_offset_ns_.push_back(w.arrival_offset_ns);
-    e->requests_.emplace_back(w.id, std::move(w.prompt), w.max_tokens,
-                              Mix64(o.workload.seed ^ (w.id * 0x9e37ULL)));
+    Request& r =
+        e->requests_.emplace_back(w.id, std::move(w.prompt), w.max_tokens,
+                                  Mix64(o.workload.seed ^ (w.id * 0x9e37ULL)));
+    r.lora = w.lora;
+    r.tenant = w.tenant;
   }
   e->kv_ = std::make_unique<BlockManager>(o.kv);
   e->scheduler_ = std::make_unique<Scheduler>(o.scheduler, *e->kv_);
 
   const KvLayout layout{o.kv.num_blocks, o.kv.block_size};
   std::unique_ptr<Weights> weights = MakeWeights(o.model);
+  LoraLayout lora;
+  if (o.workload.lora_adapters > 0) {
+    lora = {o.scheduler.max_lora, o.lora_rank};
+    e->adapters_.reserve(o.workload.lora_adapters);
+    for (uint32_t i = 0; i < o.workload.lora_adapters; ++i) {
+      e->adapters_.push_back(MakeLoraAdapter(o.model, o.lora_rank, i));
+    }
+  }
   bool use_cuda = o.backend == Backend::kCuda;
   if (o.backend == Backend::kAuto) use_cuda = CudaDeviceAvailable(nullptr);
   if (use_cuda) {
-    Status s = MakeCudaModel(*weights, layout, &e->model_);
+    Status s = MakeCudaModel(*weights, layout, lora, &e->model_);
     if (!s.ok()) return Status::Error("--backend cuda: " + s.message());
   } else {
-    e->model_ = MakeCpuModel(*weights, layout);
+    e->model_ = MakeCpuModel(*weights, layout, lora);
   }
   e->logits_.resize(size_t(o.scheduler.max_batch) * o.model.vocab);
 
@@ -101,6 +114,7 @@ Status Engine::Run() {
       Request& r = requests_[next];
       const uint64_t arrived_ns = start_ns + arrival_offset_ns_[next];
       recorder_.Arrived(next, arrived_ns, r.prompt_len);
+      recorder_.Groups(next, r.lora, r.tenant);
       recorder_.Queued(next, now_ns);
       if (meter_) {
         meter_->Arrived(r.id, r.prompt_len, r.max_tokens, 1, arrived_ns);
@@ -152,6 +166,7 @@ Status Engine::Step(uint64_t* finished) {
     ch.block_table = r->kv.blocks.data();
     ch.num_blocks = uint32_t(r->kv.blocks.size());
     ch.want_logits = r->num_computed + c.num_tokens == r->num_tokens();
+    ch.lora_slot = r->lora_slot;
     const bool decode = c.num_tokens == 1 && r->num_output() > 0 &&
                         r->num_computed + 1 == r->num_tokens();
     prompt_tokens += decode ? 0 : c.num_tokens;
@@ -159,6 +174,14 @@ Status Engine::Step(uint64_t* finished) {
   }
   if (logits_.size() < chunks_.size() * size_t(options_.model.vocab)) {
     logits_.resize(chunks_.size() * size_t(options_.model.vocab));
+  }
+  // Adapters the step needs, uploaded into their slots before it runs (as
+  // a real engine's model runner does, so it counts in the prefill time).
+  for (const AdapterLoad& l : plan_.lora_loads) {
+    Status s =
+        model_->LoadLora(uint32_t(l.slot), adapters_.at(size_t(l.adapter)));
+    if (!s.ok()) return s;
+    recorder_.LoraLoaded(l.adapter, l.evicted >= 0);
   }
   Status s = model_->Forward(chunks_, logits_.data());
   if (!s.ok()) return s;
@@ -192,7 +215,7 @@ Status Engine::Step(uint64_t* finished) {
     scheduler_->Finish(r);
     ++*finished;
   }
-  recorder_.Step(plan_.prefix_queries, plan_.prefix_hits);
+  recorder_.Step(plan_.prefix_queries, plan_.prefix_hits, plan_.lora_skips);
   if (meter_) {
     tokenmeter::StepStats st;
     st.Running(scheduler_->num_running())

@@ -59,6 +59,9 @@ class Engine {
   std::unique_ptr<BlockManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Model> model_;
+  // Every LoRA adapter's weights (host memory; the backend's slots hold
+  // copies of at most --max-lora of them).
+  std::vector<LoraAdapter> adapters_;
   std::unique_ptr<tokenmeter::Client> meter_;  // null with --no-metrics
   Recorder recorder_;
   uint64_t client_dropped_ = 0;

@@ -35,7 +35,7 @@ void PrintSummary(const Report& r) {
       "on %s: %llu prompt + %llu generation tokens, %.1f output tokens/s, "
       "TTFT p50 %.4f s p99 %.4f s, ITL p50 %.4f s p99 %.4f s, %llu steps, "
       "%llu preemptions, prefix cache hit rate %.1f%%, metrics %s "
-      "(%llu events dropped)\n",
+      "(%llu events dropped)",
       (unsigned long long)r.requests, (unsigned long long)r.finished_stop,
       (unsigned long long)r.finished_length, r.duration_s, r.backend.c_str(),
       (unsigned long long)r.prompt_tokens,
@@ -43,6 +43,12 @@ void PrintSummary(const Report& r) {
       r.ttft.p50, r.ttft.p99, r.itl.p50, r.itl.p99, (unsigned long long)r.steps,
       (unsigned long long)r.preemptions, hit, r.metrics ? "on" : "off",
       (unsigned long long)r.client_dropped_events);
+  if (!r.lora_adapters.empty()) {
+    std::printf(", %zu LoRA adapters: %llu loads, %llu evictions",
+                r.lora_adapters.size(), (unsigned long long)r.lora_loads,
+                (unsigned long long)r.lora_evictions);
+  }
+  std::printf("\n");
 }
 
 }  // namespace

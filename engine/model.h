@@ -1,7 +1,9 @@
 // The model: a small decoder-only transformer (Llama-style: RMSNorm, RoPE,
 // multi-head attention over a paged KV cache, SwiGLU MLP, untied LM head)
 // with seeded random weights, in fp32. Two backends compute the same
-// function: a plain C++ CPU path and CUDA kernels with cuBLAS.
+// function: a plain C++ CPU path and CUDA kernels with cuBLAS. Both can
+// hold LoRA adapters (on the q and v projections) in a fixed number of
+// slots and apply a chunk's adapter to its rows.
 //
 // C++17-clean: model_cuda.cu includes it through nvcc -std=c++17.
 #ifndef TOKENMETER_ENGINE_MODEL_H_
@@ -44,6 +46,16 @@ struct KvLayout {
   uint32_t block_size = 16;
 };
 
+// LoRA adapter slots the backend allocates: `slots` adapters of rank
+// `rank` can be resident at once (0 slots: no LoRA). Slot memory lives
+// where the backend computes (host memory for the CPU, device memory for
+// CUDA): slots x LoraAdapterFloats(config, rank) floats.
+struct LoraLayout {
+  uint32_t slots = 0;
+  uint32_t rank = 0;  // 1..kMaxLoraRank when slots > 0
+};
+inline constexpr uint32_t kMaxLoraRank = 64;
+
 // One sequence's share of a step: its next `num_tokens` tokens, at positions
 // start_pos .. start_pos + num_tokens - 1. K/V of positions < start_pos are
 // already in the cache, in the blocks of `block_table` (which covers every
@@ -55,7 +67,36 @@ struct SeqChunk {
   const int32_t* block_table = nullptr;
   uint32_t num_blocks = 0;
   bool want_logits = false;  // logits after the chunk's last token
+  // The LoRA adapter slot applied to every token of the chunk (loaded with
+  // LoadLora()), or -1 for the base model.
+  int32_t lora_slot = -1;
 };
+
+// A LoRA adapter on the attention's q and v projections: for each layer,
+// q += (x A_q) B_q * scale and v += (x A_v) B_v * scale, with x the
+// normalized input of the projections and scale = alpha / rank. `weights`
+// holds, for each layer in turn, A_q (d x rank), B_q (rank x d), A_v,
+// B_v, each row-major [in][out] like the base weights: LoraAdapterFloats()
+// floats in all, one contiguous copy into a slot.
+struct LoraAdapter {
+  uint32_t rank = 0;
+  float scale = 1.0f;
+  std::vector<float> weights;
+};
+// Floats of one adapter of rank `rank`: 4 x n_layers x d_model x rank.
+size_t LoraAdapterFloats(const ModelConfig& c, uint32_t rank);
+// Offsets of layer l's matrices inside LoraAdapter::weights.
+struct LoraOffsets {
+  size_t a_q, b_q, a_v, b_v;
+};
+LoraOffsets LoraLayerOffsets(const ModelConfig& c, uint32_t rank, uint32_t l);
+// Draws adapter `index` (0-based) of rank `rank` from c.seed and the index:
+// A uniform with variance 1/d_model (as the base layers), B with a quarter
+// of the base layers' amplitude (variance 1/(16 rank)), alpha = rank (scale
+// 1). An adapter then moves q and v by about a quarter of their size.
+// O(adapter size).
+LoraAdapter MakeLoraAdapter(const ModelConfig& c, uint32_t rank,
+                            uint32_t index);
 
 class Model {
  public:
@@ -70,6 +111,12 @@ class Model {
   // (CUDA); the cache is then unspecified.
   virtual Status Forward(const std::vector<SeqChunk>& chunks,
                          float* logits) = 0;
+  // Copies `adapter` into `slot` (< LoraLayout.slots) of the backend's
+  // memory, replacing what the slot held; a host-to-device copy on CUDA.
+  // O(adapter size). Synchronous. Fails for a backend error, or a slot or
+  // adapter that does not match the model's LoraLayout (an error, not an
+  // abort: the adapter may come from outside the engine).
+  virtual Status LoadLora(uint32_t slot, const LoraAdapter& adapter) = 0;
 };
 
 // The seeded weights (host memory), shared by both backends so that they
@@ -97,8 +144,14 @@ Status ValidateModel(const ModelConfig& c, const KvLayout& kv);
 // Draws the weights from c.seed. O(parameters) time and memory.
 std::unique_ptr<Weights> MakeWeights(const ModelConfig& c);
 
-// The backends. `weights` is only read during construction.
-std::unique_ptr<Model> MakeCpuModel(const Weights& weights, const KvLayout& kv);
+// The backends. `weights` is only read during construction. Without a
+// LoraLayout the model has no adapter slots (every chunk must be base).
+std::unique_ptr<Model> MakeCpuModel(const Weights& weights, const KvLayout& kv,
+                                    const LoraLayout& lora);
+inline std::unique_ptr<Model> MakeCpuModel(const Weights& weights,
+                                           const KvLayout& kv) {
+  return MakeCpuModel(weights, kv, LoraLayout{});
+}
 // True when this binary has the CUDA backend.
 bool CudaBuilt();
 // True when the CUDA runtime answers with at least one device. Any error
@@ -106,7 +159,11 @@ bool CudaBuilt();
 bool CudaDeviceAvailable(std::string* why);
 // Fails when CUDA is not built, there is no device, or memory runs out.
 Status MakeCudaModel(const Weights& weights, const KvLayout& kv,
-                     std::unique_ptr<Model>* out);
+                     const LoraLayout& lora, std::unique_ptr<Model>* out);
+inline Status MakeCudaModel(const Weights& weights, const KvLayout& kv,
+                            std::unique_ptr<Model>* out) {
+  return MakeCudaModel(weights, kv, LoraLayout{}, out);
+}
 
 }  // namespace tokenmeter::engine
 

@@ -1,7 +1,9 @@
 // The CPU backend: the model's math in plain C++ loops, fp32, one thread.
 // Every row (token) is computed with the same sequence of operations
 // whatever the batch around it, so a request's logits do not depend on what
-// it was batched with, on chunking, or on prefix-cache reuse.
+// it was batched with, on chunking, or on prefix-cache reuse. LoRA adapters
+// live in host-memory slots; a chunk with a slot adds the adapter's delta to
+// its rows' q and v, chunk by chunk, with the same per-row operations.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -57,15 +59,30 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 class CpuModel final : public Model {
  public:
-  CpuModel(const Weights& w, const KvLayout& kv)
+  CpuModel(const Weights& w, const KvLayout& kv, const LoraLayout& lora)
       : w_(w),
         kv_(kv),
+        lora_(lora),
+        lora_floats_(LoraAdapterFloats(w.config, lora.rank)),
         slots_(size_t(kv.num_blocks) * kv.block_size),
         k_cache_(size_t(w.config.n_layers) * slots_ * w.config.d_model),
-        v_cache_(k_cache_.size()) {}
+        v_cache_(k_cache_.size()),
+        lora_weights_(size_t(lora.slots) * lora_floats_),
+        lora_scale_(lora.slots, 0.0f) {}
 
   const char* backend() const override { return "cpu"; }
   const ModelConfig& config() const override { return w_.config; }
+
+  Status LoadLora(uint32_t slot, const LoraAdapter& a) override {
+    if (slot >= lora_.slots) return Status::Error("LoRA slot out of range");
+    if (a.rank != lora_.rank || a.weights.size() != lora_floats_) {
+      return Status::Error("LoRA adapter does not match the slots' rank");
+    }
+    std::copy(a.weights.begin(), a.weights.end(),
+              lora_weights_.begin() + ptrdiff_t(slot * lora_floats_));
+    lora_scale_[slot] = a.scale;
+    return Status::Ok();
+  }
 
   Status Forward(const std::vector<SeqChunk>& chunks, float* logits) override {
     const ModelConfig& c = w_.config;
@@ -77,8 +94,13 @@ class CpuModel final : public Model {
 
     // Per-row position, chunk and cache slot.
     size_t t = 0;
+    bool any_lora = false;
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const SeqChunk& ch = chunks[ci];
+      if (ch.lora_slot < -1 || ch.lora_slot >= int32_t(lora_.slots)) {
+        std::abort();
+      }
+      any_lora |= ch.lora_slot >= 0;
       for (uint32_t k = 0; k < ch.num_tokens; ++k, ++t) {
         const uint32_t pos = ch.start_pos + k;
         if (pos >= c.max_context || pos / kv_.block_size >= ch.num_blocks) {
@@ -106,6 +128,7 @@ class CpuModel final : public Model {
       MatMul(h_.data(), rows, d, lw.wq.data(), d, q_.data(), false);
       MatMul(h_.data(), rows, d, lw.wk.data(), d, k_.data(), false);
       MatMul(h_.data(), rows, d, lw.wv.data(), d, v_.data(), false);
+      if (any_lora) ApplyLora(chunks, l);
       const size_t half = hd / 2;
       for (size_t r = 0; r < rows; ++r) {
         const float* cs = &w_.rope_cos[pos_[r] * half];
@@ -154,7 +177,32 @@ class CpuModel final : public Model {
     for (auto* v : {&x_, &h_, &q_, &k_, &v_, &att_}) v->resize(rows * d);
     a_.resize(rows * ff);
     b_.resize(rows * ff);
+    lora_u_.resize(rows * lora_.rank);
     scores_.resize(w_.config.max_context);
+  }
+
+  // q += (h A_q) B_q * scale and v += (h A_v) B_v * scale for the rows of
+  // every chunk with an adapter slot.
+  void ApplyLora(const std::vector<SeqChunk>& chunks, uint32_t l) {
+    const size_t d = w_.config.d_model, rank = lora_.rank;
+    const LoraOffsets o = LoraLayerOffsets(w_.config, lora_.rank, l);
+    size_t t0 = 0;
+    for (const SeqChunk& ch : chunks) {
+      const size_t n = ch.num_tokens;
+      if (ch.lora_slot >= 0) {
+        const float* w = &lora_weights_[size_t(ch.lora_slot) * lora_floats_];
+        const float scale = lora_scale_[size_t(ch.lora_slot)];
+        const float* h = &h_[t0 * d];
+        auto delta = [&](size_t a, size_t b, float* y) {
+          MatMul(h, n, d, w + a, rank, lora_u_.data(), false);
+          for (size_t i = 0; i < n * rank; ++i) lora_u_[i] *= scale;
+          MatMul(lora_u_.data(), n, rank, w + b, d, y + t0 * d, true);
+        };
+        delta(o.a_q, o.b_q, q_.data());
+        delta(o.a_v, o.b_v, v_.data());
+      }
+      t0 += n;
+    }
   }
 
   // Causal attention of one row (at position `pos`) over positions 0..pos
@@ -195,18 +243,22 @@ class CpuModel final : public Model {
 
   const Weights w_;
   const KvLayout kv_;
+  const LoraLayout lora_;
+  const size_t lora_floats_;  // one adapter
   const size_t slots_;
   std::vector<float> k_cache_, v_cache_;  // [layer][slot][d]
+  std::vector<float> lora_weights_;       // [adapter slot][LoraAdapter]
+  std::vector<float> lora_scale_;         // per adapter slot
   std::vector<size_t> pos_, slot_;
   std::vector<uint32_t> chunk_of_;
-  std::vector<float> x_, h_, q_, k_, v_, att_, a_, b_, scores_;
+  std::vector<float> x_, h_, q_, k_, v_, att_, a_, b_, scores_, lora_u_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> MakeCpuModel(const Weights& weights,
-                                    const KvLayout& kv) {
-  return std::make_unique<CpuModel>(weights, kv);
+std::unique_ptr<Model> MakeCpuModel(const Weights& weights, const KvLayout& kv,
+                                    const LoraLayout& lora) {
+  return std::make_unique<CpuModel>(weights, kv, lora);
 }
 
 }  // namespace tokenmeter::engine

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model.h"
@@ -186,6 +187,53 @@ __global__ void AttentionKernel(const float* q, const float* kc,
   }
 }
 
+// u[r] = scale[slot] * h[r] A[slot], A being d x rank at `a_off` of the
+// slot's adapter; one block per row, rows with slot -1 skip. Each thread
+// sums a slice of the d inputs for one rank column; `partial` holds them.
+__global__ void LoraShrinkKernel(const float* h, const int32_t* row_slot,
+                                 const float* lora_w, size_t adapter_floats,
+                                 size_t a_off, const float* scale, int d,
+                                 int rank, float* u) {
+  __shared__ float partial[kThreads];
+  const size_t r = blockIdx.x;
+  const int s = row_slot[r];
+  if (s < 0) return;  // the whole block
+  const float* a = lora_w + size_t(s) * adapter_floats + a_off;
+  const float* hr = h + r * d;
+  const int slices = int(blockDim.x) / rank;
+  const int k = int(threadIdx.x) % rank, slice = int(threadIdx.x) / rank;
+  float acc = 0;
+  if (slice < slices) {
+    for (int i = slice; i < d; i += slices)
+      acc += hr[i] * a[size_t(i) * rank + k];
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  if (int(threadIdx.x) < rank) {
+    float total = 0;
+    for (int sl = 0; sl < slices; ++sl) total += partial[sl * rank + k];
+    u[r * rank + k] = total * scale[s];
+  }
+}
+
+// y[r] += u[r] B[slot], B being rank x d at `b_off`; one block per row.
+__global__ void LoraExpandKernel(const float* u, const int32_t* row_slot,
+                                 const float* lora_w, size_t adapter_floats,
+                                 size_t b_off, int d, int rank, float* y) {
+  __shared__ float us[kMaxLoraRank];
+  const size_t r = blockIdx.x;
+  const int s = row_slot[r];
+  if (s < 0) return;
+  const float* b = lora_w + size_t(s) * adapter_floats + b_off;
+  for (int k = threadIdx.x; k < rank; k += blockDim.x) us[k] = u[r * rank + k];
+  __syncthreads();
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    float acc = 0;
+    for (int k = 0; k < rank; ++k) acc += us[k] * b[size_t(k) * d + j];
+    y[r * d + j] += acc;
+  }
+}
+
 __global__ void SiluMulKernel(float* a, const float* b, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -235,8 +283,12 @@ struct DeviceLayer {
 
 class CudaModel final : public Model {
  public:
-  CudaModel(const ModelConfig& c, const KvLayout& kv)
-      : config_(c), kv_(kv), layers_(c.n_layers) {}
+  CudaModel(const ModelConfig& c, const KvLayout& kv, const LoraLayout& lora)
+      : config_(c),
+        kv_(kv),
+        lora_(lora),
+        lora_floats_(LoraAdapterFloats(c, lora.rank)),
+        layers_(c.n_layers) {}
   ~CudaModel() override {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
   }
@@ -265,6 +317,28 @@ class CudaModel final : public Model {
       TM_RETURN_IF_ERROR(dl.k_cache.Reserve(slots * config_.d_model));
       TM_RETURN_IF_ERROR(dl.v_cache.Reserve(slots * config_.d_model));
     }
+    if (lora_.slots > 0) {
+      // Zeroed: a slot never loaded adds nothing, as on the CPU.
+      const size_t n = size_t(lora_.slots) * lora_floats_;
+      TM_RETURN_IF_ERROR(lora_w_.Reserve(n));
+      TM_CUDA_TRY(cudaMemset(lora_w_.get(), 0, n * sizeof(float)));
+      TM_RETURN_IF_ERROR(lora_scale_.Reserve(lora_.slots));
+      TM_CUDA_TRY(
+          cudaMemset(lora_scale_.get(), 0, lora_.slots * sizeof(float)));
+    }
+    return Status::Ok();
+  }
+
+  Status LoadLora(uint32_t slot, const LoraAdapter& a) override {
+    if (slot >= lora_.slots) return Status::Error("LoRA slot out of range");
+    if (a.rank != lora_.rank || a.weights.size() != lora_floats_) {
+      return Status::Error("LoRA adapter does not match the slots' rank");
+    }
+    TM_CUDA_TRY(cudaMemcpy(lora_w_.get() + size_t(slot) * lora_floats_,
+                           a.weights.data(), lora_floats_ * sizeof(float),
+                           cudaMemcpyHostToDevice));
+    TM_CUDA_TRY(cudaMemcpy(lora_scale_.get() + slot, &a.scale, sizeof(float),
+                           cudaMemcpyHostToDevice));
     return Status::Ok();
   }
 
@@ -287,9 +361,15 @@ class CudaModel final : public Model {
     seq_h_.clear();
     slots_h_.clear();
     logit_rows_h_.clear();
+    lora_rows_h_.clear();
+    bool any_lora = false;
     tables_h_.assign(chunks.size() * size_t(max_blocks), 0);
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const SeqChunk& ch = chunks[ci];
+      if (ch.lora_slot < -1 || ch.lora_slot >= int32_t(lora_.slots)) {
+        return Status::Error("chunk with a LoRA slot out of range");
+      }
+      any_lora |= ch.lora_slot >= 0;
       for (uint32_t b = 0; b < ch.num_blocks; ++b) {
         tables_h_[ci * size_t(max_blocks) + b] = ch.block_table[b];
       }
@@ -308,6 +388,13 @@ class CudaModel final : public Model {
       if (ch.want_logits) logit_rows_h_.push_back(int32_t(pos_h_.size() - 1));
     }
     const size_t n_logits = logit_rows_h_.size();
+    if (any_lora) {
+      for (const SeqChunk& ch : chunks) {
+        lora_rows_h_.insert(lora_rows_h_.end(), ch.num_tokens, ch.lora_slot);
+      }
+      TM_RETURN_IF_ERROR(lora_rows_.Upload(lora_rows_h_));
+      TM_RETURN_IF_ERROR(lora_u_.Reserve(rows * lora_.rank));
+    }
 
     TM_RETURN_IF_ERROR(tokens_.Upload(tokens_h_));
     TM_RETURN_IF_ERROR(pos_.Upload(pos_h_));
@@ -336,7 +423,8 @@ class CudaModel final : public Model {
           int(att_smem)));
     }
     attention_smem_set_ = true;
-    for (DeviceLayer& l : layers_) {
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      DeviceLayer& l = layers_[li];
       RmsNormKernel<<<grid_rows, kThreads>>>(
           x_.get(), nullptr, l.attn_norm.get(), h_.get(), d, c.norm_eps);
       TM_RETURN_IF_ERROR(
@@ -345,6 +433,7 @@ class CudaModel final : public Model {
           Gemm(h_.get(), rows, d, l.wk.get(), d, k_.get(), false));
       TM_RETURN_IF_ERROR(
           Gemm(h_.get(), rows, d, l.wv.get(), d, v_.get(), false));
+      if (any_lora) ApplyLora(grid_rows, li);
       RopeKernel<<<grid_rows, kThreads>>>(q_.get(), k_.get(), pos_.get(),
                                           rope_cos_.get(), rope_sin_.get(),
                                           int(c.n_heads), hd);
@@ -386,6 +475,23 @@ class CudaModel final : public Model {
   }
 
  private:
+  // q_ and v_ += the adapter deltas of layer l for the rows of h_ that have
+  // a slot (lora_rows_).
+  void ApplyLora(unsigned grid_rows, size_t l) {
+    const int d = int(config_.d_model), rank = int(lora_.rank);
+    const LoraOffsets o = LoraLayerOffsets(config_, lora_.rank, uint32_t(l));
+    const std::pair<size_t, size_t> ab[] = {{o.a_q, o.b_q}, {o.a_v, o.b_v}};
+    float* ys[] = {q_.get(), v_.get()};
+    for (int p = 0; p < 2; ++p) {
+      LoraShrinkKernel<<<grid_rows, kThreads>>>(
+          h_.get(), lora_rows_.get(), lora_w_.get(), lora_floats_, ab[p].first,
+          lora_scale_.get(), d, rank, lora_u_.get());
+      LoraExpandKernel<<<grid_rows, kThreads>>>(lora_u_.get(), lora_rows_.get(),
+                                                lora_w_.get(), lora_floats_,
+                                                ab[p].second, d, rank, ys[p]);
+    }
+  }
+
   // y[rows x out] (+)= x[rows x in] * w[in x out], all row-major: in
   // cuBLAS's column-major terms y^T = w^T * x^T.
   Status Gemm(const float* x, size_t rows, int in, const float* w, int out,
@@ -398,15 +504,21 @@ class CudaModel final : public Model {
 
   const ModelConfig config_;
   const KvLayout kv_;
+  const LoraLayout lora_;
+  const size_t lora_floats_;  // one adapter
   cublasHandle_t cublas_ = nullptr;
   bool attention_smem_set_ = false;
   DeviceArray<float> embed_, final_norm_, lm_head_, rope_cos_, rope_sin_;
   std::vector<DeviceLayer> layers_;
+  DeviceArray<float> lora_w_;      // [adapter slot][LoraAdapter weights]
+  DeviceArray<float> lora_scale_;  // per adapter slot
   // Per-step inputs and activations, grown as needed.
   std::vector<int32_t> tokens_h_, pos_h_, seq_h_, slots_h_, tables_h_,
-      logit_rows_h_;
-  DeviceArray<int32_t> tokens_, pos_, seq_, slots_, tables_, logit_rows_;
-  DeviceArray<float> x_, h_, q_, k_, v_, att_, a_, b_, final_h_, logits_;
+      logit_rows_h_, lora_rows_h_;
+  DeviceArray<int32_t> tokens_, pos_, seq_, slots_, tables_, logit_rows_,
+      lora_rows_;
+  DeviceArray<float> x_, h_, q_, k_, v_, att_, a_, b_, final_h_, logits_,
+      lora_u_;
 };
 
 }  // namespace
@@ -429,13 +541,17 @@ bool CudaDeviceAvailable(std::string* why) {
 }
 
 Status MakeCudaModel(const Weights& weights, const KvLayout& kv,
-                     std::unique_ptr<Model>* out) {
+                     const LoraLayout& lora, std::unique_ptr<Model>* out) {
   std::string why;
   if (!CudaDeviceAvailable(&why)) return Status::Error(why);
   if (size_t(kv.num_blocks) * kv.block_size > size_t(INT32_MAX)) {
     return Status::Error("KV cache too large for 32-bit slot numbers");
   }
-  auto m = std::make_unique<CudaModel>(weights.config, kv);
+  if (lora.slots > 0 && (lora.rank < 1 || lora.rank > kMaxLoraRank)) {
+    return Status::Error("LoRA rank must be 1.." +
+                         std::to_string(kMaxLoraRank));
+  }
+  auto m = std::make_unique<CudaModel>(weights.config, kv, lora);
   TM_RETURN_IF_ERROR(m->Init(weights));
   *out = std::move(m);
   return Status::Ok();

@@ -10,7 +10,8 @@ bool CudaDeviceAvailable(std::string* why) {
   return false;
 }
 
-Status MakeCudaModel(const Weights&, const KvLayout&, std::unique_ptr<Model>*) {
+Status MakeCudaModel(const Weights&, const KvLayout&, const LoraLayout&,
+                     std::unique_ptr<Model>*) {
   return Status::Error("this build has no CUDA backend (built without nvcc)");
 }
 

@@ -84,6 +84,39 @@ Status ValidateModel(const ModelConfig& c, const KvLayout& kv) {
   return Status::Ok();
 }
 
+size_t LoraAdapterFloats(const ModelConfig& c, uint32_t rank) {
+  return size_t(4) * c.n_layers * c.d_model * rank;
+}
+
+LoraOffsets LoraLayerOffsets(const ModelConfig& c, uint32_t rank, uint32_t l) {
+  const size_t m = size_t(c.d_model) * rank;  // one matrix
+  const size_t base = size_t(l) * 4 * m;
+  return {base, base + m, base + 2 * m, base + 3 * m};
+}
+
+LoraAdapter MakeLoraAdapter(const ModelConfig& c, uint32_t rank,
+                            uint32_t index) {
+  LoraAdapter a;
+  a.rank = rank;
+  a.scale = 1.0f;  // alpha = rank
+  a.weights.resize(LoraAdapterFloats(c, rank));
+  // A stream of its own per adapter: adapter i is the same whatever N.
+  Rng rng(Mix64(c.seed ^ 0x6c6f7261ULL ^ Mix64(index + 1)));
+  const auto amp_a = float(std::sqrt(3.0 / c.d_model));
+  const auto amp_b = float(0.25 * std::sqrt(3.0 / rank));
+  const size_t m = size_t(c.d_model) * rank;
+  for (uint32_t l = 0; l < c.n_layers; ++l) {
+    const LoraOffsets o = LoraLayerOffsets(c, rank, l);
+    for (size_t off : {o.a_q, o.a_v}) {
+      for (size_t i = 0; i < m; ++i) a.weights[off + i] = rng.Symmetric(amp_a);
+    }
+    for (size_t off : {o.b_q, o.b_v}) {
+      for (size_t i = 0; i < m; ++i) a.weights[off + i] = rng.Symmetric(amp_b);
+    }
+  }
+  return a;
+}
+
 std::unique_ptr<Weights> MakeWeights(const ModelConfig& c) {
   auto w = std::make_unique<Weights>();
   w->config = c;

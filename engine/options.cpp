@@ -34,6 +34,13 @@ Engine:
   --model-size S            tiny, small, medium, large (tiny)
   --temperature T           sampling temperature; 0 = greedy (1)
   --backend B               auto, cpu, cuda (auto: cuda when a device answers)
+LoRA and tenants:
+  --lora-adapters N         LoRA adapters lora-0..lora-N-1; each request uses
+                            one, Zipf-skewed (0 = base model only)
+  --max-lora M              adapters resident at once, 1..256 (4)
+  --lora-rank R             adapter rank, 1..64 and at most d_model (8)
+  --tenants T               tenants tenant-0..tenant-T-1, one per request,
+                            sent as the `tenant` label (3; 0 = no label)
 Metrics:
   --metrics-socket PATH     tokenmeterd's ingest socket
                             (default /run/tokenmeter/ingest.sock)
@@ -42,6 +49,7 @@ Metrics:
   --model NAME              HELLO model (tokenmeter-<size>)
   --instance ID             HELLO instance (the `engine` label)
   --scope NAME              HELLO scope (shared request-id space)
+  --metrics-profile P       HELLO profile: vllm, sglang, lmdeploy (not sent)
 Output:
   --report FILE.json        write the engine's own figures
   --quiet                   no summary line on stdout
@@ -67,12 +75,46 @@ Status Bad(std::string_view flag, std::string_view value) {
                        std::string(value) + "'");
 }
 
+Status ValidateLora(EngineOptions& o) {
+  const uint32_t n = o.workload.lora_adapters;
+  if (o.max_lora > kMaxLoraSlots) {
+    return Status::Error("--max-lora must be 1.." +
+                         std::to_string(kMaxLoraSlots));
+  }
+  if (n > 0 && o.max_lora < 1) {
+    return Status::Error("--max-lora must be >= 1 with --lora-adapters " +
+                         std::to_string(n));
+  }
+  if (o.lora_rank < 1 || o.lora_rank > kMaxLoraRank ||
+      o.lora_rank > o.model.d_model) {
+    return Status::Error("--lora-rank must be 1.." +
+                         std::to_string(kMaxLoraRank) + " and at most the " +
+                         o.model.size + " model's d_model of " +
+                         std::to_string(o.model.d_model));
+  }
+  const uint64_t bytes =
+      uint64_t(LoraAdapterFloats(o.model, o.lora_rank)) * sizeof(float);
+  const uint64_t total = (uint64_t(n) + (n > 0 ? o.max_lora : 0)) * bytes;
+  if (total > kMaxLoraBytes) {
+    return Status::Error(
+        "LoRA weights would take " + std::to_string(total >> 20) +
+        " MiB (--lora-adapters " + std::to_string(n) + " + --max-lora " +
+        std::to_string(o.max_lora) + " slots of " +
+        std::to_string(bytes >> 10) + " KiB at --lora-rank " +
+        std::to_string(o.lora_rank) + "), more than " +
+        std::to_string(kMaxLoraBytes >> 20) + " MiB");
+  }
+  o.scheduler.max_lora = n > 0 ? o.max_lora : 0;
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string_view UsageText() { return kUsage; }
 
 Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   o->metrics_socket = TM_DEFAULT_SOCKET_PATH;
+  o->workload.tenants = 3;
   std::string model_size = "tiny";
   uint64_t seed = 1;
   for (int i = 1; i < argc; ++i) {
@@ -167,6 +209,20 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       o->instance = std::string(value);
     } else if (flag == "--scope") {
       o->scope = std::string(value);
+    } else if (flag == "--lora-adapters") {
+      s = u32(&o->workload.lora_adapters);
+    } else if (flag == "--max-lora") {
+      s = u32(&o->max_lora);
+    } else if (flag == "--lora-rank") {
+      s = u32(&o->lora_rank);
+    } else if (flag == "--tenants") {
+      s = u32(&o->workload.tenants);
+    } else if (flag == "--metrics-profile") {
+      if (value == "vllm" || value == "sglang" || value == "lmdeploy") {
+        o->metrics_profile = std::string(value);
+      } else {
+        s = Bad(flag, value);
+      }
     } else if (flag == "--report") {
       o->report_path = std::string(value);
     } else {
@@ -197,6 +253,8 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       o->scheduler.max_tokens_per_step > 65536) {
     return Status::Error("--max-tokens-per-step must be 1..65536");
   }
+  s = ValidateLora(*o);
+  if (!s.ok()) return s;
   const uint64_t longest =
       uint64_t(MaxPromptLen(o->workload)) + MaxOutputLen(o->workload);
   if (longest > o->model.max_context) {

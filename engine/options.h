@@ -24,6 +24,11 @@ struct EngineOptions {
   ModelConfig model;  // from --model-size; vocab feeds the workload
   Backend backend = Backend::kAuto;
   float temperature = 1.0f;  // 0: greedy
+  // LoRA: workload.lora_adapters adapters (0: none) of rank lora_rank, at
+  // most max_lora resident (scheduler.max_lora is max_lora with adapters,
+  // else 0). workload.tenants: the tenants (3 by default).
+  uint32_t max_lora = 4;
+  uint32_t lora_rank = 8;
 
   bool metrics = true;
   std::string metrics_socket;  // default TM_DEFAULT_SOCKET_PATH
@@ -31,6 +36,9 @@ struct EngineOptions {
   std::string model_name;  // default "tokenmeter-<size>"
   std::string instance;
   std::string scope;
+  // HELLO profile: "vllm", "sglang", "lmdeploy", or empty (not sent). It
+  // also picks the cache_config keys (SGLang's with "sglang").
+  std::string metrics_profile;
   std::string report_path;
   bool quiet = false;
 
@@ -40,10 +48,17 @@ struct EngineOptions {
 
 // Parses argv (argv[0] skipped; `--flag value` and `--flag=value`) and
 // checks the combination: a request must fit the model's context and the
-// KV cache. Errors name the flag.
+// KV cache; LoRA flags in range (--max-lora >= 1 with adapters, --lora-rank
+// 1..64 and at most d_model, the adapters' weights within 4 GiB). Errors
+// name the flag.
 Status ParseOptions(int argc, const char* const* argv, EngineOptions* o);
 
 std::string_view UsageText();
+
+// The cap on the memory of every LoRA adapter (the host store of all
+// --lora-adapters plus the --max-lora slots).
+inline constexpr uint64_t kMaxLoraBytes = uint64_t(4) << 30;
+inline constexpr uint32_t kMaxLoraSlots = 256;
 
 }  // namespace tokenmeter::engine
 

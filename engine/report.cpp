@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "engine/workload.h"
+
 namespace tokenmeter::engine {
 namespace {
 
@@ -62,6 +64,34 @@ void AppendString(std::string& out, const std::string& s) {
     }
   }
   out += '"';
+}
+
+void AppendGroups(std::string& out, const char* key,
+                  const std::vector<GroupCounts>& groups, bool loads) {
+  out += ",\n \"";
+  out += key;
+  out += "\": {";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GroupCounts& g = groups[i];
+    out += i == 0 ? "\n  " : ",\n  ";
+    AppendString(out, g.name);
+    out += ": {\"requests\": ";
+    AppendUint(out, g.requests);
+    out += ", \"finished\": {\"stop\": ";
+    AppendUint(out, g.finished_stop);
+    out += ", \"length\": ";
+    AppendUint(out, g.finished_length);
+    out += "}, \"prompt_tokens\": ";
+    AppendUint(out, g.prompt_tokens);
+    out += ", \"generation_tokens\": ";
+    AppendUint(out, g.generation_tokens);
+    if (loads) {
+      out += ", \"loads\": ";
+      AppendUint(out, g.loads);
+    }
+    out += "}";
+  }
+  out += "}";
 }
 
 }  // namespace
@@ -122,11 +152,37 @@ std::string ReportJson(const Report& r) {
   AppendDouble(o, r.loop_cpu_s);
   o += ", \"process_cpu_s\": ";
   AppendDouble(o, r.process_cpu_s);
+  o += ",\n \"lora_loads\": ";
+  AppendUint(o, r.lora_loads);
+  o += ", \"lora_evictions\": ";
+  AppendUint(o, r.lora_evictions);
+  o += ", \"lora_skips\": ";
+  AppendUint(o, r.lora_skips);
+  AppendGroups(o, "lora_adapters", r.lora_adapters, true);
+  AppendGroups(o, "tenants", r.tenants, false);
   o += "}\n";
   return o;
 }
 
-Recorder::Recorder(size_t num_requests) : times_(num_requests) {}
+Recorder::Recorder(size_t num_requests, uint32_t num_adapters,
+                   uint32_t num_tenants)
+    : times_(num_requests),
+      lora_loads_(num_adapters),
+      num_tenants_(num_tenants) {}
+
+void Recorder::Groups(size_t i, int32_t lora, int32_t tenant) {
+  if (lora >= int32_t(lora_loads_.size()) || tenant >= int32_t(num_tenants_)) {
+    std::abort();
+  }
+  Times& t = times_.at(i);
+  t.lora = lora;
+  t.tenant = tenant;
+}
+
+void Recorder::LoraLoaded(int32_t adapter, bool evicted) {
+  ++lora_loads_.at(size_t(adapter));
+  if (evicted) ++lora_evictions_;
+}
 
 void Recorder::Arrived(size_t i, uint64_t t_ns, uint32_t prompt_tokens) {
   Times& t = times_.at(i);
@@ -170,9 +226,31 @@ void Recorder::Finished(size_t i, uint64_t t_ns, Finish reason) {
 Report Recorder::Build(const std::string& backend, bool metrics,
                        uint64_t client_dropped_events) const {
   Report r;
+  r.lora_adapters.resize(lora_loads_.size());
+  for (size_t a = 0; a < lora_loads_.size(); ++a) {
+    r.lora_adapters[a].name = LoraName(int32_t(a));
+    r.lora_adapters[a].loads = lora_loads_[a];
+    r.lora_loads += lora_loads_[a];
+  }
+  r.tenants.resize(num_tenants_);
+  for (uint32_t i = 0; i < num_tenants_; ++i) {
+    r.tenants[i].name = TenantName(int32_t(i));
+  }
   std::vector<double> ttft, e2e, queue, prefill, decode, inference, tpot;
   uint64_t first_arrival = UINT64_MAX, last_finish = 0;
   for (const Times& t : times_) {
+    GroupCounts* groups[2] = {
+        t.lora >= 0 ? &r.lora_adapters[size_t(t.lora)] : nullptr,
+        t.tenant >= 0 ? &r.tenants[size_t(t.tenant)] : nullptr};
+    for (GroupCounts* g : groups) {
+      if (g == nullptr) continue;
+      g->generation_tokens += t.generation_tokens;
+      if (t.has_first_token) g->prompt_tokens += t.prompt_tokens;
+      if (!t.has_finished) continue;
+      ++g->requests;
+      if (t.reason == Finish::kStop) ++g->finished_stop;
+      if (t.reason == Finish::kLength) ++g->finished_length;
+    }
     if (t.has_arrived) first_arrival = std::min(first_arrival, t.arrived);
     r.generation_tokens += t.generation_tokens;
     if (t.has_first_token) {
@@ -223,6 +301,8 @@ Report Recorder::Build(const std::string& backend, bool metrics,
   r.prefix_cache_queries = prefix_queries_;
   r.prefix_cache_hits = prefix_hits_;
   r.steps = steps_;
+  r.lora_evictions = lora_evictions_;
+  r.lora_skips = lora_skips_;
   return r;
 }
 

@@ -24,6 +24,19 @@ struct Summary {
 // smallest value with at least p% of the values at or below it.
 Summary Summarize(std::vector<double>& values);
 
+// One LoRA adapter's or tenant's share of the run, for comparison with the
+// daemon's per-request-label series: finished requests by reason, prompt
+// tokens (of requests that produced a first token) and generation tokens.
+struct GroupCounts {
+  std::string name;  // "lora-<i>" or "tenant-<i>"
+  uint64_t requests = 0;
+  uint64_t finished_stop = 0, finished_length = 0;
+  uint64_t prompt_tokens = 0;
+  uint64_t generation_tokens = 0;
+  uint64_t loads = 0;  // adapters only: uploads into a slot
+  bool operator==(const GroupCounts&) const = default;
+};
+
 struct Report {
   uint64_t requests = 0;  // finished requests
   uint64_t finished_stop = 0, finished_length = 0;
@@ -45,9 +58,16 @@ struct Report {
   // CPU time over Run() (client close included): the loop thread's, and
   // the whole process's (the loop plus libtokenmeter's sender thread).
   double loop_cpu_s = 0, process_cpu_s = 0;
+  // LoRA: uploads of an adapter into a slot, of which into a slot that held
+  // another adapter (evictions), and waiting requests passed over for lack
+  // of a slot (summed over steps); then every adapter and every tenant in
+  // number order (empty without adapters or tenants).
+  uint64_t lora_loads = 0, lora_evictions = 0, lora_skips = 0;
+  std::vector<GroupCounts> lora_adapters, tenants;
 };
 
-// The --report JSON: interfaces.md's keys in its order, then the extras.
+// The --report JSON: interfaces.md's keys in its order, then the extras;
+// lora_adapters and tenants are objects keyed by name.
 // Numbers are written locale-independently, doubles in shortest round-trip
 // form.
 std::string ReportJson(const Report& r);
@@ -57,19 +77,28 @@ std::string ReportJson(const Report& r);
 // per inter-token gap. Not thread-safe.
 class Recorder {
  public:
-  explicit Recorder(size_t num_requests);
+  // Requests may carry adapters 0..num_adapters-1 and tenants
+  // 0..num_tenants-1.
+  explicit Recorder(size_t num_requests, uint32_t num_adapters = 0,
+                    uint32_t num_tenants = 0);
 
   void Arrived(size_t i, uint64_t t_ns, uint32_t prompt_tokens);
+  // Request i's adapter and tenant (-1: none).
+  void Groups(size_t i, int32_t lora, int32_t tenant);
   void Queued(size_t i, uint64_t t_ns);
   void Scheduled(size_t i, uint64_t t_ns);  // later calls are ignored
   void Tokens(size_t i, uint64_t t_ns, uint32_t n);
   void Finished(size_t i, uint64_t t_ns, Finish reason);
   void Preempted() { ++preemptions_; }
-  void Step(uint64_t prefix_queries, uint64_t prefix_hits) {
+  void Step(uint64_t prefix_queries, uint64_t prefix_hits,
+            uint64_t lora_skips = 0) {
     ++steps_;
     prefix_queries_ += prefix_queries;
     prefix_hits_ += prefix_hits;
+    lora_skips_ += lora_skips;
   }
+  // An adapter was uploaded into a slot; `evicted`: another one was there.
+  void LoraLoaded(int32_t adapter, bool evicted);
 
   // The figures over every request recorded so far. `backend`, `metrics`
   // and the drop count are copied into the report.
@@ -85,8 +114,12 @@ class Recorder {
     uint32_t prompt_tokens = 0;
     uint64_t generation_tokens = 0;
     Finish reason = Finish::kNone;
+    int32_t lora = -1, tenant = -1;
   };
   std::vector<Times> times_;
+  std::vector<uint64_t> lora_loads_;  // per adapter
+  uint32_t num_tenants_;
+  uint64_t lora_evictions_ = 0, lora_skips_ = 0;
   std::vector<double> itl_s_;
   uint64_t preemptions_ = 0, steps_ = 0;
   uint64_t prefix_queries_ = 0, prefix_hits_ = 0;

@@ -37,6 +37,11 @@ struct Request {
   uint32_t num_computed = 0;
   RequestState state = RequestState::kPending;
   bool ever_scheduled = false;
+  // The LoRA adapter serving it (0..N-1), or -1 for the base model; and,
+  // while it runs, the backend slot holding that adapter (else -1).
+  int32_t lora = -1;
+  int32_t lora_slot = -1;
+  int32_t tenant = -1;  // for the metrics and the report only
   KvSeq kv;
   Rng rng;  // this request's sampling stream: same outputs whatever the batch
 };

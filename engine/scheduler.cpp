@@ -6,17 +6,25 @@
 namespace tokenmeter::engine {
 
 Scheduler::Scheduler(const SchedulerOptions& o, BlockManager& kv)
-    : options_(o), kv_(kv) {
+    : options_(o), kv_(kv), lora_(o.max_lora) {
   if (o.max_batch == 0 || o.max_tokens_per_step == 0) std::abort();
 }
 
 void Scheduler::Add(Request* r) {
+  if (r->lora >= 0 && options_.max_lora == 0) std::abort();
   r->state = RequestState::kWaiting;
   waiting_.push_back(r);
 }
 
+void Scheduler::ReleaseAdapter(Request* r) {
+  if (r->lora < 0) return;
+  lora_.Release(r->lora);
+  r->lora_slot = -1;
+}
+
 void Scheduler::Preempt(Request* r, SchedulerOutput* out) {
   kv_.Free(r->kv);
+  ReleaseAdapter(r);
   r->num_computed = 0;
   r->state = RequestState::kWaiting;
   waiting_.push_front(r);
@@ -29,6 +37,8 @@ void Scheduler::Schedule(SchedulerOutput* out) {
   out->preempted.clear();
   out->prefix_queries = 0;
   out->prefix_hits = 0;
+  out->lora_loads.clear();
+  out->lora_skips = 0;
   uint32_t budget = options_.max_tokens_per_step;
 
   // Running requests first. Every running request has at least one token to
@@ -56,19 +66,31 @@ void Scheduler::Schedule(SchedulerOutput* out) {
 
   // Then waiting requests, unless this step had to preempt.
   if (!out->preempted.empty()) return;
-  while (!waiting_.empty() && running_.size() < options_.max_batch &&
+  size_t w = 0;  // waiting_[0, w) were passed over for their adapter
+  while (w < waiting_.size() && running_.size() < options_.max_batch &&
          budget > 0) {
-    Request* r = waiting_.front();
+    Request* r = waiting_[w];
+    if (r->lora >= 0 && !lora_.CanAcquire(r->lora)) {
+      if (++out->lora_skips >= kMaxLoraSkips) break;
+      ++w;
+      continue;
+    }
     const std::vector<int32_t> cached =
         kv_.FindCachedPrefix(r->tokens.data(), r->prompt_len, r->num_tokens());
     const uint32_t hit_tokens = uint32_t(cached.size()) * kv_.block_size();
     const uint32_t n = std::min(r->num_tokens() - hit_tokens, budget);
     if (!kv_.Allocate(r->kv, &cached, hit_tokens + n)) break;
+    if (r->lora >= 0) {
+      AdapterLoad load;
+      bool loaded = false;
+      r->lora_slot = lora_.Acquire(r->lora, &load, &loaded);
+      if (loaded) out->lora_loads.push_back(load);
+    }
     out->prefix_queries += r->prompt_len;
     out->prefix_hits += hit_tokens;
     r->num_computed = hit_tokens;
     r->state = RequestState::kRunning;
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + ptrdiff_t(w));
     running_.push_back(r);
     if (!r->ever_scheduled) {
       r->ever_scheduled = true;
@@ -91,6 +113,7 @@ void Scheduler::Finish(Request* r) {
   if (it == running_.end()) std::abort();
   running_.erase(it);
   kv_.Free(r->kv);
+  ReleaseAdapter(r);
   r->state = RequestState::kFinished;
 }
 

@@ -10,6 +10,16 @@
 // preempts admits no waiting request. The head of the waiting queue blocks
 // the queue when the cache cannot take it (strict FCFS).
 //
+// LoRA (max_lora > 0): a waiting request with an adapter is admitted only
+// when its adapter is resident or can be made resident (AdapterSlots: an
+// empty slot, or evicting the least recently used adapter no running
+// request uses). Otherwise it keeps its place and the scheduler looks
+// further down the queue (FCFS with skip, as vLLM v1 does for max_loras):
+// later requests whose adapter fits, or that need none, may go ahead. At
+// most kMaxLoraSkips requests are passed over per step, which bounds a
+// step's cost with a long queue. The KV cache stays strict: the first
+// request the cache cannot take still stops admission.
+//
 // Not thread-safe: the engine loop owns it. Requests are borrowed; they must
 // outlive the scheduler.
 #ifndef TOKENMETER_ENGINE_SCHEDULER_H_
@@ -20,6 +30,7 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "engine/lora_slots.h"
 #include "engine/request.h"
 
 namespace tokenmeter::engine {
@@ -27,7 +38,11 @@ namespace tokenmeter::engine {
 struct SchedulerOptions {
   uint32_t max_batch = 32;             // running requests at most
   uint32_t max_tokens_per_step = 512;  // token budget of one step
+  uint32_t max_lora = 0;  // LoRA adapter slots; 0: requests carry none
 };
+
+// Waiting requests one step passes over for lack of an adapter slot, at most.
+inline constexpr uint32_t kMaxLoraSkips = 1024;
 
 struct ScheduledChunk {
   Request* request;
@@ -40,6 +55,12 @@ struct SchedulerOutput {
   std::vector<Request*> preempted;
   uint64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache
   uint64_t prefix_hits = 0;     // of which found cached
+  // Adapters to upload into their slots before the chunks run (the chunks
+  // read them through Request::lora_slot).
+  std::vector<AdapterLoad> lora_loads;
+  // Waiting requests passed over because their adapter could not be made
+  // resident.
+  uint64_t lora_skips = 0;
   bool empty() const { return chunks.empty(); }
 };
 
@@ -49,7 +70,8 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Appends a request to the waiting queue.
+  // Appends a request to the waiting queue. Aborts for a request with an
+  // adapter when max_lora is 0.
   void Add(Request* r);
   // Plans one step. The caller runs the model on out->chunks, then calls
   // Advance() for each chunk and Finish() for each finished request.
@@ -64,12 +86,15 @@ class Scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   const std::vector<Request*>& running() const { return running_; }
   const std::deque<Request*>& waiting() const { return waiting_; }
+  const AdapterSlots& adapter_slots() const { return lora_; }
 
  private:
   void Preempt(Request* r, SchedulerOutput* out);
+  void ReleaseAdapter(Request* r);
 
   const SchedulerOptions options_;
   BlockManager& kv_;
+  AdapterSlots lora_;
   std::vector<Request*> running_;  // in scheduling order
   std::deque<Request*> waiting_;   // FCFS; preempted ones at the front
 };

@@ -1,5 +1,6 @@
 #include "engine/workload.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -20,6 +21,13 @@ uint32_t SharedLen(const WorkloadOptions& o) {
 }
 
 }  // namespace
+
+std::string LoraName(int32_t adapter) {
+  return "lora-" + std::to_string(adapter);
+}
+std::string TenantName(int32_t tenant) {
+  return "tenant-" + std::to_string(tenant);
+}
 
 uint32_t MaxPromptLen(const WorkloadOptions& o) {
   return HighLen(o.prompt_len);
@@ -42,6 +50,13 @@ Status ValidateWorkload(const WorkloadOptions& o) {
     return Status::Error("--shared-prefix must be in [0, 1]");
   }
   if (o.vocab < 2) return Status::Error("vocabulary must hold >= 2 tokens");
+  if (o.lora_adapters > kMaxLoraAdapters) {
+    return Status::Error("--lora-adapters must be 0.." +
+                         std::to_string(kMaxLoraAdapters));
+  }
+  if (o.tenants > kMaxTenants) {
+    return Status::Error("--tenants must be 0.." + std::to_string(kMaxTenants));
+  }
   return Status::Ok();
 }
 
@@ -50,6 +65,16 @@ std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o) {
   Rng arrivals(Mix64(o.seed ^ 0x61727269ULL));
   Rng lengths(Mix64(o.seed ^ 0x6c656e67ULL));
   Rng tokens(Mix64(o.seed ^ 0x746f6b73ULL));
+  Rng adapters(Mix64(o.seed ^ 0x6c6f7261ULL));
+  Rng tenants(Mix64(o.seed ^ 0x74656e61ULL));
+
+  // Zipf's cumulative weights, for inverse-CDF draws.
+  std::vector<double> lora_cdf(o.lora_adapters);
+  double total = 0;
+  for (uint32_t i = 0; i < o.lora_adapters; ++i) {
+    total += 1.0 / double(i + 1);
+    lora_cdf[i] = total;
+  }
 
   std::vector<int32_t> shared(SharedLen(o));
   for (auto& t : shared) t = int32_t(tokens.UniformInt(1, o.vocab - 1));
@@ -69,6 +94,16 @@ std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o) {
     r.prompt.assign(shared.begin(), shared.end());
     while (r.prompt.size() < prompt_len) {
       r.prompt.push_back(int32_t(tokens.UniformInt(1, o.vocab - 1)));
+    }
+    if (o.lora_adapters > 0) {
+      const double u = adapters.Uniform01() * total;
+      const auto a =
+          size_t(std::upper_bound(lora_cdf.begin(), lora_cdf.end(), u) -
+                 lora_cdf.begin());
+      r.lora = int32_t(std::min<size_t>(a, o.lora_adapters - 1));
+    }
+    if (o.tenants > 0) {
+      r.tenant = int32_t(tenants.UniformInt(0, o.tenants - 1));
     }
   }
   return out;

@@ -1,10 +1,12 @@
 // The synthetic workload: N requests with Poisson arrivals, prompt and output
 // lengths drawn around given means, and an optional prompt prefix shared by
-// every request (so the prefix cache hits). Deterministic for a seed.
+// every request (so the prefix cache hits), and optionally a LoRA adapter
+// and a tenant for each request. Deterministic for a seed.
 #ifndef TOKENMETER_ENGINE_WORKLOAD_H_
 #define TOKENMETER_ENGINE_WORKLOAD_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/status.h"
@@ -27,6 +29,12 @@ struct WorkloadOptions {
   // Prompt tokens are drawn from [1, vocab); 0 is the stop token, which a
   // prompt never contains.
   uint32_t vocab = 256;
+  // LoRA adapters 0..N-1 to draw from (0: every request uses the base
+  // model). Adapter i is chosen with probability proportional to 1/(i+1)
+  // (Zipf, exponent 1), so a few adapters are hot and the rest cold.
+  uint32_t lora_adapters = 0;
+  // Tenants 0..T-1, drawn uniformly (0: requests have no tenant).
+  uint32_t tenants = 0;
 };
 
 struct WorkloadRequest {
@@ -34,7 +42,13 @@ struct WorkloadRequest {
   uint64_t arrival_offset_ns = 0;  // from the workload's start; first is 0
   std::vector<int32_t> prompt;
   uint32_t max_tokens = 0;  // the request's output length limit, >= 1
+  int32_t lora = -1;        // adapter 0..N-1, or -1 (base model)
+  int32_t tenant = -1;      // tenant 0..T-1, or -1 (none)
 };
+
+// The names the engine reports: "lora-<i>" and "tenant-<i>".
+std::string LoraName(int32_t adapter);
+std::string TenantName(int32_t tenant);
 
 // The longest prompt and prompt + output a workload with these options can
 // draw (for checking them against the model's context).
@@ -42,7 +56,8 @@ uint32_t MaxPromptLen(const WorkloadOptions& o);
 uint32_t MaxOutputLen(const WorkloadOptions& o);
 
 // Checks the options: requests in 1..kMaxRequests, rate >= 0 and finite,
-// lengths >= 1, shared_prefix in [0, 1], vocab >= 2.
+// lengths >= 1, shared_prefix in [0, 1], vocab >= 2, at most
+// kMaxLoraAdapters adapters and kMaxTenants tenants.
 Status ValidateWorkload(const WorkloadOptions& o);
 
 // Every request of the workload, in arrival order. `o` must be valid. Costs
@@ -51,6 +66,10 @@ std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o);
 
 // The cap on --requests: bounds the engine's per-request memory.
 inline constexpr uint32_t kMaxRequests = 1'000'000;
+// The caps on --lora-adapters (host memory: every adapter is kept there)
+// and --tenants.
+inline constexpr uint32_t kMaxLoraAdapters = 1024;
+inline constexpr uint32_t kMaxTenants = 1024;
 
 }  // namespace tokenmeter::engine
 

@@ -1,7 +1,9 @@
 // The CPU and CUDA backends compute the same function: the same weights
 // (one seed), the same steps (a batched, chunked prefill over a paged cache
 // then greedy decode steps), logits within 1e-3 relative error (the largest
-// absolute difference over the largest absolute logit of the row).
+// absolute difference over the largest absolute logit of the row); then
+// again with LoRA adapters in two slots (sequences on slot 0, the base
+// model and slot 1; slot 1 reloaded with another adapter midway).
 //
 // Exits 77 (meson's "skipped") when this build has no CUDA backend or no
 // CUDA device answers.
@@ -36,20 +38,38 @@ double RelativeError(const float* a, const float* b, uint32_t n) {
   return diff / std::max(scale, 1e-6);
 }
 
+constexpr uint32_t kLoraRank = 16;
+
+// Loads adapter `index` into `slot` of both models.
+bool LoadBoth(Model& cpu, Model& gpu, const ModelConfig& cfg, uint32_t slot,
+              uint32_t index) {
+  const LoraAdapter a = MakeLoraAdapter(cfg, kLoraRank, index);
+  Status s = cpu.LoadLora(slot, a);
+  if (s.ok()) s = gpu.LoadLora(slot, a);
+  if (!s.ok()) std::fprintf(stderr, "LoadLora: %s\n", s.message().c_str());
+  return s.ok();
+}
+
 // Returns the largest relative error seen, or a negative value on failure.
-double Compare(const char* size) {
+double Compare(const char* size, bool lora) {
   ModelConfig cfg;
   if (!ModelConfigForSize(size, &cfg)) return -1;
   cfg.seed = 11;
   const KvLayout kv{256, 16};
+  const LoraLayout lora_layout{lora ? 2u : 0u, kLoraRank};
   const auto weights = MakeWeights(cfg);
-  auto cpu = MakeCpuModel(*weights, kv);
+  auto cpu = MakeCpuModel(*weights, kv, lora_layout);
   std::unique_ptr<Model> gpu;
-  Status s = MakeCudaModel(*weights, kv, &gpu);
+  Status s = MakeCudaModel(*weights, kv, lora_layout, &gpu);
   if (!s.ok()) {
     std::fprintf(stderr, "%s: %s\n", size, s.message().c_str());
     return -1;
   }
+  if (lora &&
+      (!LoadBoth(*cpu, *gpu, cfg, 0, 0) || !LoadBoth(*cpu, *gpu, cfg, 1, 1))) {
+    return -1;
+  }
+  const int32_t slot_of_seq[] = {0, -1, 1};
 
   Rng rng(5);
   std::vector<Seq> seqs(3);
@@ -70,10 +90,13 @@ double Compare(const char* size) {
   double worst = 0;
   std::vector<float> lc(seqs.size() * cfg.vocab), lg(lc.size());
   for (int step = 0; step < 10; ++step) {
+    if (lora && step == 5 && !LoadBoth(*cpu, *gpu, cfg, 1, 2)) return -1;
     std::vector<SeqChunk> chunks;
     std::vector<Seq*> wanting;
-    for (Seq& q : seqs) {
+    for (size_t qi = 0; qi < seqs.size(); ++qi) {
+      Seq& q = seqs[qi];
       SeqChunk c;
+      c.lora_slot = lora ? slot_of_seq[qi] : -1;
       // Step 0 prefills the long sequence in two chunks (chunked prefill).
       const uint32_t remaining = uint32_t(q.tokens.size()) - q.computed;
       c.num_tokens = step == 0 && remaining > 40 ? 40 : remaining;
@@ -103,7 +126,8 @@ double Compare(const char* size) {
       wanting[r]->tokens.push_back(int32_t(best));
     }
   }
-  std::printf("%s: largest relative logit error %.3g\n", size, worst);
+  std::printf("%s%s: largest relative logit error %.3g\n", size,
+              lora ? " with LoRA" : "", worst);
   return worst;
 }
 
@@ -119,11 +143,14 @@ int main() {
     return 77;
   }
   int failures = 0;
-  for (const char* size : {"tiny", "small", "medium"}) {
-    const double e = Compare(size);
-    if (e < 0 || e > kMaxRelativeError) {
-      std::printf("FAIL: %s (limit %g)\n", size, kMaxRelativeError);
-      ++failures;
+  for (const bool lora : {false, true}) {
+    for (const char* size : {"tiny", "small", "medium"}) {
+      const double e = Compare(size, lora);
+      if (e < 0 || e > kMaxRelativeError) {
+        std::printf("FAIL: %s%s (limit %g)\n", size, lora ? " with LoRA" : "",
+                    kMaxRelativeError);
+        ++failures;
+      }
     }
   }
   return failures == 0 ? 0 : 1;

@@ -49,9 +49,16 @@ WORKLOAD = [
 ]
 
 
-def run_engine(socket_path, report_path, timeout=60):
+# LoRA on top: 6 adapters, Zipf-skewed, through 2 slots, so adapters are
+# loaded, evicted and waited for; 4 tenants. The engine's own per-adapter
+# and per-tenant figures must add up to its totals.
+LORA = ["--lora-adapters", "6", "--max-lora", "2", "--lora-rank", "4",
+        "--tenants", "4"]
+
+
+def run_engine(socket_path, report_path, timeout=60, extra=()):
     proc = subprocess.run(
-        [ENGINE, *WORKLOAD, "--metrics-socket", socket_path,
+        [ENGINE, *WORKLOAD, *extra, "--metrics-socket", socket_path,
          "--report", report_path],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     if proc.returncode != 0:
@@ -138,6 +145,53 @@ class EngineAgainstDaemon(unittest.TestCase):
         self.assertEqual(
             d.value("tokenmeter_ingest_errors_total", reason="bad_event")
             or 0, 0)
+
+
+    def test_lora_and_tenant_figures_add_up(self):
+        report = run_engine(self.d.sock,
+                            os.path.join(self.d.dir, "report.json"),
+                            extra=LORA)
+        d = self.d
+        # The daemon applied every event the client wrote, none of them
+        # refused: ARRIVED with `lora` and `labels` is well-formed.
+        poll_until(lambda: d.samples().sum("tokenmeter_ingest_events_total")
+                   == report["client_events_sent"],
+                   what="client_events_sent events applied")
+        self.assertEqual(
+            d.value("tokenmeter_ingest_errors_total", reason="bad_event")
+            or 0, 0)
+        self.assertEqual(report["requests"], 200)
+        adapters = report["lora_adapters"]
+        tenants = report["tenants"]
+        self.assertEqual(list(adapters), [f"lora-{i}" for i in range(6)])
+        self.assertEqual(list(tenants), [f"tenant-{i}" for i in range(4)])
+        for groups in (adapters, tenants):
+            with self.subTest(groups=list(groups)[0]):
+                for key in ("requests", "prompt_tokens",
+                            "generation_tokens"):
+                    self.assertEqual(sum(g[key] for g in groups.values()),
+                                     report[key], key)
+                for reason in ("stop", "length"):
+                    self.assertEqual(
+                        sum(g["finished"][reason] for g in groups.values()),
+                        report["finished"][reason], reason)
+                for g in groups.values():
+                    self.assertEqual(g["finished"]["stop"]
+                                     + g["finished"]["length"],
+                                     g["requests"])
+        # Zipf: the first adapter is the hottest.
+        self.assertEqual(max(adapters.values(),
+                             key=lambda g: g["requests"]),
+                         adapters["lora-0"])
+        # Six adapters through two slots: loads evict, requests wait.
+        self.assertEqual(sum(g["loads"] for g in adapters.values()),
+                         report["lora_loads"])
+        self.assertEqual(report["lora_loads"], report["lora_evictions"] + 2)
+        self.assertGreaterEqual(report["lora_loads"], 6)
+        self.assertGreater(report["lora_skips"], 0)
+        for name, g in adapters.items():
+            if g["requests"] > 0:
+                self.assertGreaterEqual(g["loads"], 1, name)
 
 
 class EngineWithoutDaemon(unittest.TestCase):

@@ -112,5 +112,60 @@ TEST(EngineTest, IdlesUntilArrivalsWithARate) {
   EXPECT_GE(r.ttft.sum, r.prefill.sum);
 }
 
+EngineOptions LoraRun(uint32_t adapters, uint32_t max_lora) {
+  EngineOptions o = SmallRun();
+  o.workload.requests = 40;
+  o.workload.lora_adapters = adapters;
+  o.workload.tenants = 3;
+  o.max_lora = max_lora;
+  o.scheduler.max_lora = adapters > 0 ? max_lora : 0;
+  o.lora_rank = 8;
+  return o;
+}
+
+TEST(EngineTest, LoraRequestsWaitForSlotsAndEveryOneFinishes) {
+  auto e = RunEngine(LoraRun(6, 2));
+  const Report r = e->BuildReport();
+  EXPECT_EQ(r.requests, 40u);
+  ASSERT_EQ(r.lora_adapters.size(), 6u);
+  uint64_t requests = 0, prompt = 0, generated = 0, loads = 0;
+  for (const GroupCounts& g : r.lora_adapters) {
+    requests += g.requests;
+    prompt += g.prompt_tokens;
+    generated += g.generation_tokens;
+    loads += g.loads;
+    EXPECT_EQ(g.finished_stop + g.finished_length, g.requests);
+    if (g.requests > 0) {
+      EXPECT_GE(g.loads, 1u) << g.name;
+    }
+  }
+  EXPECT_EQ(requests, r.requests);  // every request has an adapter
+  EXPECT_EQ(prompt, r.prompt_tokens);
+  EXPECT_EQ(generated, r.generation_tokens);
+  EXPECT_EQ(loads, r.lora_loads);
+  // More adapters in use than slots: loads evict, and requests waited.
+  EXPECT_GT(r.lora_evictions, 0u);
+  EXPECT_EQ(r.lora_loads, r.lora_evictions + 2);  // two slots filled first
+  EXPECT_GT(r.lora_skips, 0u);
+  ASSERT_EQ(r.tenants.size(), 3u);
+  uint64_t tenant_requests = 0;
+  for (const GroupCounts& g : r.tenants) tenant_requests += g.requests;
+  EXPECT_EQ(tenant_requests, r.requests);
+}
+
+TEST(EngineTest, AdaptersChangeOutputsButSlotsAndScheduleDoNot) {
+  auto base = RunEngine(LoraRun(0, 4));
+  auto one_slot = RunEngine(LoraRun(6, 1));
+  auto many_slots = RunEngine(LoraRun(6, 6));
+  EXPECT_EQ(base->BuildReport().lora_loads, 0u);
+  EXPECT_EQ(many_slots->BuildReport().lora_evictions, 0u);
+  size_t changed = 0;
+  for (size_t i = 0; i < base->num_requests(); ++i) {
+    EXPECT_EQ(one_slot->Output(i), many_slots->Output(i)) << "request " << i;
+    changed += base->Output(i) != many_slots->Output(i);
+  }
+  EXPECT_GT(changed, base->num_requests() / 2);
+}
+
 }  // namespace
 }  // namespace tokenmeter::engine

@@ -15,6 +15,7 @@ namespace tokenmeter::engine {
 namespace {
 
 constexpr uint32_t kBlockSize = 4;
+constexpr uint32_t kRank = 8;
 
 class ModelCpuTest : public ::testing::Test {
  protected:
@@ -23,8 +24,9 @@ class ModelCpuTest : public ::testing::Test {
     config_.seed = 3;
     weights_ = MakeWeights(config_);
   }
-  std::unique_ptr<Model> NewModel() {
-    return MakeCpuModel(*weights_, KvLayout{64, kBlockSize});
+  std::unique_ptr<Model> NewModel(uint32_t lora_slots = 0) {
+    return MakeCpuModel(*weights_, KvLayout{64, kBlockSize},
+                        LoraLayout{lora_slots, kRank});
   }
   std::vector<int32_t> Prompt(size_t n, uint64_t seed) {
     Rng rng(seed);
@@ -36,7 +38,7 @@ class ModelCpuTest : public ::testing::Test {
   // table; returns the logits after the last token.
   std::vector<float> Run(Model& model, const std::vector<int32_t>& tokens,
                          const std::vector<int32_t>& table, uint32_t chunk,
-                         uint32_t start = 0) {
+                         uint32_t start = 0, int32_t lora_slot = -1) {
     std::vector<float> logits(config_.vocab);
     for (uint32_t pos = start; pos < tokens.size(); pos += chunk) {
       SeqChunk c;
@@ -46,6 +48,7 @@ class ModelCpuTest : public ::testing::Test {
       c.block_table = table.data();
       c.num_blocks = uint32_t(table.size());
       c.want_logits = pos + c.num_tokens == tokens.size();
+      c.lora_slot = lora_slot;
       EXPECT_TRUE(model.Forward({c}, logits.data()).ok());
     }
     return logits;
@@ -168,6 +171,105 @@ TEST_F(ModelCpuTest, SameSeedSameWeights) {
   ModelConfig other = config_;
   other.seed = 4;
   EXPECT_NE(MakeWeights(other)->embed, weights_->embed);
+}
+
+static double MeanAbsDiff(const std::vector<float>& a,
+                          const std::vector<float>& b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::fabs(a[i] - b[i]);
+  return sum / double(a.size());
+}
+
+TEST_F(ModelCpuTest, AnAdapterChangesTheLogits) {
+  const auto prompt = Prompt(11, 21);
+  auto m = NewModel(1);
+  ASSERT_TRUE(m->LoadLora(0, MakeLoraAdapter(config_, kRank, 0)).ok());
+  const auto base = Run(*m, prompt, Table(0, 3), 11);
+  const auto adapted = Run(*m, prompt, Table(3, 3), 11, 0, /*lora_slot=*/0);
+  for (float x : adapted) ASSERT_TRUE(std::isfinite(x));
+  // A real change, of the order of the logits' own spread, not noise.
+  const double scale = MeanAbsDiff(base, std::vector<float>(base.size(), 0));
+  EXPECT_GT(MeanAbsDiff(base, adapted), 0.05 * scale);
+  EXPECT_LT(MeanAbsDiff(base, adapted), 2.0 * scale);
+  // The base rows of a model with adapters are the base model's.
+  auto plain = NewModel();
+  EXPECT_EQ(base, Run(*plain, prompt, Table(0, 3), 11));
+}
+
+TEST_F(ModelCpuTest, TheSlotsContentIsWhatCounts) {
+  const auto prompt = Prompt(9, 22);
+  auto m = NewModel(2);
+  const LoraAdapter a0 = MakeLoraAdapter(config_, kRank, 0);
+  const LoraAdapter a1 = MakeLoraAdapter(config_, kRank, 1);
+  // A slot never loaded adds nothing.
+  const auto base = Run(*m, prompt, Table(0, 3), 9);
+  EXPECT_EQ(Run(*m, prompt, Table(3, 3), 9, 0, 1), base);
+  ASSERT_TRUE(m->LoadLora(0, a0).ok());
+  ASSERT_TRUE(m->LoadLora(1, a1).ok());
+  const auto with0 = Run(*m, prompt, Table(6, 3), 9, 0, 0);
+  const auto with1 = Run(*m, prompt, Table(9, 3), 9, 0, 1);
+  EXPECT_NE(with0, with1);
+  EXPECT_NE(with0, base);
+  // Slot 1 reloaded with adapter 0 computes what slot 0 does.
+  ASSERT_TRUE(m->LoadLora(1, a0).ok());
+  EXPECT_EQ(Run(*m, prompt, Table(12, 3), 9, 0, 1), with0);
+  // And the same adapter on another model gives the same logits.
+  auto other = NewModel(3);
+  ASSERT_TRUE(other->LoadLora(2, a0).ok());
+  EXPECT_EQ(Run(*other, prompt, Table(0, 3), 9, 0, 2), with0);
+}
+
+TEST_F(ModelCpuTest, AdaptersKeepBatchingAndChunkingInvariance) {
+  const auto p1 = Prompt(10, 23), p2 = Prompt(13, 24), p3 = Prompt(6, 25);
+  auto load = [&](Model& m) {
+    ASSERT_TRUE(m.LoadLora(0, MakeLoraAdapter(config_, kRank, 3)).ok());
+    ASSERT_TRUE(m.LoadLora(1, MakeLoraAdapter(config_, kRank, 4)).ok());
+  };
+  auto alone = NewModel(2);
+  load(*alone);
+  const auto a1 = Run(*alone, p1, Table(0, 3), 10, 0, 0);
+  const auto a2 = Run(*alone, p2, Table(3, 4), 13, 0, -1);
+  const auto a3 = Run(*alone, p3, Table(7, 2), 6, 0, 1);
+  // Chunked prefill and decode with the adapter: the same logits.
+  EXPECT_EQ(Run(*alone, p1, Table(9, 3), 3, 0, 0), a1);
+  EXPECT_EQ(Run(*alone, p1, Table(12, 3), 1, 0, 0), a1);
+
+  auto batched = NewModel(2);
+  load(*batched);
+  const auto t1 = Table(0, 3), t2 = Table(10, 4), t3 = Table(20, 2);
+  SeqChunk c1{p1.data(), 10, 0, t1.data(), 3, true, 0};
+  SeqChunk c2{p2.data(), 13, 0, t2.data(), 4, true, -1};
+  SeqChunk c3{p3.data(), 6, 0, t3.data(), 2, true, 1};
+  std::vector<float> logits(3 * config_.vocab);
+  ASSERT_TRUE(batched->Forward({c1, c2, c3}, logits.data()).ok());
+  const auto row = [&](size_t r) {
+    return std::vector<float>(logits.begin() + r * config_.vocab,
+                              logits.begin() + (r + 1) * config_.vocab);
+  };
+  EXPECT_EQ(row(0), a1);
+  EXPECT_EQ(row(1), a2);
+  EXPECT_EQ(row(2), a3);
+}
+
+TEST_F(ModelCpuTest, LoadLoraRefusesWhatDoesNotFit) {
+  auto m = NewModel(2);
+  EXPECT_FALSE(m->LoadLora(2, MakeLoraAdapter(config_, kRank, 0)).ok());
+  EXPECT_FALSE(m->LoadLora(0, MakeLoraAdapter(config_, kRank / 2, 0)).ok());
+  auto none = NewModel();
+  EXPECT_FALSE(none->LoadLora(0, MakeLoraAdapter(config_, kRank, 0)).ok());
+}
+
+TEST_F(ModelCpuTest, AdaptersAreSeededAndDistinct) {
+  const LoraAdapter a = MakeLoraAdapter(config_, kRank, 0);
+  EXPECT_EQ(a.weights.size(), LoraAdapterFloats(config_, kRank));
+  EXPECT_EQ(a.weights.size(), 4u * config_.n_layers * config_.d_model * kRank);
+  EXPECT_EQ(a.rank, kRank);
+  EXPECT_EQ(a.scale, 1.0f);  // alpha = rank
+  EXPECT_EQ(MakeLoraAdapter(config_, kRank, 0).weights, a.weights);
+  EXPECT_NE(MakeLoraAdapter(config_, kRank, 1).weights, a.weights);
+  ModelConfig other = config_;
+  other.seed = 4;
+  EXPECT_NE(MakeLoraAdapter(other, kRank, 0).weights, a.weights);
 }
 
 }  // namespace

@@ -23,6 +23,12 @@ TEST(OptionsTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_EQ(o.backend, Backend::kAuto);
   EXPECT_TRUE(o.metrics);
   EXPECT_EQ(o.workload.vocab, o.model.vocab);
+  EXPECT_EQ(o.workload.lora_adapters, 0u);
+  EXPECT_EQ(o.max_lora, 4u);
+  EXPECT_EQ(o.scheduler.max_lora, 0u);  // no adapters: no slots
+  EXPECT_EQ(o.lora_rank, 8u);
+  EXPECT_EQ(o.workload.tenants, 3u);
+  EXPECT_EQ(o.metrics_profile, "");
 }
 
 TEST(OptionsTest, ParsesTheFixedFlags) {
@@ -115,6 +121,61 @@ TEST(OptionsTest, HelpAndVersionStopParsing) {
   ASSERT_TRUE(Parse({"--help"}, &o).ok());
   EXPECT_TRUE(o.show_help);
   EXPECT_NE(UsageText().find("--metrics-socket"), std::string::npos);
+}
+
+TEST(OptionsTest, ParsesTheLoraAndTenantFlags) {
+  EngineOptions o;
+  Status s = Parse({"--lora-adapters", "10", "--max-lora=3", "--lora-rank",
+                    "16", "--tenants", "0", "--metrics-profile", "sglang"},
+                   &o);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(o.workload.lora_adapters, 10u);
+  EXPECT_EQ(o.max_lora, 3u);
+  EXPECT_EQ(o.scheduler.max_lora, 3u);
+  EXPECT_EQ(o.lora_rank, 16u);
+  EXPECT_EQ(o.workload.tenants, 0u);
+  EXPECT_EQ(o.metrics_profile, "sglang");
+  for (const char* p : {"vllm", "lmdeploy"}) {
+    o = EngineOptions();
+    ASSERT_TRUE(Parse({"--metrics-profile", p}, &o).ok()) << p;
+    EXPECT_EQ(o.metrics_profile, p);
+  }
+  // More slots than adapters is allowed (they stay empty).
+  o = EngineOptions();
+  EXPECT_TRUE(Parse({"--lora-adapters", "2", "--max-lora", "8"}, &o).ok());
+}
+
+// Each bad value fails with a line that names its flag.
+TEST(OptionsTest, RejectsBadLoraValuesNamingTheFlag) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* names;
+  };
+  const Case cases[] = {
+      {{"--lora-adapters", "4", "--max-lora", "0"}, "--max-lora"},
+      {{"--max-lora", "257"}, "--max-lora"},
+      {{"--lora-adapters", "1025"}, "--lora-adapters"},
+      {{"--lora-adapters", "-1"}, "--lora-adapters"},
+      {{"--lora-rank", "0"}, "--lora-rank"},
+      {{"--lora-rank", "65", "--model-size", "small"}, "--lora-rank"},
+      {{"--lora-rank", "x"}, "--lora-rank"},
+      {{"--tenants", "1025"}, "--tenants"},
+      {{"--metrics-profile", "tgi"}, "--metrics-profile"},
+      {{"--metrics-profile", ""}, "--metrics-profile"},
+      // 1024 large adapters of rank 64 (16 MiB each) exceed the 4 GiB cap.
+      {{"--lora-adapters", "1024", "--lora-rank", "64", "--model-size", "large",
+        "--prompt-len", "64", "--output-len", "64"},
+       "--lora-rank"},
+  };
+  for (const Case& c : cases) {
+    EngineOptions o;
+    const Status s = Parse(c.args, &o);
+    ASSERT_FALSE(s.ok()) << c.args[0] << " " << c.args[1];
+    EXPECT_NE(s.message().find(c.names), std::string::npos) << s.message();
+  }
+  // The rank is at most d_model: the tiny model's is 64, so 64 is fine.
+  EngineOptions o;
+  EXPECT_TRUE(Parse({"--lora-adapters", "2", "--lora-rank", "64"}, &o).ok());
 }
 
 }  // namespace

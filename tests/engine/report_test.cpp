@@ -171,5 +171,84 @@ TEST(ReportJsonTest, DoublesRoundTrip) {
   EXPECT_NE(j.find("136.96624295000595"), std::string::npos) << j;
 }
 
+TEST(RecorderTest, CountsPerAdapterAndPerTenant) {
+  Recorder rec(5, /*num_adapters=*/3, /*num_tenants=*/2);
+  // request: adapter, tenant, prompt, tokens, reason
+  struct R {
+    int32_t lora, tenant;
+    uint32_t prompt, tokens;
+    Finish reason;
+  };
+  const R reqs[] = {{0, 0, 10, 3, Finish::kStop},
+                    {0, 1, 20, 4, Finish::kLength},
+                    {2, 1, 30, 1, Finish::kLength},
+                    {-1, 0, 40, 2, Finish::kStop},
+                    {2, -1, 50, 0, Finish::kNone}};  // never got a token
+  for (size_t i = 0; i < 5; ++i) {
+    const R& q = reqs[i];
+    rec.Arrived(i, kMs, q.prompt);
+    rec.Groups(i, q.lora, q.tenant);
+    rec.Queued(i, kMs);
+    rec.Scheduled(i, 2 * kMs);
+    for (uint32_t k = 0; k < q.tokens; ++k) rec.Tokens(i, (3 + k) * kMs, 1);
+    if (q.reason != Finish::kNone) rec.Finished(i, 9 * kMs, q.reason);
+  }
+  rec.LoraLoaded(0, false);
+  rec.LoraLoaded(2, false);
+  rec.LoraLoaded(0, true);
+  rec.Step(0, 0, 7);
+  rec.Step(0, 0, 2);
+  const Report r = rec.Build("cpu", true, 0);
+  // name, requests, stop, length, prompt tokens, generation tokens, loads.
+  // The unfinished request counts nowhere; neither does its prompt (no
+  // first token).
+  const std::vector<GroupCounts> adapters = {{"lora-0", 2, 1, 1, 30, 7, 2},
+                                             {"lora-1", 0, 0, 0, 0, 0, 0},
+                                             {"lora-2", 1, 0, 1, 30, 1, 1}};
+  const std::vector<GroupCounts> tenants = {{"tenant-0", 2, 2, 0, 50, 5, 0},
+                                            {"tenant-1", 2, 0, 2, 50, 5, 0}};
+  EXPECT_EQ(r.lora_adapters, adapters);
+  EXPECT_EQ(r.tenants, tenants);
+  EXPECT_EQ(r.lora_loads, 3u);
+  EXPECT_EQ(r.lora_evictions, 1u);
+  EXPECT_EQ(r.lora_skips, 9u);
+  // The totals are unchanged by the groups.
+  EXPECT_EQ(r.requests, 4u);
+  EXPECT_EQ(r.prompt_tokens, 100u);
+  EXPECT_EQ(r.generation_tokens, 10u);
+}
+
+TEST(ReportJsonTest, AdaptersAndTenantsFollowTheExistingKeys) {
+  Report r;
+  r.lora_loads = 3;
+  r.lora_evictions = 1;
+  r.lora_skips = 9;
+  r.lora_adapters = {{"lora-0", 2, 1, 1, 30, 7, 2},
+                     {"lora-1", 0, 0, 0, 0, 0, 0}};
+  r.tenants = {{"tenant-0", 0, 1, 1, 30, 7, 0}};
+  const std::string j = ReportJson(r);
+  const char* keys[] = {
+      "\"process_cpu_s\"",
+      "\"lora_loads\": 3, \"lora_evictions\": 1, \"lora_skips\": 9",
+      "\"lora_adapters\": {",
+      "\"lora-0\": {\"requests\": 2, \"finished\": {\"stop\": 1, "
+      "\"length\": 1}, \"prompt_tokens\": 30, \"generation_tokens\": 7, "
+      "\"loads\": 2}",
+      "\"lora-1\": {\"requests\": 0,",
+      "\"tenants\": {",
+      "\"tenant-0\": {\"requests\": 0, \"finished\": {\"stop\": 1, "
+      "\"length\": 1}, \"prompt_tokens\": 30, \"generation_tokens\": 7}}"};
+  size_t at = 0;
+  for (const char* k : keys) {
+    const size_t found = j.find(k, at);
+    ASSERT_NE(found, std::string::npos) << k << " in " << j;
+    at = found;
+  }
+  // Without adapters or tenants the objects are empty.
+  const std::string empty = ReportJson(Report());
+  EXPECT_NE(empty.find("\"lora_adapters\": {},"), std::string::npos) << empty;
+  EXPECT_NE(empty.find("\"tenants\": {}}"), std::string::npos) << empty;
+}
+
 }  // namespace
 }  // namespace tokenmeter::engine

@@ -11,20 +11,32 @@ namespace {
 class SchedulerTest : public ::testing::Test {
  protected:
   void Make(uint32_t max_batch, uint32_t budget, uint32_t blocks,
-            uint32_t block_size = 4) {
+            uint32_t block_size = 4, uint32_t max_lora = 0) {
     kv_ = std::make_unique<BlockManager>(
         KvCacheOptions{blocks, block_size, true});
-    sched_ =
-        std::make_unique<Scheduler>(SchedulerOptions{max_batch, budget}, *kv_);
+    sched_ = std::make_unique<Scheduler>(
+        SchedulerOptions{max_batch, budget, max_lora}, *kv_);
   }
   Request* Add(uint32_t prompt_len, uint32_t max_tokens = 100,
-               int32_t first_token = 1) {
+               int32_t first_token = 1, int32_t lora = -1) {
     std::vector<int32_t> p(prompt_len);
     std::iota(p.begin(), p.end(), first_token);
     requests_.push_back(std::make_unique<Request>(requests_.size() + 1,
                                                   std::move(p), max_tokens, 1));
+    requests_.back()->lora = lora;
     sched_->Add(requests_.back().get());
     return requests_.back().get();
+  }
+  // A request with adapter `lora` and a prompt of its own.
+  Request* AddLora(int32_t lora, uint32_t prompt_len = 4) {
+    return Add(prompt_len, 100, 100 * int32_t(requests_.size() + 1), lora);
+  }
+  static bool Loaded(const SchedulerOutput& out, int32_t adapter,
+                     int32_t evicted) {
+    for (const AdapterLoad& l : out.lora_loads) {
+      if (l.adapter == adapter) return l.evicted == evicted;
+    }
+    return false;
   }
   // Runs the planned step: advances every chunk and appends a token to
   // every sequence that reached its end.
@@ -218,6 +230,165 @@ TEST_F(SchedulerTest, CountsPrefixCacheQueriesAndHits) {
   EXPECT_EQ(b->num_computed, 8u);
   EXPECT_EQ(TokensFor(out_, b), 2u);
   EXPECT_EQ(b->kv.blocks[0], a->kv.blocks[0]);
+}
+
+TEST_F(SchedulerTest, ARequestWaitsUntilItsAdapterCanBeResident) {
+  Make(8, 1000, 100, 4, /*max_lora=*/1);
+  Request* a = AddLora(0);
+  Request* b = AddLora(1);  // the one slot holds adapter 0, in use
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 4u);
+  EXPECT_EQ(TokensFor(out_, b), 0u);
+  ASSERT_EQ(out_.lora_loads.size(), 1u);
+  EXPECT_TRUE(Loaded(out_, 0, -1));  // into the empty slot
+  EXPECT_EQ(a->lora_slot, 0);
+  EXPECT_EQ(out_.lora_skips, 1u);
+  EXPECT_EQ(b->state, RequestState::kWaiting);
+  EXPECT_EQ(b->lora_slot, -1);
+  Execute(out_);
+  for (int step = 0; step < 3; ++step) {  // b waits as long as a runs
+    sched_->Schedule(&out_);
+    EXPECT_EQ(TokensFor(out_, b), 0u);
+    EXPECT_TRUE(out_.lora_loads.empty());
+    Execute(out_);
+  }
+  sched_->Finish(a);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, b), 4u);
+  ASSERT_EQ(out_.lora_loads.size(), 1u);
+  EXPECT_TRUE(Loaded(out_, 1, 0));  // adapter 0 evicted, nobody uses it
+  EXPECT_EQ(b->lora_slot, 0);
+  EXPECT_EQ(sched_->adapter_slots().SlotOf(0), -1);
+  EXPECT_EQ(sched_->adapter_slots().SlotOf(1), 0);
+}
+
+TEST_F(SchedulerTest, LaterRequestsGoAheadWhenTheirAdapterFits) {
+  Make(8, 1000, 100, 4, /*max_lora=*/1);
+  Request* a = AddLora(0);
+  Request* b = AddLora(1);        // waits
+  Request* c = AddLora(0);        // resident: goes ahead of b
+  Request* d = Add(4, 100, 900);  // base model: needs no slot
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, a), 4u);
+  EXPECT_EQ(TokensFor(out_, b), 0u);
+  EXPECT_EQ(TokensFor(out_, c), 4u);
+  EXPECT_EQ(TokensFor(out_, d), 4u);
+  EXPECT_EQ(c->lora_slot, 0);
+  EXPECT_EQ(d->lora_slot, -1);
+  EXPECT_EQ(out_.lora_loads.size(), 1u);  // adapter 0 once, for a and c
+  ASSERT_EQ(sched_->num_waiting(), 1u);
+  EXPECT_EQ(sched_->waiting().front(), b);
+  Execute(out_);
+  sched_->Finish(a);  // c still pins adapter 0
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, b), 0u);
+  Execute(out_);
+  sched_->Finish(c);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, b), 4u);
+  EXPECT_TRUE(Loaded(out_, 1, 0));
+}
+
+TEST_F(SchedulerTest, EvictsTheLeastRecentlyUsedIdleAdapter) {
+  Make(8, 1000, 100, 4, /*max_lora=*/2);
+  Request* a = AddLora(0);
+  Request* b = AddLora(1);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.lora_loads.size(), 2u);
+  Execute(out_);
+  sched_->Finish(a);  // adapter 0 idle first
+  sched_->Finish(b);  // then adapter 1
+  AddLora(2);
+  sched_->Schedule(&out_);
+  ASSERT_EQ(out_.lora_loads.size(), 1u);
+  EXPECT_TRUE(Loaded(out_, 2, 0));  // 0 was used least recently
+  EXPECT_EQ(sched_->adapter_slots().SlotOf(1), 1);
+}
+
+TEST_F(SchedulerTest, NeverEvictsAnAdapterARunningRequestUses) {
+  Make(8, 1000, 100, 4, /*max_lora=*/2);
+  Request* a = AddLora(0);
+  Request* b = AddLora(1);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->Finish(b);  // adapter 1 idle; 0 (older) still pinned by a
+  Request* c = AddLora(2);
+  sched_->Schedule(&out_);
+  EXPECT_TRUE(Loaded(out_, 2, 1));
+  EXPECT_EQ(sched_->adapter_slots().SlotOf(0), a->lora_slot);
+  EXPECT_EQ(c->lora_slot, 1);
+  // Both slots pinned now: a fourth adapter waits, and a resident one not.
+  Request* d = AddLora(3);
+  Request* e = AddLora(0);
+  Execute(out_);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, d), 0u);
+  EXPECT_EQ(TokensFor(out_, e), 4u);
+  EXPECT_TRUE(out_.lora_loads.empty());
+  EXPECT_EQ(sched_->adapter_slots().num_idle(), 0u);
+}
+
+TEST_F(SchedulerTest, AResidentAdapterIsReusedWithoutALoad) {
+  Make(8, 1000, 100, 4, /*max_lora=*/2);
+  Request* a = AddLora(5);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->Finish(a);
+  Request* b = AddLora(5);
+  sched_->Schedule(&out_);
+  EXPECT_TRUE(out_.lora_loads.empty());
+  EXPECT_EQ(a->lora_slot, -1);  // released when it finished
+  EXPECT_EQ(b->lora_slot, 0);
+  EXPECT_EQ(sched_->adapter_slots().SlotOf(5), b->lora_slot);
+}
+
+TEST_F(SchedulerTest, PreemptionReleasesTheAdapter) {
+  Make(8, 1000, 4, 4, /*max_lora=*/1);
+  Request* a = Add(8, 100, 1, 0);   // 2 blocks
+  Request* b = Add(8, 100, 50, 0);  // 2 blocks, same adapter
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->Schedule(&out_);  // a needs a third block: b is preempted
+  ASSERT_EQ(out_.preempted.size(), 1u);
+  EXPECT_EQ(out_.preempted[0], b);
+  EXPECT_EQ(b->lora_slot, -1);
+  EXPECT_EQ(a->lora_slot, 0);
+  Execute(out_);
+  sched_->Finish(a);
+  EXPECT_EQ(sched_->adapter_slots().num_idle(), 1u);  // nobody pins it
+  sched_->Schedule(&out_);  // b comes back; adapter 0 still resident
+  EXPECT_EQ(out_.chunks[0].request, b);
+  EXPECT_TRUE(out_.lora_loads.empty());
+  EXPECT_EQ(b->lora_slot, 0);
+}
+
+TEST_F(SchedulerTest, TheCacheStillBlocksTheQueueWithAdapters) {
+  Make(8, 1000, 5, 4, /*max_lora=*/1);
+  Request* a = Add(12, 100, 1, 0);  // 4 of the 5 blocks after a token
+  sched_->Schedule(&out_);
+  Execute(out_);
+  Request* b = Add(8, 100, 50, 1);  // adapter 1 waits: passed over
+  Request* c = Add(8, 100, 60, 0);  // fits the adapter, not the cache
+  Request* d = Add(2, 100, 80, 0);  // would fit both, but c blocks
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.lora_skips, 1u);
+  EXPECT_EQ(TokensFor(out_, a), 1u);
+  EXPECT_EQ(TokensFor(out_, b), 0u);
+  EXPECT_EQ(TokensFor(out_, c), 0u);
+  EXPECT_EQ(TokensFor(out_, d), 0u);
+  EXPECT_EQ(sched_->num_waiting(), 3u);
+}
+
+TEST_F(SchedulerTest, PassesOverAtMostkMaxLoraSkipsRequestsPerStep) {
+  Make(8, 1000, 2000, 4, /*max_lora=*/1);
+  AddLora(0);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  for (uint32_t i = 0; i < kMaxLoraSkips; ++i) AddLora(1, 1);
+  Request* base = Add(1, 100, 7);  // behind them all
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.lora_skips, uint64_t(kMaxLoraSkips));
+  EXPECT_EQ(TokensFor(out_, base), 0u);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 
 namespace tokenmeter::engine {
@@ -129,6 +130,73 @@ TEST(WorkloadTest, RejectsBadOptions) {
   EXPECT_FALSE(ValidateWorkload(o).ok());
   o = Options(10, 0);
   o.prompt_len = 0;
+  EXPECT_FALSE(ValidateWorkload(o).ok());
+}
+
+TEST(WorkloadTest, WithoutAdaptersOrTenantsRequestsCarryNone) {
+  for (const auto& r : GenerateWorkload(Options(20, 0))) {
+    EXPECT_EQ(r.lora, -1);
+    EXPECT_EQ(r.tenant, -1);
+  }
+}
+
+TEST(WorkloadTest, AdaptersAreZipfSkewedAndTenantsUniform) {
+  WorkloadOptions o = Options(20000, 0);
+  o.lora_adapters = 8;
+  o.tenants = 3;
+  std::vector<double> adapters(8), tenants(3);
+  for (const auto& r : GenerateWorkload(o)) {
+    ASSERT_GE(r.lora, 0);
+    ASSERT_LT(r.lora, 8);
+    ASSERT_GE(r.tenant, 0);
+    ASSERT_LT(r.tenant, 3);
+    ++adapters[size_t(r.lora)];
+    ++tenants[size_t(r.tenant)];
+  }
+  double h = 0;
+  for (int i = 1; i <= 8; ++i) h += 1.0 / i;
+  for (size_t i = 0; i < 8; ++i) {
+    const double p = 1.0 / double(i + 1) / h;
+    // Within 5 standard errors of the binomial count.
+    EXPECT_NEAR(adapters[i], p * 20000, 5 * std::sqrt(20000 * p * (1 - p)))
+        << "adapter " << i;
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(tenants[i], 20000 / 3.0, 5 * std::sqrt(20000 * 2 / 9.0));
+  }
+}
+
+TEST(WorkloadTest, AdaptersAndTenantsDoNotChangeTheRest) {
+  WorkloadOptions o = Options(30, 10);
+  const auto a = GenerateWorkload(o);
+  o.lora_adapters = 5;
+  o.tenants = 4;
+  const auto b = GenerateWorkload(o);
+  const auto c = GenerateWorkload(o);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].prompt, b[i].prompt);
+    EXPECT_EQ(a[i].max_tokens, b[i].max_tokens);
+    EXPECT_EQ(a[i].arrival_offset_ns, b[i].arrival_offset_ns);
+    EXPECT_EQ(b[i].lora, c[i].lora);
+    EXPECT_EQ(b[i].tenant, c[i].tenant);
+  }
+}
+
+TEST(WorkloadTest, NamesAdaptersAndTenants) {
+  EXPECT_EQ(LoraName(0), "lora-0");
+  EXPECT_EQ(LoraName(12), "lora-12");
+  EXPECT_EQ(TenantName(2), "tenant-2");
+}
+
+TEST(WorkloadTest, CapsAdaptersAndTenants) {
+  WorkloadOptions o = Options(10, 0);
+  o.lora_adapters = kMaxLoraAdapters;
+  o.tenants = kMaxTenants;
+  EXPECT_TRUE(ValidateWorkload(o).ok());
+  o.lora_adapters = kMaxLoraAdapters + 1;
+  EXPECT_FALSE(ValidateWorkload(o).ok());
+  o.lora_adapters = 1;
+  o.tenants = kMaxTenants + 1;
   EXPECT_FALSE(ValidateWorkload(o).ok());
 }
 
