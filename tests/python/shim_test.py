@@ -4,7 +4,9 @@ tokenmeterd: every event kind reaches the series it should, to the
 nanosecond where the test sets the times; bad arguments raise before
 anything is sent; transport trouble never raises; the two-process example's
 time to first token is joined across its processes; a missing library gives
-an error naming every place tried.
+an error naming every place tried; the protocol 1.1 HELLO keys and ARRIVED
+params reach the socket as the protocol says (decoded from the bytes a
+recording socket read).
 
 Environment (tests/python/meson.build sets it): TOKENMETERD, the daemon;
 TOKENMETER_LIBRARY, the built libtokenmeter.so; PYTHONPATH with
@@ -13,6 +15,7 @@ client_lib/python. The daemon harness is tests/testutil.
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +23,8 @@ import threading
 import time
 import unittest
 from array import array
+
+import msgpack
 
 import tokenmeter
 from tokenmeter import DROPPED, INVALID, OK, FinishReason
@@ -194,6 +199,23 @@ class EventKinds(DaemonTest):
         self.wait("generation_tokens_total", 70_000)
         self.assertEqual(c.stats().events_dropped, 0)
 
+    def test_protocol_11_keys_and_params_are_accepted(self):
+        # A daemon of either version takes them: the events count, nothing
+        # is refused (1.0 ignores the new keys).
+        c = self.client(cache_config={"block_size": 16, "prefix": True},
+                        max_lora=4)
+        t0 = time.monotonic_ns() - 1_000 * MS
+        c.arrived(1, 10, lora="sql-lora", labels={"tenant": "acme"}, t_ns=t0)
+        c.arrived("r", 10, 8, 1, t0, None, {"tenant": "b", "tier": "x"})
+        c.tokens(1, t_ns=t0 + MS)
+        c.tokens("r", t_ns=t0 + MS)
+        self.d.wait_value("tokenmeter_ingest_events_total", 2, kind="tokens")
+        self.assertEqual(self.d.value("tokenmeter_ingest_events_total",
+                                      kind="arrived"), 2)
+        self.assertEqual(
+            self.d.samples().sum("tokenmeter_ingest_errors_total"), 0)
+        self.assertEqual(c.stats().events_rejected, 0)
+
     def test_now_is_time_monotonic_ns(self):
         c = self.client()
         start = time.monotonic_ns()
@@ -359,6 +381,32 @@ class ArgumentChecks(unittest.TestCase):
             (ValueError, r"entries must be ints 0 \.\. 2\*\*32-1",
              lambda: c.step(spec_accepted_per_pos=[1, 2**32])),
             (TypeError, r"unexpected keyword", lambda: c.step(foo=1)),
+            (ValueError, r"lora must not be empty",
+             lambda: c.arrived(1, 1, lora="")),
+            (ValueError, r"lora 'x+' is 129 bytes of UTF-8; the limit is 128",
+             lambda: c.arrived(1, 1, lora="x" * 129)),
+            (ValueError, r"lora .* contains a NUL",
+             lambda: c.arrived("r", 1, lora="a\0b")),
+            (TypeError, r"lora must be a str, not bytes",
+             lambda: c.arrived(1, 1, lora=b"a")),
+            (ValueError, r"labels has 5 entries; at most 4",
+             lambda: c.arrived(1, 1, labels={k: "v" for k in "abcde"})),
+            (TypeError, r"labels must be a dict of str to str, not list",
+             lambda: c.arrived(1, 1, labels=[("a", "b")])),
+            (ValueError, r"request label 'tenant' value 'v+' is 129 bytes",
+             lambda: c.arrived(1, 1, labels={"tenant": "v" * 129})),
+            (TypeError, r"request label 'tenant' value must be a str",
+             lambda: c.arrived(1, 1, labels={"tenant": 1})),
+            (TypeError, r"request label name must be a str, not int",
+             lambda: c.arrived(1, 1, labels={1: "v"})),
+            (ValueError, r"request label name must not be empty",
+             lambda: c.arrived(1, 1, labels={"": "v"})),
+            (ValueError, r"request label name 'n+' is 257 bytes",
+             lambda: c.arrived(1, 1, labels={"n" * 257: "v"})),
+            (ValueError, r"130 bytes",
+             lambda: c.arrived("é" * 65, 1, lora="a")),
+            (ValueError, r"prompt_tokens = -1",
+             lambda: c.arrived(1, -1, labels={"a": "b"})),
         ]
         for exc, pattern, call in cases:
             with self.subTest(pattern=pattern):
@@ -367,6 +415,15 @@ class ArgumentChecks(unittest.TestCase):
         # The string batch's malformed cases reach the library (its whole
         # batch is rejected there, then diagnosed); the rest do not.
         self.assertEqual(self.c.stats().events_rejected, 2 + 2 + 1)
+
+    def test_bad_request_label_names_are_diagnosed_after_the_library(self):
+        # The label-name rules live in protocol.h: the library refuses (and
+        # counts) such an ARRIVED, the binding then raises naming the rule.
+        for name in ("le", "model_name", "__x", "1a", "a-b", "é"):
+            with self.subTest(name=name):
+                with self.assertRaisesRegex(ValueError, "request labels"):
+                    self.c.arrived(1, 1, labels={name: "v"})
+        self.assertEqual(self.c.stats().events_rejected, 6)
 
     def test_other_int_types_are_accepted(self):
         class Id:
@@ -395,6 +452,42 @@ class ArgumentChecks(unittest.TestCase):
              dict(model="m", flush_interval=0)),
             (ValueError, r"contains a NUL", dict(model="m\0")),
             (ValueError, r"is 257 bytes", dict(model="m" * 257)),
+            (ValueError, r"profile 'tgi' must be one of 'vllm', 'sglang', "
+             r"'lmdeploy'", dict(model="m", profile="tgi")),
+            (ValueError, r"profile '' must be one of",
+             dict(model="m", profile="")),
+            (TypeError, r"profile must be a str", dict(model="m", profile=1)),
+            (ValueError, r"cache_config key 'k32': at most 32 entries",
+             dict(model="m",
+                  cache_config={f"k{i}": i for i in range(33)})),
+            (ValueError, r"cache_config key 'le'",
+             dict(model="m", cache_config={"le": 1})),
+            (ValueError, r"cache_config key '__x'",
+             dict(model="m", cache_config={"__x": 1})),
+            (ValueError, r"cache_config key 'a-b'",
+             dict(model="m", cache_config={"a-b": 1})),
+            (ValueError, r"cache_config 'util' = nan is not a finite",
+             dict(model="m", cache_config={"util": float("nan")})),
+            (ValueError, r"cache_config 'util' = inf is not a finite",
+             dict(model="m", cache_config={"util": float("inf")})),
+            (ValueError, r"cache_config 'dtype' value .* contains a NUL",
+             dict(model="m", cache_config={"dtype": "a\0"})),
+            (UnicodeEncodeError, r"surrogates not allowed",
+             dict(model="m", cache_config={"dtype": "\ud800"})),
+            (ValueError, r"cache_config 'dtype' value .* is 257 bytes",
+             dict(model="m", cache_config={"dtype": "d" * 257})),
+            (ValueError, r"cache_config 'n' = 9223372036854775808 is outside",
+             dict(model="m", cache_config={"n": 2**63})),
+            (TypeError, r"cache_config 'l' must be a str, int, float or "
+             r"bool, not list", dict(model="m", cache_config={"l": [1]})),
+            (TypeError, r"cache_config key must be a str, not int",
+             dict(model="m", cache_config={1: 1})),
+            (TypeError, r"cache_config must be a dict, not list",
+             dict(model="m", cache_config=[("a", 1)])),
+            (ValueError, r"max_lora = -1 is outside",
+             dict(model="m", max_lora=-1)),
+            (TypeError, r"max_lora must be an int, not bool",
+             dict(model="m", max_lora=True)),
         ]
         for exc, pattern, kw in cases:
             kw.setdefault("socket_path", sock)
@@ -453,6 +546,139 @@ class ArgumentChecks(unittest.TestCase):
         os.close(r)
         os.waitpid(pid, 0)
         self.assertEqual(self.c.tokens(1), OK)
+
+
+class Recorder:
+    """A Unix socket that records every byte one client sends (no daemon):
+    what the library put on the wire, decoded with msgpack."""
+
+    def __init__(self, path):
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(1)
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        conn, _ = self.listener.accept()
+        with conn:
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                self.data += chunk
+
+    def frames(self, timeout=10.0):
+        """Every frame, once the client closed the connection."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise AssertionError("the client did not close its connection")
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(bytes(self.data))
+        return list(unpacker)
+
+    def close(self):
+        self.listener.close()
+
+
+class Protocol11(unittest.TestCase):
+    """HELLO profile / cache_config / max_lora and ARRIVED lora / labels,
+    as the bytes on the socket show them."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tm-py-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.rec = Recorder(os.path.join(self.dir, "s"))
+        self.addCleanup(self.rec.close)
+
+    def client(self, **kw):
+        c = tokenmeter.Client(socket_path=self.rec.path, model="m",
+                              flush_interval=0.002, **kw)
+        self.addCleanup(c.close)
+        return c
+
+    def hello_and_events(self, c):
+        c.close()
+        frames = self.rec.frames()
+        self.assertEqual(frames[0][0], 0, frames)
+        events = [ev for f in frames if f[0] == 1 for ev in f[3]]
+        return frames[0][1], events
+
+    def test_hello_carries_the_11_keys(self):
+        c = self.client(profile="sglang", max_lora=8, cache_config={
+            "page_size": 16, "kv_dtype": "fp8_e5m2", "mem_fraction": 0.5,
+            "chunked_prefill": True, "disabled": False, "num_pages": 2**63 - 1,
+            "offset": -1})
+        meta, _ = self.hello_and_events(c)
+        self.assertEqual(meta["profile"], "sglang")
+        self.assertEqual(meta["max_lora"], 8)
+        cc = meta["cache_config"]
+        self.assertEqual(list(cc.items()), [
+            ("page_size", 16), ("kv_dtype", "fp8_e5m2"), ("mem_fraction", 0.5),
+            ("chunked_prefill", True), ("disabled", False),
+            ("num_pages", 2**63 - 1), ("offset", -1)])
+        # Each with its own msgpack type: bools are not ints, 0.5 a float.
+        self.assertEqual([type(v) for v in cc.values()],
+                         [int, str, float, bool, bool, int, int])
+
+    def test_hello_without_the_11_keys(self):
+        meta, _ = self.hello_and_events(self.client())
+        self.assertEqual(sorted(meta), ["engine", "model", "pid", "proto"])
+
+    def test_max_lora_zero_and_an_empty_cache_config(self):
+        meta, _ = self.hello_and_events(self.client(max_lora=0,
+                                                    cache_config={}))
+        self.assertEqual(meta["max_lora"], 0)
+        self.assertNotIn("cache_config", meta)
+
+    def test_arrived_carries_lora_and_labels(self):
+        c = self.client()
+        t = time.monotonic_ns()
+        self.assertEqual(c.arrived(1, 10, lora="sql-lora", t_ns=t), OK)
+        self.assertEqual(c.arrived("r-2", 20, 64, 2, t, "a",
+                                   {"tenant": "acme", "tier": ""}), OK)
+        self.assertEqual(c.arrived(3, 30, labels={"tenant": "é"}, t_ns=t), OK)
+        self.assertEqual(c.arrived("r-4", 40, lora="x" * 128), OK)
+        self.assertEqual(c.arrived(5, 50, lora=None, labels={}, t_ns=t), OK)
+        self.assertEqual(c.arrived(6, 60, t_ns=t), OK)  # the fast path
+        self.assertEqual(c.arrived("r-7", 70, 16), OK)  # the packed one
+        _, events = self.hello_and_events(c)
+        for ev in events[3:4] + events[6:]:
+            self.assertGreaterEqual(ev[1], t)
+            ev[1] = t
+        self.assertEqual(events, [
+            [1, t, 1, 10, {"lora": "sql-lora"}],
+            [1, t, "r-2", 20, {"max_tokens": 64, "n": 2, "lora": "a",
+                               "labels": {"tenant": "acme", "tier": ""}}],
+            [1, t, 3, 30, {"labels": {"tenant": "é"}}],
+            [1, t, "r-4", 40, {"lora": "x" * 128}],
+            [1, t, 5, 50],
+            [1, t, 6, 60],
+            [1, t, "r-7", 70, {"max_tokens": 16}],
+        ])
+        self.assertEqual(list(events[1][4]["labels"]), ["tenant", "tier"])
+
+    def test_rejected_arrived_is_counted_and_not_sent(self):
+        c = self.client()
+        with self.assertRaisesRegex(ValueError, r"request labels \['le'\]"):
+            c.arrived(1, 10, labels={"le": "x"})
+        with self.assertRaisesRegex(ValueError, r"request labels"):
+            c.arrived("r", 10, lora="a", labels={"a": "1", "__b": "2"})
+        self.assertEqual(c.stats().events_rejected, 2)
+        with self.assertRaisesRegex(ValueError, "must not be empty"):
+            c.arrived(1, 10, lora="")  # raised before the library
+        self.assertEqual(c.stats().events_rejected, 2)
+        self.assertEqual(c.arrived(2, 20, lora="ok", t_ns=5), OK)
+        _, events = self.hello_and_events(c)
+        self.assertEqual(events, [[1, 5, 2, 20, {"lora": "ok"}]])
+
+    def test_arrived_after_close_does_nothing(self):
+        c = self.client()
+        c.close()
+        self.assertEqual(c.arrived(1, 1, lora="a", labels={"t": "v"}),
+                         INVALID)
 
 
 class TwoProcessExample(DaemonTest):

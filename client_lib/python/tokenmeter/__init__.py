@@ -25,11 +25,14 @@ docs/user-guide.md ("Python integration") has the whole story.
 import time
 
 from ._lib import ENV_VAR, LibraryNotFoundError, lib as _lib
-from .client import (DROPPED, INVALID, MAX_RID_BYTES, OK, Client,
-                     FinishReason, Stats)
+from .client import (DROPPED, INVALID, MAX_CACHE_CONFIG, MAX_LORA_BYTES,
+                     MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
+                     MAX_RID_BYTES, OK, PROFILES, Client, FinishReason, Stats)
 
 __all__ = ["Client", "FinishReason", "Stats", "LibraryNotFoundError",
-           "OK", "INVALID", "DROPPED", "MAX_RID_BYTES", "ENV_VAR", "now_ns",
+           "OK", "INVALID", "DROPPED", "MAX_RID_BYTES", "MAX_CACHE_CONFIG",
+           "MAX_LORA_BYTES", "MAX_REQUEST_LABELS",
+           "MAX_REQUEST_LABEL_VALUE_BYTES", "PROFILES", "ENV_VAR", "now_ns",
            "library_path", "library_version"]
 
 # The library's path, as loaded.

@@ -23,7 +23,9 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Functions every binding needs, checked at load so that an old library fails
 # at import with a clear message rather than at the first step.
-_REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str")
+_REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
+             "tm_arrived_ex_str", "tm_options_set_profile",
+             "tm_options_add_cache_config_str", "tm_options_set_max_lora")
 
 
 class LibraryNotFoundError(ImportError):
@@ -106,6 +108,7 @@ def _message(tried):
 _c = ctypes
 _client_p = _c.c_void_p
 _u64, _u32, _int, _size = _c.c_uint64, _c.c_uint32, _c.c_int, _c.c_size_t
+_i64, _double = _c.c_int64, _c.c_double
 _str = _c.c_char_p
 _ptr = _c.c_void_p  # arrays passed as addresses (array.buffer_info()[0])
 
@@ -122,6 +125,13 @@ _SIGNATURES = {
     "tm_options_set_instance": (_int, [_c.c_void_p, _str]),
     "tm_options_set_scope": (_int, [_c.c_void_p, _str]),
     "tm_options_add_label": (_int, [_c.c_void_p, _str, _str]),
+    "tm_options_set_profile": (_int, [_c.c_void_p, _str]),
+    "tm_options_add_cache_config_str": (_int, [_c.c_void_p, _str, _str]),
+    "tm_options_add_cache_config_int": (_int, [_c.c_void_p, _str, _i64]),
+    "tm_options_add_cache_config_float": (_int, [_c.c_void_p, _str,
+                                                 _double]),
+    "tm_options_add_cache_config_bool": (_int, [_c.c_void_p, _str, _int]),
+    "tm_options_set_max_lora": (_int, [_c.c_void_p, _i64]),
     "tm_options_set_buffer_capacity": (_int, [_c.c_void_p, _size]),
     "tm_options_set_flush_interval_ms": (_int, [_c.c_void_p, _u32]),
     "tm_options_set_close_timeout_ms": (_int, [_c.c_void_p, _u32]),
@@ -134,6 +144,11 @@ _SIGNATURES = {
     "tm_arrived": (_int, [_client_p, _u64, _u64, _u32, _u32, _u32]),
     "tm_arrived_str": (_int, [_client_p, _u64, _str, _size, _u32, _u32,
                               _u32]),
+    # lora: a char* or None; labels: the address of a tm_label array.
+    "tm_arrived_ex": (_int, [_client_p, _u64, _u64, _u32, _u32, _u32, _str,
+                             _ptr, _size]),
+    "tm_arrived_ex_str": (_int, [_client_p, _u64, _str, _size, _u32, _u32,
+                                 _u32, _str, _ptr, _size]),
     "tm_arrived_packed": (_int, [_client_p, _u64, _u64]),
     "tm_arrived_packed_str": (_int, [_client_p, _str, _size, _u64]),
     "tm_queued": (_int, [_client_p, _u64, _u64]),
@@ -155,12 +170,18 @@ _SIGNATURES = {
 
 # Called from Python hot paths and never blocking: loaded through PyDLL.
 _EVENT_FUNCTIONS = frozenset({
-    "tm_arrived", "tm_arrived_str", "tm_arrived_packed",
+    "tm_arrived", "tm_arrived_str", "tm_arrived_ex", "tm_arrived_ex_str",
+    "tm_arrived_packed",
     "tm_arrived_packed_str", "tm_queued", "tm_queued_str",
     "tm_scheduled", "tm_scheduled_str", "tm_tokens", "tm_tokens_str",
     "tm_tokens_batch", "tm_tokens_batch_str", "tm_finished",
     "tm_finished_str", "tm_preempted", "tm_preempted_str", "tm_step",
     "tm_client_stats", "tm_now_ns"})
+
+
+class Label(_c.Structure):
+    """tm_label: one request label of tm_arrived_ex()."""
+    _fields_ = [("name", _c.c_char_p), ("value", _c.c_char_p)]
 
 
 class Lib:

@@ -6,6 +6,7 @@ thread sends it to tokenmeterd. Nothing here takes a lock or touches the
 socket; the costs are ctypes' (docs/performance.md, "Python shim").
 """
 import ctypes
+import math
 import operator
 import os
 import threading
@@ -14,7 +15,7 @@ from array import array
 from collections import namedtuple
 from enum import IntEnum
 
-from ._lib import lib
+from ._lib import Label, lib
 
 # Status codes of tokenmeter.h that event methods return.
 OK = 0
@@ -26,15 +27,22 @@ MAX_RID_BYTES = 128      # TM_MAX_RID_BYTES
 MAX_LABELS = 8           # TM_MAX_HELLO_LABELS
 MAX_STRING_BYTES = 256   # TM_MAX_STRING_BYTES
 MAX_SPEC_POSITIONS = 64  # TM_MAX_SPEC_POSITIONS
+MAX_CACHE_CONFIG = 32    # TM_MAX_CACHE_CONFIG
+MAX_LORA_BYTES = 128     # TM_MAX_LORA_BYTES
+MAX_REQUEST_LABELS = 4   # TM_MAX_REQUEST_LABELS
+MAX_REQUEST_LABEL_VALUE_BYTES = 128  # TM_MAX_REQUEST_LABEL_VALUE_BYTES
+PROFILES = ("vllm", "sglang", "lmdeploy")  # TM_PROFILE_*
 _MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _STEP_INT_MAX = _U32  # TM_MAX_EVENT_COUNT: one event's counts fit 32 bits
 
 assert array("Q").itemsize == 8 and array("I").itemsize == 4
 
 # Bound once: a global lookup is cheaper than an attribute lookup per call.
 _arrived, _arrived_str = lib.tm_arrived, lib.tm_arrived_str
+_arrived_ex, _arrived_ex_str = lib.tm_arrived_ex, lib.tm_arrived_ex_str
 _arrived_packed = lib.tm_arrived_packed
 _arrived_packed_str = lib.tm_arrived_packed_str
 _queued, _queued_str = lib.tm_queued, lib.tm_queued_str
@@ -147,16 +155,47 @@ def _t(t_ns):
     return _uint("t_ns (CLOCK_MONOTONIC ns, 0 = now)", t_ns, 0, _U64)
 
 
-def _option_str(name, v):
+def _option_str(name, v, lo=0, hi=MAX_STRING_BYTES):
+    """v as UTF-8 bytes of lo .. hi bytes without NUL; raises otherwise."""
     if not isinstance(v, str):
         raise TypeError(f"{name} must be a str, not {type(v).__name__}")
     if "\0" in v:
         raise ValueError(f"{name} {v!r} contains a NUL character")
-    b = v.encode()
-    if len(b) > MAX_STRING_BYTES:
+    b = v.encode()  # UnicodeEncodeError (a ValueError): lone surrogate
+    if len(b) > hi:
         raise ValueError(f"{name} {v!r} is {len(b)} bytes of UTF-8; the "
-                         f"limit is {MAX_STRING_BYTES}")
+                         f"limit is {hi}")
+    if len(b) < lo:
+        raise ValueError(f"{name} must not be empty")
     return b
+
+
+def _add_cache_config(opts, key, value):
+    """tm_options_add_cache_config_*() for one entry, by the value's type
+    (bool before int: True is an int too)."""
+    k = _option_str("cache_config key", key)
+    what = f"cache_config {key!r}"
+    if isinstance(value, bool):
+        rc = lib.tm_options_add_cache_config_bool(opts, k, int(value))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{what} = {value} is not a finite number")
+        rc = lib.tm_options_add_cache_config_float(opts, k, value)
+    elif isinstance(value, str):
+        rc = lib.tm_options_add_cache_config_str(
+            opts, k, _option_str(f"{what} value", value))
+    elif hasattr(value, "__index__"):  # int, numpy integers
+        rc = lib.tm_options_add_cache_config_int(
+            opts, k, _uint(what, value, _I64_MIN, _I64_MAX))
+    else:
+        raise TypeError(f"{what} must be a str, int, float or bool, not "
+                        f"{type(value).__name__}")
+    if rc != OK:
+        raise ValueError(
+            f"cache_config key {key!r}: at most {MAX_CACHE_CONFIG} entries, "
+            "none twice; keys match [a-zA-Z_][a-zA-Z0-9_]*, do not start "
+            "with __ nor are a label the daemon sets "
+            "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h)")
 
 
 def _seconds_to_ms(name, v, lo, hi):
@@ -199,7 +238,12 @@ class Client:
     namespace (default "tokenmeter-engine"); instance is the `engine` label;
     scope joins this client's request ids with other clients' of the same
     engine, model and scope (a frontend process and an engine process);
-    labels are at most 8 constant labels. socket_path defaults to
+    labels are at most 8 constant labels. Protocol 1.1 (a 1.0 daemon
+    ignores them): profile ("vllm", "sglang" or "lmdeploy"; default: the
+    daemon decides) names the series; cache_config is a dict of at most 32
+    KV-cache settings (str, int, float or bool values, keys as label names),
+    e.g. {"block_size": 16, "num_gpu_blocks": 8192}; max_lora the most LoRA
+    adapters served at once. socket_path defaults to
     /run/tokenmeter/ingest.sock. buffer_capacity (events per thread),
     flush_interval and close_timeout (seconds) and max_threads tune the
     library (tokenmeter.h). Bad values raise ValueError or TypeError naming
@@ -223,7 +267,8 @@ class Client:
 
     def __init__(self, *, model, engine=None, instance=None, scope=None,
                  labels=None, socket_path=None, buffer_capacity=None,
-                 flush_interval=None, close_timeout=None, max_threads=None):
+                 flush_interval=None, close_timeout=None, max_threads=None,
+                 profile=None, cache_config=None, max_lora=None):
         # Set first so that close() works whatever fails below.
         self._h = None
         self._finalizer = None
@@ -267,6 +312,20 @@ class Client:
                         "nor repeat one the daemon sets "
                         "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h), "
                         "values are at most 256 bytes of UTF-8")
+            if profile is not None:
+                apply(lib.tm_options_set_profile,
+                      _option_str("profile", profile),
+                      f"profile {profile!r} must be one of "
+                      + ", ".join(repr(p) for p in PROFILES))
+            if cache_config is not None:
+                if not hasattr(cache_config, "items"):
+                    raise TypeError("cache_config must be a dict, not "
+                                    f"{type(cache_config).__name__}")
+                for key, value in cache_config.items():
+                    _add_cache_config(opts, key, value)
+            if max_lora is not None:
+                apply(lib.tm_options_set_max_lora,
+                      _uint("max_lora", max_lora, 0, _I64_MAX), "max_lora")
             if buffer_capacity is not None:
                 apply(lib.tm_options_set_buffer_capacity,
                       _uint("buffer_capacity", buffer_capacity, 1024,
@@ -388,17 +447,25 @@ class Client:
         ln = len(b)
         return fn_str(self._h, t_ns, b, ln, *args)
 
-    def arrived(self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0):
+    def arrived(self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0,
+                lora=None, labels=None):
         """The request entered the server (ARRIVED). max_tokens and n are
-        its sampling parameters; 0 means not given."""
+        its sampling parameters; 0 means not given. Protocol 1.1 (a 1.0
+        daemon ignores them): lora, the LoRA adapter serving the request
+        (a str of 1 .. 128 bytes of UTF-8; None: none); labels, a dict of at
+        most 4 request labels, names as label names (as HELLO labels),
+        values strs of at most 128 bytes of UTF-8 (the daemon uses those it
+        enables with --request-label)."""
         # The fast path, for ints in range and a str or int id. Anything
         # else takes the checking path below, which says what is wrong: a
         # float count raises TypeError at `|` (a negative one shifts to -1),
         # a numpy int makes ctypes raise ArgumentError before the call, an
         # empty or overlong str id finds no ready length (None for 0,
-        # IndexError past MAX_RID_BYTES).
+        # IndexError past MAX_RID_BYTES). lora and labels take the path of
+        # their own (_arrived_ex) after it.
         try:
-            if t_ns is _ZERO and n is _ZERO:
+            if (t_ns is _ZERO and n is _ZERO and lora is None
+                    and labels is None):
                 # The common form (now, no n): both counts in one argument
                 # to a 3- or 4-argument entry, each argument fewer saving
                 # ctypes 40 to 90 ns.
@@ -417,7 +484,8 @@ class Client:
                 t = t_ns
             else:
                 t = None
-            if t is not None and not (prompt_tokens | max_tokens | n) >> 32:
+            if (t is not None and lora is None and labels is None
+                    and not (prompt_tokens | max_tokens | n) >> 32):
                 n_arg = _N_ZERO if n is _ZERO else n
                 kind = type(rid)
                 if kind is str:
@@ -430,10 +498,55 @@ class Client:
                                     max_tokens, n_arg)
         except (TypeError, IndexError, ctypes.ArgumentError):
             pass
+        if lora is not None or labels is not None:
+            return self._arrived_ex(rid, prompt_tokens, max_tokens, n, t_ns,
+                                    lora, labels)
         return self._checked(
             _arrived, _arrived_str, rid, t_ns,
             _uint("prompt_tokens", prompt_tokens, 0, _U32),
             _uint("max_tokens", max_tokens, 0, _U32), _uint("n", n, 0, _U32))
+
+    def _arrived_ex(self, rid, prompt_tokens, max_tokens, n, t_ns, lora,
+                    labels):
+        """arrived() with lora or labels: checks them, then one
+        tm_arrived_ex(_str) call."""
+        t_ns = _t(t_ns)
+        v, b = _rid(rid)
+        counts = (_uint("prompt_tokens", prompt_tokens, 0, _U32),
+                  _uint("max_tokens", max_tokens, 0, _U32),
+                  _uint("n", n, 0, _U32))
+        lora_b = None if lora is None else _option_str(
+            "lora", lora, 1, MAX_LORA_BYTES)
+        if labels is None:
+            labels = {}
+        elif not hasattr(labels, "items"):
+            raise TypeError("labels must be a dict of str to str, not "
+                            f"{type(labels).__name__}")
+        count = len(labels)
+        if count > MAX_REQUEST_LABELS:
+            raise ValueError(f"labels has {count} entries; at most "
+                             f"{MAX_REQUEST_LABELS}")
+        arr = (Label * count)()  # keeps the bytes alive through the call
+        for i, (name, value) in enumerate(labels.items()):
+            arr[i].name = _option_str("request label name", name, 1)
+            arr[i].value = _option_str(f"request label {name!r} value",
+                                       value, 0,
+                                       MAX_REQUEST_LABEL_VALUE_BYTES)
+        addr = ctypes.addressof(arr)
+        if b is None:
+            rc = _arrived_ex(self._h, t_ns, v, *counts, lora_b, addr, count)
+        else:
+            rc = _arrived_ex_str(self._h, t_ns, b, len(b), *counts, lora_b,
+                                 addr, count)
+        if rc == INVALID and self._h is not None:
+            # What is left for the library (which counted it as rejected):
+            # the label-name rules of protocol.h.
+            raise ValueError(
+                f"request labels {list(labels)!r}: names match "
+                "[a-zA-Z_][a-zA-Z0-9_]*, do not start with __ nor are a "
+                "label the daemon sets (TM_RESERVED_LABEL_NAMES in "
+                "tokenmeter/protocol.h)")
+        return rc
 
     def queued(self, rid, t_ns=0):
         """The request entered the engine's waiting queue (optional)."""
