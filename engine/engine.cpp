@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <span>
+#include <string_view>
 
 #include "engine/sampler.h"
 #include "engine/workload.h"
@@ -55,6 +57,13 @@ Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
     r.lora = w.lora;
     r.tenant = w.tenant;
   }
+  // The names ARRIVED carries, made once (no allocation per request).
+  for (uint32_t i = 0; i < o.workload.lora_adapters; ++i) {
+    e->lora_names_.push_back(LoraName(int32_t(i)));
+  }
+  for (uint32_t i = 0; i < o.workload.tenants; ++i) {
+    e->tenant_names_.push_back(TenantName(int32_t(i)));
+  }
   e->kv_ = std::make_unique<BlockManager>(o.kv);
   e->scheduler_ = std::make_unique<Scheduler>(o.scheduler, *e->kv_);
 
@@ -85,6 +94,17 @@ Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
     co.model = o.model_name;
     co.instance = o.instance;
     co.scope = o.scope;
+    co.profile = o.metrics_profile;
+    // The KV cache's shape under the keys the chosen engine family uses.
+    if (o.metrics_profile == "sglang") {
+      co.cache_config = {{"page_size", int64_t(o.kv.block_size)},
+                         {"num_pages", int64_t(o.kv.num_blocks)}};
+    } else {
+      co.cache_config = {{"block_size", int64_t(o.kv.block_size)},
+                         {"num_gpu_blocks", int64_t(o.kv.num_blocks)},
+                         {"enable_prefix_caching", o.kv.prefix_caching}};
+    }
+    if (o.workload.lora_adapters > 0) co.max_lora = o.scheduler.max_lora;
     const int rc = tokenmeter::Client::Create(co, &e->meter_);
     if (rc != TM_OK) {
       return Status::Error(
@@ -117,7 +137,22 @@ Status Engine::Run() {
       recorder_.Groups(next, r.lora, r.tenant);
       recorder_.Queued(next, now_ns);
       if (meter_) {
-        meter_->Arrived(r.id, r.prompt_len, r.max_tokens, 1, arrived_ns);
+        if (r.lora >= 0 || r.tenant >= 0) {
+          // ARRIVED params (protocol 1.1): the adapter and the tenant label.
+          // (string_view on both sides of ?:, else a temporary std::string.)
+          const std::string_view none;
+          const tokenmeter::RequestLabel tenant[] = {
+              {"tenant", r.tenant >= 0
+                             ? std::string_view(tenant_names_[size_t(r.tenant)])
+                             : none}};
+          const std::string_view lora =
+              r.lora >= 0 ? std::string_view(lora_names_[size_t(r.lora)])
+                          : none;
+          meter_->Arrived(r.id, r.prompt_len, r.max_tokens, 1, lora,
+                          std::span(tenant, r.tenant >= 0 ? 1 : 0), arrived_ns);
+        } else {
+          meter_->Arrived(r.id, r.prompt_len, r.max_tokens, 1, arrived_ns);
+        }
         meter_->Queued(r.id, now_ns);
       }
       scheduler_->Add(&r);
@@ -237,6 +272,7 @@ Report Engine::BuildReport() const {
   r.process_cpu_s = process_cpu_s_;
   r.client_events_sent = client_stats_.events_sent;
   r.client_reconnects = client_stats_.reconnects;
+  r.client_events_rejected = client_stats_.events_rejected;
   return r;
 }
 

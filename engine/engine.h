@@ -62,6 +62,8 @@ class Engine {
   // Every LoRA adapter's weights (host memory; the backend's slots hold
   // copies of at most --max-lora of them).
   std::vector<LoraAdapter> adapters_;
+  // "lora-<i>" and "tenant-<i>", for ARRIVED.
+  std::vector<std::string> lora_names_, tenant_names_;
   std::unique_ptr<tokenmeter::Client> meter_;  // null with --no-metrics
   Recorder recorder_;
   uint64_t client_dropped_ = 0;

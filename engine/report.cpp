@@ -148,6 +148,8 @@ std::string ReportJson(const Report& r) {
   AppendUint(o, r.client_events_sent);
   o += ", \"client_reconnects\": ";
   AppendUint(o, r.client_reconnects);
+  o += ", \"client_events_rejected\": ";
+  AppendUint(o, r.client_events_rejected);
   o += ",\n \"loop_cpu_s\": ";
   AppendDouble(o, r.loop_cpu_s);
   o += ", \"process_cpu_s\": ";

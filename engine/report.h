@@ -53,8 +53,10 @@ struct Report {
   uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   uint64_t steps = 0;
   // libtokenmeter's final counters (tm_client_close): events written to the
-  // daemon's socket, and connections made after the first.
+  // daemon's socket, connections made after the first, and event calls the
+  // library refused (invalid arguments: none expected).
   uint64_t client_events_sent = 0, client_reconnects = 0;
+  uint64_t client_events_rejected = 0;
   // CPU time over Run() (client close included): the loop thread's, and
   // the whole process's (the loop plus libtokenmeter's sender thread).
   double loop_cpu_s = 0, process_cpu_s = 0;

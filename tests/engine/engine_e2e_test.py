@@ -10,10 +10,15 @@ Environment: TOKENMETERD, TOKENMETER_ENGINE (paths of the built binaries).
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
+from collections import Counter
+
+import msgpack
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "testutil"))
@@ -96,6 +101,7 @@ class EngineAgainstDaemon(unittest.TestCase):
         poll_until(lambda: applied() == report["client_events_sent"],
                    what="client_events_sent events applied")
         self.assertEqual(report["client_reconnects"], 0)
+        self.assertEqual(report["client_events_rejected"], 0)
         samples = d.samples()
         key = frozenset(LABELS.items())
 
@@ -160,6 +166,8 @@ class EngineAgainstDaemon(unittest.TestCase):
         self.assertEqual(
             d.value("tokenmeter_ingest_errors_total", reason="bad_event")
             or 0, 0)
+        self.assertEqual(report["client_events_rejected"], 0)
+        self.assertEqual(report["client_dropped_events"], 0)
         self.assertEqual(report["requests"], 200)
         adapters = report["lora_adapters"]
         tenants = report["tenants"]
@@ -204,6 +212,89 @@ class EngineWithoutDaemon(unittest.TestCase):
                          + report["finished"]["length"], 200)
         self.assertTrue(report["metrics"])
         self.assertGreater(report["client_dropped_events"], 0)
+
+
+def capture_wire(extra):
+    """Runs the engine against a plain Unix listener that never answers and
+    returns (report, hello meta, ARRIVED events) from the bytes it wrote."""
+    with tempfile.TemporaryDirectory(prefix="tm-wire-", dir="/tmp") as tmp:
+        path = os.path.join(tmp, "ingest.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        listener.settimeout(30)
+        chunks = []
+
+        def read_all():
+            conn, _ = listener.accept()
+            conn.settimeout(30)
+            with conn:
+                while True:
+                    data = conn.recv(1 << 16)
+                    if not data:
+                        return
+                    chunks.append(data)
+
+        reader = threading.Thread(target=read_all)
+        reader.start()
+        try:
+            report = run_engine(path, os.path.join(tmp, "report.json"),
+                                extra=extra)
+        finally:
+            reader.join(timeout=30)
+            listener.close()
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(b"".join(chunks))
+    frames = list(unpacker)
+    hellos = [f[1] for f in frames if f[0] == 0]
+    arrived = [e for f in frames if f[0] == 1 for e in f[3] if e[0] == 1]
+    return report, hellos, arrived
+
+
+class EngineWire(unittest.TestCase):
+    def test_lora_tenants_and_vllm_cache_config(self):
+        report, hellos, arrived = capture_wire(LORA)
+        self.assertEqual(len(hellos), 1)
+        meta = hellos[0]
+        self.assertEqual(meta["cache_config"],
+                         {"block_size": 8, "num_gpu_blocks": 48,
+                          "enable_prefix_caching": True})
+        self.assertEqual(meta["max_lora"], 2)
+        self.assertNotIn("profile", meta)
+        self.assertEqual(report["client_events_rejected"], 0)
+        self.assertEqual(len(arrived), report["requests"])
+        loras = Counter(e[4]["lora"] for e in arrived)
+        tenants = Counter(e[4]["labels"]["tenant"] for e in arrived)
+        for e in arrived:
+            self.assertEqual(list(e[4]["labels"]), ["tenant"])
+        self.assertEqual(
+            loras, Counter({name: g["requests"] for name, g
+                            in report["lora_adapters"].items()
+                            if g["requests"] > 0}))
+        self.assertEqual(
+            tenants, Counter({name: g["requests"] for name, g
+                              in report["tenants"].items()
+                              if g["requests"] > 0}))
+
+    def test_sglang_profile_without_lora_or_tenants(self):
+        report, hellos, arrived = capture_wire(
+            ["--metrics-profile", "sglang", "--tenants", "0",
+             "--no-prefix-cache"])
+        meta = hellos[0]
+        self.assertEqual(meta["profile"], "sglang")
+        self.assertEqual(meta["cache_config"],
+                         {"page_size": 8, "num_pages": 48})
+        self.assertNotIn("max_lora", meta)
+        self.assertEqual(len(arrived), report["requests"])
+        for e in arrived:  # exactly the 1.0 ARRIVED params
+            self.assertEqual(set(e[4]), {"max_tokens", "n"})
+
+    def test_profile_flag_is_sent_as_given(self):
+        for profile in ("vllm", "lmdeploy"):
+            with self.subTest(profile=profile):
+                _, hellos, _ = capture_wire(["--metrics-profile", profile])
+                self.assertEqual(hellos[0]["profile"], profile)
+                self.assertIn("num_gpu_blocks", hellos[0]["cache_config"])
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ TEST(ReportJsonTest, HasTheFixedKeysInOrder) {
   Report r;
   r.client_events_sent = 7;
   r.client_reconnects = 2;
+  r.client_events_rejected = 3;
   r.requests = 2;
   r.finished_stop = 1;
   r.finished_length = 1;
@@ -143,7 +144,8 @@ TEST(ReportJsonTest, HasTheFixedKeysInOrder) {
                         "\"metrics\": true",
                         "\"client_dropped_events\": 0",
                         "\"client_events_sent\": 7",
-                        "\"client_reconnects\": 2"};
+                        "\"client_reconnects\": 2",
+                        "\"client_events_rejected\": 3"};
   size_t at = 0;
   for (const char* k : keys) {
     const size_t found = j.find(k, at);
