@@ -32,6 +32,16 @@ them as Prometheus metrics.
   --log-interval SECONDS     summary-line period, 0 disables (default 10)
   --namespace NAME           metric namespace for every engine (default: the
                              engine name each engine sends)
+  --profile NAME             naming profile of engines that do not choose one:
+                             auto (sglang for engine sglang, lmdeploy for
+                             engine lmdeploy, vllm otherwise), vllm, sglang,
+                             lmdeploy (default auto)
+  --legacy-names             vllm profile: also the pre-v1 names routers
+                             read (vllm:gpu_cache_usage_perc, ...)
+  --request-label NAME       add request label NAME from ARRIVED params
+                             labels to request series (repeatable, at most 4)
+  --request-label-values N   distinct values per request label per engine
+                             series, later ones are __other__ (default 100)
   --max-model-len N          top of the token-count buckets (default 32768)
   --config FILE              key = value file; flags override it
   --log-level LEVEL          trace, debug, info, warn, error (default info)
@@ -140,7 +150,25 @@ using Setter = std::function<Status(std::string_view, Config*)>;
 struct Flag {
   std::string_view name;
   Setter set;
+  // A switch takes no value on the command line ("--legacy-names"; also
+  // "--legacy-names=false"); in the file it takes true or false.
+  bool is_switch = false;
+  // Repeatable: every occurrence adds a value; the command line's replace
+  // the file's. `clear` empties the list.
+  std::function<void(Config*)> clear = {};
 };
+
+Status ParseBool(std::string_view flag, std::string_view v, bool* out) {
+  if (v == "true" || v == "1" || v == "yes") {
+    *out = true;
+  } else if (v == "false" || v == "0" || v == "no") {
+    *out = false;
+  } else {
+    return Status::Error("--" + std::string(flag) + ": \"" + std::string(v) +
+                         "\" is not true or false");
+  }
+  return Status::Ok();
+}
 
 Status SetUint(std::string_view name, std::string_view v, uint64_t min,
                uint64_t max, auto* field) {
@@ -180,6 +208,51 @@ const std::vector<Flag>& Flags() {
          }
          c->ingest.namespace_override = v;
          return Status::Ok();
+       }},
+      {"profile",
+       [](std::string_view v, Config* c) {
+         if (v == "auto") {
+           c->ingest.profile.reset();
+           return Status::Ok();
+         }
+         const std::optional<Profile> p = ParseProfile(v);
+         if (!p) {
+           return Status::Error("--profile: \"" + std::string(v) +
+                                "\" is not auto, vllm, sglang or lmdeploy");
+         }
+         c->ingest.profile = *p;
+         return Status::Ok();
+       }},
+      {"legacy-names",
+       [](std::string_view v, Config* c) {
+         return ParseBool("legacy-names", v, &c->registry.legacy_names);
+       },
+       true},
+      {"request-label",
+       [](std::string_view v, Config* c) {
+         std::vector<std::string>& names = c->registry.request_labels;
+         if (!tm_proto_valid_label(v.data(), v.size(), "", 0)) {
+           return Status::Error(
+               "--request-label: \"" + std::string(v) +
+               "\" is not a label name the daemon leaves to engines (it must "
+               "match [a-zA-Z_][a-zA-Z0-9_]*, not start with __, and not be "
+               "one of the daemon's own labels)");
+         }
+         if (std::find(names.begin(), names.end(), v) != names.end()) {
+           return Status::Error("--request-label: \"" + std::string(v) +
+                                "\" given twice");
+         }
+         if (names.size() >= TM_MAX_REQUEST_LABELS) {
+           return Status::Error("--request-label: at most 4 labels");
+         }
+         names.emplace_back(v);
+         return Status::Ok();
+       },
+       false, [](Config* c) { c->registry.request_labels.clear(); }},
+      {"request-label-values",
+       [](std::string_view v, Config* c) {
+         return SetUint("request-label-values", v, 1, 65533,
+                        &c->registry.request_label_values);
        }},
       {"max-model-len",
        [](std::string_view v, Config* c) {
@@ -435,11 +508,18 @@ Status ParseConfig(int argc, const char* const* argv, Config* config) {
       value = arg.substr(eq + 1);
     } else {
       name = arg;
-      if (name != "config" && FindFlag(name) == nullptr) {
+      const Flag* f = FindFlag(name);
+      if (name != "config" && f == nullptr) {
         return Status::Error("unknown flag --" + name + " (see --help)");
       }
-      if (i + 1 >= argc) return Status::Error("--" + name + " needs a value");
-      value = argv[++i];
+      if (f != nullptr && f->is_switch) {
+        value = "true";
+      } else {
+        if (i + 1 >= argc) {
+          return Status::Error("--" + name + " needs a value");
+        }
+        value = argv[++i];
+      }
     }
     if (name != "config" && FindFlag(name) == nullptr) {
       return Status::Error("unknown flag --" + name + " (see --help)");
@@ -453,9 +533,16 @@ Status ParseConfig(int argc, const char* const* argv, Config* config) {
       if (!s.ok()) return s;
     }
   }
+  std::vector<const Flag*> cleared;
   for (const auto& [name, value] : given) {
     if (name == "config") continue;
-    Status s = FindFlag(name)->set(value, config);
+    const Flag* f = FindFlag(name);
+    if (f->clear &&
+        std::find(cleared.begin(), cleared.end(), f) == cleared.end()) {
+      f->clear(config);  // the command line's list replaces the file's
+      cleared.push_back(f);
+    }
+    Status s = f->set(value, config);
     if (!s.ok()) return s;
   }
   return Status::Ok();

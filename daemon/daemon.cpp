@@ -180,16 +180,22 @@ Status Daemon::Start() {
   uv_timer_init(&loop_, &log_timer_);
   log_timer_.data = this;
   last_log_ns_ = clock_.NowNs();
-  if (config_.log_interval_ns > 0) {
-    const uint64_t ms =
-        std::max<uint64_t>(1, config_.log_interval_ns / 1'000'000);
+  {
+    // The summary window: the log line's period, and the window of the
+    // window gauges (10 s when the line is off).
+    const uint64_t window_ns =
+        config_.log_interval_ns > 0 ? config_.log_interval_ns : 10'000'000'000;
+    const uint64_t ms = std::max<uint64_t>(1, window_ns / 1'000'000);
     uv_timer_start(
         &log_timer_,
         [](uv_timer_t* t) {
           auto* d = static_cast<Daemon*>(t->data);
           const uint64_t now = d->clock_.NowNs();
-          d->summary_.LogAll(*d->registry_,
-                             double(now - d->last_log_ns_) / 1e9);
+          const double window_s = double(now - d->last_log_ns_) / 1e9;
+          d->window_gauges_.Update(*d->registry_, window_s);
+          if (d->config_.log_interval_ns > 0) {
+            d->summary_.LogAll(*d->registry_, window_s);
+          }
           d->last_log_ns_ = now;
         },
         ms, ms);

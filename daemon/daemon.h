@@ -16,6 +16,7 @@
 #include "daemon/logging/summary.h"
 #include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/registry.h"
+#include "daemon/metrics/window_gauges.h"
 #include "daemon/service/systemd.h"
 #include "daemon/status.h"
 
@@ -70,6 +71,7 @@ class Daemon {
   std::unique_ptr<ProcessCollector> process_;
   std::unique_ptr<SelfCollector> self_;
   SummaryLog summary_;
+  WindowGauges window_gauges_;
   uint64_t scrape_duration_ns_ = 0;  // the previous scrape's render
   uv_timer_t sweep_timer_{};
   uv_timer_t log_timer_{};

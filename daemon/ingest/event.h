@@ -70,7 +70,16 @@ struct StepStats {
   uint32_t pos_count = 0;
 };
 
+// ARRIVED params of protocol 1.1: the LoRA adapter and per-request labels
+// (validated: label-name rules, UTF-8, the limits of protocol.h).
+struct ArrivedExtras {
+  std::string_view lora;  // empty: none
+  uint8_t num_labels = 0;
+  std::pair<std::string_view, std::string_view> labels[TM_MAX_REQUEST_LABELS];
+};
+
 struct Event {
+  static constexpr uint32_t kNoExtras = UINT32_MAX;
   EventKind kind;
   uint64_t t_ns;
   RequestId rid;            // not for kStep
@@ -79,6 +88,8 @@ struct Event {
   uint64_t n = 0;           // ARRIVED params; valid when has_n
   bool has_max_tokens = false;
   bool has_n = false;
+  // ARRIVED with a lora or labels param: index into Batch::arrivals.
+  uint32_t extras = kNoExtras;
   FinishReason reason = FinishReason::kStop;  // FINISHED
   StepStats step;                             // STEP
 };
@@ -93,6 +104,20 @@ struct Hello {
   std::vector<std::pair<std::string, std::string>> labels;  // in HELLO order
   int64_t pid = 0;
   bool has_pid = false;
+  // Protocol 1.1.
+  std::string profile;  // "vllm", "sglang", "lmdeploy"; empty: not sent
+  // cache_config entries in HELLO order, values rendered as the catalog
+  // says (str as given, int decimal, float shortest round trip, bool
+  // True/False); `number` holds int and float values (NaN for the others).
+  struct CacheConfigEntry {
+    std::string key;
+    std::string value;
+    double number;
+  };
+  std::vector<CacheConfigEntry> cache_config;
+  bool has_cache_config = false;
+  int64_t max_lora = 0;
+  bool has_max_lora = false;
 };
 
 // Why a frame or an event was rejected: the `reason` label of

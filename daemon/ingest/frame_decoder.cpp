@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -345,6 +347,68 @@ IngestError ParseLabels(Reader& r, const Header& h, const DecoderLimits& limits,
   return IngestError::kCount;
 }
 
+// HELLO cache_config: a map of at most TM_MAX_CACHE_CONFIG entries, keys by
+// the HELLO label rules and unique, values str, int, float or bool.
+IngestError ParseCacheConfig(Reader& r, const Header& h, Hello* hello) {
+  if (h.type != Type::kMap) return IngestError::kBadHello;
+  if (h.value > TM_MAX_CACHE_CONFIG) return IngestError::kTooManyLabels;
+  hello->cache_config.clear();
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadHelloString(r, r.Next(), &key)) return IngestError::kBadHello;
+    if (!IsValidName(key, /*with_dash=*/false)) return IngestError::kBadName;
+    if (IsReservedLabel(key)) return IngestError::kReservedLabel;
+    for (const auto& e : hello->cache_config) {
+      if (e.key == key) return IngestError::kBadName;
+    }
+    const Header v = r.Next();
+    Hello::CacheConfigEntry entry{std::string(key), {}, std::nan("")};
+    char buf[32];
+    std::to_chars_result res{buf, std::errc()};
+    std::string_view text;
+    switch (v.type) {
+      case Type::kStr:
+        text = r.Payload(v);
+        if (!IsValidUtf8(text)) return IngestError::kBadHello;
+        entry.value = text;
+        break;
+      case Type::kUint:
+        res = std::to_chars(buf, buf + sizeof buf, v.value);
+        entry.number = double(v.value);
+        break;
+      case Type::kNegInt:
+        res = std::to_chars(buf, buf + sizeof buf, int64_t(v.value));
+        entry.number = double(int64_t(v.value));
+        break;
+      case Type::kFloat32: {
+        const float f = std::bit_cast<float>(uint32_t(v.value));
+        if (!std::isfinite(f)) return IngestError::kBadHello;
+        res = std::to_chars(buf, buf + sizeof buf, f);
+        entry.number = f;
+        break;
+      }
+      case Type::kFloat64: {
+        const double d = std::bit_cast<double>(v.value);
+        if (!std::isfinite(d)) return IngestError::kBadHello;
+        res = std::to_chars(buf, buf + sizeof buf, d);
+        entry.number = d;
+        break;
+      }
+      case Type::kBool:
+        entry.value = v.value != 0 ? "True" : "False";
+        break;
+      default:
+        return IngestError::kBadHello;
+    }
+    if (entry.value.empty() && v.type != Type::kStr) {
+      entry.value.assign(buf, res.ptr);
+    }
+    hello->cache_config.push_back(std::move(entry));
+  }
+  hello->has_cache_config = true;
+  return IngestError::kCount;
+}
+
 // Returns kCount when the meta map is a valid HELLO.
 IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
                            Hello* hello) {
@@ -358,6 +422,9 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
     kScope = 16,
     kLabels = 32,
     kPid = 64,
+    kProfile = 128,
+    kCacheConfig = 256,
+    kMaxLora = 512,
   };
   uint32_t seen = 0;
   for (uint64_t i = 0; i < meta.value; ++i) {
@@ -409,6 +476,25 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
       }
       hello->pid = static_cast<int64_t>(v.value);
       hello->has_pid = true;
+    } else if (key == TM_HELLO_PROFILE) {
+      bit = kProfile;
+      if (!ReadHelloString(r, v, &s)) return IngestError::kBadHello;
+      if (s != TM_PROFILE_VLLM && s != TM_PROFILE_SGLANG &&
+          s != TM_PROFILE_LMDEPLOY) {
+        return IngestError::kBadHello;
+      }
+      hello->profile = s;
+    } else if (key == TM_HELLO_CACHE_CONFIG) {
+      bit = kCacheConfig;
+      const IngestError e = ParseCacheConfig(r, v, hello);
+      if (e != IngestError::kCount) return e;
+    } else if (key == TM_HELLO_MAX_LORA) {
+      bit = kMaxLora;
+      if (v.type != Type::kUint || v.value > static_cast<uint64_t>(INT64_MAX)) {
+        return IngestError::kBadHello;
+      }
+      hello->max_lora = static_cast<int64_t>(v.value);
+      hello->has_max_lora = true;
     } else {
       r.SkipBody(v);  // unknown key: forward compatibility
     }
@@ -472,9 +558,37 @@ bool ReadEventMapKey(Reader& r, std::string_view* key) {
   return false;
 }
 
-// ARRIVED params: nil, or a map with optional int max_tokens and n.
-// A nil value is the key absent (a client's None).
-bool ParseParams(Reader& r, Event* e) {
+// ARRIVED params labels: a map of at most TM_MAX_REQUEST_LABELS entries,
+// names by the HELLO label rules and unique, values str of at most
+// TM_MAX_REQUEST_LABEL_VALUE_BYTES bytes, all valid UTF-8.
+bool ParseRequestLabels(Reader& r, const Header& h, ArrivedExtras* x) {
+  if (h.type != Type::kMap || h.value > TM_MAX_REQUEST_LABELS) return false;
+  x->num_labels = 0;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    const Header kh = r.Next();
+    if (kh.type != Type::kStr) return false;
+    const std::string_view name = r.Payload(kh);
+    const Header vh = r.Next();
+    if (vh.type != Type::kStr || vh.value > TM_MAX_REQUEST_LABEL_VALUE_BYTES) {
+      return false;
+    }
+    const std::string_view value = r.Payload(vh);
+    if (!IsValidName(name, /*with_dash=*/false) || IsReservedLabel(name) ||
+        !IsValidUtf8(value)) {
+      return false;
+    }
+    for (uint8_t j = 0; j < x->num_labels; ++j) {
+      if (x->labels[j].first == name) return false;
+    }
+    x->labels[x->num_labels++] = {name, value};
+  }
+  return true;
+}
+
+// ARRIVED params: nil, or a map with optional int max_tokens and n, and
+// (1.1) lora and labels, which go to `x`. A nil value is the key absent (a
+// client's None).
+bool ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras) {
   const Header h = r.Next();
   if (h.type == Type::kNil) return true;
   if (h.type != Type::kMap) return false;
@@ -482,7 +596,17 @@ bool ParseParams(Reader& r, Event* e) {
     std::string_view key;
     if (!ReadEventMapKey(r, &key)) continue;
     const Header v = r.Next();
-    if (key == TM_PARAM_MAX_TOKENS || key == TM_PARAM_N) {
+    if (v.type != Type::kNil && key == TM_PARAM_LORA) {
+      if (v.type != Type::kStr || v.value < 1 || v.value > TM_MAX_LORA_BYTES) {
+        return false;
+      }
+      x->lora = r.Payload(v);
+      if (!IsValidUtf8(x->lora)) return false;
+      *has_extras = true;
+    } else if (v.type != Type::kNil && key == TM_PARAM_LABELS) {
+      if (!ParseRequestLabels(r, v, x)) return false;
+      *has_extras = *has_extras || x->num_labels > 0;
+    } else if (key == TM_PARAM_MAX_TOKENS || key == TM_PARAM_N) {
       if (v.type == Type::kNil) continue;
       if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) return false;
       if (key == TM_PARAM_N) {
@@ -600,7 +724,13 @@ IngestError ParseEventBody(Reader& r, uint64_t n, const DecoderLimits& limits,
       }
       used = 4;
       if (n >= 5) {
-        if (!ParseParams(r, e)) return IngestError::kBadEvent;
+        ArrivedExtras x;
+        bool has_extras = false;
+        if (!ParseParams(r, e, &x, &has_extras)) return IngestError::kBadEvent;
+        if (has_extras) {
+          e->extras = uint32_t(batch.arrivals.size());
+          batch.arrivals.push_back(x);
+        }
         used = 5;
       }
       break;
@@ -649,6 +779,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
       err = IngestError::kBadEvent;
     } else if (r.ReadUint(&t)) {
       const size_t positions = batch.positions.size();
+      const size_t arrivals = batch.arrivals.size();
       Event& e = batch.events.emplace_back();
       e.kind = static_cast<EventKind>(kind);
       e.t_ns = t;
@@ -656,6 +787,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
       if (err == IngestError::kCount) return err;
       batch.events.pop_back();
       batch.positions.resize(positions);
+      batch.arrivals.resize(arrivals);
     }
   }
   r.set_pos(start);
@@ -959,6 +1091,7 @@ bool FrameDecoder::DecodeBatch(const uint8_t* begin, const uint8_t* end,
   batch_.dropped_total = dropped.value;
   batch_.events.clear();
   batch_.positions.clear();
+  batch_.arrivals.clear();
   for (uint64_t i = 0; i < events.value; ++i) {
     const IngestError err = DecodeEvent(r, limits_, batch_);
     if (err != IngestError::kCount) sink.OnEventError(err);

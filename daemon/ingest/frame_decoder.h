@@ -36,6 +36,8 @@ struct Batch {
   std::vector<Event> events;  // only the valid ones, in frame order
   // Storage for STEP spec_accepted_per_pos (see StepStats::pos_begin).
   std::vector<uint64_t> positions;
+  // ARRIVED lora / labels params (see Event::extras).
+  std::vector<ArrivedExtras> arrivals;
 };
 
 // Receives what a FrameDecoder decodes (leveldb-style injected reporter).

@@ -170,10 +170,34 @@ class IngestServer::Connection : public FrameSink {
     server_.stats_.CountFrame();
     server_.StopAwaitingHello(this);
     server_.hello_timeout_logged_ = false;
-    SeriesIdentity id{server_.options_.namespace_override.empty()
-                          ? SanitizeNamespace(hello.engine)
-                          : server_.options_.namespace_override,
-                      hello.model, hello.instance, hello.labels};
+    const Profile profile =
+        !hello.profile.empty()     ? *ParseProfile(hello.profile)
+        : server_.options_.profile ? *server_.options_.profile
+                                   : AutoProfile(hello.engine);
+    SeriesIdentity id{ProfileNamespace(profile, hello.engine,
+                                       server_.options_.namespace_override),
+                      hello.model, hello.instance, hello.labels, profile};
+    if (const std::string_view clash = server_.LabelClash(hello);
+        !clash.empty()) {
+      server_.stats_.CountError(IngestError::kReservedLabel);
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} (HELLO label \"{}\" is "
+          "a label the daemon sets on this series)",
+          peer_, IngestErrorName(IngestError::kReservedLabel), clash);
+      Close();
+      return;
+    }
+    if (reg.NamespaceConflict(id)) {
+      server_.stats_.CountError(IngestError::kBadHello);
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} (profile {} in namespace "
+          "\"{}\", which holds series of another profile; give these "
+          "engines --profile or --namespace apart)",
+          peer_, IngestErrorName(IngestError::kBadHello), ProfileName(profile),
+          id.ns);
+      Close();
+      return;
+    }
     EngineSeries* series = reg.GetOrCreate(id);
     if (series == nullptr) {
       // The registry counts it in series_rejected too; close this peer only.
@@ -196,6 +220,16 @@ class IngestServer::Connection : public FrameSink {
       Close();
       return;
     }
+    if (hello.has_cache_config) {
+      std::vector<EngineSeries::CacheConfigEntry> entries;
+      entries.reserve(hello.cache_config.size());
+      for (const auto& e : hello.cache_config) {
+        entries.push_back({e.key, e.value, e.number});
+      }
+      series->SetCacheConfig(std::move(entries));
+    }
+    if (hello.has_max_lora) series->SetMaxLora(hello.max_lora);
+    series->InitLoraTime(server_.tracker_.clock().UnixNowS());
     family_ = hello.engine;
     model_ = hello.model;
     instance_ = hello.instance;
@@ -616,6 +650,18 @@ void IngestServer::Forget(Connection* c) {
   connections_.erase(c);
   stats_.SetConnections(stats_.connections() - 1);
   MaybeDone();
+}
+
+std::string_view IngestServer::LabelClash(const Hello& hello) const {
+  for (const auto& [name, value] : hello.labels) {
+    for (const std::string& r : registry_.request_labels().names()) {
+      if (name == r) return name;
+    }
+    for (const auto& e : hello.cache_config) {
+      if (name == e.key) return name;
+    }
+  }
+  return {};
 }
 
 bool IngestServer::PeerAllowed(uint32_t uid, uint32_t gid) const {

@@ -27,6 +27,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -36,6 +37,7 @@
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/metrics/profile.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/status.h"
 
@@ -44,6 +46,9 @@ namespace tokenmeter::daemon {
 struct IngestOptions {
   DecoderLimits limits;
   std::string namespace_override;  // --namespace; empty: from HELLO engine
+  // --profile: the naming profile of a HELLO without `profile`; nullopt is
+  // auto (AutoProfile() of the HELLO engine).
+  std::optional<Profile> profile;
   uint32_t max_connections = 1024;
   // --max-connections-per-uid: connections one peer uid (SO_PEERCRED) may
   // have open at once; the next is closed at accept, before any byte is
@@ -140,6 +145,9 @@ class IngestServer {
   bool SpaceFor(const Hello& hello, uint64_t* space,
                 SharedSpaces::iterator* shared);
   bool PeerAllowed(uint32_t uid, uint32_t gid) const;
+  // The first HELLO label that a series of this HELLO would show twice:
+  // one named like a --request-label or a cache_config key. Empty: none.
+  std::string_view LabelClash(const Hello& hello) const;
 
   uv_loop_t* loop_;
   Registry& registry_;

@@ -12,6 +12,12 @@ uint64_t MonotonicClock::NowNs() const {
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
 
+double Clock::UnixNowS() const {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
 namespace {
 
 enum class Gauge : uint8_t { kNone, kWaiting, kRunning };
@@ -54,6 +60,10 @@ constexpr uint8_t Bit(Point p) { return uint8_t(1u << p); }
 // phase's rows need ARRIVED, because a request whose start the daemon
 // never saw (it was in flight across a daemon restart) may have produced
 // tokens before the first one seen, and its phases would be biased short.
+// `profile_only` rows measure a metric only the series of some profiles
+// show (EngineSeries::uses()): observed only into those, and never counted
+// as incomplete or negative (the tokenmeter_* counters do not depend on
+// profiles; the row of the same interval in the vLLM catalog counts).
 struct IntervalDef {
   Interval interval;
   EngineMetric metric;
@@ -64,6 +74,7 @@ struct IntervalDef {
   uint8_t exists_if;
   bool per_token;
   uint8_t needs;
+  bool profile_only = false;
 };
 
 constexpr IntervalDef kIntervals[] = {
@@ -82,14 +93,19 @@ constexpr IntervalDef kIntervals[] = {
      kFinished, true, Bit(kFirstToken), false, Bit(kArrived)},
     {Interval::kTpot, kRequestTimePerOutputToken, kFirstToken, kLastToken,
      kFinished, true, Bit(kFirstToken), true, Bit(kArrived)},
+    // LMDeploy ends its decode and inference phases at the finish.
+    {Interval::kDecode, kRequestDecodeToFinish, kFirstToken, kFinished,
+     kFinished, true, Bit(kFirstToken), false, Bit(kArrived), true},
+    {Interval::kInference, kRequestInferenceToFinish, kScheduled, kFinished,
+     kFinished, true, Bit(kFirstToken), false, Bit(kArrived), true},
 };
 constexpr size_t kNumIntervalDefs = std::size(kIntervals);
 // The `closed` bit after the intervals': the per-request histograms,
 // observed at finish once ARRIVED is known (prompt tokens and params come
 // with it; generation tokens of a request whose start was never seen would
 // be biased low).
-constexpr uint8_t kArrivalStatsBit = uint8_t(1u << kNumIntervalDefs);
-static_assert(kNumIntervalDefs < 8);
+constexpr uint16_t kArrivalStatsBit = uint16_t(1u << kNumIntervalDefs);
+static_assert(kNumIntervalDefs < 16);
 // request_success's children are indexed by FinishReason.
 static_assert(kNumFinishReasons == std::size(kFinishedReasonValues) &&
               size_t(FinishReason::kError) == 3);
@@ -105,15 +121,17 @@ struct Tracker::Request {
   EngineSeries* gauge_series = nullptr;        // holds the derived gauge
   uint64_t t_ns[kNumPoints] = {};              // valid where `known` says
   uint64_t activity_ns = 0;  // daemon clock: last event, or finish
+  LabelKey label_key = 0;    // per-request label values (ARRIVED)
   uint32_t prompt_tokens = 0;
   uint32_t generation_tokens = 0;
   uint32_t max_tokens = 0;
   uint32_t n = 0;
-  uint8_t known = 0;   // Bit(Point) of the points set
-  uint8_t closed = 0;  // kIntervals rows observed, and kArrivalStatsBit
+  uint8_t known = 0;    // Bit(Point) of the points set
+  uint16_t closed = 0;  // kIntervals rows observed, and kArrivalStatsBit
   bool has_max_tokens : 1 = false;
   bool has_n : 1 = false;
   Gauge gauge = Gauge::kNone;
+  uint16_t lora = 0;  // RequestLabels::InternLora(); 0: none
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -159,7 +177,8 @@ constexpr DaemonMetric kOwned[] = {kTrackedRequests, kEvictedRequests,
 
 Tracker::Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
                  TrackerOptions options)
-    : ingest_(ingest),
+    : request_labels_(registry.request_labels()),
+      ingest_(ingest),
       clock_(clock),
       options_(options),
       registration_(registry, this, kOwned) {}
@@ -207,7 +226,8 @@ void Append(R& r, R*& head, R*& tail) {
   tail = &r;
 }
 
-void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s);
+void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s,
+              const Clock& clock);
 
 }  // namespace
 
@@ -252,17 +272,26 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
 
 namespace {
 
-void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s) {
-  if (r.gauge == Gauge::kWaiting) {
-    r.gauge_series->AddDerived(kNumRequestsWaiting, -1);
-  }
-  if (r.gauge == Gauge::kRunning) {
-    r.gauge_series->AddDerived(kNumRequestsRunning, -1);
+// Moves a request between the derived waiting / running gauges (and, with
+// an adapter, the LoRA sets of lora_requests_info).
+void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s,
+              const Clock& clock) {
+  if (r.gauge == g && r.gauge_series == s) return;
+  const bool lora = r.lora != 0;
+  const double unix_s = lora ? clock.UnixNowS() : 0;
+  if (r.gauge != Gauge::kNone) {
+    const bool running = r.gauge == Gauge::kRunning;
+    r.gauge_series->AddDerived(
+        running ? kNumRequestsRunning : kNumRequestsWaiting, -1);
+    if (lora) r.gauge_series->AddLora(r.lora, running, -1, unix_s);
   }
   r.gauge = g;
   r.gauge_series = s;
-  if (g == Gauge::kWaiting) s->AddDerived(kNumRequestsWaiting, 1);
-  if (g == Gauge::kRunning) s->AddDerived(kNumRequestsRunning, 1);
+  if (g != Gauge::kNone) {
+    const bool running = g == Gauge::kRunning;
+    s->AddDerived(running ? kNumRequestsRunning : kNumRequestsWaiting, 1);
+    if (lora) s->AddLora(r.lora, running, 1, unix_s);
+  }
 }
 
 }  // namespace
@@ -270,12 +299,13 @@ void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s) {
 void Tracker::Remove(Request& r, bool evicted) {
   // Intervals that should exist but whose other end never came.
   for (size_t i = 0; i < kNumIntervalDefs; ++i) {
-    if ((r.closed & (1u << i)) == 0 && ShouldExist(kIntervals[i], r)) {
+    if ((r.closed & (1u << i)) == 0 && !kIntervals[i].profile_only &&
+        ShouldExist(kIntervals[i], r)) {
       ++incomplete_[size_t(kIntervals[i].interval)];
     }
   }
   if (evicted) ++evicted_;
-  SetGauge(r, Gauge::kNone, nullptr);
+  SetGauge(r, Gauge::kNone, nullptr, clock_);
   if (r.finished()) {
     Unlink(r, finished_head_, finished_tail_);
   } else {
@@ -306,15 +336,17 @@ void Tracker::CloseReady(Request& r) {
         !r.has(d.end) || (r.known & d.needs) != d.needs) {
       continue;
     }
-    r.closed |= uint8_t(1u << i);
-    EngineSeries& s =
-        d.labels == kFirstToken ? *r.first_token_series : *r.finish_series;
+    r.closed |= uint16_t(1u << i);
+    EngineSeries& series =
+        *(d.labels == kFirstToken ? r.first_token_series : r.finish_series);
+    if (d.profile_only && !series.uses(d.metric)) continue;
+    SeriesValues& s = series.Cell(r.label_key);
     // Prompt tokens are counted when TTFT closes (the first token and the
     // ARRIVED that carries the count are both in), whatever its sign.
     if (d.interval == Interval::kTtft) s.Add(kPromptTokens, r.prompt_tokens);
     const int64_t delta = int64_t(r.at(d.end) - r.at(d.start));
     if (delta < 0) {
-      ++negative_[size_t(d.interval)];
+      if (!d.profile_only) ++negative_[size_t(d.interval)];
     } else if (d.per_token) {
       s.hist(d.metric).Observe(double(delta) / double(r.generation_tokens - 1));
     } else {
@@ -323,12 +355,17 @@ void Tracker::CloseReady(Request& r) {
   }
   if ((r.closed & kArrivalStatsBit) == 0 && r.finished() && r.has(kArrived)) {
     r.closed |= kArrivalStatsBit;
-    EngineSeries& f = *r.finish_series;
+    SeriesValues& f = r.finish_series->Cell(r.label_key);
     f.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
     if (r.has_max_tokens) f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
     if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
     f.hist(kRequestGenerationTokens).Observe(r.generation_tokens);
     f.hist(kRequestMaxNumGenerationTokens).Observe(r.generation_tokens);
+    // SGLang counts a request's tokens when it finishes.
+    if (r.finish_series->uses(kPromptTokensAtFinish)) {
+      f.Add(kPromptTokensAtFinish, r.prompt_tokens);
+      f.Add(kGenerationTokensAtFinish, r.generation_tokens);
+    }
   }
 }
 
@@ -338,11 +375,14 @@ void Tracker::CloseReady(Request& r) {
 void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
   const uint64_t now = clock_.NowNs();
   const uint64_t* positions = batch.positions.data();
-  for (const Event& ev : batch.events) Apply(src, ev, positions, now);
+  for (const Event& ev : batch.events) {
+    Apply(src, ev, positions, now, batch.arrivals);
+  }
 }
 
 void Tracker::Apply(const Source& src, const Event& ev,
-                    const uint64_t* positions, uint64_t now_ns) {
+                    const uint64_t* positions, uint64_t now_ns,
+                    std::span<const ArrivedExtras> arrivals) {
   if (ev.t_ns > now_ns + options_.max_future_ns ||
       ev.t_ns + options_.max_past_ns < now_ns) {
     ingest_.CountError(IngestError::kBadTimestamp);
@@ -357,7 +397,7 @@ void Tracker::Apply(const Source& src, const Event& ev,
   const uint8_t known_before = r.known;
   switch (ev.kind) {
     case EventKind::kArrived:
-      OnArrived(src, ev, r);
+      OnArrived(src, ev, r, arrivals);
       break;
     case EventKind::kQueued:
       if (!r.has(kQueued)) r.set(kQueued, ev.t_ns);
@@ -382,9 +422,36 @@ void Tracker::Apply(const Source& src, const Event& ev,
   if (r.known != known_before) CloseReady(r);
 }
 
-void Tracker::OnArrived(const Source& src, const Event& ev, Request& r) {
+void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
+                        std::span<const ArrivedExtras> arrivals) {
   if (r.has(kArrived)) return;  // a repeated ARRIVED changes nothing
   r.set(kArrived, ev.t_ns);
+  if (ev.extras != Event::kNoExtras && ev.extras < arrivals.size()) {
+    const ArrivedExtras& x = arrivals[ev.extras];
+    RequestLabels& labels = request_labels_;
+    // A request already waiting or running (its ARRIVED came late) joins
+    // the adapter set it is in at once.
+    if (!x.lora.empty() && r.lora == 0) {
+      r.lora = labels.InternLora(x.lora);
+      if (r.lora != 0 && r.gauge != Gauge::kNone) {
+        r.gauge_series->AddLora(r.lora, r.gauge == Gauge::kRunning, 1,
+                                clock_.UnixNowS());
+      }
+    }
+    for (size_t i = 0; i < labels.names().size(); ++i) {
+      std::string_view value;
+      for (uint8_t j = 0; j < x.num_labels; ++j) {
+        if (x.labels[j].first == labels.names()[i]) value = x.labels[j].second;
+      }
+      if (value.empty()) continue;
+      uint16_t id = labels.Intern(i, value);
+      if (id == RequestLabels::kOther || !src.series->Admit(i, id)) {
+        id = RequestLabels::kOther;
+        labels.CountOverflow(i);
+      }
+      r.label_key = RequestLabels::Pack(r.label_key, i, id);
+    }
+  }
   r.prompt_tokens = uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX));
   r.has_max_tokens = ev.has_max_tokens;
   r.max_tokens = uint32_t(std::min<uint64_t>(ev.max_tokens, UINT32_MAX));
@@ -392,19 +459,20 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r) {
   r.n = uint32_t(std::min<uint64_t>(ev.n, UINT32_MAX));
   if (!r.finished() && !r.has(kScheduled) && !r.has(kFirstToken) &&
       r.gauge == Gauge::kNone) {
-    SetGauge(r, Gauge::kWaiting, src.series);
+    SetGauge(r, Gauge::kWaiting, src.series, clock_);
   }
 }
 
 void Tracker::OnScheduled(const Source& src, Request& r) {
   if (!r.finished() && r.gauge != Gauge::kRunning) {
-    SetGauge(r, Gauge::kRunning, src.series);
+    SetGauge(r, Gauge::kRunning, src.series, clock_);
   }
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
   EngineSeries& s = *src.series;
-  s.Add(kGenerationTokens, ev.count);
+  SeriesValues& cell = s.Cell(r.label_key);
+  cell.Add(kGenerationTokens, ev.count);
   r.generation_tokens = uint32_t(
       std::min<uint64_t>(uint64_t(r.generation_tokens) + ev.count, UINT32_MAX));
   if (r.has(kFirstToken)) {
@@ -413,7 +481,21 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
     if (itl < 0) {
       ++negative_[size_t(Interval::kItl)];
     } else {
-      s.hist(kInterTokenLatency).Observe(double(itl));
+      cell.hist(kInterTokenLatency).Observe(double(itl));
+      // LMDeploy's per-chunk time per output token; SGLang's token-weighted
+      // inter-token latency.
+      if (s.uses(kTimePerOutputTokenChunk)) {
+        cell.hist(kTimePerOutputTokenChunk)
+            .Observe(double(itl) / double(ev.count));
+      }
+      if (s.uses(kInterTokenLatencyPerToken)) {
+        cell.hist(kInterTokenLatencyPerToken)
+            .ObserveWeighted(double(itl) / double(ev.count), ev.count,
+                             double(itl));
+      }
+    }
+    if (s.uses(kIterationTokensChunk)) {
+      s.hist(kIterationTokensChunk).Observe(double(ev.count));
     }
     if (ev.t_ns > r.t_ns[kLastToken]) r.t_ns[kLastToken] = ev.t_ns;
     return;
@@ -421,8 +503,12 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
   r.set(kFirstToken, ev.t_ns);
   r.set(kLastToken, ev.t_ns);
   r.first_token_series = &s;
+  if (s.uses(kIterationTokensChunk)) {
+    s.hist(kIterationTokensChunk)
+        .Observe(double(uint64_t(r.prompt_tokens) + ev.count));
+  }
   if (!r.finished() && r.gauge != Gauge::kRunning) {
-    SetGauge(r, Gauge::kRunning, &s);
+    SetGauge(r, Gauge::kRunning, &s, clock_);
   }
 }
 
@@ -435,11 +521,16 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
   // Which finish-time intervals exist is decided now, once.
   for (size_t i = 0; i < kNumIntervalDefs; ++i) {
     if (kIntervals[i].at_finish && !ShouldExist(kIntervals[i], r)) {
-      r.closed |= uint8_t(1u << i);
+      r.closed |= uint16_t(1u << i);
     }
   }
-  s.AddChild(kRequestSuccess, size_t(ev.reason), 1);
-  SetGauge(r, Gauge::kNone, nullptr);
+  SeriesValues& cell = s.Cell(r.label_key);
+  cell.AddChild(kRequestSuccess, size_t(ev.reason), 1);
+  if (s.uses(kNumFinishedRequests)) {
+    cell.Add(kNumFinishedRequests, 1);
+    if (ev.reason == FinishReason::kAbort) cell.Add(kNumAbortedRequests, 1);
+  }
+  SetGauge(r, Gauge::kNone, nullptr, clock_);
   Unlink(r, active_head_, active_tail_);
   r.activity_ns = now_ns;
   Append(r, finished_head_, finished_tail_);
@@ -447,7 +538,7 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
 
 void Tracker::OnPreempted(const Source& src, Request& r) {
   src.series->Add(kNumPreemptions, 1);
-  if (!r.finished()) SetGauge(r, Gauge::kWaiting, src.series);
+  if (!r.finished()) SetGauge(r, Gauge::kWaiting, src.series, clock_);
 }
 
 void Tracker::OnStep(const Source& src, const Event& ev,

@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 
@@ -43,6 +44,9 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual uint64_t NowNs() const = 0;  // CLOCK_MONOTONIC nanoseconds
+  // Wall time, Unix seconds (lora_requests_info's value). CLOCK_REALTIME
+  // unless a test overrides it.
+  virtual double UnixNowS() const;
 };
 
 class MonotonicClock : public Clock {
@@ -75,15 +79,17 @@ class Tracker : public Collector {
   // Applies every event of a decoded batch (timestamps checked against one
   // reading of the clock).
   void ApplyBatch(const Source& src, const Batch& batch);
-  // Applies one event; `positions` backs a STEP's spec_accepted_per_pos.
+  // Applies one event; `positions` backs a STEP's spec_accepted_per_pos,
+  // `arrivals` an ARRIVED's lora and labels (Event::extras).
   void Apply(const Source& src, const Event& ev, const uint64_t* positions,
-             uint64_t now_ns);
+             uint64_t now_ns, std::span<const ArrivedExtras> arrivals = {});
 
   // Retires finished requests past the grace period and evicts idle ones.
   // Cheap when there is nothing to do; the daemon calls it every 100 ms.
   void Sweep();
 
   size_t size() const { return requests_.size(); }
+  const Clock& clock() const { return clock_; }
   uint64_t evicted() const { return evicted_; }
   uint64_t incomplete(Interval i) const { return incomplete_[size_t(i)]; }
   uint64_t negative(Interval i) const { return negative_[size_t(i)]; }
@@ -136,7 +142,8 @@ class Tracker : public Collector {
   // observed at finish, that has finished), once each.
   void CloseReady(Request& r);
 
-  void OnArrived(const Source& src, const Event& ev, Request& r);
+  void OnArrived(const Source& src, const Event& ev, Request& r,
+                 std::span<const ArrivedExtras> arrivals);
   void OnScheduled(const Source& src, Request& r);
   void OnTokens(const Source& src, const Event& ev, Request& r);
   void OnFinished(const Source& src, const Event& ev, Request& r,
@@ -144,6 +151,7 @@ class Tracker : public Collector {
   void OnPreempted(const Source& src, Request& r);
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
 
+  RequestLabels& request_labels_;
   IngestStats& ingest_;
   const Clock& clock_;
   const TrackerOptions options_;

@@ -23,9 +23,20 @@ enum class BucketSet : uint8_t {
   kTokens,     // 1-2-5 series up to --max-model-len
   kIteration,  // tokens per scheduler iteration
   kParamsN,    // 1 2 5 10 20
+  // SGLang's defaults (its metrics collector).
+  kSglangTtft,
+  kSglangItl,
+  kSglangE2e,
+  kSglangQueue,
+  kSglangTokens,
+  // LMDeploy's time per output token and inter-token latency.
+  kLmdeployItl,
 };
 
-// Engine metrics, in exposition order. Values index kEngineMetrics.
+// The engine metrics the daemon measures, by the names of the vLLM
+// catalog (metrics-v1.md; the vllm profile shows them in this order). What
+// each naming profile exposes, under which names and buckets, is the
+// profile's table (profile.h). Values index kEngineMetrics.
 enum EngineMetric : uint8_t {
   kNumRequestsRunning,
   kNumRequestsWaiting,
@@ -50,10 +61,29 @@ enum EngineMetric : uint8_t {
   kRequestParamsMaxTokens,
   kRequestParamsN,
   kIterationTokens,
+  // Not in the vLLM catalog, measured for the profiles that show them
+  // (EngineSeries::uses()). Histograms first (contiguous with the above):
+  kTimePerOutputTokenChunk,    // LMDeploy: each TOKENS after the first,
+                               // interval / n
+  kInterTokenLatencyPerToken,  // SGLang: interval / n, weight n
+  kIterationTokensChunk,       // LMDeploy: per TOKENS, n (+ prompt at first)
+  kRequestDecodeToFinish,      // LMDeploy: FINISHED - first TOKENS
+  kRequestInferenceToFinish,   // LMDeploy: FINISHED - SCHEDULED
   kSpecDecodeNumDrafts,
   kSpecDecodeNumDraftTokens,
   kSpecDecodeNumAcceptedTokens,
   kSpecDecodeNumAcceptedTokensPerPos,
+  // Not in the vLLM catalog: counters at FINISHED (SGLang).
+  kPromptTokensAtFinish,
+  kGenerationTokensAtFinish,
+  kNumFinishedRequests,
+  kNumAbortedRequests,
+  // Not in the vLLM catalog: gauges over the summary window (SGLang's
+  // gen_throughput, cache_hit_rate, spec_accept_length, spec_accept_rate).
+  kWindowGenerationThroughput,
+  kWindowCacheHitRate,
+  kWindowSpecAcceptLength,
+  kWindowSpecAcceptRate,
   kNumEngineMetrics,
 };
 
@@ -65,6 +95,9 @@ struct EngineMetricDef {
   BucketSet buckets;           // histograms only
   bool seconds;                // histogram of nanosecond observations
   std::string_view help;
+  // Observed per request (latency and token histograms, request_success,
+  // prompt_tokens, generation_tokens): carries the per-request labels.
+  bool request_level;
 };
 extern const EngineMetricDef kEngineMetrics[kNumEngineMetrics];
 
@@ -92,6 +125,7 @@ enum DaemonMetric : uint8_t {
   kScrapeDuration,
   kHttpResponses,
   kHttpConnectionsRejected,
+  kRequestLabelOverflow,
   kProcessCpuSeconds,
   kProcessResidentMemory,
   kProcessVirtualMemory,

@@ -1,5 +1,6 @@
 #include "daemon/metrics/engine_series.h"
 
+#include "daemon/metrics/request_labels.h"
 #include "daemon/metrics/text_format.h"
 
 namespace tokenmeter::daemon {
@@ -20,28 +21,143 @@ std::string SanitizeNamespace(std::string_view engine) {
   return ns;
 }
 
-EngineSeries::EngineSeries(SeriesIdentity identity,
-                           const LabelPairs& label_order,
-                           const std::vector<HistogramLayout>& layouts)
-    : identity_(std::move(identity)) {
-  label_pairs_.reserve(label_order.size() + 2);
-  label_pairs_.emplace_back("model_name", identity_.model);
-  label_pairs_.emplace_back("engine", identity_.instance);
-  label_pairs_.insert(label_pairs_.end(), label_order.begin(),
-                      label_order.end());
-  for (const auto& [name, value] : label_pairs_) {
-    if (!label_text_.empty()) label_text_ += ',';
-    label_text_ += name;
-    label_text_ += "=\"";
-    AppendEscaped(label_text_, value);
-    label_text_ += '"';
-  }
+namespace {
+
+void AppendLabel(std::string& text, std::string_view name,
+                 std::string_view value) {
+  if (!text.empty()) text += ',';
+  text += name;
+  text += "=\"";
+  AppendEscaped(text, value);
+  text += '"';
+}
+
+}  // namespace
+
+SeriesValues::SeriesValues(const std::vector<HistogramLayout>& layouts) {
   for (const EngineMetricDef& def : kEngineMetrics) {
     const size_t fixed = FixedLabelValues(def.id).size();
     if (fixed > 0) children_[def.id].assign(fixed, 0);
   }
   hists_.reserve(layouts.size());
   for (const HistogramLayout& layout : layouts) hists_.emplace_back(&layout);
+}
+
+EngineSeries::EngineSeries(SeriesIdentity identity,
+                           const LabelPairs& label_order,
+                           const std::vector<HistogramLayout>& layouts,
+                           RequestLabels& request_labels)
+    : SeriesValues(layouts),
+      identity_(std::move(identity)),
+      request_labels_(request_labels),
+      layouts_(layouts),
+      admitted_(request_labels.names().size()) {
+  for (const EngineMetricDef& def : kEngineMetrics) {
+    uses_[def.id] = ProfileUses(identity_.profile, def.id);
+  }
+  label_pairs_.reserve(label_order.size() + 2);
+  label_pairs_.emplace_back("model_name", identity_.model);
+  label_pairs_.emplace_back("engine", identity_.instance);
+  label_pairs_.insert(label_pairs_.end(), label_order.begin(),
+                      label_order.end());
+  for (const auto& [name, value] : label_pairs_) {
+    AppendLabel(label_text_, name, value);
+  }
+  LabelCell base = MakeCell(0);
+  base_label_text_ = std::move(base.label_text);
+  base_label_pairs_ = std::move(base.label_pairs);
+  cache_config_text_ = label_text_;
+  cache_config_pairs_ = label_pairs_;
+  lora_changed_unix_s_ = 0;
+}
+
+LabelCell EngineSeries::MakeCell(LabelKey key) {
+  LabelCell cell;
+  cell.label_text = label_text_;
+  cell.label_pairs = label_pairs_;
+  const std::vector<std::string>& names = request_labels_.names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string_view value =
+        request_labels_.Value(i, RequestLabels::Unpack(key, i));
+    AppendLabel(cell.label_text, names[i], value);
+    cell.label_pairs.emplace_back(names[i], value);
+  }
+  return cell;
+}
+
+bool EngineSeries::Admit(size_t label, uint16_t id) {
+  if (id == RequestLabels::kEmpty || id == RequestLabels::kOther) return true;
+  std::vector<uint16_t>& admitted = admitted_[label];
+  if (std::find(admitted.begin(), admitted.end(), id) != admitted.end()) {
+    return true;
+  }
+  if (admitted.size() >= request_labels_.max_values()) return false;
+  admitted.push_back(id);
+  return true;
+}
+
+SeriesValues& EngineSeries::CellSlow(LabelKey key) {
+  auto it = cell_index_.find(key);
+  if (it != cell_index_.end()) return *cells_[it->second].values;
+  // A value another series admitted but this one has no place for.
+  LabelKey admitted_key = key;
+  for (size_t i = 0; i < admitted_.size(); ++i) {
+    if (!Admit(i, RequestLabels::Unpack(key, i))) {
+      admitted_key =
+          RequestLabels::Pack(admitted_key, i, RequestLabels::kOther);
+    }
+  }
+  if (admitted_key != key) {
+    SeriesValues& values = Cell(admitted_key);
+    // The alias: later lookups of `key` find the same cell at once.
+    auto alias = cell_index_.find(admitted_key);
+    if (alias != cell_index_.end()) cell_index_.emplace(key, alias->second);
+    return values;
+  }
+  LabelCell cell = MakeCell(key);
+  cell.values = std::make_unique<SeriesValues>(layouts_);
+  cells_.push_back(std::move(cell));
+  cell_index_.emplace(key, cells_.size() - 1);
+  return *cells_.back().values;
+}
+
+void EngineSeries::SetCacheConfig(std::vector<CacheConfigEntry> entries) {
+  cache_config_ = std::move(entries);
+  has_cache_config_ = true;
+  cache_config_text_ = label_text_;
+  cache_config_pairs_ = label_pairs_;
+  for (const CacheConfigEntry& e : cache_config_) {
+    AppendLabel(cache_config_text_, e.key, e.value);
+    cache_config_pairs_.emplace_back(e.key, e.value);
+  }
+}
+
+void EngineSeries::SetMaxLora(int64_t max_lora) {
+  max_lora_ = std::to_string(max_lora);
+}
+
+void EngineSeries::AddLora(uint16_t lora, bool running, int delta,
+                           double unix_s) {
+  if (lora == 0) return;
+  std::array<int64_t, 2>& counts = lora_[lora];
+  const int64_t before = counts[running];
+  counts[running] += delta;
+  if ((before > 0) != (counts[running] > 0)) lora_changed_unix_s_ = unix_s;
+  if (counts[0] <= 0 && counts[1] <= 0) lora_.erase(lora);
+}
+
+std::string EngineSeries::LoraSet(bool running) const {
+  std::vector<std::string_view> names;
+  for (const auto& [id, counts] : lora_) {
+    if (counts[running] > 0) names.push_back(request_labels_.LoraName(id));
+  }
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (std::string_view n : names) {
+    if (!out.empty()) out += ',';
+    out += n;
+  }
+  return out;
 }
 
 }  // namespace tokenmeter::daemon

@@ -1,7 +1,9 @@
-// One engine series: every metric of one identity (namespace, model_name,
-// engine instance, HELLO labels), stored by catalog id so that a metric is
-// declared once (catalog.cpp) and then only observed: the exposition and the
-// summary line read it back by id.
+// One engine series: every metric of one identity (namespace, profile,
+// model_name, engine instance, HELLO labels), stored by catalog id so that a
+// metric is declared once (catalog.cpp) and then only observed: the
+// exposition (through the series' profile table) and the summary line read
+// it back by id. Request-level metrics of requests with per-request labels
+// go to one cell of values per label combination.
 //
 // Single-threaded: everything runs on the daemon's loop.
 #ifndef TOKENMETER_DAEMON_METRICS_ENGINE_SERIES_H_
@@ -10,29 +12,37 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "daemon/metrics/catalog.h"
 #include "daemon/metrics/histogram.h"
+#include "daemon/metrics/profile.h"
 
 namespace tokenmeter::daemon {
 
 // Histograms are contiguous in the catalog, from kTimeToFirstToken to
-// kIterationTokens (Registry::Create checks it).
+// kRequestInferenceToFinish (Registry::Create checks it).
 inline constexpr EngineMetric kFirstHistogram = kTimeToFirstToken;
-inline constexpr int kNumHistograms = kIterationTokens - kTimeToFirstToken + 1;
+inline constexpr int kNumHistograms =
+    kRequestInferenceToFinish - kTimeToFirstToken + 1;
 
 using LabelPairs = std::vector<std::pair<std::string, std::string>>;
 
 // The identity of an engine series. Canonical: labels sorted by name, so
 // that two HELLOs whose labels differ only in order name one series.
 struct SeriesIdentity {
-  std::string ns;        // metric namespace (sanitized engine or --namespace)
+  std::string ns;        // metric namespace (profile.h ProfileNamespace())
   std::string model;     // model_name
   std::string instance;  // engine
   LabelPairs labels;     // sorted by name (Canonical())
+  // Last: one namespace holds one profile (Registry::NamespaceConflict()),
+  // so it never orders series of a namespace.
+  Profile profile = Profile::kVllm;
 
   auto operator<=>(const SeriesIdentity&) const = default;
   // This identity with its labels sorted by name.
@@ -54,21 +64,13 @@ struct GaugeCell {
   }
 };
 
-class EngineSeries {
+// The values of one label set: every metric of the catalog, by id.
+class SeriesValues {
  public:
-  // `identity` canonical; `label_order` the same labels in the order the
-  // exposition shows them (the first HELLO's). layouts: kNumHistograms
-  // entries, in catalog order, outliving the series.
-  EngineSeries(SeriesIdentity identity, const LabelPairs& label_order,
-               const std::vector<HistogramLayout>& layouts);
-  EngineSeries(const EngineSeries&) = delete;
-  EngineSeries& operator=(const EngineSeries&) = delete;
-
-  const SeriesIdentity& identity() const { return identity_; }
-  // model_name="..",engine="..",k="v" (escaped, text formats).
-  const std::string& label_text() const { return label_text_; }
-  // (name, value) pairs in label_text() order, model_name and engine first.
-  const LabelPairs& label_pairs() const { return label_pairs_; }
+  // layouts: kNumHistograms entries, in catalog order, outliving this.
+  explicit SeriesValues(const std::vector<HistogramLayout>& layouts);
+  SeriesValues(const SeriesValues&) = delete;
+  SeriesValues& operator=(const SeriesValues&) = delete;
 
   // Scalar counters. Saturating: a counter stops at 2^64 - 1 instead of
   // wrapping to a small value (which Prometheus would read as a reset).
@@ -106,13 +108,125 @@ class EngineSeries {
     if (__builtin_add_overflow(acc, n, &acc)) acc = UINT64_MAX;
   }
 
-  const SeriesIdentity identity_;
-  LabelPairs label_pairs_;
-  std::string label_text_;
   std::array<uint64_t, kNumEngineMetrics> counts_{};
   std::array<GaugeCell, kNumEngineMetrics> gauges_{};
   std::array<std::vector<uint64_t>, kNumEngineMetrics> children_;
   std::vector<Histogram> hists_;
+};
+
+// The per-request label values of one observation, packed: 16 bits per
+// --request-label, in flag order (RequestLabels value ids). 0: every label
+// empty, also when no request label is configured.
+using LabelKey = uint64_t;
+
+class RequestLabels;
+
+// One series' values for one request-label key, with its sample labels.
+struct LabelCell {
+  std::unique_ptr<SeriesValues> values;
+  std::string label_text;  // the series' labels, then the request labels
+  LabelPairs label_pairs;
+};
+
+class EngineSeries : public SeriesValues {
+ public:
+  // `identity` canonical; `label_order` the same labels in the order the
+  // exposition shows them (the first HELLO's). layouts: kNumHistograms
+  // entries, in catalog order, outliving the series. `request_labels` (not
+  // null, outliving the series) names the per-request labels.
+  EngineSeries(SeriesIdentity identity, const LabelPairs& label_order,
+               const std::vector<HistogramLayout>& layouts,
+               RequestLabels& request_labels);
+  EngineSeries(const EngineSeries&) = delete;
+  EngineSeries& operator=(const EngineSeries&) = delete;
+
+  const SeriesIdentity& identity() const { return identity_; }
+  Profile profile() const { return identity_.profile; }
+  // Whether this series' profile reads metric m (ProfileUses()).
+  bool uses(EngineMetric m) const { return uses_[m]; }
+  // model_name="..",engine="..",k="v" (escaped, text formats).
+  const std::string& label_text() const { return label_text_; }
+  // (name, value) pairs in label_text() order, model_name and engine first.
+  const LabelPairs& label_pairs() const { return label_pairs_; }
+
+  // The values request-level metrics of a request with label key `key` are
+  // observed into: this series' own for key 0 (every label empty), else a
+  // cell created on first use. A value the series has not admitted and
+  // cannot admit (--request-label-values reached) becomes __other__ in the
+  // cell (the request was counted where it arrived). O(1) for key 0, a
+  // hash lookup otherwise.
+  SeriesValues& Cell(LabelKey key) {
+    if (key == 0) return *this;
+    return CellSlow(key);
+  }
+  // The labels of this series' own values when request labels are on (the
+  // empty value for each), else label_text().
+  const std::string& base_label_text() const { return base_label_text_; }
+  const LabelPairs& base_label_pairs() const { return base_label_pairs_; }
+  // The cells other than key 0, in creation order.
+  const std::vector<LabelCell>& cells() const { return cells_; }
+
+  // Admits the value `id` of request label `label` into this series (the
+  // place it keeps for the first --request-label-values values); false when
+  // there is no place left. Ids 0 (empty) and 1 (__other__) always pass.
+  bool Admit(size_t label, uint16_t id);
+
+  // The HELLO cache_config of the latest HELLO that sent one (entries in
+  // HELLO order: key, rendered value, number or NaN).
+  struct CacheConfigEntry {
+    std::string key;
+    std::string value;
+    double number;
+  };
+  void SetCacheConfig(std::vector<CacheConfigEntry> entries);
+  bool has_cache_config() const { return has_cache_config_; }
+  const std::vector<CacheConfigEntry>& cache_config() const {
+    return cache_config_;
+  }
+  // The cache_config_info sample labels (series labels, then the entries).
+  const std::string& cache_config_text() const { return cache_config_text_; }
+  const LabelPairs& cache_config_pairs() const { return cache_config_pairs_; }
+
+  // The max_lora label (the latest HELLO's; "0" when none sent one).
+  void SetMaxLora(int64_t max_lora);
+  const std::string& max_lora() const { return max_lora_; }
+  // LoRA adapters of requests waiting / running on this series, by adapter
+  // id (RequestLabels::LoraName()); `unix_s` is the wall time of the call,
+  // kept as the time of the last change when a set changes.
+  void AddLora(uint16_t lora, bool running, int delta, double unix_s);
+  // Adapter names of the running (or waiting) set, sorted, joined by ",".
+  std::string LoraSet(bool running) const;
+  double lora_changed_unix_s() const { return lora_changed_unix_s_; }
+  // Sets the time of the last change if none is set yet (the series' first
+  // HELLO: the sets start empty then).
+  void InitLoraTime(double unix_s) {
+    if (lora_changed_unix_s_ == 0) lora_changed_unix_s_ = unix_s;
+  }
+
+ private:
+  SeriesValues& CellSlow(LabelKey key);
+  LabelCell MakeCell(LabelKey key);
+
+  const SeriesIdentity identity_;
+  RequestLabels& request_labels_;
+  const std::vector<HistogramLayout>& layouts_;
+  std::array<bool, kNumEngineMetrics> uses_{};
+  LabelPairs label_pairs_;
+  std::string label_text_;
+  std::string base_label_text_;
+  LabelPairs base_label_pairs_;
+  std::vector<LabelCell> cells_;
+  std::unordered_map<LabelKey, size_t> cell_index_;  // key -> cells_ index
+  // Per request label: the value ids admitted, at most the cap.
+  std::vector<std::vector<uint16_t>> admitted_;
+  bool has_cache_config_ = false;
+  std::vector<CacheConfigEntry> cache_config_;
+  std::string cache_config_text_;
+  LabelPairs cache_config_pairs_;
+  std::string max_lora_ = "0";
+  // adapter id -> (waiting, running) request counts, for adapters in use.
+  std::map<uint16_t, std::array<int64_t, 2>> lora_;
+  double lora_changed_unix_s_ = 0;
 };
 
 }  // namespace tokenmeter::daemon

@@ -16,10 +16,15 @@ HistogramLayout::HistogramLayout(std::vector<double> bounds, double divisor)
     // bound of 9.97e-07 s gives 996.9999999999999 ns), which would put an
     // observation of exactly 997 ns past its inclusive le bucket.
     double t = b * divisor_;
-    while (t / divisor_ > b) t = std::nextafter(t, -HUGE_VAL);
-    for (double up = std::nextafter(t, HUGE_VAL); up / divisor_ <= b;
-         up = std::nextafter(up, HUGE_VAL)) {
-      t = up;
+    // At and below 0 there is nothing to adjust (observations are never
+    // negative), and stepping through the subnormals above a bound of 0
+    // (SGLang's queue-time buckets start at 0) would take ages.
+    if (b > 0) {
+      while (t / divisor_ > b) t = std::nextafter(t, -HUGE_VAL);
+      for (double up = std::nextafter(t, HUGE_VAL); up / divisor_ <= b;
+           up = std::nextafter(up, HUGE_VAL)) {
+        t = up;
+      }
     }
     thresholds_.push_back(t);
     std::string text;

@@ -46,6 +46,13 @@ class Histogram {
     ++count_;
     sum_raw_ += raw;
   }
+  // `n` observations of `raw_each` whose sum is `raw_sum` (SGLang's
+  // token-weighted inter-token latency: one chunk interval over n tokens).
+  void ObserveWeighted(double raw_each, uint64_t n, double raw_sum) {
+    counts_[layout_->BucketFor(raw_each)] += n;
+    count_ += n;
+    sum_raw_ += raw_sum;
+  }
   const HistogramLayout& layout() const { return *layout_; }
   // Per-bucket (not cumulative) counts; the last is the +Inf bucket.
   const std::vector<uint64_t>& counts() const { return counts_; }

@@ -21,6 +21,7 @@
 #include "daemon/metrics/engine_series.h"
 #include "daemon/metrics/histogram.h"
 #include "daemon/metrics/metric_writer.h"
+#include "daemon/metrics/request_labels.h"
 #include "daemon/status.h"
 
 namespace tokenmeter::daemon {
@@ -31,7 +32,14 @@ struct RegistryOptions {
   // "time_to_first_token_seconds"), in exposed units.
   std::map<std::string, std::vector<double>, std::less<>> buckets;
   size_t max_engine_series = 4096;  // identities, all namespaces together
+  // --request-label names (at most TM_MAX_REQUEST_LABELS) and
+  // --request-label-values.
+  std::vector<std::string> request_labels;
+  size_t request_label_values = 100;
+  bool legacy_names = false;  // --legacy-names (vllm profile aliases)
 };
+
+class Registration;
 
 class Registry {
  public:
@@ -40,12 +48,19 @@ class Registry {
                        std::unique_ptr<Registry>* out);
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
+  ~Registry();
 
   // The series of `id` (labels in any order: the identity is canonical),
   // created on first use with its labels shown in `id`'s order; nullptr
-  // when the cap is reached (counted in series_rejected()). Stable pointer.
-  // O(log series).
+  // when the cap is reached (counted in series_rejected()) or when `id`'s
+  // namespace holds series of another profile (NamespaceConflict()).
+  // Stable pointer. O(log series).
   EngineSeries* GetOrCreate(const SeriesIdentity& id);
+  // True when a series of `id`'s namespace has a profile other than id's:
+  // two profiles may name families alike, and one namespace shows one.
+  bool NamespaceConflict(const SeriesIdentity& id) const;
+  RequestLabels& request_labels() { return request_labels_; }
+  const RequestLabels& request_labels() const { return request_labels_; }
   size_t series_count() const { return series_.size(); }
   uint64_t series_rejected() const { return series_rejected_; }
   const RegistryOptions& options() const { return options_; }
@@ -68,14 +83,17 @@ class Registry {
   const Collector* collector(DaemonMetric id) const { return collectors_[id]; }
 
  private:
-  Registry(const RegistryOptions& options,
-           std::vector<HistogramLayout> layouts);
+  using Layouts = std::array<std::vector<HistogramLayout>, kNumProfiles>;
+  Registry(const RegistryOptions& options, Layouts layouts);
 
   const RegistryOptions options_;
-  const std::vector<HistogramLayout> layouts_;  // kNumHistograms
+  const Layouts layouts_;  // per profile: kNumHistograms
+  RequestLabels request_labels_;
   std::map<SeriesIdentity, std::unique_ptr<EngineSeries>> series_;
+  std::map<std::string, Profile, std::less<>> ns_profiles_;
   uint64_t series_rejected_ = 0;
   std::array<const Collector*, kNumDaemonMetrics> collectors_{};
+  std::unique_ptr<Registration> request_labels_registration_;
 };
 
 // Makes a collector the owner of some daemon families for as long as this

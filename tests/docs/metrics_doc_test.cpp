@@ -1,7 +1,7 @@
-// docs/metrics.md must list exactly the series of the catalog table
-// (daemon/metrics/catalog.cpp). The two tables between the GENERATED
-// markers are compared with what the catalog says; run with
-// TOKENMETER_UPDATE_DOCS=1 to rewrite them after changing the catalog.
+// docs/metrics.md must list exactly the series of each profile's table
+// (daemon/metrics/profile.cpp) and of the daemon's (catalog.cpp). The
+// tables between the GENERATED markers are compared with what the tables
+// say; run with TOKENMETER_UPDATE_DOCS=1 to rewrite them after a change.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "daemon/metrics/catalog.h"
+#include "daemon/metrics/profile.h"
 #include "daemon/metrics/text_format.h"
 
 namespace tokenmeter::daemon {
@@ -32,15 +33,69 @@ std::string BucketText(BucketSet set) {
   }
 }
 
-std::string EngineTable() {
+std::string SourceText(const FamilyDef& f) {
+  switch (f.source) {
+    case FamilySource::kMetric:
+      return "`" + std::string(kEngineMetrics[f.metric].suffix) + "`";
+    case FamilySource::kRatio:
+      return std::string(f.plus_one ? "1 + " : "") + "`" +
+             std::string(kEngineMetrics[f.metric].suffix) + "` / `" +
+             std::string(kEngineMetrics[f.metric2].suffix) + "`";
+    case FamilySource::kPerPositionRate:
+      return "`" + std::string(kEngineMetrics[f.metric].suffix) +
+             "` per position / `" +
+             std::string(kEngineMetrics[f.metric2].suffix) + "`";
+    case FamilySource::kCacheConfigInfo:
+      return "1 (HELLO `cache_config`)";
+    case FamilySource::kLoraRequestsInfo:
+      return "Unix time of the last change of the LoRA sets";
+    case FamilySource::kCacheConfigValue:
+      return "HELLO `cache_config` `" + std::string(f.key) + "`";
+  }
+  return "";
+}
+
+std::string LabelText(const FamilyDef& f) {
+  std::string labels = "model_name, engine";
+  if (f.source == FamilySource::kCacheConfigInfo) {
+    labels += ", every `cache_config` key";
+  } else if (f.source == FamilySource::kLoraRequestsInfo) {
+    labels += ", max_lora, running_lora_adapters, waiting_lora_adapters";
+  } else if (f.source == FamilySource::kMetric ||
+             f.source == FamilySource::kPerPositionRate) {
+    const EngineMetricDef& d = kEngineMetrics[f.metric];
+    if (!d.own_label.empty()) labels += ", " + std::string(d.own_label);
+    if (f.reason_names != nullptr) {
+      labels += " (";
+      for (size_t i = 0; i < std::size(kFinishedReasonValues); ++i) {
+        labels += std::string(i ? ", " : "") + std::string(f.reason_names[i]);
+      }
+      labels += " for stop, length, abort, error)";
+    }
+    if (!f.const_label.empty()) {
+      labels += ", " + std::string(f.const_label) + "=\"" +
+                std::string(f.const_value) + "\"";
+    }
+    if (d.request_level && f.source == FamilySource::kMetric) {
+      labels += ", request labels";
+    }
+  }
+  return labels;
+}
+
+std::string ProfileTable(Profile p) {
   std::string t =
-      "| name | type | labels | buckets | help |\n|---|---|---|---|---|\n";
-  for (const EngineMetricDef& d : kEngineMetrics) {
-    t += "| `<ns>:" + std::string(d.suffix) +
-         (d.type == MetricType::kCounter ? "_total" : "") + "` | " +
-         std::string(MetricTypeName(d.type)) + " | model_name, engine" +
-         (d.own_label.empty() ? "" : ", " + std::string(d.own_label)) + " | " +
-         BucketText(d.buckets) + " | " + std::string(d.help) + " |\n";
+      "| name | type | labels | buckets | value | help |\n"
+      "|---|---|---|---|---|---|\n";
+  const std::string prefix =
+      p == Profile::kVllm ? "<ns>:" : std::string(ProfileName(p)) + ":";
+  for (const FamilyDef& f : ProfileFamilies(p)) {
+    t += "| `" + prefix + std::string(FamilyName(f)) +
+         (f.type == MetricType::kCounter ? "_total" : "") + "`" +
+         (f.legacy ? " (--legacy-names)" : "") + " | " +
+         std::string(MetricTypeName(f.type)) + " | " + LabelText(f) + " | " +
+         (f.type == MetricType::kHistogram ? BucketText(f.buckets) : "") +
+         " | " + SourceText(f) + " | " + std::string(FamilyHelp(f)) + " |\n";
   }
   return t;
 }
@@ -82,14 +137,20 @@ TEST(MetricsDocTest, TablesMatchTheCatalog) {
   std::stringstream ss;
   ss << in.rdbuf();
   std::string doc = ss.str();
-  const std::string engine = EngineTable(), daemon = DaemonTable();
-  if (std::getenv("TOKENMETER_UPDATE_DOCS") != nullptr) {
-    Section(doc, "engine series", &engine);
+  const std::string daemon = DaemonTable();
+  const bool update = std::getenv("TOKENMETER_UPDATE_DOCS") != nullptr;
+  for (int p = 0; p < kNumProfiles; ++p) {
+    const std::string name = "profile " + std::string(ProfileName(Profile(p)));
+    const std::string table = ProfileTable(Profile(p));
+    if (update) Section(doc, name, &table);
+    EXPECT_EQ(Section(doc, name, nullptr), table)
+        << "docs/metrics.md is out of date: rerun with "
+           "TOKENMETER_UPDATE_DOCS=1";
+  }
+  if (update) {
     Section(doc, "daemon series", &daemon);
     std::ofstream(path) << doc;
   }
-  EXPECT_EQ(Section(doc, "engine series", nullptr), engine)
-      << "docs/metrics.md is out of date: rerun with TOKENMETER_UPDATE_DOCS=1";
   EXPECT_EQ(Section(doc, "daemon series", nullptr), daemon)
       << "docs/metrics.md is out of date: rerun with TOKENMETER_UPDATE_DOCS=1";
 }

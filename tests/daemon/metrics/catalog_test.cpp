@@ -89,7 +89,8 @@ TEST(CatalogTest, EngineTableIsConsistent) {
   }
   // The histograms are one contiguous run (EngineSeries::hists).
   for (int i = 0; i < kNumEngineMetrics; ++i) {
-    const bool in_run = i >= kTimeToFirstToken && i <= kIterationTokens;
+    const bool in_run =
+        i >= kTimeToFirstToken && i <= kRequestInferenceToFinish;
     EXPECT_EQ(kEngineMetrics[i].type == MetricType::kHistogram, in_run)
         << kEngineMetrics[i].suffix;
   }
@@ -152,6 +153,16 @@ TEST(HistogramTest, LeIsInclusiveAtOddOverriddenBounds) {
     const bool in_first = raw / 1e9 <= bounds[0];
     EXPECT_EQ(layout.BucketFor(raw) == 0, in_first) << raw;
   }
+}
+
+TEST(HistogramTest, ZeroAndNegativeBoundsAreInclusive) {
+  // SGLang's queue-time buckets start at 0 (a request that never waited).
+  const HistogramLayout layout({-1.0, 0.0, 0.001}, 1e9);
+  EXPECT_EQ(layout.BucketFor(0), 1u);
+  EXPECT_EQ(layout.BucketFor(1), 2u);
+  EXPECT_EQ(layout.BucketFor(1'000'000), 2u);
+  EXPECT_EQ(layout.BucketFor(1'000'001), 3u);
+  EXPECT_EQ(layout.le_text()[1], "0");
 }
 
 TEST(HistogramTest, TokenBoundsAreExact) {

@@ -30,6 +30,7 @@
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/catalog.h"
 #include "daemon/metrics/process_collector.h"
+#include "daemon/metrics/profile.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/text_format.h"
 
@@ -547,16 +548,19 @@ TEST(ExpositionTest, TextFormatStructure) {
   std::set<std::string> names;
   for (const Family& f : families) names.insert(f.name);
   for (const char* ns : {"vllm:", "tokenmeter_engine:"}) {
-    for (const EngineMetricDef& d : kEngineMetrics) {
-      std::string name = ns + std::string(d.suffix);
-      if (d.type == MetricType::kCounter) name += "_total";
+    for (const FamilyDef& f : ProfileFamilies(Profile::kVllm)) {
+      if (f.legacy || f.source == FamilySource::kCacheConfigInfo) continue;
+      std::string name = ns + std::string(FamilyName(f));
+      if (f.type == MetricType::kCounter) name += "_total";
       EXPECT_TRUE(names.count(name)) << name;
     }
   }
   for (const DaemonMetricDef& d : kDaemonMetrics) {
     std::string name(d.name);
     if (d.type == MetricType::kCounter) name += "_total";
-    EXPECT_TRUE(names.count(name)) << name;
+    // Shown only while --request-label names a label.
+    EXPECT_EQ(names.count(name), d.id == kRequestLabelOverflow ? 0u : 1u)
+        << name;
   }
 }
 

@@ -1,0 +1,77 @@
+// Per-request labels (metrics-v1.md "Per-request labels"): the label names
+// of --request-label, the values seen so far, interned to small ids, and
+// the LoRA adapter names of ARRIVED params, interned the same way. Owns
+// tokenmeter_request_label_overflow_total while request labels are on.
+//
+// Memory: at most kMaxValues values per label and kMaxLoras adapter names,
+// each at most 128 bytes (protocol.h). Single-threaded (the daemon's loop).
+#ifndef TOKENMETER_DAEMON_METRICS_REQUEST_LABELS_H_
+#define TOKENMETER_DAEMON_METRICS_REQUEST_LABELS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/metrics/metric_writer.h"
+#include "tokenmeter/protocol.h"
+
+namespace tokenmeter::daemon {
+
+class RequestLabels : public Collector {
+ public:
+  static constexpr uint16_t kEmpty = 0;  // the label absent or ""
+  static constexpr uint16_t kOther = 1;  // "__other__"
+  static constexpr size_t kMaxValues = 65535;
+  static constexpr size_t kMaxLoras = 65535;  // id 0 is "no adapter"
+
+  // names: at most TM_MAX_REQUEST_LABELS valid, distinct label names
+  // (Config checks them); max_values: --request-label-values.
+  RequestLabels(std::vector<std::string> names, size_t max_values);
+
+  const std::vector<std::string>& names() const { return names_; }
+  size_t max_values() const { return max_values_; }
+  bool enabled() const { return !names_.empty(); }
+
+  // The id of `value` of label `label`, if it has one.
+  std::optional<uint16_t> Find(size_t label, std::string_view value) const;
+  // Gives `value` an id (the next free one); kOther when the table is full.
+  uint16_t Intern(size_t label, std::string_view value);
+  std::string_view Value(size_t label, uint16_t id) const {
+    return values_[label][id];
+  }
+
+  static uint16_t Unpack(uint64_t key, size_t label) {
+    return uint16_t(key >> (16 * label));
+  }
+  static uint64_t Pack(uint64_t key, size_t label, uint16_t id) {
+    const unsigned shift = unsigned(16 * label);
+    return (key & ~(uint64_t{0xffff} << shift)) | (uint64_t{id} << shift);
+  }
+
+  // A request whose value of `label` became __other__.
+  void CountOverflow(size_t label) { ++overflow_[label]; }
+  uint64_t overflow(size_t label) const { return overflow_[label]; }
+
+  // LoRA adapters: 0 for an empty name, else the adapter's id; 0 too once
+  // kMaxLoras names are known (such a request is in no adapter set).
+  uint16_t InternLora(std::string_view name);
+  std::string_view LoraName(uint16_t id) const { return loras_[id]; }
+
+  void Collect(DaemonMetric id, MetricWriter& w) const override;
+
+ private:
+  const std::vector<std::string> names_;
+  const size_t max_values_;
+  std::vector<std::vector<std::string>> values_;  // [label][id]
+  std::vector<std::unordered_map<std::string, uint16_t>> ids_;
+  std::vector<uint64_t> overflow_;
+  std::vector<std::string> loras_;  // [id], [0] = ""
+  std::unordered_map<std::string, uint16_t> lora_ids_;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_METRICS_REQUEST_LABELS_H_
