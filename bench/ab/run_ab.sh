@@ -18,7 +18,7 @@
 #
 # Usage: bench/ab/run_ab.sh OLD_BUILD NEW_BUILD [--reps N] [--cpu N]
 #          [--events N] [--rss-requests N] [--only client,ingest,render,rss]
-#          [--out DIR] [--stale-ok] [--client-max-ns X] [--client-max-ratio X]
+#          [--out DIR] [--stale-ok] [--new-ingest-args "ARGS"] [--client-max-ns X] [--client-max-ratio X]
 #          [--ingest-min-ratio X] [--render-max-ratio X] [--rss-max-bytes X]
 #        bench/ab/run_ab.sh --self-test
 #   OLD_BUILD, NEW_BUILD  meson build dirs (the same one twice measures the
@@ -36,6 +36,10 @@
 #   --only LIST       run only these benchmarks (the others report SKIP)
 #   --out DIR         keep the raw outputs in DIR (default: a temp dir,
 #                     removed at exit unless a run failed)
+#   --new-ingest-args "ARGS"
+#                     extra daemon_ingest_bench flags for the NEW side only,
+#                     e.g. "--label-values 100" (per-request labels against
+#                     none, NEW_BUILD given twice) or "--profile lmdeploy"
 #   --stale-ok        measure binaries that ninja would rebuild (refused
 #                     otherwise: they are not the sources the header names)
 #   threshold flags   override a requirement's limit (defaults 15, 1.10,
@@ -77,6 +81,7 @@ only="client,ingest,render,rss"
 out=""
 thresholds=()
 stale_ok=0
+new_ingest_args=""
 while [[ $# -gt 0 ]]; do
   if [[ "$1" == --stale-ok ]]; then stale_ok=1; shift; continue; fi
   [[ $# -ge 2 ]] || usage
@@ -87,6 +92,7 @@ while [[ $# -gt 0 ]]; do
     --rss-requests) rss_requests="$2" ;;
     --only) only="$2" ;;
     --out) out="$2" ;;
+    --new-ingest-args) new_ingest_args="$2" ;;
     --client-max-ns | --client-max-ratio | --ingest-min-ratio | \
       --render-max-ratio | --rss-max-bytes) thresholds+=("$1" "$2") ;;
     *) usage ;;
@@ -186,9 +192,14 @@ run_one() {
       gbench "$build/bench/client_bench" \
         '^tm_(tokens|arrived)/caller_ts/threads:1$' 0.1 "$base" || rc=$? ;;
     ingest)
+      local extra=()
+      if [[ "$side" == new && -n "$new_ingest_args" ]]; then
+        read -r -a extra <<<"$new_ingest_args"
+      fi
       timeout 600 "$build/bench/daemon/daemon_ingest_bench" \
         --tokenmeterd "$build/daemon/tokenmeterd" --receivers daemon \
-        --events "$events" --reps 1 >"$base.txt" 2>&1 || rc=$? ;;
+        --events "$events" --reps 1 "${extra[@]}" >"$base.txt" 2>&1 ||
+        rc=$? ;;
     render)
       gbench "$build/bench/daemon/daemon_render_bench" \
         '^tokenmeterd_render$' 0.2 "$base" || rc=$? ;;

@@ -46,6 +46,11 @@
 // negative; reported), and every request still tracked. A run that fails is
 // reported VOID and the program exits 1.
 //
+// --profile NAME sends HELLO profile NAME (the verification reads that
+// profile's names); --label-values N gives each ARRIVED the request label
+// tenant="t<id % N>" and starts the daemon with --request-label tenant, so
+// every TOKENS lands in one of N label cells (issue 14's cost check).
+//
 // Output: one line per run, then the medians, then "RESULT key=value" lines
 // for bench/daemon/run_daemon_bench.sh.
 #include <arpa/inet.h>
@@ -98,7 +103,31 @@ struct Options {
   std::vector<std::string> receivers = {"ceiling", "daemon", "inproc"};
   int receiver_cpu = 0;
   int sender_cpu = 1;
+  // --profile: HELLO profile (empty: not sent, the vllm profile).
+  std::string profile;
+  // --label-values N: each ARRIVED carries request label tenant="t<i % N>"
+  // and the daemon runs with --request-label tenant (0: no labels).
+  uint32_t label_values = 0;
 };
+
+// The metric prefix and the names the verification reads, per profile.
+struct ProfileNames {
+  std::string generation_tokens;  // counted per TOKENS ("" : not checked)
+  std::string itl_count;          // one per TOKENS after the first
+};
+ProfileNames NamesFor(const std::string& profile) {
+  if (profile == "sglang") {
+    // SGLang counts tokens at FINISHED (none here); its ITL counts tokens,
+    // one per TOKENS of n = 1.
+    return {"", "sglang:inter_token_latency_seconds_count"};
+  }
+  if (profile == "lmdeploy") {
+    return {"lmdeploy:generation_tokens_total",
+            "lmdeploy:iter_token_latency_count"};
+  }
+  return {"bench:generation_tokens_total",
+          "bench:inter_token_latency_seconds_count"};
+}
 
 uint64_t NowNs() {
   timespec ts;
@@ -260,7 +289,11 @@ int ConnectUnix(const std::string& path) {
   // HELLO, then the arrivals (batches of o.batch).
   msgpack_pack_array(&pk, 2);
   msgpack_pack_uint64(&pk, 0);
-  msgpack_pack_map(&pk, 5);
+  msgpack_pack_map(&pk, o.profile.empty() ? 5 : 6);
+  if (!o.profile.empty()) {
+    PackStr(&pk, "profile");
+    PackStr(&pk, o.profile.c_str());
+  }
   PackStr(&pk, "proto");
   msgpack_pack_uint64(&pk, 1);
   PackStr(&pk, "engine");
@@ -281,11 +314,19 @@ int ConnectUnix(const std::string& path) {
     msgpack_pack_uint64(&pk, 0);
     msgpack_pack_array(&pk, n);
     for (uint32_t i = 0; i < n; ++i) {
-      msgpack_pack_array(&pk, 4);
+      msgpack_pack_array(&pk, o.label_values > 0 ? 5 : 4);
       msgpack_pack_uint64(&pk, 1);  // ARRIVED
       msgpack_pack_fix_uint64(&pk, t_arrived);
       msgpack_pack_uint64(&pk, first + i);
       msgpack_pack_uint64(&pk, 100);  // prompt tokens
+      if (o.label_values > 0) {
+        msgpack_pack_map(&pk, 1);
+        PackStr(&pk, "labels");
+        msgpack_pack_map(&pk, 1);
+        PackStr(&pk, "tenant");
+        PackStr(&pk,
+                ("t" + std::to_string((first + i) % o.label_values)).c_str());
+      }
     }
   }
   WriteAll(fd, sbuf.data, sbuf.size);
@@ -598,7 +639,8 @@ uint64_t EventsOfKind(const std::map<std::string, double>& m,
 }
 
 // Fills a Report from a scrape.
-void ReportFromMetrics(const std::map<std::string, double>& m, Report* rep) {
+void ReportFromMetrics(const std::map<std::string, double>& m,
+                       const std::string& profile, Report* rep) {
   static const char* const kOther[] = {"queued", "scheduled", "finished",
                                        "preempted", "step"};
   rep->tokens = EventsOfKind(m, "tokens");
@@ -611,11 +653,19 @@ void ReportFromMetrics(const std::map<std::string, double>& m, Report* rep) {
       rep->errors += uint64_t(v);
     }
   }
-  const std::string labels = "{model_name=\"m\",engine=\"0\"}";
-  rep->generation_tokens =
-      GetCount(m, "bench:generation_tokens_total" + labels);
-  rep->itl_observed =
-      GetCount(m, "bench:inter_token_latency_seconds_count" + labels);
+  // Summed over the series' samples: request labels split them.
+  const auto sum = [&](const std::string& name) {
+    uint64_t n = 0;
+    for (const auto& [key, v] : m) {
+      if (key.starts_with(name + "{")) n += uint64_t(v);
+    }
+    return n;
+  };
+  const ProfileNames names = NamesFor(profile);
+  rep->generation_tokens = names.generation_tokens.empty()
+                               ? rep->tokens
+                               : sum(names.generation_tokens);
+  rep->itl_observed = sum(names.itl_count);
   rep->itl_negative = GetCount(
       m,
       "tokenmeter_negative_intervals_total{interval=\"inter_token_latency\"}");
@@ -716,9 +766,15 @@ RunResult RunOnce(const Options& o, const std::string& receiver,
       dup2(log, 2);
       const int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
-      execl(o.tokenmeterd.c_str(), o.tokenmeterd.c_str(), "--ingest",
-            path.c_str(), "--listen", "127.0.0.1:0", "--log-interval", "0",
-            static_cast<char*>(nullptr));
+      if (o.label_values > 0) {
+        execl(o.tokenmeterd.c_str(), o.tokenmeterd.c_str(), "--ingest",
+              path.c_str(), "--listen", "127.0.0.1:0", "--log-interval", "0",
+              "--request-label", "tenant", static_cast<char*>(nullptr));
+      } else {
+        execl(o.tokenmeterd.c_str(), o.tokenmeterd.c_str(), "--ingest",
+              path.c_str(), "--listen", "127.0.0.1:0", "--log-interval", "0",
+              static_cast<char*>(nullptr));
+      }
       Die("exec tokenmeterd");
     }
     port = WaitForPort(log_path, receiver_pid);
@@ -787,7 +843,7 @@ RunResult RunOnce(const Options& o, const std::string& receiver,
         }
         usleep(2000);
       }
-      ReportFromMetrics(m, &rep);
+      ReportFromMetrics(m, o.profile, &rep);
       rep.ok = Get(m, "tokenmeter_ingest_connections") == 0;
     }
     kill(receiver_pid, SIGTERM);
@@ -850,7 +906,8 @@ int Usage() {
       "usage: daemon_ingest_bench [--tokenmeterd PATH] [--events N]\n"
       "         [--requests N] [--batch N] [--reps N]\n"
       "         [--receivers ceiling,daemon,inproc] [--receiver-cpu N]\n"
-      "         [--sender-cpu N]\n");
+      "         [--sender-cpu N] [--profile vllm|sglang|lmdeploy]\n"
+      "         [--label-values N]\n");
   return 2;
 }
 
@@ -876,6 +933,14 @@ int main(int argc, char** argv) {
       o.receiver_cpu = std::atoi(v);
     } else if (a == "--sender-cpu") {
       o.sender_cpu = std::atoi(v);
+    } else if (a == "--profile") {
+      o.profile = v;
+      if (o.profile != "vllm" && o.profile != "sglang" &&
+          o.profile != "lmdeploy") {
+        return Usage();
+      }
+    } else if (a == "--label-values") {
+      o.label_values = uint32_t(std::strtoul(v, nullptr, 10));
     } else if (a == "--receivers") {
       o.receivers.clear();
       std::string s = v;
@@ -892,6 +957,12 @@ int main(int argc, char** argv) {
   }
   for (const std::string& r : o.receivers) {
     if (r != "ceiling" && r != "daemon" && r != "inproc") return Usage();
+    if (r == "inproc" && (o.label_values > 0 || !o.profile.empty())) {
+      std::fprintf(stderr,
+                   "ingest_bench: --profile and --label-values need "
+                   "--receivers daemon (or ceiling)\n");
+      return 2;
+    }
     if (r == "daemon" && o.tokenmeterd.empty()) {
       std::fprintf(stderr,
                    "ingest_bench: --receivers daemon needs "
