@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <cstring>
+#include <optional>
 
 namespace tokenmeter::daemon {
 
@@ -106,6 +107,9 @@ constexpr size_t kNumIntervalDefs = std::size(kIntervals);
 // be biased low).
 constexpr uint16_t kArrivalStatsBit = uint16_t(1u << kNumIntervalDefs);
 static_assert(kNumIntervalDefs < 16);
+// Request stays 128 bytes (two cache lines; the map node 168): every
+// TOKENS looks one up, and a larger one measurably slows ingest.
+static_assert(kNumPoints <= 6);
 // request_success's children are indexed by FinishReason.
 static_assert(kNumFinishReasons == std::size(kFinishedReasonValues) &&
               size_t(FinishReason::kError) == 3);
@@ -121,17 +125,18 @@ struct Tracker::Request {
   EngineSeries* gauge_series = nullptr;        // holds the derived gauge
   uint64_t t_ns[kNumPoints] = {};              // valid where `known` says
   uint64_t activity_ns = 0;  // daemon clock: last event, or finish
-  LabelKey label_key = 0;    // per-request label values (ARRIVED)
   uint32_t prompt_tokens = 0;
   uint32_t generation_tokens = 0;
   uint32_t max_tokens = 0;
   uint32_t n = 0;
-  uint8_t known = 0;    // Bit(Point) of the points set
+  // Per-request label values and LoRA adapter (ARRIVED), interned:
+  // RequestLabels::InternSet(); 0: none.
+  uint32_t label_set = 0;
   uint16_t closed = 0;  // kIntervals rows observed, and kArrivalStatsBit
+  uint8_t known : kNumPoints = 0;  // Bit(Point) of the points set
   bool has_max_tokens : 1 = false;
   bool has_n : 1 = false;
   Gauge gauge = Gauge::kNone;
-  uint16_t lora = 0;  // RequestLabels::InternLora(); 0: none
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -226,7 +231,7 @@ void Append(R& r, R*& head, R*& tail) {
   tail = &r;
 }
 
-void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s,
+void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s, uint16_t lora,
               const Clock& clock);
 
 }  // namespace
@@ -274,23 +279,23 @@ namespace {
 
 // Moves a request between the derived waiting / running gauges (and, with
 // an adapter, the LoRA sets of lora_requests_info).
-void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s,
+// `lora`: the request's adapter (0: none).
+void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s, uint16_t lora,
               const Clock& clock) {
   if (r.gauge == g && r.gauge_series == s) return;
-  const bool lora = r.lora != 0;
-  const double unix_s = lora ? clock.UnixNowS() : 0;
+  const double unix_s = lora != 0 ? clock.UnixNowS() : 0;
   if (r.gauge != Gauge::kNone) {
     const bool running = r.gauge == Gauge::kRunning;
     r.gauge_series->AddDerived(
         running ? kNumRequestsRunning : kNumRequestsWaiting, -1);
-    if (lora) r.gauge_series->AddLora(r.lora, running, -1, unix_s);
+    if (lora != 0) r.gauge_series->AddLora(lora, running, -1, unix_s);
   }
   r.gauge = g;
   r.gauge_series = s;
   if (g != Gauge::kNone) {
     const bool running = g == Gauge::kRunning;
     s->AddDerived(running ? kNumRequestsRunning : kNumRequestsWaiting, 1);
-    if (lora) s->AddLora(r.lora, running, 1, unix_s);
+    if (lora != 0) s->AddLora(lora, running, 1, unix_s);
   }
 }
 
@@ -305,7 +310,7 @@ void Tracker::Remove(Request& r, bool evicted) {
     }
   }
   if (evicted) ++evicted_;
-  SetGauge(r, Gauge::kNone, nullptr, clock_);
+  SetGauge(r, Gauge::kNone, nullptr, LoraOf(r), clock_);
   if (r.finished()) {
     Unlink(r, finished_head_, finished_tail_);
   } else {
@@ -315,6 +320,15 @@ void Tracker::Remove(Request& r, bool evicted) {
   // Heterogeneous erase() is C++23; find() then erase the node.
   requests_.erase(requests_.find(
       KeyView{k.space, k.num, std::string_view(k.str.get(), k.len)}));
+}
+
+SeriesValues& Tracker::CellOf(EngineSeries& s, const Request& r) {
+  if (r.label_set == 0) return s;
+  return s.Cell(request_labels_.SetKey(r.label_set));
+}
+
+uint16_t Tracker::LoraOf(const Request& r) const {
+  return r.label_set == 0 ? 0 : request_labels_.SetLora(r.label_set);
 }
 
 void Tracker::Sweep() {
@@ -340,7 +354,7 @@ void Tracker::CloseReady(Request& r) {
     EngineSeries& series =
         *(d.labels == kFirstToken ? r.first_token_series : r.finish_series);
     if (d.profile_only && !series.uses(d.metric)) continue;
-    SeriesValues& s = series.Cell(r.label_key);
+    SeriesValues& s = CellOf(series, r);
     // Prompt tokens are counted when TTFT closes (the first token and the
     // ARRIVED that carries the count are both in), whatever its sign.
     if (d.interval == Interval::kTtft) s.Add(kPromptTokens, r.prompt_tokens);
@@ -355,7 +369,7 @@ void Tracker::CloseReady(Request& r) {
   }
   if ((r.closed & kArrivalStatsBit) == 0 && r.finished() && r.has(kArrived)) {
     r.closed |= kArrivalStatsBit;
-    SeriesValues& f = r.finish_series->Cell(r.label_key);
+    SeriesValues& f = CellOf(*r.finish_series, r);
     f.hist(kRequestPromptTokens).Observe(r.prompt_tokens);
     if (r.has_max_tokens) f.hist(kRequestParamsMaxTokens).Observe(r.max_tokens);
     if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
@@ -431,26 +445,32 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
     RequestLabels& labels = request_labels_;
     // A request already waiting or running (its ARRIVED came late) joins
     // the adapter set it is in at once.
-    if (!x.lora.empty() && r.lora == 0) {
-      r.lora = labels.InternLora(x.lora);
-      if (r.lora != 0 && r.gauge != Gauge::kNone) {
-        r.gauge_series->AddLora(r.lora, r.gauge == Gauge::kRunning, 1,
-                                clock_.UnixNowS());
-      }
+    const uint16_t lora = labels.InternLora(x.lora);
+    if (lora != 0 && r.gauge != Gauge::kNone) {
+      r.gauge_series->AddLora(lora, r.gauge == Gauge::kRunning, 1,
+                              clock_.UnixNowS());
     }
+    LabelKey key = 0;
     for (size_t i = 0; i < labels.names().size(); ++i) {
       std::string_view value;
       for (uint8_t j = 0; j < x.num_labels; ++j) {
         if (x.labels[j].first == labels.names()[i]) value = x.labels[j].second;
       }
       if (value.empty()) continue;
-      uint16_t id = labels.Intern(i, value);
-      if (id == RequestLabels::kOther || !src.series->Admit(i, id)) {
-        id = RequestLabels::kOther;
-        labels.CountOverflow(i);
+      // A value is interned only when a series takes it: values past every
+      // series' cap are never kept (a flood of distinct values would
+      // otherwise fill the table and leave no id for other series).
+      uint16_t id = RequestLabels::kOther;
+      if (const std::optional<uint16_t> known = labels.Find(i, value)) {
+        if (src.series->Admit(i, *known)) id = *known;
+      } else if (src.series->HasRoom(i)) {
+        id = labels.Intern(i, value);
+        if (!src.series->Admit(i, id)) id = RequestLabels::kOther;
       }
-      r.label_key = RequestLabels::Pack(r.label_key, i, id);
+      if (id == RequestLabels::kOther) labels.CountOverflow(i);
+      key = RequestLabels::Pack(key, i, id);
     }
+    r.label_set = labels.InternSet(key, lora);
   }
   r.prompt_tokens = uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX));
   r.has_max_tokens = ev.has_max_tokens;
@@ -459,19 +479,19 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
   r.n = uint32_t(std::min<uint64_t>(ev.n, UINT32_MAX));
   if (!r.finished() && !r.has(kScheduled) && !r.has(kFirstToken) &&
       r.gauge == Gauge::kNone) {
-    SetGauge(r, Gauge::kWaiting, src.series, clock_);
+    SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
   }
 }
 
 void Tracker::OnScheduled(const Source& src, Request& r) {
   if (!r.finished() && r.gauge != Gauge::kRunning) {
-    SetGauge(r, Gauge::kRunning, src.series, clock_);
+    SetGauge(r, Gauge::kRunning, src.series, LoraOf(r), clock_);
   }
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
   EngineSeries& s = *src.series;
-  SeriesValues& cell = s.Cell(r.label_key);
+  SeriesValues& cell = CellOf(s, r);
   cell.Add(kGenerationTokens, ev.count);
   r.generation_tokens = uint32_t(
       std::min<uint64_t>(uint64_t(r.generation_tokens) + ev.count, UINT32_MAX));
@@ -508,7 +528,7 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
         .Observe(double(uint64_t(r.prompt_tokens) + ev.count));
   }
   if (!r.finished() && r.gauge != Gauge::kRunning) {
-    SetGauge(r, Gauge::kRunning, &s, clock_);
+    SetGauge(r, Gauge::kRunning, &s, LoraOf(r), clock_);
   }
 }
 
@@ -524,13 +544,13 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
       r.closed |= uint16_t(1u << i);
     }
   }
-  SeriesValues& cell = s.Cell(r.label_key);
+  SeriesValues& cell = CellOf(s, r);
   cell.AddChild(kRequestSuccess, size_t(ev.reason), 1);
   if (s.uses(kNumFinishedRequests)) {
     cell.Add(kNumFinishedRequests, 1);
     if (ev.reason == FinishReason::kAbort) cell.Add(kNumAbortedRequests, 1);
   }
-  SetGauge(r, Gauge::kNone, nullptr, clock_);
+  SetGauge(r, Gauge::kNone, nullptr, LoraOf(r), clock_);
   Unlink(r, active_head_, active_tail_);
   r.activity_ns = now_ns;
   Append(r, finished_head_, finished_tail_);
@@ -538,7 +558,8 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
 
 void Tracker::OnPreempted(const Source& src, Request& r) {
   src.series->Add(kNumPreemptions, 1);
-  if (!r.finished()) SetGauge(r, Gauge::kWaiting, src.series, clock_);
+  if (!r.finished())
+    SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
 }
 
 void Tracker::OnStep(const Source& src, const Event& ev,

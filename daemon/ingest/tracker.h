@@ -137,6 +137,10 @@ class Tracker : public Collector {
   using Map = std::unordered_map<Key, Request, KeyHash, KeyEq>;
 
   Request& Find(const Source& src, const RequestId& rid, uint64_t now_ns);
+  // The values of `s` a request-level observation of `r` goes to (its
+  // label cell; the series itself without request labels).
+  SeriesValues& CellOf(EngineSeries& s, const Request& r);
+  uint16_t LoraOf(const Request& r) const;
   void Remove(Request& r, bool evicted);
   // Observes every interval of `r` whose ends are known (and, for those
   // observed at finish, that has finished), once each.

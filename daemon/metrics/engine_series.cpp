@@ -96,6 +96,10 @@ bool EngineSeries::Admit(size_t label, uint16_t id) {
   return true;
 }
 
+bool EngineSeries::HasRoom(size_t label) const {
+  return admitted_[label].size() < request_labels_.max_values();
+}
+
 SeriesValues& EngineSeries::CellSlow(LabelKey key) {
   auto it = cell_index_.find(key);
   if (it != cell_index_.end()) return *cells_[it->second].values;

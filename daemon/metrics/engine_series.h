@@ -170,6 +170,8 @@ class EngineSeries : public SeriesValues {
   // place it keeps for the first --request-label-values values); false when
   // there is no place left. Ids 0 (empty) and 1 (__other__) always pass.
   bool Admit(size_t label, uint16_t id);
+  // Whether a value of request label `label` not yet admitted would be.
+  bool HasRoom(size_t label) const;
 
   // The HELLO cache_config of the latest HELLO that sent one (entries in
   // HELLO order: key, rendered value, number or NaN).

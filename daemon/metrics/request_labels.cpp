@@ -46,6 +46,18 @@ uint16_t RequestLabels::InternLora(std::string_view name) {
   return it->second;
 }
 
+uint32_t RequestLabels::InternSet(uint64_t key, uint16_t lora) {
+  if (key == 0 && lora == 0) return 0;
+  const Set set{key, lora};
+  auto it = set_ids_.find(set);
+  if (it != set_ids_.end()) return it->second;
+  if (sets_.size() >= kMaxSets) return 0;
+  const uint32_t id = uint32_t(sets_.size());
+  sets_.push_back(set);
+  set_ids_.emplace(set, id);
+  return id;
+}
+
 void RequestLabels::Collect(DaemonMetric id, MetricWriter& w) const {
   if (id != kRequestLabelOverflow) return;
   const SampleLabels none;

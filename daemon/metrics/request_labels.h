@@ -60,9 +60,29 @@ class RequestLabels : public Collector {
   uint16_t InternLora(std::string_view name);
   std::string_view LoraName(uint16_t id) const { return loras_[id]; }
 
+  // A request's label values and adapter as one id, so that a tracked
+  // request keeps 4 bytes for them: 0 for (0, 0); the same id for the same
+  // pair. Past kMaxSets pairs a new one gets 0 (no labels, no adapter).
+  static constexpr size_t kMaxSets = size_t{1} << 24;
+  uint32_t InternSet(uint64_t key, uint16_t lora);
+  uint64_t SetKey(uint32_t id) const { return sets_[id].key; }
+  uint16_t SetLora(uint32_t id) const { return sets_[id].lora; }
+
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
  private:
+  struct Set {
+    uint64_t key;
+    uint16_t lora;
+    bool operator==(const Set&) const = default;
+  };
+  struct SetHash {
+    size_t operator()(const Set& s) const noexcept {
+      return std::hash<uint64_t>()(s.key * 0x9e3779b97f4a7c15ull ^ s.lora);
+    }
+  };
+  std::vector<Set> sets_{{0, 0}};
+  std::unordered_map<Set, uint32_t, SetHash> set_ids_;
   const std::vector<std::string> names_;
   const size_t max_values_;
   std::vector<std::vector<std::string>> values_;  // [label][id]
