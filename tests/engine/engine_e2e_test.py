@@ -202,6 +202,161 @@ class EngineAgainstDaemon(unittest.TestCase):
                 self.assertGreaterEqual(g["loads"], 1, name)
 
 
+# Each naming profile's names for the report's histograms (docs/metrics.md).
+# The reference engine makes one token per request per step, so SGLang's
+# token-weighted inter-token latency and LMDeploy's per-chunk time per
+# output token count what the report's itl_s counts, and its FINISHED comes
+# with the last TOKENS, so LMDeploy's finish-ended phases equal the report's.
+PROFILE_HISTOGRAMS = {
+    "sglang": {
+        "ttft_s": "time_to_first_token_seconds",
+        "itl_s": "inter_token_latency_seconds",
+        "e2e_s": "e2e_request_latency_seconds",
+        "queue_s": "queue_time_seconds",
+    },
+    "lmdeploy": {
+        "ttft_s": "time_to_first_token_seconds",
+        "itl_s": "iter_token_latency",
+        "e2e_s": "e2e_request_latency_seconds",
+        "queue_s": "request_queue_time_seconds",
+        "prefill_s": "request_prefill_time_seconds",
+        "decode_s": "request_decode_time_seconds",
+        "inference_s": "request_inference_time_seconds",
+    },
+}
+
+
+class ProfilesAgainstDaemon(unittest.TestCase):
+    """The same run in each naming profile, with LoRA adapters and tenants
+    (--request-label tenant): the daemon's figures, under the profile's
+    names, equal the engine's report; per tenant too."""
+
+    def setUp(self):
+        self.d = Daemon("--log-interval", "0", "--request-label",
+                        "tenant").start()
+        self.addCleanup(self.d.cleanup)
+        self.addCleanup(self.d.stop)
+
+    def run_profile(self, profile):
+        report = run_engine(self.d.sock,
+                            os.path.join(self.d.dir, "report.json"),
+                            extra=[*LORA, "--metrics-profile", profile])
+        d = self.d
+        poll_until(lambda: d.samples().sum("tokenmeter_ingest_events_total")
+                   == report["client_events_sent"],
+                   what="client_events_sent events applied")
+        self.assertEqual(report["client_events_rejected"], 0)
+        self.assertEqual(report["client_dropped_events"], 0)
+        self.assertEqual(d.samples().sum("tokenmeter_ingest_errors_total"), 0)
+        return report, d.samples()
+
+    def assert_close(self, got, want, what):
+        self.assertIsNotNone(got, what)
+        self.assertLessEqual(abs(got - want), 1e-6 * abs(want) + 1e-12,
+                             f"{what}: {got} vs {want}")
+
+    def check_histograms(self, ns, samples, report, names):
+        for rkey, hist in names.items():
+            with self.subTest(histogram=f"{ns}:{hist}"):
+                self.assertGreater(report[rkey]["count"], 0)
+                self.assertEqual(samples.sum(f"{ns}:{hist}_count", **LABELS),
+                                 report[rkey]["count"])
+                self.assert_close(samples.sum(f"{ns}:{hist}_sum", **LABELS),
+                                  report[rkey]["sum"], f"{ns}:{hist}_sum")
+
+    def check_tenants(self, ns, samples, report, success, generation):
+        """Per tenant: finished requests and generation tokens."""
+        tenants = report["tenants"]
+        self.assertEqual(len(tenants), 4)
+        for name, t in tenants.items():
+            with self.subTest(tenant=name):
+                self.assertEqual(
+                    samples.sum(f"{ns}:{success}", tenant=name, **LABELS),
+                    t["requests"])
+                self.assertEqual(
+                    samples.sum(f"{ns}:{generation}", tenant=name, **LABELS),
+                    t["generation_tokens"])
+
+    def check_router_series(self, ns, samples, cache_config):
+        key_sets = [dict(ls) for (n, ls) in samples
+                    if n == f"{ns}:cache_config_info"]
+        self.assertEqual(len(key_sets), 1, key_sets)
+        for k, v in cache_config.items():
+            self.assertEqual(key_sets[0].get(k), v, k)
+        lora = [(dict(ls), v) for (n, ls), v in samples.items()
+                if n == f"{ns}:lora_requests_info"]
+        self.assertEqual(len(lora), 1, lora)
+        labels, value = lora[0]
+        # Everything finished: both sets empty, changed during the run.
+        self.assertEqual(labels["max_lora"], "2")
+        self.assertEqual(labels["running_lora_adapters"], "")
+        self.assertEqual(labels["waiting_lora_adapters"], "")
+        self.assertGreater(value, 1.7e9)
+
+    def test_vllm_profile_per_tenant(self):
+        report, samples = self.run_profile("vllm")
+        ns = NS
+        names = dict(HISTOGRAMS)
+        self.check_histograms(ns, samples, report, names)
+        self.check_tenants(ns, samples, report, "request_success_total",
+                           "generation_tokens_total")
+        self.check_router_series(ns, samples, {"block_size": "8",
+                                               "num_gpu_blocks": "48"})
+        self.assertEqual(samples.value(f"{ns}:num_requests_running", **LABELS),
+                         0)
+
+    def test_sglang_profile_equals_report(self):
+        report, samples = self.run_profile("sglang")
+        ns = "sglang"
+        self.check_histograms(ns, samples, report, PROFILE_HISTOGRAMS[ns])
+        self.assertEqual(samples.sum(f"{ns}:prompt_tokens_total", **LABELS),
+                         report["prompt_tokens"])
+        self.assertEqual(
+            samples.sum(f"{ns}:generation_tokens_total", **LABELS),
+            report["generation_tokens"])
+        self.assertEqual(samples.sum(f"{ns}:num_requests_total", **LABELS),
+                         report["requests"])
+        self.assertEqual(
+            samples.sum(f"{ns}:cached_tokens_total", **LABELS),
+            report["prefix_cache_hits"])
+        # The last STEP's values.
+        self.assertEqual(samples.value(f"{ns}:num_running_reqs", **LABELS), 0)
+        self.assertEqual(samples.value(f"{ns}:num_queue_reqs", **LABELS), 0)
+        self.assertEqual(samples.value(f"{ns}:page_size", **LABELS), 8)
+        self.assertEqual(samples.value(f"{ns}:num_pages", **LABELS), 48)
+        self.check_tenants(ns, samples, report, "num_requests_total",
+                           "generation_tokens_total")
+        self.check_router_series(ns, samples, {"page_size": "8",
+                                               "num_pages": "48"})
+
+    def test_lmdeploy_profile_equals_report(self):
+        report, samples = self.run_profile("lmdeploy")
+        ns = "lmdeploy"
+        self.check_histograms(ns, samples, report, PROFILE_HISTOGRAMS[ns])
+        # Per chunk of one token: TPOT = the inter-token interval.
+        self.assertEqual(
+            samples.sum(f"{ns}:time_per_output_token_seconds_count",
+                        **LABELS), report["itl_s"]["count"])
+        self.assert_close(
+            samples.sum(f"{ns}:time_per_output_token_seconds_sum", **LABELS),
+            report["itl_s"]["sum"], "time_per_output_token_seconds_sum")
+        self.assertEqual(samples.sum(f"{ns}:prompt_tokens_total", **LABELS),
+                         report["prompt_tokens"])
+        self.assertEqual(
+            samples.sum(f"{ns}:generation_tokens_total", **LABELS),
+            report["generation_tokens"])
+        self.assertEqual(
+            samples.sum(f"{ns}:request_success_total",
+                        finished_reason="ResponseType.FINISH", **LABELS),
+            report["finished"]["stop"] + report["finished"]["length"])
+        self.assertEqual(
+            samples.value(f"{ns}:num_requests_running", **LABELS), 0)
+        self.check_tenants(ns, samples, report, "request_success_total",
+                           "generation_tokens_total")
+        self.check_router_series(ns, samples, {"block_size": "8",
+                                               "num_gpu_blocks": "48"})
+
+
 class EngineWithoutDaemon(unittest.TestCase):
     def test_finishes_and_reports_drops(self):
         with tempfile.TemporaryDirectory(prefix="tm-e2e-", dir="/tmp") as tmp:
