@@ -88,10 +88,11 @@ struct Event {
   uint64_t n = 0;           // ARRIVED params; valid when has_n
   bool has_max_tokens = false;
   bool has_n = false;
-  // ARRIVED with a lora or labels param: index into Batch::arrivals.
-  uint32_t extras = kNoExtras;
   FinishReason reason = FinishReason::kStop;  // FINISHED
-  StepStats step;                             // STEP
+  // ARRIVED with a lora or labels param: index into Batch::arrivals (in
+  // the padding before `step`: Event stays 176 bytes).
+  uint32_t extras = kNoExtras;
+  StepStats step;  // STEP
 };
 
 struct Hello {
