@@ -18,7 +18,9 @@ comparison: process_*, tokenmeter_scrape_duration_seconds and
 tokenmeter_http_responses_total (each side counts its own polls).
 
 Usage: bench/ab/same_exposition.py OLD_TOKENMETERD NEW_TOKENMETERD
-         [--seed N] [--requests N]
+         [--seed N] [--requests N] [--ignore NAME]...
+(--ignore: leave out the lines naming NAME, e.g. a family the new build
+adds.)
 Exit 0 when equal (prints the number of lines compared), 1 with a diff.
 """
 import argparse
@@ -187,7 +189,7 @@ def build_stream(seed, n_requests):
     return conns, steps
 
 
-def run(old_bin, new_bin, seed, n_requests):
+def run(old_bin, new_bin, seed, n_requests, ignore=()):
     tmp = tempfile.mkdtemp(prefix="tm-same-")
     daemons = []
     try:
@@ -233,7 +235,7 @@ def run(old_bin, new_bin, seed, n_requests):
                 lines = [
                     l for l in d.get("/metrics", accept).splitlines()
                     if not l.startswith(IGNORED_PREFIXES) and not any(
-                        n in l for n in IGNORED_NAMES)]
+                        n in l for n in IGNORED_NAMES + tuple(ignore))]
                 texts.append(lines)
             if texts[0] != texts[1]:
                 sys.stdout.writelines(
@@ -258,8 +260,12 @@ def main():
     ap.add_argument("new")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--ignore", action="append", default=[],
+                    metavar="NAME",
+                    help="leave out lines naming NAME, e.g. a family the "
+                    "new build adds (repeatable)")
     a = ap.parse_args()
-    sys.exit(run(a.old, a.new, a.seed, a.requests))
+    sys.exit(run(a.old, a.new, a.seed, a.requests, a.ignore))
 
 
 if __name__ == "__main__":
