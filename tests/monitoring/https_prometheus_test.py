@@ -161,13 +161,7 @@ class HttpsScrape(WebConfigBase):
 
     @classmethod
     def tearDownClass(cls):
-        if cls.prom is not None and cls.prom.poll() is None:
-            cls.prom.terminate()
-            try:
-                cls.prom.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                cls.prom.kill()
-                cls.prom.wait()
+        tu.stop_process(cls.prom)
         cls.daemon.stop()
         cls.daemon.cleanup()
         super().tearDownClass()
@@ -210,18 +204,7 @@ class HttpsScrape(WebConfigBase):
 
     @classmethod
     def wait_ready(cls):
-        def ready():
-            if cls.prom.poll() is not None:
-                return "exited"
-            try:
-                with urllib.request.urlopen(
-                        f"http://127.0.0.1:{cls.prom_port}/-/ready",
-                        timeout=2) as r:
-                    return "ready" if r.status == 200 else None
-            except (urllib.error.URLError, OSError):
-                return None
-        return tu.poll_until(ready, timeout=30, interval=0.1,
-                             what="prometheus /-/ready") == "ready"
+        return tu.wait_prometheus_ready(cls.prom, cls.prom_port)
 
     def api(self, path, params=None):
         url = f"http://127.0.0.1:{self.prom_port}{path}"

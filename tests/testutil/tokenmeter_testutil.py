@@ -11,6 +11,8 @@
 * skip / need_path / main: exit 77 (meson's SKIP) when an input that lives
   outside the repository (../shared/peers, an optional tool) is absent, so
   that a plain clone does not report such a test as passed.
+* start_prometheus / wait_prometheus_ready / stop_process: a real
+  Prometheus (or any helper process) for a test.
 * frame / hello / batch / wait_closed: protocol-v1 frames written by hand.
 
 Scripts find this file with sys.path.insert(0, <repo>/tests/testutil) and
@@ -371,6 +373,36 @@ def start_prometheus(binary, config_dir, port):
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=log, cwd=config_dir)
     return proc, log_path
+
+
+def stop_process(proc, timeout=10):
+    """SIGTERM to a subprocess.Popen still running, SIGKILL if it has not
+    exited after `timeout` seconds; reaps it. None is ignored."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def wait_prometheus_ready(proc, port, timeout=30):
+    """True once the Prometheus of start_prometheus() answers /-/ready on
+    127.0.0.1:port with 200; False if it exits first (e.g. its port was
+    taken meanwhile). Bounded by `timeout`."""
+    def ready():
+        if proc.poll() is not None:
+            return "exited"
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
+                return "ready" if r.status == 200 else None
+        except (urllib.error.URLError, OSError):
+            return None
+    return poll_until(ready, timeout=timeout, interval=0.1,
+                      what="prometheus /-/ready") == "ready"
 
 
 def frame(*items):
