@@ -4,9 +4,15 @@ dashboard may query moves: arrivals, queueing, chunk-free prefill, decode
 with speculative decoding, preemptions, the four finish reasons, and STEP
 statistics with prefix-cache and per-position spec-decode keys.
 
-It stands in for engines this repository does not ship (vLLM, LMDeploy);
-the reference engine (tokenmeter-engine) is real and is preferred where it
-fits. Timestamps are time.monotonic_ns(), the daemon's clock.
+It stands in for engines this repository does not ship (vLLM, SGLang,
+LMDeploy); the reference engine (tokenmeter-engine) is real and is preferred
+where it fits. Timestamps are time.monotonic_ns(), the daemon's clock.
+
+Protocol 1.1 (docs/protocol.md): HELLO may carry `profile`, `cache_config`
+and `max_lora`; ARRIVED params `lora` (the request's adapter) and `labels`
+(the `tenant` request label). With adapters the scheduler keeps at most
+max_lora of them running at once, as vLLM's max_loras does, so requests
+really wait for an adapter and the waiting set of lora_requests_info moves.
 """
 import collections
 import random
@@ -23,15 +29,18 @@ def _frame(*items):
 
 class _Request:
     __slots__ = ("rid", "prompt", "max_tokens", "target", "generated",
-                 "prefilled")
+                 "prefilled", "lora", "arrived_s", "tenant")
 
-    def __init__(self, rid, prompt, max_tokens, target):
+    def __init__(self, rid, prompt, max_tokens, target, lora, arrived_s):
         self.rid = rid
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.target = target
         self.generated = 0
         self.prefilled = False
+        self.lora = lora
+        self.arrived_s = arrived_s
+        self.tenant = ""
 
 
 class SimEngine(threading.Thread):
@@ -41,35 +50,98 @@ class SimEngine(threading.Thread):
     0.95 makes the KV-cache alert's condition true).
     drops_per_s: dropped events the client reports per second in BATCH
     dropped_total (the client-drops alert).
+    profile, cache_config, max_lora: the HELLO keys of protocol 1.1 (None:
+    not sent).
+    loras: adapter names; a request uses one of them (the first ones more
+    often) or, one time in five, the base model. At most max_lora (default
+    2) of them run at once.
+    tenants: values of the ARRIVED label `tenant`, drawn uniformly; with
+    untenanted > 0 that share of requests is sent without labels.
     """
 
     def __init__(self, sock_path, engine, model, instance="0", *,
                  arrival_rate=8.0, step_s=0.025, max_running=6,
-                 spec_tokens=3, kv_floor=0.2, drops_per_s=0.0, seed=1):
+                 spec_tokens=3, kv_floor=0.2, drops_per_s=0.0, seed=1,
+                 profile=None, cache_config=None, max_lora=None, loras=(),
+                 tenants=(), untenanted=0.0):
         super().__init__(daemon=True)
         self.sock_path = sock_path
         self.hello = {"proto": 1, "engine": engine, "model": model,
                       "instance": instance, "pid": 1000 + seed}
+        if profile is not None:
+            self.hello["profile"] = profile
+        if cache_config is not None:
+            self.hello["cache_config"] = dict(cache_config)
+        if max_lora is not None:
+            self.hello["max_lora"] = max_lora
         self.arrival_rate = arrival_rate
         self.step_s = step_s
         self.max_running = max_running
         self.spec_tokens = spec_tokens
         self.kv_floor = kv_floor
         self.drops_per_s = drops_per_s
+        self.loras = list(loras)
+        self.lora_slots = max_lora or 2
+        self.tenants = list(tenants)
+        self.untenanted = untenanted
         self.rng = random.Random(seed)
         self.error = None
         self.finished = 0
+        self.finished_by_tenant = {}  # tenant ("" for none) -> count
         self._halt = threading.Event()
+        self._pause = threading.Event()
+        self._paused = threading.Event()
+        self._resume = threading.Event()
+        self.paused_state = None
 
     def stop(self):
         self._halt.set()
+        self._resume.set()
         self.join(timeout=10)
+
+    def pause(self, timeout=10):
+        """Stops the engine between two steps, after its last BATCH was
+        written, and returns what lora_requests_info must then show:
+        (running adapters, waiting adapters), each sorted and joined by
+        ","; finished_by_tenant holds still until resume(), which lets it
+        go on as if no time had passed."""
+        self._resume.clear()
+        self._paused.clear()
+        self._pause.set()
+        if not self._paused.wait(timeout):
+            raise AssertionError(f"sim engine did not pause: {self.error!r}")
+        return self.paused_state
+
+    def resume(self):
+        self._pause.clear()
+        self._resume.set()
 
     def run(self):
         try:
             self._run()
         except Exception as e:  # reported by the test, not lost in a thread
             self.error = e
+
+    def _draw_lora(self):
+        rng = self.rng
+        if not self.loras or rng.random() < 0.2:
+            return None
+        # Skewed: adapter i with weight 1/(i+1).
+        weights = [1 / (i + 1) for i in range(len(self.loras))]
+        return rng.choices(self.loras, weights)[0]
+
+    def _arrived_params(self, r):
+        params = {"max_tokens": r.max_tokens, "n": 1}
+        if r.lora is not None:
+            params["lora"] = r.lora
+        if self.tenants and self.rng.random() >= self.untenanted:
+            r.tenant = self.rng.choice(self.tenants)
+            params["labels"] = {"tenant": r.tenant}
+        return params
+
+    @staticmethod
+    def _lora_set(requests):
+        return ",".join(sorted({r.lora for r in requests if r.lora}))
 
     def _run(self):
         rng = self.rng
@@ -85,6 +157,16 @@ class SimEngine(threading.Thread):
         next_arrival = start + rng.expovariate(self.arrival_rate)
         step_no = 0
         while not self._halt.is_set():
+            if self._pause.is_set():
+                self.paused_state = (self._lora_set(running),
+                                     self._lora_set(waiting))
+                paused_at = time.monotonic()
+                self._paused.set()
+                self._resume.wait()
+                # Resume as if no time had passed: no burst of arrivals.
+                start += time.monotonic() - paused_at
+                next_arrival += time.monotonic() - paused_at
+                continue
             step_no += 1
             # Sleep to the next step boundary (no drift under load).
             delay = start + step_no * self.step_s - time.monotonic()
@@ -100,11 +182,12 @@ class SimEngine(threading.Thread):
                 target = rng.randint(4, max_tokens)
                 if rng.random() < 0.3:
                     target = max_tokens  # finishes by length
-                r = _Request(next_rid, prompt, max_tokens, target)
+                r = _Request(next_rid, prompt, max_tokens, target,
+                             self._draw_lora(), next_arrival)
                 next_rid += 1
                 at = t - int((now - next_arrival) * 1e9)
                 events.append([1, at, r.rid, prompt,
-                               {"max_tokens": max_tokens, "n": 1}])
+                               self._arrived_params(r)])
                 events.append([2, at, r.rid])
                 waiting.append(r)
                 next_arrival += rng.expovariate(self.arrival_rate)
@@ -114,12 +197,26 @@ class SimEngine(threading.Thread):
                 r.prefilled = False  # recompute its prompt when rescheduled
                 events.append([6, t, r.rid])
                 waiting.appendleft(r)
-            # Admit waiting requests into free slots.
+            # Admit waiting requests into free slots, in order, passing over
+            # those whose adapter cannot run now (max_lora adapters busy);
+            # one passed over for a second stops the others, so that the
+            # busy adapters drain and its own gets a slot.
+            active = {r.lora for r in running if r.lora}
+            passed = collections.deque()
             while waiting and len(running) < self.max_running:
                 r = waiting.popleft()
+                if (r.lora and r.lora not in active
+                        and len(active) >= self.lora_slots):
+                    passed.append(r)
+                    if now - r.arrived_s > 1.0:
+                        break
+                    continue
+                if r.lora:
+                    active.add(r.lora)
                 events.append([3, t, r.rid])
                 running.append(r)
                 r.prefilled = None  # prefill runs in the next step
+            waiting.extendleft(reversed(passed))
             stats = {"prompt_tokens": 0, "generation_tokens": 0,
                      "prefix_queries": 0, "prefix_hits": 0,
                      "spec_drafts": 0, "spec_draft_tokens": 0,
@@ -164,6 +261,8 @@ class SimEngine(threading.Thread):
                         reason = "stop"
                     events.append([5, t, r.rid, reason])
                     self.finished += 1
+                    self.finished_by_tenant[r.tenant] = \
+                        self.finished_by_tenant.get(r.tenant, 0) + 1
                 else:
                     still.append(r)
             running = still
