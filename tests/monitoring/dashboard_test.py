@@ -5,17 +5,23 @@ No Grafana runs here, so this checks what makes a dashboard import cleanly
 and behave: the schema fields Grafana requires, a data source variable that
 every panel and target uses, the job/instance/model_name/engine variables,
 unique panel ids, a grid without overlaps, no undefined variable, and the
-panels the monitoring issue asks for. Every series the dashboard and the
-rules name must exist in docs/metrics.md (itself checked against the code's
-table by tests/docs/). live_prometheus_test.py proves the queries return
-data on a real Prometheus.
+panels the monitoring issues ask for. Every series the dashboard and the
+rules name must exist in some naming profile of docs/metrics.md (itself
+checked against the code's tables by tests/docs/), and every target must
+name series of every profile but where profiles.NOT_EXPORTED says the
+engine family exports no such quantity. live_prometheus_test.py proves the
+queries return data on a real Prometheus.
 """
 import json
 import os
 import re
+import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import profiles  # noqa: E402
+
 SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
                      os.path.dirname(os.path.dirname(HERE)))
 DASHBOARD = os.path.join(SRC, "docs", "grafana", "tokenmeter.json")
@@ -24,26 +30,14 @@ DOCS_PROM = os.path.join(SRC, "docs", "prometheus")
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
-PANEL_TYPES = {"row", "timeseries", "stat", "heatmap"}
+PANEL_TYPES = {"row", "timeseries", "stat", "heatmap", "table"}
 
 
 def catalog():
-    """Engine series suffixes and daemon series names from docs/metrics.md."""
-    with open(METRICS_MD) as f:
-        text = f.read()
-    engine = {}
-    for name, kind in re.findall(r"^\| `<ns>:([a-z0-9_]+)` \| (\w+) \|", text,
-                                 re.M):
-        engine[name] = kind
-    daemon = set(re.findall(r"^\| `((?:tokenmeter|process)_[a-z0-9_]+)` \|",
-                            text, re.M))
-    return engine, daemon
-
-
-def series_names(name, kind):
-    if kind == "histogram":
-        return {name + s for s in ("_bucket", "_sum", "_count")}
-    return {name}
+    """Every engine series name of any profile, each profile's, and the
+    daemon's series names, from docs/metrics.md."""
+    by_profile, daemon = profiles.catalogs(METRICS_MD)
+    return set().union(*by_profile.values()), by_profile, daemon
 
 
 class Dashboard(unittest.TestCase):
@@ -91,8 +85,10 @@ class Dashboard(unittest.TestCase):
         for n in ("job", "namespace"):  # used with = and in metric names
             self.assertFalse(self.vars[n]["multi"] or
                              self.vars[n]["includeAll"], n)
-        self.assertEqual(self.vars["namespace"]["regex"],
-                         "/^([^:]+):num_requests_running$/")
+        # Every profile's running-requests gauge (SGLang: num_running_reqs).
+        self.assertEqual(
+            self.vars["namespace"]["regex"],
+            "/^([^:]+):(?:num_requests_running|num_running_reqs)$/")
 
     def test_panels_ids_datasources_targets(self):
         ids = [p["id"] for p in self.panels]
@@ -157,17 +153,33 @@ class Dashboard(unittest.TestCase):
                               p["title"])
 
     def test_every_series_named_exists_in_the_catalog(self):
-        engine, daemon = catalog()
-        self.assertGreater(len(engine), 20)
-        engine_series = set()
-        for name, kind in engine.items():
-            engine_series |= series_names(name, kind)
+        engine_series, _, daemon = catalog()
+        self.assertGreater(len(engine_series), 60)
         for p, t in self.targets:
             for name in re.findall(r"\$\{namespace\}:(\w+)", t["expr"]):
                 self.assertIn(name, engine_series, p["title"])
             for name in re.findall(r"\b((?:tokenmeter|process)_\w+)\{",
                                    t["expr"]):
                 self.assertIn(name, daemon, p["title"])
+
+    def test_every_target_names_each_profiles_series(self):
+        """Per profile, a target has an `or` alternative whose series all
+        exist in that profile, unless NOT_EXPORTED lists it (and then it
+        has none: the list stays true)."""
+        _, by_profile, _ = catalog()
+        keys = {(p["title"], t["refId"]) for p, t in self.targets}
+        for profile, names in by_profile.items():
+            missing = profiles.NOT_EXPORTED[profile]
+            self.assertLessEqual(set(missing), keys, profile)
+            for p, t in self.targets:
+                key = (p["title"], t["refId"])
+                self.assertEqual(
+                    profiles.names_in_profile(t["expr"], names),
+                    key not in missing, f"{profile}: {key}: {t['expr']}")
+                if key in missing:
+                    # The panel tells the user why it is empty.
+                    self.assertIn(profile_name(profile), p["description"],
+                                  key)
 
     def test_the_panels_the_issue_asks_for(self):
         exprs = "\n".join(t["expr"] for _, t in self.targets)
@@ -198,11 +210,30 @@ class Dashboard(unittest.TestCase):
                      "tokenmeter_client_dropped_events_total",
                      "tokenmeter_scrape_duration_seconds", "up{"):
             self.assertIn(name, exprs)
+        # Per tenant (the request label of --request-label tenant) and per
+        # LoRA adapter set (lora_requests_info), in every profile.
+        for h in ("time_to_first_token_seconds",
+                  "e2e_request_latency_seconds"):
+            for q in ("0.5", "0.99"):
+                self.assertIn(f"histogram_quantile({q}, sum by (tenant, le) "
+                              f"(rate(${{namespace}}:{h}_bucket", exprs)
+        self.assertIn("sum by (tenant) (rate(${namespace}:"
+                      "generation_tokens_total", exprs)
+        for label in ("running_lora_adapters", "waiting_lora_adapters"):
+            self.assertIn(f"count by ({label}) (${{namespace}}:"
+                          "lora_requests_info", exprs)
         # Aggregation over hosts and engines: no engine series plotted raw.
         for p, t in self.targets:
             self.assertRegex(t["expr"], r"^(histogram_quantile|sum|max|avg|"
+                             r"count|time\(\) - max|"
                              r"1 \+ sum|up|tokenmeter_scrape|scrape_duration|"
                              r"rate\(process|process_)", p["title"])
+
+
+def profile_name(profile):
+    """How a panel description names the engine family of a profile."""
+    return {"vllm": "vLLM", "sglang": "SGLang", "lmdeploy": "LMDeploy"}[
+        profile]
 
 
 class Rules(unittest.TestCase):
@@ -211,22 +242,23 @@ class Rules(unittest.TestCase):
                       if n.endswith((".rules.yml", ".alerts.yml")))
 
     def test_rule_files_present(self):
+        # No recording rules for LMDeploy's names any more: the lmdeploy
+        # profile exposes them.
         self.assertEqual(self.rule_files(),
-                         ["lmdeploy-compat.rules.yml", "tokenmeter.alerts.yml",
-                          "tokenmeter.rules.yml"])
+                         ["tokenmeter.alerts.yml", "tokenmeter.rules.yml"])
 
     def test_every_series_named_exists_in_the_catalog(self):
-        engine, daemon = catalog()
-        engine_series = set()
-        for name, kind in engine.items():
-            engine_series |= series_names(name, kind)
+        engine_series, _, daemon = catalog()
         for fname in self.rule_files():
             with open(os.path.join(DOCS_PROM, fname)) as f:
                 text = f.read()
-            for name in re.findall(r'\[\^:\]\+:(\w+)"', text):
+            names = re.findall(r'\[\^:\]\+:(\w+)"', text)
+            self.assertTrue(names or "alerts" in fname, fname)
+            for name in names:
                 self.assertIn(name, engine_series, fname)
-            for name in re.findall(r"expr: lmdeploy:(\w+)", text):
-                self.assertIn(name, engine_series, fname)
+            # No selector names one engine family: rules match them all.
+            self.assertNotRegex(text, r"\b(vllm|sglang|lmdeploy):\w+[{\[ )]",
+                                fname)
             for name in re.findall(r"\b(tokenmeter_\w+)\{", text):
                 self.assertIn(name, daemon, fname)
 

@@ -1,39 +1,55 @@
 #!/usr/bin/python3
-"""The monitoring stack of docs/ proven on a live Prometheus.
+"""The monitoring stack of docs/ proven on a live Prometheus, for every
+naming profile.
 
-Two tokenmeterd daemons (two "hosts") on temp sockets and loopback ports
-are fed by the reference engine (tokenmeter-engine, namespace
-tokenmeter_engine) and by simulated engines that introduce themselves as
-vllm and lmdeploy (sim_engine.py). Debian's /usr/bin/prometheus runs on
+Two tokenmeterd daemons (two "hosts", both with --request-label tenant, the
+second also with --legacy-names) on temp sockets and loopback ports are fed
+by the reference engine (tokenmeter-engine: the vllm profile under
+namespace tokenmeter_engine, with LoRA adapters and tenants) and by
+simulated engines (sim_engine.py) that introduce themselves as vllm,
+lmdeploy (profile auto) and sglang (profile auto on one host, HELLO
+profile "sglang" from an engine of another name on the other), with
+cache_config, max_lora, LoRA adapters and tenant labels. One environment
+serves the whole script: Debian's /usr/bin/prometheus runs twice on
 docs/prometheus/prometheus.yml itself, with only the targets rewritten to
-the test daemons (a third target is a dead port), the intervals set to 1 s,
-and the rule files of docs/prometheus/ beside it. Then, through the HTTP
-API, every query must succeed and return data:
+the test daemons (a third target is a dead port) and the intervals set to
+1 s: once with the rule files of docs/prometheus/ beside it (class
+LivePrometheus), once with no rule file at all (class PeerDashboards).
+Then, through the HTTP API, every query must succeed and return data:
 
 * every target expression of docs/grafana/tokenmeter.json, for every engine
-  family the dashboard's namespace variable finds, with the other variables
-  set as Grafana would set them: "All", and explicit selections (regex
-  escaped the way Grafana escapes them);
+  family (tokenmeter_engine, vllm, sglang, lmdeploy), with the other
+  variables set as Grafana would set them: "All", and explicit selections
+  (regex escaped the way Grafana escapes them); the targets of a quantity
+  an engine family does not export (profiles.NOT_EXPORTED) must return
+  nothing instead;
 * every variable query of the dashboard;
-* every recording rule (its expression and its recorded series), with every
-  rule, recording or alerting, loaded and evaluated without error;
+* every recording rule (its expression and its recorded series) for each
+  engine family that has its quantity, with every rule, recording or
+  alerting, loaded and evaluated without error;
 * the alerts whose conditions the feeds create (ingest errors, client
-  drops, KV cache near full, daemon down);
-* (class PeerDashboards, its own meson test, skipped without the peers
-  directory beside the repository) every expression of vLLM's dashboard
+  drops, KV cache near full in the lmdeploy and the sglang family, daemon
+  down);
+* the router series' values: cache_config_info as each engine sent it,
+  lora_requests_info one series per engine series whose adapter sets are
+  the engine's (checked exactly while a simulated engine is paused), and
+  the per-tenant request counts;
+* the federation matchers of docs/prometheus/global.yml;
+* (class PeerDashboards, no rule files) every expression of SGLang's
+  example dashboard (tests/data/peers/sglang/), and, when the peers
+  directory beside the repository is there, of vLLM's
   (shared/peers/vllm/grafana-exprs.txt) and of LMDeploy's
-  (shared/peers/lmdeploy/lmdeploy-dashboard.json, through
-  docs/prometheus/lmdeploy-compat.rules.yml);
-* the federation matchers of docs/prometheus/global.yml.
+  (shared/peers/lmdeploy/lmdeploy-dashboard.json), unchanged.
 
 "Data" means a non-empty result with at least one finite value. The one
 exception is speculative decoding in the tokenmeter_engine family: the
 reference engine does not speculate, so those panels are empty or NaN for
-it (they are proven on the vllm and lmdeploy families).
+it (they are proven on the other families).
 
 Exits 77 (skipped) when /usr/bin/prometheus is not installed
 (scripts/install-deps.sh installs Debian's prometheus package).
 """
+import hashlib
 import json
 import math
 import os
@@ -54,6 +70,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "testutil"))
 import tokenmeter_testutil as tu  # noqa: E402
+import profiles  # noqa: E402
 from sim_engine import SimEngine  # noqa: E402
 
 SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
@@ -64,6 +81,7 @@ ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 PEERS = tu.peers_dir()
 DOCS_PROM = os.path.join(SRC, "docs", "prometheus")
 DASHBOARD = os.path.join(SRC, "docs", "grafana", "tokenmeter.json")
+SGLANG_DIR = os.path.join(SRC, "tests", "data", "peers", "sglang")
 
 # Grafana's built-in intervals. With a 1 s scrape interval Grafana's
 # $__rate_interval would be at least 4 s; 15 s keeps several points in
@@ -72,7 +90,13 @@ BUILTINS = {"__rate_interval": "15s", "__interval": "5s", "__range": "1m"}
 
 VLLM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 LMDEPLOY_MODEL = "internlm/internlm2_5-7b-chat"
-NAMESPACES = {"tokenmeter_engine", "vllm", "lmdeploy"}
+SGLANG_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+NAMESPACES = {"tokenmeter_engine", "vllm", "sglang", "lmdeploy"}
+TENANTS = ("acme", "globex", "initech")
+LORAS = ("sql-lora", "chat-lora", "code-lora")
+# The reference engine's: --lora-adapters 4 --max-lora 2, --tenants 3.
+ENGINE_LORAS = tuple(f"lora-{i}" for i in range(4))
+ENGINE_TENANTS = tuple(f"tenant-{i}" for i in range(3))
 
 
 def prometheus_regular_escape(v):
@@ -128,107 +152,48 @@ def finite_values(data):
     return [float(v) for v in vals if math.isfinite(float(v))]
 
 
-class Env:
-    """Daemons, feeds and Prometheus for the whole test class."""
+class Prometheus:
+    """One /usr/bin/prometheus on a config text, its API on a free port
+    (a start that loses its port to another process is retried)."""
 
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="tm-mon-", dir="/tmp")
-        self.procs = []
-        self.sims = []
-        self.daemons = []
-        self.prom = None
-        self.uses_engine = bool(ENGINE) and os.access(ENGINE, os.X_OK)
-        for _ in range(2):
-            d = tu.Daemon("--log-interval", "0", binary=DAEMON)
-            self.daemons.append(d)
-            d.start()
-        a, b = self.daemons
-        if self.uses_engine:
-            for i, d in enumerate(self.daemons):
-                with open(os.path.join(self.dir, f"engine{i}.log"),
-                          "wb") as log:
-                    self.procs.append(subprocess.Popen(
-                        [ENGINE, "--requests", "5000", "--rate", "25",
-                         "--backend", "cpu", "--kv-blocks", "256",
-                         "--shared-prefix", "0.5", "--seed", str(7 + i),
-                         "--metrics-socket", d.sock, "--quiet"],
-                        stdout=subprocess.DEVNULL, stderr=log))
-        else:
-            # TODO(engine): only while tokenmeter-engine is not built.
-            for i, d in enumerate(self.daemons):
-                self.sims.append(SimEngine(d.sock, "tokenmeter-engine",
-                                           "tokenmeter-tiny", spec_tokens=0,
-                                           arrival_rate=20, seed=10 + i))
-        self.sims += [
-            SimEngine(a.sock, "vllm", VLLM_MODEL, "0", seed=1),
-            SimEngine(b.sock, "vllm", VLLM_MODEL, "0", seed=2,
-                      drops_per_s=5),
-            SimEngine(b.sock, "lmdeploy", LMDEPLOY_MODEL, "0", seed=3,
-                      kv_floor=0.97),
-        ]
-        for s in self.sims:
-            s.start()
-        self.targets = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
-        self.dead_target = f"127.0.0.1:{free_port()}"
-        self.start_prometheus()
+    def __init__(self, workdir, config, rule_files):
+        self.workdir = workdir
+        self.config = config
+        self.rule_files = rule_files
+        self.proc = None
+        self.attempt = 0
 
-    # -- Prometheus ---------------------------------------------------------
-    def start_prometheus(self):
-        with open(os.path.join(DOCS_PROM, "prometheus.yml")) as f:
-            text = f.read()
-        text, n1 = re.subn(r"scrape_interval: 15s", "scrape_interval: 1s", text)
-        text, n2 = re.subn(r"evaluation_interval: 15s",
-                           "evaluation_interval: 1s", text)
-        assert (n1, n2) == (1, 1), "intervals not found in prometheus.yml"
-        hosts = re.findall(r"gpu-node-\d+:10062", text)
-        assert len(hosts) >= 2, "prometheus.yml lists fewer than 2 hosts"
-        mapping = dict(zip(hosts, self.targets + [self.dead_target] * 99))
-        text = re.sub(r"gpu-node-\d+:10062", lambda m: mapping[m.group(0)],
-                      text)
-        for attempt in range(3):
-            self.prom_port = free_port()
-            conf = text.replace("localhost:9090",
-                                f"127.0.0.1:{self.prom_port}")
-            pdir = os.path.join(self.dir, f"prom{attempt}")
-            os.makedirs(pdir)
-            with open(os.path.join(pdir, "prometheus.yml"), "w") as f:
-                f.write(conf)
-            for name in os.listdir(DOCS_PROM):
-                if name.endswith((".rules.yml", ".alerts.yml")):
-                    shutil.copy(os.path.join(DOCS_PROM, name), pdir)
-            self.prom, self.prom_log = tu.start_prometheus(
-                PROMETHEUS, pdir, self.prom_port)
-            if self.wait_prometheus_ready():
-                return
-            self.prom.kill()
-            self.prom.wait()
-        raise AssertionError("prometheus did not start: " + self.prom_tail())
+    def start(self):
+        self.port = free_port()
+        conf = self.config.replace("localhost:9090", f"127.0.0.1:{self.port}")
+        pdir = os.path.join(self.workdir, f"try{self.attempt}")
+        self.attempt += 1
+        os.makedirs(pdir)
+        with open(os.path.join(pdir, "prometheus.yml"), "w") as f:
+            f.write(conf)
+        for path in self.rule_files:
+            shutil.copy(path, pdir)
+        self.proc, self.log = tu.start_prometheus(PROMETHEUS, pdir, self.port)
 
-    def prom_tail(self):
+    def wait_ready(self, timeout=30):
+        """Once /-/ready answers 200; restarts on another port (3 tries in
+        all) when Prometheus exits, e.g. because its port was taken."""
+        while not tu.wait_prometheus_ready(self.proc, self.port, timeout):
+            self.proc.wait()
+            if self.attempt >= 3:
+                raise AssertionError("prometheus did not start: " +
+                                     self.tail())
+            self.start()
+
+    def tail(self):
         try:
-            with open(self.prom_log, errors="replace") as f:
+            with open(self.log, errors="replace") as f:
                 return f.read()[-3000:]
         except OSError:
             return ""
 
-    def wait_prometheus_ready(self, timeout=30):
-        """True once /-/ready answers 200; False if Prometheus exits (e.g.
-        its port was taken)."""
-        def ready():
-            if self.prom.poll() is not None:
-                return "exited"
-            try:
-                with urllib.request.urlopen(
-                        f"http://127.0.0.1:{self.prom_port}/-/ready",
-                        timeout=2) as r:
-                    return "ready" if r.status == 200 else None
-            except (urllib.error.URLError, OSError):
-                return None
-        return tu.poll_until(ready, timeout=timeout, interval=0.1,
-                             what="prometheus /-/ready") == "ready"
-
     def api(self, path, params=None, post=True):
-        url = f"http://127.0.0.1:{self.prom_port}{path}"
+        url = f"http://127.0.0.1:{self.port}{path}"
         data = urllib.parse.urlencode(params or {}, doseq=True)
         if post:
             req = urllib.request.Request(url, data=data.encode())
@@ -249,17 +214,131 @@ class Env:
             params["time"] = f"{t:.3f}"
         return self.api("/api/v1/query", params)
 
+    def vector(self, expr):
+        """An instant query's result: [(labels, float value)]."""
+        r = self.query(expr)
+        assert r.get("status") == "success", (expr, r)
+        return [(x["metric"], float(x["value"][1]))
+                for x in r["data"]["result"]]
+
+    def close(self):
+        tu.stop_process(self.proc)
+
+
+class Env:
+    """Daemons, feeds and the two Prometheus servers of the whole script."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tm-mon-", dir="/tmp")
+        self.started_unix = time.time()
+        self.procs = []
+        self.sims = []
+        self.daemons = []
+        self.proms = {}
+        self.uses_engine = bool(ENGINE) and os.access(ENGINE, os.X_OK)
+        for extra in ((), ("--legacy-names",)):
+            d = tu.Daemon("--log-interval", "0", "--request-label", "tenant",
+                          *extra, binary=DAEMON)
+            self.daemons.append(d)
+            d.start()
+        a, b = self.daemons
+        if self.uses_engine:
+            for i, d in enumerate(self.daemons):
+                with open(os.path.join(self.dir, f"engine{i}.log"),
+                          "wb") as log:
+                    self.procs.append(subprocess.Popen(
+                        [ENGINE, "--requests", "5000", "--rate", "25",
+                         "--backend", "cpu", "--kv-blocks", "256",
+                         "--shared-prefix", "0.5", "--seed", str(7 + i),
+                         "--lora-adapters", "4", "--max-lora", "2",
+                         "--metrics-socket", d.sock, "--quiet"],
+                        stdout=subprocess.DEVNULL, stderr=log))
+            self.engine_loras = ENGINE_LORAS
+            self.engine_tenants = ENGINE_TENANTS
+        else:
+            # TODO(engine): only while tokenmeter-engine is not built.
+            for i, d in enumerate(self.daemons):
+                self.sims.append(SimEngine(
+                    d.sock, "tokenmeter-engine", "tokenmeter-tiny",
+                    spec_tokens=0, arrival_rate=20, seed=10 + i,
+                    cache_config={"block_size": 16, "num_gpu_blocks": 256,
+                                  "enable_prefix_caching": True},
+                    max_lora=2, loras=ENGINE_LORAS, tenants=ENGINE_TENANTS))
+            self.engine_loras = ENGINE_LORAS
+            self.engine_tenants = ENGINE_TENANTS
+        # The engines whose state the tests read (name -> sim, its host).
+        self.vllm = SimEngine(
+            a.sock, "vllm", VLLM_MODEL, "0", seed=1, profile="vllm",
+            cache_config={"block_size": 16, "num_gpu_blocks": 2048,
+                          "enable_prefix_caching": True},
+            max_lora=2, loras=LORAS, tenants=TENANTS)
+        self.lmdeploy = SimEngine(
+            b.sock, "lmdeploy", LMDEPLOY_MODEL, "0", seed=3, kv_floor=0.97,
+            cache_config={"block_size": 64, "num_gpu_blocks": 4096},
+            max_lora=2, loras=LORAS, tenants=TENANTS)
+        self.sglang = SimEngine(
+            a.sock, "sglang", SGLANG_MODEL, "0", seed=4, kv_floor=0.97,
+            cache_config={"page_size": 1, "num_pages": 65536},
+            max_lora=2, loras=LORAS, tenants=TENANTS, untenanted=0.25)
+        self.sims += [
+            self.vllm,
+            # No 1.1 HELLO keys: lora_requests_info with max_lora "0" and
+            # empty sets, no cache_config_info.
+            SimEngine(b.sock, "vllm", VLLM_MODEL, "0", seed=2,
+                      drops_per_s=5, tenants=TENANTS),
+            self.lmdeploy,
+            self.sglang,
+            # The sglang profile chosen by HELLO, for an engine of another
+            # name.
+            SimEngine(b.sock, "sglang-fork", SGLANG_MODEL, "0", seed=5,
+                      profile="sglang",
+                      cache_config={"page_size": 16, "num_pages": 4096},
+                      tenants=TENANTS, untenanted=0.25),
+        ]
+        for s in self.sims:
+            s.start()
+        self.targets = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
+        self.host = {self.vllm: self.targets[0],
+                     self.lmdeploy: self.targets[1],
+                     self.sglang: self.targets[0]}
+        self.daemon_of = {self.vllm: a, self.lmdeploy: b, self.sglang: a}
+        self.dead_target = f"127.0.0.1:{free_port()}"
+        self.start_prometheus()
+
+    # -- Prometheus ---------------------------------------------------------
+    def start_prometheus(self):
+        with open(os.path.join(DOCS_PROM, "prometheus.yml")) as f:
+            text = f.read()
+        text, n1 = re.subn(r"scrape_interval: 15s", "scrape_interval: 1s", text)
+        text, n2 = re.subn(r"evaluation_interval: 15s",
+                           "evaluation_interval: 1s", text)
+        assert (n1, n2) == (1, 1), "intervals not found in prometheus.yml"
+        hosts = re.findall(r"gpu-node-\d+:10062", text)
+        assert len(hosts) >= 2, "prometheus.yml lists fewer than 2 hosts"
+        mapping = dict(zip(hosts, self.targets + [self.dead_target] * 99))
+        text = re.sub(r"gpu-node-\d+:10062", lambda m: mapping[m.group(0)],
+                      text)
+        bare, n3 = re.subn(r"^rule_files:\n(?:[ #].*\n)+", "rule_files: []\n",
+                           text, flags=re.M)
+        assert n3 == 1, "rule_files not found in prometheus.yml"
+        rule_files = [os.path.join(DOCS_PROM, n)
+                      for n in sorted(os.listdir(DOCS_PROM))
+                      if n.endswith((".rules.yml", ".alerts.yml"))]
+        for name, conf, rules in (("rules", text, rule_files),
+                                  ("bare", bare, [])):
+            prom = Prometheus(os.path.join(self.dir, name), conf, rules)
+            self.proms[name] = prom
+            prom.start()
+        for prom in self.proms.values():
+            prom.wait_ready()
+
     def close(self):
         for s in self.sims:
             s.stop()
-        for p in self.procs + ([self.prom] if self.prom else []):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        for p in self.procs:
+            tu.stop_process(p)
+        for prom in self.proms.values():
+            prom.close()
         for d in self.daemons:
             d.stop()
             d.cleanup()
@@ -277,80 +356,109 @@ def poll(what, predicate, timeout=60, interval=0.5):
                   what=f"{what} (missing: {last})")
 
 
-class LiveBase(unittest.TestCase):
-    """The Env of one class's tests, and the helpers (no tests here)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.env = env = Env()
-        try:
-            cls.wait_for_data()
-        except BaseException:
-            env.close()
-            raise
-        with open(DASHBOARD) as f:
-            cls.dashboard = json.load(f)
-
-    @classmethod
-    def tearDownClass(cls):
-        for s in cls.env.sims:
-            if s.error:
-                print(f"sim engine error: {s.error!r}", file=sys.stderr)
-        cls.env.close()
-
-    @classmethod
-    def wait_for_data(cls):
-        env = cls.env
-
-        def targets_scraped():
-            r = env.api("/api/v1/targets", post=False)
+def wait_for_data(env):
+    def targets_scraped():
+        out = {}
+        for name, prom in env.proms.items():
+            r = prom.api("/api/v1/targets", post=False)
             health = {t["labels"]["instance"]: t["health"]
                       for t in r["data"]["activeTargets"]
                       if t["labels"]["job"] == "tokenmeter"}
             want = {t: "up" for t in env.targets}
             want[env.dead_target] = "down"
-            return health == want or health
-        poll("targets scraped", targets_scraped)
-        # Scraped once, so an ingest error from now on shows as an increase.
-        s = env.daemons[0].connect()
-        s.sendall(b"\xc1")
-        s.close()
+            if health != want:
+                out[name] = health
+        return not out or out
+    poll("targets scraped", targets_scraped)
+    # Scraped once, so an ingest error from now on shows as an increase.
+    s = env.daemons[0].connect()
+    s.sendall(b"\xc1")
+    s.close()
 
-        def enough_points():
-            out = {}
+    def enough_points():
+        out = {}
+        for name, prom in env.proms.items():
             for ns in NAMESPACES:
-                r = env.query("min(count_over_time("
-                              f"{ns}:generation_tokens_total[15s]))")
+                r = prom.query("min(count_over_time("
+                               f"{ns}:generation_tokens_total[15s]))")
                 res = r["data"]["result"]
-                out[ns] = res[0]["value"][1] if res else None
-            ok = all(v is not None and float(v) >= 6 for v in out.values())
-            return ok or out
-        poll("6 scrapes of every engine family", enough_points)
+                v = res[0]["value"][1] if res else None
+                if v is None or float(v) < 6:
+                    out[f"{name} {ns}"] = v
+        return not out or out
+    poll("6 scrapes of every engine family", enough_points)
 
-        def rules_evaluated():
-            r = env.api("/api/v1/rules", post=False)
-            bad = [(rule["name"], rule["health"], rule.get("lastError"))
-                   for g in r["data"]["groups"] for rule in g["rules"]
-                   if rule["health"] != "ok"]
-            return not bad or bad
-        poll("every rule evaluated", rules_evaluated)
+    def rules_evaluated():
+        r = env.proms["rules"].api("/api/v1/rules", post=False)
+        bad = [(rule["name"], rule["health"], rule.get("lastError"))
+               for g in r["data"]["groups"] for rule in g["rules"]
+               if rule["health"] != "ok"]
+        return not bad or bad
+    poll("every rule evaluated", rules_evaluated)
+
+
+_ENV = []
+
+
+def shared_env():
+    """The one Env of this script, started by the first class that needs
+    it and stopped by tearDownModule."""
+    if not _ENV:
+        env = Env()
+        try:
+            wait_for_data(env)
+        except BaseException:
+            env.close()
+            raise
+        _ENV.append(env)
+    return _ENV[0]
+
+
+def tearDownModule():  # noqa: N802 (unittest's name)
+    for env in _ENV:
+        for s in env.sims:
+            if s.error:
+                print(f"sim engine error: {s.error!r}", file=sys.stderr)
+        env.close()
+    _ENV.clear()
+
+
+class LiveBase(unittest.TestCase):
+    """The shared Env and one of its Prometheus servers, and the helpers
+    (no tests here)."""
+
+    PROM = None  # "rules" or "bare"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.env = shared_env()
+        cls.prom = cls.env.proms[cls.PROM]
+        with open(DASHBOARD) as f:
+            cls.dashboard = json.load(f)
 
     # -- helpers --------------------------------------------------------------
-    def evaluate(self, exprs, allow_no_data=lambda key: False, rounds=3):
+    def evaluate(self, exprs, allow_no_data=lambda key: False,
+                 expect_empty=(), rounds=3):
         """exprs: {key: promql}. Queries all at one instant (in parallel);
         retries the ones without data a few times (a window may fall
-        between two finished requests on a loaded machine). Returns the
-        keys that returned no data but were allowed to."""
+        between two finished requests on a loaded machine). The keys of
+        expect_empty must return an empty result instead. Returns the keys
+        that returned no data but were allowed to."""
         pending = dict(exprs)
         failures = {}
+        expect_empty = set(expect_empty)
         for attempt in range(rounds):
             t = time.time()
 
             def run(item):
                 key, expr = item
-                r = self.env.query(expr, t)
+                r = self.prom.query(expr, t)
                 if r.get("status") != "success":
                     return key, f"error: {r.get('error')}"
+                if key in expect_empty:
+                    return key, (None if not r["data"]["result"] else
+                                 f"data where none was expected: "
+                                 f"{r['data']['result'][:3]}")
                 if not r["data"]["result"]:
                     return key, "empty result"
                 if not finite_values(r["data"]):
@@ -360,7 +468,7 @@ class LiveBase(unittest.TestCase):
                 results = list(pool.map(run, pending.items()))
             failures = {k: why for k, why in results if why}
             errors = {k: w for k, w in failures.items()
-                      if w.startswith("error")}
+                      if w.startswith(("error", "data where"))}
             if errors:
                 self.fail("queries failed:\n" + "\n".join(
                     f"{k}: {w}\n  {pending[k]}" for k, w in errors.items()))
@@ -375,9 +483,6 @@ class LiveBase(unittest.TestCase):
                 f"{k}: {failures[k]}\n  {pending[k]}" for k in pending))
         return allowed
 
-    def variables(self):
-        return {v["name"]: v for v in self.dashboard["templating"]["list"]}
-
     def resolve_variable(self, var, values, t):
         """Runs a query variable the way Grafana's Prometheus data source
         does and applies its regex; returns the option values."""
@@ -388,13 +493,13 @@ class LiveBase(unittest.TestCase):
         self.assertTrue(m, f"unsupported variable query {q!r}")
         selector, label = m.groups()
         if selector:
-            r = self.env.api("/api/v1/series", {
+            r = self.prom.api("/api/v1/series", {
                 "match[]": selector, "start": f"{t - 3600:.3f}",
                 "end": f"{t:.3f}"})
             self.assertEqual(r.get("status"), "success", (q, r))
             found = {s[label] for s in r["data"] if label in s}
         else:
-            r = self.env.api(f"/api/v1/label/{label}/values", post=False)
+            r = self.prom.api(f"/api/v1/label/{label}/values", post=False)
             found = set(r["data"])
         rx = var.get("regex")
         if rx:
@@ -408,18 +513,23 @@ class LiveBase(unittest.TestCase):
             found = out
         return sorted(found)
 
-    def dashboard_targets(self):
-        for p in self.dashboard["panels"]:
+    @staticmethod
+    def panel_targets(dashboard):
+        for p in dashboard["panels"]:
             for t in p.get("targets", []):
                 yield p["title"], t["refId"], t["expr"]
 
+    def dashboard_targets(self):
+        return self.panel_targets(self.dashboard)
 
 
 class LivePrometheus(LiveBase):
-    """Everything that needs nothing from outside the repository."""
+    """The project's dashboard, rules and alerts, with every rule file."""
+
+    PROM = "rules"
 
     def test_targets_health_matches_the_hosts(self):
-        r = self.env.query('up{job="tokenmeter"}')
+        r = self.prom.query('up{job="tokenmeter"}')
         up = {x["metric"]["instance"]: x["value"][1]
               for x in r["data"]["result"]}
         want = {t: "1" for t in self.env.targets}
@@ -427,7 +537,7 @@ class LivePrometheus(LiveBase):
         self.assertEqual(up, want)
 
     def test_every_rule_file_loaded_and_every_rule_healthy(self):
-        r = self.env.api("/api/v1/rules", post=False)
+        r = self.prom.api("/api/v1/rules", post=False)
         rules = [rule for g in r["data"]["groups"] for rule in g["rules"]]
         expected = 0
         for name in os.listdir(DOCS_PROM):
@@ -441,8 +551,21 @@ class LivePrometheus(LiveBase):
             self.assertEqual((rule["name"], rule["health"]),
                              (rule["name"], "ok"), rule.get("lastError"))
 
-    def test_every_recording_rule_returns_data(self):
-        r = self.env.api("/api/v1/rules", {"type": "record"}, post=False)
+    # The engine families each recorded series has no finite value for:
+    # what the family's profile does not export (tokenmeter.rules.yml's
+    # header), and speculative decoding for the reference engine.
+    RULE_GAPS = {
+        "request_prefill_time_seconds:": {"sglang"},
+        "request_decode_time_seconds:": {"sglang"},
+        "request_inference_time_seconds:": {"sglang"},
+        "request_success:": {"sglang"},
+        "num_preemptions:": {"sglang", "lmdeploy"},
+        "prefix_cache_hit_ratio:": {"lmdeploy"},
+        "spec_decode_": {"tokenmeter_engine"},
+    }
+
+    def test_every_recording_rule_returns_data_for_each_family(self):
+        r = self.prom.api("/api/v1/rules", {"type": "record"}, post=False)
         rules = [rule for g in r["data"]["groups"] for rule in g["rules"]
                  if rule["type"] == "recording"]
         exprs = {}
@@ -450,11 +573,32 @@ class LivePrometheus(LiveBase):
             exprs[f"expr of {rule['name']}"] = rule["query"]
             exprs[f"recorded {rule['name']}"] = rule["name"]
         self.evaluate(exprs)
+        # Per engine family: finite values (x == x drops NaN) for every
+        # family whose profile has the quantity, and only for those.
+        wrong = {}
+        for rule in rules:
+            name = rule["name"]
+            gaps = set().union(*(v for k, v in self.RULE_GAPS.items()
+                                 if name.startswith("namespace_model:" + k)))
+            want = NAMESPACES - gaps
+
+            def families():
+                got = {m["metric_namespace"] for m, _ in self.prom.vector(
+                    f"count by (metric_namespace) ({name} == {name})")}
+                return got == want or got
+            try:
+                poll(name, families, timeout=20, interval=1)
+            except AssertionError as e:
+                wrong[name] = str(e)
+        self.assertFalse(wrong, "\n".join(f"{k}: {v}" for k, v in
+                                          wrong.items()))
         print(f"\nrecording rules: {len(rules)} rules, each expression and "
-              "recorded series returned data", file=sys.stderr)
+              "recorded series returned data, for every engine family with "
+              "the quantity", file=sys.stderr)
 
     def test_every_dashboard_variable_and_expression_returns_data(self):
-        variables = self.variables()
+        variables = {v["name"]: v for v in
+                     self.dashboard["templating"]["list"]}
         t = time.time()
         jobs = self.resolve_variable(variables["job"], {}, t)
         self.assertEqual(jobs, ["tokenmeter"])
@@ -462,7 +606,9 @@ class LivePrometheus(LiveBase):
         namespaces = self.resolve_variable(variables["namespace"], values, t)
         self.assertTrue(NAMESPACES <= set(namespaces), namespaces)
         exprs = {}
+        empty = set()
         for ns in sorted(NAMESPACES):
+            missing = profiles.NOT_EXPORTED[profiles.profile_of(ns)]
             vals = dict(values, namespace=format_var(variables["namespace"],
                                                      [ns]))
             instances = self.resolve_variable(variables["instance"], vals, t)
@@ -485,8 +631,10 @@ class LivePrometheus(LiveBase):
                     variables["engine"],
                     None if mode == "all" else engines)
                 for title, ref, expr in self.dashboard_targets():
-                    exprs[f"[{ns}, {mode}] {title} / {ref}"] = \
-                        interpolate(expr, v)
+                    key = f"[{ns}, {mode}] {title} / {ref}"
+                    exprs[key] = interpolate(expr, v)
+                    if (title, ref) in missing:
+                        empty.add(key)
         for e in exprs.values():
             self.assertNotIn("$", e)
 
@@ -495,13 +643,16 @@ class LivePrometheus(LiveBase):
             # stand-in).
             return (key.startswith("[tokenmeter_engine")
                     and "spec_decode" in exprs[key])
-        no_data = self.evaluate(exprs, allowed)
+        no_data = self.evaluate(exprs, allowed, expect_empty=empty)
         n_targets = len(list(self.dashboard_targets()))
+        n_data = len(exprs) - len(no_data) - len(empty)
         print(f"\ndashboard: {n_targets} target expressions x "
               f"{len(NAMESPACES)} engine families x 2 variable selections "
-              f"= {len(exprs)} queries; {len(exprs) - len(no_data)} returned "
-              f"data; without data as expected (the reference engine does "
-              f"not speculate): {len(no_data)}", file=sys.stderr)
+              f"= {len(exprs)} queries; {n_data}"
+              f" returned data; empty as expected, the family exports no "
+              f"such series (profiles.NOT_EXPORTED): {len(empty)}; without "
+              f"data as expected (the reference engine does not speculate): "
+              f"{len(no_data)}", file=sys.stderr)
         for k in no_data:
             print("  " + k, file=sys.stderr)
         self.assertLessEqual(len(no_data), 2 * 3)
@@ -514,13 +665,18 @@ class LivePrometheus(LiveBase):
                                         "reason": "invalid_msgpack"}),
             ("TokenmeterClientDroppedEvents", {"instance": b,
                                                "engine_family": "vllm"}),
+            # The KV-cache alert through each profile's own gauge:
+            # lmdeploy:gpu_cache_usage_perc, sglang:token_usage.
             ("TokenmeterKVCacheNearFull", {"instance": b,
                                            "metric_namespace": "lmdeploy"}),
+            ("TokenmeterKVCacheNearFull", {"instance": a,
+                                           "metric_namespace": "sglang"}),
             ("TokenmeterDaemonDown", {"instance": env.dead_target}),
         ]
 
         def present():
-            alerts = env.api("/api/v1/alerts", post=False)["data"]["alerts"]
+            alerts = self.prom.api("/api/v1/alerts",
+                                   post=False)["data"]["alerts"]
             missing = []
             for name, labels in expected:
                 if not any(al["labels"].get("alertname") == name
@@ -528,7 +684,7 @@ class LivePrometheus(LiveBase):
                            and all(al["labels"].get(k) == v
                                    for k, v in labels.items())
                            for al in alerts):
-                    missing.append(name)
+                    missing.append((name, labels))
             return not missing or missing
         poll("alerts pending or firing", present, timeout=30)
 
@@ -539,29 +695,177 @@ class LivePrometheus(LiveBase):
         matchers = re.findall(r"^\s*- '(.+)'\s*$", block, re.M)
         self.assertEqual(len(matchers), 3, matchers)
         for m in matchers:
-            body = self.env.api("/federate", {"match[]": m}, post=False)
+            body = self.prom.api("/federate", {"match[]": m}, post=False)
             samples = [ln for ln in body.splitlines()
                        if ln and not ln.startswith("#")]
             self.assertTrue(samples, f"/federate match[]={m} returned nothing")
 
+    # -- the router series, by value ----------------------------------------
+    def test_cache_config_info_has_the_values_each_engine_sent(self):
+        env = self.env
+        a, b = env.targets
+
+        def info(ns):
+            out = {}
+            for m, v in self.prom.vector(f'{ns}:cache_config_info'
+                                         '{job="tokenmeter"}'):
+                self.assertEqual(v, 1, m)
+                key = (m["instance"], m["model_name"], m["engine"])
+                self.assertNotIn(key, out, "two cache_config_info series")
+                out[key] = {k: m[k] for k in m if k not in (
+                    "__name__", "job", "instance", "model_name", "engine",
+                    "metric_namespace")}
+            return out
+        self.assertEqual(info("sglang"), {
+            (a, SGLANG_MODEL, "0"): {"page_size": "1", "num_pages": "65536"},
+            (b, SGLANG_MODEL, "0"): {"page_size": "16", "num_pages": "4096"},
+        })
+        # The vllm engine on b sent no cache_config: no series for it.
+        self.assertEqual(info("vllm"), {
+            (a, VLLM_MODEL, "0"): {"block_size": "16",
+                                   "num_gpu_blocks": "2048",
+                                   "enable_prefix_caching": "True"}})
+        self.assertEqual(info("lmdeploy"), {
+            (b, LMDEPLOY_MODEL, "0"): {"block_size": "64",
+                                       "num_gpu_blocks": "4096"}})
+        engine = info("tokenmeter_engine")
+        self.assertEqual({k[0] for k in engine}, set(env.targets))
+        for labels in engine.values():
+            self.assertEqual(labels, {"block_size": "16",
+                                      "num_gpu_blocks": "256",
+                                      "enable_prefix_caching": "True"})
+        # SGLang's own gauges of the same entries (SGLang v0.5.12).
+        for name, want in (("page_size", {a: 1, b: 16}),
+                           ("num_pages", {a: 65536, b: 4096})):
+            got = {m["instance"]: v for m, v in self.prom.vector(
+                f'sglang:{name}{{job="tokenmeter"}}')}
+            self.assertEqual(got, want, name)
+
+    def test_lora_requests_info_is_one_series_per_engine_series(self):
+        env = self.env
+        now = time.time()
+        adapters = {"tokenmeter_engine": set(env.engine_loras),
+                    "vllm": set(LORAS), "sglang": set(LORAS),
+                    "lmdeploy": set(LORAS)}
+        seen_waiting = set()
+        for ns in sorted(NAMESPACES):
+            running = "num_running_reqs" if ns == "sglang" \
+                else "num_requests_running"
+            engines = {(m["instance"], m["model_name"], m["engine"])
+                       for m, _ in self.prom.vector(
+                           f'{ns}:{running}{{job="tokenmeter"}}')}
+            infos = self.prom.vector(
+                f'{ns}:lora_requests_info{{job="tokenmeter"}}')
+            keys = [(m["instance"], m["model_name"], m["engine"])
+                    for m, _ in infos]
+            self.assertEqual(sorted(keys), sorted(engines), ns)
+            for m, v in infos:
+                # The last change: after the daemons started, not later
+                # than now.
+                self.assertGreaterEqual(v, env.started_unix - 1, m)
+                self.assertLessEqual(v, now + 1, m)
+                self.assertIn(m["max_lora"], ("0", "2"), m)
+                for label in ("running_lora_adapters",
+                              "waiting_lora_adapters"):
+                    # Prometheus drops a label whose value is empty.
+                    names = m[label].split(",") if m.get(label) else []
+                    self.assertEqual(names, sorted(set(names)), m)
+                    self.assertLessEqual(set(names), adapters[ns], m)
+                    if m["max_lora"] == "0":
+                        self.assertEqual(names, [], m)
+                if m.get("running_lora_adapters"):
+                    # At most max_lora adapters run at once.
+                    self.assertLessEqual(
+                        len(m["running_lora_adapters"].split(",")),
+                        int(m["max_lora"]), m)
+            # Over the run, some request of the family waited for an
+            # adapter slot (max_lora 2 of 3 or 4 adapters).
+            r = self.prom.vector(
+                f'count(count_over_time({ns}:lora_requests_info'
+                f'{{job="tokenmeter", waiting_lora_adapters!=""}}[1h]))')
+            if r:
+                seen_waiting.add(ns)
+        self.assertTrue(seen_waiting, "no engine ever waited for an adapter")
+        print(f"\nlora_requests_info: one series per engine series in "
+              f"{len(NAMESPACES)} families; requests waited for an adapter "
+              f"in {sorted(seen_waiting)}", file=sys.stderr)
+
+    def test_lora_sets_and_tenant_counts_are_the_engines_own(self):
+        """Each simulated engine, paused between two steps, against its
+        daemon's /metrics: lora_requests_info's sets are the adapters of
+        its running and waiting requests, and the finished requests per
+        tenant are the engine's own count."""
+        env = self.env
+        for sim, ns, finished in (
+                (env.vllm, "vllm", "vllm:request_success_total"),
+                (env.lmdeploy, "lmdeploy", "lmdeploy:request_success_total"),
+                (env.sglang, "sglang", "sglang:num_requests_total")):
+            daemon = env.daemon_of[sim]
+            model = sim.hello["model"]
+            running, waiting = sim.pause()
+            try:
+                want = {"running_lora_adapters": running,
+                        "waiting_lora_adapters": waiting,
+                        "tenants": dict(sim.finished_by_tenant)}
+                last = []
+
+                def same():
+                    samples = daemon.samples()
+                    infos = [dict(ls) for (n, ls) in samples
+                             if n == f"{ns}:lora_requests_info"
+                             and dict(ls)["model_name"] == model]
+                    got = {k: infos[0][k] if len(infos) == 1 else infos
+                           for k in ("running_lora_adapters",
+                                     "waiting_lora_adapters")}
+                    got["tenants"] = {}
+                    for (n, ls), v in samples.items():
+                        ls = dict(ls)
+                        if n == finished and ls["model_name"] == model \
+                                and v:
+                            t = ls["tenant"]
+                            got["tenants"][t] = got["tenants"].get(t, 0) + v
+                    last[:] = [got]
+                    return got == want
+                tu.poll_until(same, timeout=10, interval=0.05,
+                              what=f"{ns} daemon = engine {want} (last "
+                                   f"{last})")
+            finally:
+                sim.resume()
+            self.assertTrue(want["tenants"], ns)
+            print(f"\n{ns} paused: running adapters {running!r}, waiting "
+                  f"{waiting!r}, finished per tenant {want['tenants']}",
+                  file=sys.stderr, end="")
+
 
 class PeerDashboards(LiveBase):
-    """The vLLM and LMDeploy dashboards, from the peers directory beside
-    the repository (PEERS_DIR): skipped, before anything starts, without
-    it."""
+    """Other engines' own dashboards, unchanged, on a Prometheus with no
+    rule file: SGLang's (tests/data/peers/sglang, in the repository), and
+    vLLM's and LMDeploy's from the peers directory beside the repository
+    (PEERS_DIR; their tests skip without it)."""
 
+    PROM = "bare"
     VLLM_EXPRS = os.path.join(PEERS, "vllm", "grafana-exprs.txt")
     LMDEPLOY_DASHBOARD = os.path.join(PEERS, "lmdeploy",
                                       "lmdeploy-dashboard.json")
+    SGLANG_DASHBOARD = os.path.join(SGLANG_DIR, "sglang-dashboard.json")
 
-    @classmethod
-    def setUpClass(cls):
-        tu.need_path(cls.VLLM_EXPRS, "vLLM's dashboard expressions")
-        tu.need_path(cls.LMDEPLOY_DASHBOARD, "LMDeploy's dashboard")
-        super().setUpClass()
+    def test_prometheus_has_no_rule_file(self):
+        r = self.prom.api("/api/v1/rules", post=False)
+        self.assertEqual(r["data"]["groups"], [])
+        # Nothing recorded either: every series name is a scraped one.
+        names = self.prom.api("/api/v1/label/__name__/values",
+                              post=False)["data"]
+        self.assertFalse([n for n in names
+                          if n.startswith("namespace_model:")], names)
+
+    def dashboard_exprs(self, dash, values, prefix):
+        exprs = {}
+        for title, ref, expr in self.panel_targets(dash):
+            exprs[f"{prefix} {title} / {ref}"] = interpolate(expr, values)
+        return exprs
 
     def test_vllm_dashboard_expressions_return_data(self):
-        path = self.VLLM_EXPRS
+        path = tu.need_path(self.VLLM_EXPRS, "vLLM's dashboard expressions")
         with open(path) as f:
             lines = [ln.strip() for ln in f if ln.strip()]
         self.assertGreater(len(lines), 20)
@@ -572,18 +876,44 @@ class PeerDashboards(LiveBase):
               file=sys.stderr)
 
     def test_lmdeploy_dashboard_expressions_return_data(self):
-        path = self.LMDEPLOY_DASHBOARD
+        path = tu.need_path(self.LMDEPLOY_DASHBOARD, "LMDeploy's dashboard")
         with open(path) as f:
             dash = json.load(f)
-        exprs = {}
-        for p in dash["panels"]:
-            for t in p.get("targets", []):
-                exprs[f"lmdeploy {p['title']} / {t['refId']}"] = interpolate(
-                    t["expr"], {"model_name": LMDEPLOY_MODEL})
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        models = self.resolve_variable(variables["model_name"], {},
+                                       time.time())
+        self.assertIn(LMDEPLOY_MODEL, models)
+        exprs = self.dashboard_exprs(
+            dash, {"model_name": format_var(variables["model_name"],
+                                            [LMDEPLOY_MODEL])}, "lmdeploy")
         self.assertGreater(len(exprs), 20)
         self.evaluate(exprs)
-        print(f"\nLMDeploy dashboard: {len(exprs)} expressions returned data",
-              file=sys.stderr)
+        print(f"\nLMDeploy dashboard: {len(exprs)} expressions returned "
+              "data, no rule file loaded", file=sys.stderr)
+
+    def test_sglang_dashboard_expressions_return_data(self):
+        with open(self.SGLANG_DASHBOARD, "rb") as f:
+            raw = f.read()
+        # Unchanged: the bytes the README names.
+        with open(os.path.join(SGLANG_DIR, "README.md")) as f:
+            sha = re.search(r"SHA-256 `([0-9a-f]{64})`", f.read()).group(1)
+        self.assertEqual(hashlib.sha256(raw).hexdigest(), sha)
+        dash = json.loads(raw)
+        variables = {v["name"]: v for v in dash["templating"]["list"]}
+        t = time.time()
+        self.assertIn(SGLANG_MODEL, self.resolve_variable(
+            variables["model_name"], {}, t))
+        self.assertTrue(set(self.env.targets) <= set(self.resolve_variable(
+            variables["instance"], {}, t)))
+        values = {"model_name": format_var(variables["model_name"],
+                                           [SGLANG_MODEL]),
+                  "instance": format_var(variables["instance"],
+                                         self.env.targets[:1])}
+        exprs = self.dashboard_exprs(dash, values, "sglang")
+        self.assertEqual(len(exprs), 14)
+        self.evaluate(exprs)
+        print(f"\nSGLang dashboard: {len(exprs)} expressions returned data, "
+              "no rule file loaded", file=sys.stderr)
 
 
 def main():
