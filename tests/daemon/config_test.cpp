@@ -10,8 +10,12 @@
 
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "daemon/metrics/profile.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -531,6 +535,175 @@ TEST(ConfigTest, AnFdLimitWithNoRoomForConnectionsIsAnError) {
       Contains(s.message(), "is " + std::to_string(5 + kDaemonFdHeadroom + 1)))
       << s.message();
   EXPECT_EQ(c.ingest.max_connections, 1024u);  // unchanged
+}
+
+// ---- 1.1: naming profiles and per-request labels
+// ----------------------------------------------
+
+TEST(ConfigTest, ProfileValues) {
+  EXPECT_FALSE(MustParse({}).ingest.profile.has_value());  // auto
+  EXPECT_FALSE(MustParse({"--profile", "auto"}).ingest.profile.has_value());
+  EXPECT_EQ(MustParse({"--profile", "vllm"}).ingest.profile, Profile::kVllm);
+  EXPECT_EQ(MustParse({"--profile=sglang"}).ingest.profile, Profile::kSglang);
+  EXPECT_EQ(MustParse({"--profile", "lmdeploy"}).ingest.profile,
+            Profile::kLmdeploy);
+  // The last one given wins, auto included.
+  EXPECT_FALSE(MustParse({"--profile", "sglang", "--profile", "auto"})
+                   .ingest.profile.has_value());
+  for (const char* bad : {"", "VLLM", "trtllm", "vllm,sglang", " sglang"}) {
+    SCOPED_TRACE(bad);
+    Config config;
+    const Status s = Parse({"--profile", bad}, &config);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.message(), "--profile: \"" + std::string(bad) +
+                               "\" is not auto, vllm, sglang or lmdeploy");
+  }
+  const TempConfigFile file("profile = lmdeploy\n");
+  EXPECT_EQ(MustParse({"--config", file.path()}).ingest.profile,
+            Profile::kLmdeploy);
+  EXPECT_EQ(
+      MustParse({"--config", file.path(), "--profile", "vllm"}).ingest.profile,
+      Profile::kVllm);
+}
+
+TEST(ConfigTest, LegacyNamesIsASwitch) {
+  EXPECT_FALSE(MustParse({}).registry.legacy_names);
+  EXPECT_TRUE(MustParse({"--legacy-names"}).registry.legacy_names);
+  EXPECT_TRUE(MustParse({"--legacy-names=true"}).registry.legacy_names);
+  EXPECT_FALSE(MustParse({"--legacy-names=false"}).registry.legacy_names);
+  // A switch takes no value: the next argument is a flag of its own.
+  const Config c = MustParse({"--legacy-names", "--max-requests", "5"});
+  EXPECT_TRUE(c.registry.legacy_names);
+  EXPECT_EQ(c.tracker.max_requests, 5u);
+  Config config;
+  Status s = Parse({"--legacy-names", "true"}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "\"true\"")) << s.message();
+  s = Parse({"--legacy-names=maybe"}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "--legacy-names")) << s.message();
+  EXPECT_TRUE(Contains(std::string(UsageText()), "--legacy-names"));
+  EXPECT_TRUE(Contains(std::string(UsageText()), "--profile"));
+  EXPECT_TRUE(Contains(std::string(UsageText()), "--request-label "));
+  EXPECT_TRUE(Contains(std::string(UsageText()), "--request-label-values"));
+}
+
+TEST(ConfigTest, LegacyNamesInTheFileTakesTrueOrFalse) {
+  for (const auto& [line, want] :
+       {std::pair<std::string, bool>{"legacy-names = true\n", true},
+        {"legacy-names=false\n", false},
+        {"legacy-names = yes\n", true},
+        {"legacy-names = 0\n", false}}) {
+    SCOPED_TRACE(line);
+    const TempConfigFile file(line);
+    EXPECT_EQ(MustParse({"--config", file.path()}).registry.legacy_names, want);
+  }
+  const TempConfigFile on("legacy-names = true\n");
+  EXPECT_FALSE(MustParse({"--config", on.path(), "--legacy-names=false"})
+                   .registry.legacy_names);
+  const TempConfigFile bad("\nlegacy-names = on please\n");
+  Config config;
+  const Status s = Parse({"--config", bad.path()}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), bad.path() + ":2:")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "--legacy-names")) << s.message();
+}
+
+TEST(ConfigTest, RequestLabelIsRepeatable) {
+  const Config none = MustParse({});
+  EXPECT_TRUE(none.registry.request_labels.empty());
+  EXPECT_EQ(none.registry.request_label_values, 100u);
+  const Config c =
+      MustParse({"--request-label", "tenant", "--request-label=tier",
+                 "--request-label", "_app", "--request-label", "Region2"});
+  EXPECT_EQ(c.registry.request_labels,
+            (std::vector<std::string>{"tenant", "tier", "_app", "Region2"}));
+  std::unique_ptr<Registry> reg;
+  EXPECT_TRUE(Registry::Create(c.registry, &reg).ok());
+}
+
+TEST(ConfigTest, EveryBadRequestLabelNamesTheFlag) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--request-label", ""},
+      {"--request-label", "1tenant"},
+      {"--request-label", "ten-ant"},
+      {"--request-label", "ten ant"},
+      {"--request-label", "t\xc3\xa9nant"},
+      {"--request-label", "model_name"},       // reserved
+      {"--request-label", "finished_reason"},  // reserved
+      {"--request-label", "max_lora"},         // reserved (1.1)
+      {"--request-label", "__tenant"},         // reserved prefix
+      {"--request-label", "tenant", "--request-label", "tenant"},
+      {"--request-label", "a", "--request-label", "b", "--request-label", "c",
+       "--request-label", "d", "--request-label", "e"},
+  };
+  for (const std::vector<std::string>& args : cases) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    Config config;
+    const Status s = Parse(args, &config);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(Contains(s.message(), "--request-label:")) << s.message();
+  }
+  Config config;
+  EXPECT_TRUE(Contains(
+      Parse({"--request-label", "tenant", "--request-label", "tenant"}, &config)
+          .message(),
+      "twice"));
+  EXPECT_TRUE(Contains(
+      Parse({"--request-label=a", "--request-label=b", "--request-label=c",
+             "--request-label=d", "--request-label=e"},
+            &config)
+          .message(),
+      "at most 4"));
+}
+
+TEST(ConfigTest, CommandLineRequestLabelsReplaceTheFiles) {
+  const TempConfigFile file(
+      "request-label = tenant\nrequest-label = tier\nrequest-label-values = "
+      "7\n");
+  const Config from_file = MustParse({"--config", file.path()});
+  EXPECT_EQ(from_file.registry.request_labels,
+            (std::vector<std::string>{"tenant", "tier"}));
+  EXPECT_EQ(from_file.registry.request_label_values, 7u);
+  // Whatever the order of --config: the command line's list, whole.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--request-label", "app", "--config",
+                                 file.path(), "--request-label", "tier"},
+        std::vector<std::string>{"--config=" + file.path(),
+                                 "--request-label=app",
+                                 "--request-label=tier"}}) {
+    const Config c = MustParse(args);
+    EXPECT_EQ(c.registry.request_labels,
+              (std::vector<std::string>{"app", "tier"}));
+    EXPECT_EQ(c.registry.request_label_values, 7u);
+  }
+  // A file with five is refused at its fifth line.
+  const TempConfigFile five(
+      "request-label = a\nrequest-label = b\nrequest-label = c\n"
+      "request-label = d\nrequest-label = e\n");
+  Config config;
+  const Status s = Parse({"--config", five.path()}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), five.path() + ":5:")) << s.message();
+  // The file is read whole before the command line's list replaces it.
+  EXPECT_FALSE(
+      Parse({"--config", five.path(), "--request-label", "x"}, &config).ok());
+}
+
+TEST(ConfigTest, RequestLabelValuesBounds) {
+  EXPECT_EQ(
+      MustParse({"--request-label-values", "1"}).registry.request_label_values,
+      1u);
+  EXPECT_EQ(
+      MustParse({"--request-label-values=65533"}).registry.request_label_values,
+      65533u);
+  for (const char* bad : {"0", "65534", "-1", "x", "", "1.5", "100k"}) {
+    SCOPED_TRACE(bad);
+    Config config;
+    const Status s = Parse({"--request-label-values", bad}, &config);
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(Contains(s.message(), "--request-label-values")) << s.message();
+  }
 }
 
 }  // namespace

@@ -468,6 +468,55 @@ class LabelCardinality(Base):
         self.assertLess(rss_kib(self.pid) - rss0, 64 * 1024)
 
 
+class RequestLabelCardinality(Base):
+    args = ("--request-label", "tenant", "--request-label-values", "50",
+            "--max-requests", "1000")
+
+    def assert_good_connection_works(self):
+        cls = type(self)
+        cls.good_tokens += 1
+        cls.good.sendall(batch([[4, now(), 1, 1]]))
+        self.d.wait_value("vllm:generation_tokens_total", cls.good_tokens,
+                          model_name="good", engine="0", tenant="")
+
+    def test_distinct_values_beyond_the_cap_are_other(self):
+        rss0 = rss_kib(self.pid)
+        s = self.d.connect()
+        s.sendall(hello(model="tenants"))
+        n = 70_000  # more values than the daemon could ever intern
+        for start in range(0, n, 2000):
+            t = now()
+            events = []
+            for i in range(start, start + 2000):
+                events.append([1, t, i, 10, {"labels": {"tenant": f"t{i}"}}])
+                events.append([5, t, i, "stop"])
+            s.sendall(batch(events))
+        self.d.wait_value("tokenmeter_ingest_events_total", n,
+                          kind="finished")
+        self.assertEqual(self.d.value(
+            "tokenmeter_request_label_overflow_total", label="tenant"),
+            n - 50)
+        text = self.d.metrics_text()
+        values = set(re.findall(
+            r'vllm:request_success_total\{model_name="tenants",engine="0",'
+            r'tenant="([^"]*)"', text))
+        self.assertEqual(len(values), 52)  # 50 values, "" and __other__
+        self.assertIn("__other__", values)
+        self.assertEqual(self.d.value(
+            "vllm:request_success_total", model_name="tenants", engine="0",
+            tenant="__other__", finished_reason="stop"), n - 50)
+        s.close()
+        # Another series still has places of its own.
+        self.good.sendall(batch([[1, now(), 99, 10,
+                                  {"labels": {"tenant": "fresh"}}],
+                                 [5, now(), 99, "stop"]]))
+        self.d.wait_value("vllm:request_success_total", 1,
+                          model_name="good", engine="0", tenant="fresh",
+                          finished_reason="stop")
+        self.assert_good_connection_works()
+        self.assertLess(rss_kib(self.pid) - rss0, 64 * 1024)
+
+
 class ConnectionStorm(Base):
     args = ("--max-connections", "150")
 

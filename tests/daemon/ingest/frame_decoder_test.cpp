@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tokenmeter::daemon {
@@ -33,12 +35,19 @@ Bytes Repeat(size_t n, uint8_t b) { return Bytes(n, b); }
 // ---------------------------------------------------------------------------
 // Recording sink: one log line per callback, and copies of what came.
 
+// An ARRIVED's lora and labels params (Batch::arrivals), copied.
+struct ArrivalCopy {
+  std::string lora;
+  std::vector<std::pair<std::string, std::string>> labels;
+};
+
 struct BatchCopy {
   uint64_t seq = 0;
   uint64_t dropped_total = 0;
   std::vector<Event> events;           // rid.text cleared; see rid_texts
   std::vector<std::string> rid_texts;  // per event, "" for numeric ids
   std::vector<uint64_t> positions;
+  std::vector<ArrivalCopy> arrivals;  // Batch::arrivals, in order
 };
 
 std::string Describe(const Event& e, std::string_view rid_text,
@@ -99,6 +108,12 @@ class RecordingSink : public FrameSink {
       line += " label:" + label.first + "=" + label.second;
     }
     if (hello.has_pid) line += " pid=" + std::to_string(hello.pid);
+    if (!hello.profile.empty()) line += " profile=" + hello.profile;
+    for (const auto& e : hello.cache_config) {
+      line += " cache_config:" + e.key + "=" + e.value;
+    }
+    if (hello.has_max_lora)
+      line += " max_lora=" + std::to_string(hello.max_lora);
     log.push_back(line);
   }
   void OnBatch(const Batch& batch) override {
@@ -106,10 +121,22 @@ class RecordingSink : public FrameSink {
     copy.seq = batch.seq;
     copy.dropped_total = batch.dropped_total;
     copy.positions = batch.positions;
+    for (const ArrivedExtras& x : batch.arrivals) {
+      ArrivalCopy a{std::string(x.lora), {}};
+      for (uint8_t i = 0; i < x.num_labels; ++i) {
+        a.labels.emplace_back(x.labels[i].first, x.labels[i].second);
+      }
+      copy.arrivals.push_back(std::move(a));
+    }
     std::string line = "batch seq=" + std::to_string(batch.seq) +
                        " dropped=" + std::to_string(batch.dropped_total);
     for (const Event& e : batch.events) {
       line += " | " + Describe(e, e.rid.text, batch.positions);
+      if (e.extras != Event::kNoExtras) {
+        const ArrivalCopy& a = copy.arrivals.at(e.extras);
+        line += " lora=" + a.lora;
+        for (const auto& [k, v] : a.labels) line += " label:" + k + "=" + v;
+      }
       copy.rid_texts.emplace_back(e.rid.text);
       copy.events.push_back(e);
       copy.events.back().rid.text = {};
@@ -1175,6 +1202,26 @@ TEST(FrameDecoderTest, SkipsEventWithBadReason) {
   EXPECT_EQ(sink.AllEvents().size(), 1u);
 }
 
+// Feeds [QUEUED, event, TOKENS] in one batch: `event` is skipped as
+// bad_event, the other two applied, and nothing of it (STEP positions,
+// ARRIVED extras) is left in the batch.
+void ExpectSkippedBetweenGoodEvents(const Bytes& event) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(
+      Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink))
+      << IngestErrorName(d.error());
+  EXPECT_EQ(sink.event_errors,
+            std::vector<IngestError>{IngestError::kBadEvent});
+  const std::vector<Event> ev = sink.AllEvents();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].kind, EventKind::kQueued);
+  EXPECT_EQ(ev[1].kind, EventKind::kTokens);
+  EXPECT_EQ(ev[1].count, 1u);
+  EXPECT_TRUE(sink.batches[0].positions.empty());
+  EXPECT_TRUE(sink.batches[0].arrivals.empty());
+}
+
 TEST(FrameDecoderTest, SkipsBadEvent) {
   Bytes long_id = {0x93, 0x02, 0x00, 0xd9, 0x81};  // 129 bytes
   long_id.insert(long_id.end(), 129, 'z');
@@ -1292,19 +1339,7 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    RecordingSink sink;
-    FrameDecoder d{DecoderLimits{}};
-    ASSERT_TRUE(
-        Feed(d, Cat({kHello, BatchOf(3, {kQueued, c.event, kTokens})}), sink))
-        << IngestErrorName(d.error());
-    EXPECT_EQ(sink.event_errors,
-              std::vector<IngestError>{IngestError::kBadEvent});
-    const std::vector<Event> ev = sink.AllEvents();
-    ASSERT_EQ(ev.size(), 2u);
-    EXPECT_EQ(ev[0].kind, EventKind::kQueued);
-    EXPECT_EQ(ev[1].kind, EventKind::kTokens);
-    EXPECT_EQ(ev[1].count, 1u);
-    EXPECT_TRUE(sink.batches[0].positions.empty());
+    ExpectSkippedBetweenGoodEvents(c.event);
   }
 }
 
@@ -1451,6 +1486,502 @@ TEST(FrameDecoderTest, IgnoresExtraTrailingElements) {
 }
 
 // ---------------------------------------------------------------------------
+// Protocol 1.1: HELLO profile, cache_config and max_lora; ARRIVED lora and
+// labels.
+
+// The characters of `s`, without a header (the header byte is spelled out
+// where it is used).
+Bytes Chars(std::string_view s) { return Bytes(s.begin(), s.end()); }
+
+const Bytes kProfileKey = {0xa7, 'p', 'r', 'o', 'f', 'i', 'l', 'e'};
+const Bytes kCacheConfigKey = {0xac, 'c', 'a', 'c', 'h', 'e', '_',
+                               'c',  'o', 'n', 'f', 'i', 'g'};
+const Bytes kMaxLoraKey = {0xa8, 'm', 'a', 'x', '_', 'l', 'o', 'r', 'a'};
+const Bytes kLoraKey = {0xa4, 'l', 'o', 'r', 'a'};
+const Bytes kLabelsParamKey = {0xa6, 'l', 'a', 'b', 'e', 'l', 's'};
+
+// A HELLO of proto, engine, model and `extra` (one meta entry, key and
+// value).
+Bytes HelloWith(const Bytes& extra) {
+  return HelloOf(4, {kProto, kEngine, kModel, extra});
+}
+
+// A HELLO whose cache_config is the one entry {"k": <value>}.
+Bytes HelloWithCacheConfigValue(const Bytes& value) {
+  return HelloWith(Cat({kCacheConfigKey, {0x81, 0xa1, 'k'}, value}));
+}
+
+// A HELLO that the decoder accepts; its Hello.
+Hello DecodeHelloOk(const Bytes& bytes) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  EXPECT_TRUE(Feed(d, bytes, sink)) << IngestErrorName(d.error());
+  EXPECT_EQ(sink.hellos.size(), 1u);
+  return sink.hellos.empty() ? Hello{} : sink.hellos[0];
+}
+
+TEST(FrameDecoderTest, AcceptsEachProfile) {
+  for (const char* p : {"vllm", "sglang", "lmdeploy"}) {
+    SCOPED_TRACE(p);
+    const std::string_view name(p);
+    const Hello h = DecodeHelloOk(HelloWith(
+        Cat({kProfileKey, {uint8_t(0xa0 | name.size())}, Chars(name)})));
+    EXPECT_EQ(h.profile, name);
+  }
+  EXPECT_EQ(DecodeHelloOk(kHello).profile, "");
+}
+
+TEST(FrameDecoderTest, RejectsProfileNotOneOfTheThree) {
+  ExpectFrameErrors({
+      {"auto (a daemon flag value, not a HELLO one)",
+       HelloWith(Cat({kProfileKey, {0xa4}, Chars("auto")})),
+       IngestError::kBadHello},
+      {"upper case", HelloWith(Cat({kProfileKey, {0xa4}, Chars("VLLM")})),
+       IngestError::kBadHello},
+      {"trailing space", HelloWith(Cat({kProfileKey, {0xa5}, Chars("vllm ")})),
+       IngestError::kBadHello},
+      {"tensorrt", HelloWith(Cat({kProfileKey, {0xa3}, Chars("trt")})),
+       IngestError::kBadHello},
+      {"empty", HelloWith(Cat({kProfileKey, {0xa0}})), IngestError::kBadHello},
+      {"int", HelloWith(Cat({kProfileKey, {0x01}})), IngestError::kBadHello},
+      {"nil", HelloWith(Cat({kProfileKey, {0xc0}})), IngestError::kBadHello},
+      {"not utf-8", HelloWith(Cat({kProfileKey, {0xa2, 0xc3, 0x28}})),
+       IngestError::kBadHello},
+      {"twice",
+       HelloOf(5, {kProto, kEngine, kModel,
+                   Cat({kProfileKey, {0xa4}, Chars("vllm")}),
+                   Cat({kProfileKey, {0xa4}, Chars("vllm")})}),
+       IngestError::kBadHello},
+  });
+}
+
+TEST(FrameDecoderTest, RendersCacheConfigValues) {
+  const double kNaN = std::nan("");
+  struct Case {
+    const char* name;
+    Bytes value;
+    std::string want;
+    double number;  // NaN: not a number
+  };
+  const Case cases[] = {
+      {"str as given", Cat({{0xa4}, Chars("fp8 ")}), "fp8 ", kNaN},
+      {"str that looks like a number", Cat({{0xa2}, Chars("16")}), "16", kNaN},
+      {"empty str", {0xa0}, "", kNaN},
+      {"utf-8 str", {0xa2, 0xc3, 0xa9}, "\xc3\xa9", kNaN},
+      {"fixint", {0x10}, "16", 16},
+      {"zero", {0x00}, "0", 0},
+      {"uint32", {0xce, 0x00, 0x01, 0x00, 0x00}, "65536", 65536},
+      {"uint64 max",
+       {0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+       "18446744073709551615",
+       18446744073709551615.0},
+      {"negative fixint", {0xff}, "-1", -1},
+      {"int16 -300", {0xd1, 0xfe, 0xd4}, "-300", -300},
+      {"int64 min",
+       {0xd3, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00},
+       "-9223372036854775808",
+       -9223372036854775808.0},
+      {"float64 0.9",
+       {0xcb, 0x3f, 0xec, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcd},
+       "0.9",
+       0.9},
+      {"float64 1.0", {0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0}, "1", 1.0},
+      {"float64 -2.5", {0xcb, 0xc0, 0x04, 0, 0, 0, 0, 0, 0}, "-2.5", -2.5},
+      {"float64 1e300",
+       {0xcb, 0x7e, 0x37, 0xe4, 0x3c, 0x88, 0x00, 0x75, 0x9c},
+       "1e+300",
+       1e300},
+      // Shortest round trip of the float32 itself, not of its double.
+      {"float32 0.9", {0xca, 0x3f, 0x66, 0x66, 0x66}, "0.9", double(0.9f)},
+      {"float32 0.5", {0xca, 0x3f, 0x00, 0x00, 0x00}, "0.5", 0.5},
+      {"true", {0xc3}, "True", kNaN},
+      {"false", {0xc2}, "False", kNaN},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Hello h = DecodeHelloOk(HelloWithCacheConfigValue(c.value));
+    EXPECT_TRUE(h.has_cache_config);
+    ASSERT_EQ(h.cache_config.size(), 1u);
+    EXPECT_EQ(h.cache_config[0].key, "k");
+    EXPECT_EQ(h.cache_config[0].value, c.want);
+    if (std::isnan(c.number)) {
+      EXPECT_TRUE(std::isnan(h.cache_config[0].number))
+          << h.cache_config[0].number;
+    } else {
+      EXPECT_EQ(h.cache_config[0].number, c.number);
+    }
+  }
+}
+
+TEST(FrameDecoderTest, KeepsCacheConfigInHelloOrder) {
+  // {"page_size": 16, "num_pages": 8192, "dtype": "auto"}
+  const Hello h = DecodeHelloOk(HelloWith(Cat({kCacheConfigKey,
+                                               {0x83, 0xa9},
+                                               Chars("page_size"),
+                                               {0x10, 0xa9},
+                                               Chars("num_pages"),
+                                               {0xcd, 0x20, 0x00, 0xa5},
+                                               Chars("dtype"),
+                                               {0xa4},
+                                               Chars("auto")})));
+  ASSERT_EQ(h.cache_config.size(), 3u);
+  EXPECT_EQ(h.cache_config[0].key, "page_size");
+  EXPECT_EQ(h.cache_config[0].value, "16");
+  EXPECT_EQ(h.cache_config[1].key, "num_pages");
+  EXPECT_EQ(h.cache_config[1].value, "8192");
+  EXPECT_EQ(h.cache_config[1].number, 8192);
+  EXPECT_EQ(h.cache_config[2].key, "dtype");
+  EXPECT_EQ(h.cache_config[2].value, "auto");
+  // An empty map is a cache_config too (cache_config_info with no entry).
+  const Hello empty = DecodeHelloOk(HelloWith(Cat({kCacheConfigKey, {0x80}})));
+  EXPECT_TRUE(empty.has_cache_config);
+  EXPECT_TRUE(empty.cache_config.empty());
+  EXPECT_FALSE(DecodeHelloOk(kHello).has_cache_config);
+}
+
+// n cache_config entries "a0": 0, "a1": 1, ... (map16 header).
+Bytes CacheConfigOf(uint8_t n) {
+  Bytes out = Cat({kCacheConfigKey, {0xde, 0x00, n}});
+  for (uint8_t i = 0; i < n; ++i) {
+    const std::string key = "a" + std::to_string(i);
+    out.push_back(uint8_t(0xa0 | key.size()));
+    out.insert(out.end(), key.begin(), key.end());
+    out.push_back(i);  // positive fixint
+  }
+  return out;
+}
+
+TEST(FrameDecoderTest, AcceptsThirtyTwoCacheConfigEntries) {
+  const Hello h = DecodeHelloOk(HelloWith(CacheConfigOf(32)));
+  ASSERT_EQ(h.cache_config.size(), 32u);
+  EXPECT_EQ(h.cache_config[31].key, "a31");
+  EXPECT_EQ(h.cache_config[31].value, "31");
+}
+
+TEST(FrameDecoderTest, RejectsBadCacheConfig) {
+  const Bytes kNaN64 = {0xcb, 0x7f, 0xf8, 0, 0, 0, 0, 0, 0};
+  ExpectFrameErrors({
+      {"not a map (array)", HelloWith(Cat({kCacheConfigKey, {0x91, 0x01}})),
+       IngestError::kBadHello},
+      {"not a map (str)", HelloWith(Cat({kCacheConfigKey, {0xa1, 'x'}})),
+       IngestError::kBadHello},
+      {"not a map (nil)", HelloWith(Cat({kCacheConfigKey, {0xc0}})),
+       IngestError::kBadHello},
+      {"33 entries", HelloWith(CacheConfigOf(33)), IngestError::kTooManyLabels},
+      {"key starts with a digit",
+       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa2, '1', 'k', 0x01}})),
+       IngestError::kBadName},
+      {"key with a dash",
+       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa3, 'a', '-', 'b', 0x01}})),
+       IngestError::kBadName},
+      {"key empty", HelloWith(Cat({kCacheConfigKey, {0x81, 0xa0, 0x01}})),
+       IngestError::kBadName},
+      {"key an int", HelloWith(Cat({kCacheConfigKey, {0x81, 0x01, 0x01}})),
+       IngestError::kBadHello},
+      {"key not utf-8",
+       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa2, 0xc3, 0x28, 0x01}})),
+       IngestError::kBadHello},
+      {"key reserved (model_name)",
+       HelloWith(
+           Cat({kCacheConfigKey, {0x81, 0xaa}, Chars("model_name"), {0x01}})),
+       IngestError::kReservedLabel},
+      {"key reserved (max_lora)",
+       HelloWith(
+           Cat({kCacheConfigKey, {0x81, 0xa8}, Chars("max_lora"), {0x01}})),
+       IngestError::kReservedLabel},
+      {"key reserved (__ prefix)",
+       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa3, '_', '_', 'k', 0x01}})),
+       IngestError::kReservedLabel},
+      {"key twice",
+       HelloWith(
+           Cat({kCacheConfigKey, {0x82, 0xa1, 'k', 0x01, 0xa1, 'k', 0x02}})),
+       IngestError::kBadName},
+      {"value an array", HelloWithCacheConfigValue({0x91, 0x01}),
+       IngestError::kBadHello},
+      {"value a map", HelloWithCacheConfigValue({0x81, 0xa1, 'x', 0x01}),
+       IngestError::kBadHello},
+      {"value nil", HelloWithCacheConfigValue({0xc0}), IngestError::kBadHello},
+      {"value bin", HelloWithCacheConfigValue({0xc4, 0x01, 'x'}),
+       IngestError::kBadHello},
+      {"value ext", HelloWithCacheConfigValue({0xd4, 0x01, 0x00}),
+       IngestError::kBadHello},
+      {"value float64 NaN", HelloWithCacheConfigValue(kNaN64),
+       IngestError::kBadHello},
+      {"value float64 +inf",
+       HelloWithCacheConfigValue({0xcb, 0x7f, 0xf0, 0, 0, 0, 0, 0, 0}),
+       IngestError::kBadHello},
+      {"value float64 -inf",
+       HelloWithCacheConfigValue({0xcb, 0xff, 0xf0, 0, 0, 0, 0, 0, 0}),
+       IngestError::kBadHello},
+      {"value float32 +inf",
+       HelloWithCacheConfigValue({0xca, 0x7f, 0x80, 0x00, 0x00}),
+       IngestError::kBadHello},
+      {"value float32 NaN",
+       HelloWithCacheConfigValue({0xca, 0x7f, 0xc0, 0x00, 0x00}),
+       IngestError::kBadHello},
+      {"value not utf-8", HelloWithCacheConfigValue({0xa2, 0xc3, 0x28}),
+       IngestError::kBadHello},
+      {"value a lone continuation byte",
+       HelloWithCacheConfigValue({0xa1, 0x80}), IngestError::kBadHello},
+      {"cache_config twice",
+       HelloOf(5, {kProto, kEngine, kModel, Cat({kCacheConfigKey, {0x80}}),
+                   Cat({kCacheConfigKey, {0x80}})}),
+       IngestError::kBadHello},
+  });
+}
+
+TEST(FrameDecoderTest, AcceptsMaxLora) {
+  struct Case {
+    const char* name;
+    Bytes value;
+    int64_t want;
+  };
+  const Case cases[] = {
+      {"0", {0x00}, 0},
+      {"8", {0x08}, 8},
+      {"uint16", {0xcd, 0x01, 0x00}, 256},
+      {"int64 max",
+       {0xcf, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+       INT64_MAX},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Hello h = DecodeHelloOk(HelloWith(Cat({kMaxLoraKey, c.value})));
+    EXPECT_TRUE(h.has_max_lora);
+    EXPECT_EQ(h.max_lora, c.want);
+  }
+  EXPECT_FALSE(DecodeHelloOk(kHello).has_max_lora);
+}
+
+TEST(FrameDecoderTest, RejectsBadMaxLora) {
+  ExpectFrameErrors({
+      {"negative fixint", HelloWith(Cat({kMaxLoraKey, {0xff}})),
+       IngestError::kBadHello},
+      {"negative int8", HelloWith(Cat({kMaxLoraKey, {0xd0, 0x80}})),
+       IngestError::kBadHello},
+      {"above int64",
+       HelloWith(Cat({kMaxLoraKey,
+                      {0xcf, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}})),
+       IngestError::kBadHello},
+      {"str", HelloWith(Cat({kMaxLoraKey, {0xa1, '8'}})),
+       IngestError::kBadHello},
+      {"float", HelloWith(Cat({kMaxLoraKey, {0xca, 0x41, 0x00, 0x00, 0x00}})),
+       IngestError::kBadHello},
+      {"bool", HelloWith(Cat({kMaxLoraKey, {0xc3}})), IngestError::kBadHello},
+      {"nil", HelloWith(Cat({kMaxLoraKey, {0xc0}})), IngestError::kBadHello},
+      {"twice",
+       HelloOf(5, {kProto, kEngine, kModel, Cat({kMaxLoraKey, {0x01}}),
+                   Cat({kMaxLoraKey, {0x02}})}),
+       IngestError::kBadHello},
+  });
+}
+
+TEST(FrameDecoderTest, AcceptsHelloWithEveryNewKey) {
+  const Hello h = DecodeHelloOk(HelloOf(
+      6, {kProto, kEngine, kModel, Cat({kProfileKey, {0xa6}, Chars("sglang")}),
+          Cat({kCacheConfigKey, {0x81, 0xa9}, Chars("page_size"), {0x10}}),
+          Cat({kMaxLoraKey, {0x04}})}));
+  EXPECT_EQ(h.profile, "sglang");
+  ASSERT_EQ(h.cache_config.size(), 1u);
+  EXPECT_EQ(h.cache_config[0].key, "page_size");
+  EXPECT_EQ(h.max_lora, 4);
+}
+
+// [1, 1000, 7, 12, params] with a params map of n entries.
+Bytes ArrivedWithParamsMap(uint8_t n, std::initializer_list<Bytes> entries) {
+  Bytes out = {0x95, 0x01, 0xcd, 0x03,
+               0xe8, 0x07, 0x0c, static_cast<uint8_t>(0x80 | n)};
+  for (const Bytes& e : entries) out.insert(out.end(), e.begin(), e.end());
+  return out;
+}
+
+TEST(FrameDecoderTest, DecodesArrivedLoraAndLabels) {
+  Bytes lora128 = {0xd9, 0x80};  // str8 of 128 bytes
+  lora128.insert(lora128.end(), 128, 'l');
+  Bytes value128 = {0xd9, 0x80};
+  value128.insert(value128.end(), 128, 'v');
+  struct Case {
+    const char* name;
+    Bytes event;
+    bool has_extras;
+    ArrivalCopy want;
+  };
+  const Case cases[] = {
+      {"lora",
+       ArrivedWithParamsMap(1, {Cat({kLoraKey, {0xa2, 'a', '1'}})}),
+       true,
+       {"a1", {}}},
+      {"lora of 128 bytes",
+       ArrivedWithParamsMap(1, {Cat({kLoraKey, lora128})}),
+       true,
+       {std::string(128, 'l'), {}}},
+      {"utf-8 lora",
+       ArrivedWithParamsMap(1, {Cat({kLoraKey, {0xa2, 0xc3, 0xa9}})}),
+       true,
+       {"\xc3\xa9", {}}},
+      {"labels",
+       ArrivedWithParamsMap(1, {Cat({kLabelsParamKey,
+                                     {0x82, 0xa6},
+                                     Chars("tenant"),
+                                     {0xa4},
+                                     Chars("acme"),
+                                     {0xa4},
+                                     Chars("tier"),
+                                     {0xa4},
+                                     Chars("gold")})}),
+       true,
+       {"", {{"tenant", "acme"}, {"tier", "gold"}}}},
+      {"four labels, one with an empty value, one of 128 bytes",
+       ArrivedWithParamsMap(
+           1, {Cat({kLabelsParamKey,
+                    {0x84, 0xa1, 'a', 0xa1, '1', 0xa1, 'b', 0xa0, 0xa1, 'c'},
+                    value128,
+                    {0xa1, '_', 0xa1, '4'}})}),
+       true,
+       {"", {{"a", "1"}, {"b", ""}, {"c", std::string(128, 'v')}, {"_", "4"}}}},
+      {"lora, labels and max_tokens",
+       ArrivedWithParamsMap(
+           3, {Cat({kLabelsParamKey, {0x81, 0xa1, 't', 0xa1, 'x'}}),
+               {0xaa, 'm', 'a', 'x', '_', 't', 'o', 'k', 'e', 'n', 's', 0x20},
+               Cat({kLoraKey, {0xa1, 'z'}})}),
+       true,
+       {"z", {{"t", "x"}}}},
+      {"lora nil: absent",
+       ArrivedWithParamsMap(1, {Cat({kLoraKey, {0xc0}})}),
+       false,
+       {}},
+      {"labels nil: absent",
+       ArrivedWithParamsMap(1, {Cat({kLabelsParamKey, {0xc0}})}),
+       false,
+       {}},
+      {"labels empty: none",
+       ArrivedWithParamsMap(1, {Cat({kLabelsParamKey, {0x80}})}),
+       false,
+       {}},
+      {"neither", ArrivedWithParamsMap(0, {}), false, {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(1, {c.event})}), sink))
+        << IngestErrorName(d.error());
+    ASSERT_TRUE(sink.event_errors.empty());
+    ASSERT_EQ(sink.batches.size(), 1u);
+    const BatchCopy& b = sink.batches[0];
+    ASSERT_EQ(b.events.size(), 1u);
+    EXPECT_EQ(b.events[0].count, 12u);
+    if (!c.has_extras) {
+      EXPECT_EQ(b.events[0].extras, Event::kNoExtras);
+      EXPECT_TRUE(b.arrivals.empty());
+      continue;
+    }
+    ASSERT_EQ(b.events[0].extras, 0u);
+    ASSERT_EQ(b.arrivals.size(), 1u);
+    EXPECT_EQ(b.arrivals[0].lora, c.want.lora);
+    EXPECT_EQ(b.arrivals[0].labels, c.want.labels);
+  }
+}
+
+TEST(FrameDecoderTest, ArrivalsIndexTheBatch) {
+  const Bytes with_a = ArrivedWithParamsMap(1, {Cat({kLoraKey, {0xa1, 'a'}})});
+  const Bytes with_b = ArrivedWithParamsMap(
+      1, {Cat({kLabelsParamKey, {0x81, 0xa1, 't', 0xa1, 'b'}})});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d,
+                   Cat({kHello, BatchOf(4, {with_a, kArrived, kTokens, with_b}),
+                        BatchOf(1, {with_b})}),
+                   sink));
+  ASSERT_EQ(sink.batches.size(), 2u);
+  const BatchCopy& b = sink.batches[0];
+  ASSERT_EQ(b.events.size(), 4u);
+  EXPECT_EQ(b.events[0].extras, 0u);
+  EXPECT_EQ(b.events[1].extras, Event::kNoExtras);
+  EXPECT_EQ(b.events[2].extras, Event::kNoExtras);
+  EXPECT_EQ(b.events[3].extras, 1u);
+  ASSERT_EQ(b.arrivals.size(), 2u);
+  EXPECT_EQ(b.arrivals[0].lora, "a");
+  EXPECT_EQ(b.arrivals[1].labels[0].second, "b");
+  // Each batch starts its own.
+  ASSERT_EQ(sink.batches[1].arrivals.size(), 1u);
+  EXPECT_EQ(sink.batches[1].events[0].extras, 0u);
+}
+
+TEST(FrameDecoderTest, SkipsArrivedWithBadLoraOrLabels) {
+  Bytes lora129 = {0xd9, 0x81};
+  lora129.insert(lora129.end(), 129, 'l');
+  Bytes value129 = {0xd9, 0x81};
+  value129.insert(value129.end(), 129, 'v');
+  auto labels = [](const Bytes& map) {
+    return ArrivedWithParamsMap(1, {Cat({kLabelsParamKey, map})});
+  };
+  auto lora = [](const Bytes& value) {
+    return ArrivedWithParamsMap(1, {Cat({kLoraKey, value})});
+  };
+  struct Case {
+    const char* name;
+    Bytes event;
+  };
+  const Case cases[] = {
+      {"lora empty", lora({0xa0})},
+      {"lora of 129 bytes", lora(lora129)},
+      {"lora an int", lora({0x01})},
+      {"lora bin", lora({0xc4, 0x01, 'a'})},
+      {"lora an array", lora({0x91, 0xa1, 'a'})},
+      {"lora not utf-8", lora({0xa2, 0xc3, 0x28})},
+      {"labels an array", labels({0x91, 0xa1, 'a'})},
+      {"labels a str", labels({0xa1, 'a'})},
+      {"labels five entries",
+       labels({0x85, 0xa1, 'a',  0xa1, '1',  0xa1, 'b',  0xa1, '2',  0xa1, 'c',
+               0xa1, '3',  0xa1, 'd',  0xa1, '4',  0xa1, 'e',  0xa1, '5'})},
+      {"label name starts with a digit",
+       labels({0x81, 0xa2, '1', 't', 0xa1, 'x'})},
+      {"label name with a dash",
+       labels({0x81, 0xa3, 't', '-', 'x', 0xa1, 'x'})},
+      {"label name empty", labels({0x81, 0xa0, 0xa1, 'x'})},
+      {"label name an int", labels({0x81, 0x01, 0xa1, 'x'})},
+      {"label name reserved (model_name)",
+       labels(Cat({{0x81, 0xaa}, Chars("model_name"), {0xa1, 'x'}}))},
+      {"label name reserved (finished_reason)",
+       labels(Cat({{0x81, 0xaf}, Chars("finished_reason"), {0xa1, 'x'}}))},
+      {"label name reserved (__ prefix)",
+       labels({0x81, 0xa3, '_', '_', 't', 0xa1, 'x'})},
+      {"label name twice",
+       labels({0x82, 0xa1, 't', 0xa1, 'x', 0xa1, 't', 0xa1, 'y'})},
+      {"label value of 129 bytes", labels(Cat({{0x81, 0xa1, 't'}, value129}))},
+      {"label value an int", labels({0x81, 0xa1, 't', 0x01})},
+      {"label value nil", labels({0x81, 0xa1, 't', 0xc0})},
+      {"label value bin", labels({0x81, 0xa1, 't', 0xc4, 0x01, 'x'})},
+      {"label value not utf-8", labels({0x81, 0xa1, 't', 0xa2, 0xc3, 0x28})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ExpectSkippedBetweenGoodEvents(c.event);
+  }
+}
+
+TEST(FrameDecoderTest, SkippedArrivedLeavesNoStaleArrival) {
+  // A good lora, then bad labels: the event is skipped after its lora was
+  // read; the next ARRIVED's extras are the batch's first.
+  const Bytes bad = ArrivedWithParamsMap(
+      2, {Cat({kLoraKey, {0xa1, 'a'}}),
+          Cat({kLabelsParamKey, {0x81, 0xa1, 't', 0x01}})});
+  const Bytes good = ArrivedWithParamsMap(1, {Cat({kLoraKey, {0xa1, 'b'}})});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(2, {bad, good})}), sink));
+  EXPECT_EQ(sink.event_errors,
+            std::vector<IngestError>{IngestError::kBadEvent});
+  ASSERT_EQ(sink.batches.size(), 1u);
+  const BatchCopy& b = sink.batches[0];
+  ASSERT_EQ(b.events.size(), 1u);
+  EXPECT_EQ(b.events[0].extras, 0u);
+  ASSERT_EQ(b.arrivals.size(), 1u);
+  EXPECT_EQ(b.arrivals[0].lora, "b");
+}
+
+// ---------------------------------------------------------------------------
 // Streaming
 
 // A stream touching every kind of frame and event, with string ids, params,
@@ -1458,15 +1989,18 @@ TEST(FrameDecoderTest, IgnoresExtraTrailingElements) {
 Bytes MixedStream() {
   return Cat({
       kHello,
-      BatchOf(8, {kArrived,
-                  kQueued,
-                  kScheduled,
-                  kTokens,
-                  kPreempted,
-                  kFinished,
-                  kFullStep,
-                  {0x95, 0x01, 0x00, 0xa3, 'r', '-', '1', 0x0c, 0x81, 0xa1, 'n',
-                   0x02}}),
+      BatchOf(8,
+              {kArrived,
+               kQueued,
+               kScheduled,
+               kTokens,
+               kPreempted,
+               kFinished,
+               kFullStep,
+               // params {"n": 2, "lora": "a", "labels": {"t": "x"}}
+               {0x95, 0x01, 0x00, 0xa3, 'r',  '-',  '1',  0x0c, 0x83, 0xa1, 'n',
+                0x02, 0xa4, 'l',  'o',  'r',  'a',  0xa1, 'a',  0xa6, 'l',  'a',
+                'b',  'e',  'l',  's',  0x81, 0xa1, 't',  0xa1, 'x'}}),
       {0x94, 0x01, 0x01, 0xcd, 0x01, 0x00, 0x93},  // [1, 1, 256, [3 events]]
       {0x94, 0x04, 0x05, 0xa3, 'r', '-', '1', 0x03},
       {0x93, 0x09, 0x05, 0x07},  // unknown kind

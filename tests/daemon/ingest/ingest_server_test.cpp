@@ -46,9 +46,13 @@ using testutil::TokensBatch;
 // more than 1 s ahead of its clock or 1 h behind it.
 constexpr uint64_t kNowNs = 5'000'000'000'000;
 
+// Wall time for lora_requests_info.
+constexpr double kUnixNowS = 1'764'633'600.25;
+
 class FixedClock : public Clock {
  public:
   uint64_t NowNs() const override { return kNowNs; }
+  double UnixNowS() const override { return kUnixNowS; }
 };
 
 class IngestServerTest : public ::testing::Test {
@@ -57,7 +61,7 @@ class IngestServerTest : public ::testing::Test {
     ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
     ASSERT_EQ(uv_loop_init(&loop_), 0);
     loop_initialized_ = true;
-    Status s = Registry::Create(RegistryOptions(), &registry_);
+    Status s = Registry::Create(registry_options_, &registry_);
     ASSERT_TRUE(s.ok()) << s.message();
     stats_ = std::make_unique<IngestStats>(*registry_);
     tracker_ = std::make_unique<Tracker>(*registry_, *stats_, clock_,
@@ -107,6 +111,7 @@ class IngestServerTest : public ::testing::Test {
   }
 
   IngestOptions options_;
+  RegistryOptions registry_options_;
   testutil::TempDir dir_;
   const std::string path_ = dir_.File("ingest.sock");
   uv_loop_t loop_{};
@@ -407,6 +412,159 @@ TEST_F(IngestServerTest, OutOfDescriptorsClosesPendingConnectionsAndRecovers) {
       << Exposition();
   EXPECT_FALSE(d.SawEof());
   EXPECT_TRUE(Shows(kFdLimitErrors, "3"));
+}
+
+// ---- protocol 1.1 HELLO: profiles, cache_config, max_lora, label clashes
+// -------------------------------
+
+// A HELLO [0, {"proto": 1, "engine": <engine>, "model": "m", extra...}]
+// whose meta map has 3 + `extra_entries` entries.
+Bytes HelloOf(const Bytes& engine, uint8_t extra_entries, const Bytes& extra) {
+  return Cat({{0x92, 0x00, uint8_t(0x83 + extra_entries), 0xa5, 'p', 'r', 'o',
+               't', 'o', 0x01, 0xa6, 'e', 'n', 'g', 'i', 'n', 'e'},
+              engine,
+              {0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm'},
+              extra});
+}
+
+const Bytes kVllmEngine = {0xa4, 'v', 'l', 'l', 'm'};
+const Bytes kSglangEngine = {0xa6, 's', 'g', 'l', 'a', 'n', 'g'};
+const Bytes kProfileVllm = {0xa7, 'p',  'r', 'o', 'f', 'i', 'l',
+                            'e',  0xa4, 'v', 'l', 'l', 'm'};
+// "cache_config": {"block_size": 16}
+const Bytes kCacheConfigBlockSize = {
+    0xac, 'c',  'a', 'c', 'h', 'e', '_', 'c', 'o', 'n', 'f', 'i', 'g',
+    0x81, 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10};
+
+constexpr char kBadHelloErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"bad_hello\"}";
+constexpr char kReservedLabelErrors[] =
+    "tokenmeter_ingest_errors_total{reason=\"reserved_label\"}";
+
+TEST_F(IngestServerTest, KeepsCacheConfigAndMaxLoraOnTheSeries) {
+  TestSocket client(AF_UNIX);
+  ASSERT_TRUE(client.ConnectUnix(path_));
+  // + "max_lora": 4
+  ASSERT_TRUE(client.SendAll(
+      HelloOf(kVllmEngine, 2,
+              Cat({kCacheConfigBlockSize,
+                   {0xa8, 'm', 'a', 'x', '_', 'l', 'o', 'r', 'a', 0x04}}))));
+  const std::string l = "{model_name=\"m\",engine=\"0\"";
+  ASSERT_TRUE(RunUntil([&] {
+    return Shows("vllm:cache_config_info" + l + ",block_size=\"16\"}", "1");
+  })) << Exposition();
+  EXPECT_TRUE(Shows("vllm:lora_requests_info" + l +
+                        ",max_lora=\"4\",running_lora_adapters=\"\","
+                        "waiting_lora_adapters=\"\"}",
+                    "1764633600.25"))
+      << Exposition();
+  EXPECT_FALSE(client.SawEof());
+}
+
+class RequestLabelClashTest : public IngestServerTest {
+ protected:
+  RequestLabelClashTest() { registry_options_.request_labels = {"tenant"}; }
+};
+
+// A HELLO label the daemon would set on the same series again (a
+// --request-label, or a cache_config key of the same HELLO) is refused:
+// reserved_label, that connection closed, the others unaffected.
+TEST_F(RequestLabelClashTest, HelloLabelClashIsRefusedAsReservedLabel) {
+  LogCapture log;
+  TestSocket good(AF_UNIX), tenant(AF_UNIX), block_size(AF_UNIX);
+  for (TestSocket* s : {&good, &tenant, &block_size}) {
+    ASSERT_TRUE(s->ConnectUnix(path_));
+  }
+  ASSERT_TRUE(good.SendAll(testutil::VllmHello()));
+  // "labels": {"tenant": "x"}
+  ASSERT_TRUE(
+      tenant.SendAll(HelloOf(kVllmEngine, 1,
+                             {0xa6, 'l', 'a', 'b', 'e', 'l', 's', 0x81, 0xa6,
+                              't', 'e', 'n', 'a', 'n', 't', 0xa1, 'x'})));
+  ASSERT_TRUE(RunUntil([&] { return tenant.SawEof(); }));
+  EXPECT_TRUE(Shows(kReservedLabelErrors, "1")) << Exposition();
+  // "labels": {"block_size": "16"}, "cache_config": {"block_size": 16}
+  ASSERT_TRUE(block_size.SendAll(
+      HelloOf(kVllmEngine, 2,
+              Cat({{0xa6, 'l', 'a', 'b', 'e', 'l', 's', 0x81, 0xaa, 'b', 'l',
+                    'o',  'c', 'k', '_', 's', 'i', 'z', 'e',  0xa2, '1', '6'},
+                   kCacheConfigBlockSize}))));
+  ASSERT_TRUE(RunUntil([&] { return block_size.SawEof(); }));
+  EXPECT_TRUE(Shows(kReservedLabelErrors, "2")) << Exposition();
+  EXPECT_EQ(log.Count("closing the connection: reserved_label (HELLO label "
+                      "\"tenant\""),
+            1u);
+  EXPECT_EQ(log.Count("closing the connection: reserved_label (HELLO label "
+                      "\"block_size\""),
+            1u);
+  // No series was made for them.
+  EXPECT_EQ(registry_->series_count(), 1u);
+  ASSERT_TRUE(good.SendAll(TokensBatch(0, kNowNs, 7, 3)));
+  ASSERT_TRUE(RunUntil([&] {
+    return Shows(
+        "vllm:generation_tokens_total{model_name=\"m\",engine="
+        "\"0\",tenant=\"\"}",
+        "3");
+  })) << Exposition();
+  EXPECT_FALSE(good.SawEof());
+}
+
+// HELLO engine "sglang" is the sglang profile (auto); one that asks for the
+// vllm profile would put vllm names in the same namespace: refused as
+// bad_hello, that connection closed, the first one unaffected.
+TEST_F(IngestServerTest, NamespaceOfAnotherProfileIsRefusedAsBadHello) {
+  LogCapture log;
+  TestSocket sglang(AF_UNIX), vllm(AF_UNIX);
+  ASSERT_TRUE(sglang.ConnectUnix(path_));
+  ASSERT_TRUE(vllm.ConnectUnix(path_));
+  ASSERT_TRUE(sglang.SendAll(HelloOf(kSglangEngine, 0, {})));
+  ASSERT_TRUE(RunUntil([&] { return registry_->series_count() == 1; }));
+  ASSERT_TRUE(vllm.SendAll(HelloOf(kSglangEngine, 1, kProfileVllm)));
+  ASSERT_TRUE(RunUntil([&] { return vllm.SawEof(); }));
+  EXPECT_TRUE(Shows(kBadHelloErrors, "1")) << Exposition();
+  EXPECT_TRUE(Shows(kSeriesLimitErrors, "0"));
+  EXPECT_EQ(log.Count("closing the connection: bad_hello (profile vllm in "
+                      "namespace \"sglang\""),
+            1u);
+  EXPECT_EQ(registry_->series_count(), 1u);
+  ASSERT_TRUE(RunUntil([&] { return server_->connections() == 1; }));
+  ASSERT_TRUE(sglang.SendAll(TokensBatch(0, kNowNs, 7, 3)));
+  ASSERT_TRUE(RunUntil([&] { return Shows(kTokensEvents, "1"); }))
+      << Exposition();
+  EXPECT_TRUE(
+      Shows("sglang:num_running_reqs{model_name=\"m\",engine=\"0\"}", "1"));
+  EXPECT_FALSE(sglang.SawEof());
+}
+
+class NamespaceFlagTest : public IngestServerTest {
+ protected:
+  NamespaceFlagTest() {
+    options_.namespace_override = "fleet";
+    options_.profile = Profile::kLmdeploy;
+  }
+};
+
+// --profile names the profile of HELLOs without one; with --namespace
+// every series shares one namespace, so a HELLO of another profile is
+// refused.
+TEST_F(NamespaceFlagTest, ProfileFlagAndOneNamespace) {
+  TestSocket a(AF_UNIX), b(AF_UNIX);
+  ASSERT_TRUE(a.ConnectUnix(path_));
+  ASSERT_TRUE(b.ConnectUnix(path_));
+  ASSERT_TRUE(
+      a.SendAll(Cat({testutil::VllmHello(), TokensBatch(0, kNowNs, 7, 3)})));
+  ASSERT_TRUE(RunUntil([&] {
+    return Shows(
+        "fleet:generation_tokens_total{model_name=\"m\",engine="
+        "\"0\"}",
+        "3");
+  })) << Exposition();
+  EXPECT_NE(Exposition().find("# TYPE fleet:iter_token_latency histogram\n"),
+            std::string::npos);
+  ASSERT_TRUE(b.SendAll(HelloOf(kVllmEngine, 1, kProfileVllm)));
+  ASSERT_TRUE(RunUntil([&] { return b.SawEof(); }));
+  EXPECT_TRUE(Shows(kBadHelloErrors, "1")) << Exposition();
+  EXPECT_FALSE(a.SawEof());
 }
 
 }  // namespace

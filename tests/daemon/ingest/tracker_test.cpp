@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "daemon/metrics/catalog.h"
 #include "daemon/metrics/exposition.h"
 #include "daemon/metrics/histogram.h"
+#include "daemon/metrics/profile.h"
 #include "daemon/metrics/registry.h"
 
 namespace tokenmeter::daemon {
@@ -37,7 +39,9 @@ constexpr uint64_t T(uint64_t ms) { return kBase + ms * kMs; }
 class FakeClock : public Clock {
  public:
   uint64_t NowNs() const override { return now; }
+  double UnixNowS() const override { return unix_s; }
   uint64_t now = kStart;
+  double unix_s = 1'700'000'000;
 };
 
 // ---- event builders
@@ -119,12 +123,18 @@ Event Step(uint64_t t, const StepStats& stats) {
 // A registry with two engine series of one namespace ("core" and "front",
 // as an engine core and an API frontend of one server would have), a fake
 // clock and a tracker.
+// Series of `profile` (namespace as its HELLO engine "vllm" gives it) and
+// registry options (request labels) of a test's choosing.
 struct Harness {
-  explicit Harness(TrackerOptions options = {}) {
-    const Status s = Registry::Create(RegistryOptions{}, &registry);
+  explicit Harness(TrackerOptions options = {})
+      : Harness(RegistryOptions{}, Profile::kVllm, options) {}
+  Harness(const RegistryOptions& registry_options, Profile profile,
+          TrackerOptions options = {}) {
+    const Status s = Registry::Create(registry_options, &registry);
     EXPECT_TRUE(s.ok()) << s.message();
-    core = registry->GetOrCreate({"vllm", "m", "core", {}});
-    front = registry->GetOrCreate({"vllm", "m", "front", {}});
+    const std::string ns = ProfileNamespace(profile, "vllm", "");
+    core = registry->GetOrCreate({ns, "m", "core", {}, profile});
+    front = registry->GetOrCreate({ns, "m", "front", {}, profile});
     stats = std::make_unique<IngestStats>(*registry);
     tracker = std::make_unique<Tracker>(*registry, *stats, clock, options);
   }
@@ -137,6 +147,11 @@ struct Harness {
   }
   void Send(const Source& src, std::initializer_list<Event> events) {
     for (const Event& ev : events) Send(src, ev);
+  }
+  // An ARRIVED with lora / labels params (Batch::arrivals).
+  void SendArrived(const Source& src, Event ev, const ArrivedExtras& x) {
+    ev.extras = 0;
+    tracker->Apply(src, ev, nullptr, clock.NowNs(), std::span(&x, 1));
   }
   void AdvanceAndSweep(uint64_t ns) {
     clock.now += ns;
@@ -1100,6 +1115,411 @@ TEST(TrackerTest, TrackedRequestsGaugeEqualsSize) {
   EXPECT_EQ(h.tracker->size(), 0u);
   EXPECT_EQ(h.Tracked(), 0);
   EXPECT_EQ(h.core->gauge(kNumRequestsWaiting).derived, 0);
+}
+
+// ---- profiles: what only some profiles measure
+// -------------------------------------------------
+
+TEST(TrackerTest, SglangInterTokenLatencyCountsEveryToken) {
+  Harness h(RegistryOptions{}, Profile::kSglang);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 3), Tokens(T(10), Rid(1), 1),
+                    Tokens(T(30), Rid(1), 4)});
+  // 20 ms over 4 tokens: 4 observations of 5 ms, summing to the interval.
+  const Histogram& itl = h.core->hist(kInterTokenLatencyPerToken);
+  EXPECT_EQ(itl.count(), 4u);
+  EXPECT_EQ(itl.sum(), 0.02);
+  EXPECT_EQ(CountIn(itl, 0.006), 4u);
+  EXPECT_EQ(CountIn(itl, 0.004), 0u);
+  h.Send(h.Core(), Tokens(T(37), Rid(1), 1));
+  EXPECT_EQ(itl.count(), 5u);
+  EXPECT_EQ(itl.sum(), 0.027);
+  EXPECT_EQ(CountIn(itl, 0.008), 1u);
+  // The vLLM measurement (one per TOKENS) is the same as ever.
+  ExpectHist(*h.core, kInterTokenLatency, 2, double(27 * kMs));
+
+  Harness vllm;
+  vllm.Send(vllm.Core(), {Arrived(T(0), Rid(1), 3), Tokens(T(10), Rid(1), 1),
+                          Tokens(T(30), Rid(1), 4)});
+  EXPECT_EQ(vllm.core->hist(kInterTokenLatencyPerToken).count(), 0u);
+}
+
+TEST(TrackerTest, SglangCountsTokensAndRequestsAtFinish) {
+  Harness h(RegistryOptions{}, Profile::kSglang);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 7), Tokens(T(10), Rid(1), 1),
+                    Tokens(T(20), Rid(1), 3)});
+  EXPECT_EQ(h.core->count(kPromptTokensAtFinish), 0u);
+  EXPECT_EQ(h.core->count(kGenerationTokensAtFinish), 0u);
+  EXPECT_EQ(h.core->count(kNumFinishedRequests), 0u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 4u);  // as they come
+  h.Send(h.Core(), Finished(T(30), Rid(1)));
+  EXPECT_EQ(h.core->count(kPromptTokensAtFinish), 7u);
+  EXPECT_EQ(h.core->count(kGenerationTokensAtFinish), 4u);
+  EXPECT_EQ(h.core->count(kNumFinishedRequests), 1u);
+  EXPECT_EQ(h.core->count(kNumAbortedRequests), 0u);
+  h.Send(h.Core(), {Arrived(T(0), Rid(2), 5),
+                    Finished(T(5), Rid(2), FinishReason::kAbort)});
+  h.Send(h.Core(), {Arrived(T(0), Rid(3), 2), Tokens(T(8), Rid(3), 1),
+                    Finished(T(9), Rid(3), FinishReason::kLength)});
+  EXPECT_EQ(h.core->count(kPromptTokensAtFinish), 14u);
+  EXPECT_EQ(h.core->count(kGenerationTokensAtFinish), 5u);
+  EXPECT_EQ(h.core->count(kNumFinishedRequests), 3u);
+  EXPECT_EQ(h.core->count(kNumAbortedRequests), 1u);
+  // A repeated FINISHED counts nothing.
+  h.Send(h.Core(), Finished(T(40), Rid(1), FinishReason::kAbort));
+  EXPECT_EQ(h.core->count(kNumFinishedRequests), 3u);
+  EXPECT_EQ(h.core->count(kNumAbortedRequests), 1u);
+
+  Harness vllm;
+  vllm.Send(vllm.Core(), {Arrived(T(0), Rid(1), 7), Tokens(T(10), Rid(1), 1),
+                          Finished(T(30), Rid(1), FinishReason::kAbort)});
+  EXPECT_EQ(vllm.core->count(kPromptTokensAtFinish), 0u);
+  EXPECT_EQ(vllm.core->count(kNumFinishedRequests), 0u);
+  EXPECT_EQ(vllm.core->count(kNumAbortedRequests), 0u);
+}
+
+TEST(TrackerTest, LmdeployTimePerOutputTokenAndIterationTokensPerChunk) {
+  Harness h(RegistryOptions{}, Profile::kLmdeploy);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 20), Scheduled(T(2), Rid(1)),
+                    Tokens(T(10), Rid(1), 1)});
+  // The first chunk: no interval yet; its tokens and the prompt.
+  EXPECT_EQ(h.core->hist(kTimePerOutputTokenChunk).count(), 0u);
+  ExpectHist(*h.core, kIterationTokensChunk, 1, 21);
+  h.Send(h.Core(), {Tokens(T(30), Rid(1), 4), Tokens(T(36), Rid(1), 2)});
+  // 20 ms / 4 and 6 ms / 2: once per TOKENS, not per token.
+  const Histogram& tpot = h.core->hist(kTimePerOutputTokenChunk);
+  ExpectHist(*h.core, kTimePerOutputTokenChunk, 2, double(8 * kMs));
+  EXPECT_EQ(CountIn(tpot, 0.005), 2u);
+  ExpectHist(*h.core, kInterTokenLatency, 2, double(26 * kMs));
+  const Histogram& it = h.core->hist(kIterationTokensChunk);
+  ExpectHist(*h.core, kIterationTokensChunk, 3, 27);
+  EXPECT_EQ(CountIn(it, 32), 1u);
+  EXPECT_EQ(CountIn(it, 8), 2u);
+  // STEP's iteration histogram is another measurement.
+  EXPECT_EQ(h.core->hist(kIterationTokens).count(), 0u);
+
+  Harness vllm;
+  vllm.Send(vllm.Core(), {Arrived(T(0), Rid(1), 20), Tokens(T(10), Rid(1), 1),
+                          Tokens(T(30), Rid(1), 4)});
+  EXPECT_EQ(vllm.core->hist(kTimePerOutputTokenChunk).count(), 0u);
+  EXPECT_EQ(vllm.core->hist(kIterationTokensChunk).count(), 0u);
+}
+
+TEST(TrackerTest, LmdeployDecodeAndInferenceEndAtFinished) {
+  Harness h(RegistryOptions{}, Profile::kLmdeploy);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Scheduled(T(5), Rid(1)),
+                    Tokens(T(10), Rid(1), 1), Tokens(T(30), Rid(1), 2)});
+  EXPECT_EQ(h.core->hist(kRequestDecodeToFinish).count(), 0u);
+  EXPECT_EQ(h.core->hist(kRequestInferenceToFinish).count(), 0u);
+  h.Send(h.Core(), Finished(T(50), Rid(1)));
+  ExpectHist(*h.core, kRequestDecodeToFinish, 1, double(40 * kMs));
+  ExpectHist(*h.core, kRequestInferenceToFinish, 1, double(45 * kMs));
+  // vLLM's phases end at the last token.
+  ExpectHist(*h.core, kRequestDecodeTime, 1, double(20 * kMs));
+  ExpectHist(*h.core, kRequestInferenceTime, 1, double(25 * kMs));
+
+  Harness vllm;
+  vllm.Send(vllm.Core(), {Arrived(T(0), Rid(1), 5), Scheduled(T(5), Rid(1)),
+                          Tokens(T(10), Rid(1), 1), Finished(T(50), Rid(1))});
+  EXPECT_EQ(vllm.core->hist(kRequestDecodeToFinish).count(), 0u);
+  EXPECT_EQ(vllm.core->hist(kRequestInferenceToFinish).count(), 0u);
+}
+
+// The tokenmeter_* interval counters do not depend on the profile: the
+// LMDeploy-only rows are never counted incomplete or negative.
+TEST(TrackerTest, ProfileOnlyIntervalsCountNothingIncompleteOrNegative) {
+  for (Profile p : {Profile::kVllm, Profile::kSglang, Profile::kLmdeploy}) {
+    SCOPED_TRACE(ProfileName(p));
+    Harness h(RegistryOptions{}, p);
+    // No SCHEDULED: queue, prefill and inference never close.
+    h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Tokens(T(10), Rid(1), 1),
+                      Tokens(T(20), Rid(1), 1), Finished(T(30), Rid(1))});
+    // FINISHED timed before the first token (clocks of two processes):
+    // LMDeploy's decode phase would be negative.
+    h.Send(h.Core(), {Arrived(T(0), Rid(2), 5), Scheduled(T(1), Rid(2)),
+                      Tokens(T(50), Rid(2), 1), Finished(T(40), Rid(2))});
+    h.AdvanceAndSweep(10 * kSecond);
+    EXPECT_EQ(h.Tracked(), 0);
+    EXPECT_EQ(h.Incomplete(), Intervals({Interval::kQueue, Interval::kPrefill,
+                                         Interval::kInference}));
+    EXPECT_EQ(h.Negative(), Intervals({}));
+  }
+}
+
+// ---- lora_requests_info
+// ----------------------------------------------------------
+
+ArrivedExtras Lora(std::string_view name) {
+  ArrivedExtras x;
+  x.lora = name;
+  return x;
+}
+
+// The series' LoRA sets and the time of their last change.
+struct LoraState {
+  std::string running;
+  std::string waiting;
+  double changed;
+  bool operator==(const LoraState&) const = default;
+};
+
+LoraState Lora(const EngineSeries& s) {
+  return {s.LoraSet(true), s.LoraSet(false), s.lora_changed_unix_s()};
+}
+
+std::ostream& operator<<(std::ostream& os, const LoraState& l) {
+  return os << "running=\"" << l.running << "\" waiting=\"" << l.waiting
+            << "\" changed=" << l.changed;
+}
+
+TEST(TrackerTest, LoraSetsFollowRequestStates) {
+  Harness h;
+  h.core->InitLoraTime(100);
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 100}));
+  h.core->InitLoraTime(150);  // a later HELLO: the sets have not changed
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 100}));
+  h.clock.unix_s = 101;
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(1), 1), Lora("b"));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "b", 101}));
+  h.clock.unix_s = 102;
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(2), 1), Lora("a"));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "a,b", 102}));
+  h.clock.unix_s = 103;  // one more request of a waiting adapter
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(3), 1), Lora("a"));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "a,b", 102}));
+  h.clock.unix_s = 104;
+  h.Send(h.Core(), Scheduled(T(1), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"b", "a", 104}));
+  h.clock.unix_s = 105;
+  h.Send(h.Core(), Preempted(T(2), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "a,b", 105}));
+  h.clock.unix_s = 106;
+  h.Send(h.Core(), Scheduled(T(3), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"b", "a", 106}));
+  h.clock.unix_s = 107;
+  h.Send(h.Core(), Finished(T(4), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "a", 107}));
+  // The first TOKENS makes a request running too.
+  h.clock.unix_s = 108;
+  h.Send(h.Core(), Tokens(T(5), Rid(2), 1));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"a", "a", 108}));
+  h.clock.unix_s = 109;
+  h.Send(h.Core(), Finished(T(6), Rid(2)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "a", 109}));
+  // Requests without an adapter change nothing.
+  h.clock.unix_s = 110;
+  h.Send(h.Core(), {Arrived(T(0), Rid(4), 1), Scheduled(T(7), Rid(4)),
+                    Finished(T(8), Rid(4))});
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "a", 109}));
+  h.clock.unix_s = 111;
+  h.Send(h.Core(), Scheduled(T(9), Rid(3)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"a", "", 111}));
+  EXPECT_EQ(h.core->max_lora(), "0");
+}
+
+TEST(TrackerTest, LoraSetsAreSortedAndJoinedWithoutSpaces) {
+  Harness h;
+  const char* names[] = {"zeta", "alpha", "m-2", "m-10", "Beta"};
+  uint64_t rid = 1;
+  for (const char* n : names) {
+    h.SendArrived(h.Core(), Arrived(T(0), Rid(rid++), 1), Lora(n));
+  }
+  EXPECT_EQ(h.core->LoraSet(false), "Beta,alpha,m-10,m-2,zeta");
+  EXPECT_EQ(h.core->LoraSet(true), "");
+}
+
+TEST(TrackerTest, LoraSetsMoveAcrossTwoConnections) {
+  Harness h;
+  h.clock.unix_s = 200;
+  h.SendArrived(h.Front(), Arrived(T(0), Rid(1), 1), Lora("x"));
+  EXPECT_EQ(Lora(*h.front), (LoraState{"", "x", 200}));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 0}));
+  h.clock.unix_s = 201;
+  h.Send(h.Core(), Scheduled(T(1), Rid(1)));
+  EXPECT_EQ(Lora(*h.front), (LoraState{"", "", 201}));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"x", "", 201}));
+  h.clock.unix_s = 202;
+  h.Send(h.Core(), Preempted(T(2), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "x", 202}));
+  h.clock.unix_s = 203;
+  h.Send(h.Front(), Finished(T(3), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 203}));
+  EXPECT_EQ(Lora(*h.front), (LoraState{"", "", 201}));
+}
+
+TEST(TrackerTest, LateArrivedJoinsTheLoraSetItsRequestIsIn) {
+  Harness h;
+  h.Send(h.Core(), Tokens(T(10), Rid(1), 1));  // running, no adapter known
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 0}));
+  h.clock.unix_s = 301;
+  h.SendArrived(h.Front(), Arrived(T(0), Rid(1), 1), Lora("late"));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"late", "", 301}));
+  EXPECT_EQ(Lora(*h.front), (LoraState{"", "", 0}));
+  h.clock.unix_s = 302;
+  h.Send(h.Core(), Finished(T(20), Rid(1)));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 302}));
+  // One that finished before its ARRIVED came is in no set.
+  h.Send(h.Core(), Finished(T(20), Rid(2)));
+  h.clock.unix_s = 303;
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(2), 1), Lora("gone"));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 302}));
+}
+
+TEST(TrackerTest, EvictedRequestLeavesItsLoraSet) {
+  TrackerOptions options;
+  options.idle_timeout_ns = 10 * kSecond;
+  Harness h(options);
+  h.clock.unix_s = 400;
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(1), 1), Lora("x"));
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "x", 400}));
+  h.clock.unix_s = 411;
+  h.AdvanceAndSweep(11 * kSecond);
+  EXPECT_EQ(h.tracker->evicted(), 1u);
+  EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 411}));
+}
+
+// ---- per-request labels
+// ----------------------------------------------------------
+
+RegistryOptions LabelOptions(std::vector<std::string> names, size_t values) {
+  RegistryOptions o;
+  o.request_labels = std::move(names);
+  o.request_label_values = values;
+  return o;
+}
+
+ArrivedExtras Labels(
+    std::initializer_list<std::pair<std::string_view, std::string_view>> l) {
+  ArrivedExtras x;
+  for (const auto& p : l) x.labels[x.num_labels++] = p;
+  return x;
+}
+
+// ARRIVED (with `labels`), 2 tokens and FINISHED of request `rid`.
+void Lifecycle(Harness& h, const Source& arrive, const Source& rest,
+               uint64_t rid, const ArrivedExtras& labels) {
+  h.SendArrived(arrive, Arrived(T(0), Rid(rid), 3), labels);
+  h.Send(rest, {Tokens(T(10), Rid(rid), 1), Tokens(T(20), Rid(rid), 1),
+                Finished(T(30), Rid(rid))});
+}
+
+TEST(TrackerTest, RequestLabelValuesAreCappedPerSeries) {
+  Harness h(LabelOptions({"tenant"}, 2), Profile::kVllm);
+  uint64_t rid = 1;
+  for (const char* v : {"a", "b", "c", "a", "", "d"}) {
+    Lifecycle(h, h.Core(), h.Core(), rid++, Labels({{"tenant", v}}));
+  }
+  Lifecycle(h, h.Core(), h.Core(), rid++, Labels({}));  // no tenant at all
+  // Not a --request-label: ignored.
+  Lifecycle(h, h.Core(), h.Core(), rid++, Labels({{"user", "u1"}}));
+  EXPECT_EQ(h.registry->request_labels().overflow(0), 2u);  // c, d
+  const std::string text = h.Render();
+  const std::string p = "vllm:generation_tokens_total{model_name=\"m\",";
+  EXPECT_TRUE(HasLine(text, p + "engine=\"core\",tenant=\"\"} 6")) << text;
+  EXPECT_TRUE(HasLine(text, p + "engine=\"core\",tenant=\"a\"} 4"));
+  EXPECT_TRUE(HasLine(text, p + "engine=\"core\",tenant=\"b\"} 2"));
+  EXPECT_TRUE(HasLine(text, p + "engine=\"core\",tenant=\"__other__\"} 4"));
+  EXPECT_EQ(text.find("tenant=\"c\""), std::string::npos);
+  EXPECT_EQ(text.find("tenant=\"d\""), std::string::npos);
+  EXPECT_EQ(text.find("u1"), std::string::npos);
+  EXPECT_TRUE(HasLine(text,
+                      "vllm:request_success_total{model_name=\"m\",engine="
+                      "\"core\",tenant=\"a\",finished_reason=\"stop\"} 2"));
+  EXPECT_TRUE(HasLine(text,
+                      "vllm:time_to_first_token_seconds_count{model_name=\"m\","
+                      "engine=\"core\",tenant=\"__other__\"} 2"));
+  EXPECT_TRUE(HasLine(text,
+                      "vllm:prompt_tokens_total{model_name=\"m\",engine="
+                      "\"core\",tenant=\"b\"} 3"));
+  EXPECT_TRUE(HasLine(text,
+                      "vllm:num_requests_running{model_name=\"m\",engine="
+                      "\"core\"} 0"));
+  EXPECT_TRUE(HasLine(
+      text, "tokenmeter_request_label_overflow_total{label=\"tenant\"} 2"));
+  // The other series has its own places.
+  Lifecycle(h, h.Front(), h.Front(), rid++, Labels({{"tenant", "c"}}));
+  EXPECT_TRUE(HasLine(h.Render(), p + "engine=\"front\",tenant=\"c\"} 2"));
+  EXPECT_EQ(h.registry->request_labels().overflow(0), 2u);
+}
+
+TEST(TrackerTest, TwoRequestLabelsCombine) {
+  Harness h(LabelOptions({"tenant", "tier"}, 100), Profile::kVllm);
+  Lifecycle(h, h.Core(), h.Core(), 1, Labels({{"tier", "x"}, {"tenant", "a"}}));
+  Lifecycle(h, h.Core(), h.Core(), 2, Labels({{"tenant", "a"}}));
+  Lifecycle(h, h.Core(), h.Core(), 3, Labels({{"tier", "x"}}));
+  Lifecycle(h, h.Core(), h.Core(), 4, Labels({{"tenant", "a"}, {"tier", "x"}}));
+  const std::string text = h.Render();
+  const std::string p =
+      "vllm:request_generation_tokens_count{model_name=\"m\",engine=\"core\",";
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"a\",tier=\"x\"} 2")) << text;
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"a\",tier=\"\"} 1"));
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"\",tier=\"x\"} 1"));
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"\",tier=\"\"} 0"));
+  EXPECT_EQ(h.core->cells().size(), 3u);
+}
+
+TEST(TrackerTest, RequestLabelValueAdmittedOnAnotherSeries) {
+  Harness h(LabelOptions({"tenant"}, 1), Profile::kVllm);
+  const std::string p = "vllm:generation_tokens_total{model_name=\"m\",";
+  // Core's one place goes to "b"; "a" arrives on the frontend, which has
+  // room, and its tokens come from the core, which has none: __other__
+  // there, counted once as overflow nowhere (it was admitted where it
+  // arrived).
+  Lifecycle(h, h.Core(), h.Core(), 1, Labels({{"tenant", "b"}}));
+  Lifecycle(h, h.Front(), h.Core(), 2, Labels({{"tenant", "a"}}));
+  std::string text = h.Render();
+  EXPECT_TRUE(HasLine(text, p + "engine=\"core\",tenant=\"b\"} 2")) << text;
+  EXPECT_TRUE(HasLine(text, p + "engine=\"core\",tenant=\"__other__\"} 2"));
+  EXPECT_EQ(text.find("tenant=\"a\""), std::string::npos);
+  EXPECT_EQ(h.registry->request_labels().overflow(0), 0u);
+  // "a" again on the frontend, all of it there this time.
+  Lifecycle(h, h.Front(), h.Front(), 3, Labels({{"tenant", "a"}}));
+  EXPECT_TRUE(HasLine(h.Render(), p + "engine=\"front\",tenant=\"a\"} 2"));
+  // The frontend is full now: "b" becomes __other__ where it arrives, and
+  // so it is in the core too.
+  Lifecycle(h, h.Front(), h.Core(), 4, Labels({{"tenant", "b"}}));
+  EXPECT_EQ(h.registry->request_labels().overflow(0), 1u);
+  EXPECT_TRUE(HasLine(h.Render(), p + "engine=\"core\",tenant=\"b\"} 2"));
+  EXPECT_TRUE(
+      HasLine(h.Render(), p + "engine=\"core\",tenant=\"__other__\"} 4"));
+
+  // With room on both, the core takes the frontend's value.
+  Harness roomy(LabelOptions({"tenant"}, 2), Profile::kVllm);
+  Lifecycle(roomy, roomy.Front(), roomy.Core(), 1, Labels({{"tenant", "a"}}));
+  EXPECT_TRUE(HasLine(roomy.Render(), p + "engine=\"core\",tenant=\"a\"} 2"));
+}
+
+TEST(TrackerTest, EventsBeforeTheArrivedCountWithEmptyLabels) {
+  Harness h(LabelOptions({"tenant"}, 10), Profile::kVllm);
+  h.Send(h.Core(), Tokens(T(10), Rid(1), 5));
+  h.SendArrived(h.Front(), Arrived(T(0), Rid(1), 3), Labels({{"tenant", "a"}}));
+  h.Send(h.Core(), {Tokens(T(20), Rid(1), 2), Finished(T(30), Rid(1))});
+  const std::string text = h.Render();
+  const std::string p =
+      "vllm:generation_tokens_total{model_name=\"m\",engine=\"core\",";
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"\"} 5")) << text;
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"a\"} 2"));
+}
+
+// A flood of distinct values on one series: past the cap every one is
+// __other__, none is kept, and other series still get places of their own.
+TEST(TrackerTest, RequestLabelFloodKeepsNoValueBeyondTheCap) {
+  Harness h(LabelOptions({"tenant"}, 100), Profile::kVllm);
+  for (uint64_t i = 0; i < 70'000; ++i) {
+    const std::string v = "t" + std::to_string(i);
+    h.SendArrived(h.Front(), Arrived(T(0), Rid(i), 1), Labels({{"tenant", v}}));
+    h.Send(h.Front(), Finished(T(1), Rid(i)));
+  }
+  const RequestLabels& labels = h.registry->request_labels();
+  EXPECT_EQ(labels.overflow(0), 70'000u - 100u);
+  EXPECT_TRUE(labels.Find(0, "t99").has_value());
+  EXPECT_FALSE(labels.Find(0, "t100").has_value());
+  EXPECT_FALSE(labels.Find(0, "t69999").has_value());
+  EXPECT_EQ(h.front->cells().size(), 101u);  // 100 values and __other__
+  Lifecycle(h, h.Core(), h.Core(), 100'000, Labels({{"tenant", "fresh"}}));
+  EXPECT_TRUE(HasLine(h.Render(),
+                      "vllm:generation_tokens_total{model_name=\"m\",engine="
+                      "\"core\",tenant=\"fresh\"} 2"));
+  EXPECT_EQ(labels.overflow(0), 70'000u - 100u);
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ constexpr char kOddLabel[] = "back\\slash \"quoted\"\nnew line";
 // --------------------------------
 
 // Deterministic data for one series; `k` (1, 2, 3) varies the numbers.
-void Fill(EngineSeries& s, uint64_t k, bool step_gauges, bool spec_positions) {
+void Fill(SeriesValues& s, uint64_t k, bool step_gauges, bool spec_positions) {
   if (step_gauges) {
     s.Set(kNumRequestsRunning, double(3 * k));
     s.Set(kNumRequestsWaiting, double(k));
@@ -481,19 +481,17 @@ std::vector<Family> CheckStructure(const std::string& text,
 // ---- golden file
 // ----------------------------------------------------------------
 
-TEST(ExpositionTest, MatchesGoldenFile) {
-  const auto reg = PopulatedRegistry();
-  const std::string got =
-      WithoutProcessLines(Render(*reg, ExpositionFormat::kText004));
+// Compares `got` with the golden file at `path` (TOKENMETER_UPDATE_GOLDEN=1
+// rewrites it first).
+void ExpectGolden(const char* path, const std::string& got) {
   const char* update = std::getenv("TOKENMETER_UPDATE_GOLDEN");
   if (update != nullptr && std::string_view(update) == "1") {
     std::filesystem::create_directories(TOKENMETER_TEST_DATA_DIR);
-    std::ofstream(kGoldenPath, std::ios::binary | std::ios::trunc) << got;
-    std::cerr << "rewrote " << kGoldenPath << "\n";
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << got;
+    std::cerr << "rewrote " << path << "\n";
   }
-  std::ifstream in(kGoldenPath, std::ios::binary);
-  ASSERT_TRUE(in) << kGoldenPath
-                  << " is missing; run with TOKENMETER_UPDATE_GOLDEN=1";
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in) << path << " is missing; run with TOKENMETER_UPDATE_GOLDEN=1";
   const std::string want((std::istreambuf_iterator<char>(in)),
                          std::istreambuf_iterator<char>());
   if (got == want) return;
@@ -507,7 +505,7 @@ TEST(ExpositionTest, MatchesGoldenFile) {
     const bool wm = static_cast<bool>(std::getline(w, wl));
     if (!gm && !wm) break;
     if (gm != wm || gl != wl) {
-      ADD_FAILURE() << kGoldenPath << ":" << lineno
+      ADD_FAILURE() << path << ":" << lineno
                     << " differs\n  want: " << (wm ? wl : "<end of file>")
                     << "\n  got:  " << (gm ? gl : "<end of output>")
                     << "\n(TOKENMETER_UPDATE_GOLDEN=1 rewrites the file "
@@ -516,6 +514,12 @@ TEST(ExpositionTest, MatchesGoldenFile) {
     }
   }
   ADD_FAILURE() << "outputs differ only in a final newline";
+}
+
+TEST(ExpositionTest, MatchesGoldenFile) {
+  const auto reg = PopulatedRegistry();
+  ExpectGolden(kGoldenPath,
+               WithoutProcessLines(Render(*reg, ExpositionFormat::kText004)));
 }
 
 TEST(ExpositionTest, GoldenHasEscapedLabelsAndBothNamespaces) {
@@ -693,11 +697,12 @@ bool IsExpectedLintFinding(const std::string& line) {
              std::string::npos;
 }
 
-TEST(ExpositionTest, PromtoolFindsOnlyTheTwoKnownLints) {
-  const std::string promtool = FindOnPath("promtool");
-  if (promtool.empty()) GTEST_SKIP() << "promtool not on PATH";
-  const auto reg = PopulatedRegistry();
-  const TempFile file(Render(*reg, ExpositionFormat::kText004));
+// Runs `promtool check metrics` on `text`: exit 0, or exit 3 with only
+// findings `expected` accepts.
+void ExpectOnlyExpectedLints(const std::string& promtool,
+                             const std::string& text,
+                             bool (*expected)(const std::string&)) {
+  const TempFile file(text);
   const CommandResult r = RunCommand("'" + promtool + "' check metrics < '" +
                                      file.path() + "' 2>&1");
   ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 3)
@@ -709,9 +714,17 @@ TEST(ExpositionTest, PromtoolFindsOnlyTheTwoKnownLints) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     ++findings;
-    EXPECT_TRUE(IsExpectedLintFinding(line)) << "promtool: " << line;
+    EXPECT_TRUE(expected(line)) << "promtool: " << line;
   }
   EXPECT_EQ(findings > 0, r.exit_code == 3) << r.output;
+}
+
+TEST(ExpositionTest, PromtoolFindsOnlyTheTwoKnownLints) {
+  const std::string promtool = FindOnPath("promtool");
+  if (promtool.empty()) GTEST_SKIP() << "promtool not on PATH";
+  const auto reg = PopulatedRegistry();
+  ExpectOnlyExpectedLints(promtool, Render(*reg, ExpositionFormat::kText004),
+                          IsExpectedLintFinding);
 }
 
 constexpr char kPythonParse[] = R"PY(
@@ -814,6 +827,495 @@ TEST(ExpositionTest, PythonOpenMetricsParserAcceptsIt) {
     if (!line.empty() && line[0] != '#') ++sample_lines;
   }
   EXPECT_EQ(r.output, "samples " + std::to_string(sample_lines) + "\n");
+}
+
+// ---- naming profiles, router series, per-request labels
+// ---------------------------------------
+
+constexpr char kProfilesGoldenPath[] =
+    TOKENMETER_TEST_DATA_DIR "/exposition_profiles_golden.txt";
+constexpr char kMetricsDocPath[] =
+    TOKENMETER_TEST_DATA_DIR "/../../docs/metrics.md";
+
+// The label key of per-request label values (one per --request-label, ""
+// for none), admitted into `s` as the tracker would at ARRIVED.
+LabelKey KeyOf(Registry& reg, EngineSeries& s,
+               std::initializer_list<std::string_view> values) {
+  LabelKey key = 0;
+  size_t i = 0;
+  for (std::string_view v : values) {
+    uint16_t id = reg.request_labels().Intern(i, v);
+    if (!s.Admit(i, id)) id = RequestLabels::kOther;
+    key = RequestLabels::Pack(key, i, id);
+    ++i;
+  }
+  return key;
+}
+
+// An SGLang and an LMDeploy series with data in every family, per-request
+// label cells (--request-label tenant, two places), cache_config, max_lora
+// and LoRA sets.
+Exposed ProfilesRegistry() {
+  RegistryOptions options;
+  options.request_labels = {"tenant"};
+  options.request_label_values = 2;
+  Exposed reg = MakeExposed(options);
+  EngineSeries* sg =
+      reg->GetOrCreate({"sglang", "qwen-7b", "0", {}, Profile::kSglang});
+  EngineSeries* lm = reg->GetOrCreate({"lmdeploy",
+                                       "internlm2",
+                                       "tp0",
+                                       {{"zone", "eu\"1"}},
+                                       Profile::kLmdeploy});
+  for (EngineSeries* s : {sg, lm}) {
+    const uint64_t k = s == sg ? 1 : 2;
+    Fill(*s, k, /*step_gauges=*/s == sg, /*spec_positions=*/true);
+    s->Add(kPromptTokensAtFinish, 300 * k);
+    s->Add(kGenerationTokensAtFinish, 90 * k);
+    s->Add(kNumFinishedRequests, 12 * k);
+    s->Add(kNumAbortedRequests, k);
+    s->AddChild(kRequestSuccess, 3, 4 * k);  // error
+    s->Set(kWindowGenerationThroughput, 42.5 * double(k));
+    s->Set(kWindowCacheHitRate, 0.25);
+    s->Set(kWindowSpecAcceptLength, 2.75);
+    s->Set(kWindowSpecAcceptRate, 0.625);
+    SeriesValues& acme = s->Cell(KeyOf(*reg, *s, {"acme"}));
+    Fill(acme, k + 2, false, false);
+    acme.Add(kPromptTokensAtFinish, 30 * k);
+    acme.Add(kGenerationTokensAtFinish, 9 * k);
+    acme.Add(kNumFinishedRequests, 2 * k);
+    acme.Add(kNumAbortedRequests, k);
+    Fill(s->Cell(KeyOf(*reg, *s, {"globex"})), k + 4, false, false);
+    s->Cell(KeyOf(*reg, *s, {"initech"})).Add(kGenerationTokens, 7);
+  }
+  reg->request_labels().CountOverflow(0);
+  reg->request_labels().CountOverflow(0);
+  const double kNaN = std::nan("");
+  sg->SetCacheConfig({{"page_size", "16", 16},
+                      {"num_pages", "8192", 8192},
+                      {"dtype", "auto", kNaN}});
+  lm->SetCacheConfig({{"block_size", "64", 64},
+                      {"enable_prefix_caching", "True", kNaN},
+                      {"cache_max_entry_count", "0.8", 0.8}});
+  lm->SetMaxLora(4);
+  RequestLabels& labels = reg->request_labels();
+  sg->InitLoraTime(1'764'633'600.5);
+  lm->InitLoraTime(1'764'633'600.5);
+  lm->AddLora(labels.InternLora("sql-lora"), true, 1, 1'764'633'700.25);
+  lm->AddLora(labels.InternLora("chat"), true, 1, 1'764'633'701);
+  lm->AddLora(labels.InternLora("sql-lora"), false, 1, 1'764'633'702);
+  return reg;
+}
+
+// The lines of engine families and of tokenmeter_request_label_overflow:
+// what the profiles change (the rest is the first golden file's).
+std::string ProfileLines(const std::string& text) {
+  std::string out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::string_view name = line;
+    if (name.starts_with("# HELP ") || name.starts_with("# TYPE ")) {
+      name.remove_prefix(7);
+    }
+    name = name.substr(0, name.find_first_of("{ "));
+    if (name.find(':') != std::string_view::npos ||
+        name.starts_with("tokenmeter_request_label_overflow")) {
+      out += line;
+      out += '\n';
+    }
+  }
+  return out;
+}
+
+TEST(ExpositionTest, ProfilesMatchTheirGoldenFile) {
+  const auto reg = ProfilesRegistry();
+  ExpectGolden(kProfilesGoldenPath,
+               ProfileLines(Render(*reg, ExpositionFormat::kText004)));
+}
+
+TEST(ExpositionTest, ProfilesStructure) {
+  const auto reg = ProfilesRegistry();
+  CheckStructure(Render(*reg, ExpositionFormat::kText004),
+                 ExpositionFormat::kText004);
+  CheckStructure(Render(*reg, ExpositionFormat::kOpenMetrics100),
+                 ExpositionFormat::kOpenMetrics100);
+}
+
+// The (name, type) rows of docs/metrics.md's generated table of `profile`,
+// `<ns>` replaced by `ns`; legacy rows only with `legacy`.
+std::set<std::pair<std::string, std::string>> DocRows(
+    const std::string& profile, const std::string& ns, bool legacy) {
+  std::ifstream in(kMetricsDocPath);
+  EXPECT_TRUE(in) << kMetricsDocPath;
+  const std::string begin = "<!-- BEGIN GENERATED: profile " + profile + " -->";
+  std::set<std::pair<std::string, std::string>> rows;
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line == begin) inside = true;
+    if (!inside) continue;
+    if (line.starts_with("<!-- END GENERATED")) break;
+    if (!line.starts_with("| `")) continue;
+    const size_t close = line.find('`', 3);
+    std::string name = line.substr(3, close - 3);
+    if (name.starts_with("<ns>:")) name = ns + name.substr(4);
+    const size_t type_start = line.find("| ", close) + 2;
+    const std::string type =
+        line.substr(type_start, line.find(' ', type_start) - type_start);
+    const bool is_legacy =
+        line.substr(close, line.find('|', close) - close).find("legacy") !=
+        std::string::npos;
+    if (is_legacy && !legacy) continue;
+    rows.emplace(name, type);
+  }
+  EXPECT_FALSE(rows.empty()) << profile;
+  return rows;
+}
+
+// The (name, type) of every engine family rendered.
+std::set<std::pair<std::string, std::string>> EngineFamilies(
+    const std::string& text) {
+  std::set<std::pair<std::string, std::string>> out;
+  for (const Family& f : Parse(text, ExpositionFormat::kText004)) {
+    if (f.name.find(':') != std::string::npos) out.emplace(f.name, f.type);
+  }
+  return out;
+}
+
+// One series of `p` with data in every family its table has.
+std::string RenderOneSeries(Profile p, bool legacy_names) {
+  RegistryOptions options;
+  options.legacy_names = legacy_names;
+  std::unique_ptr<Registry> reg;
+  EXPECT_TRUE(Registry::Create(options, &reg).ok());
+  const std::string ns = ProfileNamespace(p, "vllm", "");
+  EngineSeries* s = reg->GetOrCreate({ns, "m", "0", {}, p});
+  Fill(*s, 1, true, true);
+  s->SetCacheConfig({{"page_size", "16", 16}, {"num_pages", "4", 4}});
+  return Render(*reg, ExpositionFormat::kText004);
+}
+
+TEST(ExpositionTest, EachProfileShowsTheFamiliesOfItsDocsTable) {
+  struct Case {
+    Profile profile;
+    bool legacy;
+  };
+  for (const Case c :
+       {Case{Profile::kVllm, false}, Case{Profile::kVllm, true},
+        Case{Profile::kSglang, false}, Case{Profile::kSglang, true},
+        Case{Profile::kLmdeploy, false}, Case{Profile::kLmdeploy, true}}) {
+    const std::string name(ProfileName(c.profile));
+    SCOPED_TRACE(name + (c.legacy ? " --legacy-names" : ""));
+    // --legacy-names adds vLLM's aliases only.
+    const bool legacy = c.legacy && c.profile == Profile::kVllm;
+    EXPECT_EQ(EngineFamilies(RenderOneSeries(c.profile, c.legacy)),
+              DocRows(name, "vllm", legacy));
+  }
+}
+
+bool HasLine(const std::string& text, const std::string& line) {
+  return ("\n" + text).find("\n" + line + "\n") != std::string::npos;
+}
+
+TEST(ExpositionTest, VllmLegacyNamesReadTheSameValues) {
+  const std::string text = RenderOneSeries(Profile::kVllm, true);
+  const std::string l = "{model_name=\"m\",engine=\"0\"}";
+  EXPECT_TRUE(HasLine(text, "vllm:kv_cache_usage_perc" + l + " 0.25"));
+  EXPECT_TRUE(HasLine(text, "vllm:gpu_cache_usage_perc" + l + " 0.25"));
+  EXPECT_TRUE(
+      HasLine(text, "vllm:gpu_prefix_cache_queries_total" + l + " 1000"));
+  EXPECT_TRUE(HasLine(text, "vllm:gpu_prefix_cache_hits_total" + l + " 250"));
+  EXPECT_TRUE(HasLine(text, "vllm:gpu_prefix_cache_hit_rate" + l + " 0.25"));
+  // The ITL histogram under its pre-0.11 name: the same samples.
+  std::istringstream in(text);
+  std::string line;
+  std::vector<std::string> itl, tpot;
+  while (std::getline(in, line)) {
+    if (line.starts_with("vllm:inter_token_latency_seconds_")) {
+      itl.push_back(line.substr(line.find('_', 5)));
+    }
+    if (line.starts_with("vllm:time_per_output_token_seconds_")) {
+      tpot.push_back(line.substr(line.find('_', 5)));
+    }
+  }
+  ASSERT_FALSE(itl.empty());
+  ASSERT_EQ(itl.size(), tpot.size());
+  for (size_t i = 0; i < itl.size(); ++i) {
+    EXPECT_EQ(itl[i].substr(itl[i].find('{')),
+              tpot[i].substr(tpot[i].find('{')));
+  }
+  // Without the option: none of them.
+  const std::string plain = RenderOneSeries(Profile::kVllm, false);
+  for (const char* alias :
+       {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries",
+        "vllm:gpu_prefix_cache_hits", "vllm:gpu_prefix_cache_hit_rate",
+        "vllm:time_per_output_token_seconds"}) {
+    EXPECT_EQ(plain.find(std::string("\n") + alias), std::string::npos)
+        << alias;
+  }
+}
+
+TEST(ExpositionTest, CacheConfigInfoCarriesEveryEntry) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* a = reg->GetOrCreate({"vllm", "m", "0", {{"tier", "x"}}});
+  EngineSeries* b = reg->GetOrCreate({"vllm", "m", "1", {}});
+  std::string text = Render(*reg, ExpositionFormat::kText004);
+  // Absent while no HELLO sent one.
+  EXPECT_EQ(text.find("cache_config_info"), std::string::npos);
+  a->SetCacheConfig({{"block_size", "16", 16},
+                     {"num_gpu_blocks", "8192", 8192},
+                     {"gpu_memory_utilization", "0.9", 0.9},
+                     {"enable_prefix_caching", "True", std::nan("")},
+                     {"cache_dtype", "a \"b\"", std::nan("")}});
+  text = Render(*reg, ExpositionFormat::kText004);
+  EXPECT_TRUE(HasLine(
+      text,
+      "vllm:cache_config_info{model_name=\"m\",engine=\"0\",tier=\"x\","
+      "block_size=\"16\",num_gpu_blocks=\"8192\",gpu_memory_utilization="
+      "\"0.9\",enable_prefix_caching=\"True\",cache_dtype=\"a \\\"b\\\"\"} 1"))
+      << text;
+  EXPECT_EQ(text.find("vllm:cache_config_info{model_name=\"m\",engine=\"1\""),
+            std::string::npos);
+  // The latest HELLO's replaces it; an empty one keeps the family.
+  a->SetCacheConfig({{"block_size", "32", 32}});
+  b->SetCacheConfig({});
+  text = Render(*reg, ExpositionFormat::kText004);
+  EXPECT_TRUE(HasLine(text,
+                      "vllm:cache_config_info{model_name=\"m\",engine=\"0\","
+                      "tier=\"x\",block_size=\"32\"} 1"));
+  EXPECT_TRUE(
+      HasLine(text, "vllm:cache_config_info{model_name=\"m\",engine=\"1\"} 1"));
+  EXPECT_EQ(text.find("num_gpu_blocks"), std::string::npos);
+}
+
+TEST(ExpositionTest, SglangPageSizeAndNumPagesComeFromCacheConfig) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* a =
+      reg->GetOrCreate({"sglang", "m", "0", {}, Profile::kSglang});
+  EngineSeries* b =
+      reg->GetOrCreate({"sglang", "m", "1", {}, Profile::kSglang});
+  std::string text = Render(*reg, ExpositionFormat::kText004);
+  EXPECT_EQ(text.find("sglang:page_size"), std::string::npos);
+  EXPECT_EQ(text.find("sglang:num_pages"), std::string::npos);
+  EXPECT_EQ(text.find("sglang:cache_config_info"), std::string::npos);
+  a->SetCacheConfig({{"page_size", "16", 16}, {"num_pages", "8192", 8192}});
+  // Not a number: no gauge sample, still a label.
+  b->SetCacheConfig({{"page_size", "big", std::nan("")}});
+  text = Render(*reg, ExpositionFormat::kText004);
+  const std::string l0 = "{model_name=\"m\",engine=\"0\"";
+  const std::string l1 = "{model_name=\"m\",engine=\"1\"";
+  EXPECT_TRUE(HasLine(text, "sglang:cache_config_info" + l0 +
+                                ",page_size=\"16\",num_pages=\"8192\"} 1"))
+      << text;
+  EXPECT_TRUE(
+      HasLine(text, "sglang:cache_config_info" + l1 + ",page_size=\"big\"} 1"));
+  EXPECT_TRUE(HasLine(text, "sglang:page_size" + l0 + "} 16"));
+  EXPECT_TRUE(HasLine(text, "sglang:num_pages" + l0 + "} 8192"));
+  EXPECT_EQ(text.find("sglang:page_size" + l1), std::string::npos);
+  EXPECT_EQ(text.find("sglang:num_pages" + l1), std::string::npos);
+  EXPECT_NE(text.find("# HELP sglang:cache_config_info Cache configuration "
+                      "information.\n"),
+            std::string::npos);
+}
+
+TEST(ExpositionTest, SglangCountersAndWindowGauges) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* s =
+      reg->GetOrCreate({"sglang", "m", "0", {}, Profile::kSglang});
+  s->Add(kPromptTokens, 1);  // the vLLM counters are not what SGLang shows
+  s->Add(kGenerationTokens, 2);
+  s->Add(kPromptTokensAtFinish, 30);
+  s->Add(kGenerationTokensAtFinish, 40);
+  s->Add(kNumFinishedRequests, 5);
+  s->Add(kNumAbortedRequests, 2);
+  s->Add(kPrefixCacheHits, 77);
+  s->Set(kWindowGenerationThroughput, 12.5);
+  s->Set(kWindowCacheHitRate, 0.5);
+  s->Set(kKvCacheUsagePerc, 0.125);
+  s->AddDerived(kNumRequestsRunning, 3);
+  s->AddDerived(kNumRequestsWaiting, 4);
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  const std::string l = "{model_name=\"m\",engine=\"0\"}";
+  EXPECT_TRUE(HasLine(text, "sglang:prompt_tokens_total" + l + " 30")) << text;
+  EXPECT_TRUE(HasLine(text, "sglang:generation_tokens_total" + l + " 40"));
+  EXPECT_TRUE(HasLine(text, "sglang:num_requests_total" + l + " 5"));
+  EXPECT_TRUE(HasLine(text, "sglang:num_aborted_requests_total" + l + " 2"));
+  EXPECT_TRUE(HasLine(text,
+                      "sglang:cached_tokens_total{model_name=\"m\",engine="
+                      "\"0\",cache_source=\"total\"} 77"));
+  EXPECT_TRUE(HasLine(text, "sglang:gen_throughput" + l + " 12.5"));
+  EXPECT_TRUE(HasLine(text, "sglang:cache_hit_rate" + l + " 0.5"));
+  EXPECT_TRUE(HasLine(text, "sglang:spec_accept_length" + l + " 0"));
+  EXPECT_TRUE(HasLine(text, "sglang:token_usage" + l + " 0.125"));
+  EXPECT_TRUE(HasLine(text, "sglang:num_running_reqs" + l + " 3"));
+  EXPECT_TRUE(HasLine(text, "sglang:num_queue_reqs" + l + " 4"));
+  EXPECT_NE(text.find("# TYPE sglang:prompt_tokens_histogram histogram\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("sglang:queue_time_seconds_bucket{model_name=\"m\","
+                      "engine=\"0\",le=\"0\"} 0\n"),
+            std::string::npos);
+}
+
+TEST(ExpositionTest, LmdeployFinishedReasonsAreResponseTypes) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* s =
+      reg->GetOrCreate({"lmdeploy", "m", "0", {}, Profile::kLmdeploy});
+  s->AddChild(kRequestSuccess, size_t(FinishReason::kStop), 3);
+  s->AddChild(kRequestSuccess, size_t(FinishReason::kLength), 2);
+  s->AddChild(kRequestSuccess, size_t(FinishReason::kAbort), 1);
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  const std::string p =
+      "lmdeploy:request_success_total{model_name=\"m\",engine=\"0\","
+      "finished_reason=\"ResponseType.";
+  EXPECT_TRUE(HasLine(text, p + "FINISH\"} 5")) << text;
+  EXPECT_TRUE(HasLine(text, p + "CANCEL\"} 1"));
+  EXPECT_TRUE(HasLine(text, p + "INTERNAL_ENGINE_ERROR\"} 0"));
+  size_t samples = 0;
+  for (size_t at = text.find("\nlmdeploy:request_success_total{");
+       at != std::string::npos;
+       at = text.find("\nlmdeploy:request_success_total{", at + 1)) {
+    ++samples;
+  }
+  EXPECT_EQ(samples, 3u);
+}
+
+TEST(ExpositionTest, LmdeploySpecDecodeRatios) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* s =
+      reg->GetOrCreate({"lmdeploy", "m", "0", {}, Profile::kLmdeploy});
+  const std::string l = "{model_name=\"m\",engine=\"0\"";
+  std::string text = Render(*reg, ExpositionFormat::kText004);
+  // No drafts yet: 0, and no per-position series.
+  EXPECT_TRUE(
+      HasLine(text, "lmdeploy:spec_decode_mean_accept_rate" + l + "} 0"));
+  EXPECT_TRUE(
+      HasLine(text, "lmdeploy:spec_decode_mean_accept_length" + l + "} 0"));
+  EXPECT_EQ(text.find("spec_decode_per_position_accept_rate"),
+            std::string::npos);
+  s->Add(kSpecDecodeNumDrafts, 4);
+  s->Add(kSpecDecodeNumDraftTokens, 8);
+  s->Add(kSpecDecodeNumAcceptedTokens, 6);
+  s->AddChild(kSpecDecodeNumAcceptedTokensPerPos, 0, 3);
+  s->AddChild(kSpecDecodeNumAcceptedTokensPerPos, 1, 2);
+  s->AddChild(kSpecDecodeNumAcceptedTokensPerPos, 2, 1);
+  text = Render(*reg, ExpositionFormat::kText004);
+  EXPECT_TRUE(
+      HasLine(text, "lmdeploy:spec_decode_mean_accept_rate" + l + "} 0.75"));
+  EXPECT_TRUE(
+      HasLine(text, "lmdeploy:spec_decode_mean_accept_length" + l + "} 2.5"));
+  const std::string pos = "lmdeploy:spec_decode_per_position_accept_rate" + l;
+  EXPECT_TRUE(HasLine(text, pos + ",position=\"0\"} 0.75")) << text;
+  EXPECT_TRUE(HasLine(text, pos + ",position=\"1\"} 0.5"));
+  EXPECT_TRUE(HasLine(text, pos + ",position=\"2\"} 0.25"));
+}
+
+TEST(ExpositionTest, LoraRequestsInfoIsOneSeriesPerEngineSeries) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* a = reg->GetOrCreate({"vllm", "m", "0", {}});
+  EngineSeries* b = reg->GetOrCreate({"vllm", "m", "1", {{"tier", "x"}}});
+  a->InitLoraTime(1'764'633'600);
+  b->InitLoraTime(1'764'633'600);
+  b->SetMaxLora(8);
+  RequestLabels& labels = reg->request_labels();
+  const uint16_t x = labels.InternLora("x");
+  const uint16_t y = labels.InternLora("y");
+  b->AddLora(y, true, 1, 1'764'633'601);
+  b->AddLora(x, true, 1, 1'764'633'602);
+  b->AddLora(x, false, 1, 1'764'633'603.5);
+  b->AddLora(y, true, 1, 1'764'633'604);  // a second request: no change
+  const std::string text = Render(*reg, ExpositionFormat::kText004);
+  const std::string p = "vllm:lora_requests_info{model_name=\"m\",";
+  EXPECT_TRUE(HasLine(text, p + "engine=\"0\",max_lora=\"0\","
+                                "running_lora_adapters=\"\","
+                                "waiting_lora_adapters=\"\"} 1764633600"))
+      << text;
+  EXPECT_TRUE(HasLine(text, p + "engine=\"1\",tier=\"x\",max_lora=\"8\","
+                                "running_lora_adapters=\"x,y\","
+                                "waiting_lora_adapters=\"x\"} 1764633603.5"));
+  size_t samples = 0;
+  for (size_t at = text.find("\nvllm:lora_requests_info{");
+       at != std::string::npos;
+       at = text.find("\nvllm:lora_requests_info{", at + 1)) {
+    ++samples;
+  }
+  EXPECT_EQ(samples, 2u);
+}
+
+// The per-request labels go on request-level families only: not on
+// gauges, STEP counters, num_preemptions or iteration histograms.
+TEST(ExpositionTest, RequestLabelsOnlyOnRequestLevelFamilies) {
+  for (Profile p : {Profile::kVllm, Profile::kSglang, Profile::kLmdeploy}) {
+    SCOPED_TRACE(ProfileName(p));
+    RegistryOptions options;
+    options.request_labels = {"tenant"};
+    options.legacy_names = true;
+    std::unique_ptr<Registry> reg;
+    ASSERT_TRUE(Registry::Create(options, &reg).ok());
+    EngineSeries* s =
+        reg->GetOrCreate({ProfileNamespace(p, "vllm", ""), "m", "0", {}, p});
+    Fill(*s, 1, true, true);
+    Fill(s->Cell(KeyOf(*reg, *s, {"acme"})), 2, true, true);
+    s->SetCacheConfig({{"page_size", "16", 16}});
+    const std::string text = Render(*reg, ExpositionFormat::kText004);
+    std::map<std::string, bool> request_level;  // exposed name -> flag
+    for (const FamilyDef& f : ProfileFamilies(p)) {
+      std::string name =
+          ProfileNamespace(p, "vllm", "") + ":" + std::string(FamilyName(f));
+      if (f.type == MetricType::kCounter) name += "_total";
+      request_level[name] = f.source == FamilySource::kMetric &&
+                            kEngineMetrics[f.metric].request_level;
+    }
+    size_t labelled = 0;
+    for (const Family& f : Parse(text, ExpositionFormat::kText004)) {
+      if (f.name.find(':') == std::string::npos) continue;
+      SCOPED_TRACE(f.name);
+      ASSERT_TRUE(request_level.count(f.name));
+      bool acme = false;
+      for (const Sample& smp : f.samples) {
+        bool has_tenant = false;
+        for (const auto& [n, v] : smp.labels) {
+          if (n != "tenant") continue;
+          has_tenant = true;
+          acme = acme || v == "acme";
+        }
+        EXPECT_EQ(has_tenant, request_level[f.name]) << smp.name;
+      }
+      EXPECT_EQ(acme, request_level[f.name]);
+      if (acme) ++labelled;
+    }
+    size_t want = 0;
+    for (const auto& [name, flag] : request_level) want += flag ? 1 : 0;
+    EXPECT_EQ(labelled, want);
+    EXPECT_GE(want, 10u);
+  }
+}
+
+// What promtool finds in the profiles: the findings docs/metrics.md keeps
+// on purpose for each (SGLang's *_histogram names, LMDeploy's
+// iter_token_latency), nothing else, no parse error.
+bool IsExpectedProfileLintFinding(const std::string& line) {
+  if (IsExpectedLintFinding(line)) return true;
+  for (const char* name :
+       {"sglang:prompt_tokens_histogram", "sglang:generation_tokens_histogram",
+        "lmdeploy:iter_token_latency"}) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(ExpositionTest, PromtoolFindsOnlyTheKnownLintsOfEachProfile) {
+  const std::string promtool = FindOnPath("promtool");
+  if (promtool.empty()) GTEST_SKIP() << "promtool not on PATH";
+  const auto reg = ProfilesRegistry();
+  ExpectOnlyExpectedLints(promtool, Render(*reg, ExpositionFormat::kText004),
+                          IsExpectedProfileLintFinding);
 }
 
 }  // namespace

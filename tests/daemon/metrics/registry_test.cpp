@@ -1,5 +1,6 @@
-// Registry: option checks (bucket overrides), series identities and the
-// series cap.
+// Registry: option checks (bucket overrides, request labels), series
+// identities, the series cap, one profile per namespace; RequestLabels and
+// EngineSeries' label cells.
 #include "daemon/metrics/registry.h"
 
 #include <gtest/gtest.h>
@@ -7,11 +8,15 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/exposition.h"
+#include "daemon/metrics/profile.h"
+#include "daemon/metrics/request_labels.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -274,6 +279,200 @@ TEST(RegistryTest, CollectorsOwnTheirFamiliesUntilTheyGo) {
   text.clear();
   Render(*reg, ExpositionFormat::kText004, text);
   EXPECT_EQ(text.find("tokenmeter_ingest_frames"), std::string::npos);
+}
+
+// ---- profiles and per-request labels
+// ------------------------------------------
+
+TEST(RegistryTest, OneNamespaceHoldsOneProfile) {
+  auto reg = MustCreate(RegistryOptions{});
+  EngineSeries* a = reg->GetOrCreate({"x", "m", "0", {}, Profile::kVllm});
+  ASSERT_NE(a, nullptr);
+  const SeriesIdentity other{"x", "m", "1", {}, Profile::kSglang};
+  EXPECT_TRUE(reg->NamespaceConflict(other));
+  EXPECT_EQ(reg->GetOrCreate(other), nullptr);
+  // Not the series cap.
+  EXPECT_EQ(reg->series_rejected(), 0u);
+  EXPECT_EQ(reg->series_count(), 1u);
+  // The same identity under the other profile is refused too.
+  EXPECT_EQ(reg->GetOrCreate({"x", "m", "0", {}, Profile::kLmdeploy}), nullptr);
+  // The profile it has, and other namespaces, are fine.
+  EXPECT_FALSE(reg->NamespaceConflict({"x", "m", "2", {}, Profile::kVllm}));
+  EXPECT_NE(reg->GetOrCreate({"x", "m", "2", {}, Profile::kVllm}), nullptr);
+  EXPECT_FALSE(reg->NamespaceConflict({"y", "m", "0", {}, Profile::kSglang}));
+  EXPECT_NE(reg->GetOrCreate({"y", "m", "0", {}, Profile::kSglang}), nullptr);
+  EXPECT_EQ(reg->GetOrCreate({"x", "m", "0", {}, Profile::kVllm}), a);
+  EXPECT_EQ(reg->series_count(), 3u);
+}
+
+TEST(RegistryTest, SeriesKeepTheirProfilesBuckets) {
+  RegistryOptions options;
+  options.buckets["request_queue_time_seconds"] = {1, 2};
+  auto reg = MustCreate(options);
+  for (Profile p : {Profile::kVllm, Profile::kSglang, Profile::kLmdeploy}) {
+    SCOPED_TRACE(ProfileName(p));
+    EngineSeries* s =
+        reg->GetOrCreate({ProfileNamespace(p, "e", ""), "m", "0", {}, p});
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->profile(), p);
+    for (int i = 0; i < kNumHistograms; ++i) {
+      const EngineMetricDef& d = kEngineMetrics[kFirstHistogram + i];
+      SCOPED_TRACE(d.suffix);
+      // An override names the measurement and holds in every profile.
+      const std::vector<double> want =
+          d.id == kRequestQueueTime
+              ? std::vector<double>{1, 2}
+              : DefaultBuckets(ProfileBuckets(p, d.id), 32768);
+      EXPECT_EQ(s->hist(d.id).layout().bounds(), want);
+    }
+  }
+  EXPECT_EQ(ProfileBuckets(Profile::kSglang, kTimeToFirstToken),
+            BucketSet::kSglangTtft);
+  EXPECT_EQ(ProfileBuckets(Profile::kLmdeploy, kInterTokenLatency),
+            BucketSet::kLmdeployItl);
+  EXPECT_EQ(ProfileBuckets(Profile::kVllm, kTimeToFirstToken),
+            BucketSet::kTtft);
+}
+
+TEST(RegistryTest, ProfileNamesAndNamespaces) {
+  EXPECT_EQ(ParseProfile("vllm"), Profile::kVllm);
+  EXPECT_EQ(ParseProfile("sglang"), Profile::kSglang);
+  EXPECT_EQ(ParseProfile("lmdeploy"), Profile::kLmdeploy);
+  EXPECT_EQ(ParseProfile("auto"), std::nullopt);
+  EXPECT_EQ(ParseProfile("SGLang"), std::nullopt);
+  EXPECT_EQ(AutoProfile("sglang"), Profile::kSglang);
+  EXPECT_EQ(AutoProfile("lmdeploy"), Profile::kLmdeploy);
+  EXPECT_EQ(AutoProfile("vllm"), Profile::kVllm);
+  EXPECT_EQ(AutoProfile("sglang-router"), Profile::kVllm);
+  EXPECT_EQ(ProfileNamespace(Profile::kVllm, "tokenmeter-engine", ""),
+            "tokenmeter_engine");
+  EXPECT_EQ(ProfileNamespace(Profile::kSglang, "my-engine", ""), "sglang");
+  EXPECT_EQ(ProfileNamespace(Profile::kLmdeploy, "x", ""), "lmdeploy");
+  EXPECT_EQ(ProfileNamespace(Profile::kSglang, "x", "fleet"), "fleet");
+}
+
+TEST(RegistryTest, RejectsBadRequestLabelOptions) {
+  struct Case {
+    const char* name;
+    std::vector<std::string> labels;
+    size_t values;
+  };
+  const Case cases[] = {
+      {"five labels", {"a", "b", "c", "d", "e"}, 100},
+      {"no values", {"a"}, 0},
+      {"65534 values", {"a"}, 65534},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RegistryOptions options;
+    options.request_labels = c.labels;
+    options.request_label_values = c.values;
+    std::unique_ptr<Registry> reg;
+    const Status s = Registry::Create(options, &reg);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("--request-label"), std::string::npos)
+        << s.message();
+  }
+  RegistryOptions edge;
+  edge.request_labels = {"a", "b", "c", "d"};
+  edge.request_label_values = 65533;
+  MustCreate(edge);
+}
+
+TEST(RegistryTest, OverflowFamilyOnlyWithRequestLabels) {
+  auto plain = MustCreate(RegistryOptions{});
+  EXPECT_EQ(plain->collector(kRequestLabelOverflow), nullptr);
+  RegistryOptions options;
+  options.request_labels = {"tenant", "tier"};
+  auto reg = MustCreate(options);
+  ASSERT_NE(reg->collector(kRequestLabelOverflow), nullptr);
+  reg->request_labels().CountOverflow(1);
+  std::string text;
+  Render(*reg, ExpositionFormat::kText004, text);
+  EXPECT_NE(text.find("tokenmeter_request_label_overflow_total{label="
+                      "\"tenant\"} 0\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tokenmeter_request_label_overflow_total{label="
+                      "\"tier\"} 1\n"),
+            std::string::npos);
+}
+
+TEST(RequestLabelsTest, InternsValuesAndAdapters) {
+  RequestLabels labels({"tenant", "tier"}, 100);
+  EXPECT_TRUE(labels.enabled());
+  EXPECT_EQ(labels.Intern(0, ""), RequestLabels::kEmpty);
+  const uint16_t a = labels.Intern(0, "a");
+  EXPECT_GE(a, 2u);
+  EXPECT_EQ(labels.Intern(0, "a"), a);
+  EXPECT_EQ(labels.Find(0, "a"), a);
+  EXPECT_EQ(labels.Find(0, ""), RequestLabels::kEmpty);
+  EXPECT_EQ(labels.Find(0, "b"), std::nullopt);
+  EXPECT_EQ(labels.Find(1, "a"), std::nullopt);  // per label
+  EXPECT_EQ(labels.Value(0, a), "a");
+  EXPECT_EQ(labels.Value(0, RequestLabels::kEmpty), "");
+  EXPECT_EQ(labels.Value(1, RequestLabels::kOther), "__other__");
+  const LabelKey key = RequestLabels::Pack(RequestLabels::Pack(0, 0, a), 1, 7);
+  EXPECT_EQ(RequestLabels::Unpack(key, 0), a);
+  EXPECT_EQ(RequestLabels::Unpack(key, 1), 7u);
+  EXPECT_EQ(RequestLabels::Unpack(RequestLabels::Pack(key, 0, 3), 0), 3u);
+  EXPECT_EQ(RequestLabels::Unpack(RequestLabels::Pack(key, 0, 3), 1), 7u);
+  EXPECT_EQ(labels.InternLora(""), 0u);
+  const uint16_t x = labels.InternLora("x");
+  EXPECT_NE(x, 0u);
+  EXPECT_EQ(labels.InternLora("x"), x);
+  EXPECT_NE(labels.InternLora("y"), x);
+  EXPECT_EQ(labels.LoraName(x), "x");
+  EXPECT_FALSE(RequestLabels({}, 100).enabled());
+}
+
+TEST(EngineSeriesTest, CellsByLabelKeyWithinTheCap) {
+  RegistryOptions options;
+  options.request_labels = {"tenant"};
+  options.request_label_values = 1;
+  auto reg = MustCreate(options);
+  EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
+  EXPECT_EQ(&s->Cell(0), static_cast<SeriesValues*>(s));
+  EXPECT_EQ(s->base_label_text(),
+            "model_name=\"m\",engine=\"0\",k=\"v\","
+            "tenant=\"\"");
+  EXPECT_EQ(s->label_text(), "model_name=\"m\",engine=\"0\",k=\"v\"");
+  RequestLabels& labels = reg->request_labels();
+  const uint16_t a = labels.Intern(0, "a");
+  const uint16_t b = labels.Intern(0, "b");
+  EXPECT_TRUE(s->Admit(0, a));
+  EXPECT_TRUE(s->Admit(0, a));
+  EXPECT_FALSE(s->Admit(0, b));
+  EXPECT_TRUE(s->Admit(0, RequestLabels::kOther));
+  EXPECT_TRUE(s->Admit(0, RequestLabels::kEmpty));
+  SeriesValues& ca = s->Cell(RequestLabels::Pack(0, 0, a));
+  EXPECT_EQ(&s->Cell(RequestLabels::Pack(0, 0, a)), &ca);
+  // A value with no place here (admitted by another series) is __other__.
+  SeriesValues& cb = s->Cell(RequestLabels::Pack(0, 0, b));
+  EXPECT_EQ(&s->Cell(RequestLabels::Pack(0, 0, RequestLabels::kOther)), &cb);
+  EXPECT_EQ(&s->Cell(RequestLabels::Pack(0, 0, b)), &cb);
+  ASSERT_EQ(s->cells().size(), 2u);
+  EXPECT_EQ(s->cells()[0].label_text,
+            "model_name=\"m\",engine=\"0\",k=\"v\",tenant=\"a\"");
+  EXPECT_EQ(s->cells()[1].label_text,
+            "model_name=\"m\",engine=\"0\",k=\"v\",tenant=\"__other__\"");
+  EXPECT_EQ(s->cells()[1].label_pairs.back(),
+            (std::pair<std::string, std::string>{"tenant", "__other__"}));
+}
+
+TEST(EngineSeriesTest, MaxLoraAndCacheConfigLabels) {
+  auto reg = MustCreate(RegistryOptions{});
+  EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
+  EXPECT_EQ(s->max_lora(), "0");
+  s->SetMaxLora(16);
+  EXPECT_EQ(s->max_lora(), "16");
+  EXPECT_FALSE(s->has_cache_config());
+  s->SetCacheConfig({{"block_size", "16", 16}, {"x", "a\"b", std::nan("")}});
+  EXPECT_TRUE(s->has_cache_config());
+  EXPECT_EQ(s->cache_config_text(),
+            "model_name=\"m\",engine=\"0\",k=\"v\",block_size=\"16\","
+            "x=\"a\\\"b\"");
+  EXPECT_EQ(s->cache_config_pairs().back().second, "a\"b");
 }
 
 }  // namespace
