@@ -183,6 +183,7 @@ constexpr DaemonMetric kOwned[] = {kTrackedRequests, kEvictedRequests,
 Tracker::Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
                  TrackerOptions options)
     : request_labels_(registry.request_labels()),
+      labels_on_(registry.request_labels().enabled()),
       ingest_(ingest),
       clock_(clock),
       options_(options),
@@ -323,8 +324,11 @@ void Tracker::Remove(Request& r, bool evicted) {
 }
 
 SeriesValues& Tracker::CellOf(EngineSeries& s, const Request& r) {
-  if (r.label_set == 0) return s;
-  return s.Cell(request_labels_.SetKey(r.label_set));
+  if (!labels_on_) return s;  // every request in the series' own values
+  const LabelKey key =
+      r.label_set == 0 ? 0 : request_labels_.SetKey(r.label_set);
+  if (key == 0) s.UseOwnCell();
+  return s.Cell(key);
 }
 
 uint16_t Tracker::LoraOf(const Request& r) const {

@@ -156,6 +156,7 @@ class Tracker : public Collector {
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
 
   RequestLabels& request_labels_;
+  const bool labels_on_;  // some --request-label is configured
   IngestStats& ingest_;
   const Clock& clock_;
   const TrackerOptions options_;

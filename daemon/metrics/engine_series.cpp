@@ -51,7 +51,8 @@ EngineSeries::EngineSeries(SeriesIdentity identity,
       identity_(std::move(identity)),
       request_labels_(request_labels),
       layouts_(layouts),
-      admitted_(request_labels.names().size()) {
+      admitted_(request_labels.names().size()),
+      request_labels_off_(!request_labels.enabled()) {
   for (const EngineMetricDef& def : kEngineMetrics) {
     uses_[def.id] = ProfileUses(identity_.profile, def.id);
   }

@@ -159,6 +159,12 @@ class EngineSeries : public SeriesValues {
     if (key == 0) return *this;
     return CellSlow(key);
   }
+  // With request labels on, the series' own values (every label empty) are
+  // shown for request-level families only once a request without labels
+  // used them (UseOwnCell()): a series whose every request is labelled
+  // shows no empty-label copy at zero.
+  void UseOwnCell() { own_cell_used_ = true; }
+  bool own_cell_shown() const { return own_cell_used_ || request_labels_off_; }
   // The labels of this series' own values when request labels are on (the
   // empty value for each), else label_text().
   const std::string& base_label_text() const { return base_label_text_; }
@@ -221,6 +227,8 @@ class EngineSeries : public SeriesValues {
   std::unordered_map<LabelKey, size_t> cell_index_;  // key -> cells_ index
   // Per request label: the value ids admitted, at most the cap.
   std::vector<std::vector<uint16_t>> admitted_;
+  const bool request_labels_off_;
+  bool own_cell_used_ = false;
   bool has_cache_config_ = false;
   std::vector<CacheConfigEntry> cache_config_;
   std::string cache_config_text_;

@@ -70,8 +70,11 @@ void WriteMetric(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
     WriteValues(f, s, SampleLabels{s.label_text(), s.label_pairs(), {}, {}}, w);
     return;
   }
-  WriteValues(
-      f, s, SampleLabels{s.base_label_text(), s.base_label_pairs(), {}, {}}, w);
+  if (s.own_cell_shown()) {
+    WriteValues(f, s,
+                SampleLabels{s.base_label_text(), s.base_label_pairs(), {}, {}},
+                w);
+  }
   for (const LabelCell& c : s.cells()) {
     WriteValues(f, *c.values, SampleLabels{c.label_text, c.label_pairs, {}, {}},
                 w);
