@@ -325,10 +325,7 @@ void Tracker::Remove(Request& r, bool evicted) {
 
 SeriesValues& Tracker::CellOf(EngineSeries& s, const Request& r) {
   if (!labels_on_) return s;  // every request in the series' own values
-  const LabelKey key =
-      r.label_set == 0 ? 0 : request_labels_.SetKey(r.label_set);
-  if (key == 0) s.UseOwnCell();
-  return s.Cell(key);
+  return s.CellForSet(r.label_set);
 }
 
 uint16_t Tracker::LoraOf(const Request& r) const {

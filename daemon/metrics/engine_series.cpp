@@ -126,6 +126,17 @@ SeriesValues& EngineSeries::CellSlow(LabelKey key) {
   return *cells_.back().values;
 }
 
+SeriesValues& EngineSeries::CellForSetSlow(uint32_t set) {
+  const LabelKey key = set == 0 ? 0 : request_labels_.SetKey(set);
+  if (key == 0) UseOwnCell();
+  SeriesValues& values = Cell(key);
+  if (set < kDirectSets) {
+    if (set_cells_.size() <= set) set_cells_.resize(set + 1, nullptr);
+    set_cells_[set] = &values;
+  }
+  return values;
+}
+
 void EngineSeries::SetCacheConfig(std::vector<CacheConfigEntry> entries) {
   cache_config_ = std::move(entries);
   has_cache_config_ = true;

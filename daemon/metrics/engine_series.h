@@ -159,6 +159,17 @@ class EngineSeries : public SeriesValues {
     if (key == 0) return *this;
     return CellSlow(key);
   }
+  // The values of the request-label set `set` (RequestLabels::InternSet()
+  // id, its key and adapter): the same as Cell(labels.SetKey(set)), the
+  // first kDirectSets ids found by index after their first use.
+  static constexpr uint32_t kDirectSets = 256;
+  SeriesValues& CellForSet(uint32_t set) {
+    if (set < set_cells_.size() && set_cells_[set] != nullptr) {
+      return *set_cells_[set];
+    }
+    return CellForSetSlow(set);
+  }
+
   // With request labels on, the series' own values (every label empty) are
   // shown for request-level families only once a request without labels
   // used them (UseOwnCell()): a series whose every request is labelled
@@ -213,6 +224,7 @@ class EngineSeries : public SeriesValues {
 
  private:
   SeriesValues& CellSlow(LabelKey key);
+  SeriesValues& CellForSetSlow(uint32_t set);
   LabelCell MakeCell(LabelKey key);
 
   const SeriesIdentity identity_;
@@ -225,6 +237,7 @@ class EngineSeries : public SeriesValues {
   LabelPairs base_label_pairs_;
   std::vector<LabelCell> cells_;
   std::unordered_map<LabelKey, size_t> cell_index_;  // key -> cells_ index
+  std::vector<SeriesValues*> set_cells_;  // [set id < kDirectSets] or null
   // Per request label: the value ids admitted, at most the cap.
   std::vector<std::vector<uint16_t>> admitted_;
   const bool request_labels_off_;
