@@ -502,12 +502,24 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
     if (itl < 0) {
       ++negative_[size_t(Interval::kItl)];
     } else {
-      cell.hist(kInterTokenLatency).Observe(double(itl));
-      // LMDeploy's per-chunk time per output token; SGLang's token-weighted
-      // inter-token latency.
+      // vLLM's (and LMDeploy's iter_token_latency); SGLang shows only its
+      // token-weighted one.
+      size_t bucket = 0;
+      if (s.uses(kInterTokenLatency)) {
+        Histogram& h = cell.hist(kInterTokenLatency);
+        bucket = h.layout().BucketFor(double(itl));
+        h.ObserveIn(bucket, double(itl));
+      }
+      // LMDeploy's per-chunk time per output token: for a chunk of one token
+      // the ITL's value, in the ITL's bucket when the layouts agree.
       if (s.uses(kTimePerOutputTokenChunk)) {
-        cell.hist(kTimePerOutputTokenChunk)
-            .Observe(double(itl) / double(ev.count));
+        Histogram& h = cell.hist(kTimePerOutputTokenChunk);
+        if (ev.count == 1 && s.uses(kInterTokenLatency) &&
+            s.tpot_chunk_shares_itl_buckets()) {
+          h.ObserveIn(bucket, double(itl));
+        } else {
+          h.Observe(double(itl) / double(ev.count));
+        }
       }
       if (s.uses(kInterTokenLatencyPerToken)) {
         cell.hist(kInterTokenLatencyPerToken)
@@ -515,9 +527,7 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
                              double(itl));
       }
     }
-    if (s.uses(kIterationTokensChunk)) {
-      s.hist(kIterationTokensChunk).Observe(double(ev.count));
-    }
+    if (s.uses(kIterationTokensChunk)) s.ObserveChunkTokens(ev.count);
     if (ev.t_ns > r.t_ns[kLastToken]) r.t_ns[kLastToken] = ev.t_ns;
     return;
   }

@@ -56,6 +56,10 @@ EngineSeries::EngineSeries(SeriesIdentity identity,
   for (const EngineMetricDef& def : kEngineMetrics) {
     uses_[def.id] = ProfileUses(identity_.profile, def.id);
   }
+  tpot_shares_itl_ = hist(kTimePerOutputTokenChunk).layout().bounds() ==
+                         hist(kInterTokenLatency).layout().bounds() &&
+                     hist(kTimePerOutputTokenChunk).layout().divisor() ==
+                         hist(kInterTokenLatency).layout().divisor();
   label_pairs_.reserve(label_order.size() + 2);
   label_pairs_.emplace_back("model_name", identity_.model);
   label_pairs_.emplace_back("engine", identity_.instance);

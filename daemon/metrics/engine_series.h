@@ -144,6 +144,19 @@ class EngineSeries : public SeriesValues {
   Profile profile() const { return identity_.profile; }
   // Whether this series' profile reads metric m (ProfileUses()).
   bool uses(EngineMetric m) const { return uses_[m]; }
+  // Observes n into LMDeploy's per-chunk iteration tokens; the bucket of
+  // the previous n is remembered (nearly every chunk has one token).
+  void ObserveChunkTokens(uint64_t n) {
+    Histogram& h = hist(kIterationTokensChunk);
+    if (n != chunk_tokens_n_) {
+      chunk_tokens_n_ = n;
+      chunk_tokens_bucket_ = h.layout().BucketFor(double(n));
+    }
+    h.ObserveIn(chunk_tokens_bucket_, double(n));
+  }
+  // Whether LMDeploy's per-chunk TPOT and the ITL have the same bounds (a
+  // chunk of one token then falls in the ITL's bucket).
+  bool tpot_chunk_shares_itl_buckets() const { return tpot_shares_itl_; }
   // model_name="..",engine="..",k="v" (escaped, text formats).
   const std::string& label_text() const { return label_text_; }
   // (name, value) pairs in label_text() order, model_name and engine first.
@@ -231,6 +244,9 @@ class EngineSeries : public SeriesValues {
   RequestLabels& request_labels_;
   const std::vector<HistogramLayout>& layouts_;
   std::array<bool, kNumEngineMetrics> uses_{};
+  bool tpot_shares_itl_ = false;
+  uint64_t chunk_tokens_n_ = UINT64_MAX;  // ObserveChunkTokens()'s memo
+  size_t chunk_tokens_bucket_ = 0;
   LabelPairs label_pairs_;
   std::string label_text_;
   std::string base_label_text_;

@@ -46,6 +46,13 @@ class Histogram {
     ++count_;
     sum_raw_ += raw;
   }
+  // Observe(raw) when `bucket` is layout().BucketFor(raw) (computed once
+  // for two histograms of one layout's bounds).
+  void ObserveIn(size_t bucket, double raw) {
+    ++counts_[bucket];
+    ++count_;
+    sum_raw_ += raw;
+  }
   // `n` observations of `raw_each` whose sum is `raw_sum` (SGLang's
   // token-weighted inter-token latency: one chunk interval over n tokens).
   void ObserveWeighted(double raw_each, uint64_t n, double raw_sum) {
