@@ -14,7 +14,7 @@ uint64_t MonotonicClock::NowNs() const {
 }
 
 double Clock::UnixNowS() const {
-  timespec ts;
+  timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
