@@ -1453,8 +1453,31 @@ TEST(TrackerTest, TwoRequestLabelsCombine) {
   EXPECT_TRUE(HasLine(text, p + "tenant=\"a\",tier=\"x\"} 2")) << text;
   EXPECT_TRUE(HasLine(text, p + "tenant=\"a\",tier=\"\"} 1"));
   EXPECT_TRUE(HasLine(text, p + "tenant=\"\",tier=\"x\"} 1"));
-  EXPECT_TRUE(HasLine(text, p + "tenant=\"\",tier=\"\"} 0"));
+  // Every request had a label: no copy with both empty.
+  EXPECT_EQ(text.find("tenant=\"\",tier=\"\""), std::string::npos);
   EXPECT_EQ(h.core->cells().size(), 3u);
+}
+
+// The empty-label copy of the request-level families appears once a
+// request without labels was observed into the series (an always-present
+// one at zero would make per-series averages NaN).
+TEST(TrackerTest, EmptyLabelCopyAppearsOnceARequestWithoutLabelsCounts) {
+  Harness h(LabelOptions({"tenant"}, 10), Profile::kVllm);
+  const std::string p =
+      "vllm:generation_tokens_total{model_name=\"m\",engine=\"core\",";
+  Lifecycle(h, h.Core(), h.Core(), 1, Labels({{"tenant", "a"}}));
+  std::string text = h.Render();
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"a\"} 2")) << text;
+  EXPECT_EQ(text.find("tenant=\"\""), std::string::npos);
+  // Gauges carry no request label and are there all along.
+  EXPECT_TRUE(HasLine(
+      text, "vllm:num_requests_running{model_name=\"m\",engine=\"core\"} 0"));
+  Lifecycle(h, h.Core(), h.Core(), 2, Labels({{"user", "u"}}));
+  text = h.Render();
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"\"} 2")) << text;
+  EXPECT_TRUE(HasLine(text, p + "tenant=\"a\"} 2"));
+  // The other series has had no request at all.
+  EXPECT_EQ(text.find("engine=\"front\",tenant=\"\""), std::string::npos);
 }
 
 TEST(TrackerTest, RequestLabelValueAdmittedOnAnotherSeries) {

@@ -853,8 +853,8 @@ LabelKey KeyOf(Registry& reg, EngineSeries& s,
 }
 
 // An SGLang and an LMDeploy series with data in every family, per-request
-// label cells (--request-label tenant, two places), cache_config, max_lora
-// and LoRA sets.
+// label cells (--request-label tenant, two places; the empty value's only
+// in SGLang's), cache_config, max_lora and LoRA sets.
 Exposed ProfilesRegistry() {
   RegistryOptions options;
   options.request_labels = {"tenant"};
@@ -888,6 +888,9 @@ Exposed ProfilesRegistry() {
     Fill(s->Cell(KeyOf(*reg, *s, {"globex"})), k + 4, false, false);
     s->Cell(KeyOf(*reg, *s, {"initech"})).Add(kGenerationTokens, 7);
   }
+  // SGLang's series had requests without labels, LMDeploy's did not: only
+  // the first shows the empty-label copy.
+  sg->UseOwnCell();
   reg->request_labels().CountOverflow(0);
   reg->request_labels().CountOverflow(0);
   const double kNaN = std::nan("");
