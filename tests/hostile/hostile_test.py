@@ -500,8 +500,10 @@ class RequestLabelCardinality(Base):
         values = set(re.findall(
             r'vllm:request_success_total\{model_name="tenants",engine="0",'
             r'tenant="([^"]*)"', text))
-        self.assertEqual(len(values), 52)  # 50 values, "" and __other__
+        # 50 values and __other__ (every request had one: no "" copy).
+        self.assertEqual(len(values), 51)
         self.assertIn("__other__", values)
+        self.assertNotIn("", values)
         self.assertEqual(self.d.value(
             "vllm:request_success_total", model_name="tenants", engine="0",
             tenant="__other__", finished_reason="stop"), n - 50)
