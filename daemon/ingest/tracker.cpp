@@ -444,13 +444,7 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
   if (ev.extras != Event::kNoExtras && ev.extras < arrivals.size()) {
     const ArrivedExtras& x = arrivals[ev.extras];
     RequestLabels& labels = request_labels_;
-    // A request already waiting or running (its ARRIVED came late) joins
-    // the adapter set it is in at once.
     const uint16_t lora = labels.InternLora(x.lora);
-    if (lora != 0 && r.gauge != Gauge::kNone) {
-      r.gauge_series->AddLora(lora, r.gauge == Gauge::kRunning, 1,
-                              clock_.UnixNowS());
-    }
     LabelKey key = 0;
     for (size_t i = 0; i < labels.names().size(); ++i) {
       std::string_view value;
@@ -472,6 +466,13 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
       key = RequestLabels::Pack(key, i, id);
     }
     r.label_set = labels.InternSet(key, lora);
+    // A request already waiting or running (its ARRIVED came late) joins
+    // its adapter's set now; with the set table full it has no adapter (and
+    // must not be left in a set it would never leave).
+    if (LoraOf(r) != 0 && r.gauge != Gauge::kNone) {
+      r.gauge_series->AddLora(LoraOf(r), r.gauge == Gauge::kRunning, 1,
+                              clock_.UnixNowS());
+    }
   }
   r.prompt_tokens = uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX));
   r.has_max_tokens = ev.has_max_tokens;

@@ -4,7 +4,9 @@
 // tokenmeter_request_label_overflow_total while request labels are on.
 //
 // Memory: at most kMaxValues values per label and kMaxLoras adapter names,
-// each at most 128 bytes (protocol.h). Single-threaded (the daemon's loop).
+// each at most 128 bytes (protocol.h), and kMaxSets combinations of them
+// (about 60 bytes each). Nothing is forgotten while the daemon runs.
+// Single-threaded (the daemon's loop).
 #ifndef TOKENMETER_DAEMON_METRICS_REQUEST_LABELS_H_
 #define TOKENMETER_DAEMON_METRICS_REQUEST_LABELS_H_
 
@@ -62,8 +64,9 @@ class RequestLabels : public Collector {
 
   // A request's label values and adapter as one id, so that a tracked
   // request keeps 4 bytes for them: 0 for (0, 0); the same id for the same
-  // pair. Past kMaxSets pairs a new one gets 0 (no labels, no adapter).
-  static constexpr size_t kMaxSets = size_t{1} << 24;
+  // pair. Past kMaxSets pairs (about 64 MiB of table) a new one gets 0 (no
+  // labels, no adapter).
+  static constexpr size_t kMaxSets = size_t{1} << 20;
   uint32_t InternSet(uint64_t key, uint16_t lora);
   uint64_t SetKey(uint32_t id) const { return sets_[id].key; }
   uint16_t SetLora(uint32_t id) const { return sets_[id].lora; }
