@@ -14,11 +14,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
 #include "daemon/metrics/exposition.h"
+#include "daemon/metrics/profile.h"
 #include "daemon/metrics/registry.h"
 
 namespace tokenmeter::daemon {
@@ -34,6 +36,11 @@ struct State {
   State() {
     RegistryOptions options;
     options.max_engine_series = 64;
+    // Per-request labels on, with a small cap, so that the label cells,
+    // __other__ and the LoRA sets are reached.
+    options.request_labels = {"tenant", "team"};
+    options.request_label_values = 4;
+    options.legacy_names = true;
     if (!Registry::Create(options, &registry).ok()) __builtin_trap();
     TrackerOptions t;
     t.max_requests = 4096;
@@ -59,10 +66,23 @@ class Sink : public FrameSink {
   void OnHello(const Hello& hello) override {
     if (hello_seen_) __builtin_trap();  // the decoder must refuse a second
     hello_seen_ = true;
-    SeriesIdentity id{SanitizeNamespace(hello.engine), hello.model,
-                      hello.instance, hello.labels};
+    // As IngestServer: the HELLO's profile, else auto.
+    const Profile profile = hello.profile.empty()
+                                ? AutoProfile(hello.engine)
+                                : *ParseProfile(hello.profile);
+    SeriesIdentity id{ProfileNamespace(profile, hello.engine, ""), hello.model,
+                      hello.instance, hello.labels, profile};
     EngineSeries* series = state_.registry->GetOrCreate(id);
-    if (series != nullptr) source_ = Source{series, state_.next_space++ % 8};
+    if (series == nullptr) return;  // cap, or another profile's namespace
+    if (hello.has_cache_config) {
+      std::vector<EngineSeries::CacheConfigEntry> entries;
+      for (const auto& e : hello.cache_config) {
+        entries.push_back({e.key, e.value, e.number});
+      }
+      series->SetCacheConfig(std::move(entries));
+    }
+    if (hello.has_max_lora) series->SetMaxLora(hello.max_lora);
+    source_ = Source{series, state_.next_space++ % 8};
   }
   void OnBatch(const Batch& batch) override {
     if (!hello_seen_) __builtin_trap();  // BATCH before HELLO must fail

@@ -84,6 +84,27 @@ DECODER = {
     "lying_length": b"\x04" + HELLO + b"\x94\x01\x00\x00\xdd\xff\xff\xff\xff",
     "deep": b"\x06" + HELLO + b"\x94\x01\x00\x00\x91" + b"\x91" * 40 + b"\x00",
     "reserved_label": b"\x07" + hello(labels={"le": "1", "__x": "y"}),
+    # Protocol 1.1: profiles, cache_config, max_lora, ARRIVED lora/labels.
+    "protocol_1_1_sglang": b"\x31" + hello(
+        engine="sglang", cache_config={"page_size": 1, "num_pages": 100,
+                                       "ratio": 0.9, "on": True,
+                                       "dtype": "auto", "neg": -3},
+        max_lora=4) + batch([
+            [1, T, 1, 10, {"lora": "a", "labels": {"tenant": "t1"}}],
+            [1, T, 2, 10, {"lora": "b", "labels": {"tenant": "t2",
+                                                   "team": "x"}}],
+            [3, T + 1, 1], [4, T + 2, 1, 1], [4, T + 3, 1, 3],
+            [6, T + 4, 1], [5, T + 5, 1, "abort"], [5, T + 6, 2, "stop"]]),
+    "protocol_1_1_lmdeploy": b"\x32" + hello(
+        engine="x", profile="lmdeploy", cache_config={"block_size": 16})
+    + batch([[1, T, 1, 10, {"labels": {"tenant": "t9"}}], [3, T, 1],
+             [4, T + 1, 1, 1], [4, T + 2, 1, 2], [5, T + 3, 1, "length"]]),
+    "protocol_1_1_bad": b"\x09" + hello(profile="bogus"),
+    "protocol_1_1_bad_params": b"\x0a" + hello() + batch([
+        [1, T, 1, 1, {"lora": ""}], [1, T, 2, 1, {"labels": {"le": "x"}}],
+        [1, T, 3, 1, {"labels": {"a": "1", "b": "2", "c": "3", "d": "4",
+                                 "e": "5"}}],
+        [1, T, 4, 1, {"lora": "x" * 129}]]),
     "wide_ints": b"\x08" + bytes.fromhex(
         "dc 00 02 d3 00 00 00 00 00 00 00 00 de 00 03"
         " d9 05 70 72 6f 74 6f cd 00 01"
