@@ -32,6 +32,7 @@
 #define TM_EV_FINISHED 5  /* [5, t, rid, reason] */
 #define TM_EV_PREEMPTED 6 /* [6, t, rid] */
 #define TM_EV_STEP 7      /* [7, t, stats] */
+#define TM_EV_EXPERT_LOAD 8 /* 1.1: [8, t, layer, counts] */
 
 /* Default limits (the daemon may be configured to raise or lower them). */
 #define TM_MAX_FRAME_BYTES (1024u * 1024u)
@@ -45,6 +46,9 @@
 #define TM_MAX_LORA_BYTES 128u
 #define TM_MAX_REQUEST_LABELS 4u
 #define TM_MAX_REQUEST_LABEL_VALUE_BYTES 128u
+/* 1.1: EXPERT_LOAD layer (below) and counts entries (1 .. this many). */
+#define TM_MAX_MOE_LAYERS 4096u
+#define TM_MAX_MOE_EXPERTS 1024u
 
 /* The largest count one event may carry (TOKENS n, ARRIVED prompt_tokens
  * and params, every STEP count and spec_accepted_per_pos entry): no engine
