@@ -38,6 +38,9 @@ them as Prometheus metrics.
                              lmdeploy (default auto)
   --legacy-names             vllm profile: also the pre-v1 names routers
                              read (vllm:gpu_cache_usage_perc, ...)
+  --moe-expert-series        also moe_expert_tokens{layer,expert}: one series
+                             per expert of every MoE layer, counted toward
+                             --max-engine-series
   --request-label NAME       add request label NAME from ARRIVED params
                              labels to request series (repeatable, at most 4)
   --request-label-values N   distinct values per request label per engine
@@ -226,6 +229,12 @@ const std::vector<Flag>& Flags() {
       {"legacy-names",
        [](std::string_view v, Config* c) {
          return ParseBool("legacy-names", v, &c->registry.legacy_names);
+       },
+       true},
+      {"moe-expert-series",
+       [](std::string_view v, Config* c) {
+         return ParseBool("moe-expert-series", v,
+                          &c->registry.moe_expert_series);
        },
        true},
       {"request-label",

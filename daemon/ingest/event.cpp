@@ -18,6 +18,8 @@ std::string_view EventKindName(EventKind kind) {
       return "preempted";
     case EventKind::kStep:
       return "step";
+    case EventKind::kExpertLoad:
+      return "expert_load";
   }
   return "unknown";
 }

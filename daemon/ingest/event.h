@@ -22,8 +22,9 @@ enum class EventKind : uint8_t {
   kFinished = TM_EV_FINISHED,
   kPreempted = TM_EV_PREEMPTED,
   kStep = TM_EV_STEP,
+  kExpertLoad = TM_EV_EXPERT_LOAD,  // 1.1
 };
-inline constexpr int kNumEventKinds = 7;
+inline constexpr int kNumEventKinds = 8;
 // "arrived", "queued", ... (the kind label of tokenmeter_ingest_events_total).
 std::string_view EventKindName(EventKind kind);
 
@@ -78,11 +79,14 @@ struct ArrivedExtras {
   std::pair<std::string_view, std::string_view> labels[TM_MAX_REQUEST_LABELS];
 };
 
+// EXPERT_LOAD ([8, t, layer, counts]) uses `count` for the layer and
+// step.pos_begin / step.pos_count for the counts in Batch::positions (Event
+// stays 176 bytes).
 struct Event {
   static constexpr uint32_t kNoExtras = UINT32_MAX;
   EventKind kind;
   uint64_t t_ns;
-  RequestId rid;            // not for kStep
+  RequestId rid;            // not for kStep, kExpertLoad
   uint64_t count = 0;       // ARRIVED prompt_tokens; TOKENS n
   uint64_t max_tokens = 0;  // ARRIVED params; valid when has_max_tokens
   uint64_t n = 0;           // ARRIVED params; valid when has_n

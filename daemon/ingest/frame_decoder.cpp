@@ -520,6 +520,7 @@ constexpr uint64_t kMinEventElements[] = {
     4,  // FINISHED [5, t, rid, reason]
     3,  // PREEMPTED
     3,  // STEP [7, t, stats]
+    4,  // EXPERT_LOAD [8, t, layer, counts]
 };
 
 struct UintStatKey {
@@ -637,6 +638,26 @@ bool ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras) {
   return true;
 }
 
+// EXPERT_LOAD: a layer below TM_MAX_MOE_LAYERS and an array of 1 to
+// TM_MAX_MOE_EXPERTS counts, appended to `positions`.
+[[gnu::noinline]] bool ParseExpertLoad(Reader& r,
+                                       std::vector<uint64_t>& positions,
+                                       Event* e) {
+  if (!r.ReadUint(&e->count) || e->count >= TM_MAX_MOE_LAYERS) return false;
+  const Header h = r.Next();
+  if (h.type != Type::kArray || h.value < 1 || h.value > TM_MAX_MOE_EXPERTS) {
+    return false;
+  }
+  e->step.pos_begin = uint32_t(positions.size());
+  for (uint64_t j = 0; j < h.value; ++j) {
+    const Header c = r.Next();
+    if (c.type != Type::kUint || c.value > TM_MAX_EVENT_COUNT) return false;
+    positions.push_back(c.value);
+  }
+  e->step.pos_count = uint32_t(h.value);
+  return true;
+}
+
 // STEP stats map. A nil value is the key absent.
 bool ParseStats(Reader& r, const DecoderLimits& limits,
                 std::vector<uint64_t>& positions, StepStats* st) {
@@ -719,7 +740,7 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
     Reader& r, uint64_t n, const DecoderLimits& limits, Batch& batch,
     Event* e) {
   uint64_t used = 3;
-  if (e->kind != EventKind::kStep) {
+  if (e->kind != EventKind::kStep && e->kind != EventKind::kExpertLoad) {
     const Header id = r.Next();
     if (id.type == Type::kUint) {
       e->rid.is_string = false;
@@ -764,6 +785,12 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
         return IngestError::kBadEvent;
       }
       break;
+    case EventKind::kExpertLoad:
+      if (!ParseExpertLoad(r, batch.positions, e)) {
+        return IngestError::kBadEvent;
+      }
+      used = 4;
+      break;
     case EventKind::kQueued:
     case EventKind::kScheduled:
     case EventKind::kPreempted:
@@ -782,7 +809,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
   if (r.ReadArray(&n) && n >= 1) {
     if (!r.ReadUint(&kind)) {
       err = IngestError::kBadEvent;
-    } else if (kind < TM_EV_ARRIVED || kind > TM_EV_STEP) {
+    } else if (kind < TM_EV_ARRIVED || kind > TM_EV_EXPERT_LOAD) {
       err = IngestError::kUnknownKind;
     } else if (n < kMinEventElements[kind]) {
       err = IngestError::kBadEvent;

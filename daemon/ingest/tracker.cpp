@@ -182,7 +182,8 @@ constexpr DaemonMetric kOwned[] = {kTrackedRequests, kEvictedRequests,
 
 Tracker::Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
                  TrackerOptions options)
-    : request_labels_(registry.request_labels()),
+    : registry_(registry),
+      request_labels_(registry.request_labels()),
       labels_on_(registry.request_labels().enabled()),
       ingest_(ingest),
       clock_(clock),
@@ -403,6 +404,10 @@ void Tracker::Apply(const Source& src, const Event& ev,
     ingest_.CountError(IngestError::kBadTimestamp);
     return;
   }
+  if (ev.kind == EventKind::kExpertLoad) {
+    OnExpertLoad(src, ev, positions);
+    return;
+  }
   ingest_.CountEvent(ev.kind);
   if (ev.kind == EventKind::kStep) {
     OnStep(src, ev, positions);
@@ -431,6 +436,7 @@ void Tracker::Apply(const Source& src, const Event& ev,
       OnPreempted(src, r);
       break;
     case EventKind::kStep:
+    case EventKind::kExpertLoad:
       break;
   }
   // Only a new point can make an interval ready.
@@ -572,6 +578,24 @@ void Tracker::OnPreempted(const Source& src, Request& r) {
   src.series->Add(kNumPreemptions, 1);
   if (!r.finished())
     SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
+}
+
+void Tracker::OnExpertLoad(const Source& src, const Event& ev,
+                           const uint64_t* positions) {
+  EngineSeries& s = *src.series;
+  const uint32_t layer = uint32_t(ev.count);
+  const size_t n = ev.step.pos_count;
+  // A new layer's experts take places of the series cap (with
+  // --moe-expert-series); a known layer's count may not change.
+  if (!s.has_moe_layer(layer) && !registry_.ReserveExpertSeries(n)) {
+    ingest_.CountError(IngestError::kSeriesLimit);
+    return;
+  }
+  if (!s.AddExpertLoad(layer, positions + ev.step.pos_begin, n)) {
+    ingest_.CountError(IngestError::kBadEvent);
+    return;
+  }
+  ingest_.CountEvent(ev.kind);
 }
 
 void Tracker::OnStep(const Source& src, const Event& ev,

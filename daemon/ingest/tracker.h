@@ -154,7 +154,10 @@ class Tracker : public Collector {
                   uint64_t now_ns);
   void OnPreempted(const Source& src, Request& r);
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
+  void OnExpertLoad(const Source& src, const Event& ev,
+                    const uint64_t* positions);
 
+  Registry& registry_;
   RequestLabels& request_labels_;
   const bool labels_on_;  // some --request-label is configured
   IngestStats& ingest_;

@@ -42,6 +42,20 @@ std::string SummaryLog::Line(const EngineSeries& s, double window_s,
         double(accepted) / w, double(drafted) / w,
         100.0 * double(accepted) / double(drafted));
   }
+  // MoE: the layer whose latest load was the least balanced.
+  const EngineSeries::MoeLayer* worst = nullptr;
+  uint32_t worst_layer = 0;
+  for (const auto& [layer, load] : s.moe()) {
+    if (load.has_imbalance &&
+        (worst == nullptr || load.imbalance > worst->imbalance)) {
+      worst = &load;
+      worst_layer = layer;
+    }
+  }
+  if (worst != nullptr) {
+    line += fmt::format(", MoE worst layer imbalance: {:.2f} (layer {})",
+                        worst->imbalance, worst_layer);
+  }
   return line;
 }
 

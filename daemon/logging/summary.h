@@ -2,7 +2,9 @@
 //   engine=<instance> model=<m>: Avg prompt throughput: X tokens/s, Avg
 //   generation throughput: Y tokens/s, Running: N reqs, Waiting: N reqs,
 //   GPU KV cache usage: P%, Prefix cache hit rate: H%
-// plus spec-decode figures when the engine reports them. A series idle for
+// plus spec-decode figures when the engine reports them, and the worst MoE
+// layer's imbalance (max / mean of its latest EXPERT_LOAD) when it sends
+// EXPERT_LOAD. A series idle for
 // the last two windows logs at debug level only.
 //
 // SummaryLog keeps each series' counter values at the end of the previous

@@ -80,6 +80,11 @@ const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
      BucketSet::kPhase, true, "FINISHED - first TOKENS.", true},
     {kRequestInferenceToFinish, "request_inference_to_finish_seconds",
      kHistogram, "", BucketSet::kPhase, true, "FINISHED - SCHEDULED.", true},
+    {kMoeImbalance, "moe_imbalance", kHistogram, "", BucketSet::kMoeImbalance,
+     false,
+     "Max / mean of the tokens routed to a layer's experts, one observation "
+     "per EXPERT_LOAD with a non-zero sum (1 = balanced).",
+     false},
     {kSpecDecodeNumDrafts, "spec_decode_num_drafts", kCounter, "",
      BucketSet::kNone, false, "Number of spec decoding drafts.", false},
     {kSpecDecodeNumDraftTokens, "spec_decode_num_draft_tokens", kCounter, "",
@@ -231,6 +236,8 @@ std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len) {
               10000,  12500,  15000,  17500,  20000,  22500,   25000,
               27500,  30000,  35000,  40000,  60000,  80000,   100000,
               200000, 300000, 400000, 600000, 800000, 1000000, 1100000};
+    case BucketSet::kMoeImbalance:
+      return {1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20};
     case BucketSet::kLmdeployItl:
       return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4,
               0.5,   0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};

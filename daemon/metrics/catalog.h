@@ -31,6 +31,7 @@ enum class BucketSet : uint8_t {
   kSglangTokens,
   // LMDeploy's time per output token and inter-token latency.
   kLmdeployItl,
+  kMoeImbalance,  // 1 1.05 1.1 1.25 1.5 2 3 5 10 20 (max / mean)
 };
 
 // The engine metrics the daemon measures, by the names of the vLLM
@@ -69,6 +70,7 @@ enum EngineMetric : uint8_t {
   kIterationTokensChunk,       // LMDeploy: per TOKENS, n (+ prompt at first)
   kRequestDecodeToFinish,      // LMDeploy: FINISHED - first TOKENS
   kRequestInferenceToFinish,   // LMDeploy: FINISHED - SCHEDULED
+  kMoeImbalance,               // every profile: max / mean per EXPERT_LOAD
   kSpecDecodeNumDrafts,
   kSpecDecodeNumDraftTokens,
   kSpecDecodeNumAcceptedTokens,

@@ -152,6 +152,32 @@ void EngineSeries::SetCacheConfig(std::vector<CacheConfigEntry> entries) {
   }
 }
 
+bool EngineSeries::AddExpertLoad(uint32_t layer, const uint64_t* counts,
+                                 size_t n) {
+  auto [it, created] = moe_.try_emplace(layer);
+  MoeLayer& l = it->second;
+  if (created) {
+    l.experts.assign(n, 0);
+  } else if (l.experts.size() != n) {
+    return false;
+  }
+  uint64_t sum = 0, max = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (__builtin_add_overflow(l.experts[i], counts[i], &l.experts[i])) {
+      l.experts[i] = UINT64_MAX;
+    }
+    sum += counts[i];  // at most 1024 x (2^32 - 1): no overflow
+    max = std::max(max, counts[i]);
+  }
+  if (__builtin_add_overflow(l.routed, sum, &l.routed)) l.routed = UINT64_MAX;
+  if (sum > 0) {
+    l.imbalance = double(max) * double(n) / double(sum);
+    l.has_imbalance = true;
+    hist(kMoeImbalance).Observe(l.imbalance);
+  }
+  return true;
+}
+
 void EngineSeries::SetMaxLora(int64_t max_lora) {
   max_lora_ = std::to_string(max_lora);
 }

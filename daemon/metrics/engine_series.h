@@ -26,10 +26,9 @@
 namespace tokenmeter::daemon {
 
 // Histograms are contiguous in the catalog, from kTimeToFirstToken to
-// kRequestInferenceToFinish (Registry::Create checks it).
+// kMoeImbalance (Registry::Create checks it).
 inline constexpr EngineMetric kFirstHistogram = kTimeToFirstToken;
-inline constexpr int kNumHistograms =
-    kRequestInferenceToFinish - kTimeToFirstToken + 1;
+inline constexpr int kNumHistograms = kMoeImbalance - kTimeToFirstToken + 1;
 
 using LabelPairs = std::vector<std::pair<std::string, std::string>>;
 
@@ -219,6 +218,22 @@ class EngineSeries : public SeriesValues {
   const std::string& cache_config_text() const { return cache_config_text_; }
   const LabelPairs& cache_config_pairs() const { return cache_config_pairs_; }
 
+  // MoE expert load (EXPERT_LOAD). Per layer: the tokens routed to each
+  // expert (the expert count fixed by the layer's first event), their sum,
+  // and max / mean of the latest event with a non-zero sum.
+  struct MoeLayer {
+    std::vector<uint64_t> experts;
+    uint64_t routed = 0;
+    double imbalance = 0;
+    bool has_imbalance = false;
+  };
+  // Adds one EXPERT_LOAD; false (nothing changed) when `n` differs from the
+  // layer's expert count. O(n).
+  bool AddExpertLoad(uint32_t layer, const uint64_t* counts, size_t n);
+  bool has_moe() const { return !moe_.empty(); }
+  bool has_moe_layer(uint32_t layer) const { return moe_.count(layer) != 0; }
+  const std::map<uint32_t, MoeLayer>& moe() const { return moe_; }
+
   // The max_lora label (the latest HELLO's; "0" when none sent one).
   void SetMaxLora(int64_t max_lora);
   const std::string& max_lora() const { return max_lora_; }
@@ -263,6 +278,7 @@ class EngineSeries : public SeriesValues {
   std::string cache_config_text_;
   LabelPairs cache_config_pairs_;
   std::string max_lora_ = "0";
+  std::map<uint32_t, MoeLayer> moe_;  // by layer
   // adapter id -> (waiting, running) request counts, for adapters in use.
   std::map<uint16_t, std::array<int64_t, 2>> lora_;
   double lora_changed_unix_s_ = 0;

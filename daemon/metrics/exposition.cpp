@@ -97,6 +97,10 @@ const EngineSeries::CacheConfigEntry* FindEntry(const EngineSeries& s,
 // Whether family `f` has a sample in series [begin, end).
 bool Shown(const FamilyDef& f, std::span<const EngineSeries* const> group) {
   for (const EngineSeries* s : group) {
+    if (f.moe) {
+      if (s->has_moe()) return true;
+      continue;
+    }
     switch (f.source) {
       case FamilySource::kRatio:
         return true;
@@ -121,13 +125,61 @@ bool Shown(const FamilyDef& f, std::span<const EngineSeries* const> group) {
         break;
       case FamilySource::kLoraRequestsInfo:
         return true;
+      case FamilySource::kMoeRoutedTokens:
+      case FamilySource::kMoeExpertTokens:
+      case FamilySource::kMoeLayerImbalance:
+        break;  // f.moe
     }
   }
   return false;
 }
 
+// The MoE families' samples of one series, per layer (and expert).
+void WriteMoe(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
+  std::string layer, expert, text;
+  LabelPairs pairs;
+  for (const auto& [l, load] : s.moe()) {
+    layer.clear();
+    AppendUint(layer, l);
+    const SampleLabels labels{s.label_text(), s.label_pairs(), {}, {}};
+    switch (f.source) {
+      case FamilySource::kMoeRoutedTokens:
+        w.Sample(labels.WithOwn("layer", layer), load.routed);
+        break;
+      case FamilySource::kMoeLayerImbalance:
+        if (load.has_imbalance) {
+          w.Sample(labels.WithOwn("layer", layer), load.imbalance);
+        }
+        break;
+      case FamilySource::kMoeExpertTokens:
+        // Two labels of the daemon's: the layer goes into the series'
+        // labels, the expert is the own label.
+        text = s.label_text();
+        if (!text.empty()) text += ',';
+        text += "layer=\"" + layer + "\"";
+        pairs = s.label_pairs();
+        pairs.emplace_back("layer", layer);
+        for (size_t e = 0; e < load.experts.size(); ++e) {
+          expert.clear();
+          AppendUint(expert, e);
+          w.Sample(SampleLabels{text, pairs, "expert", expert},
+                   load.experts[e]);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 void WriteFamily(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
+  if (f.moe && !s.has_moe()) return;
   switch (f.source) {
+    case FamilySource::kMoeRoutedTokens:
+    case FamilySource::kMoeExpertTokens:
+    case FamilySource::kMoeLayerImbalance:
+      WriteMoe(f, s, w);
+      return;
     case FamilySource::kMetric:
       WriteMetric(f, s, w);
       return;
@@ -195,6 +247,7 @@ void RenderEngine(const Registry& registry, MetricWriter& w) {
   all.reserve(registry.series_count());
   registry.ForEachSeries([&](const EngineSeries& s) { all.push_back(&s); });
   const bool legacy = registry.options().legacy_names;
+  const bool expert_series = registry.options().moe_expert_series;
   size_t begin = 0;
   while (begin < all.size()) {
     size_t end = begin;
@@ -205,6 +258,9 @@ void RenderEngine(const Registry& registry, MetricWriter& w) {
     const std::string prefix = ns + ":";
     for (const FamilyDef& f : ProfileFamilies(all[begin]->profile())) {
       if (f.legacy && !legacy) continue;
+      if (f.source == FamilySource::kMoeExpertTokens && !expert_series) {
+        continue;
+      }
       if (!Shown(f, group)) continue;
       w.BeginFamily(prefix, FamilyName(f), f.type, FamilyHelp(f));
       for (const EngineSeries* s : group) WriteFamily(f, *s, w);

@@ -28,6 +28,68 @@ constexpr FamilyDef kLoraRequestsInfoRow{
     "lora_requests_info", kGauge,           kLoraRequestsInfo,
     kNumEngineMetrics,    BucketSet::kNone, "Running stats on lora requests."};
 
+// MoE expert load (metrics-v1.md "MoE expert load"), in every profile.
+constexpr FamilyDef kMoeRoutedTokensRow{
+    "moe_routed_tokens",
+    kCounter,
+    kMoeRoutedTokens,
+    kNumEngineMetrics,
+    BucketSet::kNone,
+    "Tokens the MoE router of a layer sent to its experts.",
+    false,
+    {},
+    kNumEngineMetrics,
+    false,
+    {},
+    {},
+    nullptr,
+    true};
+constexpr FamilyDef kMoeExpertTokensRow{
+    "moe_expert_tokens",
+    kCounter,
+    kMoeExpertTokens,
+    kNumEngineMetrics,
+    BucketSet::kNone,
+    "Tokens the MoE router of a layer sent to one expert.",
+    false,
+    {},
+    kNumEngineMetrics,
+    false,
+    {},
+    {},
+    nullptr,
+    true};
+constexpr FamilyDef kMoeLayerImbalanceRow{
+    "moe_layer_imbalance",
+    kGauge,
+    kMoeLayerImbalance,
+    kNumEngineMetrics,
+    BucketSet::kNone,
+    "Max / mean of the tokens per expert in the layer's latest EXPERT_LOAD "
+    "with a non-zero sum (1 = balanced).",
+    false,
+    {},
+    kNumEngineMetrics,
+    false,
+    {},
+    {},
+    nullptr,
+    true};
+constexpr FamilyDef kMoeImbalanceRow{"moe_imbalance",
+                                     kHistogram,
+                                     kMetric,
+                                     kMoeImbalance,
+                                     BucketSet::kMoeImbalance,
+                                     {},
+                                     false,
+                                     {},
+                                     kNumEngineMetrics,
+                                     false,
+                                     {},
+                                     {},
+                                     nullptr,
+                                     true};
+
 // vLLM v1 (v0.12), metrics-v1.md's table, then the router series.
 // Dynamically initialized (from kEngineMetrics, constant-initialized).
 const FamilyDef kVllm[] = {
@@ -92,6 +154,10 @@ const FamilyDef kVllm[] = {
      "Histogram of time per output token in seconds.DEPRECATED: Use "
      "vllm:inter_token_latency_seconds instead.",
      true},
+    kMoeRoutedTokensRow,
+    kMoeExpertTokensRow,
+    kMoeLayerImbalanceRow,
+    kMoeImbalanceRow,
 };
 
 // SGLang, its metrics collector at v0.5.12 (python/sglang/srt/observability/
@@ -160,6 +226,10 @@ constexpr FamilyDef kSglang[] = {
     {"cache_config_info", kGauge, kCacheConfigInfo, kNumEngineMetrics,
      BucketSet::kNone, "Cache configuration information."},
     kLoraRequestsInfoRow,
+    kMoeRoutedTokensRow,
+    kMoeExpertTokensRow,
+    kMoeLayerImbalanceRow,
+    kMoeImbalanceRow,
 };
 
 // LMDeploy's finished_reason values: str() of its ResponseType members.
@@ -265,6 +335,10 @@ constexpr FamilyDef kLmdeploy[] = {
      BucketSet::kPhase, "Histogram of time spent in DECODE phase for request."},
     kCacheConfigInfoRow,
     kLoraRequestsInfoRow,
+    kMoeRoutedTokensRow,
+    kMoeExpertTokensRow,
+    kMoeLayerImbalanceRow,
+    kMoeImbalanceRow,
 };
 
 }  // namespace

@@ -28,13 +28,16 @@ Profile AutoProfile(std::string_view engine);
 
 // Where a family's samples come from.
 enum class FamilySource : uint8_t {
-  kMetric,            // the measured metric `metric`
-  kRatio,             // count(metric) / count(metric2) (+ 1 with plus_one);
-                      // 0 while count(metric2) is 0
-  kPerPositionRate,   // each position of `metric` / count(metric2)
-  kCacheConfigInfo,   // 1, labelled with the HELLO cache_config entries
-  kLoraRequestsInfo,  // Unix time of the last change of the LoRA sets
-  kCacheConfigValue,  // the number of the HELLO cache_config entry `key`
+  kMetric,             // the measured metric `metric`
+  kRatio,              // count(metric) / count(metric2) (+ 1 with plus_one);
+                       // 0 while count(metric2) is 0
+  kPerPositionRate,    // each position of `metric` / count(metric2)
+  kCacheConfigInfo,    // 1, labelled with the HELLO cache_config entries
+  kLoraRequestsInfo,   // Unix time of the last change of the LoRA sets
+  kCacheConfigValue,   // the number of the HELLO cache_config entry `key`
+  kMoeRoutedTokens,    // per layer: the sum of its EXPERT_LOAD counts
+  kMoeExpertTokens,    // per layer and expert (--moe-expert-series)
+  kMoeLayerImbalance,  // per layer: max / mean of its latest non-zero load
 };
 
 struct FamilyDef {
@@ -55,6 +58,8 @@ struct FamilyDef {
   // request_success: the finished_reason value of each FinishReason (stop,
   // length, abort, error); equal names are summed. Null: the catalog's.
   const std::string_view* reason_names = nullptr;
+  // Shown only for series that have had an EXPERT_LOAD (the MoE families).
+  bool moe = false;
 };
 
 // The families of profile `p`, in exposition order. Within a profile a

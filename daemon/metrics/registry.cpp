@@ -75,6 +75,16 @@ Registry::Registry(const RegistryOptions& options, Layouts layouts)
 
 Registry::~Registry() = default;
 
+bool Registry::ReserveExpertSeries(size_t n) {
+  if (!options_.moe_expert_series) return true;
+  if (series_.size() + expert_series_ + n > options_.max_engine_series) {
+    ++series_rejected_;
+    return false;
+  }
+  expert_series_ += n;
+  return true;
+}
+
 bool Registry::NamespaceConflict(const SeriesIdentity& id) const {
   auto it = ns_profiles_.find(id.ns);
   return it != ns_profiles_.end() && it->second != id.profile;
@@ -85,7 +95,7 @@ EngineSeries* Registry::GetOrCreate(const SeriesIdentity& id) {
   auto it = series_.find(key);
   if (it != series_.end()) return it->second.get();
   if (NamespaceConflict(key)) return nullptr;
-  if (series_.size() >= options_.max_engine_series) {
+  if (series_.size() + expert_series_ >= options_.max_engine_series) {
     ++series_rejected_;
     return nullptr;
   }

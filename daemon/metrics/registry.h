@@ -37,6 +37,9 @@ struct RegistryOptions {
   std::vector<std::string> request_labels;
   size_t request_label_values = 100;
   bool legacy_names = false;  // --legacy-names (vllm profile aliases)
+  // --moe-expert-series: moe_expert_tokens{layer,expert}; each expert of a
+  // layer counts as one series toward max_engine_series.
+  bool moe_expert_series = false;
 };
 
 class Registration;
@@ -59,6 +62,10 @@ class Registry {
   // True when a series of `id`'s namespace has a profile other than id's:
   // two profiles may name families alike, and one namespace shows one.
   bool NamespaceConflict(const SeriesIdentity& id) const;
+  // With --moe-expert-series, takes `n` places of the series cap for a new
+  // MoE layer's experts; false (counted in series_rejected()) when they do
+  // not fit. Always true without it.
+  bool ReserveExpertSeries(size_t n);
   RequestLabels& request_labels() { return request_labels_; }
   const RequestLabels& request_labels() const { return request_labels_; }
   size_t series_count() const { return series_.size(); }
@@ -92,6 +99,7 @@ class Registry {
   std::map<SeriesIdentity, std::unique_ptr<EngineSeries>> series_;
   std::map<std::string, Profile, std::less<>> ns_profiles_;
   uint64_t series_rejected_ = 0;
+  size_t expert_series_ = 0;  // places ReserveExpertSeries() took
   std::array<const Collector*, kNumDaemonMetrics> collectors_{};
   std::unique_ptr<Registration> request_labels_registration_;
 };

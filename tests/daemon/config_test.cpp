@@ -566,6 +566,17 @@ TEST(ConfigTest, ProfileValues) {
       Profile::kVllm);
 }
 
+TEST(ConfigTest, MoeExpertSeriesIsASwitch) {
+  EXPECT_FALSE(MustParse({}).registry.moe_expert_series);
+  EXPECT_TRUE(MustParse({"--moe-expert-series"}).registry.moe_expert_series);
+  EXPECT_FALSE(
+      MustParse({"--moe-expert-series=false"}).registry.moe_expert_series);
+  Config config;
+  const Status s = Parse({"--moe-expert-series=maybe"}, &config);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), "--moe-expert-series")) << s.message();
+}
+
 TEST(ConfigTest, LegacyNamesIsASwitch) {
   EXPECT_FALSE(MustParse({}).registry.legacy_names);
   EXPECT_TRUE(MustParse({"--legacy-names"}).registry.legacy_names);

@@ -51,6 +51,12 @@ std::string SourceText(const FamilyDef& f) {
       return "Unix time of the last change of the LoRA sets";
     case FamilySource::kCacheConfigValue:
       return "HELLO `cache_config` `" + std::string(f.key) + "`";
+    case FamilySource::kMoeRoutedTokens:
+      return "sum of EXPERT_LOAD `counts`";
+    case FamilySource::kMoeExpertTokens:
+      return "EXPERT_LOAD `counts[expert]` (--moe-expert-series)";
+    case FamilySource::kMoeLayerImbalance:
+      return "max / mean of the latest EXPERT_LOAD with a non-zero sum";
   }
   return "";
 }
@@ -59,6 +65,11 @@ std::string LabelText(const FamilyDef& f) {
   std::string labels = "model_name, engine";
   if (f.source == FamilySource::kCacheConfigInfo) {
     labels += ", every `cache_config` key";
+  } else if (f.source == FamilySource::kMoeRoutedTokens ||
+             f.source == FamilySource::kMoeLayerImbalance) {
+    labels += ", layer";
+  } else if (f.source == FamilySource::kMoeExpertTokens) {
+    labels += ", layer, expert";
   } else if (f.source == FamilySource::kLoraRequestsInfo) {
     labels += ", max_lora, running_lora_adapters, waiting_lora_adapters";
   } else if (f.source == FamilySource::kMetric ||

@@ -1171,7 +1171,7 @@ TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
 TEST(FrameDecoderTest, SkipsUnknownKindAndAppliesTheRest) {
   const Bytes batch =
       BatchOf(5, {kQueued,
-                  {0x93, 0x08, 0x00, 0x07},  // kind 8
+                  {0x93, 0x09, 0x00, 0x07},  // kind 9
                   {0x91, 0x00},              // kind 0
                   {0x95, 0xcd, 0x01, 0x00, 0x00, 0x80, 0x90, 0xa1, 'x'},  // 256
                   kTokens});
@@ -2172,6 +2172,90 @@ TEST(FrameDecoderTest, NamesEveryReason) {
   EXPECT_EQ(FinishReasonName(FinishReason::kLength), "length");
   EXPECT_EQ(FinishReasonName(FinishReason::kAbort), "abort");
   EXPECT_EQ(FinishReasonName(FinishReason::kError), "error");
+}
+
+// ---------------------------------------------------------------------------
+// EXPERT_LOAD (protocol 1.1, kind 8): [8, t, layer, counts]
+
+// An EXPERT_LOAD at t = 1000 of `layer` with `counts`, written byte by byte:
+// fixarray(4), 8, uint16 1000, the layer (uint16), the counts array.
+Bytes ExpertLoad(uint16_t layer, const std::vector<uint64_t>& counts) {
+  Bytes out = {0x94,          0x08, 0xcd, 0x03, 0xe8, 0xcd, uint8_t(layer >> 8),
+               uint8_t(layer)};
+  const size_t n = counts.size();
+  if (n < 16) {
+    out.push_back(uint8_t(0x90 | n));
+  } else {
+    out.insert(out.end(), {0xdc, uint8_t(n >> 8), uint8_t(n)});
+  }
+  for (uint64_t c : counts) {
+    out.push_back(0xcf);  // uint64
+    for (int i = 7; i >= 0; --i) out.push_back(uint8_t(c >> (8 * i)));
+  }
+  return out;
+}
+
+TEST(FrameDecoderTest, DecodesExpertLoad) {
+  std::vector<uint64_t> wide(1024);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = i;
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d,
+                   Cat({kHello, BatchOf(3, {ExpertLoad(0, {5, 0, 7}), kTokens,
+                                            ExpertLoad(4095, wide)})}),
+                   sink));
+  EXPECT_TRUE(sink.event_errors.empty());
+  ASSERT_EQ(sink.batches.size(), 1u);
+  const BatchCopy& b = sink.batches[0];
+  ASSERT_EQ(b.events.size(), 3u);
+  EXPECT_EQ(b.events[0].kind, EventKind::kExpertLoad);
+  EXPECT_EQ(b.events[0].t_ns, 1000u);
+  EXPECT_EQ(b.events[0].count, 0u);  // the layer
+  EXPECT_EQ(b.events[0].step.pos_begin, 0u);
+  EXPECT_EQ(b.events[0].step.pos_count, 3u);
+  EXPECT_EQ(b.events[2].count, 4095u);
+  EXPECT_EQ(b.events[2].step.pos_begin, 3u);
+  EXPECT_EQ(b.events[2].step.pos_count, 1024u);
+  ASSERT_EQ(b.positions.size(), 3u + 1024u);
+  EXPECT_EQ(b.positions[0], 5u);
+  EXPECT_EQ(b.positions[2], 7u);
+  EXPECT_EQ(b.positions[3 + 1023], 1023u);
+  EXPECT_EQ(EventKindName(EventKind::kExpertLoad), "expert_load");
+}
+
+TEST(FrameDecoderTest, SkipsBadExpertLoadAndAppliesTheRest) {
+  const std::vector<uint64_t> too_many(1025, 1);
+  struct Case {
+    const char* what;
+    Bytes event;
+  } cases[] = {
+      {"layer 4096", ExpertLoad(4096, {1})},
+      {"no counts", ExpertLoad(1, {})},
+      {"1025 counts", ExpertLoad(1, too_many)},
+      {"a count over 2^32 - 1", ExpertLoad(1, {1, 4294967296ull})},
+      {"counts not an array", {0x94, 0x08, 0xcd, 0x03, 0xe8, 0x01, 0xa1, 'x'}},
+      {"a negative count", {0x94, 0x08, 0xcd, 0x03, 0xe8, 0x01, 0x91, 0xff}},
+      {"layer not an int",
+       {0x94, 0x08, 0xcd, 0x03, 0xe8, 0xa1, 'x', 0x91, 0x01}},
+      {"three elements", {0x93, 0x08, 0xcd, 0x03, 0xe8, 0x01}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(Feed(
+        d, Cat({kHello, BatchOf(3, {kQueued, c.event, ExpertLoad(2, {3})})}),
+        sink));
+    EXPECT_EQ(sink.event_errors,
+              std::vector<IngestError>{IngestError::kBadEvent});
+    ASSERT_EQ(sink.batches.size(), 1u);
+    const BatchCopy& b = sink.batches[0];
+    ASSERT_EQ(b.events.size(), 2u);
+    EXPECT_EQ(b.events[1].count, 2u);
+    // The skipped event's counts are not left behind.
+    EXPECT_EQ(b.events[1].step.pos_begin, 0u);
+    EXPECT_EQ(b.positions, std::vector<uint64_t>{3});
+  }
 }
 
 }  // namespace

@@ -396,7 +396,8 @@ TEST(TrackerTest, FrontendArrivedEngineCoreRestLabelsEverythingWithCore) {
   for (int i = 0; i < kNumHistograms; ++i) {
     const auto m = EngineMetric(kFirstHistogram + i);
     // Iterations come with STEP; a profile's own metrics only to its series.
-    const uint64_t want = m == kIterationTokens || !h.core->uses(m) ? 0 : 1;
+    const uint64_t want =
+        m == kIterationTokens || m == kMoeImbalance || !h.core->uses(m) ? 0 : 1;
     EXPECT_EQ(h.core->hist(m).count(), want) << MetricName(m);
   }
   EXPECT_EQ(h.core->count(kPromptTokens), 8u);
@@ -1544,6 +1545,73 @@ TEST(TrackerTest, RequestLabelFloodKeepsNoValueBeyondTheCap) {
                       "vllm:generation_tokens_total{model_name=\"m\",engine="
                       "\"core\",tenant=\"fresh\"} 2"));
   EXPECT_EQ(labels.overflow(0), 70'000u - 100u);
+}
+
+// ---- MoE expert load
+// ----------------------------------------------------------
+
+// Applies EXPERT_LOAD of `layer` with `counts` (Batch::positions).
+void SendExpertLoad(Harness& h, const Source& src, uint32_t layer,
+                    std::vector<uint64_t> counts) {
+  Event ev{};
+  ev.kind = EventKind::kExpertLoad;
+  ev.t_ns = T(1);
+  ev.count = layer;
+  ev.step.pos_begin = 0;
+  ev.step.pos_count = uint32_t(counts.size());
+  h.tracker->Apply(src, ev, counts.data(), h.clock.NowNs());
+}
+
+TEST(TrackerTest, ExpertLoadAddsUpPerLayerAndExpert) {
+  Harness h;
+  SendExpertLoad(h, h.Core(), 2, {6, 2, 0, 0});
+  SendExpertLoad(h, h.Core(), 2, {1, 1, 1, 1});
+  SendExpertLoad(h, h.Core(), 5, {0, 0});
+  EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 3u);
+  const auto& moe = h.core->moe();
+  ASSERT_EQ(moe.size(), 2u);
+  EXPECT_EQ(moe.at(2).experts, (std::vector<uint64_t>{7, 3, 1, 1}));
+  EXPECT_EQ(moe.at(2).routed, 12u);
+  EXPECT_DOUBLE_EQ(moe.at(2).imbalance, 1.0);  // the latest non-zero load
+  EXPECT_FALSE(moe.at(5).has_imbalance);       // known, never loaded
+  EXPECT_EQ(h.core->hist(kMoeImbalance).count(), 2u);
+  EXPECT_DOUBLE_EQ(h.core->hist(kMoeImbalance).sum(), 4.0);  // 3 + 1
+  EXPECT_FALSE(h.front->has_moe());
+}
+
+TEST(TrackerTest, ExpertLoadWithAnotherExpertCountIsABadEvent) {
+  Harness h;
+  SendExpertLoad(h, h.Core(), 0, {0, 0, 0});  // fixes 3 experts
+  SendExpertLoad(h, h.Core(), 0, {1, 2});
+  SendExpertLoad(h, h.Core(), 0, {1, 2, 3, 4});
+  SendExpertLoad(h, h.Core(), 0, {1, 1, 1});
+  EXPECT_EQ(h.stats->errors(IngestError::kBadEvent), 2u);
+  EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 2u);
+  EXPECT_EQ(h.core->moe().at(0).experts, (std::vector<uint64_t>{1, 1, 1}));
+  // Another series has its own layers.
+  SendExpertLoad(h, h.Front(), 0, {9, 9});
+  EXPECT_EQ(h.front->moe().at(0).experts.size(), 2u);
+}
+
+TEST(TrackerTest, ExpertSeriesCountTowardTheSeriesCap) {
+  RegistryOptions options;
+  options.max_engine_series = 2 + 6;  // the harness's two series, 6 more
+  options.moe_expert_series = true;
+  Harness h(options, Profile::kVllm);
+  SendExpertLoad(h, h.Core(), 0, {1, 1, 1, 1});  // 4 places
+  SendExpertLoad(h, h.Core(), 1, {1, 1, 1});     // 3 more: no room
+  SendExpertLoad(h, h.Core(), 2, {1, 1});        // 2: fits
+  SendExpertLoad(h, h.Core(), 0, {1, 1, 1, 1});  // known layer: no new place
+  EXPECT_EQ(h.stats->errors(IngestError::kSeriesLimit), 1u);
+  EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 3u);
+  EXPECT_FALSE(h.core->has_moe_layer(1));
+  EXPECT_EQ(h.registry->GetOrCreate({"vllm", "m", "new", {}}), nullptr);
+  // Without the option, layers take no place.
+  RegistryOptions two;
+  two.max_engine_series = 2;
+  Harness plain(two, Profile::kVllm);
+  SendExpertLoad(plain, plain.Core(), 0, std::vector<uint64_t>(1024, 1));
+  EXPECT_EQ(plain.stats->events(EventKind::kExpertLoad), 1u);
 }
 
 }  // namespace

@@ -75,5 +75,20 @@ TEST_F(SummaryTest, SpecDecodeFiguresOnlyWhenPresent) {
       << line;
 }
 
+TEST_F(SummaryTest, WorstMoeLayerOnlyWithExpertLoad) {
+  bool idle = false;
+  EXPECT_EQ(log_.Line(*s_, 10.0, &idle).find("MoE"), std::string::npos);
+  const uint64_t balanced[] = {2, 2, 2, 2};
+  const uint64_t skewed[] = {5, 1, 1, 1};  // max 5, mean 2
+  const uint64_t none[] = {0, 0, 0, 0};
+  ASSERT_TRUE(s_->AddExpertLoad(0, balanced, 4));
+  ASSERT_TRUE(s_->AddExpertLoad(17, skewed, 4));
+  ASSERT_TRUE(s_->AddExpertLoad(30, none, 4));
+  const std::string line = log_.Line(*s_, 10.0, &idle);
+  EXPECT_NE(line.find(", MoE worst layer imbalance: 2.50 (layer 17)"),
+            std::string::npos)
+      << line;
+}
+
 }  // namespace
 }  // namespace tokenmeter::daemon

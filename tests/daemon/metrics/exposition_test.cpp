@@ -553,7 +553,10 @@ TEST(ExpositionTest, TextFormatStructure) {
   for (const Family& f : families) names.insert(f.name);
   for (const char* ns : {"vllm:", "tokenmeter_engine:"}) {
     for (const FamilyDef& f : ProfileFamilies(Profile::kVllm)) {
-      if (f.legacy || f.source == FamilySource::kCacheConfigInfo) continue;
+      // Legacy names, cache_config and MoE only with their options / data.
+      if (f.legacy || f.moe || f.source == FamilySource::kCacheConfigInfo) {
+        continue;
+      }
       std::string name = ns + std::string(FamilyName(f));
       if (f.type == MetricType::kCounter) name += "_total";
       EXPECT_TRUE(names.count(name)) << name;
@@ -990,12 +993,15 @@ std::set<std::pair<std::string, std::string>> EngineFamilies(
 std::string RenderOneSeries(Profile p, bool legacy_names) {
   RegistryOptions options;
   options.legacy_names = legacy_names;
+  options.moe_expert_series = true;
   std::unique_ptr<Registry> reg;
   EXPECT_TRUE(Registry::Create(options, &reg).ok());
   const std::string ns = ProfileNamespace(p, "vllm", "");
   EngineSeries* s = reg->GetOrCreate({ns, "m", "0", {}, p});
   Fill(*s, 1, true, true);
   s->SetCacheConfig({{"page_size", "16", 16}, {"num_pages", "4", 4}});
+  const uint64_t counts[] = {3, 1};
+  EXPECT_TRUE(s->AddExpertLoad(0, counts, 2));
   return Render(*reg, ExpositionFormat::kText004);
 }
 
@@ -1019,6 +1025,56 @@ TEST(ExpositionTest, EachProfileShowsTheFamiliesOfItsDocsTable) {
 
 bool HasLine(const std::string& text, const std::string& line) {
   return ("\n" + text).find("\n" + line + "\n") != std::string::npos;
+}
+
+TEST(ExpositionTest, MoeSeriesPerLayerAndExpert) {
+  for (const bool expert_series : {false, true}) {
+    SCOPED_TRACE(expert_series);
+    RegistryOptions options;
+    options.moe_expert_series = expert_series;
+    std::unique_ptr<Registry> reg;
+    ASSERT_TRUE(Registry::Create(options, &reg).ok());
+    EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {}});
+    EngineSeries* dense = reg->GetOrCreate({"vllm", "m", "1", {}});
+    ASSERT_NE(dense, nullptr);
+    const uint64_t a[] = {6, 2, 0, 0};  // max 6, mean 2: imbalance 3
+    const uint64_t b[] = {1, 1, 1, 1};  // balanced
+    const uint64_t zero[] = {0, 0, 0, 0};
+    const uint64_t wrong[] = {1, 2};
+    ASSERT_TRUE(s->AddExpertLoad(3, a, 4));
+    ASSERT_TRUE(s->AddExpertLoad(3, b, 4));
+    ASSERT_TRUE(s->AddExpertLoad(7, zero, 4));    // fixes 4 experts, no ratio
+    EXPECT_FALSE(s->AddExpertLoad(3, wrong, 2));  // the count is fixed
+    const std::string text = Render(*reg, ExpositionFormat::kText004);
+    const std::string l = "model_name=\"m\",engine=\"0\"";
+    EXPECT_TRUE(HasLine(
+        text, "vllm:moe_routed_tokens_total{" + l + ",layer=\"3\"} 12"));
+    EXPECT_TRUE(
+        HasLine(text, "vllm:moe_routed_tokens_total{" + l + ",layer=\"7\"} 0"));
+    // The latest load with a non-zero sum: the balanced one.
+    EXPECT_TRUE(
+        HasLine(text, "vllm:moe_layer_imbalance{" + l + ",layer=\"3\"} 1"));
+    EXPECT_EQ(text.find("vllm:moe_layer_imbalance{" + l + ",layer=\"7\"}"),
+              std::string::npos);
+    EXPECT_TRUE(HasLine(text, "vllm:moe_imbalance_count{" + l + "} 2"));
+    EXPECT_TRUE(HasLine(text, "vllm:moe_imbalance_sum{" + l + "} 4"));
+    EXPECT_TRUE(
+        HasLine(text, "vllm:moe_imbalance_bucket{" + l + ",le=\"1\"} 1"));
+    EXPECT_TRUE(
+        HasLine(text, "vllm:moe_imbalance_bucket{" + l + ",le=\"3\"} 2"));
+    // Every expert of a known layer, 0 until it gets tokens; only with
+    // --moe-expert-series.
+    EXPECT_EQ(HasLine(text, "vllm:moe_expert_tokens_total{" + l +
+                                ",layer=\"3\",expert=\"0\"} 7"),
+              expert_series);
+    EXPECT_EQ(HasLine(text, "vllm:moe_expert_tokens_total{" + l +
+                                ",layer=\"7\",expert=\"3\"} 0"),
+              expert_series);
+    // A series without EXPERT_LOAD has no MoE samples.
+    EXPECT_EQ(text.find("moe_routed_tokens_total{model_name=\"m\",engine="
+                        "\"1\""),
+              std::string::npos);
+  }
 }
 
 TEST(ExpositionTest, VllmLegacyNamesReadTheSameValues) {
