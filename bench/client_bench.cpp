@@ -4,6 +4,8 @@
 //   tm_tokens/caller_ts, tm_tokens/now, tm_arrived/caller_ts, tm_arrived/now
 //       one event call each, at 1 and 2 threads (each thread its own ring,
 //       one client); "now" passes t_ns = 0 so the library reads the clock.
+//   tm_expert_load/256/caller_ts   one MoE EXPERT_LOAD of 256 experts
+//       (protocol 1.1) per call: the count check and the 2 KiB copy.
 //   prometheus_observe   prometheus-cpp Histogram::Observe on a child
 //       resolved once outside the loop (22 TTFT buckets), at 1 and 2 threads
 //       (both threads on the same child, as an engine would share it).
@@ -159,10 +161,12 @@ struct Snapshot {
   }
 };
 
-// Runs `call(i)` for i = 0, 1, ... in timed chunks of kChunk, flushing the
-// thread's events to the sink untimed between chunks (see the file comment).
+// Runs `call(i)` for i = 0, 1, ... in timed chunks of `chunk` (kChunk by
+// default), flushing the thread's events to the sink untimed between chunks
+// (see the file comment).
 template <typename Call>
-void RunChunked(benchmark::State& state, tm_client* c, Call call) {
+void RunChunked(benchmark::State& state, tm_client* c, Call call,
+                int chunk = kChunk) {
   // Before the start barrier: no thread has made a timed call yet, and the
   // previous run flushed everything it made.
   if (tm_thread_attach(c) != TM_OK) {
@@ -171,8 +175,8 @@ void RunChunked(benchmark::State& state, tm_client* c, Call call) {
   }
   const Snapshot before(c);
   uint64_t i = 0;
-  while (state.KeepRunningBatch(kChunk)) {
-    for (int k = 0; k < kChunk; ++k) call(i++);
+  while (state.KeepRunningBatch(chunk)) {
+    for (int k = 0; k < chunk; ++k) call(i++);
     state.PauseTiming();
     const int rc = tm_client_flush(c, kFlushTimeoutMs);
     state.ResumeTiming();
@@ -213,6 +217,22 @@ void ArrivedCallerTs(benchmark::State& state, tm_client* c) {
 
 void ArrivedNow(benchmark::State& state, tm_client* c) {
   RunChunked(state, c, [c](uint64_t i) { tm_arrived(c, 0, i, 512, 256, 1); });
+}
+
+// 512 records of 258 words (2,064 bytes) are 1 MiB: half the default ring.
+constexpr int kExpertLoadChunk = 512;
+
+void ExpertLoad256CallerTs(benchmark::State& state, tm_client* c) {
+  std::vector<uint64_t> counts(256);
+  for (size_t k = 0; k < counts.size(); ++k) counts[k] = 1000 + 37 * k;
+  const uint64_t t0 = tm_now_ns();
+  RunChunked(
+      state, c,
+      [c, t0, &counts](uint64_t i) {
+        tm_expert_load(c, t0 + i, uint32_t(i % 64), counts.data(),
+                       counts.size());
+      },
+      kExpertLoadChunk);
 }
 
 void ClockGettimeMonotonic(benchmark::State& state) {
@@ -298,6 +318,9 @@ int Main(int argc, char** argv) {
     benchmark::RegisterBenchmark("tm_arrived/now", ArrivedNow, c)
         ->Threads(threads);
   }
+  benchmark::RegisterBenchmark("tm_expert_load/256/caller_ts",
+                               ExpertLoad256CallerTs, c)
+      ->Threads(1);
 #ifdef TM_BENCH_HAVE_PROMETHEUS
   prometheus::Registry registry;
   auto& family = prometheus::BuildHistogram()

@@ -721,4 +721,36 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
   return Done(r);
 }
 
+int tm_expert_load(tm_client* c, uint64_t t_ns, uint32_t layer,
+                   const uint64_t* counts, size_t n) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  bool ok = layer < TM_MAX_MOE_LAYERS && n >= 1 && n <= TM_MAX_MOE_EXPERTS &&
+            counts != nullptr;
+  if (ok) [[likely]] {
+    // One pass, no branch per count: a count above TM_MAX_EVENT_COUNT
+    // (2^32 - 1) is one with a high bit set.
+    uint64_t high = 0;
+    for (size_t i = 0; i < n; ++i) high |= counts[i];
+    static_assert(TM_MAX_EVENT_COUNT == 0xffffffffull);
+    ok = (high >> 32) == 0;
+  }
+  if (!ok) [[unlikely]] {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  const uint32_t words = 2 + uint32_t(n);
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(TM_EV_EXPERT_LOAD, words, 0, layer);
+  w[1] = t_ns != 0 ? t_ns : Now();
+  std::memcpy(w + 2, counts, n * sizeof(uint64_t));
+  return Done(r);
+}
+
 }  // extern "C"

@@ -256,6 +256,16 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
       }
       return;
     }
+    case TM_EV_EXPERT_LOAD: {
+      const uint32_t n = HeaderWords(hdr) - 2;
+      pk.Array(4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      pk.Uint(arg);
+      pk.Array(n);
+      for (uint32_t i = 0; i < n; ++i) pk.Uint(p[i]);
+      return;
+    }
     default:
       // Records are written only by this library's event functions.
       __builtin_trap();

@@ -33,6 +33,7 @@ namespace tokenmeter::client {
 //   STEP        hdr(arg=key mask in bits 0-9 | n_pos << 16) t
 //               value per key in key order (uint64, kv_usage as double bits)
 //               n_pos uint64 positions
+//   EXPERT_LOAD hdr(arg=layer) t counts[n]   (n = record length - 2)
 // `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
 // string id.
 //
@@ -69,11 +70,17 @@ inline constexpr uint32_t kMaxArrivedWords =
          (TM_MAX_STRING_BYTES + TM_MAX_REQUEST_LABEL_VALUE_BYTES) +
      7) /
         8;
+// The largest EXPERT_LOAD: header, time, TM_MAX_MOE_EXPERTS counts (8,208
+// bytes).
+inline constexpr uint32_t kMaxExpertLoadWords = 2 + TM_MAX_MOE_EXPERTS;
 inline constexpr uint32_t kMaxRecordWords =
-    kMaxArrivedWords > kMaxStepWords ? kMaxArrivedWords : kMaxStepWords;
+    kMaxExpertLoadWords > kMaxArrivedWords
+        ? kMaxExpertLoadWords
+        : (kMaxArrivedWords > kMaxStepWords ? kMaxArrivedWords : kMaxStepWords);
 // The smallest ring (1024 events of capacity: 4096 words) holds any record,
-// and a record's length fits its header's 16 bits.
-static_assert(kMaxRecordWords < 4096);
+// even behind the padding of a wrap (at most kMaxRecordWords - 1 words), and
+// a record's length fits its header's 16 bits.
+static_assert(2 * kMaxRecordWords <= 4096);
 
 class Ring {
  public:

@@ -45,6 +45,7 @@ int main(void) {
   const double values[2] = {3.0, 0.5};
   const uint64_t positions[2] = {4, 2};
   const tm_label labels[2] = {{"tenant", "acme"}, {"tier", "gold"}};
+  uint64_t experts[TM_MAX_MOE_EXPERTS + 1];
   uint64_t now;
   size_t i;
 
@@ -54,6 +55,7 @@ int main(void) {
   }
   /* Nothing listens here: the client must work without a daemon. */
   snprintf(path, sizeof path, "%s/absent.sock", dir);
+  for (i = 0; i < TM_MAX_MOE_EXPERTS + 1; ++i) experts[i] = i;
 
   CHECK(strcmp(tm_version(), "") != 0);
   CHECK(tm_strerror(TM_E_INVALID) != NULL);
@@ -111,24 +113,37 @@ int main(void) {
   CHECK_RC(tm_step(client, 0, keys, values, 2, positions, 2), TM_OK);
   CHECK_RC(tm_finished(client, 0, 1, TM_FINISH_STOP), TM_OK);
   CHECK_RC(tm_finished_str(client, 0, "c-1", 3, TM_FINISH_LENGTH), TM_OK);
-  /* Rejected: zero tokens, an empty id, an empty lora. */
+  CHECK_RC(tm_expert_load(client, 0, 0, experts, 256), TM_OK);
+  CHECK_RC(tm_expert_load(client, now, TM_MAX_MOE_LAYERS - 1, experts,
+                          TM_MAX_MOE_EXPERTS),
+           TM_OK);
+  /* Rejected: zero tokens, an empty id, an empty lora, and EXPERT_LOAD with
+   * layer 4096, no experts, 1025 experts, NULL counts, a count > 2^32 - 1. */
   CHECK_RC(tm_tokens(client, 0, 1, 0), TM_E_INVALID);
   CHECK_RC(tm_queued_str(client, 0, "", 0), TM_E_INVALID);
   CHECK_RC(tm_arrived_ex(client, 0, 4, 10, 0, 0, "", NULL, 0), TM_E_INVALID);
+  CHECK_RC(tm_expert_load(client, 0, TM_MAX_MOE_LAYERS, experts, 1),
+           TM_E_INVALID);
+  CHECK_RC(tm_expert_load(client, 0, 0, experts, 0), TM_E_INVALID);
+  CHECK_RC(tm_expert_load(client, 0, 0, experts, TM_MAX_MOE_EXPERTS + 1),
+           TM_E_INVALID);
+  CHECK_RC(tm_expert_load(client, 0, 0, NULL, 1), TM_E_INVALID);
+  experts[3] = TM_MAX_EVENT_COUNT + 1;
+  CHECK_RC(tm_expert_load(client, 0, 0, experts, 4), TM_E_INVALID);
 
   CHECK_RC(tm_client_flush(client, 1000), TM_E_DISCONNECTED);
   for (i = 0; i < TM_STAT_COUNT; ++i) stats[i] = 12345;
   CHECK_RC(tm_client_stats(client, stats, TM_STAT_COUNT), TM_OK);
   CHECK(stats[TM_STAT_EVENTS_SENT] == 0);
-  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 3);
+  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 8);
   CHECK(stats[TM_STAT_EVENTS_DROPPED] == 0);
   CHECK(stats[TM_STAT_CONNECTED] == 0);
   CHECK(stats[TM_STAT_RECONNECTS] == 0);
 
-  /* The 15 buffered events cannot be sent: dropped at close. */
+  /* The 17 buffered events cannot be sent: dropped at close. */
   CHECK_RC(tm_client_close(client, final_stats, TM_STAT_COUNT), TM_E_TIMEOUT);
-  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 15);
-  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 3);
+  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 17);
+  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 8);
   CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
   CHECK_RC(tm_client_close(NULL, NULL, 0), TM_OK);
 

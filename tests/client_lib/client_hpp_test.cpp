@@ -370,6 +370,60 @@ TEST_F(CppClientTest, StepWithTooManyPositionsIsRejected) {
   EXPECT_EQ(client->GetStats().events_rejected, 1u);
 }
 
+// ExpertLoad() takes any contiguous uint64_t range: an array, a vector, a
+// subspan; t_ns defaults to now.
+TEST_F(CppClientTest, ExpertLoadSendsCountsFromASpan) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const uint64_t arr[] = {3, 0, 300};
+  std::vector<uint64_t> vec(256);
+  for (size_t i = 0; i < vec.size(); ++i) vec[i] = i;
+  const uint64_t before = NowNs();
+  EXPECT_EQ(client->ExpertLoad(0, arr, 50), TM_OK);
+  EXPECT_EQ(client->ExpertLoad(TM_MAX_MOE_LAYERS - 1, vec, 51), TM_OK);
+  EXPECT_EQ(
+      client->ExpertLoad(2, std::span<const uint64_t>(vec).subspan(1, 2), 52),
+      TM_OK);
+  EXPECT_EQ(client->ExpertLoad(3, arr), TM_OK);
+  const uint64_t after = NowNs();
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_sent, 4u);
+  EXPECT_EQ(stats.events_rejected, 0u);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].ToString(), "[8,50,0,[3,0,300]]");
+  EXPECT_EQ(events[1].array[2].uint, 4095u);
+  ASSERT_EQ(events[1].array[3].array.size(), 256u);
+  for (size_t i = 0; i < 256; ++i) {
+    EXPECT_EQ(events[1].array[3].array[i].uint, i) << i;
+  }
+  EXPECT_EQ(events[2].ToString(), "[8,52,2,[1,2]]");
+  const uint64_t t = events[3].array[1].uint;
+  EXPECT_GE(t, before);
+  EXPECT_LE(t, after);
+  EXPECT_EQ(events[3].array[3].ToString(), "[3,0,300]");
+}
+
+// What the C call refuses is refused through the wrapper alike, and counted.
+TEST_F(CppClientTest, ExpertLoadRejectsInvalidArguments) {
+  std::unique_ptr<Client> client;
+  Options o = BaseOptions();
+  o.close_timeout_ms = 0;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  const std::vector<uint64_t> many(TM_MAX_MOE_EXPERTS + 1, 1);
+  const uint64_t big[] = {uint64_t{TM_MAX_EVENT_COUNT} + 1};
+  const uint64_t ok[] = {1};
+  EXPECT_EQ(client->ExpertLoad(TM_MAX_MOE_LAYERS, ok), TM_E_INVALID);
+  EXPECT_EQ(client->ExpertLoad(0, {}), TM_E_INVALID);
+  EXPECT_EQ(client->ExpertLoad(0, many), TM_E_INVALID);
+  EXPECT_EQ(client->ExpertLoad(0, big), TM_E_INVALID);
+  EXPECT_EQ(client->GetStats().events_rejected, 4u);
+}
+
 // Close() flushes, says goodbye, and returns the final counters; the
 // object stays usable but inert.
 TEST_F(CppClientTest, CloseReturnsFinalStats) {

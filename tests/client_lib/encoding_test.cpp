@@ -479,6 +479,122 @@ TEST_F(EventLayoutTest, SendsStepWithEveryKey) {
   EXPECT_EQ(events[1].ToString(), R"([7,100,{"kv_usage":1.0}])");
 }
 
+// EXPERT_LOAD [8, t, layer, counts] (protocol 1.1) for 1, 256 and 1024
+// experts and the first and last layer, decoded.
+TEST_F(EventLayoutTest, SendsExpertLoad) {
+  StartServer();
+  NewClient();
+  std::vector<uint64_t> c256(256), c1024(TM_MAX_MOE_EXPERTS);
+  for (size_t i = 0; i < c256.size(); ++i) c256[i] = i * 1000;
+  for (size_t i = 0; i < c1024.size(); ++i) {
+    c1024[i] = i % 2 == 0 ? TM_MAX_EVENT_COUNT - i : i;
+  }
+  const uint64_t one[] = {42};
+  ASSERT_EQ(tm_expert_load(client_, 11, 0, one, 1), TM_OK);
+  ASSERT_EQ(tm_expert_load(client_, 12, 17, c256.data(), c256.size()), TM_OK);
+  ASSERT_EQ(tm_expert_load(client_, 13, TM_MAX_MOE_LAYERS - 1, c1024.data(),
+                           c1024.size()),
+            TM_OK);
+  ASSERT_EQ(tm_expert_load(client_, 14, TM_MAX_MOE_LAYERS - 1, one, 1), TM_OK);
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 4u);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0].ToString(), "[8,11,0,[42]]");
+  EXPECT_EQ(events[3].ToString(), "[8,14,4095,[42]]");
+  const struct {
+    uint64_t t;
+    uint64_t layer;
+    const std::vector<uint64_t>* counts;
+  } kBig[] = {{12, 17, &c256}, {13, 4095, &c1024}};
+  for (size_t e = 0; e < 2; ++e) {
+    const Value& ev = events[1 + e];
+    ASSERT_EQ(ev.array.size(), 4u) << e;
+    EXPECT_EQ(ev.array[0].uint, 8u) << e;
+    EXPECT_EQ(ev.array[1].uint, kBig[e].t) << e;
+    EXPECT_EQ(ev.array[2].uint, kBig[e].layer) << e;
+    const Value& counts = ev.array[3];
+    ASSERT_TRUE(counts.IsArray()) << e;
+    ASSERT_EQ(counts.array.size(), kBig[e].counts->size()) << e;
+    for (size_t i = 0; i < counts.array.size(); ++i) {
+      ASSERT_TRUE(counts.array[i].IsUint()) << e << " " << i;
+      EXPECT_EQ(counts.array[i].uint, (*kBig[e].counts)[i]) << e << " " << i;
+    }
+  }
+}
+
+// The largest EXPERT_LOAD (1024 experts, 1026 words) round after round
+// through the smallest buffer (4096 words), so that records wrap around
+// its end; none is dropped.
+TEST_F(EventLayoutTest, LargestExpertLoadRecordsWrapTheBuffer) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  NewClient(opts.get());
+  std::vector<uint64_t> counts(TM_MAX_MOE_EXPERTS);
+  constexpr int kRounds = 7;
+  constexpr int kPerRound = 3;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kPerRound; ++i) {
+      for (size_t k = 0; k < counts.size(); ++k) {
+        counts[k] = k + uint64_t(round * kPerRound + i);
+      }
+      ASSERT_EQ(tm_expert_load(client_, 1 + i, uint32_t(round), counts.data(),
+                               counts.size()),
+                TM_OK)
+          << round << " " << i;
+    }
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
+  for (size_t e = 0; e < events.size(); ++e) {
+    const Value& ev = events[e];
+    ASSERT_EQ(ev.array.size(), 4u) << e;
+    EXPECT_EQ(ev.array[2].uint, e / kPerRound) << e;
+    const Value& c = ev.array[3];
+    ASSERT_EQ(c.array.size(), TM_MAX_MOE_EXPERTS) << e;
+    for (size_t k = 0; k < c.array.size(); ++k) {
+      ASSERT_EQ(c.array[k].uint, k + e) << e << " " << k;
+    }
+  }
+}
+
+// A buffer with room left for less than one 1024-expert event drops it
+// (TM_E_DROPPED, counted) and takes the next one once the sender drained
+// it.
+TEST_F(EventLayoutTest, ExpertLoadIsDroppedWhenTheBufferIsFull) {
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 0), TM_OK);
+  NewClient(opts.get());  // no daemon: nothing drains
+  const std::vector<uint64_t> counts(TM_MAX_MOE_EXPERTS, 1);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(tm_expert_load(client_, 1, 0, counts.data(), counts.size()),
+              TM_OK)
+        << i;
+  }
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, counts.data(), counts.size()),
+            TM_E_DROPPED);
+  // 3 x 1026 words used: a 2-expert event (4 words) still fits.
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, counts.data(), 2), TM_OK);
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 1u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 0u);
+}
+
 // t_ns = 0 means "now" on CLOCK_MONOTONIC, for every event function.
 TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   StartServer();
@@ -501,6 +617,8 @@ TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   EXPECT_EQ(tm_finished(c, 0, 1, TM_FINISH_STOP), TM_OK);
   EXPECT_EQ(tm_finished_str(c, 0, "a", 1, TM_FINISH_STOP), TM_OK);
   EXPECT_EQ(tm_step(c, 0, &key, &value, 1, nullptr, 0), TM_OK);
+  const uint64_t counts[] = {1, 2};
+  EXPECT_EQ(tm_expert_load(c, 0, 0, counts, 2), TM_OK);
   const uint64_t now_after = tm_now_ns();
   const uint64_t after = MonotonicNs();
   EXPECT_LE(before, now_before);
@@ -510,7 +628,7 @@ TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   ASSERT_TRUE(WaitForEof(0));
 
   const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
-  ASSERT_EQ(events.size(), 13u);
+  ASSERT_EQ(events.size(), 14u);
   uint64_t previous = before;
   for (const Value& ev : events) {
     ASSERT_TRUE(IsValidEvent(ev));
@@ -727,6 +845,31 @@ const BytesCase kBytesCases[] = {
      },
      {0x93, 0x07, 0x05, 0x81, 0xa8, 'k',  'v',  '_',  'u',  's',  'a',
       'g',  'e',  0xcb, 0x3f, 0xe0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}},
+    // [8, 5, 0, [7]]: EXPERT_LOAD with one expert
+    {"ExpertLoadOneExpert",
+     [](tm_client* c) {
+       const uint64_t counts[] = {7};
+       return tm_expert_load(c, 5, 0, counts, 1);
+     },
+     {0x94, 0x08, 0x05, 0x00, 0x91, 0x07}},
+    // [8, 1, 4095 (uint16), [0, 127, 128 (uint8), 255, 256 (uint16), 65535,
+    //  65536 (uint32), 2^32 - 1]]: every count in its smallest encoding
+    {"ExpertLoadSmallestEncodings",
+     [](tm_client* c) {
+       const uint64_t counts[] = {0,     127,   128,        255,
+                                  256,   65535, 65536,      TM_MAX_EVENT_COUNT};
+       return tm_expert_load(c, 1, TM_MAX_MOE_LAYERS - 1, counts, 8);
+     },
+     {0x94, 0x08, 0x01, 0xcd, 0x0f, 0xff, 0x98, 0x00, 0x7f, 0xcc,
+      0x80, 0xcc, 0xff, 0xcd, 0x01, 0x00, 0xcd, 0xff, 0xff, 0xce,
+      0x00, 0x01, 0x00, 0x00, 0xce, 0xff, 0xff, 0xff, 0xff}},
+    // [8, 1, 1, 16 x [0]]: 16 experts take an array16 header
+    {"ExpertLoadArray16",
+     [](tm_client* c) {
+       const uint64_t counts[16] = {};
+       return tm_expert_load(c, 1, 1, counts, 16);
+     },
+     Concat({0x94, 0x08, 0x01, 0x01, 0xdc, 0x00, 0x10}, Repeat(0x00, 16))},
 };
 
 class EventBytesTest : public ClientFixture,

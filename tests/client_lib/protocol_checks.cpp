@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+#include "tokenmeter/protocol.h"
+
 namespace tokenmeter::testing {
 namespace {
 
@@ -220,6 +222,22 @@ AssertionResult IsValidEvent(const Value& ev) {
     case 7:  // STEP [7, t, stats]
       if (a.size() != 3) return Bad(ev, "STEP size");
       return CheckStepStats(ev, a[2]);
+    case 8: {  // EXPERT_LOAD [8, t, layer, counts] (1.1)
+      if (a.size() != 4) return Bad(ev, "EXPERT_LOAD size");
+      if (!a[2].IsUint() || a[2].uint >= TM_MAX_MOE_LAYERS) {
+        return Bad(ev, "EXPERT_LOAD layer");
+      }
+      if (!a[3].IsArray() || a[3].array.empty() ||
+          a[3].array.size() > TM_MAX_MOE_EXPERTS) {
+        return Bad(ev, "EXPERT_LOAD counts: 1 .. 1024 entries");
+      }
+      for (const Value& n : a[3].array) {
+        if (!n.IsUint() || n.uint > TM_MAX_EVENT_COUNT) {
+          return Bad(ev, "EXPERT_LOAD count");
+        }
+      }
+      return AssertionSuccess();
+    }
     default:
       return Bad(ev, "unknown event kind");
   }

@@ -361,6 +361,87 @@ TEST_F(EventValidationTest, RejectedEventsAreNotSent) {
   ExpectOnlySent("[4,5,1,1]", 4);
 }
 
+// tm_expert_load(): every error mode returns TM_E_INVALID, counts the event
+// as rejected and sends nothing; the valid calls at each limit are sent.
+TEST_F(EventValidationTest, RejectsExpertLoadLayerPastTheLimit) {
+  const uint64_t counts[] = {1, 2};
+  EXPECT_EQ(tm_expert_load(client_, 1, TM_MAX_MOE_LAYERS, counts, 2),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, UINT32_MAX, counts, 2), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 2u);
+  EXPECT_EQ(tm_expert_load(client_, 1, TM_MAX_MOE_LAYERS - 1, counts, 2),
+            TM_OK);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsExpertLoadWithoutCounts) {
+  const uint64_t counts[] = {1};
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, counts, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, nullptr, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, nullptr, 1), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+TEST_F(EventValidationTest, RejectsExpertLoadWithTooManyExperts) {
+  const std::vector<uint64_t> counts(TM_MAX_MOE_EXPERTS + 1, 1);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, counts.data(), counts.size()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, counts.data(), SIZE_MAX),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 2u);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, counts.data(), TM_MAX_MOE_EXPERTS),
+            TM_OK);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(EventValidationTest, RejectsExpertLoadCountsAboveTheEventMaximum) {
+  std::vector<uint64_t> counts(256, TM_MAX_EVENT_COUNT);
+  for (const size_t at : {size_t{0}, size_t{100}, size_t{255}}) {
+    for (const uint64_t bad :
+         {uint64_t{TM_MAX_EVENT_COUNT} + 1, uint64_t{1} << 63, UINT64_MAX}) {
+      counts[at] = bad;
+      EXPECT_EQ(tm_expert_load(client_, 1, 3, counts.data(), counts.size()),
+                TM_E_INVALID)
+          << at << " " << bad;
+      counts[at] = TM_MAX_EVENT_COUNT;
+    }
+  }
+  EXPECT_EQ(Rejected(), 9u);
+  EXPECT_EQ(tm_expert_load(client_, 1, 3, counts.data(), counts.size()), TM_OK);
+  EXPECT_EQ(Rejected(), 9u);
+}
+
+// A rejected EXPERT_LOAD takes no buffer space and never reaches the
+// daemon, whichever rule it broke; the valid one after them is sent.
+TEST_F(EventValidationTest, RejectedExpertLoadIsNotSent) {
+  const std::vector<uint64_t> many(TM_MAX_MOE_EXPERTS + 1, 1);
+  const uint64_t big[] = {1, uint64_t{TM_MAX_EVENT_COUNT} + 1};
+  const uint64_t good[] = {4, 0, 6};
+  EXPECT_EQ(tm_expert_load(client_, 1, TM_MAX_MOE_LAYERS, good, 3),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, good, 0), TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, many.data(), many.size()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, nullptr, 3), TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 1, 0, big, 2), TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(client_, 5, 7, good, 3), TM_OK);
+  ExpectOnlySent("[8,5,7,[4,0,6]]", 5);
+}
+
+// On a closed client tm_expert_load() is refused and counted like the other
+// event calls; bad arguments are still TM_E_INVALID.
+TEST_F(EventValidationTest, ExpertLoadOnAClosedClient) {
+  tm_client* c = client_;
+  ASSERT_EQ(CloseClient(), TM_OK);  // c stays valid: a tombstone
+  const uint64_t counts[] = {1};
+  EXPECT_EQ(tm_expert_load(c, 1, 0, counts, 1), TM_E_CLOSED);
+  EXPECT_EQ(tm_expert_load(c, 1, 0, counts, 0), TM_E_INVALID);
+  uint64_t stats[TM_STAT_COUNT] = {};
+  ASSERT_EQ(tm_client_stats(c, stats, TM_STAT_COUNT), TM_OK);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 2u);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 0u);
+}
+
 // ---- options ---------------------------------------------------------------
 
 class OptionsTest : public ::testing::Test {
@@ -669,6 +750,10 @@ TEST(NullHandleTest, EventFunctionsRejectNullClient) {
   EXPECT_EQ(tm_arrived_ex(nullptr, 1, 1, 1, 0, 0, "", nullptr, 9),
             TM_E_INVALID);
   EXPECT_EQ(tm_arrived_ex_str(nullptr, 1, "a", 1, 1, 0, 0, "l", &label, 1),
+            TM_E_INVALID);
+  const uint64_t counts[] = {1};
+  EXPECT_EQ(tm_expert_load(nullptr, 1, 0, counts, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_expert_load(nullptr, 1, TM_MAX_MOE_LAYERS, counts, 1),
             TM_E_INVALID);
 }
 

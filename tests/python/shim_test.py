@@ -681,6 +681,138 @@ class Protocol11(unittest.TestCase):
                          INVALID)
 
 
+class ExpertLoad(unittest.TestCase):
+    """expert_load() (protocol 1.1 EXPERT_LOAD) from every counts form, as
+    the bytes on the socket show them, and its argument checks."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tm-py-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.rec = Recorder(os.path.join(self.dir, "s"))
+        self.addCleanup(self.rec.close)
+        self.c = tokenmeter.Client(socket_path=self.rec.path, model="m",
+                                   flush_interval=0.002)
+        self.addCleanup(self.c.close)
+
+    def events(self):
+        self.c.close()
+        frames = self.rec.frames()
+        return [ev for f in frames if f[0] == 1 for ev in f[3]]
+
+    def test_every_counts_form(self):
+        import ctypes
+        c = self.c
+        big = list(range(1000, 1000 + 256))
+        self.assertEqual(c.expert_load(0, array("Q", [7]), t_ns=5), OK)
+        self.assertEqual(c.expert_load(1, array("Q", big), 6), OK)
+        self.assertEqual(c.expert_load(2, [1, 2**32 - 1, 0], t_ns=7), OK)
+        self.assertEqual(c.expert_load(3, (4, 5), t_ns=8), OK)
+        self.assertEqual(c.expert_load(4, range(3), t_ns=9), OK)
+        raw = array("Q", [9, 8, 7]).tobytes()
+        self.assertEqual(c.expert_load(5, raw, t_ns=10), OK)
+        self.assertEqual(c.expert_load(6, bytearray(raw), t_ns=11), OK)
+        self.assertEqual(c.expert_load(7, memoryview(raw), t_ns=12), OK)
+        self.assertEqual(c.expert_load(8, (ctypes.c_uint64 * 2)(3, 4),
+                                       t_ns=13), OK)
+        self.assertEqual(c.expert_load(9, array("I", [1, 2]), t_ns=14), OK)
+        # A misaligned view of bytes is copied once, not misread.
+        shifted = bytearray(1) + bytearray(raw)
+        self.assertEqual(c.expert_load(10, memoryview(shifted)[1:], 15), OK)
+        self.assertEqual(c.expert_load(4095, [0] * 1024, t_ns=16), OK)
+        t = time.monotonic_ns()
+        self.assertEqual(c.expert_load(11, [1]), OK)  # now
+        self.assertEqual(c.stats().events_rejected, 0)
+        events = self.events()
+        self.assertGreaterEqual(events[-1][1], t)
+        events[-1][1] = 0
+        self.assertEqual(events, [
+            [8, 5, 0, [7]],
+            [8, 6, 1, big],
+            [8, 7, 2, [1, 2**32 - 1, 0]],
+            [8, 8, 3, [4, 5]],
+            [8, 9, 4, [0, 1, 2]],
+            [8, 10, 5, [9, 8, 7]],
+            [8, 11, 6, [9, 8, 7]],
+            [8, 12, 7, [9, 8, 7]],
+            [8, 13, 8, [3, 4]],
+            [8, 14, 9, [1, 2]],
+            [8, 15, 10, [9, 8, 7]],
+            [8, 16, 4095, [0] * 1024],
+            [8, 0, 11, [1]],
+        ])
+
+    def test_numpy_arrays(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not installed")
+        c = self.c
+        a = np.arange(256, dtype=np.uint64)
+        self.assertEqual(c.expert_load(0, a, t_ns=1), OK)  # in place
+        ro = np.array([5, 6], dtype=np.uint64)
+        ro.flags.writeable = False
+        self.assertEqual(c.expert_load(1, ro, t_ns=2), OK)
+        self.assertEqual(c.expert_load(2, np.array([3, 4], np.int64), 3), OK)
+        self.assertEqual(c.expert_load(3, a[::2][:3], t_ns=4), OK)  # strided
+        with self.assertRaisesRegex(ValueError, r"0 \.\. 2\*\*32-1"):
+            c.expert_load(4, np.array([2**32], np.uint64))
+        self.assertEqual(c.stats().events_rejected, 1)
+        self.assertEqual(self.events(), [
+            [8, 1, 0, list(range(256))],
+            [8, 2, 1, [5, 6]],
+            [8, 3, 2, [3, 4]],
+            [8, 4, 3, [0, 2, 4]],
+        ])
+
+    def test_bad_arguments_raise_and_send_nothing(self):
+        c = self.c
+        cases = [
+            (ValueError, r"layer = 4096 is outside 0 \.\. 4095",
+             lambda: c.expert_load(4096, [1])),
+            (ValueError, r"layer = -1", lambda: c.expert_load(-1, [1])),
+            (TypeError, r"layer must be an int",
+             lambda: c.expert_load(1.0, [1])),
+            (ValueError, r"counts has 0 entries; an expert_load carries "
+                         r"1 \.\. 1024", lambda: c.expert_load(0, [])),
+            (ValueError, r"counts has 0 entries",
+             lambda: c.expert_load(0, b"")),
+            (ValueError, r"counts has 1025 entries",
+             lambda: c.expert_load(0, [1] * 1025)),
+            (ValueError, r"counts has 1025 entries",
+             lambda: c.expert_load(0, array("Q", [1] * 1025))),
+            (ValueError, r"0 \.\. 2\*\*32-1", lambda: c.expert_load(0, [-1])),
+            (ValueError, r"0 \.\. 2\*\*32-1",
+             lambda: c.expert_load(0, [2**64])),
+            (ValueError, r"not a whole number of uint64s",
+             lambda: c.expert_load(0, b"1234567")),
+            (TypeError, r"counts must be a sequence or buffer of ints",
+             lambda: c.expert_load(0, None)),
+            (TypeError, r"counts must be a sequence or buffer of ints",
+             lambda: c.expert_load(0, 5)),
+            (TypeError, r"counts must be a sequence or buffer of ints",
+             lambda: c.expert_load(0, ["a"])),
+            (ValueError, r"t_ns", lambda: c.expert_load(0, [1], t_ns=-1)),
+        ]
+        for exc, pattern, call in cases:
+            with self.subTest(pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(c.stats().events_rejected, 0)
+        # Counts above 2**32-1 are found by the library, in every form.
+        for counts in ([1, 2**32], array("Q", [2**32]),
+                       array("Q", [2**63]).tobytes()):
+            with self.assertRaisesRegex(ValueError, r"counted as rejected"):
+                c.expert_load(0, counts)
+        self.assertEqual(c.stats().events_rejected, 3)
+        self.assertEqual(c.expert_load(0, [2**32 - 1], t_ns=3), OK)
+        self.assertEqual(self.events(), [[8, 3, 0, [2**32 - 1]]])
+
+    def test_after_close_does_nothing(self):
+        self.c.close()
+        self.assertEqual(self.c.expert_load(0, [1]), INVALID)
+        self.assertEqual(self.c.expert_load(0, array("Q", [1])), INVALID)
+
+
 class TwoProcessExample(DaemonTest):
     def test_ttft_joined_across_processes(self):
         report = os.path.join(self.d.dir, "report.json")

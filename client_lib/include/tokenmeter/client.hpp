@@ -2,7 +2,7 @@
 // default "now" timestamps. Header-only; every call forwards to one C call
 // and has that call's cost, thread rules and failure behaviour (see
 // tokenmeter.h). Nothing here throws. C++17; the Arrived() overloads with
-// request labels (std::span) need C++20.
+// request labels and ExpertLoad() (std::span) need C++20.
 #ifndef TOKENMETER_CLIENT_HPP_
 #define TOKENMETER_CLIENT_HPP_
 
@@ -283,6 +283,16 @@ class Client {
   int Step(const StepStats& s, uint64_t t_ns = 0) noexcept {
     return tm_step(c_, t_ns, s.keys_, s.values_, s.n_, s.pos_, s.n_pos_);
   }
+#if __cplusplus >= 202002L
+  // MoE expert load, protocol 1.1: tm_expert_load(). `counts` are the
+  // tokens MoE layer `layer` routed to each expert since the previous call
+  // for that layer (1 .. TM_MAX_MOE_EXPERTS entries, each at most
+  // TM_MAX_EVENT_COUNT); copied into the buffer, no allocation.
+  int ExpertLoad(uint32_t layer, std::span<const uint64_t> counts,
+                 uint64_t t_ns = 0) noexcept {
+    return tm_expert_load(c_, t_ns, layer, counts.data(), counts.size());
+  }
+#endif
 
   int Flush(uint32_t timeout_ms) noexcept {
     return tm_client_flush(c_, timeout_ms);

@@ -18,6 +18,7 @@ it:
     meter.tokens_batch(["req-1", "req-2"])    # once per engine step
     meter.finished("req-1", "stop")
     meter.step(running=2, waiting=0, kv_usage=0.31)
+    meter.expert_load(0, [512, 3, 77, 1])  # MoE layer 0, protocol 1.1
     meter.close()
 
 docs/user-guide.md ("Python integration") has the whole story.
@@ -26,13 +27,15 @@ import time
 
 from ._lib import ENV_VAR, LibraryNotFoundError, lib as _lib
 from .client import (DROPPED, INVALID, MAX_CACHE_CONFIG, MAX_LORA_BYTES,
+                     MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                      MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
                      MAX_RID_BYTES, OK, PROFILES, Client, FinishReason, Stats)
 
 __all__ = ["Client", "FinishReason", "Stats", "LibraryNotFoundError",
            "OK", "INVALID", "DROPPED", "MAX_RID_BYTES", "MAX_CACHE_CONFIG",
            "MAX_LORA_BYTES", "MAX_REQUEST_LABELS",
-           "MAX_REQUEST_LABEL_VALUE_BYTES", "PROFILES", "ENV_VAR", "now_ns",
+           "MAX_REQUEST_LABEL_VALUE_BYTES", "MAX_MOE_LAYERS",
+           "MAX_MOE_EXPERTS", "PROFILES", "ENV_VAR", "now_ns",
            "library_path", "library_version"]
 
 # The library's path, as loaded.

@@ -25,7 +25,8 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # at import with a clear message rather than at the first step.
 _REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
              "tm_arrived_ex_str", "tm_options_set_profile",
-             "tm_options_add_cache_config_str", "tm_options_set_max_lora")
+             "tm_options_add_cache_config_str", "tm_options_set_max_lora",
+             "tm_expert_load")
 
 
 class LibraryNotFoundError(ImportError):
@@ -166,6 +167,8 @@ _SIGNATURES = {
     "tm_preempted": (_int, [_client_p, _u64, _u64]),
     "tm_preempted_str": (_int, [_client_p, _u64, _str, _size]),
     "tm_step": (_int, [_client_p, _u64, _ptr, _ptr, _size, _ptr, _size]),
+    # counts: an address, or a bytes object (passed as its char*).
+    "tm_expert_load": (_int, [_client_p, _u64, _u32, _ptr, _size]),
 }
 
 # Called from Python hot paths and never blocking: loaded through PyDLL.
@@ -176,7 +179,7 @@ _EVENT_FUNCTIONS = frozenset({
     "tm_scheduled", "tm_scheduled_str", "tm_tokens", "tm_tokens_str",
     "tm_tokens_batch", "tm_tokens_batch_str", "tm_finished",
     "tm_finished_str", "tm_preempted", "tm_preempted_str", "tm_step",
-    "tm_client_stats", "tm_now_ns"})
+    "tm_expert_load", "tm_client_stats", "tm_now_ns"})
 
 
 class Label(_c.Structure):

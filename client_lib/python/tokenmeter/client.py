@@ -9,6 +9,7 @@ import ctypes
 import math
 import operator
 import os
+import sys
 import threading
 import weakref
 from array import array
@@ -31,6 +32,8 @@ MAX_CACHE_CONFIG = 32    # TM_MAX_CACHE_CONFIG
 MAX_LORA_BYTES = 128     # TM_MAX_LORA_BYTES
 MAX_REQUEST_LABELS = 4   # TM_MAX_REQUEST_LABELS
 MAX_REQUEST_LABEL_VALUE_BYTES = 128  # TM_MAX_REQUEST_LABEL_VALUE_BYTES
+MAX_MOE_LAYERS = 4096    # TM_MAX_MOE_LAYERS: expert_load() layer < this
+MAX_MOE_EXPERTS = 1024   # TM_MAX_MOE_EXPERTS: counts per expert_load()
 PROFILES = ("vllm", "sglang", "lmdeploy")  # TM_PROFILE_*
 _MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
 _U32 = 0xFFFFFFFF
@@ -52,6 +55,7 @@ _tokens_batch, _tokens_batch_str = lib.tm_tokens_batch, lib.tm_tokens_batch_str
 _finished, _finished_str = lib.tm_finished, lib.tm_finished_str
 _preempted, _preempted_str = lib.tm_preempted, lib.tm_preempted_str
 _step = lib.tm_step
+_expert_load = lib.tm_expert_load
 
 
 class FinishReason(IntEnum):
@@ -251,14 +255,15 @@ class Client:
     background and keeps retrying).
 
     Event methods (arrived, queued, scheduled, tokens, tokens_batch,
-    finished, preempted, step) may be called from any number of threads at
-    once. They raise TypeError or ValueError for bad arguments, before
-    anything is sent, and never for transport trouble: a missing daemon or
-    a full buffer is counted in stats(). They return OK (0), or DROPPED (-2)
-    when the event was dropped (counted); after close() they do nothing and
-    return INVALID (-1). tokens_batch returns the number of events
-    appended. Timestamps t_ns are time.monotonic_ns() values; 0 means now.
-    Request ids are ints (0 .. 2**64-1) or strs (1 .. 128 bytes of UTF-8;
+    finished, preempted, step, expert_load) may be called from any number
+    of threads at once. They raise TypeError or ValueError for bad
+    arguments, before anything is sent, and never for transport trouble: a
+    missing daemon or a full buffer is counted in stats(). They return OK
+    (0), or DROPPED (-2) when the event was dropped (counted); after close()
+    they do nothing and return INVALID (-1). tokens_batch returns the
+    number of events appended. Timestamps t_ns are time.monotonic_ns()
+    values; 0 means now. Request ids are ints (0 .. 2**64-1) or strs
+    (1 .. 128 bytes of UTF-8;
     bytes also work); a request keeps one form in all its events.
     """
 
@@ -761,3 +766,111 @@ class Client:
         p_addr, n_pos = pos.buffer_info()
         return _step(self._h, t_ns, k_addr, v_addr, n_keys, p_addr, n_pos)
 
+
+    def expert_load(self, layer, counts, t_ns=0):
+        """MoE expert load (protocol 1.1 EXPERT_LOAD): counts[i] is the
+        number of tokens MoE layer `layer` (0 .. 4095) routed to expert i
+        since this engine's previous expert_load() for that layer. 1 .. 1024
+        counts, each 0 .. 2**32-1; a layer keeps the number of experts its
+        first call gave (the daemon refuses another length).
+
+        counts is read in place, without a per-element copy, when it is a
+        one-dimensional C-contiguous buffer of native uint64: an
+        array('Q'), a numpy uint64 array (for a torch tensor:
+        t.to(torch.int64).cpu().numpy().view(numpy.uint64)), a ctypes
+        c_uint64 array, or bytes / bytearray / memoryview holding native
+        uint64s (a length that is a multiple of 8). Anything else (a list,
+        a numpy array of another dtype) is converted to an array('Q') first,
+        element by element. The library copies the counts into its buffer;
+        counts may be reused once the call returns.
+
+        Returns OK, DROPPED (buffer full; counted), or INVALID after
+        close(). Raises TypeError / ValueError for a bad layer, t_ns or
+        number of counts, or a count that is not an int 0 .. 2**64-1,
+        before anything is sent; a count above 2**32-1 is found by the
+        library, which counts the event as rejected, and then raises
+        ValueError too.
+        """
+        if type(layer) is not int or not 0 <= layer < MAX_MOE_LAYERS:
+            layer = _uint("layer", layer, 0, MAX_MOE_LAYERS - 1)
+        t = _T_NOW if t_ns is _ZERO else _t(t_ns)
+        if type(counts) is array and counts.typecode == "Q":
+            arg, n = counts.buffer_info()
+        else:
+            # `arg` keeps what it points into alive until the call is done.
+            arg, n = _u64_buffer(counts)
+        if not 0 < n <= MAX_MOE_EXPERTS:
+            raise ValueError(f"counts has {n} entries; an expert_load "
+                             f"carries 1 .. {MAX_MOE_EXPERTS}")
+        h = self._h
+        rc = _expert_load(h, t, layer, arg, n)
+        if rc == INVALID and h is not None:
+            # Layer and length were checked: the library refused a count.
+            raise ValueError("expert counts must be ints 0 .. 2**32-1 (the "
+                             "event was counted as rejected)")
+        return rc
+
+
+# memoryview formats of a native uint64 (array('Q'): "Q"; numpy uint64: "L"
+# on LP64 Linux; ctypes c_uint64 arrays: "<Q").
+_U64_FORMATS = frozenset(("Q", "L", "=Q", "=L", "@Q", "@L") +
+                         (("<Q", "<L") if sys.byteorder == "little"
+                          else (">Q", ">L")))
+
+
+def _u64_buffer(counts):
+    """(argument for tm_expert_load's counts, n) for expert_load(): the
+    buffer itself when it holds native uint64s (no copy per element), else
+    an array('Q') of the items."""
+    if isinstance(counts, (str, int)):
+        raise TypeError("counts must be a sequence or buffer of ints, not "
+                        f"{type(counts).__name__}")
+    try:
+        m = memoryview(counts)
+    except TypeError:
+        m = None
+    if m is not None and m.ndim == 1 and m.c_contiguous:
+        if m.format in _U64_FORMATS and m.itemsize == 8:
+            n = m.shape[0]
+        elif m.format in ("B", "b", "c"):
+            if m.nbytes % 8 != 0:
+                raise ValueError(f"counts given as bytes: {m.nbytes} bytes "
+                                 "is not a whole number of uint64s")
+            n = m.nbytes // 8  # raw bytes of native uint64s
+        else:
+            n = None
+        if n is not None:
+            if n == 0:
+                return None, 0
+            if type(counts) is bytes:
+                return counts, n  # ctypes passes its char*; 8-aligned
+            if not m.readonly:
+                # A ctypes view of the same memory (no copy), passed as its
+                # address; it holds the buffer exported during the call.
+                view = (ctypes.c_char * m.nbytes).from_buffer(m)
+                if ctypes.addressof(view) % 8 == 0:
+                    return view, n
+            # Read-only or misaligned: one copy of the bytes, not per item.
+            return m.tobytes(), n
+    try:
+        try:
+            a = array("Q", counts)
+        except TypeError:  # numpy integers and other __index__ types
+            a = array("Q", map(operator.index, counts))
+    except TypeError:
+        raise TypeError("counts must be a sequence or buffer of ints, not "
+                        f"{type(counts).__name__}") from None
+    except OverflowError:
+        raise ValueError("expert counts must be ints 0 .. 2**32-1") from None
+    # c_void_p takes an int address; the caller keeps `a` alive meanwhile.
+    return _ArrayArg(a), len(a)
+
+
+class _ArrayArg:
+    """An array('Q') as a ctypes argument (its address), kept alive by the
+    argument itself for the length of the call."""
+    __slots__ = ("_as_parameter_", "a")
+
+    def __init__(self, a):
+        self.a = a
+        self._as_parameter_ = a.buffer_info()[0]
