@@ -41,6 +41,7 @@ struct State {
     options.request_labels = {"tenant", "team"};
     options.request_label_values = 4;
     options.legacy_names = true;
+    options.moe_expert_series = true;
     if (!Registry::Create(options, &registry).ok()) __builtin_trap();
     TrackerOptions t;
     t.max_requests = 4096;

@@ -100,6 +100,10 @@ DECODER = {
     + batch([[1, T, 1, 10, {"labels": {"tenant": "t9"}}], [3, T, 1],
              [4, T + 1, 1, 1], [4, T + 2, 1, 2], [5, T + 3, 1, "length"]]),
     "protocol_1_1_bad": b"\x09" + hello(profile="bogus"),
+    "expert_load": b"\x33" + hello() + batch([
+        [8, T, 0, [5, 0, 7, 1]], [8, T, 0, [0, 0, 0, 0]], [8, T, 0, [1, 2]],
+        [8, T, 4095, list(range(64))], [8, T, 4096, [1]], [8, T, 1, []],
+        [8, T, 2, [2 ** 32]], [8, T, 3, "x"]]),
     "protocol_1_1_bad_params": b"\x0a" + hello() + batch([
         [1, T, 1, 1, {"lora": ""}], [1, T, 2, 1, {"labels": {"le": "x"}}],
         [1, T, 3, 1, {"labels": {"a": "1", "b": "2", "c": "3", "d": "4",
