@@ -150,6 +150,38 @@ class HandWrittenFrames(unittest.TestCase):
                                       reason="bad_timestamp"), 1)
         s.close()
 
+    def test_expert_load_series_and_bad_events(self):
+        d = Daemon("--log-interval", "0", "--moe-expert-series").start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        s = d.connect()
+        s.sendall(hello())
+        t = time.monotonic_ns()
+        s.sendall(batch([
+            [8, t, 3, [6, 2, 0, 0]], [8, t, 3, [1, 1, 1, 1]],
+            [8, t, 3, [1, 2]],            # another expert count: bad
+            [8, t, 4096, [1]],            # layer too large: bad
+            [8, t, 5, []],                # no experts: bad
+            [8, t, 5, [0] * 1025],        # too many experts: bad
+            [4, t, 1, 1]]))               # the rest of the batch applies
+        d.wait_value("vllm:generation_tokens_total", 1, model_name="m",
+                     engine="0")
+        labels = {"model_name": "m", "engine": "0"}
+        self.assertEqual(d.value("vllm:moe_routed_tokens_total", layer="3",
+                                 **labels), 12)
+        self.assertEqual(d.value("vllm:moe_expert_tokens_total", layer="3",
+                                 expert="0", **labels), 7)
+        self.assertEqual(d.value("vllm:moe_expert_tokens_total", layer="3",
+                                 expert="3", **labels), 1)
+        self.assertEqual(d.value("vllm:moe_layer_imbalance", layer="3",
+                                 **labels), 1)
+        self.assertEqual(d.value("vllm:moe_imbalance_count", **labels), 2)
+        self.assertEqual(d.value("tokenmeter_ingest_events_total",
+                                 kind="expert_load"), 2)
+        self.assertEqual(d.value("tokenmeter_ingest_errors_total",
+                                 reason="bad_event"), 4)
+        s.close()
+
     def test_client_dropped_reported(self):
         s = self.d.connect()
         s.sendall(hello(instance="dp1", pid=4242))
