@@ -157,8 +157,9 @@ def one_request(t, rid, tenant, lora):
 
 
 class CheckMetrics(unittest.TestCase):
-    """One daemon (--request-label tenant --legacy-names, so that every
-    family of every profile is there) with an engine of each profile."""
+    """One daemon (--request-label tenant --legacy-names
+    --moe-expert-series, so that every family of every profile is there)
+    with an engine of each profile, each also sending EXPERT_LOAD."""
 
     @classmethod
     def setUpClass(cls):
@@ -166,7 +167,7 @@ class CheckMetrics(unittest.TestCase):
             raise unittest.SkipTest("TOKENMETERD not set (run through meson "
                                     "test)")
         cls.d = tu.Daemon("--log-interval", "0", "--request-label", "tenant",
-                          "--legacy-names").start()
+                          "--legacy-names", "--moe-expert-series").start()
         try:
             hellos = [
                 ("vllm", {"cache_config": {"block_size": 16,
@@ -182,7 +183,9 @@ class CheckMetrics(unittest.TestCase):
             for engine, meta in hellos:
                 s = cls.d.connect()
                 s.sendall(tu.hello(engine, "m", **meta))
-                events = one_request(time.monotonic_ns(), 1, "acme", "sql")
+                t = time.monotonic_ns()
+                events = one_request(t, 1, "acme", "sql")
+                events.append([8, t, 0, [3, 1, 0, 0]])  # EXPERT_LOAD
                 s.sendall(tu.batch(events))
                 s.sendall(tu.frame(2))
                 s.close()
