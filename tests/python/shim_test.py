@@ -216,6 +216,25 @@ class EventKinds(DaemonTest):
             self.d.samples().sum("tokenmeter_ingest_errors_total"), 0)
         self.assertEqual(c.stats().events_rejected, 0)
 
+    def test_expert_load_reaches_the_daemon(self):
+        # From the real library to the real daemon: the MoE series add up.
+        from array import array
+        c = self.client()
+        c.expert_load(3, array("Q", [6, 2, 0, 0]))
+        c.expert_load(3, [1, 1, 1, 1])
+        c.expert_load(7, array("Q", range(256)))
+        self.d.wait_value("tokenmeter_ingest_events_total", 3,
+                          kind="expert_load")
+        labels = {"model_name": "m", "engine": "i0"}
+        self.assertEqual(self.d.value("py_shim:moe_routed_tokens_total",
+                                      layer="3", **labels), 12)
+        self.assertEqual(self.d.value("py_shim:moe_routed_tokens_total",
+                                      layer="7", **labels), sum(range(256)))
+        self.assertEqual(self.d.value("py_shim:moe_layer_imbalance",
+                                      layer="3", **labels), 1)
+        self.assertEqual(
+            self.d.samples().sum("tokenmeter_ingest_errors_total"), 0)
+
     def test_now_is_time_monotonic_ns(self):
         c = self.client()
         start = time.monotonic_ns()
