@@ -25,13 +25,13 @@
 #define TM_FRAME_GOODBYE 2 /* [2] */
 
 /* Event kinds: the first element of every event array. */
-#define TM_EV_ARRIVED 1   /* [1, t, rid, prompt_tokens(, params)] */
-#define TM_EV_QUEUED 2    /* [2, t, rid] */
-#define TM_EV_SCHEDULED 3 /* [3, t, rid] */
-#define TM_EV_TOKENS 4    /* [4, t, rid, n] */
-#define TM_EV_FINISHED 5  /* [5, t, rid, reason] */
-#define TM_EV_PREEMPTED 6 /* [6, t, rid] */
-#define TM_EV_STEP 7      /* [7, t, stats] */
+#define TM_EV_ARRIVED 1     /* [1, t, rid, prompt_tokens(, params)] */
+#define TM_EV_QUEUED 2      /* [2, t, rid] */
+#define TM_EV_SCHEDULED 3   /* [3, t, rid] */
+#define TM_EV_TOKENS 4      /* [4, t, rid, n] */
+#define TM_EV_FINISHED 5    /* [5, t, rid, reason] */
+#define TM_EV_PREEMPTED 6   /* [6, t, rid] */
+#define TM_EV_STEP 7        /* [7, t, stats] */
 #define TM_EV_EXPERT_LOAD 8 /* 1.1: [8, t, layer, counts] */
 
 /* Default limits (the daemon may be configured to raise or lower them). */
@@ -70,7 +70,8 @@
 #define TM_HELLO_PID "pid"
 /* 1.1 HELLO keys (protocol-v1.md "Additions in 1.1"). */
 #define TM_HELLO_PROFILE "profile"           /* "vllm", "sglang", "lmdeploy" */
-#define TM_HELLO_CACHE_CONFIG "cache_config" /* map str -> str/int/float/bool */
+#define TM_HELLO_CACHE_CONFIG "cache_config" /* map str -> str/int/float/bool \
+                                              */
 #define TM_HELLO_MAX_LORA "max_lora"         /* int */
 #define TM_PROFILE_VLLM "vllm"
 #define TM_PROFILE_SGLANG "sglang"
@@ -105,10 +106,10 @@
  * Label names the daemon sets itself on some series; a HELLO label may not
  * use them, nor any name starting with TM_RESERVED_LABEL_PREFIX. */
 #define TM_RESERVED_LABEL_PREFIX "__"
-#define TM_RESERVED_LABEL_NAMES                                            \
-  "model_name", "engine", "engine_family", "finished_reason", "position",  \
+#define TM_RESERVED_LABEL_NAMES                                              \
+  "model_name", "engine", "engine_family", "finished_reason", "position",    \
       "le", "quantile", "interval", "reason", "kind", /* 1.1: */ "max_lora", \
-      "running_lora_adapters", "waiting_lora_adapters", "cache_source",    \
+      "running_lora_adapters", "waiting_lora_adapters", "cache_source",      \
       "layer", "expert"
 #define TM_NUM_RESERVED_LABELS 16
 
