@@ -97,16 +97,21 @@ class WebConfigBase(unittest.TestCase):
 
 
 class StartupErrors(WebConfigBase):
-    def start_fails(self, text):
-        path = self.write("bad.yml", text)
+    @staticmethod
+    def run_daemon(web_config):
+        """Runs the daemon with --web-config web_config until it exits."""
         d = tempfile.mkdtemp(prefix="tm-", dir="/tmp")
         try:
-            r = subprocess.run(
+            return subprocess.run(
                 [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
-                 "127.0.0.1:0", "--web-config", path],
+                 "127.0.0.1:0", "--web-config", web_config],
                 capture_output=True, text=True, timeout=30)
         finally:
             shutil.rmtree(d, ignore_errors=True)
+
+    def start_fails(self, text):
+        path = self.write("bad.yml", text)
+        r = self.run_daemon(path)
         self.assertNotEqual(r.returncode, 0, r.stderr)
         lines = [ln for ln in r.stderr.splitlines()
                  if ln.startswith("tokenmeterd:")]
@@ -133,15 +138,7 @@ class StartupErrors(WebConfigBase):
             f"basic_auth_users:\n  {USER}: {PASSWORD}\n"))
 
     def test_missing_file(self):
-        path = os.path.join(self.dir, "absent.yml")
-        d = tempfile.mkdtemp(prefix="tm-", dir="/tmp")
-        try:
-            r = subprocess.run(
-                [DAEMON, "--ingest", os.path.join(d, "i.sock"), "--listen",
-                 "127.0.0.1:0", "--web-config", path],
-                capture_output=True, text=True, timeout=30)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        r = self.run_daemon(os.path.join(self.dir, "absent.yml"))
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("cannot read the file: No such file or directory",
                       r.stderr)
