@@ -86,6 +86,11 @@ Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
     e->model_ = MakeCpuModel(*weights, layout, lora);
   }
   e->logits_.resize(size_t(o.scheduler.max_batch) * o.model.vocab);
+  if (o.model.moe_experts > 0) {
+    e->model_->SetExpertCounting(e->counts_experts());
+    e->expert_delta_.assign(size_t(o.model.n_layers) * o.model.moe_experts, 0);
+    e->expert_total_ = e->expert_delta_;
+  }
 
   if (o.metrics) {
     tokenmeter::Options co;
@@ -164,6 +169,10 @@ Status Engine::Run() {
     }
     status = Step(&finished);
     if (!status.ok()) break;
+  }
+  // The last partial counts, before the client closes.
+  if (status.ok() && counts_experts() && steps_since_expert_load_ > 0) {
+    status = SendExpertLoad(NowNs());
   }
   if (meter_) {
     client_stats_ = meter_->Close();
@@ -262,6 +271,28 @@ Status Engine::Step(uint64_t* finished) {
         .PrefixHits(plan_.prefix_hits);
     meter_->Step(st, t_ns);
   }
+  if (counts_experts() &&
+      ++steps_since_expert_load_ >= options_.expert_load_every) {
+    return SendExpertLoad(t_ns);
+  }
+  return Status::Ok();
+}
+
+Status Engine::SendExpertLoad(uint64_t t_ns) {
+  steps_since_expert_load_ = 0;
+  Status s = model_->TakeExpertCounts(expert_delta_.data());
+  if (!s.ok()) return s;
+  const size_t experts = options_.model.moe_experts;
+  for (size_t i = 0; i < expert_delta_.size(); ++i) {
+    expert_total_[i] += expert_delta_[i];
+  }
+  if (meter_) {
+    for (uint32_t l = 0; l < options_.model.n_layers; ++l) {
+      const std::span<const uint64_t> counts(&expert_delta_[l * experts],
+                                             experts);
+      if (meter_->ExpertLoad(l, counts, t_ns) == TM_OK) ++expert_load_events_;
+    }
+  }
   return Status::Ok();
 }
 
@@ -273,6 +304,19 @@ Report Engine::BuildReport() const {
   r.client_events_sent = client_stats_.events_sent;
   r.client_reconnects = client_stats_.reconnects;
   r.client_events_rejected = client_stats_.events_rejected;
+  if (counts_experts()) {
+    const size_t experts = options_.model.moe_experts;
+    r.moe_experts = options_.model.moe_experts;
+    r.moe_top_k = options_.model.moe_top_k;
+    r.moe_expert_load_events = expert_load_events_;
+    for (uint32_t l = 0; l < options_.model.n_layers; ++l) {
+      const auto begin = expert_total_.begin() + ptrdiff_t(l * experts);
+      r.moe_expert_tokens.emplace_back(begin, begin + ptrdiff_t(experts));
+      uint64_t sum = 0;
+      for (uint64_t v : r.moe_expert_tokens.back()) sum += v;
+      r.moe_routed_tokens.push_back(sum);
+    }
+  }
   return r;
 }
 

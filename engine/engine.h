@@ -52,6 +52,12 @@ class Engine {
  private:
   explicit Engine(const EngineOptions& o);
   Status Step(uint64_t* finished);
+  // MoE: takes the model's routed-token counts since the last call, adds
+  // them to the run's totals and sends one EXPERT_LOAD per layer at t_ns.
+  Status SendExpertLoad(uint64_t t_ns);
+  bool counts_experts() const {
+    return options_.model.moe_experts > 0 && options_.expert_load_every > 0;
+  }
 
   const EngineOptions options_;
   std::vector<Request> requests_;
@@ -73,6 +79,10 @@ class Engine {
   SchedulerOutput plan_;
   std::vector<SeqChunk> chunks_;
   std::vector<float> logits_;
+  // MoE counts [layer][expert]: the latest taken, and the run's totals.
+  std::vector<uint64_t> expert_delta_, expert_total_;
+  uint32_t steps_since_expert_load_ = 0;
+  uint64_t expert_load_events_ = 0;
 };
 
 }  // namespace tokenmeter::engine

@@ -48,6 +48,25 @@ void PrintSummary(const Report& r) {
                 r.lora_adapters.size(), (unsigned long long)r.lora_loads,
                 (unsigned long long)r.lora_evictions);
   }
+  if (r.moe_experts > 0) {
+    // The worst layer over the whole run: max / mean tokens per expert.
+    double worst = 0;
+    size_t worst_layer = 0;
+    for (size_t l = 0; l < r.moe_expert_tokens.size(); ++l) {
+      const std::vector<uint64_t>& e = r.moe_expert_tokens[l];
+      uint64_t mx = 0;
+      for (uint64_t v : e) mx = v > mx ? v : mx;
+      const double mean = double(r.moe_routed_tokens[l]) / double(e.size());
+      if (mean > 0 && double(mx) / mean > worst) {
+        worst = double(mx) / mean;
+        worst_layer = l;
+      }
+    }
+    std::printf(
+        ", MoE %u experts top-%u: worst layer imbalance %.2f (layer "
+        "%zu)",
+        r.moe_experts, r.moe_top_k, worst, worst_layer);
+  }
   std::printf("\n");
 }
 

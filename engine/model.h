@@ -3,7 +3,9 @@
 // with seeded random weights, in fp32. Two backends compute the same
 // function: a plain C++ CPU path and CUDA kernels with cuBLAS. Both can
 // hold LoRA adapters (on the q and v projections) in a fixed number of
-// slots and apply a chunk's adapter to its rows.
+// slots and apply a chunk's adapter to its rows. With moe_experts > 0
+// every layer's MLP is a mixture of experts instead (see MoE below), and
+// both backends count the tokens each layer routes to each expert.
 //
 // C++17-clean: model_cuda.cu includes it through nvcc -std=c++17.
 #ifndef TOKENMETER_ENGINE_MODEL_H_
@@ -29,8 +31,31 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   uint64_t seed = 1;
+  // Mixture of experts (0: the dense SwiGLU MLP). Every layer's MLP
+  // becomes moe_experts SwiGLU experts of hidden size moe_d_ff() behind a
+  // linear router (d_model x moe_experts, plus a per-expert bias, as a
+  // trained router's uneven preferences): each token goes to the
+  // moe_top_k experts with the highest router scores (ties to the lower
+  // expert number), and its output is their outputs weighted by the
+  // softmax of those k scores (Mixtral's renormalized top-k).
+  uint32_t moe_experts = 0;  // 0, or moe_top_k..kMaxMoeExperts
+  uint32_t moe_top_k = 2;    // 1..kMaxMoeTopK
   uint32_t head_dim() const { return d_model / n_heads; }
+  // Each expert's hidden size: d_ff / moe_top_k (at least 1), so that a
+  // token costs about as many FLOPs as in the dense MLP.
+  uint32_t moe_d_ff() const {
+    const uint32_t f = d_ff / (moe_top_k > 0 ? moe_top_k : 1);
+    return f > 0 ? f : 1;
+  }
 };
+
+inline constexpr uint32_t kMaxMoeExperts = 1024;  // TM_MAX_MOE_EXPERTS
+inline constexpr uint32_t kMaxMoeTopK = 16;
+// The cap on the memory of the experts' weights (all layers).
+inline constexpr uint64_t kMaxMoeBytes = uint64_t(4) << 30;
+// Bytes of the experts' weights and routers of a configuration (0 when
+// dense).
+uint64_t MoeWeightBytes(const ModelConfig& c);
 
 // The preset sizes, by --model-size name: tiny (CI: 0.14 M parameters),
 // small (3.9 M), medium (31 M), large (271 M, for a GPU). Keeps out->seed.
@@ -117,6 +142,27 @@ class Model {
   // adapter that does not match the model's LoraLayout (an error, not an
   // abort: the adapter may come from outside the engine).
   virtual Status LoadLora(uint32_t slot, const LoraAdapter& adapter) = 0;
+
+  // MoE only (config().moe_experts > 0; otherwise these do nothing).
+  //
+  // Whether Forward() counts routed tokens (on by default). Off, the
+  // router kernel skips its counting entirely (what --expert-load-every 0
+  // measures against).
+  virtual void SetExpertCounting(bool on) = 0;
+  // Writes the tokens each layer's router sent to each expert since the
+  // previous call (or since construction) to counts[layer * moe_experts +
+  // expert], n_layers x moe_experts entries, and zeroes the backend's
+  // counters. Every token a layer processes adds moe_top_k. The counters
+  // live where the backend computes: a device-to-host copy and a memset on
+  // CUDA. Synchronous. Fails only for a backend error.
+  virtual Status TakeExpertCounts(uint64_t* counts) = 0;
+  // The routing of the last Forward() (for tests; O(layers x rows x k)):
+  // experts[(layer * rows + row) * moe_top_k + i] is row's i-th expert
+  // (highest score first), margin[layer * rows + row] the k-th highest
+  // router score minus the (k+1)-th (+inf when k == moe_experts): how
+  // near the choice was to a tie. Rows in chunk order, as in Forward().
+  virtual Status LastRouting(std::vector<int32_t>* experts,
+                             std::vector<float>* margin) = 0;
 };
 
 // The seeded weights (host memory), shared by both backends so that they
@@ -128,6 +174,12 @@ struct LayerWeights {
   std::vector<float> mlp_norm;      // d
   std::vector<float> w_gate, w_up;  // d x ff
   std::vector<float> w_down;        // ff x d
+  // MoE (config.moe_experts = E > 0; then w_gate, w_up and w_down are
+  // empty), with f = moe_d_ff(): expert e's matrices at e * d * f.
+  std::vector<float> router;        // d x E
+  std::vector<float> router_bias;   // E: some experts are hotter
+  std::vector<float> e_gate, e_up;  // E x (d x f)
+  std::vector<float> e_down;        // E x (f x d)
 };
 struct Weights {
   ModelConfig config;
@@ -139,7 +191,8 @@ struct Weights {
   std::vector<float> rope_cos, rope_sin;
 };
 
-// Checks a configuration (head_dim, sizes, context) and a KV layout.
+// Checks a configuration (head_dim, sizes, context, MoE sizes and the
+// experts' memory) and a KV layout.
 Status ValidateModel(const ModelConfig& c, const KvLayout& kv);
 // Draws the weights from c.seed. O(parameters) time and memory.
 std::unique_ptr<Weights> MakeWeights(const ModelConfig& c);

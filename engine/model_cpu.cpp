@@ -3,10 +3,15 @@
 // whatever the batch around it, so a request's logits do not depend on what
 // it was batched with, on chunking, or on prefix-cache reuse. LoRA adapters
 // live in host-memory slots; a chunk with a slot adds the adapter's delta to
-// its rows' q and v, chunk by chunk, with the same per-row operations.
+// its rows' q and v, chunk by chunk, with the same per-row operations. An
+// MoE layer routes every row alone (router scores, top k), gathers each
+// expert's rows, runs each expert's SwiGLU over its rows with the same
+// MatMul, and adds each row's k outputs in its own order (highest score
+// first): again the same operations per row whatever the batch.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "engine/model.h"
 
@@ -68,10 +73,37 @@ class CpuModel final : public Model {
         k_cache_(size_t(w.config.n_layers) * slots_ * w.config.d_model),
         v_cache_(k_cache_.size()),
         lora_weights_(size_t(lora.slots) * lora_floats_),
-        lora_scale_(lora.slots, 0.0f) {}
+        lora_scale_(lora.slots, 0.0f),
+        expert_counts_(size_t(w.config.n_layers) * w.config.moe_experts, 0),
+        expert_rows_(w.config.moe_experts + 1, 0) {}
 
   const char* backend() const override { return "cpu"; }
   const ModelConfig& config() const override { return w_.config; }
+
+  void SetExpertCounting(bool on) override { count_experts_ = on; }
+
+  Status TakeExpertCounts(uint64_t* counts) override {
+    std::copy(expert_counts_.begin(), expert_counts_.end(), counts);
+    std::fill(expert_counts_.begin(), expert_counts_.end(), 0);
+    return Status::Ok();
+  }
+
+  Status LastRouting(std::vector<int32_t>* experts,
+                     std::vector<float>* margin) override {
+    const size_t per_layer = last_rows_ * w_.config.moe_top_k;
+    experts->clear();
+    margin->clear();
+    if (w_.config.moe_experts == 0) return Status::Ok();
+    for (uint32_t l = 0; l < w_.config.n_layers; ++l) {
+      const size_t base = size_t(l) * moe_sel_stride_;
+      experts->insert(experts->end(), moe_sel_.begin() + ptrdiff_t(base),
+                      moe_sel_.begin() + ptrdiff_t(base + per_layer));
+      const size_t mb = size_t(l) * moe_margin_stride_;
+      margin->insert(margin->end(), moe_margin_.begin() + ptrdiff_t(mb),
+                     moe_margin_.begin() + ptrdiff_t(mb + last_rows_));
+    }
+    return Status::Ok();
+  }
 
   Status LoadLora(uint32_t slot, const LoraAdapter& a) override {
     if (slot >= lora_.slots) return Status::Error("LoRA slot out of range");
@@ -147,11 +179,16 @@ class CpuModel final : public Model {
       for (size_t r = 0; r < rows; ++r) {
         RmsNorm(&x_[r * d], lw.mlp_norm.data(), d, c.norm_eps, &h_[r * d]);
       }
+      if (c.moe_experts > 0) {
+        MoeMlp(l, rows);
+        continue;
+      }
       MatMul(h_.data(), rows, d, lw.w_gate.data(), ff, a_.data(), false);
       MatMul(h_.data(), rows, d, lw.w_up.data(), ff, b_.data(), false);
       for (size_t i = 0; i < rows * ff; ++i) a_[i] = Silu(a_[i]) * b_[i];
       MatMul(a_.data(), rows, ff, lw.w_down.data(), d, x_.data(), true);
     }
+    last_rows_ = rows;
 
     // Logits of each wanted chunk's last row.
     size_t out_row = 0;
@@ -210,6 +247,106 @@ class CpuModel final : public Model {
     }
   }
 
+  // x_ += the mixture of experts of layer l over h_ (rows rows). Out of
+  // line with its own scratch, like ApplyLora(), so that the dense path's
+  // code stays as it was.
+  [[gnu::noinline]] void MoeMlp(uint32_t l, size_t rows) {
+    const ModelConfig& c = w_.config;
+    const LayerWeights& lw = w_.layers[l];
+    const size_t d = c.d_model, e_n = c.moe_experts, k_n = c.moe_top_k;
+    const size_t f = c.moe_d_ff(), assigned = rows * k_n;
+    if (moe_sel_stride_ < assigned) {
+      moe_sel_stride_ = assigned;
+      moe_sel_.resize(size_t(c.n_layers) * assigned);
+      moe_margin_stride_ = rows;
+      moe_margin_.resize(size_t(c.n_layers) * rows);
+      moe_wt_.resize(assigned);
+      moe_slot_.resize(assigned);
+      moe_in_.resize(assigned * d);
+      moe_out_.resize(assigned * d);
+      moe_a_.resize(assigned * f);
+      moe_b_.resize(assigned * f);
+    }
+    if (moe_scores_.size() < rows * e_n) moe_scores_.resize(rows * e_n);
+    // Router scores, then each row's top k (kept sorted, highest first;
+    // a later expert must score strictly higher to pass an earlier one).
+    MatMul(h_.data(), rows, d, lw.router.data(), e_n, moe_scores_.data(),
+           false);
+    int32_t* sel = &moe_sel_[size_t(l) * moe_sel_stride_];
+    float* margin = &moe_margin_[size_t(l) * moe_margin_stride_];
+    uint64_t* counts = &expert_counts_[size_t(l) * e_n];
+    std::fill(expert_rows_.begin(), expert_rows_.end(), 0);
+    for (size_t r = 0; r < rows; ++r) {
+      float* s = &moe_scores_[r * e_n];
+      int32_t best[kMaxMoeTopK + 1];
+      float best_s[kMaxMoeTopK + 1];
+      size_t have = 0;
+      const size_t keep = std::min(k_n + 1, e_n);
+      for (size_t e = 0; e < e_n; ++e) {
+        const float v = s[e] + lw.router_bias[e];
+        if (have == keep && !(v > best_s[have - 1])) continue;
+        size_t i = have < keep ? have++ : have - 1;
+        for (; i > 0 && v > best_s[i - 1]; --i) {
+          best[i] = best[i - 1];
+          best_s[i] = best_s[i - 1];
+        }
+        best[i] = int32_t(e);
+        best_s[i] = v;
+      }
+      margin[r] = keep > k_n ? best_s[k_n - 1] - best_s[k_n]
+                             : std::numeric_limits<float>::infinity();
+      // Softmax over the chosen k scores.
+      float sum = 0;
+      for (size_t i = 0; i < k_n; ++i) {
+        moe_wt_[r * k_n + i] = std::exp(best_s[i] - best_s[0]);
+        sum += moe_wt_[r * k_n + i];
+      }
+      for (size_t i = 0; i < k_n; ++i) {
+        moe_wt_[r * k_n + i] /= sum;
+        sel[r * k_n + i] = best[i];
+        ++expert_rows_[size_t(best[i]) + 1];
+      }
+    }
+    if (count_experts_) {
+      for (size_t e = 0; e < e_n; ++e) counts[e] += expert_rows_[e + 1];
+    }
+    // Dispatch: each expert's rows together, in row order.
+    for (size_t e = 0; e < e_n; ++e) expert_rows_[e + 1] += expert_rows_[e];
+    for (size_t a = 0; a < assigned; ++a) {
+      const size_t slot = expert_rows_[size_t(sel[a])]++;
+      moe_slot_[a] = slot;
+      std::copy_n(&h_[(a / k_n) * d], d, &moe_in_[slot * d]);
+    }
+    // expert_rows_[e] is now the end of expert e's rows (the start of
+    // e + 1's).
+    size_t begin = 0;
+    for (size_t e = 0; e < e_n; ++e) {
+      const size_t end = expert_rows_[e], n = end - begin;
+      if (n > 0) {
+        const size_t off = e * d * f;
+        MatMul(&moe_in_[begin * d], n, d, &lw.e_gate[off], f,
+               &moe_a_[begin * f], false);
+        MatMul(&moe_in_[begin * d], n, d, &lw.e_up[off], f, &moe_b_[begin * f],
+               false);
+        for (size_t i = begin * f; i < end * f; ++i) {
+          moe_a_[i] = Silu(moe_a_[i]) * moe_b_[i];
+        }
+        MatMul(&moe_a_[begin * f], n, f, &lw.e_down[off], d,
+               &moe_out_[begin * d], false);
+      }
+      begin = end;
+    }
+    // Combine: each row adds its k weighted outputs, highest score first.
+    for (size_t r = 0; r < rows; ++r) {
+      float* x = &x_[r * d];
+      for (size_t i = 0; i < k_n; ++i) {
+        const float wt = moe_wt_[r * k_n + i];
+        const float* y = &moe_out_[moe_slot_[r * k_n + i] * d];
+        for (size_t j = 0; j < d; ++j) x[j] += wt * y[j];
+      }
+    }
+  }
+
   // Causal attention of one row (at position `pos`) over positions 0..pos
   // of its sequence, read through the block table.
   void Attend(const SeqChunk& ch, size_t pos, const float* q, const float* kc,
@@ -257,6 +394,18 @@ class CpuModel final : public Model {
   std::vector<size_t> pos_, slot_;
   std::vector<uint32_t> chunk_of_;
   std::vector<float> x_, h_, q_, k_, v_, att_, a_, b_, scores_, lora_u_;
+  // MoE: counters [layer][expert]; per Forward the rows per expert (then
+  // their offsets), the routing [layer][row][i] and margins [layer][row]
+  // (strides: the most rows seen), and per layer the weights and the
+  // gathered rows of every (row, i) assignment.
+  bool count_experts_ = true;
+  std::vector<uint64_t> expert_counts_;
+  std::vector<size_t> expert_rows_;
+  size_t last_rows_ = 0, moe_sel_stride_ = 0, moe_margin_stride_ = 0;
+  std::vector<int32_t> moe_sel_;
+  std::vector<size_t> moe_slot_;
+  std::vector<float> moe_margin_, moe_scores_, moe_wt_, moe_in_, moe_out_,
+      moe_a_, moe_b_;
 };
 
 }  // namespace

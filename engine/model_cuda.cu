@@ -2,7 +2,12 @@
 // for the linear layers (pedantic math: no TF32, no reduced precision) and
 // small kernels for the rest. Weights come from the same seeded host
 // Weights; the paged KV cache is one device array per layer for K and V.
-// Every call is synchronous on the default stream.
+// Every call is synchronous on the default stream. An MoE layer routes on
+// the device: a router kernel scores and picks each row's top k and counts
+// them per expert with atomics into device counters (read back only by
+// TakeExpertCounts()); one block per (row, choice) then runs that expert's
+// SwiGLU on the row (dispatch), and a combine kernel adds each row's k
+// weighted outputs in the CPU's order.
 //
 // Compiled by nvcc -std=c++17 through a custom target (engine/meson.build).
 #include <cublas_v2.h>
@@ -242,6 +247,106 @@ __global__ void SiluMulKernel(float* a, const float* b, size_t n) {
   }
 }
 
+// One block per row: router scores s_e = h . router[:, e] + bias_e (summed
+// in the CPU's order, without fused multiply-adds), the top k (highest
+// first, ties to the lower expert, as on the CPU), their softmax weights,
+// the margin, and one atomic add per choice to counts[expert] (skipped
+// when counts is null). Dynamic shared memory: d + E floats.
+__global__ void MoeRouterKernel(const float* h, const float* router,
+                                const float* bias, int d, int n_experts,
+                                int top_k, unsigned long long* counts,
+                                int32_t* sel, float* wt, float* margin) {
+  extern __shared__ float smem[];
+  float* hs = smem;
+  float* scores = smem + d;
+  const size_t r = blockIdx.x;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) hs[i] = h[r * d + i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+    float acc = 0;
+    for (int i = 0; i < d; ++i) {
+      acc = __fadd_rn(acc, __fmul_rn(hs[i], router[size_t(i) * n_experts + e]));
+    }
+    scores[e] = __fadd_rn(acc, bias[e]);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  int best[kMaxMoeTopK + 1];
+  float best_s[kMaxMoeTopK + 1];
+  int have = 0;
+  const int keep = top_k + 1 < n_experts ? top_k + 1 : n_experts;
+  for (int e = 0; e < n_experts; ++e) {
+    const float v = scores[e];
+    if (have == keep && !(v > best_s[have - 1])) continue;
+    int i = have < keep ? have++ : have - 1;
+    for (; i > 0 && v > best_s[i - 1]; --i) {
+      best[i] = best[i - 1];
+      best_s[i] = best_s[i - 1];
+    }
+    best[i] = e;
+    best_s[i] = v;
+  }
+  margin[r] = keep > top_k ? best_s[top_k - 1] - best_s[top_k] : INFINITY;
+  float sum = 0;
+  float w[kMaxMoeTopK];
+  for (int i = 0; i < top_k; ++i) {
+    w[i] = expf(best_s[i] - best_s[0]);
+    sum += w[i];
+  }
+  for (int i = 0; i < top_k; ++i) {
+    wt[r * top_k + i] = w[i] / sum;
+    sel[r * top_k + i] = best[i];
+    if (counts != nullptr) atomicAdd(&counts[best[i]], 1ull);
+  }
+}
+
+// Dispatch: one block per assignment a = row * k + i, running expert
+// sel[a]'s SwiGLU on h[row] into out[a]. Dynamic shared memory: d + f
+// floats (the row, then the activations).
+__global__ void MoeExpertKernel(const float* h, const int32_t* sel,
+                                const float* gate, const float* up,
+                                const float* down, int d, int f, int top_k,
+                                float* out) {
+  extern __shared__ float smem[];
+  float* hs = smem;
+  float* act = smem + d;
+  const size_t a = blockIdx.x, r = a / size_t(top_k);
+  const size_t off = size_t(sel[a]) * size_t(d) * size_t(f);
+  const float* g = gate + off;
+  const float* u = up + off;
+  const float* dn = down + off;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) hs[i] = h[r * d + i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < f; j += blockDim.x) {
+    float ga = 0, ub = 0;
+    for (int i = 0; i < d; ++i) {
+      ga += hs[i] * g[size_t(i) * f + j];
+      ub += hs[i] * u[size_t(i) * f + j];
+    }
+    act[j] = ga / (1.0f + expf(-ga)) * ub;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    float y = 0;
+    for (int i = 0; i < f; ++i) y += act[i] * dn[size_t(i) * d + j];
+    out[a * d + j] = y;
+  }
+}
+
+// Combine: x[row] += sum over i of wt[row, i] * out[row * k + i], added
+// in order i = 0..k-1 (highest score first), as on the CPU.
+__global__ void MoeCombineKernel(float* x, const float* out, const float* wt,
+                                 int d, int top_k) {
+  const size_t r = blockIdx.x;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    float acc = x[r * d + j];
+    for (int i = 0; i < top_k; ++i) {
+      acc += wt[r * top_k + i] * out[(r * top_k + i) * d + j];
+    }
+    x[r * d + j] = acc;
+  }
+}
+
 // A growable device array.
 template <typename T>
 class DeviceArray {
@@ -278,6 +383,7 @@ class DeviceArray {
 
 struct DeviceLayer {
   DeviceArray<float> attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+  DeviceArray<float> router, router_bias, e_gate, e_up, e_down;  // MoE
   DeviceArray<float> k_cache, v_cache;
 };
 
@@ -311,11 +417,26 @@ class CudaModel final : public Model {
       TM_RETURN_IF_ERROR(dl.wv.Upload(hw.wv));
       TM_RETURN_IF_ERROR(dl.wo.Upload(hw.wo));
       TM_RETURN_IF_ERROR(dl.mlp_norm.Upload(hw.mlp_norm));
-      TM_RETURN_IF_ERROR(dl.w_gate.Upload(hw.w_gate));
-      TM_RETURN_IF_ERROR(dl.w_up.Upload(hw.w_up));
-      TM_RETURN_IF_ERROR(dl.w_down.Upload(hw.w_down));
+      if (config_.moe_experts > 0) {
+        TM_RETURN_IF_ERROR(dl.router.Upload(hw.router));
+        TM_RETURN_IF_ERROR(dl.router_bias.Upload(hw.router_bias));
+        TM_RETURN_IF_ERROR(dl.e_gate.Upload(hw.e_gate));
+        TM_RETURN_IF_ERROR(dl.e_up.Upload(hw.e_up));
+        TM_RETURN_IF_ERROR(dl.e_down.Upload(hw.e_down));
+      } else {
+        TM_RETURN_IF_ERROR(dl.w_gate.Upload(hw.w_gate));
+        TM_RETURN_IF_ERROR(dl.w_up.Upload(hw.w_up));
+        TM_RETURN_IF_ERROR(dl.w_down.Upload(hw.w_down));
+      }
       TM_RETURN_IF_ERROR(dl.k_cache.Reserve(slots * config_.d_model));
       TM_RETURN_IF_ERROR(dl.v_cache.Reserve(slots * config_.d_model));
+    }
+    if (config_.moe_experts > 0) {
+      const size_t n = size_t(config_.n_layers) * config_.moe_experts;
+      TM_RETURN_IF_ERROR(expert_counts_.Reserve(n));
+      TM_CUDA_TRY(
+          cudaMemset(expert_counts_.get(), 0, n * sizeof(unsigned long long)));
+      counts_h_.resize(n);
     }
     if (lora_.slots > 0) {
       // Zeroed: a slot never loaded adds nothing, as on the CPU.
@@ -344,6 +465,37 @@ class CudaModel final : public Model {
 
   const char* backend() const override { return "cuda"; }
   const ModelConfig& config() const override { return config_; }
+
+  void SetExpertCounting(bool on) override { count_experts_ = on; }
+
+  Status TakeExpertCounts(uint64_t* counts) override {
+    if (config_.moe_experts == 0) return Status::Ok();
+    const size_t n = counts_h_.size();
+    TM_CUDA_TRY(cudaMemcpy(counts_h_.data(), expert_counts_.get(),
+                           n * sizeof(unsigned long long),
+                           cudaMemcpyDeviceToHost));
+    TM_CUDA_TRY(
+        cudaMemset(expert_counts_.get(), 0, n * sizeof(unsigned long long)));
+    for (size_t i = 0; i < n; ++i) counts[i] = uint64_t(counts_h_[i]);
+    return Status::Ok();
+  }
+
+  Status LastRouting(std::vector<int32_t>* experts,
+                     std::vector<float>* margin) override {
+    experts->clear();
+    margin->clear();
+    if (config_.moe_experts == 0 || last_rows_ == 0) return Status::Ok();
+    const size_t k = config_.moe_top_k, layers = config_.n_layers;
+    experts->resize(layers * last_rows_ * k);
+    margin->resize(layers * last_rows_);
+    TM_CUDA_TRY(cudaMemcpy(experts->data(), moe_sel_.get(),
+                           experts->size() * sizeof(int32_t),
+                           cudaMemcpyDeviceToHost));
+    TM_CUDA_TRY(cudaMemcpy(margin->data(), moe_margin_.get(),
+                           margin->size() * sizeof(float),
+                           cudaMemcpyDeviceToHost));
+    return Status::Ok();
+  }
 
   Status Forward(const std::vector<SeqChunk>& chunks, float* logits) override {
     const ModelConfig& c = config_;
@@ -407,6 +559,15 @@ class CudaModel final : public Model {
     }
     TM_RETURN_IF_ERROR(a_.Reserve(rows * ff));
     TM_RETURN_IF_ERROR(b_.Reserve(rows * ff));
+    const size_t top_k = c.moe_top_k;
+    if (c.moe_experts > 0) {
+      // The routing of every layer is kept (packed by this step's rows)
+      // for LastRouting().
+      TM_RETURN_IF_ERROR(moe_sel_.Reserve(c.n_layers * rows * top_k));
+      TM_RETURN_IF_ERROR(moe_margin_.Reserve(c.n_layers * rows));
+      TM_RETURN_IF_ERROR(moe_wt_.Reserve(rows * top_k));
+      TM_RETURN_IF_ERROR(moe_out_.Reserve(rows * top_k * d));
+    }
     const size_t out_rows = n_logits > 0 ? n_logits : 1;
     TM_RETURN_IF_ERROR(final_h_.Reserve(out_rows * d));
     TM_RETURN_IF_ERROR(logits_.Reserve(out_rows * c.vocab));
@@ -448,6 +609,10 @@ class CudaModel final : public Model {
           Gemm(att_.get(), rows, d, l.wo.get(), d, x_.get(), true));
       RmsNormKernel<<<grid_rows, kThreads>>>(
           x_.get(), nullptr, l.mlp_norm.get(), h_.get(), d, c.norm_eps);
+      if (c.moe_experts > 0) {
+        MoeMlp(grid_rows, li);
+        continue;
+      }
       TM_RETURN_IF_ERROR(
           Gemm(h_.get(), rows, d, l.w_gate.get(), ff, a_.get(), false));
       TM_RETURN_IF_ERROR(
@@ -460,6 +625,7 @@ class CudaModel final : public Model {
           Gemm(a_.get(), rows, ff, l.w_down.get(), d, x_.get(), true));
     }
     TM_CUDA_TRY(cudaGetLastError());
+    last_rows_ = rows;
     if (n_logits > 0) {
       RmsNormKernel<<<unsigned(n_logits), kThreads>>>(
           x_.get(), logit_rows_.get(), final_norm_.get(), final_h_.get(), d,
@@ -492,6 +658,27 @@ class CudaModel final : public Model {
     }
   }
 
+  // x_ += the mixture of experts of layer l over h_: route and count,
+  // dispatch, combine (kernels above).
+  void MoeMlp(unsigned grid_rows, size_t l) {
+    const int d = int(config_.d_model), e = int(config_.moe_experts);
+    const int k = int(config_.moe_top_k), f = int(config_.moe_d_ff());
+    const size_t rows = grid_rows;
+    DeviceLayer& dl = layers_[l];
+    unsigned long long* counts =
+        count_experts_ ? expert_counts_.get() + l * size_t(e) : nullptr;
+    MoeRouterKernel<<<grid_rows, kThreads, size_t(d + e) * sizeof(float)>>>(
+        h_.get(), dl.router.get(), dl.router_bias.get(), d, e, k, counts,
+        moe_sel_.get() + l * rows * k, moe_wt_.get(),
+        moe_margin_.get() + l * rows);
+    MoeExpertKernel<<<unsigned(rows * k), kThreads,
+                      size_t(d + f) * sizeof(float)>>>(
+        h_.get(), moe_sel_.get() + l * rows * k, dl.e_gate.get(), dl.e_up.get(),
+        dl.e_down.get(), d, f, k, moe_out_.get());
+    MoeCombineKernel<<<grid_rows, kThreads>>>(x_.get(), moe_out_.get(),
+                                              moe_wt_.get(), d, k);
+  }
+
   // y[rows x out] (+)= x[rows x in] * w[in x out], all row-major: in
   // cuBLAS's column-major terms y^T = w^T * x^T.
   Status Gemm(const float* x, size_t rows, int in, const float* w, int out,
@@ -519,6 +706,16 @@ class CudaModel final : public Model {
       lora_rows_;
   DeviceArray<float> x_, h_, q_, k_, v_, att_, a_, b_, final_h_, logits_,
       lora_u_;
+  // MoE: counters [layer][expert] on the device (and a host copy for
+  // TakeExpertCounts()), the last step's routing [layer][row][i] and
+  // margins [layer][row], one layer's weights [row][i] and outputs
+  // [row][i][d].
+  bool count_experts_ = true;
+  size_t last_rows_ = 0;
+  DeviceArray<unsigned long long> expert_counts_;
+  std::vector<unsigned long long> counts_h_;
+  DeviceArray<int32_t> moe_sel_;
+  DeviceArray<float> moe_margin_, moe_wt_, moe_out_;
 };
 
 }  // namespace

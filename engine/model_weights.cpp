@@ -1,4 +1,5 @@
 // Model configurations, validation and the seeded weights both backends use.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -72,6 +73,25 @@ Status ValidateModel(const ModelConfig& c, const KvLayout& kv) {
   if (c.max_context > 8192) {
     return Status::Error("max_context must be at most 8192");
   }
+  if (c.moe_experts > 0) {
+    if (c.moe_experts > kMaxMoeExperts) {
+      return Status::Error("--moe-experts must be at most " +
+                           std::to_string(kMaxMoeExperts));
+    }
+    if (c.moe_top_k < 1 || c.moe_top_k > kMaxMoeTopK ||
+        c.moe_top_k > c.moe_experts) {
+      return Status::Error("--moe-top-k must be 1.." +
+                           std::to_string(kMaxMoeTopK) +
+                           " and at most --moe-experts");
+    }
+    if (MoeWeightBytes(c) > kMaxMoeBytes) {
+      return Status::Error(
+          "the experts' weights would take " +
+          std::to_string(MoeWeightBytes(c) >> 20) + " MiB (--moe-experts " +
+          std::to_string(c.moe_experts) + " of the " + c.size +
+          " model), more than " + std::to_string(kMaxMoeBytes >> 20) + " MiB");
+    }
+  }
   if (kv.block_size == 0 || kv.block_size > 1024) {
     return Status::Error("--block-size must be 1..1024");
   }
@@ -82,6 +102,14 @@ Status ValidateModel(const ModelConfig& c, const KvLayout& kv) {
     return Status::Error("--kv-blocks x --block-size must be at most 2^30");
   }
   return Status::Ok();
+}
+
+uint64_t MoeWeightBytes(const ModelConfig& c) {
+  if (c.moe_experts == 0) return 0;
+  const uint64_t per_layer =
+      uint64_t(c.d_model) * c.moe_experts + c.moe_experts +
+      uint64_t(c.moe_experts) * 3 * c.d_model * c.moe_d_ff();
+  return per_layer * c.n_layers * sizeof(float);
 }
 
 size_t LoraAdapterFloats(const ModelConfig& c, uint32_t rank) {
@@ -132,9 +160,35 @@ std::unique_ptr<Weights> MakeWeights(const ModelConfig& c) {
     l.wv = Linear(rng, d, d);
     l.wo = Linear(rng, d, d);
     l.mlp_norm = NormGain(rng, d);
-    l.w_gate = Linear(rng, d, c.d_ff);
-    l.w_up = Linear(rng, d, c.d_ff);
-    l.w_down = Linear(rng, c.d_ff, d);
+    if (c.moe_experts == 0) {
+      l.w_gate = Linear(rng, d, c.d_ff);
+      l.w_up = Linear(rng, d, c.d_ff);
+      l.w_down = Linear(rng, c.d_ff, d);
+    }
+  }
+  if (c.moe_experts > 0) {
+    // The experts and routers from a stream of their own per layer.
+    const uint32_t e = c.moe_experts, f = c.moe_d_ff();
+    for (uint32_t li = 0; li < c.n_layers; ++li) {
+      LayerWeights& l = w->layers[li];
+      Rng er(Mix64(c.seed ^ 0x6d6f65ULL ^ Mix64(li + 1)));
+      l.router = Linear(er, d, e);
+      l.router_bias.resize(e);
+      for (float& b : l.router_bias) b = er.Symmetric(1.0f);
+      l.e_gate.resize(size_t(e) * d * f);
+      l.e_up.resize(l.e_gate.size());
+      l.e_down.resize(l.e_gate.size());
+      for (uint32_t x = 0; x < e; ++x) {
+        const size_t off = size_t(x) * d * f;
+        auto fill = [&](std::vector<float>& dst, uint32_t in, uint32_t out) {
+          const std::vector<float> m = Linear(er, in, out);
+          std::copy(m.begin(), m.end(), dst.begin() + ptrdiff_t(off));
+        };
+        fill(l.e_gate, d, f);
+        fill(l.e_up, d, f);
+        fill(l.e_down, f, d);
+      }
+    }
   }
   w->final_norm = NormGain(rng, d);
   w->lm_head = Linear(rng, d, c.vocab);

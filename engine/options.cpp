@@ -34,6 +34,12 @@ Engine:
   --model-size S            tiny, small, medium, large (tiny)
   --temperature T           sampling temperature; 0 = greedy (1)
   --backend B               auto, cpu, cuda (auto: cuda when a device answers)
+Mixture of experts:
+  --moe-experts E           every layer's MLP becomes E experts, 1..1024
+                            (0 = dense MLP, the default)
+  --moe-top-k K             experts per token, 1..16 and at most E (2)
+  --expert-load-every N     send the routed-token counts (EXPERT_LOAD) every
+                            N steps and at the end; 0 = do not count (16)
 LoRA and tenants:
   --lora-adapters N         LoRA adapters lora-0..lora-N-1; each request uses
                             one, Zipf-skewed (0 = base model only)
@@ -117,6 +123,8 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   o->workload.tenants = 3;
   std::string model_size = "tiny";
   uint64_t seed = 1;
+  uint32_t moe_experts = 0, moe_top_k = 2;
+  bool top_k_set = false;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     std::string_view flag = arg, value;
@@ -215,6 +223,13 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       s = u32(&o->max_lora);
     } else if (flag == "--lora-rank") {
       s = u32(&o->lora_rank);
+    } else if (flag == "--moe-experts") {
+      s = u32(&moe_experts);
+    } else if (flag == "--moe-top-k") {
+      s = u32(&moe_top_k);
+      top_k_set = true;
+    } else if (flag == "--expert-load-every") {
+      s = u32(&o->expert_load_every);
     } else if (flag == "--tenants") {
       s = u32(&o->workload.tenants);
     } else if (flag == "--metrics-profile") {
@@ -238,6 +253,11 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
     return Status::Error("unknown --model-size '" + model_size + "' (one of " +
                          ModelSizeNames() + ")");
   }
+  if (top_k_set && moe_experts == 0) {
+    return Status::Error("--moe-top-k needs --moe-experts");
+  }
+  o->model.moe_experts = moe_experts;
+  o->model.moe_top_k = moe_top_k;
   if (o->model_name.empty()) o->model_name = "tokenmeter-" + model_size;
   o->workload.vocab = o->model.vocab;
 

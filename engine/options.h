@@ -29,6 +29,10 @@ struct EngineOptions {
   // else 0). workload.tenants: the tenants (3 by default).
   uint32_t max_lora = 4;
   uint32_t lora_rank = 8;
+  // MoE (model.moe_experts > 0): the routed-token counts go to tokenmeterd
+  // as EXPERT_LOAD every this many steps, and once more at the end; 0:
+  // neither counted nor sent (the MoE metrics off).
+  uint32_t expert_load_every = 16;
 
   bool metrics = true;
   std::string metrics_socket;  // default TM_DEFAULT_SOCKET_PATH
@@ -49,8 +53,9 @@ struct EngineOptions {
 // Parses argv (argv[0] skipped; `--flag value` and `--flag=value`) and
 // checks the combination: a request must fit the model's context and the
 // KV cache; LoRA flags in range (--max-lora >= 1 with adapters, --lora-rank
-// 1..64 and at most d_model, the adapters' weights within 4 GiB). Errors
-// name the flag.
+// 1..64 and at most d_model, the adapters' weights within 4 GiB), MoE flags
+// in range (--moe-experts 0..1024, --moe-top-k 1..16 and at most the
+// experts, the experts' weights within 4 GiB). Errors name the flag.
 Status ParseOptions(int argc, const char* const* argv, EngineOptions* o);
 
 std::string_view UsageText();

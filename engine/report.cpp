@@ -162,6 +162,30 @@ std::string ReportJson(const Report& r) {
   AppendUint(o, r.lora_skips);
   AppendGroups(o, "lora_adapters", r.lora_adapters, true);
   AppendGroups(o, "tenants", r.tenants, false);
+  if (r.moe_experts > 0) {
+    o += ",\n \"moe_experts\": ";
+    AppendUint(o, r.moe_experts);
+    o += ", \"moe_top_k\": ";
+    AppendUint(o, r.moe_top_k);
+    o += ", \"moe_expert_load_events\": ";
+    AppendUint(o, r.moe_expert_load_events);
+    o += ",\n \"moe_routed_tokens\": [";
+    for (size_t l = 0; l < r.moe_routed_tokens.size(); ++l) {
+      if (l > 0) o += ", ";
+      AppendUint(o, r.moe_routed_tokens[l]);
+    }
+    o += "],\n \"moe_expert_tokens\": [";
+    for (size_t l = 0; l < r.moe_expert_tokens.size(); ++l) {
+      o += l == 0 ? "\n  [" : ",\n  [";
+      const std::vector<uint64_t>& row = r.moe_expert_tokens[l];
+      for (size_t e = 0; e < row.size(); ++e) {
+        if (e > 0) o += ", ";
+        AppendUint(o, row[e]);
+      }
+      o += "]";
+    }
+    o += "]";
+  }
   o += "}\n";
   return o;
 }

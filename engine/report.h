@@ -66,10 +66,20 @@ struct Report {
   // number order (empty without adapters or tenants).
   uint64_t lora_loads = 0, lora_evictions = 0, lora_skips = 0;
   std::vector<GroupCounts> lora_adapters, tenants;
+  // MoE (moe_experts > 0, counting on): the model's routed-token counts
+  // over the run, per layer and per layer and expert, and the EXPERT_LOAD
+  // events sent (accepted by the library).
+  uint32_t moe_experts = 0, moe_top_k = 0;
+  std::vector<uint64_t> moe_routed_tokens;
+  std::vector<std::vector<uint64_t>> moe_expert_tokens;
+  uint64_t moe_expert_load_events = 0;
 };
 
 // The --report JSON: interfaces.md's keys in its order, then the extras;
-// lora_adapters and tenants are objects keyed by name.
+// lora_adapters and tenants are objects keyed by name; with MoE counts,
+// moe_experts, moe_top_k, moe_routed_tokens (a list by layer),
+// moe_expert_tokens (a list of lists [layer][expert]) and
+// moe_expert_load_events close it.
 // Numbers are written locale-independently, doubles in shortest round-trip
 // form.
 std::string ReportJson(const Report& r);

@@ -3,7 +3,12 @@
 // then greedy decode steps), logits within 1e-3 relative error (the largest
 // absolute difference over the largest absolute logit of the row); then
 // again with LoRA adapters in two slots (sequences on slot 0, the base
-// model and slot 1; slot 1 reloaded with another adapter midway).
+// model and slot 1; slot 1 reloaded with another adapter midway); then
+// with a mixture of experts, where both backends must also route every
+// token of every layer to the same experts, in the same order, except at
+// a near tie of the router's k-th and (k+1)-th scores (a sequence whose
+// routing differed is not compared after that), and count on the device
+// exactly what they routed.
 //
 // Exits 77 (meson's "skipped") when this build has no CUDA backend or no
 // CUDA device answers.
@@ -22,6 +27,10 @@ namespace tokenmeter::engine {
 namespace {
 
 constexpr double kMaxRelativeError = 1e-3;
+// Scores this close may order differently on the two backends (their
+// inputs differ by rounding); and at most this share of the choices.
+constexpr double kNearTie = 1e-3;
+constexpr double kMaxTieShare = 0.01;
 
 struct Seq {
   std::vector<int32_t> tokens;
@@ -50,11 +59,68 @@ bool LoadBoth(Model& cpu, Model& gpu, const ModelConfig& cfg, uint32_t slot,
   return s.ok();
 }
 
+struct MoeCheck {
+  size_t choices = 0, near_ties = 0;
+  bool failed = false;
+  std::vector<uint64_t> routed_cpu, routed_gpu;  // [layer][expert]
+};
+
+// Compares the last step's routing of both models (rows of `chunks`), marks
+// the sequences whose routing differed, and adds each backend's choices.
+void CompareRouting(Model& cpu, Model& gpu, const std::vector<SeqChunk>& chunks,
+                    std::vector<bool>* diverged, MoeCheck* m) {
+  const ModelConfig& c = cpu.config();
+  const size_t k = c.moe_top_k, e_n = c.moe_experts;
+  std::vector<int32_t> ec, eg;
+  std::vector<float> mc, mg;
+  if (!cpu.LastRouting(&ec, &mc).ok() || !gpu.LastRouting(&eg, &mg).ok() ||
+      ec.size() != eg.size() || mc.size() != mg.size()) {
+    std::fprintf(stderr, "LastRouting failed or sizes differ\n");
+    m->failed = true;
+    return;
+  }
+  const size_t rows = mc.size() / c.n_layers;
+  if (m->routed_cpu.empty()) {
+    m->routed_cpu.assign(c.n_layers * e_n, 0);
+    m->routed_gpu = m->routed_cpu;
+  }
+  for (size_t l = 0; l < c.n_layers; ++l) {
+    size_t r = 0;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      for (uint32_t t = 0; t < chunks[ci].num_tokens; ++t, ++r) {
+        const size_t base = (l * rows + r) * k;
+        for (size_t i = 0; i < k; ++i) {
+          ++m->routed_cpu[l * e_n + size_t(ec[base + i])];
+          ++m->routed_gpu[l * e_n + size_t(eg[base + i])];
+        }
+        m->choices += 1;
+        if (std::equal(&ec[base], &ec[base] + k, &eg[base])) continue;
+        // Only the order within the k, or the k-th at a near tie.
+        std::vector<int32_t> a(&ec[base], &ec[base] + k);
+        std::vector<int32_t> b(&eg[base], &eg[base] + k);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        if (a != b && !(mc[l * rows + r] < kNearTie)) {
+          std::fprintf(stderr,
+                       "layer %zu row %zu: routing differs, margin %g\n", l, r,
+                       double(mc[l * rows + r]));
+          m->failed = true;
+        }
+        ++m->near_ties;
+        (*diverged)[ci] = true;
+      }
+    }
+  }
+}
+
 // Returns the largest relative error seen, or a negative value on failure.
-double Compare(const char* size, bool lora) {
+double Compare(const char* size, bool lora, uint32_t experts = 0,
+               uint32_t top_k = 2) {
   ModelConfig cfg;
   if (!ModelConfigForSize(size, &cfg)) return -1;
   cfg.seed = 11;
+  cfg.moe_experts = experts;
+  cfg.moe_top_k = top_k;
   const KvLayout kv{256, 16};
   const LoraLayout lora_layout{lora ? 2u : 0u, kLoraRank};
   const auto weights = MakeWeights(cfg);
@@ -88,6 +154,8 @@ double Compare(const char* size, bool lora) {
   }
 
   double worst = 0;
+  MoeCheck moe;
+  std::vector<bool> diverged(seqs.size(), false);
   std::vector<float> lc(seqs.size() * cfg.vocab), lg(lc.size());
   for (int step = 0; step < 10; ++step) {
     if (lora && step == 5 && !LoadBoth(*cpu, *gpu, cfg, 1, 2)) return -1;
@@ -114,20 +182,42 @@ double Compare(const char* size, bool lora) {
       std::fprintf(stderr, "%s: %s\n", size, s.message().c_str());
       return -1;
     }
+    if (experts > 0) CompareRouting(*cpu, *gpu, chunks, &diverged, &moe);
     for (size_t i = 0; i < chunks.size(); ++i) {
       seqs[i].computed += chunks[i].num_tokens;
     }
     for (size_t r = 0; r < wanting.size(); ++r) {
       const float* a = &lc[r * cfg.vocab];
       const double e = RelativeError(a, &lg[r * cfg.vocab], cfg.vocab);
-      worst = std::max(worst, e);
+      if (!diverged[size_t(wanting[r] - seqs.data())])
+        worst = std::max(worst, e);
       // Greedy from the CPU logits, fed to both backends.
       const auto best = std::max_element(a, a + cfg.vocab) - a;
       wanting[r]->tokens.push_back(int32_t(best));
     }
   }
-  std::printf("%s%s: largest relative logit error %.3g\n", size,
-              lora ? " with LoRA" : "", worst);
+  if (experts > 0) {
+    // The device counters hold exactly what each backend routed.
+    std::vector<uint64_t> cc(moe.routed_cpu.size()), cg(cc.size());
+    if (!cpu->TakeExpertCounts(cc.data()).ok() ||
+        !gpu->TakeExpertCounts(cg.data()).ok()) {
+      return -1;
+    }
+    if (cc != moe.routed_cpu || cg != moe.routed_gpu) {
+      std::fprintf(stderr, "expert counters differ from the routing\n");
+      return -1;
+    }
+    std::printf(
+        "%s with %u experts top-%u: %zu of %zu routings differ at a "
+        "near tie\n",
+        size, experts, top_k, moe.near_ties, moe.choices);
+    if (moe.failed ||
+        double(moe.near_ties) > kMaxTieShare * double(moe.choices)) {
+      return -1;
+    }
+  }
+  std::printf("%s%s%s: largest relative logit error %.3g\n", size,
+              lora ? " with LoRA" : "", experts > 0 ? " with MoE" : "", worst);
   return worst;
 }
 
@@ -151,6 +241,20 @@ int main() {
                     kMaxRelativeError);
         ++failures;
       }
+    }
+  }
+  // Mixtures of experts: few experts, many, all of them chosen.
+  struct MoeCase {
+    const char* size;
+    uint32_t experts, top_k;
+  };
+  for (const MoeCase& m : {MoeCase{"tiny", 16, 2}, MoeCase{"small", 64, 6},
+                           MoeCase{"tiny", 4, 4}, MoeCase{"tiny", 1024, 8}}) {
+    const double e = Compare(m.size, false, m.experts, m.top_k);
+    if (e < 0 || e > kMaxRelativeError) {
+      std::printf("FAIL: %s with %u experts top-%u (limit %g)\n", m.size,
+                  m.experts, m.top_k, kMaxRelativeError);
+      ++failures;
     }
   }
   return failures == 0 ? 0 : 1;

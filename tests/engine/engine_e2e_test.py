@@ -153,6 +153,65 @@ class EngineAgainstDaemon(unittest.TestCase):
             or 0, 0)
 
 
+    def test_moe_expert_counters_equal_engine_report(self):
+        """--moe-experts 16 --moe-top-k 2: the daemon's per-layer and
+        per-expert counters equal the engine's own totals exactly, with
+        the last partial counts (sent before close) included: 200 requests
+        do not end on a multiple of --expert-load-every."""
+        d = Daemon("--log-interval", "0", "--moe-expert-series").start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        report = run_engine(d.sock, os.path.join(d.dir, "report.json"),
+                            extra=["--moe-experts", "16", "--moe-top-k", "2",
+                                   "--expert-load-every", "5"])
+        self.assertEqual(report["moe_experts"], 16)
+        self.assertEqual(report["moe_top_k"], 2)
+        layers = len(report["moe_routed_tokens"])
+        self.assertEqual(layers, 2)  # the tiny model
+        self.assertNotEqual(report["steps"] % 5, 0, "no partial flush")
+        flushes = -(-report["steps"] // 5)
+        self.assertEqual(report["moe_expert_load_events"], flushes * layers)
+        poll_until(lambda: (d.samples().sum("tokenmeter_ingest_events_total")
+                            == report["client_events_sent"]),
+                   what="every event applied")
+        samples = d.samples()
+        self.assertEqual(
+            samples.value("tokenmeter_ingest_events_total",
+                          kind="expert_load"),
+            report["moe_expert_load_events"])
+        for layer in range(layers):
+            expert_tokens = report["moe_expert_tokens"][layer]
+            self.assertEqual(len(expert_tokens), 16)
+            # Every token of a layer is routed to 2 experts.
+            self.assertEqual(sum(expert_tokens),
+                             report["moe_routed_tokens"][layer])
+            self.assertEqual(report["moe_routed_tokens"][layer] % 2, 0)
+            self.assertEqual(
+                samples.value(f"{NS}:moe_routed_tokens_total",
+                              layer=str(layer), **LABELS),
+                report["moe_routed_tokens"][layer])
+            for expert, n in enumerate(expert_tokens):
+                self.assertEqual(
+                    samples.value(f"{NS}:moe_expert_tokens_total",
+                                  layer=str(layer), expert=str(expert),
+                                  **LABELS), n, f"layer {layer} expert {expert}")
+            imbalance = samples.value(f"{NS}:moe_layer_imbalance",
+                                      layer=str(layer), **LABELS)
+            self.assertIsNotNone(imbalance)
+            self.assertGreaterEqual(imbalance, 1.0)
+            self.assertLessEqual(imbalance, 16.0)
+        # Every routed token is a prompt or generated token the model
+        # computed (preemption recomputes some, the prefix cache skips
+        # some), so the totals are in the right range.
+        self.assertGreater(report["moe_routed_tokens"][0],
+                           report["generation_tokens"])
+        # One imbalance observation per EXPERT_LOAD (all had tokens).
+        self.assertEqual(samples.value(f"{NS}:moe_imbalance_count", **LABELS),
+                         report["moe_expert_load_events"])
+        self.assertEqual(
+            samples.value("tokenmeter_ingest_errors_total",
+                          reason="bad_event") or 0, 0)
+
     def test_lora_and_tenant_figures_add_up(self):
         report = run_engine(self.d.sock,
                             os.path.join(self.d.dir, "report.json"),

@@ -53,6 +53,52 @@ TEST(EngineTest, EveryRequestFinishesAndTheFiguresAddUp) {
   EXPECT_EQ(generated, r.generation_tokens);
 }
 
+// Without preemption or prefix reuse every layer routes each computed
+// token (every prompt token, every generated one but the last of each
+// request) to top-k experts; counting off, the same outputs and no counts.
+TEST(EngineTest, MoeCountsEveryComputedTokenPerLayer) {
+  EngineOptions o = SmallRun();
+  o.kv.prefix_caching = false;
+  o.model.moe_experts = 8;
+  o.model.moe_top_k = 3;
+  o.expert_load_every = 7;
+  auto e = RunEngine(o);
+  const Report r = e->BuildReport();
+  ASSERT_EQ(r.preemptions, 0u);
+  EXPECT_EQ(r.moe_experts, 8u);
+  EXPECT_EQ(r.moe_top_k, 3u);
+  EXPECT_EQ(r.moe_expert_load_events, 0u);  // no client
+  const uint64_t computed = r.prompt_tokens + r.generation_tokens - 24;
+  ASSERT_EQ(r.moe_routed_tokens.size(), o.model.n_layers);
+  ASSERT_EQ(r.moe_expert_tokens.size(), o.model.n_layers);
+  for (size_t l = 0; l < r.moe_routed_tokens.size(); ++l) {
+    EXPECT_EQ(r.moe_routed_tokens[l], 3 * computed) << "layer " << l;
+    uint64_t sum = 0;
+    for (uint64_t v : r.moe_expert_tokens[l]) sum += v;
+    EXPECT_EQ(sum, r.moe_routed_tokens[l]);
+    EXPECT_EQ(r.moe_expert_tokens[l].size(), 8u);
+  }
+
+  EngineOptions off = o;
+  off.expert_load_every = 0;
+  auto e2 = RunEngine(off);
+  const Report r2 = e2->BuildReport();
+  EXPECT_EQ(r2.moe_experts, 0u);
+  EXPECT_TRUE(r2.moe_routed_tokens.empty());
+  for (size_t i = 0; i < e->num_requests(); ++i) {
+    EXPECT_EQ(e->Output(i), e2->Output(i)) << "request " << i;
+  }
+  // A mixture of experts is another function than the dense MLP.
+  EngineOptions dense = o;
+  dense.model.moe_experts = 0;
+  auto e3 = RunEngine(dense);
+  size_t same = 0;
+  for (size_t i = 0; i < e->num_requests(); ++i) {
+    same += e->Output(i) == e3->Output(i) ? 1 : 0;
+  }
+  EXPECT_LT(same, e->num_requests());
+}
+
 TEST(EngineTest, RequestsEndByStopOrAtTheirLength) {
   EngineOptions o = SmallRun();
   o.workload.requests = 60;

@@ -29,6 +29,57 @@ TEST(OptionsTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_EQ(o.lora_rank, 8u);
   EXPECT_EQ(o.workload.tenants, 3u);
   EXPECT_EQ(o.metrics_profile, "");
+  EXPECT_EQ(o.model.moe_experts, 0u);  // dense
+  EXPECT_EQ(o.model.moe_top_k, 2u);
+  EXPECT_EQ(o.expert_load_every, 16u);
+}
+
+TEST(OptionsTest, ParsesTheMoeFlags) {
+  EngineOptions o;
+  ASSERT_TRUE(Parse({"--moe-experts", "16", "--moe-top-k", "2",
+                     "--expert-load-every", "4"},
+                    &o)
+                  .ok());
+  EXPECT_EQ(o.model.moe_experts, 16u);
+  EXPECT_EQ(o.model.moe_top_k, 2u);
+  EXPECT_EQ(o.expert_load_every, 4u);
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--moe-experts=1024", "--moe-top-k=16",
+                     "--expert-load-every=0", "--model-size", "small"},
+                    &o)
+                  .ok());
+  EXPECT_EQ(o.model.moe_experts, 1024u);
+  EXPECT_EQ(o.model.moe_top_k, 16u);
+  EXPECT_EQ(o.expert_load_every, 0u);
+  EXPECT_EQ(o.model.d_model, 256u);  // the size applies with the experts
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--moe-experts", "1", "--moe-top-k", "1"}, &o).ok());
+}
+
+TEST(OptionsTest, RejectsBadMoeValuesNamingTheFlag) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* names;
+  };
+  const Case cases[] = {
+      {{"--moe-experts", "1025"}, "--moe-experts"},
+      {{"--moe-experts", "-1"}, "--moe-experts"},
+      {{"--moe-experts", "x"}, "--moe-experts"},
+      {{"--moe-experts", "4", "--moe-top-k", "5"}, "--moe-top-k"},
+      {{"--moe-experts", "64", "--moe-top-k", "17"}, "--moe-top-k"},
+      {{"--moe-experts", "64", "--moe-top-k", "0"}, "--moe-top-k"},
+      {{"--moe-top-k", "2"}, "--moe-experts"},
+      {{"--expert-load-every", "-3"}, "--expert-load-every"},
+      {{"--moe-experts", "1024", "--model-size", "large", "--prompt-len", "64",
+        "--output-len", "64"},
+       "--moe-experts"},
+  };
+  for (const Case& c : cases) {
+    EngineOptions o;
+    const Status s = Parse(c.args, &o);
+    ASSERT_FALSE(s.ok()) << c.args[0] << " " << c.args[1];
+    EXPECT_NE(s.message().find(c.names), std::string::npos) << s.message();
+  }
 }
 
 TEST(OptionsTest, ParsesTheFixedFlags) {
