@@ -20,8 +20,14 @@ disturbs less, from the CPU times the engine reports:
 
 --aa runs B against B: the noise floor of the wall-clock ratio.
 
+--moe E K measures the MoE metrics alone: both sides run the model with
+--moe-experts E --moe-top-k K and report to the daemon; A counts routed
+tokens and sends EXPERT_LOAD every 16 steps (the default), B runs
+--expert-load-every 0 (no counting, no EXPERT_LOAD). The script checks
+that A sent EXPERT_LOAD and B did not.
+
 Usage: bench/engine/overhead.py [--build DIR] [--pairs N] [--aa]
-                                [-- ENGINE ARGS]
+                                [--moe E K] [-- ENGINE ARGS]
 docs/performance.md records the figures and the command.
 """
 import argparse
@@ -68,6 +74,8 @@ def main():
     p.add_argument("--pairs", type=int, default=31)
     p.add_argument("--aa", action="store_true",
                    help="control: no metrics on both sides")
+    p.add_argument("--moe", nargs=2, type=int, metavar=("E", "K"),
+                   help="A: MoE metrics on, B: --expert-load-every 0")
     p.add_argument("engine_args", nargs="*",
                    help="replace the CPU-bound configuration")
     a = p.parse_args()
@@ -82,11 +90,21 @@ def main():
                   prefix="tm-overhead-").start_or_exit()
     proc, sock = d.proc, d.sock
     report_path = os.path.join(d.dir, "report.json")
-    without = args + ["--no-metrics"]
-    with_metrics = without if a.aa else args + ["--metrics-socket", sock]
+    if a.moe:
+        args = args + ["--moe-experts", str(a.moe[0]),
+                       "--moe-top-k", str(a.moe[1]), "--metrics-socket", sock]
+        without = args + ["--expert-load-every", "0"]
+        b_name = "--expert-load-every 0 (no MoE counts)"
+        a_name = "MoE counts and EXPERT_LOAD every 16 steps"
+    else:
+        without = args + ["--no-metrics"]
+        b_name = "--no-metrics"
+        a_name = "metrics to a running tokenmeterd"
+        args = args + ["--metrics-socket", sock]
+    with_metrics = without if a.aa else args
     print(f"engine: {' '.join(args)}")
-    print("A: " + ("--no-metrics (A/A control)" if a.aa else
-                   "metrics to a running tokenmeterd") + ", B: --no-metrics")
+    print("A: " + (f"{b_name} (A/A control)" if a.aa else a_name) +
+          f", B: {b_name}")
     print(f"{'pair':>4} {'A tok/s':>9} {'B tok/s':>9} {'ratio':>7} "
           f"{'loop ratio':>10} {'sender %':>8} {'dropped':>7}")
     ratios, loop_ratios, sender_shares = [], [], []
@@ -108,6 +126,10 @@ def main():
             ra, rb = res["A"], res["B"]
             if ra["generation_tokens"] != rb["generation_tokens"]:
                 sys.exit("runs did different work: same seed expected")
+            if a.moe and (rb.get("moe_expert_load_events", 0) != 0 or
+                          (ra.get("moe_expert_load_events", 0) == 0) !=
+                          a.aa):
+                sys.exit("EXPERT_LOAD expected from A only")
             ratio = ra["output_tokens_per_s"] / rb["output_tokens_per_s"]
             loop_ratio = rb["loop_cpu_s"] / ra["loop_cpu_s"]
             sender = (ra["process_cpu_s"] - ra["loop_cpu_s"]) / ra[
