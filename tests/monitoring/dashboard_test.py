@@ -222,12 +222,66 @@ class Dashboard(unittest.TestCase):
         for label in ("running_lora_adapters", "waiting_lora_adapters"):
             self.assertIn(f"count by ({label}) (${{namespace}}:"
                           "lora_requests_info", exprs)
+        # MoE expert load (EXPERT_LOAD): imbalance per layer with the
+        # histogram's quantiles, routed tokens per layer, and the grid of
+        # every layer's experts (test_moe_expert_grid).
+        self.assertIn("max by (layer) (${namespace}:moe_layer_imbalance{",
+                      exprs)
+        for q in ("0.5", "0.99"):
+            self.assertIn(f"clamp_min(histogram_quantile({q}, sum by (le) "
+                          "(rate(${namespace}:moe_imbalance_bucket", exprs)
+        self.assertIn("sum by (layer) (rate(${namespace}:"
+                      "moe_routed_tokens_total{", exprs)
+        self.assertIn("sum by (layer, expert) (rate(${namespace}:"
+                      "moe_expert_tokens_total{", exprs)
         # Aggregation over hosts and engines: no engine series plotted raw.
         for p, t in self.targets:
             self.assertRegex(t["expr"], r"^(histogram_quantile|sum|max|avg|"
-                             r"count|time\(\) - max|"
+                             r"count|time\(\) - max|clamp_min|"
                              r"1 \+ sum|up|tokenmeter_scrape|scrape_duration|"
                              r"rate\(process|process_)", p["title"])
+
+    def test_moe_expert_grid(self):
+        """The layer x expert grid: Grafana's heatmap panel puts time on
+        one axis, so the grid is a table whose Grouping to matrix
+        transformation makes a row per layer and a column per expert, in
+        numeric order (the transformation keeps the order in which values
+        first appear: sorted by layer, then stably by expert), coloured on
+        one scale."""
+        grids = [p for p in self.panels
+                 if any(t["id"] == "groupingToMatrix"
+                        for t in p.get("transformations", []))]
+        self.assertEqual(len(grids), 1)
+        p = grids[0]
+        self.assertEqual(p["type"], "table")
+        (t,) = p["targets"]
+        self.assertRegex(t["expr"], r"^sum by \(layer, expert\) \(rate\("
+                         r"\$\{namespace\}:moe_expert_tokens_total\{"
+                         r"[^}]*\}\[\$__range\]\)\)$")
+        self.assertEqual((t["format"], t["instant"], t["range"]),
+                         ("table", True, False))
+        steps = [(x["id"], x["options"]) for x in p["transformations"]]
+        self.assertEqual([i for i, _ in steps], [
+            "convertFieldType", "sortBy", "sortBy", "groupingToMatrix"])
+        self.assertEqual(
+            {(c["targetField"], c["destinationType"])
+             for c in steps[0][1]["conversions"]},
+            {("layer", "number"), ("expert", "number")})
+        self.assertEqual([o["sort"] for _, o in steps[1:3]],
+                         [[{"field": "layer", "desc": False}],
+                          [{"field": "expert", "desc": False}]])
+        m = steps[3][1]
+        self.assertEqual((m["rowField"], m["columnField"], m["valueField"]),
+                         ("layer", "expert", "Value"))
+        d = p["fieldConfig"]["defaults"]
+        self.assertEqual(d["custom"]["cellOptions"]["type"],
+                         "color-background")
+        self.assertTrue(d["color"]["mode"].startswith("continuous-"))
+        # The row-name column ("layer\\expert") is not coloured.
+        (o,) = p["fieldConfig"]["overrides"]
+        self.assertEqual(o["matcher"], {"id": "byName",
+                                        "options": "layer\\expert"})
+        self.assertIn("--moe-expert-series", p["description"])
 
 
 def profile_name(profile):

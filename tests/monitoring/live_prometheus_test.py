@@ -2,19 +2,22 @@
 """The monitoring stack of docs/ proven on a live Prometheus, for every
 naming profile.
 
-Two tokenmeterd daemons (two "hosts", both with --request-label tenant, the
-second also with --legacy-names) on temp sockets and loopback ports are fed
-by the reference engine (tokenmeter-engine: the vllm profile under
-namespace tokenmeter_engine, with LoRA adapters and tenants) and by
-simulated engines (sim_engine.py) that introduce themselves as vllm,
-lmdeploy (profile auto) and sglang (profile auto on one host, HELLO
-profile "sglang" from an engine of another name on the other), with
-cache_config, max_lora, LoRA adapters and tenant labels. One environment
-serves the whole script: Debian's /usr/bin/prometheus runs twice on
-docs/prometheus/prometheus.yml itself, with only the targets rewritten to
-the test daemons (a third target is a dead port) and the intervals set to
-1 s: once with the rule files of docs/prometheus/ beside it (class
-LivePrometheus), once with no rule file at all (class PeerDashboards).
+Two tokenmeterd daemons (two "hosts", both with --request-label tenant and
+--moe-expert-series, the second also with --legacy-names) on temp sockets
+and loopback ports are fed by the reference engine (tokenmeter-engine: the
+vllm profile under namespace tokenmeter_engine, with LoRA adapters and
+tenants) and by simulated engines (sim_engine.py) that introduce
+themselves as vllm, lmdeploy (profile auto) and sglang (profile auto on one
+host, HELLO profile "sglang" from an engine of another name on the other),
+with cache_config, max_lora, LoRA adapters and tenant labels. Every
+simulated engine serves a mixture-of-experts model (EXPERT_LOAD, 4 layers
+x 8 experts, uneven), and so does the reference engine when it has
+--moe-experts. One environment serves the whole script: Debian's
+/usr/bin/prometheus runs twice on docs/prometheus/prometheus.yml itself,
+with only the targets rewritten to the test daemons (a third target is a
+dead port) and the intervals set to 1 s: once with the rule files of
+docs/prometheus/ beside it (class LivePrometheus), once with no rule file
+at all (class PeerDashboards).
 Then, through the HTTP API, every query must succeed and return data:
 
 * every target expression of docs/grafana/tokenmeter.json, for every engine
@@ -41,10 +44,15 @@ Then, through the HTTP API, every query must succeed and return data:
   (shared/peers/vllm/grafana-exprs.txt) and of LMDeploy's
   (shared/peers/lmdeploy/lmdeploy-dashboard.json), unchanged.
 
-"Data" means a non-empty result with at least one finite value. The one
-exception is speculative decoding in the tokenmeter_engine family: the
-reference engine does not speculate, so those panels are empty or NaN for
-it (they are proven on the other families).
+"Data" means a non-empty result with at least one finite value. The
+exceptions are in the tokenmeter_engine family: the reference engine does
+not speculate, so the speculative-decoding panels are empty or NaN for it,
+and a reference engine without --moe-experts leaves the MoE panels empty
+(both are proven on the other families). The MoE panels are also checked
+by value against a simulated engine's own counts: 8 experts in every
+layer's row of the grid with the engine's hot expert the hottest, the same
+routed tokens in every layer, each layer's imbalance that of the engine's
+latest counts.
 
 Exits 77 (skipped) when /usr/bin/prometheus is not installed
 (scripts/install-deps.sh installs Debian's prometheus package).
@@ -97,6 +105,22 @@ LORAS = ("sql-lora", "chat-lora", "code-lora")
 # The reference engine's: --lora-adapters 4 --max-lora 2, --tenants 3.
 ENGINE_LORAS = tuple(f"lora-{i}" for i in range(4))
 ENGINE_TENANTS = tuple(f"tenant-{i}" for i in range(3))
+# The simulated engines' MoE model (and the reference engine's experts).
+MOE_LAYERS = 4
+MOE_EXPERTS = 8
+
+
+def engine_moe_flags():
+    """The reference engine's MoE flags, or [] when it has none (the MoE
+    panels are then empty for its family)."""
+    p = subprocess.run([ENGINE, "--help"], capture_output=True, text=True,
+                       timeout=30)
+    if "--moe-experts" not in p.stdout:
+        return []
+    flags = ["--moe-experts", str(MOE_EXPERTS)]
+    if "--expert-load-every" in p.stdout:
+        flags += ["--expert-load-every", "4"]
+    return flags
 
 
 def prometheus_regular_escape(v):
@@ -238,11 +262,16 @@ class Env:
         self.uses_engine = bool(ENGINE) and os.access(ENGINE, os.X_OK)
         for extra in ((), ("--legacy-names",)):
             d = tu.Daemon("--log-interval", "0", "--request-label", "tenant",
-                          *extra, binary=DAEMON)
+                          "--moe-expert-series", *extra, binary=DAEMON)
             self.daemons.append(d)
             d.start()
         a, b = self.daemons
+        # Every simulated engine serves an MoE model.
+        moe = {"moe_layers": MOE_LAYERS, "moe_experts": MOE_EXPERTS}
+        self.engine_moe = True
         if self.uses_engine:
+            moe_flags = engine_moe_flags()
+            self.engine_moe = bool(moe_flags)
             for i, d in enumerate(self.daemons):
                 with open(os.path.join(self.dir, f"engine{i}.log"),
                           "wb") as log:
@@ -251,7 +280,7 @@ class Env:
                          "--backend", "cpu", "--kv-blocks", "256",
                          "--shared-prefix", "0.5", "--seed", str(7 + i),
                          "--lora-adapters", "4", "--max-lora", "2",
-                         "--metrics-socket", d.sock, "--quiet"],
+                         "--metrics-socket", d.sock, "--quiet", *moe_flags],
                         stdout=subprocess.DEVNULL, stderr=log))
             self.engine_loras = ENGINE_LORAS
             self.engine_tenants = ENGINE_TENANTS
@@ -263,7 +292,8 @@ class Env:
                     spec_tokens=0, arrival_rate=20, seed=10 + i,
                     cache_config={"block_size": 16, "num_gpu_blocks": 256,
                                   "enable_prefix_caching": True},
-                    max_lora=2, loras=ENGINE_LORAS, tenants=ENGINE_TENANTS))
+                    max_lora=2, loras=ENGINE_LORAS, tenants=ENGINE_TENANTS,
+                    **moe))
             self.engine_loras = ENGINE_LORAS
             self.engine_tenants = ENGINE_TENANTS
         # The engines whose state the tests read (name -> sim, its host).
@@ -271,21 +301,22 @@ class Env:
             a.sock, "vllm", VLLM_MODEL, "0", seed=1, profile="vllm",
             cache_config={"block_size": 16, "num_gpu_blocks": 2048,
                           "enable_prefix_caching": True},
-            max_lora=2, loras=LORAS, tenants=TENANTS)
+            max_lora=2, loras=LORAS, tenants=TENANTS, **moe)
         self.lmdeploy = SimEngine(
             b.sock, "lmdeploy", LMDEPLOY_MODEL, "0", seed=3, kv_floor=0.97,
             cache_config={"block_size": 64, "num_gpu_blocks": 4096},
-            max_lora=2, loras=LORAS, tenants=TENANTS)
+            max_lora=2, loras=LORAS, tenants=TENANTS, **moe)
         self.sglang = SimEngine(
             a.sock, "sglang", SGLANG_MODEL, "0", seed=4, kv_floor=0.97,
             cache_config={"page_size": 1, "num_pages": 65536},
-            max_lora=2, loras=LORAS, tenants=TENANTS, untenanted=0.25)
+            max_lora=2, loras=LORAS, tenants=TENANTS, untenanted=0.25,
+            **moe)
         self.sims += [
             self.vllm,
             # No 1.1 HELLO keys: lora_requests_info with max_lora "0" and
             # empty sets, no cache_config_info.
             SimEngine(b.sock, "vllm", VLLM_MODEL, "0", seed=2,
-                      drops_per_s=5, tenants=TENANTS),
+                      drops_per_s=5, tenants=TENANTS, **moe),
             self.lmdeploy,
             self.sglang,
             # The sglang profile chosen by HELLO, for an engine of another
@@ -293,7 +324,7 @@ class Env:
             SimEngine(b.sock, "sglang-fork", SGLANG_MODEL, "0", seed=5,
                       profile="sglang",
                       cache_config={"page_size": 16, "num_pages": 4096},
-                      tenants=TENANTS, untenanted=0.25),
+                      tenants=TENANTS, untenanted=0.25, **moe),
         ]
         for s in self.sims:
             s.start()
@@ -640,9 +671,10 @@ class LivePrometheus(LiveBase):
 
         def allowed(key):
             # The reference engine does not speculate (nor does its
-            # stand-in).
+            # stand-in); without --moe-experts it sends no EXPERT_LOAD.
             return (key.startswith("[tokenmeter_engine")
-                    and "spec_decode" in exprs[key])
+                    and ("spec_decode" in exprs[key] or
+                         ("moe_" in exprs[key] and not self.env.engine_moe)))
         no_data = self.evaluate(exprs, allowed, expect_empty=empty)
         n_targets = len(list(self.dashboard_targets()))
         n_data = len(exprs) - len(no_data) - len(empty)
@@ -651,11 +683,15 @@ class LivePrometheus(LiveBase):
               f"= {len(exprs)} queries; {n_data}"
               f" returned data; empty as expected, the family exports no "
               f"such series (profiles.NOT_EXPORTED): {len(empty)}; without "
-              f"data as expected (the reference engine does not speculate): "
+              f"data as expected (the reference engine does not speculate"
+              f"{'' if self.env.engine_moe else ', nor send EXPERT_LOAD'}): "
               f"{len(no_data)}", file=sys.stderr)
         for k in no_data:
             print("  " + k, file=sys.stderr)
-        self.assertLessEqual(len(no_data), 2 * 3)
+        n_moe = sum("moe_" in e for _, _, e in self.dashboard_targets())
+        self.assertEqual(n_moe, 5)
+        self.assertLessEqual(len(no_data),
+                             2 * (3 + (0 if self.env.engine_moe else n_moe)))
 
     def test_alerts_fire_on_live_conditions(self):
         env = self.env
@@ -835,6 +871,93 @@ class LivePrometheus(LiveBase):
             print(f"\n{ns} paused: running adapters {running!r}, waiting "
                   f"{waiting!r}, finished per tenant {want['tenants']}",
                   file=sys.stderr, end="")
+
+    # -- MoE expert load, by value ------------------------------------------
+    def test_moe_panels_show_the_engines_layers_and_experts(self):
+        """The MoE panels' queries for one simulated engine (vllm on the
+        first host; Host, Model and Engine selected as Grafana sends them):
+        the grid has a cell for every layer x expert, and each layer's
+        hottest cell is the engine's hot expert; every layer routes the same
+        tokens; the histogram's p50 and p99 lie between 1 and the bucket
+        bound above the number of experts; and, with the engine paused, each layer's imbalance is max
+        / mean of the counts of the engine's latest EXPERT_LOAD."""
+        sim = self.env.vllm
+        variables = {v["name"]: v for v in
+                     self.dashboard["templating"]["list"]}
+        values = {
+            "job": format_var(variables["job"], ["tokenmeter"]),
+            "namespace": format_var(variables["namespace"], ["vllm"]),
+            "instance": format_var(variables["instance"],
+                                   [self.env.host[sim]]),
+            "model_name": format_var(variables["model_name"], [VLLM_MODEL]),
+            "engine": format_var(variables["engine"], ["0"]),
+        }
+        moe = {}
+        for title, ref, expr in self.dashboard_targets():
+            if "moe_" in expr:
+                moe[(title, ref)] = self.prom.vector(interpolate(expr,
+                                                                 values))
+        self.assertEqual(len(moe), 5, sorted(moe))
+        layers = {str(la) for la in range(MOE_LAYERS)}
+        got = {}
+        for (title, ref), result in moe.items():
+            self.assertTrue(result, (title, ref))
+            if "layer x expert" in title:
+                got["grid"] = {(m["layer"], m["expert"]): v
+                               for m, v in result}
+            elif "routed" in title:
+                got["routed"] = {m["layer"]: v for m, v in result}
+            elif ref == "A":
+                got["imbalance"] = {m["layer"]: v for m, v in result}
+            else:
+                got[f"imbalance {ref}"] = [v for _, v in result]
+        self.assertEqual(set(got), {"grid", "routed", "imbalance",
+                                    "imbalance B", "imbalance C"})
+        grid = got["grid"]
+        self.assertEqual(set(grid), {(la, str(e)) for la in layers
+                                     for e in range(MOE_EXPERTS)})
+        for la in sorted(layers):
+            row = {e: v for (layer, e), v in grid.items() if layer == la}
+            self.assertGreater(min(row.values()), 0, la)
+            self.assertEqual(max(row, key=row.get),
+                             str(sim.moe_hot[int(la)]), (la, row))
+        routed = got["routed"]
+        self.assertEqual(set(routed), layers)
+        for la in layers:
+            self.assertGreater(routed[la], 0)
+            self.assertAlmostEqual(routed[la] / routed["0"], 1, places=6)
+        self.assertEqual(set(got["imbalance"]), layers)
+        for ref in ("B", "C"):
+            # At most the upper bound of the bucket that holds E = 8 (a
+            # load all on one expert): histogram_quantile interpolates.
+            (q,) = got[f"imbalance {ref}"]
+            self.assertTrue(1 <= q <= 10, (ref, q))
+        imbalance_expr = interpolate(next(
+            e for _, _, e in self.dashboard_targets()
+            if "moe_layer_imbalance" in e), values)
+        sim.pause()
+        try:
+            want = {str(la): max(c) * len(c) / sum(c)
+                    for la, c in sim.moe_last.items()}
+            last = []
+
+            def latest():
+                last[:] = [{m["layer"]: v for m, v in
+                            self.prom.vector(imbalance_expr)}]
+                return (set(last[0]) == set(want) and
+                        all(math.isclose(last[0][k], want[k], rel_tol=1e-9)
+                            for k in want))
+            tu.poll_until(latest, timeout=10, interval=0.2,
+                          what=f"imbalance by layer {want} (last {last})")
+        finally:
+            sim.resume()
+        imbalance = last[0]
+        print(f"\nMoE panels ({sim.hello['engine']} on "
+              f"{self.env.host[sim]}): {len(grid)} cells, hot experts "
+              f"{sim.moe_hot}, routed tokens/s per layer "
+              f"{routed['0']:.0f}, imbalance by layer "
+              f"{ {k: round(v, 2) for k, v in sorted(imbalance.items())} }",
+              file=sys.stderr)
 
 
 class PeerDashboards(LiveBase):

@@ -13,6 +13,12 @@ and `max_lora`; ARRIVED params `lora` (the request's adapter) and `labels`
 (the `tenant` request label). With adapters the scheduler keeps at most
 max_lora of them running at once, as vLLM's max_loras does, so requests
 really wait for an adapter and the waiting set of lora_requests_info moves.
+
+With moe_layers > 0 the model is a mixture of experts: every token a step
+processes (prompt and generated) goes through each MoE layer to top-k of
+its experts, unevenly (one hot expert per layer, hotter in later layers),
+and every few steps EXPERT_LOAD (kind 8) reports each layer's counts since
+the previous one, the last partial ones before GOODBYE.
 """
 import collections
 import random
@@ -63,7 +69,8 @@ class SimEngine(threading.Thread):
                  arrival_rate=8.0, step_s=0.025, max_running=6,
                  spec_tokens=3, kv_floor=0.2, drops_per_s=0.0, seed=1,
                  profile=None, cache_config=None, max_lora=None, loras=(),
-                 tenants=(), untenanted=0.0):
+                 tenants=(), untenanted=0.0, moe_layers=0, moe_experts=8,
+                 moe_top_k=2, moe_every=4):
         super().__init__(daemon=True)
         self.sock_path = sock_path
         self.hello = {"proto": 1, "engine": engine, "model": model,
@@ -84,6 +91,16 @@ class SimEngine(threading.Thread):
         self.lora_slots = max_lora or 2
         self.tenants = list(tenants)
         self.untenanted = untenanted
+        self.moe_layers = moe_layers
+        self.moe_experts = moe_experts
+        self.moe_top_k = moe_top_k
+        self.moe_every = moe_every
+        # The hot expert of each MoE layer: weight 2 + layer, the others 1
+        # (each jittered by up to 10 % per EXPERT_LOAD).
+        self.moe_hot = {layer: (3 * layer + seed) % moe_experts
+                        for layer in range(moe_layers)}
+        self.moe_routed = 0  # tokens x top-k reported per layer so far
+        self.moe_last = {}  # layer -> the counts of its latest EXPERT_LOAD
         self.rng = random.Random(seed)
         self.error = None
         self.finished = 0
@@ -139,6 +156,22 @@ class SimEngine(threading.Thread):
             params["labels"] = {"tenant": r.tenant}
         return params
 
+    def _expert_load(self, t, tokens):
+        """EXPERT_LOAD events for `tokens` tokens through every MoE layer:
+        the same tokens x top-k per layer, shared by the experts' weights
+        (the rounding remainder to the hot expert)."""
+        routed = tokens * self.moe_top_k
+        events = []
+        for layer, hot in self.moe_hot.items():
+            w = [self.rng.uniform(0.9, 1.1) * (2 + layer if e == hot else 1)
+                 for e in range(self.moe_experts)]
+            counts = [int(routed * x / sum(w)) for x in w]
+            counts[hot] += routed - sum(counts)
+            events.append([8, t, layer, counts])
+            self.moe_last[layer] = counts
+        self.moe_routed += routed
+        return events
+
     @staticmethod
     def _lora_set(requests):
         return ",".join(sorted({r.lora for r in requests if r.lora}))
@@ -153,6 +186,7 @@ class SimEngine(threading.Thread):
         next_rid = 1
         seq = 0
         dropped = 0.0
+        moe_tokens = 0  # processed since the last EXPERT_LOAD
         start = time.monotonic()
         next_arrival = start + rng.expovariate(self.arrival_rate)
         step_no = 0
@@ -274,8 +308,18 @@ class SimEngine(threading.Thread):
             if self.spec_tokens:
                 stats["spec_accepted_per_pos"] = per_pos
             events.append([7, t, stats])
+            if self.moe_layers:
+                moe_tokens += stats["prompt_tokens"] + \
+                    stats["generation_tokens"]
+                if step_no % self.moe_every == 0 and moe_tokens:
+                    events += self._expert_load(t, moe_tokens)
+                    moe_tokens = 0
             dropped += self.drops_per_s * self.step_s
             s.sendall(_frame(1, seq, int(dropped), events))
             seq += 1
+        if moe_tokens:
+            s.sendall(_frame(1, seq, int(dropped),
+                             self._expert_load(time.monotonic_ns(),
+                                               moe_tokens)))
         s.sendall(_frame(2))
         s.close()
