@@ -26,8 +26,16 @@ tokens and sends EXPERT_LOAD every 16 steps (the default), B runs
 --expert-load-every 0 (no counting, no EXPERT_LOAD). The script checks
 that A sent EXPERT_LOAD and B did not.
 
+--instructions runs each side once under valgrind's callgrind instead,
+counting the instructions of the engine loop thread (Engine::Run(), the
+sender thread excluded): a deterministic figure, insensitive to the
+machine's load, of what the event calls cost the thread that runs the
+model; it prints B/A (the throughput ratio A/B the instruction counts
+predict on a machine that runs them at one speed).
+
 Usage: bench/engine/overhead.py [--build DIR] [--pairs N] [--aa]
-                                [--moe E K] [-- ENGINE ARGS]
+                                [--moe E K] [--instructions]
+                                [-- ENGINE ARGS]
 docs/performance.md records the figures and the command.
 """
 import argparse
@@ -67,6 +75,20 @@ def run_engine(engine, args, report_path):
         return json.load(f)
 
 
+def loop_instructions(engine, args, out_dir, side):
+    """Instructions callgrind counts inside Engine::Run() on its thread."""
+    out = os.path.join(out_dir, f"callgrind.{side}")
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+         "--toggle-collect=tokenmeter::engine::Engine::Run()", engine, *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        check=True)
+    for line in proc.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split(":")[-1])
+    sys.exit(f"no callgrind total in: {proc.stderr[-2000:]}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", default="build",
@@ -76,6 +98,8 @@ def main():
                    help="control: no metrics on both sides")
     p.add_argument("--moe", nargs=2, type=int, metavar=("E", "K"),
                    help="A: MoE metrics on, B: --expert-load-every 0")
+    p.add_argument("--instructions", action="store_true",
+                   help="count the loop thread's instructions (callgrind)")
     p.add_argument("engine_args", nargs="*",
                    help="replace the CPU-bound configuration")
     a = p.parse_args()
@@ -105,6 +129,18 @@ def main():
     print(f"engine: {' '.join(args)}")
     print("A: " + (f"{b_name} (A/A control)" if a.aa else a_name) +
           f", B: {b_name}")
+    if a.instructions:
+        try:
+            ia = loop_instructions(engine, with_metrics, d.dir, "A")
+            ib = loop_instructions(engine, without, d.dir, "B")
+        finally:
+            d.stop()
+            d.cleanup()
+        ratio = ib / ia
+        print(f"loop-thread instructions: A {ia:,}, B {ib:,}, B/A "
+              f"{ratio:.6f}: {'PASS' if ratio >= GOAL else 'MISS'} "
+              f"(goal >= {GOAL})")
+        return 0 if ratio >= GOAL else 1
     print(f"{'pair':>4} {'A tok/s':>9} {'B tok/s':>9} {'ratio':>7} "
           f"{'loop ratio':>10} {'sender %':>8} {'dropped':>7}")
     ratios, loop_ratios, sender_shares = [], [], []
