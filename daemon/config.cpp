@@ -15,6 +15,8 @@
 #include <sstream>
 #include <string>
 
+#include "daemon/http/listen_address.h"
+
 namespace tokenmeter::daemon {
 namespace {
 
@@ -72,7 +74,7 @@ them as Prometheus metrics.
   --ready-fd N               once both listeners are live, write one line
                              "ready http=HOST:PORT ingest=PATH" to file
                              descriptor N and close it (default: none)
-  --version                  print the version and exit
+  --version, -V              print the version and exit
   --help                     print this text and exit
 )";
 
@@ -190,6 +192,13 @@ const std::vector<Flag>& Flags() {
        }},
       {"listen",
        [](std::string_view v, Config* c) {
+         // The syntax now (a bad flag, exit 2); addresses and names when
+         // the daemon listens.
+         http::ListenAddress a;
+         if (Status s = http::ParseListenAddress(v, &a); !s.ok()) {
+           return Status::Error("--listen \"" + std::string(v) +
+                                "\": " + s.message());
+         }
          c->listen = v;
          return Status::Ok();
        }},
@@ -502,7 +511,7 @@ Status ParseConfig(int argc, const char* const* argv, Config* config) {
       config->show_help = true;
       continue;
     }
-    if (arg == "--version") {
+    if (arg == "--version" || arg == "-V") {
       config->show_version = true;
       continue;
     }

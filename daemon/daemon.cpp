@@ -239,6 +239,7 @@ Status Daemon::Start() {
                http_->port(), http_inherited ? " (inherited socket)" : "");
   // Both listeners are live: the only moment READY=1 may be sent.
   notifier_.Ready();
+  started_ = true;
   UpdateStatus();
   return Status::Ok();
 }
@@ -302,6 +303,9 @@ void Daemon::Stop() {
 }
 
 void Daemon::OnStopped() {
+  // After a failed Start() there is nothing to sum up: the error was the
+  // message.
+  if (!started_) return;
   spdlog::info("stopped: {} events applied, {} frames accepted since start",
                ingest_stats_->events_total(), ingest_stats_->frames());
 }

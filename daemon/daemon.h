@@ -84,6 +84,7 @@ class Daemon {
   uint64_t status_ns_ = 0;
   uint64_t last_log_ns_ = 0;
   bool stopping_ = false;
+  bool started_ = false;  // Start() succeeded
   int pending_closes_ = 0;
   std::string http_address_;
   std::string ingest_address_;

@@ -18,6 +18,7 @@
 #include <iterator>
 
 #include "daemon/http/basic_auth.h"
+#include "daemon/http/listen_address.h"
 #include "daemon/http/negotiation.h"
 #include "daemon/http/tls.h"
 
@@ -179,18 +180,6 @@ Target SplitTarget(std::string_view url) {
   size_t q = rest.find('?');
   if (q == std::string_view::npos) return Target{rest, {}};
   return Target{rest.substr(0, q), rest.substr(q + 1)};
-}
-
-bool ParsePort(std::string_view text, uint16_t* port) {
-  if (text.empty() || text.size() > 5) return false;
-  uint32_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-    value = value * 10 + static_cast<uint32_t>(c - '0');
-  }
-  if (value > 65535) return false;
-  *port = static_cast<uint16_t>(value);
-  return true;
 }
 
 }  // namespace
@@ -964,33 +953,13 @@ Status Server::Listen(std::string_view host_port) {
   };
   if (closing_) return fail("the server is closing");
 
-  std::string host;
-  std::string_view port_text;
-  bool bracketed = false;
-  if (!host_port.empty() && host_port[0] == '[') {
-    size_t end = host_port.find(']');
-    if (end == std::string_view::npos || end + 1 >= host_port.size() ||
-        host_port[end + 1] != ':' || end == 1) {
-      return fail("expected [IPV6]:PORT");
-    }
-    host = std::string(host_port.substr(1, end - 1));
-    port_text = host_port.substr(end + 2);
-    bracketed = true;
-  } else {
-    size_t colon = host_port.rfind(':');
-    if (colon == std::string_view::npos) {
-      return fail("expected HOST:PORT, :PORT or [IPV6]:PORT");
-    }
-    host = std::string(host_port.substr(0, colon));
-    port_text = host_port.substr(colon + 1);
-    if (host.find(':') != std::string::npos) {
-      return fail("an IPv6 address needs brackets, as in [::1]:PORT");
-    }
+  ListenAddress parsed;
+  if (Status st = ParseListenAddress(host_port, &parsed); !st.ok()) {
+    return fail(st.message());
   }
-  uint16_t port = 0;
-  if (!ParsePort(port_text, &port)) {
-    return fail(fmt::format("bad port \"{}\" (want 0-65535)", port_text));
-  }
+  const std::string& host = parsed.host;
+  const uint16_t port = parsed.port;
+  const bool bracketed = parsed.bracketed;
 
   if (host.empty()) {
     struct sockaddr_in6 any6 = {};

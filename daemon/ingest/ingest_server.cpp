@@ -442,7 +442,31 @@ Status IngestServer::Listen(const std::string& path) {
   const int rc =
       bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   umask(old_mask);
-  if (rc != 0) return failed("bind");
+  if (rc != 0) {
+    const int err = errno;
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : path.substr(0, slash);
+    // The usual two, said in the operator's terms.
+    if (err == ENOENT) {
+      const bool default_dir = dir == "/run/tokenmeter";
+      return Status::Error(
+          "cannot listen on ingest socket \"" + path + "\": its directory \"" +
+          dir + "\" does not exist (" +
+          (default_dir ? "the systemd unit's RuntimeDirectory= and "
+                         "tokenmeter's tmpfiles.d entry create it; "
+                       : "") +
+          "create it, or choose another path with --ingest)");
+    }
+    if (err == EACCES) {
+      return Status::Error("cannot listen on ingest socket \"" + path +
+                           "\": permission denied: this user (uid " +
+                           std::to_string(geteuid()) +
+                           ") cannot create a file in \"" + dir + "\"");
+    }
+    return failed("bind");
+  }
   unlink_path_ = path;
   // The group is set between bind and listen: nobody can connect before.
   if (!options_.group.empty() && chown(path.c_str(), uid_t(-1), gid) != 0) {

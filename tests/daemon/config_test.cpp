@@ -189,6 +189,8 @@ TEST(ConfigTest, HelpAndVersion) {
   EXPECT_TRUE(MustParse({"--help"}).show_help);
   EXPECT_TRUE(MustParse({"-h"}).show_help);
   EXPECT_TRUE(MustParse({"--version"}).show_version);
+  EXPECT_TRUE(MustParse({"-V"}).show_version);
+  EXPECT_TRUE(Contains(std::string(UsageText()), "--version, -V"));
   EXPECT_FALSE(UsageText().empty());
   for (const char* flag : {"--ingest",
                            "--listen",
@@ -300,6 +302,35 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       EXPECT_FALSE(s.ok());
       EXPECT_TRUE(Contains(s.message(), "--" + c.flag)) << s.message();
     }
+  }
+}
+
+// --listen's syntax is checked with the flags (a bad flag, exit 2); what
+// HOST is (address or name) only when the daemon listens.
+TEST(ConfigTest, ListenSyntax) {
+  for (const char* ok : {":10062", "127.0.0.1:0", "[::1]:80", "[::]:65535",
+                         "localhost:9090", "no-such-host.invalid:1"}) {
+    EXPECT_EQ(MustParse({"--listen", ok}).listen, ok);
+  }
+  struct Bad {
+    const char* value;
+    const char* why;
+  };
+  for (const Bad& b :
+       {Bad{":99999", "bad port \"99999\" (want 0-65535)"},
+        Bad{":65536", "bad port \"65536\""}, Bad{":", "bad port \"\""},
+        Bad{":-1", "bad port \"-1\""}, Bad{":123456", "bad port \"123456\""},
+        Bad{"127.0.0.1", "expected HOST:PORT"}, Bad{"", "expected HOST:PORT"},
+        Bad{"[::1]", "expected [IPV6]:PORT"},
+        Bad{"[]:80", "expected [IPV6]:PORT"},
+        Bad{"[::1:80", "expected [IPV6]:PORT"},
+        Bad{"::1:80", "an IPv6 address needs brackets"}}) {
+    Config c;
+    const Status s = Parse({"--listen", b.value}, &c);
+    ASSERT_FALSE(s.ok()) << b.value;
+    EXPECT_TRUE(Contains(s.message(),
+                         std::string("--listen \"") + b.value + "\": " + b.why))
+        << s.message();
   }
 }
 

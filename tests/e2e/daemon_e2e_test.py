@@ -6,6 +6,7 @@ Usage: daemon_e2e_test.py TOKENMETERD [unittest args]
 """
 import gzip
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -338,6 +339,89 @@ class Lifecycle(unittest.TestCase):
         taken.close()
         self.assertNotEqual(rc, 0)
         self.assertIn(str(port), err)
+
+    def test_version_long_and_short(self):
+        for flag in ("--version", "-V"):
+            r = subprocess.run([tu.DAEMON, flag], capture_output=True,
+                               timeout=20)
+            self.assertEqual(r.returncode, 0, flag)
+            self.assertRegex(r.stdout.decode(), r"^tokenmeterd \d+\.\d+\.\d+\n$")
+            self.assertEqual(r.stderr, b"")
+
+    def test_bad_listen_address_is_a_bad_flag(self):
+        """Syntax errors in --listen (flag or config file) exit 2 with one
+        line, before anything is bound or logged."""
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        cases = {
+            ":99999": 'bad port "99999" (want 0-65535)',
+            "127.0.0.1": "expected HOST:PORT, :PORT or [IPV6]:PORT",
+            "[::1": "expected [IPV6]:PORT",
+            "::1:80": "an IPv6 address needs brackets",
+            "localhost:": 'bad port "" (want 0-65535)',
+            "localhost:8x": 'bad port "8x"',
+        }
+        for listen, why in cases.items():
+            with self.subTest(listen=listen):
+                rc, err = self.run_daemon("--ingest", d.sock, "--listen",
+                                          listen)
+                self.assertEqual(rc, 2, err)
+                self.assertEqual(len(err.splitlines()), 1, err)
+                self.assertTrue(err.startswith(
+                    f'tokenmeterd: --listen "{listen}": {why}'), err)
+                self.assertFalse(os.path.exists(d.sock))
+        conf = os.path.join(d.dir, "bad.conf")
+        with open(conf, "w") as f:
+            f.write("listen = :99999\n")
+        rc, err = self.run_daemon("--config", conf, "--ingest", d.sock)
+        self.assertEqual(rc, 2, err)
+        self.assertIn('bad port "99999"', err)
+
+    def test_failed_start_has_no_stopped_line(self):
+        """A start that fails says why and nothing about a run that never
+        was."""
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        rc, err = self.run_daemon("--ingest", d.sock, "--listen",
+                                  f"127.0.0.1:{taken.getsockname()[1]}")
+        taken.close()
+        self.assertEqual(rc, 1, err)
+        self.assertIn("address already in use", err)
+        self.assertNotIn("stopped:", err)
+
+    def test_missing_socket_directory_is_named(self):
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        missing = os.path.join(d.dir, "run", "tokenmeter")
+        rc, err = self.run_daemon("--ingest", os.path.join(missing, "i.sock"),
+                                  "--listen", "127.0.0.1:0")
+        self.assertEqual(rc, 1, err)
+        self.assertIn(f'its directory "{missing}" does not exist', err)
+        self.assertIn("--ingest", err)
+        self.assertNotIn("ermission", err)
+
+    def test_unwritable_socket_directory_says_permission(self):
+        d = Daemon()
+        self.addCleanup(d.cleanup)
+        locked = os.path.join(d.dir, "locked")
+        os.mkdir(locked, 0o555)
+        cmd = [tu.DAEMON, "--ingest", os.path.join(locked, "i.sock"),
+               "--listen", "127.0.0.1:0"]
+        if os.geteuid() == 0:
+            # root writes anywhere: run it as nobody.
+            if not shutil.which("setpriv"):
+                self.skipTest("running as root without setpriv")
+            os.chmod(d.dir, 0o755)
+            cmd = ["setpriv", "--reuid=65534", "--regid=65534",
+                   "--clear-groups", *cmd]
+        r = subprocess.run(cmd, capture_output=True, timeout=20)
+        err = r.stderr.decode()
+        self.assertEqual(r.returncode, 1, err)
+        self.assertIn(f'permission denied: this user (uid ', err)
+        self.assertIn(f'cannot create a file in "{locked}"', err)
 
     def test_ready_line_names_the_bound_port_and_the_socket(self):
         # Port 0 on the command line: the line has the port bound.
