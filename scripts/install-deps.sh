@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
   python3-prometheus-client python3-msgpack wrk systemd prometheus-cpp-dev
   curl clang-format-14 clang-tidy-14 libssl-dev libcrypt-dev libyaml-cpp-dev
-  apache2-utils openssl
+  apache2-utils openssl debhelper devscripts lintian dh-python scdoc
 )
 
 missing=()

@@ -159,6 +159,7 @@ class Units(unittest.TestCase):
     def render(self, d):
         with open(SERVICE_IN) as f:
             text = f.read().replace("@sbindir@", os.path.dirname(tu.DAEMON))
+        text = text.replace("@sysconfdir@", d)
         with open(os.path.join(d, "tokenmeterd.service"), "w") as f:
             f.write(text)
         for name in ("tokenmeterd.socket", "tokenmeterd-http.socket"):
