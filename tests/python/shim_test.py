@@ -878,7 +878,8 @@ class Library(unittest.TestCase):
 
     def import_in_subprocess(self, env_lib, pythonpath=None):
         env = {k: v for k, v in os.environ.items()
-               if k not in ("TOKENMETER_LIBRARY", "LD_LIBRARY_PATH")}
+               if k not in ("TOKENMETER_LIBRARY", "LD_LIBRARY_PATH",
+                            "TOKENMETER_BACKEND")}
         if env_lib is not None:
             env["TOKENMETER_LIBRARY"] = env_lib
         env["PYTHONPATH"] = pythonpath or os.path.dirname(PACKAGE)

@@ -1,10 +1,20 @@
 """tokenmeter: report LLM request events to tokenmeterd from Python.
 
-A ctypes binding over libtokenmeter's C ABI (tokenmeter.h); no compiler is
-needed to install it. Importing it loads the library (from
-$TOKENMETER_LIBRARY, this package's folder, or the system library path) and
-raises LibraryNotFoundError, an ImportError, naming all three when none has
-it:
+Two implementations of one API, chosen at import:
+
+* "native": the CPython extension tokenmeter._native, with libtokenmeter
+  linked into it (what `pip install` and a build with python3-dev give):
+  each event call is one C call, about 100 ns.
+* "ctypes": a pure-Python binding over a libtokenmeter.so found at run
+  time (from $TOKENMETER_LIBRARY, this package's folder, or the system
+  library path), for a build without Python headers or to load a
+  particular library build; an event call costs about 1 us.
+
+The native one is used when it is there, unless $TOKENMETER_LIBRARY names a
+library (then ctypes loads that one) or $TOKENMETER_BACKEND says "ctypes"
+or "native" (then only that one is tried). tokenmeter.backend says which.
+When neither loads, import raises an ImportError (LibraryNotFoundError for
+ctypes, naming every place tried):
 
     try:
         import tokenmeter
@@ -23,29 +33,66 @@ it:
 
 docs/user-guide.md ("Python integration") has the whole story.
 """
+import os
 import time
 
-from ._lib import ENV_VAR, LibraryNotFoundError, lib as _lib
-from .client import (DROPPED, INVALID, MAX_CACHE_CONFIG, MAX_LORA_BYTES,
-                     MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
-                     MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
-                     MAX_RID_BYTES, OK, PROFILES, Client, FinishReason, Stats)
+from ._common import (DROPPED, ENV_VAR, INVALID, MAX_CACHE_CONFIG,
+                      MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
+                      MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
+                      MAX_RID_BYTES, OK, PROFILES, FinishReason,
+                      LibraryNotFoundError, Stats)
+
+BACKEND_VAR = "TOKENMETER_BACKEND"
+
+
+def _choose():
+    wanted = os.environ.get(BACKEND_VAR, "")
+    if wanted not in ("", "native", "ctypes"):
+        raise ImportError(f"${BACKEND_VAR}={wanted!r}: it must be 'native' "
+                          "or 'ctypes' (or unset)")
+    if wanted == "" and os.environ.get(ENV_VAR):
+        wanted = "ctypes"  # a library named by path: load that one
+    if wanted in ("", "native"):
+        try:
+            from . import _native  # noqa: F401
+            return "native"
+        except ImportError:
+            if wanted == "native":
+                raise
+    return "ctypes"
+
+
+backend = _choose()
+"""Which implementation this import uses: "native" or "ctypes"."""
+
+if backend == "native":
+    from . import _native as _impl
+    from ._native_client import Client
+
+    # The extension, which holds the library (linked in statically).
+    library_path = _impl.__file__
+
+    def library_version():
+        """libtokenmeter's version string, e.g. "0.1.0"."""
+        return _impl.version()
+else:
+    from ._lib import lib as _lib
+    from .client import Client
+
+    # The library's path, as loaded.
+    library_path = _lib.path
+
+    def library_version():
+        """libtokenmeter's version string, e.g. "0.1.0"."""
+        return _lib.tm_version().decode()
 
 __all__ = ["Client", "FinishReason", "Stats", "LibraryNotFoundError",
            "OK", "INVALID", "DROPPED", "MAX_RID_BYTES", "MAX_CACHE_CONFIG",
            "MAX_LORA_BYTES", "MAX_REQUEST_LABELS",
            "MAX_REQUEST_LABEL_VALUE_BYTES", "MAX_MOE_LAYERS",
-           "MAX_MOE_EXPERTS", "PROFILES", "ENV_VAR", "now_ns",
-           "library_path", "library_version"]
-
-# The library's path, as loaded.
-library_path = _lib.path
+           "MAX_MOE_EXPERTS", "PROFILES", "ENV_VAR", "BACKEND_VAR", "backend",
+           "now_ns", "library_path", "library_version"]
 
 # CLOCK_MONOTONIC nanoseconds: the clock of every event (on Linux,
 # time.monotonic_ns() reads CLOCK_MONOTONIC, as the library does).
 now_ns = time.monotonic_ns
-
-
-def library_version():
-    """libtokenmeter's version string, e.g. "0.1.0"."""
-    return _lib.tm_version().decode()

@@ -17,7 +17,8 @@ import ctypes.util
 import glob
 import os
 
-ENV_VAR = "TOKENMETER_LIBRARY"
+from ._common import ENV_VAR, LibraryNotFoundError
+
 SONAME = "libtokenmeter.so.0"
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -27,11 +28,6 @@ _REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
              "tm_arrived_ex_str", "tm_options_set_profile",
              "tm_options_add_cache_config_str", "tm_options_set_max_lora",
              "tm_expert_load")
-
-
-class LibraryNotFoundError(ImportError):
-    """libtokenmeter could not be loaded from any of the places tried."""
-    __module__ = "tokenmeter"  # where users import it from
 
 
 def _try_load(path):

@@ -6,42 +6,20 @@ thread sends it to tokenmeterd. Nothing here takes a lock or touches the
 socket; the costs are ctypes' (docs/performance.md, "Python shim").
 """
 import ctypes
-import math
-import operator
-import os
 import sys
 import threading
 import weakref
 from array import array
-from collections import namedtuple
-from enum import IntEnum
 
+from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
+                      MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
+                      MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
+                      MAX_RID_BYTES, OK, Stats, _batch_counts, _counts_array,
+                      _diagnose_str_ids, _batch_ids, _index_array, _live, _option_str,
+                      _rid, _seconds_to_ms, _step_figures, _t, _uint,
+                      apply_options)
 from ._lib import Label, lib
 
-# Status codes of tokenmeter.h that event methods return.
-OK = 0
-INVALID = -1  # only after close(): the call did nothing
-DROPPED = -2  # buffer full or no thread slot; counted in stats()
-_NOMEM = -3   # TM_E_NOMEM
-
-MAX_RID_BYTES = 128      # TM_MAX_RID_BYTES
-MAX_LABELS = 8           # TM_MAX_HELLO_LABELS
-MAX_STRING_BYTES = 256   # TM_MAX_STRING_BYTES
-MAX_SPEC_POSITIONS = 64  # TM_MAX_SPEC_POSITIONS
-MAX_CACHE_CONFIG = 32    # TM_MAX_CACHE_CONFIG
-MAX_LORA_BYTES = 128     # TM_MAX_LORA_BYTES
-MAX_REQUEST_LABELS = 4   # TM_MAX_REQUEST_LABELS
-MAX_REQUEST_LABEL_VALUE_BYTES = 128  # TM_MAX_REQUEST_LABEL_VALUE_BYTES
-MAX_MOE_LAYERS = 4096    # TM_MAX_MOE_LAYERS: expert_load() layer < this
-MAX_MOE_EXPERTS = 1024   # TM_MAX_MOE_EXPERTS: counts per expert_load()
-PROFILES = ("vllm", "sglang", "lmdeploy")  # TM_PROFILE_*
-_MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
-_U32 = 0xFFFFFFFF
-_U64 = 0xFFFFFFFFFFFFFFFF
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_STEP_INT_MAX = _U32  # TM_MAX_EVENT_COUNT: one event's counts fit 32 bits
-
-assert array("Q").itemsize == 8 and array("I").itemsize == 4
 
 # Bound once: a global lookup is cheaper than an attribute lookup per call.
 _arrived, _arrived_str = lib.tm_arrived, lib.tm_arrived_str
@@ -57,19 +35,6 @@ _preempted, _preempted_str = lib.tm_preempted, lib.tm_preempted_str
 _step = lib.tm_step
 _expert_load = lib.tm_expert_load
 
-
-class FinishReason(IntEnum):
-    """tm_finish_reason. finished() also takes the strings "stop",
-    "length", "abort", "error"."""
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3
-
-
-_REASONS = {"stop": 0, "length": 1, "abort": 2, "error": 3}
-_REASONS.update({r: int(r) for r in FinishReason})
-
 # Prebuilt ctypes arguments for the fast paths (see "events" below).
 _ZERO, _ONE = 0, 1
 _T_NOW = ctypes.c_uint64(0)
@@ -83,146 +48,25 @@ _STR_RID_LEN = (None,) + _RID_LEN[1:]
 _REASON_ARGS = {name: ctypes.c_int(v) for name, v in _REASONS.items()
                 if type(name) is str}
 
-Stats = namedtuple("Stats", [
-    "events_sent",       # events written to the socket
-    "events_dropped",    # buffer full, no thread slot, or unsent at close
-    "events_rejected",   # invalid arguments that reached the library
-    "reconnects",        # connections made after the first one
-    "batches_sent",      # BATCH frames written
-    "bytes_sent",        # bytes written, all frames
-    "connected",         # 1 while connected, else 0
-    "connect_failures",  # connection attempts that failed
-])
-Stats.__doc__ = "Counters of tm_client_stats(), in tm_stat order."
 _StatsArray = ctypes.c_uint64 * len(Stats._fields)
 
-# STEP keys, in tm_step_key order.
-_STEP_KEYS = ("running", "waiting", "kv_usage", "prompt_tokens",
-              "generation_tokens", "prefix_queries", "prefix_hits",
-              "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
-_KV_USAGE = 2
 
+class _CtypesOptions:
+    """A tm_options* with the setters _common.apply_options() calls, each
+    returning the library's status code."""
 
-# ---- argument checks (the slow paths; the fast paths are inline) -----------
+    def __init__(self):
+        self.p = lib.tm_options_new()
+        if not self.p:
+            raise MemoryError("tm_options_new")
 
-def _rid(rid):
-    """(int id, None) or (None, bytes id); raises for anything else."""
-    if isinstance(rid, str):
-        b = rid.encode()  # UnicodeEncodeError (a ValueError): lone surrogate
-    elif isinstance(rid, (bytes, bytearray, memoryview)):
-        b = bytes(rid)
-    elif isinstance(rid, bool):
-        raise TypeError("request id must be an int or a str, not bool")
-    else:
-        try:
-            v = operator.index(rid)  # int subclasses, numpy integers
-        except TypeError:
-            raise TypeError("request id must be an int or a str, not "
-                            f"{type(rid).__name__}") from None
-        if not 0 <= v <= _U64:
-            raise ValueError(f"integer request id {v} is outside "
-                             "0 .. 2**64-1")
-        return v, None
-    if not 0 < len(b) <= MAX_RID_BYTES:
-        raise ValueError(f"request id {rid!r} is {len(b)} bytes of UTF-8; "
-                         f"it must be 1 .. {MAX_RID_BYTES}")
-    return None, b
+    def free(self):
+        lib.tm_options_free(self.p)
+        self.p = None
 
-
-def _uint(name, v, lo, hi):
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    v = operator.index(v)
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} = {v} is outside {lo} .. {hi}")
-    return v
-
-
-def _index_array(typecode, values):
-    """array(typecode, values) of ints (numpy integers too), None when an
-    item is not an int; ValueError when one is out of range."""
-    try:
-        try:
-            return array(typecode, values)
-        except TypeError:  # not all plain ints: try __index__
-            return array(typecode, map(operator.index, values))
-    except TypeError:
-        return None
-    except OverflowError:
-        what = "request ids" if typecode == "Q" else "token counts n"
-        bits = 64 if typecode == "Q" else 32
-        raise ValueError(f"integer {what} must be 0 .. 2**{bits}-1") \
-            from None
-
-
-def _t(t_ns):
-    return _uint("t_ns (CLOCK_MONOTONIC ns, 0 = now)", t_ns, 0, _U64)
-
-
-def _option_str(name, v, lo=0, hi=MAX_STRING_BYTES):
-    """v as UTF-8 bytes of lo .. hi bytes without NUL; raises otherwise."""
-    if not isinstance(v, str):
-        raise TypeError(f"{name} must be a str, not {type(v).__name__}")
-    if "\0" in v:
-        raise ValueError(f"{name} {v!r} contains a NUL character")
-    b = v.encode()  # UnicodeEncodeError (a ValueError): lone surrogate
-    if len(b) > hi:
-        raise ValueError(f"{name} {v!r} is {len(b)} bytes of UTF-8; the "
-                         f"limit is {hi}")
-    if len(b) < lo:
-        raise ValueError(f"{name} must not be empty")
-    return b
-
-
-def _add_cache_config(opts, key, value):
-    """tm_options_add_cache_config_*() for one entry, by the value's type
-    (bool before int: True is an int too)."""
-    k = _option_str("cache_config key", key)
-    what = f"cache_config {key!r}"
-    if isinstance(value, bool):
-        rc = lib.tm_options_add_cache_config_bool(opts, k, int(value))
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{what} = {value} is not a finite number")
-        rc = lib.tm_options_add_cache_config_float(opts, k, value)
-    elif isinstance(value, str):
-        rc = lib.tm_options_add_cache_config_str(
-            opts, k, _option_str(f"{what} value", value))
-    elif hasattr(value, "__index__"):  # int, numpy integers
-        rc = lib.tm_options_add_cache_config_int(
-            opts, k, _uint(what, value, _I64_MIN, _I64_MAX))
-    else:
-        raise TypeError(f"{what} must be a str, int, float or bool, not "
-                        f"{type(value).__name__}")
-    if rc != OK:
-        raise ValueError(
-            f"cache_config key {key!r}: at most {MAX_CACHE_CONFIG} entries, "
-            "none twice; keys match [a-zA-Z_][a-zA-Z0-9_]*, do not start "
-            "with __ nor are a label the daemon sets "
-            "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h)")
-
-
-def _seconds_to_ms(name, v, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds")
-    ms = round(v * 1000)
-    if not lo <= ms <= hi:
-        raise ValueError(f"{name} = {v} s is outside {lo / 1000} .. "
-                         f"{hi / 1000} s")
-    return ms
-
-
-# ---- fork: a child has the buffers but not the sender thread ---------------
-
-_live = weakref.WeakSet()
-
-
-def _after_fork_in_child():
-    for client in list(_live):
-        client._forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    def __getattr__(self, name):
+        fn = getattr(lib, "tm_options_" + name)
+        return lambda *args: fn(self.p, *args)
 
 
 def _close_handle(handle):
@@ -270,88 +114,20 @@ class Client:
     __slots__ = ("_h", "_finalizer", "_close_lock", "_final_stats",
                  "__weakref__")
 
-    def __init__(self, *, model, engine=None, instance=None, scope=None,
-                 labels=None, socket_path=None, buffer_capacity=None,
-                 flush_interval=None, close_timeout=None, max_threads=None,
-                 profile=None, cache_config=None, max_lora=None):
+    def __init__(self, **options):
         # Set first so that close() works whatever fails below.
         self._h = None
         self._finalizer = None
         self._close_lock = threading.Lock()
         self._final_stats = Stats(*([0] * len(Stats._fields)))
 
-        opts = lib.tm_options_new()
-        if not opts:
-            raise MemoryError("tm_options_new")
+        opts = _CtypesOptions()
         try:
-            def apply(setter, value, rule):
-                if setter(opts, value) != OK:
-                    raise ValueError(rule)
-
-            m = _option_str("model", model)
-            apply(lib.tm_options_set_model, m, "model must not be empty")
-            if engine is not None:
-                apply(lib.tm_options_set_engine,
-                      _option_str("engine", engine),
-                      f"engine {engine!r} must match "
-                      "[a-zA-Z_][a-zA-Z0-9_-]*")
-            if instance is not None:
-                apply(lib.tm_options_set_instance,
-                      _option_str("instance", instance), "instance")
-            if scope is not None:
-                apply(lib.tm_options_set_scope, _option_str("scope", scope),
-                      "scope")
-            if socket_path is not None:
-                path = os.fsencode(socket_path)
-                if b"\0" in path:
-                    raise ValueError("socket_path contains a NUL byte")
-                apply(lib.tm_options_set_socket_path, path,
-                      f"socket_path {socket_path!r} must be 1 .. 107 bytes")
-            for name, value in dict(labels or {}).items():
-                if lib.tm_options_add_label(
-                        opts, _option_str("label name", name),
-                        _option_str(f"label {name!r} value", value)) != OK:
-                    raise ValueError(
-                        f"label {name!r}: at most {MAX_LABELS} labels; names "
-                        "match [a-zA-Z_][a-zA-Z0-9_]*, do not start with __ "
-                        "nor repeat one the daemon sets "
-                        "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h), "
-                        "values are at most 256 bytes of UTF-8")
-            if profile is not None:
-                apply(lib.tm_options_set_profile,
-                      _option_str("profile", profile),
-                      f"profile {profile!r} must be one of "
-                      + ", ".join(repr(p) for p in PROFILES))
-            if cache_config is not None:
-                if not hasattr(cache_config, "items"):
-                    raise TypeError("cache_config must be a dict, not "
-                                    f"{type(cache_config).__name__}")
-                for key, value in cache_config.items():
-                    _add_cache_config(opts, key, value)
-            if max_lora is not None:
-                apply(lib.tm_options_set_max_lora,
-                      _uint("max_lora", max_lora, 0, _I64_MAX), "max_lora")
-            if buffer_capacity is not None:
-                apply(lib.tm_options_set_buffer_capacity,
-                      _uint("buffer_capacity", buffer_capacity, 1024,
-                            16 << 20),
-                      "buffer_capacity must be 1024 .. 16Mi events")
-            if flush_interval is not None:
-                apply(lib.tm_options_set_flush_interval_ms,
-                      _seconds_to_ms("flush_interval", flush_interval, 1,
-                                     10000), "flush_interval")
-            if close_timeout is not None:
-                apply(lib.tm_options_set_close_timeout_ms,
-                      _seconds_to_ms("close_timeout", close_timeout, 0,
-                                     600000), "close_timeout")
-            if max_threads is not None:
-                apply(lib.tm_options_set_max_threads,
-                      _uint("max_threads", max_threads, 1, 4096),
-                      "max_threads must be 1 .. 4096")
+            apply_options(opts, **options)
             handle = ctypes.c_void_p()
-            rc = lib.tm_client_new(opts, ctypes.byref(handle))
+            rc = lib.tm_client_new(opts.p, ctypes.byref(handle))
         finally:
-            lib.tm_options_free(opts)
+            opts.free()
         if rc == _NOMEM:
             raise MemoryError("tm_client_new: out of memory")
         if rc != OK:
@@ -609,36 +385,10 @@ class Client:
         entries means the buffer was full (the rest dropped and counted).
         Raises TypeError / ValueError, sending nothing, for bad arguments.
         """
-        if isinstance(rids, (str, bytes)):
-            raise TypeError("rids must be a sequence of request ids, not one "
-                            f"{type(rids).__name__}")
-        try:
-            count = len(rids)
-        except TypeError:
-            raise TypeError("rids must be a sequence of request ids, not "
-                            f"{type(rids).__name__}") from None
-        if type(t_ns) is not int or not 0 <= t_ns <= _U64:
-            t_ns = _t(t_ns)
-        # Token counts.
-        if n is None:
-            n_arr = None
-        elif type(n) is int:
-            if not 0 <= n <= _U32:
-                raise ValueError(f"n = {n} is outside 0 .. {_U32}")
-            if n == 0:
-                return 0
-            n_arr = None if n == 1 else array("I", (n,)) * count
-        else:
-            if type(n) is array and n.typecode == "I":
-                n_arr = n
-            else:
-                n_arr = _index_array("I", n)
-                if n_arr is None:
-                    raise TypeError("n must be None, an int or a sequence of "
-                                    "ints")
-            if len(n_arr) != count:
-                raise ValueError(f"n has {len(n_arr)} entries for {count} "
-                                 "request ids")
+        rids, count, t_ns = _batch_ids(rids, t_ns)
+        n_arr = _batch_counts(n, count)
+        if type(n_arr) is int:  # n = 0: nothing to send
+            return 0
         if count > _MAX_BATCH:
             return self._tokens_batch_split(rids, n, n_arr, count, t_ns)
         n_addr = n_arr.buffer_info()[0] if n_arr is not None else None
@@ -664,17 +414,7 @@ class Client:
         rc = _tokens_batch_str(self._h, t_ns, buf, buf_len, n_addr, count)
         if rc >= 0 or self._h is None:
             return max(rc, 0)
-        for i, rid in enumerate(rids):
-            b = rid.encode()
-            if not 0 < len(b) <= MAX_RID_BYTES:
-                raise ValueError(f"request id {i} ({rid!r}) is {len(b)} "
-                                 "bytes of UTF-8; it must be 1 .. "
-                                 f"{MAX_RID_BYTES}")
-            if b"\0" in b:
-                raise ValueError(f"request id {i} ({rid!r}) contains a NUL "
-                                 "character, which tokens_batch cannot "
-                                 "carry; use tokens()")
-        return 0
+        return _diagnose_str_ids(rids)
 
     def _tokens_batch_split(self, rids, n, n_arr, count, t_ns):
         if t_ns == 0:
@@ -729,37 +469,12 @@ class Client:
         """One scheduler iteration (STEP). Every figure is optional; None
         leaves it out. Counts are ints 0 .. 2**32-1; kv_usage a fraction
         0 .. 1; spec_accepted_per_pos at most 64 ints 0 .. 2**32-1."""
-        given = (running, waiting, kv_usage, prompt_tokens, generation_tokens,
-                 prefix_queries, prefix_hits, spec_drafts, spec_draft_tokens,
-                 spec_accepted_tokens)
-        keys = array("i")
-        values = array("d")
-        for key, v in enumerate(given):
-            if v is None:
-                continue
-            if key == _KV_USAGE:
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise TypeError("kv_usage must be a number 0 .. 1")
-                if not 0.0 <= v <= 1.0:  # NaN fails too
-                    raise ValueError(f"kv_usage = {v} is outside 0 .. 1")
-                values.append(float(v))
-            else:
-                values.append(_uint(_STEP_KEYS[key], v, 0, _STEP_INT_MAX))
-            keys.append(key)
-        if spec_accepted_per_pos is None:
-            pos = array("Q")
-        else:
-            try:
-                pos = array("Q", spec_accepted_per_pos)
-            except (TypeError, OverflowError):
-                raise ValueError("spec_accepted_per_pos must be ints "
-                                 "0 .. 2**64-1") from None
-            if len(pos) > MAX_SPEC_POSITIONS:
-                raise ValueError(f"spec_accepted_per_pos has {len(pos)} "
-                                 f"entries; at most {MAX_SPEC_POSITIONS}")
-            if any(p > _STEP_INT_MAX for p in pos):
-                raise ValueError("spec_accepted_per_pos entries must be "
-                                 "ints 0 .. 2**32-1")
+        figures, pos = _step_figures(
+            (running, waiting, kv_usage, prompt_tokens, generation_tokens,
+             prefix_queries, prefix_hits, spec_drafts, spec_draft_tokens,
+             spec_accepted_tokens), spec_accepted_per_pos)
+        keys = array("i", [k for k, _ in figures])
+        values = array("d", [v for _, v in figures])
         t_ns = _t(t_ns)
         k_addr, n_keys = keys.buffer_info()
         v_addr = values.buffer_info()[0]
@@ -852,16 +567,7 @@ def _u64_buffer(counts):
                     return view, n
             # Read-only or misaligned: one copy of the bytes, not per item.
             return m.tobytes(), n
-    try:
-        try:
-            a = array("Q", counts)
-        except TypeError:  # numpy integers and other __index__ types
-            a = array("Q", map(operator.index, counts))
-    except TypeError:
-        raise TypeError("counts must be a sequence or buffer of ints, not "
-                        f"{type(counts).__name__}") from None
-    except OverflowError:
-        raise ValueError("expert counts must be ints 0 .. 2**32-1") from None
+    a = _counts_array(counts)
     # c_void_p takes an int address; the caller keeps `a` alive meanwhile.
     return _ArrayArg(a), len(a)
 

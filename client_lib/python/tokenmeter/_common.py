@@ -1,0 +1,410 @@
+"""What both Client implementations share: the constants of tokenmeter.h,
+the argument rules and their messages, and the options a Client is made
+with. Internal: import them from tokenmeter.
+
+Nothing here loads libtokenmeter: the options go through an object whose
+methods are the library's setters (set_model(b"m") -> status code),
+tokenmeter._native.Options in C or client._CtypesOptions over ctypes.
+"""
+import math
+import operator
+import os
+import weakref
+from array import array
+from collections import namedtuple
+from enum import IntEnum
+
+ENV_VAR = "TOKENMETER_LIBRARY"
+
+
+class LibraryNotFoundError(ImportError):
+    """libtokenmeter could not be loaded from any of the places tried."""
+    __module__ = "tokenmeter"  # where users import it from
+
+# Status codes of tokenmeter.h that event methods return.
+OK = 0
+INVALID = -1  # only after close(): the call did nothing
+DROPPED = -2  # buffer full or no thread slot; counted in stats()
+_NOMEM = -3   # TM_E_NOMEM
+
+MAX_RID_BYTES = 128      # TM_MAX_RID_BYTES
+MAX_LABELS = 8           # TM_MAX_HELLO_LABELS
+MAX_STRING_BYTES = 256   # TM_MAX_STRING_BYTES
+MAX_SPEC_POSITIONS = 64  # TM_MAX_SPEC_POSITIONS
+MAX_CACHE_CONFIG = 32    # TM_MAX_CACHE_CONFIG
+MAX_LORA_BYTES = 128     # TM_MAX_LORA_BYTES
+MAX_REQUEST_LABELS = 4   # TM_MAX_REQUEST_LABELS
+MAX_REQUEST_LABEL_VALUE_BYTES = 128  # TM_MAX_REQUEST_LABEL_VALUE_BYTES
+MAX_MOE_LAYERS = 4096    # TM_MAX_MOE_LAYERS: expert_load() layer < this
+MAX_MOE_EXPERTS = 1024   # TM_MAX_MOE_EXPERTS: counts per expert_load()
+PROFILES = ("vllm", "sglang", "lmdeploy")  # TM_PROFILE_*
+_MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_STEP_INT_MAX = _U32  # TM_MAX_EVENT_COUNT: one event's counts fit 32 bits
+
+assert array("Q").itemsize == 8 and array("I").itemsize == 4
+
+class FinishReason(IntEnum):
+    """tm_finish_reason. finished() also takes the strings "stop",
+    "length", "abort", "error"."""
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+
+_REASONS = {"stop": 0, "length": 1, "abort": 2, "error": 3}
+_REASONS.update({r: int(r) for r in FinishReason})
+
+Stats = namedtuple("Stats", [
+    "events_sent",       # events written to the socket
+    "events_dropped",    # buffer full, no thread slot, or unsent at close
+    "events_rejected",   # invalid arguments that reached the library
+    "reconnects",        # connections made after the first one
+    "batches_sent",      # BATCH frames written
+    "bytes_sent",        # bytes written, all frames
+    "connected",         # 1 while connected, else 0
+    "connect_failures",  # connection attempts that failed
+])
+Stats.__doc__ = "Counters of tm_client_stats(), in tm_stat order."
+
+# STEP keys, in tm_step_key order.
+_STEP_KEYS = ("running", "waiting", "kv_usage", "prompt_tokens",
+              "generation_tokens", "prefix_queries", "prefix_hits",
+              "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+_KV_USAGE = 2
+
+
+# ---- argument checks (the slow paths; the fast paths are inline) -----------
+
+def _rid(rid):
+    """(int id, None) or (None, bytes id); raises for anything else."""
+    if isinstance(rid, str):
+        b = rid.encode()  # UnicodeEncodeError (a ValueError): lone surrogate
+    elif isinstance(rid, (bytes, bytearray, memoryview)):
+        b = bytes(rid)
+    elif isinstance(rid, bool):
+        raise TypeError("request id must be an int or a str, not bool")
+    else:
+        try:
+            v = operator.index(rid)  # int subclasses, numpy integers
+        except TypeError:
+            raise TypeError("request id must be an int or a str, not "
+                            f"{type(rid).__name__}") from None
+        if not 0 <= v <= _U64:
+            raise ValueError(f"integer request id {v} is outside "
+                             "0 .. 2**64-1")
+        return v, None
+    if not 0 < len(b) <= MAX_RID_BYTES:
+        raise ValueError(f"request id {rid!r} is {len(b)} bytes of UTF-8; "
+                         f"it must be 1 .. {MAX_RID_BYTES}")
+    return None, b
+
+
+def _uint(name, v, lo, hi):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    v = operator.index(v)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} = {v} is outside {lo} .. {hi}")
+    return v
+
+
+def _index_array(typecode, values):
+    """array(typecode, values) of ints (numpy integers too), None when an
+    item is not an int; ValueError when one is out of range."""
+    try:
+        try:
+            return array(typecode, values)
+        except TypeError:  # not all plain ints: try __index__
+            return array(typecode, map(operator.index, values))
+    except TypeError:
+        return None
+    except OverflowError:
+        what = "request ids" if typecode == "Q" else "token counts n"
+        bits = 64 if typecode == "Q" else 32
+        raise ValueError(f"integer {what} must be 0 .. 2**{bits}-1") \
+            from None
+
+
+def _t(t_ns):
+    return _uint("t_ns (CLOCK_MONOTONIC ns, 0 = now)", t_ns, 0, _U64)
+
+
+def _option_str(name, v, lo=0, hi=MAX_STRING_BYTES):
+    """v as UTF-8 bytes of lo .. hi bytes without NUL; raises otherwise."""
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must be a str, not {type(v).__name__}")
+    if "\0" in v:
+        raise ValueError(f"{name} {v!r} contains a NUL character")
+    b = v.encode()  # UnicodeEncodeError (a ValueError): lone surrogate
+    if len(b) > hi:
+        raise ValueError(f"{name} {v!r} is {len(b)} bytes of UTF-8; the "
+                         f"limit is {hi}")
+    if len(b) < lo:
+        raise ValueError(f"{name} must not be empty")
+    return b
+
+
+def _add_cache_config(o, key, value):
+    """tm_options_add_cache_config_*() for one entry, by the value's type
+    (bool before int: True is an int too)."""
+    k = _option_str("cache_config key", key)
+    what = f"cache_config {key!r}"
+    if isinstance(value, bool):
+        rc = o.add_cache_config_bool(k, int(value))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{what} = {value} is not a finite number")
+        rc = o.add_cache_config_float(k, value)
+    elif isinstance(value, str):
+        rc = o.add_cache_config_str(
+            k, _option_str(f"{what} value", value))
+    elif hasattr(value, "__index__"):  # int, numpy integers
+        rc = o.add_cache_config_int(
+            k, _uint(what, value, _I64_MIN, _I64_MAX))
+    else:
+        raise TypeError(f"{what} must be a str, int, float or bool, not "
+                        f"{type(value).__name__}")
+    if rc != OK:
+        raise ValueError(
+            f"cache_config key {key!r}: at most {MAX_CACHE_CONFIG} entries, "
+            "none twice; keys match [a-zA-Z_][a-zA-Z0-9_]*, do not start "
+            "with __ nor are a label the daemon sets "
+            "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h)")
+
+
+def _seconds_to_ms(name, v, lo, hi):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds")
+    ms = round(v * 1000)
+    if not lo <= ms <= hi:
+        raise ValueError(f"{name} = {v} s is outside {lo / 1000} .. "
+                         f"{hi / 1000} s")
+    return ms
+
+
+
+
+def apply_options(o, *, model, engine=None, instance=None, scope=None,
+                  labels=None, socket_path=None, buffer_capacity=None,
+                  flush_interval=None, close_timeout=None, max_threads=None,
+                  profile=None, cache_config=None, max_lora=None):
+    """Client(**kw)'s options onto `o` (setters returning status codes);
+    raises ValueError / TypeError naming the rule a value breaks."""
+    def apply(setter, value, rule):
+        if setter(value) != OK:
+            raise ValueError(rule)
+
+    m = _option_str("model", model)
+    apply(o.set_model, m, "model must not be empty")
+    if engine is not None:
+        apply(o.set_engine, _option_str("engine", engine),
+              f"engine {engine!r} must match [a-zA-Z_][a-zA-Z0-9_-]*")
+    if instance is not None:
+        apply(o.set_instance, _option_str("instance", instance), "instance")
+    if scope is not None:
+        apply(o.set_scope, _option_str("scope", scope), "scope")
+    if socket_path is not None:
+        path = os.fsencode(socket_path)
+        if b"\0" in path:
+            raise ValueError("socket_path contains a NUL byte")
+        apply(o.set_socket_path, path,
+              f"socket_path {socket_path!r} must be 1 .. 107 bytes")
+    for name, value in dict(labels or {}).items():
+        if o.add_label(_option_str("label name", name),
+                       _option_str(f"label {name!r} value", value)) != OK:
+            raise ValueError(
+                f"label {name!r}: at most {MAX_LABELS} labels; names "
+                "match [a-zA-Z_][a-zA-Z0-9_]*, do not start with __ "
+                "nor repeat one the daemon sets "
+                "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h), "
+                "values are at most 256 bytes of UTF-8")
+    if profile is not None:
+        apply(o.set_profile, _option_str("profile", profile),
+              f"profile {profile!r} must be one of "
+              + ", ".join(repr(p) for p in PROFILES))
+    if cache_config is not None:
+        if not hasattr(cache_config, "items"):
+            raise TypeError("cache_config must be a dict, not "
+                            f"{type(cache_config).__name__}")
+        for key, value in cache_config.items():
+            _add_cache_config(o, key, value)
+    if max_lora is not None:
+        apply(o.set_max_lora, _uint("max_lora", max_lora, 0, _I64_MAX),
+              "max_lora")
+    if buffer_capacity is not None:
+        apply(o.set_buffer_capacity,
+              _uint("buffer_capacity", buffer_capacity, 1024, 16 << 20),
+              "buffer_capacity must be 1024 .. 16Mi events")
+    if flush_interval is not None:
+        apply(o.set_flush_interval_ms,
+              _seconds_to_ms("flush_interval", flush_interval, 1, 10000),
+              "flush_interval")
+    if close_timeout is not None:
+        apply(o.set_close_timeout_ms,
+              _seconds_to_ms("close_timeout", close_timeout, 0, 600000),
+              "close_timeout")
+    if max_threads is not None:
+        apply(o.set_max_threads, _uint("max_threads", max_threads, 1, 4096),
+              "max_threads must be 1 .. 4096")
+
+
+def _uint64s_of_bytes(what, m):
+    """A memoryview of bytes read as native uint64s, into an array('Q')."""
+    if m.nbytes % 8 != 0:
+        raise ValueError(f"{what} given as bytes: {m.nbytes} bytes is not a "
+                         "whole number of uint64s")
+    a = array("Q")
+    a.frombytes(m.tobytes())
+    return a
+
+
+def _ids_buffer(rids):
+    """tokens_batch()'s ids from a buffer (bytes of native uint64s, a numpy
+    array, a memoryview) as an array('Q'); None when rids is a list, a
+    tuple, an array('Q') or no buffer at all. Raises ValueError / TypeError
+    for a buffer that holds no whole number of uint64s or no integers."""
+    if isinstance(rids, (list, tuple, str)) or (
+            type(rids) is array and rids.typecode == "Q"):
+        return None
+    try:
+        m = memoryview(rids)
+    except TypeError:
+        return None
+    code = m.format.lstrip("@=<")
+    if m.ndim == 1 and code in ("B", "b", "c"):
+        return _uint64s_of_bytes("rids", m)
+    if m.ndim != 1 or len(code) != 1 or code not in "bhilqnBHILQN":
+        raise TypeError(
+            f"rids: a buffer of format '{m.format}', itemsize {m.itemsize}, "
+            f"{m.ndim} dimension(s): it must be one-dimensional with integer "
+            "items (in place when they are native 64-bit unsigned ints: "
+            "array('Q'), numpy.uint64)")
+    return _index_array("Q", m.tolist())
+
+
+# ---- fork: a child has the buffers but not the sender thread ---------------
+
+_live = weakref.WeakSet()  # the open clients, of either implementation
+
+
+def _after_fork_in_child():
+    for client in list(_live):
+        client._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---- checks shared by both implementations' event methods ------------------
+
+def _diagnose_str_ids(rids):
+    """The library refused a tokens_batch of str ids: raise saying why."""
+    for i, rid in enumerate(rids):
+        b = rid.encode()
+        if not 0 < len(b) <= MAX_RID_BYTES:
+            raise ValueError(f"request id {i} ({rid!r}) is {len(b)} bytes of "
+                             f"UTF-8; it must be 1 .. {MAX_RID_BYTES}")
+        if b"\0" in b:
+            raise ValueError(f"request id {i} ({rid!r}) contains a NUL "
+                             "character, which tokens_batch cannot carry; "
+                             "use tokens()")
+    return 0
+
+
+def _batch_counts(n, count):
+    """tokens_batch()'s n as an array('I') of `count` entries, or None for
+    1 each; 0 when n is the int 0 (nothing to send)."""
+    if n is None:
+        return None
+    if type(n) is int:
+        if not 0 <= n <= _U32:
+            raise ValueError(f"n = {n} is outside 0 .. {_U32}")
+        if n == 0:
+            return 0
+        return None if n == 1 else array("I", (n,)) * count
+    n_arr = n if type(n) is array and n.typecode == "I" else \
+        _index_array("I", n)
+    if n_arr is None:
+        raise TypeError("n must be None, an int or a sequence of ints")
+    if len(n_arr) != count:
+        raise ValueError(f"n has {len(n_arr)} entries for {count} request "
+                         "ids")
+    return n_arr
+
+
+def _step_figures(given, spec_accepted_per_pos):
+    """step()'s figures, checked: ([(key index, value)], array('Q') of the
+    accepted tokens per position)."""
+    figures = []
+    for key, v in enumerate(given):
+        if v is None:
+            continue
+        if key == _KV_USAGE:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError("kv_usage must be a number 0 .. 1")
+            if not 0.0 <= v <= 1.0:  # NaN fails too
+                raise ValueError(f"kv_usage = {v} is outside 0 .. 1")
+            figures.append((key, float(v)))
+        else:
+            figures.append((key, _uint(_STEP_KEYS[key], v, 0,
+                                       _STEP_INT_MAX)))
+    if spec_accepted_per_pos is None:
+        return figures, array("Q")
+    try:
+        pos = array("Q", spec_accepted_per_pos)
+    except (TypeError, OverflowError):
+        raise ValueError("spec_accepted_per_pos must be ints 0 .. 2**64-1") \
+            from None
+    if len(pos) > MAX_SPEC_POSITIONS:
+        raise ValueError(f"spec_accepted_per_pos has {len(pos)} entries; at "
+                         f"most {MAX_SPEC_POSITIONS}")
+    if any(p > _STEP_INT_MAX for p in pos):
+        raise ValueError("spec_accepted_per_pos entries must be ints "
+                         "0 .. 2**32-1")
+    return figures, pos
+
+
+def _counts_array(counts):
+    """expert_load()'s counts copied into an array('Q'), item by item (a
+    buffer of bytes: as native uint64s); raises for what is not ints."""
+    if isinstance(counts, (str, int)):
+        raise TypeError("counts must be a sequence or buffer of ints, not "
+                        f"{type(counts).__name__}")
+    try:
+        m = memoryview(counts)
+    except TypeError:
+        m = None
+    if m is not None and m.ndim == 1 and m.format in ("B", "b", "c"):
+        return _uint64s_of_bytes("counts", m)
+    try:
+        try:
+            return array("Q", counts)
+        except TypeError:  # numpy integers and other __index__ types
+            return array("Q", map(operator.index, counts))
+    except TypeError:
+        raise TypeError("counts must be a sequence or buffer of ints, not "
+                        f"{type(counts).__name__}") from None
+    except OverflowError:
+        raise ValueError("expert counts must be ints 0 .. 2**32-1") from None
+
+
+def _batch_ids(rids, t_ns):
+    """tokens_batch()'s first checks: (rids, count, t_ns), the ids of a
+    buffer of bytes or integers as an array('Q')."""
+    buf = _ids_buffer(rids)  # bytes, numpy arrays, memoryviews
+    if buf is not None:
+        rids = buf
+    if isinstance(rids, str):
+        raise TypeError("rids must be a sequence of request ids, not one str")
+    try:
+        count = len(rids)
+    except TypeError:
+        raise TypeError("rids must be a sequence of request ids, not "
+                        f"{type(rids).__name__}") from None
+    if type(t_ns) is not int or not 0 <= t_ns <= _U64:
+        t_ns = _t(t_ns)
+    return rids, count, t_ns
