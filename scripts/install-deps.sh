@@ -11,6 +11,8 @@ packages=(
   python3-prometheus-client python3-msgpack wrk systemd prometheus-cpp-dev
   curl clang-format-14 clang-tidy-14 libssl-dev libcrypt-dev libyaml-cpp-dev
   apache2-utils openssl debhelper devscripts lintian dh-python scdoc
+  python3-mesonpy python3-pyproject-metadata python3-venv python3-pip
+  python3-dev python3-numpy
 )
 
 missing=()
