@@ -8,9 +8,15 @@ an error naming every place tried; the protocol 1.1 HELLO keys and ARRIVED
 params reach the socket as the protocol says (decoded from the bytes a
 recording socket read).
 
-Environment (tests/python/meson.build sets it): TOKENMETERD, the daemon;
-TOKENMETER_LIBRARY, the built libtokenmeter.so; PYTHONPATH with
-client_lib/python. The daemon harness is tests/testutil.
+Every suite runs against both implementations of the package
+(tests/python/meson.build): the ctypes binding (PYTHONPATH=client_lib/python,
+TOKENMETER_LIBRARY the built libtokenmeter.so) and the C extension
+tokenmeter._native (TOKENMETER_BACKEND=native, PYTHONPATH the build folder's
+copy of the package); Buffers covers the buffer forms of tokens_batch() and
+expert_load() and the calls the extension's fast path hands on.
+
+Environment: TOKENMETERD, the daemon; TOKENMETER_LIBRARY; PYTHONPATH;
+TOKENMETER_BACKEND. The daemon harness is tests/testutil.
 """
 import json
 import os
@@ -700,9 +706,9 @@ class Protocol11(unittest.TestCase):
                          INVALID)
 
 
-class ExpertLoad(unittest.TestCase):
-    """expert_load() (protocol 1.1 EXPERT_LOAD) from every counts form, as
-    the bytes on the socket show them, and its argument checks."""
+class RecordedClient(unittest.TestCase):
+    """self.c, a client of a Recorder; events() closes it and returns the
+    events it sent."""
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="tm-py-")
@@ -717,6 +723,11 @@ class ExpertLoad(unittest.TestCase):
         self.c.close()
         frames = self.rec.frames()
         return [ev for f in frames if f[0] == 1 for ev in f[3]]
+
+
+class ExpertLoad(RecordedClient):
+    """expert_load() (protocol 1.1 EXPERT_LOAD) from every counts form, as
+    the bytes on the socket show them, and its argument checks."""
 
     def test_every_counts_form(self):
         import ctypes
@@ -830,6 +841,133 @@ class ExpertLoad(unittest.TestCase):
         self.c.close()
         self.assertEqual(self.c.expert_load(0, [1]), INVALID)
         self.assertEqual(self.c.expert_load(0, array("Q", [1])), INVALID)
+
+
+class Buffers(RecordedClient):
+    """tokens_batch() and expert_load() read buffers of integers (array,
+    numpy, memoryview, bytes of native uint64s, ctypes arrays) in place or
+    item by item, and refuse a buffer of another kind clearly; the call
+    forms the C fast path hands to the slow path come out the same. As the
+    bytes on the socket show them."""
+
+    def test_backend_is_the_one_asked_for(self):
+        wanted = os.environ.get("TOKENMETER_BACKEND") or "ctypes"
+        self.assertEqual(tokenmeter.backend, wanted)
+
+    def test_tokens_batch_every_id_buffer(self):
+        import ctypes
+        c = self.c
+        ids = [3, 2**64 - 1, 0]
+        raw = array("Q", ids).tobytes()
+        forms = [
+            array("Q", ids), array("L", ids), raw, bytearray(raw),
+            memoryview(raw), memoryview(bytearray(1) + raw)[1:],
+            (ctypes.c_uint64 * 3)(*ids), tuple(ids), ids,
+        ]
+        for t, rids in enumerate(forms, start=1):
+            with self.subTest(t=t, kind=type(rids).__name__):
+                self.assertEqual(c.tokens_batch(rids, t_ns=t), 3)
+        small = [5, 6]
+        for t, rids in enumerate([array("q", small), array("I", small),
+                                  array("H", small), range(5, 7)],
+                                 start=100):
+            with self.subTest(t=t):
+                self.assertEqual(c.tokens_batch(rids, t_ns=t), 2)
+        # Token counts from buffers too; 0 skips the id.
+        self.assertEqual(c.tokens_batch(array("Q", small),
+                                        n=array("I", [0, 7]), t_ns=200), 1)
+        self.assertEqual(c.tokens_batch(small, n=array("H", [2, 3]),
+                                        t_ns=201), 2)
+        self.assertEqual(c.tokens_batch(["a", "b"], n=(1, 2), t_ns=202), 2)
+        self.assertEqual(c.stats().events_rejected, 0)
+        events = self.events()
+        expected = []
+        for t in range(1, len(forms) + 1):
+            expected += [[4, t, rid, 1] for rid in ids]
+        for t in range(100, 104):
+            expected += [[4, t, 5, 1], [4, t, 6, 1]]
+        expected += [[4, 200, 6, 7], [4, 201, 5, 2], [4, 201, 6, 3],
+                     [4, 202, "a", 1], [4, 202, "b", 2]]
+        self.assertEqual(events, expected)
+
+    def test_numpy_buffers(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not installed")
+        c = self.c
+        self.assertEqual(c.tokens_batch(np.array([1, 2], np.uint64), t_ns=1),
+                         2)
+        self.assertEqual(c.tokens_batch(np.array([3, 4], np.int64), t_ns=2),
+                         2)
+        self.assertEqual(c.tokens_batch(np.arange(10, dtype=np.uint64)[::4],
+                                        t_ns=3), 3)  # strided: 0, 4, 8
+        self.assertEqual(c.tokens_batch(np.array([5], np.int32),
+                                        n=np.array([9], np.uint32), t_ns=4),
+                         1)
+        for bad in (np.array([1.0]), np.zeros((2, 2), np.uint64)):
+            with self.assertRaisesRegex(TypeError, r"rids: a buffer of "
+                                        r"format '\w+', itemsize 8"):
+                c.tokens_batch(bad)
+        with self.assertRaisesRegex(ValueError, r"request ids must be "
+                                    r"0 \.\. 2\*\*64-1"):
+            c.tokens_batch(np.array([1, -1], np.int64))
+        self.assertEqual(c.stats().events_rejected, 0)
+        self.assertEqual(self.events(), [
+            [4, 1, 1, 1], [4, 1, 2, 1], [4, 2, 3, 1], [4, 2, 4, 1],
+            [4, 3, 0, 1], [4, 3, 4, 1], [4, 3, 8, 1], [4, 4, 5, 9]])
+
+    def test_wrong_buffers_are_refused_clearly(self):
+        c = self.c
+        cases = [
+            (TypeError, r"rids: a buffer of format 'd', itemsize 8, 1 "
+                        r"dimension\(s\): it must be one-dimensional with "
+                        r"integer items", lambda: c.tokens_batch(
+                            array("d", [1.0]))),
+            (TypeError, r"format 'f', itemsize 4",
+             lambda: c.tokens_batch(memoryview(array("f", [1.0])))),
+            (ValueError, r"rids given as bytes: 7 bytes is not a whole "
+                         r"number of uint64s",
+             lambda: c.tokens_batch(b"1234567")),
+            (ValueError, r"request ids must be 0 \.\. 2\*\*64-1",
+             lambda: c.tokens_batch(array("q", [5, -1]))),
+            (ValueError, r"token counts n must be 0 \.\. 2\*\*32-1",
+             lambda: c.tokens_batch([1], n=array("Q", [2**32]))),
+            (TypeError, r"n", lambda: c.tokens_batch([1],
+                                                     n=array("d", [1.0]))),
+            (ValueError, r"n has 2 entries for 1 request ids",
+             lambda: c.tokens_batch(array("Q", [1]), n=array("I", [1, 1]))),
+            (TypeError, r"rids must be a sequence of request ids, not "
+                        r"generator",
+             lambda: c.tokens_batch(i for i in [1])),
+            (TypeError, r"counts: a buffer of format 'd'",
+             lambda: c.expert_load(0, array("d", [1.0]))),
+        ]
+        for exc, pattern, call in cases:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(c.stats().events_rejected, 0)
+        self.assertEqual(self.events(), [])
+
+    def test_slow_forms_send_what_the_fast_ones_do(self):
+        # Arguments the C fast path hands on (keywords made at run time, int
+        # and str subclasses, FinishReason, bytes ids) give the same events.
+        class Rid(str):
+            pass
+        c = self.c
+        rid_kw = "".join(["r", "id"])  # not interned
+        self.assertEqual(c.tokens(**{rid_kw: 5, "t_ns": 1}), OK)
+        self.assertEqual(c.tokens(Rid("s"), n=True + 1, t_ns=2), OK)
+        self.assertEqual(c.finished(b"b", FinishReason.ABORT, t_ns=3), OK)
+        self.assertEqual(c.queued(rid=7, t_ns=4), OK)
+        self.assertEqual(c.arrived(8, 1, labels={Rid("tenant"): Rid("x")},
+                                   t_ns=5), OK)
+        self.assertEqual(c.step(**{"".join(["run", "ning"]): 2}, t_ns=6), OK)
+        self.assertEqual(self.events(), [
+            [4, 1, 5, 1], [4, 2, "s", 2], [5, 3, "b", "abort"], [2, 4, 7],
+            [1, 5, 8, 1, {"labels": {"tenant": "x"}}], [7, 6, {"running": 2}],
+        ])
 
 
 class TwoProcessExample(DaemonTest):

@@ -9,6 +9,7 @@ tokenmeter._native.Options in C or client._CtypesOptions over ctypes.
 import math
 import operator
 import os
+import sys
 import weakref
 from array import array
 from collections import namedtuple
@@ -262,6 +263,32 @@ def _uint64s_of_bytes(what, m):
     return a
 
 
+_INT_CODES = "bhilqnBHILQN"
+
+
+def _int_format(what, m, bits):
+    """The struct code of a buffer of native integers; TypeError (the C
+    extension's words) for a buffer of anything else."""
+    code = m.format.lstrip("@=" + ("<" if sys.byteorder == "little"
+                                   else ">"))
+    if m.ndim != 1 or len(code) != 1 or code not in _INT_CODES:
+        kind = ("array('Q'), numpy.uint64" if bits == 64
+                else "array('I'), numpy.uint32")
+        raise TypeError(
+            f"{what}: a buffer of format '{m.format}', itemsize {m.itemsize}, "
+            f"{m.ndim} dimension(s): it must be one-dimensional with integer "
+            f"items (in place when they are native {bits}-bit unsigned ints: "
+            f"{kind})")
+    return code
+
+
+def _buffer_ints(m, code):
+    """The items of a one-dimensional buffer of native integers, a list."""
+    a = array({"n": "q", "N": "Q"}.get(code, code))
+    a.frombytes(m.tobytes())
+    return a.tolist()
+
+
 def _ids_buffer(rids):
     """tokens_batch()'s ids from a buffer (bytes of native uint64s, a numpy
     array, a memoryview) as an array('Q'); None when rids is a list, a
@@ -274,16 +301,9 @@ def _ids_buffer(rids):
         m = memoryview(rids)
     except TypeError:
         return None
-    code = m.format.lstrip("@=<")
-    if m.ndim == 1 and code in ("B", "b", "c"):
+    if m.ndim == 1 and m.format in ("B", "b", "c"):
         return _uint64s_of_bytes("rids", m)
-    if m.ndim != 1 or len(code) != 1 or code not in "bhilqnBHILQN":
-        raise TypeError(
-            f"rids: a buffer of format '{m.format}', itemsize {m.itemsize}, "
-            f"{m.ndim} dimension(s): it must be one-dimensional with integer "
-            "items (in place when they are native 64-bit unsigned ints: "
-            "array('Q'), numpy.uint64)")
-    return _index_array("Q", m.tolist())
+    return _index_array("Q", _buffer_ints(m, _int_format("rids", m, 64)))
 
 
 # ---- fork: a child has the buffers but not the sender thread ---------------
@@ -380,6 +400,8 @@ def _counts_array(counts):
         m = None
     if m is not None and m.ndim == 1 and m.format in ("B", "b", "c"):
         return _uint64s_of_bytes("counts", m)
+    if m is not None:
+        counts = _buffer_ints(m, _int_format("counts", m, 64))
     try:
         try:
             return array("Q", counts)
