@@ -1,5 +1,7 @@
 #!/usr/bin/python3
-"""Cost per event of the Python shim (client_lib/python/tokenmeter) beside
+"""Cost per event of the Python binding (client_lib/python/tokenmeter),
+either implementation (the C extension tokenmeter._native, or the ctypes
+binding: tokenmeter.backend, chosen by the environment), beside
 prometheus_client's Histogram.observe, in one process, in one run.
 
 Cases (ns per event; a batch call's time is divided by its events):
@@ -34,10 +36,12 @@ two measured under the same load): the median of those ratios decides.
 
 Goals (docs/performance.md): the step batch call (list[int], 64 and 256
 requests) <= 100 ns per event; each single call no slower than
-prometheus_client's observe.
+prometheus_client's observe. With the C extension (issue 16): tokens() at
+least 5 times faster than observe (int and str ids), and a step of 256 ids
+<= 10 ns per event (list[int] and array('Q')).
 
-Environment: TOKENMETER_LIBRARY and PYTHONPATH as for the tests
-(bench/python/run_bench_shim.sh sets them).
+Environment: PYTHONPATH, and TOKENMETER_BACKEND or TOKENMETER_LIBRARY, as
+for the tests (bench/python/run_bench_shim.sh sets them).
 """
 import argparse
 import json
@@ -63,6 +67,7 @@ TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
                 640.0, 2560.0]
 STEP_GOAL_NS = 100.0
+NATIVE_STEP_GOAL_NS = 10.0  # the C extension's goal (issue 16)
 
 SINK = r"""
 import os, socket, sys, threading
@@ -241,7 +246,8 @@ def main():
         for case in cases:
             case.cpu.clear()
             case.wall.clear()
-        print(f"python {platform.python_version()}, prometheus_client "
+        print(f"backend {tokenmeter.backend}; "
+              f"python {platform.python_version()}, prometheus_client "
               f"{version('prometheus_client')}, "
               f"libtokenmeter {tokenmeter.library_version()} "
               f"({tokenmeter.library_path}); {os.cpu_count()} CPUs; load "
@@ -293,6 +299,16 @@ def main():
         r = paired_ratio(name)
         goals.append((f"{name} <= prometheus observe: {med[name]:.0f} vs "
                       f"{observe:.0f} ns; paired ratio {r:.2f}x", r >= 1.0))
+    if tokenmeter.backend == "native":
+        for name in ("tokens(int)", "tokens(str)"):
+            r = paired_ratio(name)
+            goals.append((f"{name} >= 5x faster than prometheus observe: "
+                          f"{med[name]:.0f} vs {observe:.0f} ns; paired ratio "
+                          f"{r:.2f}x", r >= 5.0))
+        for kind in ("list[int]", "array('Q')"):
+            v = med[f"tokens_batch {kind} x256"]
+            goals.append((f"step batch {kind} x256 <= {NATIVE_STEP_GOAL_NS:.0f}"
+                          f" ns/event: {v:.1f}", v <= NATIVE_STEP_GOAL_NS))
     for text, ok in goals:
         print(f"{'PASS' if ok else 'MISS'}  {text}")
     if args.json:

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds libtokenmeter (release) and runs the Python shim benchmark
-# (bench/python/bench_shim.py): ns per event of the shim's calls beside
-# prometheus_client's Histogram.observe, and PASS/MISS for each goal
-# (docs/performance.md, "Python shim").
+# Builds libtokenmeter and the Python extension (release) and runs the
+# Python binding benchmark (bench/python/bench_shim.py): ns per event of the
+# binding's calls beside prometheus_client's Histogram.observe, and
+# PASS/MISS for each goal (docs/performance.md, "Python binding").
 #
 # Usage: bench/python/run_bench_shim.sh [BUILD_DIR] [-- BENCH_ARGS...]
 #   BUILD_DIR   default build-bench-py in the source tree; configured with
-#               buildtype=release; only the shared library is built.
+#               buildtype=release; only the library and the extension are
+#               built.
 #   BENCH_ARGS  e.g. --reps 7 --min-time 0.2 --json FILE
+#   BACKENDS    (environment) the implementations to run, in turn: "native"
+#               (default: tokenmeter._native, the C extension), "ctypes",
+#               or "native ctypes".
 #
 # Exit status: non-zero when building fails or the run is invalid (events
 # dropped or rejected). A missed goal is reported as MISS and exits 0.
@@ -26,11 +30,29 @@ if [[ -f "$build/build.ninja" ]]; then
 else
   meson setup "$build" "$src" --buildtype=release -Dtests=disabled
 fi
-meson compile -C "$build" tokenmeter:shared_library
+# The library, the extension and the build folder's copy of the package.
+pkg=client_lib/python/tokenmeter
+meson compile -C "$build" tokenmeter:shared_library >/dev/null
+ninja -C "$build" "$pkg/_native.$(/usr/bin/python3 -c \
+     'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX")[1:])')" \
+  "$pkg/__init__.py" "$pkg/__init__.pyi" "$pkg/_common.py" "$pkg/_lib.py" \
+  "$pkg/_native_client.py" "$pkg/client.py" "$pkg/py.typed" >/dev/null
 
 echo "source: $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')" \
      "$(git -C "$src" diff --quiet HEAD -- client_lib 2>/dev/null \
         || echo '(client_lib modified)')"
-TOKENMETER_LIBRARY="$build/client_lib/libtokenmeter.so" \
-PYTHONPATH="$src/client_lib/python" \
-  exec /usr/bin/python3 "$src/bench/python/bench_shim.py" "$@"
+status=0
+for backend in ${BACKENDS:-native}; do
+  case "$backend" in
+    native)
+      TOKENMETER_BACKEND=native PYTHONPATH="$build/client_lib/python" \
+        /usr/bin/python3 "$src/bench/python/bench_shim.py" "$@" || status=1 ;;
+    ctypes)
+      TOKENMETER_BACKEND=ctypes \
+      TOKENMETER_LIBRARY="$build/client_lib/libtokenmeter.so" \
+      PYTHONPATH="$src/client_lib/python" \
+        /usr/bin/python3 "$src/bench/python/bench_shim.py" "$@" || status=1 ;;
+    *) echo "BACKENDS: unknown '$backend'" >&2; exit 2 ;;
+  esac
+done
+exit $status
