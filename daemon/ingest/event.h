@@ -123,6 +123,11 @@ struct Hello {
   bool has_cache_config = false;
   int64_t max_lora = 0;
   bool has_max_lora = false;
+  // The client instance (random, repeated on every reconnect), and whether
+  // it reads ACK frames (only with a session).
+  uint64_t session = 0;
+  bool has_session = false;
+  bool ack = false;
 };
 
 // Why a frame or an event was rejected: the `reason` label of

@@ -425,6 +425,8 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
     kProfile = 128,
     kCacheConfig = 256,
     kMaxLora = 512,
+    kSession = 1024,
+    kAck = 2048,
   };
   uint32_t seen = 0;
   for (uint64_t i = 0; i < meta.value; ++i) {
@@ -495,6 +497,15 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
       }
       hello->max_lora = static_cast<int64_t>(v.value);
       hello->has_max_lora = true;
+    } else if (key == TM_HELLO_SESSION) {
+      bit = kSession;
+      if (v.type != Type::kUint) return IngestError::kBadHello;
+      hello->session = v.value;
+      hello->has_session = true;
+    } else if (key == TM_HELLO_ACK) {
+      bit = kAck;
+      if (v.type != Type::kBool) return IngestError::kBadHello;
+      hello->ack = v.value != 0;
     } else {
       r.SkipBody(v);  // unknown key: forward compatibility
     }
@@ -505,6 +516,8 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
   if ((seen & (kProto | kEngine | kModel)) != (kProto | kEngine | kModel)) {
     return IngestError::kBadHello;
   }
+  // ACKs are per session: `ack: true` needs one.
+  if (hello->ack && !hello->has_session) return IngestError::kBadHello;
   return IngestError::kCount;
 }
 

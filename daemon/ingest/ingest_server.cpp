@@ -42,6 +42,20 @@ bool NamePeer(int fd, uint64_t id, std::string* name, ucred* cred) {
 
 int OpenSpare() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
+// Makes room for one more entry in a map of values with `connections`:
+// at `cap` entries, erases one that no connection uses. False when all are
+// in use.
+template <typename Map>
+bool MakeRoom(Map& m, size_t cap) {
+  if (m.size() < cap) return true;
+  auto unused = std::find_if(m.begin(), m.end(), [](const auto& e) {
+    return e.second.connections == 0;
+  });
+  if (unused == m.end()) return false;
+  m.erase(unused);
+  return true;
+}
+
 uint64_t SoftFdLimit() {
   rlimit rl{};
   return getrlimit(RLIMIT_NOFILE, &rl) == 0 ? uint64_t(rl.rlim_cur) : 0;
@@ -56,7 +70,8 @@ class IngestServer::Connection : public FrameSink {
       : server_(server),
         id_(id),
         decoder_(server.options_.limits),
-        shared_space_(server.shared_spaces_.end()) {
+        shared_space_(server.shared_spaces_.end()),
+        session_(server.sessions_.end()) {
     pipe_.data = this;
   }
 
@@ -77,6 +92,8 @@ class IngestServer::Connection : public FrameSink {
   void MarkNotAwaiting() { awaiting_ = false; }
   // The shared request-id space this connection holds, or end().
   SharedSpaces::iterator shared_space() const { return shared_space_; }
+  // The ack session this connection is in, or end().
+  Sessions::iterator session() const { return session_; }
 
   // over_limit: accepted while max_connections others were open.
   void Start(bool over_limit) {
@@ -220,6 +237,16 @@ class IngestServer::Connection : public FrameSink {
       Close();
       return;
     }
+    if (hello.ack && !server_.SessionFor(hello, &session_)) {
+      server_.stats_.CountError(IngestError::kSeriesLimit);
+      spdlog::warn(
+          "ingest: {}: closing the connection: {} ({} acknowledged "
+          "sessions are open)",
+          peer_, IngestErrorName(IngestError::kSeriesLimit),
+          server_.max_shared_spaces_);
+      Close();
+      return;
+    }
     if (hello.has_cache_config) {
       std::vector<EngineSeries::CacheConfigEntry> entries;
       entries.reserve(hello.cache_config.size());
@@ -235,15 +262,31 @@ class IngestServer::Connection : public FrameSink {
     instance_ = hello.instance;
     client_key_ = hello.has_pid ? hello.pid : -int64_t(id_);
     source_ = Source{series, space};
-    spdlog::info("ingest: {}: hello engine={} model={} instance={}{}{}", peer_,
-                 hello.engine, hello.model, hello.instance,
-                 hello.has_scope ? " scope=" : "", hello.scope);
+    spdlog::info("ingest: {}: hello engine={} model={} instance={}{}{}{}{}",
+                 peer_, hello.engine, hello.model, hello.instance,
+                 hello.has_scope ? " scope=" : "", hello.scope,
+                 hello.has_session ? fmt::format(" session={}", hello.session)
+                                   : std::string(),
+                 hello.ack ? " ack" : "");
   }
 
   void OnBatch(const Batch& batch) override {
     if (closing_) return;
     server_.stats_.CountFrame();
-    server_.tracker_.ApplyBatch(source_, batch);
+    if (session_ != server_.sessions_.end()) {
+      Session& s = session_->second;
+      if (s.applied_any && batch.seq <= s.highest_seq) {
+        // A replay of what this session already delivered.
+        server_.stats_.CountDuplicateBatch();
+      } else {
+        server_.tracker_.ApplyBatch(source_, batch);
+        s.highest_seq = batch.seq;
+        s.applied_any = true;
+      }
+      ack_due_ = true;
+    } else {
+      server_.tracker_.ApplyBatch(source_, batch);
+    }
     server_.stats_.SetClientDropped(family_, model_, instance_, client_key_,
                                     batch.dropped_total);
   }
@@ -286,7 +329,65 @@ class IngestServer::Connection : public FrameSink {
       return;
     }
     if (nread == 0 || c->closing_) return;
-    if (!c->decoder_.Commit(size_t(nread), *c)) c->FrameError();
+    if (!c->decoder_.Commit(size_t(nread), *c)) {
+      c->FrameError();
+      return;
+    }
+    c->SendAck();
+  }
+
+  // Writes [3, highest applied seq] if an ACK is due and none is being
+  // written; what the socket does not take at once goes out with
+  // uv_write, and the next ACK waits for it.
+  void SendAck() {
+    if (!ack_due_ || ack_writing_ || closing_) return;
+    ack_due_ = false;
+    const uint64_t seq = session_->second.highest_seq;
+    size_t n = 0;
+    ack_buf_[n++] = char(0x92);  // fixarray of 2
+    ack_buf_[n++] = char(TM_FRAME_ACK);
+    if (seq < 0x80) {
+      ack_buf_[n++] = char(seq);
+    } else {
+      ack_buf_[n++] = char(0xcf);  // uint64, big-endian
+      for (int shift = 56; shift >= 0; shift -= 8) {
+        ack_buf_[n++] = char((seq >> shift) & 0xff);
+      }
+    }
+    uv_buf_t buf = uv_buf_init(ack_buf_, unsigned(n));
+    auto* stream = reinterpret_cast<uv_stream_t*>(&pipe_);
+    const int wrote = uv_try_write(stream, &buf, 1);
+    if (wrote == int(n)) return;
+    if (wrote < 0 && wrote != UV_EAGAIN) {
+      spdlog::info("ingest: {}: cannot send an ACK: {}", peer_,
+                   uv_strerror(wrote));
+      Close();
+      return;
+    }
+    if (wrote > 0)
+      buf = uv_buf_init(ack_buf_ + wrote, unsigned(n) - unsigned(wrote));
+    ack_writing_ = true;
+    ack_req_.data = this;
+    const int rc =
+        uv_write(&ack_req_, stream, &buf, 1, [](uv_write_t* req, int status) {
+          auto* c = static_cast<Connection*>(req->data);
+          c->ack_writing_ = false;
+          if (status < 0) {
+            if (status != UV_ECANCELED && !c->closing_) {
+              spdlog::info("ingest: {}: cannot send an ACK: {}", c->peer_,
+                           uv_strerror(status));
+              c->Close();
+            }
+            return;
+          }
+          c->SendAck();  // one that came due meanwhile
+        });
+    if (rc != 0) {
+      ack_writing_ = false;
+      spdlog::info("ingest: {}: cannot send an ACK: {}", peer_,
+                   uv_strerror(rc));
+      Close();
+    }
   }
 
   // Closes a connection at accept, before any byte is read. `logged`: the
@@ -345,6 +446,13 @@ class IngestServer::Connection : public FrameSink {
   std::string family_, model_, instance_;
   int64_t client_key_ = 0;
   SharedSpaces::iterator shared_space_;
+  Sessions::iterator session_;
+  // ACKs: one is due (batches applied or skipped since the last), one is
+  // being written (ack_buf_ and ack_req_ in use).
+  bool ack_due_ = false;
+  bool ack_writing_ = false;
+  uv_write_t ack_req_{};
+  char ack_buf_[16];
 };
 
 namespace {
@@ -671,6 +779,7 @@ void IngestServer::Forget(Connection* c) {
   if (c->shared_space() != shared_spaces_.end()) {
     --c->shared_space()->second.connections;
   }
+  if (c->session() != sessions_.end()) --c->session()->second.connections;
   connections_.erase(c);
   stats_.SetConnections(stats_.connections() - 1);
   MaybeDone();
@@ -698,28 +807,39 @@ bool IngestServer::PeerAllowed(uint32_t uid, uint32_t gid) const {
 bool IngestServer::SpaceFor(const Hello& hello, uint64_t* space,
                             SharedSpaces::iterator* shared) {
   *shared = shared_spaces_.end();
-  if (!hello.has_scope) {
+  if (!hello.has_scope && !hello.has_session) {
     *space = next_space_++;
     return true;
   }
-  auto key = std::make_tuple(hello.engine, hello.model, hello.scope);
+  auto key =
+      std::make_tuple(hello.engine, hello.model,
+                      hello.has_scope ? "s:" + hello.scope
+                                      : "n:" + std::to_string(hello.session));
   auto it = shared_spaces_.find(key);
   if (it == shared_spaces_.end()) {
-    if (shared_spaces_.size() >= max_shared_spaces_) {
-      // Make room: forget a scope no connection uses (its requests stay
-      // tracked until retired; a later HELLO with it gets a new space).
-      auto unused =
-          std::find_if(shared_spaces_.begin(), shared_spaces_.end(),
-                       [](const auto& e) { return e.second.connections == 0; });
-      if (unused == shared_spaces_.end()) return false;
-      shared_spaces_.erase(unused);
-    }
+    // Forget a scope no connection uses (its requests stay tracked until
+    // retired; a later HELLO with it gets a new space).
+    if (!MakeRoom(shared_spaces_, max_shared_spaces_)) return false;
     it = shared_spaces_.emplace(std::move(key), SharedSpace{next_space_++, 0})
              .first;
   }
   ++it->second.connections;
   *space = it->second.space;
   *shared = it;
+  return true;
+}
+
+bool IngestServer::SessionFor(const Hello& hello, Sessions::iterator* out) {
+  auto key = std::make_tuple(hello.engine, hello.model, hello.session);
+  auto it = sessions_.find(key);
+  if (it == sessions_.end()) {
+    // Forget a session no connection uses: a replay of it, should one ever
+    // come, would be applied again.
+    if (!MakeRoom(sessions_, max_shared_spaces_)) return false;
+    it = sessions_.emplace(std::move(key), Session{}).first;
+  }
+  ++it->second.connections;
+  *out = it;
   return true;
 }
 

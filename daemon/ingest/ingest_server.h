@@ -8,6 +8,17 @@
 // connection is read only as fast as the daemon applies its events; the
 // decoder holds at most one incomplete frame (max_frame_bytes).
 //
+// Acknowledged delivery (protocol 1.1): a HELLO with `session` and `ack`
+// makes the connection part of that client's session, whose highest
+// applied BATCH seq the server keeps; a BATCH at or below it (a replay
+// after a reconnect) is skipped and counted as a duplicate, and after each
+// read that applied or skipped batches the connection writes one ACK
+// [3, highest seq] (a non-blocking write; with a write still pending the
+// next ACK waits for it and carries the latest seq). Nothing is ever
+// written to a connection without `ack`. An unscoped connection with a
+// session takes its session's request-id space, so that a request in
+// flight across a reconnect keeps its earlier events.
+//
 // Slots are bounded three ways, each refusal counted in
 // tokenmeter_ingest_errors_total and logged once per burst: at most
 // max_connections at once (connection_limit), at most
@@ -138,12 +149,26 @@ class IngestServer {
     uint64_t space;
     size_t connections;  // open connections in it
   };
+  // (engine, model, "s:" scope or "n:" session in decimal).
   using SharedSpaces =
       std::map<std::tuple<std::string, std::string, std::string>, SharedSpace>;
-  // The request-id space of a HELLO: a new private one, or its scope's
-  // (joined: *shared names it). False when the scope cap is reached.
+  // The request-id space of a HELLO: its scope's, else its session's, else
+  // a new private one (joined: *shared names it). False when the cap on
+  // shared spaces is reached.
   bool SpaceFor(const Hello& hello, uint64_t* space,
                 SharedSpaces::iterator* shared);
+  // An ack session's delivery state.
+  struct Session {
+    uint64_t highest_seq = 0;  // of the batches applied, when applied_any
+    bool applied_any = false;
+    size_t connections = 0;  // open connections in it
+  };
+  using Sessions =
+      std::map<std::tuple<std::string, std::string, uint64_t>, Session>;
+  // The session of an `ack` HELLO (engine, model, session), made if new.
+  // False when max_shared_spaces sessions are known and all have open
+  // connections (otherwise one without is forgotten).
+  bool SessionFor(const Hello& hello, Sessions::iterator* out);
   bool PeerAllowed(uint32_t uid, uint32_t gid) const;
   // The first HELLO label that a series of this HELLO would show twice:
   // one named like a --request-label or a cache_config key. Empty: none.
@@ -187,6 +212,7 @@ class IngestServer {
   // (engine, model, scope) -> shared request-id space.
   SharedSpaces shared_spaces_;
   uint64_t next_space_ = 1;
+  Sessions sessions_;
 };
 
 }  // namespace tokenmeter::daemon

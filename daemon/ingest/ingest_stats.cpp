@@ -5,9 +5,9 @@
 namespace tokenmeter::daemon {
 namespace {
 
-constexpr DaemonMetric kOwned[] = {kIngestConnections, kIngestFrames,
-                                   kIngestEvents, kIngestErrors,
-                                   kClientDroppedEvents};
+constexpr DaemonMetric kOwned[] = {
+    kIngestConnections, kIngestFrames,           kIngestEvents,
+    kIngestErrors,      kIngestDuplicateBatches, kClientDroppedEvents};
 
 }  // namespace
 
@@ -70,6 +70,9 @@ void IngestStats::Collect(DaemonMetric id, MetricWriter& w) const {
         w.Sample(none.WithOwn("reason", IngestErrorName(IngestError(r))),
                  errors_[r]);
       }
+      break;
+    case kIngestDuplicateBatches:
+      w.Sample(none, duplicate_batches_);
       break;
     case kClientDroppedEvents: {
       std::string text;

@@ -39,6 +39,8 @@ class IngestStats : public Collector {
   void CountFrame() { ++frames_; }
   void CountEvent(EventKind kind) { ++events_[size_t(kind) - 1]; }
   void CountError(IngestError e) { ++errors_[size_t(e)]; }
+  // A replayed BATCH skipped because its session had applied it.
+  void CountDuplicateBatch() { ++duplicate_batches_; }
   // The latest dropped_total a client reported. `client` tells clients of
   // one identity apart (their pid, else a connection id). O(log n).
   void SetClientDropped(const std::string& family, const std::string& model,
@@ -50,6 +52,7 @@ class IngestStats : public Collector {
   uint64_t events(EventKind kind) const { return events_[size_t(kind) - 1]; }
   uint64_t events_total() const;
   uint64_t errors(IngestError e) const { return errors_[size_t(e)]; }
+  uint64_t duplicate_batches() const { return duplicate_batches_; }
   size_t drop_identities() const { return dropped_.size(); }
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
@@ -67,6 +70,7 @@ class IngestStats : public Collector {
   const size_t max_identities_;
   int64_t connections_ = 0;
   uint64_t frames_ = 0;
+  uint64_t duplicate_batches_ = 0;
   std::array<uint64_t, kNumEventKinds> events_{};
   std::array<uint64_t, size_t(IngestError::kCount)> errors_{};
   std::map<std::tuple<std::string, std::string, std::string>, Drops> dropped_;

@@ -126,6 +126,8 @@ const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
      "Events applied, by kind."},
     {kIngestErrors, "tokenmeter_ingest_errors", kCounter, "reason",
      "Rejected frames and events, by reason."},
+    {kIngestDuplicateBatches, "tokenmeter_ingest_duplicate_batches", kCounter,
+     "", "Replayed batches skipped because already applied."},
     {kClientDroppedEvents, "tokenmeter_client_dropped_events", kCounter,
      "engine_family,model_name,engine",
      "Events clients reported they had to drop (latest dropped_total)."},

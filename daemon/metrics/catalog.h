@@ -119,6 +119,7 @@ enum DaemonMetric : uint8_t {
   kIngestFrames,
   kIngestEvents,
   kIngestErrors,
+  kIngestDuplicateBatches,
   kClientDroppedEvents,
   kTrackedRequests,
   kEvictedRequests,

@@ -13,6 +13,8 @@ import sys
 import time
 import unittest
 
+import msgpack
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "testutil"))
 import tokenmeter_testutil as tu  # noqa: E402
@@ -105,6 +107,99 @@ class HandWrittenFrames(unittest.TestCase):
                          model_name="m", engine="front"), 0)
         core.close()
         front.close()
+
+    def read_acks(self, sock, want_seq, timeout=5.0):
+        """Reads ACK frames until one carries want_seq; returns them all."""
+        unpacker = msgpack.Unpacker()
+        acks = []
+        sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        while not acks or acks[-1] != want_seq:
+            if time.monotonic() > deadline:
+                self.fail(f"no ACK {want_seq} (got {acks})")
+            data = sock.recv(4096)
+            self.assertNotEqual(data, b"", "closed while waiting for an ACK")
+            unpacker.feed(data)
+            for f in unpacker:
+                self.assertEqual(len(f), 2, f)
+                self.assertEqual(f[0], 3, f)
+                acks.append(f[1])
+        return acks
+
+    def test_ack_session_skips_replayed_batches(self):
+        """An ack session acks what it applied; after a reconnect the
+        replayed batches at or below the highest applied seq are skipped
+        and counted, the rest applied; the request in flight across the
+        reconnect keeps its ARRIVED (the session's request-id space)."""
+        t0 = time.monotonic_ns() - 1_000 * MS
+        session = 0xfeedface12345678
+        a = self.d.connect()
+        a.sendall(hello(instance="e", session=session, ack=True))
+        a.sendall(batch([[1, t0, "r1", 10]], seq=0))
+        a.sendall(batch([[2, t0 + 1 * MS, "r1"]], seq=1))
+        self.read_acks(a, 1)
+        a.close()
+        b = self.d.connect()
+        b.sendall(hello(instance="e", session=session, ack=True))
+        # seq 1 again (its ACK "was lost"), then new ones; a seq past a gap
+        # (batches the client dropped) is applied too.
+        b.sendall(batch([[2, t0 + 1 * MS, "r1"]], seq=1))
+        b.sendall(batch([[3, t0 + 2 * MS, "r1"], [4, t0 + 5 * MS, "r1", 1]],
+                        seq=2))
+        b.sendall(batch([[5, t0 + 9 * MS, "r1", "stop"]], seq=200))
+        acks = self.read_acks(b, 200)
+        self.assertEqual(acks, sorted(acks))
+        lab = dict(model_name="m", engine="e")
+        self.d.wait_value("vllm:request_success_total", 1,
+                          finished_reason="stop", **lab)
+        self.assertEqual(self.d.value("tokenmeter_ingest_duplicate_batches_total"), 1)
+        self.assertEqual(self.d.value("tokenmeter_ingest_events_total", kind="queued"), 1)
+        # TTFT from the ARRIVED sent on the first connection.
+        self.assertEqual(
+            self.d.value("vllm:time_to_first_token_seconds_sum", **lab),
+            5 * MS / 1e9)
+        self.assertEqual(
+            self.d.value("vllm:e2e_request_latency_seconds_count", **lab), 1)
+        # The same seqs in another session are that session's own.
+        c = self.d.connect()
+        c.sendall(hello(instance="e", session=session + 1, ack=True))
+        c.sendall(batch([[1, t0, "r2", 5]], seq=1))
+        self.read_acks(c, 1)
+        self.d.wait_value("tokenmeter_ingest_events_total", 2, kind="arrived")
+        self.assertEqual(self.d.value("tokenmeter_ingest_duplicate_batches_total"), 1)
+        for sock in (b, c):
+            sock.close()
+
+    def test_no_bytes_without_ack(self):
+        """A session without `ack`, and a v1 HELLO, never get a byte; their
+        seqs are not deduplicated (per connection, as in v1)."""
+        t0 = time.monotonic_ns() - 1_000 * MS
+        conns = [self.d.connect(), self.d.connect()]
+        conns[0].sendall(hello(instance="x", session=7))
+        conns[1].sendall(hello(instance="y"))
+        for i, sock in enumerate(conns):
+            sock.sendall(batch([[1, t0, f"q{i}", 3]], seq=5))
+            sock.sendall(batch([[2, t0 + MS, f"q{i}"]], seq=5))
+        self.d.wait_value("tokenmeter_ingest_events_total", 2, kind="queued")
+        for sock in conns:
+            sock.settimeout(0.3)
+            with self.assertRaises(socket.timeout):
+                sock.recv(1)
+            sock.close()
+        self.assertEqual(self.d.value("tokenmeter_ingest_duplicate_batches_total"), 0)
+
+    def test_ack_needs_a_session_and_bools(self):
+        for meta in ({"ack": True}, {"ack": 1, "session": 3},
+                     {"session": -1}, {"session": "x"}):
+            with self.subTest(meta=meta):
+                before = self.d.value("tokenmeter_ingest_errors_total",
+                                      reason="bad_hello") or 0
+                sock = self.d.connect()
+                sock.sendall(hello(**meta))
+                self.assertTrue(wait_closed(sock))
+                sock.close()
+                self.d.wait_value("tokenmeter_ingest_errors_total", before + 1,
+                                  reason="bad_hello")
 
     def test_bad_frame_closes_only_that_connection(self):
         good = self.d.connect()

@@ -23,6 +23,9 @@
 #define TM_FRAME_HELLO 0   /* [0, meta] */
 #define TM_FRAME_BATCH 1   /* [1, seq, dropped_total, [event, ...]] */
 #define TM_FRAME_GOODBYE 2 /* [2] */
+/* 1.1, daemon -> client, only after HELLO `ack: true`: no BATCH of the
+ * session with a seq at or below `seq` needs to be sent again. */
+#define TM_FRAME_ACK 3 /* [3, seq] */
 
 /* Event kinds: the first element of every event array. */
 #define TM_EV_ARRIVED 1     /* [1, t, rid, prompt_tokens(, params)] */
@@ -69,10 +72,13 @@
 #define TM_HELLO_LABELS "labels"
 #define TM_HELLO_PID "pid"
 /* 1.1 HELLO keys (protocol-v1.md "Additions in 1.1"). */
-#define TM_HELLO_PROFILE "profile"           /* "vllm", "sglang", "lmdeploy" */
-#define TM_HELLO_CACHE_CONFIG "cache_config" /* map str -> str/int/float/bool \
-                                              */
-#define TM_HELLO_MAX_LORA "max_lora"         /* int */
+#define TM_HELLO_PROFILE "profile" /* "vllm", "sglang", "lmdeploy" */
+#define TM_HELLO_CACHE_CONFIG                                         \
+  "cache_config"                     /* map str -> str/int/float/bool \
+                                      */
+#define TM_HELLO_MAX_LORA "max_lora" /* int */
+#define TM_HELLO_SESSION "session"   /* uint, one per client instance */
+#define TM_HELLO_ACK "ack"           /* bool; needs session */
 #define TM_PROFILE_VLLM "vllm"
 #define TM_PROFILE_SGLANG "sglang"
 #define TM_PROFILE_LMDEPLOY "lmdeploy"

@@ -1497,6 +1497,8 @@ const Bytes kProfileKey = {0xa7, 'p', 'r', 'o', 'f', 'i', 'l', 'e'};
 const Bytes kCacheConfigKey = {0xac, 'c', 'a', 'c', 'h', 'e', '_',
                                'c',  'o', 'n', 'f', 'i', 'g'};
 const Bytes kMaxLoraKey = {0xa8, 'm', 'a', 'x', '_', 'l', 'o', 'r', 'a'};
+const Bytes kSessionKey = Cat({{0xa7}, Chars("session")});
+const Bytes kAckKey = Cat({{0xa3}, Chars("ack")});
 const Bytes kLoraKey = {0xa4, 'l', 'o', 'r', 'a'};
 const Bytes kLabelsParamKey = {0xa6, 'l', 'a', 'b', 'e', 'l', 's'};
 
@@ -1772,6 +1774,52 @@ TEST(FrameDecoderTest, RejectsBadMaxLora) {
       {"twice",
        HelloOf(5, {kProto, kEngine, kModel, Cat({kMaxLoraKey, {0x01}}),
                    Cat({kMaxLoraKey, {0x02}})}),
+       IngestError::kBadHello},
+  });
+}
+
+TEST(FrameDecoderTest, AcceptsSessionAndAck) {
+  const Hello none = DecodeHelloOk(kHello);
+  EXPECT_FALSE(none.has_session);
+  EXPECT_FALSE(none.ack);
+  const Hello s = DecodeHelloOk(HelloWith(Cat({kSessionKey, {0x07}})));
+  EXPECT_TRUE(s.has_session);
+  EXPECT_EQ(s.session, 7u);
+  EXPECT_FALSE(s.ack);
+  const Hello a = DecodeHelloOk(
+      HelloOf(5, {kProto, kEngine, kModel,
+                  Cat({kSessionKey,
+                       {0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}}),
+                  Cat({kAckKey, {0xc3}})}));
+  EXPECT_EQ(a.session, UINT64_MAX - 1);
+  EXPECT_TRUE(a.ack);
+  // ack false needs no session.
+  const Hello f = DecodeHelloOk(HelloWith(Cat({kAckKey, {0xc2}})));
+  EXPECT_FALSE(f.ack);
+  EXPECT_FALSE(f.has_session);
+}
+
+TEST(FrameDecoderTest, RejectsBadSessionAndAck) {
+  ExpectFrameErrors({
+      {"ack without session", HelloWith(Cat({kAckKey, {0xc3}})),
+       IngestError::kBadHello},
+      {"negative session", HelloWith(Cat({kSessionKey, {0xff}})),
+       IngestError::kBadHello},
+      {"str session", HelloWith(Cat({kSessionKey, {0xa1, '1'}})),
+       IngestError::kBadHello},
+      {"nil session", HelloWith(Cat({kSessionKey, {0xc0}})),
+       IngestError::kBadHello},
+      {"int ack",
+       HelloOf(5, {kProto, kEngine, kModel, Cat({kSessionKey, {0x01}}),
+                   Cat({kAckKey, {0x01}})}),
+       IngestError::kBadHello},
+      {"session twice",
+       HelloOf(5, {kProto, kEngine, kModel, Cat({kSessionKey, {0x01}}),
+                   Cat({kSessionKey, {0x02}})}),
+       IngestError::kBadHello},
+      {"ack twice",
+       HelloOf(6, {kProto, kEngine, kModel, Cat({kSessionKey, {0x01}}),
+                   Cat({kAckKey, {0xc3}}), Cat({kAckKey, {0xc3}})}),
        IngestError::kBadHello},
   });
 }
