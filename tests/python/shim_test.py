@@ -947,6 +947,15 @@ class Buffers(RecordedClient):
             with self.subTest(pattern=pattern):
                 with self.assertRaisesRegex(exc, pattern):
                     call()
+        # A refused or used buffer is released: the array can grow again.
+        for call in (c.tokens_batch, lambda a: c.expert_load(0, a)):
+            a = array("d", [1.0])
+            with self.assertRaises(TypeError):
+                call(a)
+            a.append(2.0)
+        ids = array("Q", [1, 2**40])
+        self.assertEqual(c.tokens_batch(ids, n=array("I", [0, 0])), 0)
+        ids.append(3)
         self.assertEqual(c.stats().events_rejected, 0)
         self.assertEqual(self.events(), [])
 

@@ -71,6 +71,7 @@ def clean_env():
                         "LD_PRELOAD", "PYTHONHOME", "VIRTUAL_ENV")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PIP_NO_INPUT"] = "1"
+    env["PIP_NO_CACHE_DIR"] = "1"  # leave the user's pip cache alone
     return env
 
 

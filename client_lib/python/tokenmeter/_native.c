@@ -1182,7 +1182,10 @@ static PyObject* Client_expert_load(ClientObject* self, PyObject* const* args,
   /* The library checks each count against 2^32 - 1 (and counts a refusal),
    * so any uint64 is passed. */
   int st = IntsOf(a[1], 8, UINT64_MAX, 1, "counts", &view, &counts);
-  if (st == kRaised) return NULL;
+  if (st == kRaised) {
+    ViewRelease(&view); /* a refused buffer stays exported until here */
+    return NULL;
+  }
   if (st == kSlow || counts.n < 1 ||
       counts.n > (Py_ssize_t)TM_MAX_MOE_EXPERTS) {
     ViewRelease(&view);
