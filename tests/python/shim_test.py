@@ -959,6 +959,46 @@ class Buffers(RecordedClient):
         self.assertEqual(c.stats().events_rejected, 0)
         self.assertEqual(self.events(), [])
 
+    def test_calls_leak_no_memory(self):
+        # Every path, fast, slow and refused, many times over: what Python
+        # allocates (PyMem, objects: tracemalloc sees both) comes back.
+        import tracemalloc
+        c = tokenmeter.Client(socket_path=os.path.join(self.dir, "absent"),
+                              model="m", close_timeout=0)
+        self.addCleanup(c.close)
+        big = list(range(1000))  # past the stack buffer: PyMem
+        big_str = [f"r{i}" for i in range(700)]  # past 8 KiB packed
+
+        def rounds(k):
+            for i in range(k):
+                c.tokens(i)
+                c.tokens(f"s{i % 7}", 2, t_ns=5)
+                c.arrived(i, 3, lora="l", labels={"a": "b"})
+                c.finished(i, FinishReason.STOP)
+                c.step(running=1, kv_usage=0.5, spec_accepted_per_pos=[1])
+                c.tokens_batch(big, n=2)
+                c.tokens_batch(big_str)
+                c.tokens_batch(array("Q", big), n=array("I", big))
+                c.expert_load(1, big[:256])
+                for bad in (lambda: c.tokens_batch(array("d", [1.0])),
+                            lambda: c.tokens(-1),
+                            lambda: c.tokens_batch(["", "x"]),
+                            lambda: c.arrived(1, 1, labels={"le": "x"})):
+                    try:
+                        bad()
+                    except (TypeError, ValueError):
+                        pass
+        rounds(50)  # warm caches (interned strs, the thread's buffer)
+        tracemalloc.start()
+        try:
+            rounds(10)
+            before = tracemalloc.get_traced_memory()[0]
+            rounds(300)
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        self.assertLess(after - before, 64 * 1024, (before, after))
+
     def test_slow_forms_send_what_the_fast_ones_do(self):
         # Arguments the C fast path hands on (keywords made at run time, int
         # and str subclasses, FinishReason, bytes ids) give the same events.
