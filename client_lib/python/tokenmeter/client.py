@@ -377,10 +377,17 @@ class Client:
         the events tokens(rids[i], n[i], t_ns) would send, with one shared
         timestamp (t_ns 0: read once).
 
-        rids: a sequence of ints or of strs (not mixed); an array('Q') is
-        used in place, without a copy. n: None (1 token each), one int for
-        all, or a sequence (an array('I') is used in place) as long as rids;
-        an entry of 0 is skipped (a prefill chunk that sampled nothing).
+        rids: a sequence of ints or of strs (not mixed), or a buffer of
+        integer ids: an array('Q') is used in place, without a copy (with
+        the C extension also array('q'/'L'), numpy uint64/int64 arrays and
+        bytes of native uint64s); other integer buffers (numpy int32,
+        strided views) are read item by item; bytes, bytearray and
+        memoryviews of bytes hold native uint64s (a length that is not a
+        multiple of 8 raises ValueError); a buffer of floats or of more than
+        one dimension raises TypeError. n: None (1 token each), one int for
+        all, or a sequence or buffer (an array('I') is used in place) as
+        long as rids; an entry of 0 is skipped (a prefill chunk that sampled
+        nothing).
         Returns the number of events appended; fewer than the non-zero
         entries means the buffer was full (the rest dropped and counted).
         Raises TypeError / ValueError, sending nothing, for bad arguments.
