@@ -999,6 +999,21 @@ class Buffers(RecordedClient):
             tracemalloc.stop()
         self.assertLess(after - before, 64 * 1024, (before, after))
 
+    def test_call_errors_name_the_public_method(self):
+        c = self.c
+        for pattern, call in (
+                (r"^Client\.tokens\(\) got an unexpected keyword argument "
+                 r"'foo'$", lambda: c.tokens(1, foo=2)),
+                (r"^Client\.step\(\) takes 1 positional argument but 2 "
+                 r"were given$", lambda: c.step(1)),
+                (r"^Client\.arrived\(\) missing 2 required positional "
+                 r"arguments", lambda: c.arrived()),
+                (r"^Client\.tokens_batch\(\) got multiple values for "
+                 r"argument 'rids'$", lambda: c.tokens_batch([1], rids=[1]))):
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(TypeError, pattern):
+                    call()
+
     def test_slow_forms_send_what_the_fast_ones_do(self):
         # Arguments the C fast path hands on (keywords made at run time, int
         # and str subclasses, FinishReason, bytes ids) give the same events.

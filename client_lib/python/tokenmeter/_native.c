@@ -1218,26 +1218,33 @@ static PyMethodDef Client_methods[] = {
     {"_flush", (PyCFunction)Client_flush, METH_O, NULL},
     {"_attach", (PyCFunction)Client_attach, METH_NOARGS, NULL},
     {"tokens", TM_FASTCALL(Client_tokens),
-     "tokens(rid, n=1, t_ns=0): n >= 1 output tokens of the request in one "
-     "step."},
+     "tokens($self, rid, n=1, t_ns=0)\n--\n\nn >= 1 output tokens of the "
+     "request in one step."},
     {"tokens_batch", TM_FASTCALL(Client_tokens_batch),
-     "tokens_batch(rids, n=None, t_ns=0): one engine step's output tokens "
-     "in one call."},
+     "tokens_batch($self, rids, n=None, t_ns=0)\n--\n\nOne engine step's "
+     "output tokens in one call."},
     {"arrived", TM_FASTCALL(Client_arrived),
-     "arrived(rid, prompt_tokens, max_tokens=0, n=0, t_ns=0, lora=None, "
-     "labels=None): the request entered the server."},
+     "arrived($self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0, lora=None, "
+     "labels=None)\n--\n\nThe request entered the server."},
     {"queued", TM_FASTCALL(Client_queued),
-     "queued(rid, t_ns=0): the request entered the waiting queue."},
+     "queued($self, rid, t_ns=0)\n--\n\nThe request entered the waiting "
+     "queue."},
     {"scheduled", TM_FASTCALL(Client_scheduled),
-     "scheduled(rid, t_ns=0): the request was scheduled."},
+     "scheduled($self, rid, t_ns=0)\n--\n\nThe request was scheduled."},
     {"preempted", TM_FASTCALL(Client_preempted),
-     "preempted(rid, t_ns=0): the request lost its KV cache."},
+     "preempted($self, rid, t_ns=0)\n--\n\nThe request lost its KV cache."},
     {"finished", TM_FASTCALL(Client_finished),
-     "finished(rid, reason='stop', t_ns=0): the request finished."},
+     "finished($self, rid, reason='stop', t_ns=0)\n--\n\nThe request "
+     "finished."},
     {"step", TM_FASTCALL(Client_step),
-     "step(*, running=None, ..., t_ns=0): one scheduler iteration."},
+     "step($self, *, running=None, waiting=None, kv_usage=None, "
+     "prompt_tokens=None, generation_tokens=None, prefix_queries=None, "
+     "prefix_hits=None, spec_drafts=None, spec_draft_tokens=None, "
+     "spec_accepted_tokens=None, spec_accepted_per_pos=None, "
+     "t_ns=0)\n--\n\nOne scheduler iteration."},
     {"expert_load", TM_FASTCALL(Client_expert_load),
-     "expert_load(layer, counts, t_ns=0): MoE expert load of one layer."},
+     "expert_load($self, layer, counts, t_ns=0)\n--\n\nMoE expert load of one "
+     "layer."},
     {NULL, NULL, 0, NULL},
 };
 #undef TM_FASTCALL

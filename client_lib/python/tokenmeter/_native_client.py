@@ -241,3 +241,14 @@ class Client(_C):
             raise ValueError(f"counts has {len(a)} entries; an expert_load "
                              f"carries 1 .. {MAX_MOE_EXPERTS}")
         return _C.expert_load(self, layer, a, t)
+
+
+# A slow path's TypeError (an unknown keyword, a missing argument) names the
+# public method, as the ctypes binding's does: "tokens() got an unexpected
+# keyword argument 'x'", not "_tokens_slow() ...".
+for _name in ("tokens", "queued", "scheduled", "preempted", "finished",
+              "arrived", "tokens_batch", "step", "expert_load"):
+    _fn = getattr(Client, f"_{_name}_slow")
+    _fn.__code__ = _fn.__code__.replace(co_name=_name)
+    _fn.__name__, _fn.__qualname__ = _name, f"Client.{_name}"
+del _name, _fn
