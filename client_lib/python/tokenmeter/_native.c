@@ -351,6 +351,29 @@ static void Put(void* out, size_t width, Py_ssize_t i, uint64_t x) {
  * converts or raises). */
 enum { kTaken = 0, kRaised = -1, kSlow = -2 };
 
+/* n integers into v's own space as `width`-byte ints, each read from
+ * items[i] (exact ints) or else from item i of `view` (`size` bytes,
+ * `is_signed`); kSlow when one is not an int 0 .. max. */
+static int CopyInts(PyObject** items, const Py_buffer* view, Py_ssize_t n,
+                    Py_ssize_t size, int is_signed, size_t width, uint64_t max,
+                    Ints* v) {
+  void* out = IntsSpace(v, n, width);
+  if (out == NULL) return kRaised;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    uint64_t x;
+    int bad = items != NULL ? U64Of(items[i], &x)
+                            : ReadItem(view, i, size, is_signed, &x);
+    if (bad != 0 || x > max) {
+      IntsFree(v);
+      return kSlow;
+    }
+    Put(out, width, i, x);
+  }
+  v->p = out;
+  v->n = n;
+  return kTaken;
+}
+
 /* `o`'s items as `width`-byte (8 or 4) unsigned integers, each at most
  * `max`. A list or tuple of exact ints is converted here; a buffer of
  * native integers is used in place when it already is `width` bytes,
@@ -367,20 +390,7 @@ static int IntsOf(PyObject* o, size_t width, uint64_t max, int raw_bytes,
   v->mem = NULL;
   if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
-    PyObject** items = PySequence_Fast_ITEMS(o);
-    void* out = IntsSpace(v, n, width);
-    if (out == NULL) return kRaised;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      uint64_t x;
-      if (U64Of(items[i], &x) != 0 || x > max) {
-        IntsFree(v);
-        return kSlow;
-      }
-      Put(out, width, i, x);
-    }
-    v->p = out;
-    v->n = n;
-    return kTaken;
+    return CopyInts(PySequence_Fast_ITEMS(o), NULL, n, 0, 0, width, max, v);
   }
   if (PyUnicode_Check(o) || !PyObject_CheckBuffer(o)) return kSlow;
   if (PyObject_GetBuffer(o, view, PyBUF_RECORDS_RO) != 0) {
@@ -460,19 +470,7 @@ static int IntsOf(PyObject* o, size_t width, uint64_t max, int raw_bytes,
     v->n = n;
     return kTaken;
   }
-  void* out = IntsSpace(v, n, width);
-  if (out == NULL) return kRaised;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    uint64_t x;
-    if (ReadItem(view, i, size, is_signed, &x) != 0 || x > max) {
-      IntsFree(v);
-      return kSlow;
-    }
-    Put(out, width, i, x);
-  }
-  v->p = out;
-  v->n = n;
-  return kTaken;
+  return CopyInts(NULL, view, n, size, is_signed, width, max, v);
 }
 
 static void ViewRelease(Py_buffer* view) {
