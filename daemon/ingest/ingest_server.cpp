@@ -181,6 +181,14 @@ class IngestServer::Connection : public FrameSink {
     });
   }
 
+  // A HELLO this daemon cannot take: counted, logged with why, closed.
+  void RefuseHello(IngestError reason, std::string_view why) {
+    server_.stats_.CountError(reason);
+    spdlog::warn("ingest: {}: closing the connection: {} ({})", peer_,
+                 IngestErrorName(reason), why);
+    Close();
+  }
+
   // FrameSink.
   void OnHello(const Hello& hello) override {
     Registry& reg = server_.registry_;
@@ -196,55 +204,39 @@ class IngestServer::Connection : public FrameSink {
                       hello.model, hello.instance, hello.labels, profile};
     if (const std::string_view clash = server_.LabelClash(hello);
         !clash.empty()) {
-      server_.stats_.CountError(IngestError::kReservedLabel);
-      spdlog::warn(
-          "ingest: {}: closing the connection: {} (HELLO label \"{}\" is "
-          "a label the daemon sets on this series)",
-          peer_, IngestErrorName(IngestError::kReservedLabel), clash);
-      Close();
+      RefuseHello(IngestError::kReservedLabel,
+                  fmt::format("HELLO label \"{}\" is a label the daemon "
+                              "sets on this series",
+                              clash));
       return;
     }
     if (reg.NamespaceConflict(id)) {
-      server_.stats_.CountError(IngestError::kBadHello);
-      spdlog::warn(
-          "ingest: {}: closing the connection: {} (profile {} in namespace "
-          "\"{}\", which holds series of another profile; give these "
-          "engines --profile or --namespace apart)",
-          peer_, IngestErrorName(IngestError::kBadHello), ProfileName(profile),
-          id.ns);
-      Close();
+      RefuseHello(IngestError::kBadHello,
+                  fmt::format("profile {} in namespace \"{}\", which holds "
+                              "series of another profile; give these "
+                              "engines --profile or --namespace apart",
+                              ProfileName(profile), id.ns));
       return;
     }
     EngineSeries* series = reg.GetOrCreate(id);
     if (series == nullptr) {
       // The registry counts it in series_rejected too; close this peer only.
-      server_.stats_.CountError(IngestError::kSeriesLimit);
-      spdlog::warn(
-          "ingest: {}: closing the connection: {} (the engine "
-          "series limit, --max-engine-series, is reached)",
-          peer_, IngestErrorName(IngestError::kSeriesLimit));
-      Close();
+      RefuseHello(IngestError::kSeriesLimit,
+                  "the engine series limit, --max-engine-series, is reached");
       return;
     }
     uint64_t space = 0;
     if (!server_.SpaceFor(hello, &space, &shared_space_)) {
-      server_.stats_.CountError(IngestError::kSeriesLimit);
-      spdlog::warn(
-          "ingest: {}: closing the connection: {} ({} shared request-id "
-          "spaces (HELLO scopes) are in use)",
-          peer_, IngestErrorName(IngestError::kSeriesLimit),
-          server_.max_shared_spaces_);
-      Close();
+      RefuseHello(IngestError::kSeriesLimit,
+                  fmt::format("{} shared request-id spaces (HELLO scopes) "
+                              "are in use",
+                              server_.max_shared_spaces_));
       return;
     }
     if (hello.ack && !server_.SessionFor(hello, &session_)) {
-      server_.stats_.CountError(IngestError::kSeriesLimit);
-      spdlog::warn(
-          "ingest: {}: closing the connection: {} ({} acknowledged "
-          "sessions are open)",
-          peer_, IngestErrorName(IngestError::kSeriesLimit),
-          server_.max_shared_spaces_);
-      Close();
+      RefuseHello(IngestError::kSeriesLimit,
+                  fmt::format("{} acknowledged sessions are open",
+                              server_.max_shared_spaces_));
       return;
     }
     if (hello.has_cache_config) {
