@@ -543,10 +543,8 @@ _U64_FORMATS = frozenset(("Q", "L", "=Q", "=L", "@Q", "@L") +
 def _u64_buffer(counts):
     """(argument for tm_expert_load's counts, n) for expert_load(): the
     buffer itself when it holds native uint64s (no copy per element), else
-    an array('Q') of the items."""
-    if isinstance(counts, (str, int)):
-        raise TypeError("counts must be a sequence or buffer of ints, not "
-                        f"{type(counts).__name__}")
+    an array('Q') of the items (_counts_array() refuses what is not ints,
+    a str or an int included)."""
     try:
         m = memoryview(counts)
     except TypeError:
