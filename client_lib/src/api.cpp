@@ -269,6 +269,21 @@ int tm_options_set_max_threads(tm_options* opts, uint32_t n) {
   return TM_OK;
 }
 
+int tm_options_set_ack(tm_options* opts, int on) {
+  if (opts == nullptr) return TM_E_INVALID;
+  opts->ack = on != 0;
+  return TM_OK;
+}
+
+int tm_options_set_replay_bytes(tm_options* opts, size_t bytes) {
+  if (opts == nullptr || bytes < TM_MIN_REPLAY_BYTES ||
+      bytes > TM_MAX_REPLAY_BYTES) {
+    return TM_E_INVALID;
+  }
+  opts->replay_bytes = bytes;
+  return TM_OK;
+}
+
 // ---- client -----------------------------------------------------------------
 
 int tm_client_new(const tm_options* opts, tm_client** out) {

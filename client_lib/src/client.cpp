@@ -4,11 +4,15 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
 #include <utility>
+
+#include "clock.h"
 
 using tokenmeter::client::ClientCounters;
 using tokenmeter::client::ClientParts;
@@ -19,12 +23,35 @@ using tokenmeter::client::Transport;
 
 namespace {
 
+// HELLO's session: random, nonzero, one per client. getrandom() without
+// GRND_NONBLOCK blocks only before the kernel's pool is first initialised
+// (early boot); if it fails (an old kernel, a seccomp filter), the time,
+// pid and a per-process counter, mixed (splitmix64), still differ between
+// clients.
+uint64_t NewSession() {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, 0) != ssize_t(sizeof v) || v == 0) {
+    static std::atomic<uint64_t> counter{0};
+    uint64_t z = tokenmeter::client::MonotonicNowNs() ^
+                 (uint64_t(getpid()) << 32) ^
+                 (counter.fetch_add(1) * 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    v = z ^ (z >> 31);
+  }
+  return v != 0 ? v : 1;
+}
+
 SenderOptions SenderOptionsOf(const tm_options& opts) {
   SenderOptions s;
   s.socket_path = opts.socket_path;
   s.meta = opts.meta;
+  s.meta.session = NewSession();
+  s.meta.ack = opts.ack;
   s.flush_interval_ms = opts.flush_interval_ms;
   s.close_timeout_ms = opts.close_timeout_ms;
+  s.ack = opts.ack;
+  s.replay_bytes = opts.replay_bytes;
   return s;
 }
 
@@ -215,6 +242,7 @@ int tm_client::Close(uint64_t* stats_out, size_t n) {
     YieldUntil([&r] { return !r.InCall(); });
   }
   const uint64_t given_up = parts->sender.Stop();
+  const uint64_t unacked = parts->sender.unacked_at_close();
   // Stop() woke any flush; wait for the flush and stats calls to leave the
   // parts, then free them. Threads keep only their slots (reference
   // counted) and this handle.
@@ -223,7 +251,7 @@ int tm_client::Close(uint64_t* stats_out, size_t n) {
   YieldUntil([this] { return callers_.load() == 0; });
   owned_parts_.reset();
   Stats(stats_out, n);
-  return given_up == 0 ? TM_OK : TM_E_TIMEOUT;
+  return given_up == 0 && unacked == 0 ? TM_OK : TM_E_TIMEOUT;
 }
 
 void tm_client::ForgetAfterFork() {
@@ -287,6 +315,8 @@ int tm_client::Stats(uint64_t* out, size_t n) const {
       counters_.bytes.load(std::memory_order_relaxed),
       counters_.connected.load(std::memory_order_relaxed),
       counters_.connect_failures.load(std::memory_order_relaxed),
+      counters_.replayed.load(std::memory_order_relaxed),
+      counters_.unacked.load(std::memory_order_relaxed),
   };
   for (size_t i = 0; i < n && i < TM_STAT_COUNT; ++i) out[i] = all[i];
   return TM_OK;

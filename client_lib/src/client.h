@@ -47,6 +47,8 @@ struct tm_options {
   uint32_t flush_interval_ms = 20;
   uint32_t close_timeout_ms = 1000;
   uint32_t max_threads = 64;
+  bool ack = true;
+  size_t replay_bytes = size_t{4} << 20;
   // Internal, for tests only (no C setter): makes the client's transport.
   // Empty: the Unix socket at socket_path.
   tokenmeter::client::TransportFactory make_transport;

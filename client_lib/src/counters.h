@@ -20,6 +20,8 @@ struct alignas(64) ClientCounters {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> connected{0};
   std::atomic<uint64_t> connect_failures{0};
+  std::atomic<uint64_t> replayed{0};  // batches written again (ack)
+  std::atomic<uint64_t> unacked{0};   // set once, at close
   // Written by any producer thread (and, for dropped_extra, by the sender
   // at close). Per-ring drops are counted in the rings themselves.
   std::atomic<uint64_t> rejected{0};

@@ -76,9 +76,10 @@ void EncodeHello(const HelloMeta& meta, ByteBuffer* out) {
   Packer pk(out);
   pk.Array(2);
   pk.Uint(TM_FRAME_HELLO);
-  const uint32_t n = 4 + !meta.instance.empty() + !meta.scope.empty() +
-                     !meta.labels.empty() + !meta.profile.empty() +
-                     !meta.cache_config.empty() + meta.max_lora.has_value();
+  const uint32_t n = 5 + meta.ack + !meta.instance.empty() +
+                     !meta.scope.empty() + !meta.labels.empty() +
+                     !meta.profile.empty() + !meta.cache_config.empty() +
+                     meta.max_lora.has_value();
   pk.Map(n);
   pk.Str(TM_HELLO_PROTO);
   pk.Uint(TM_PROTO_VERSION);
@@ -125,6 +126,12 @@ void EncodeHello(const HelloMeta& meta, ByteBuffer* out) {
   if (meta.max_lora.has_value()) {
     pk.Str(TM_HELLO_MAX_LORA);
     pk.Int(*meta.max_lora);
+  }
+  pk.Str(TM_HELLO_SESSION);
+  pk.Uint(meta.session);
+  if (meta.ack) {
+    pk.Str(TM_HELLO_ACK);
+    pk.Bool(true);
   }
   pk.Str(TM_HELLO_PID);
   pk.Int(meta.pid);

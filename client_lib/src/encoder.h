@@ -26,6 +26,10 @@ struct HelloMeta {
   // In the order added; empty: not sent.
   std::vector<std::pair<std::string, CacheConfigValue>> cache_config;
   std::optional<int64_t> max_lora;  // nullopt: not sent
+  // Picked once per client (client.cpp), repeated on every reconnect;
+  // always sent (nonzero once picked).
+  uint64_t session = 0;
+  bool ack = false;  // sent only when true (needs session)
   int64_t pid = 0;
 };
 

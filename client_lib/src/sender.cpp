@@ -25,6 +25,7 @@ Sender::Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
       transport_(std::move(transport)),
       registry_(registry),
       counters_(counters),
+      replay_(opts_.ack ? opts_.replay_bytes : 0),
       inbound_(kInboundReadBytes) {
   // A batch ends once its body reaches kBatchMaxBytes, so it may exceed
   // that by one event: at most about 5.2 KB (an EXPERT_LOAD of 1024 counts
@@ -113,10 +114,15 @@ void Sender::OnConnected(uint64_t now_ns) {
   }
   ever_connected_ = true;
   connected_at_ns_ = now_ns;
-  seq_ = 0;
+  // Without ack, seq counts per connection; with it, per client, and what
+  // the daemon has not acked goes again, first.
+  if (!opts_.ack) seq_ = 0;
+  replay_.Rewind();
+  acks_.Reset();
   out_.Clear();
   out_off_ = 0;
   out_batch_events_ = 0;
+  out_replay_ = false;
   EncodeHello(opts_.meta, &out_);
 }
 
@@ -130,6 +136,7 @@ void Sender::Disconnect(uint64_t now_ns) {
   out_.Clear();
   out_off_ = 0;
   out_batch_events_ = 0;
+  out_replay_ = false;
   if (now_ns - connected_at_ns_ >= kStableConnectionNs) {
     backoff_ns_ = kBackoffMinNs;
   } else {
@@ -155,12 +162,17 @@ bool Sender::ReadInbound() {
   return true;
 }
 
-bool Sender::OnInbound(const uint8_t* /*data*/, size_t /*n*/) {
-  // Protocol 1.0: this client sends no `ack` in HELLO, so the daemon must
-  // never write to it; bytes mean a peer we do not understand. Closing (and
-  // the backoff that follows) is what keeps a chatty peer from making this
-  // thread spin.
-  return false;
+bool Sender::OnInbound(const uint8_t* data, size_t n) {
+  // Without `ack` in HELLO the daemon must never write to this client; with
+  // it, only ACK frames. Other bytes mean a peer we do not understand:
+  // closing (and the backoff that follows) is what keeps a chatty peer
+  // from making this thread spin.
+  if (!opts_.ack) return false;
+  uint64_t acked = 0;
+  bool any = false;
+  if (!acks_.Feed(data, n, &acked, &any)) return false;
+  if (any) replay_.Release(acked);
+  return true;
 }
 
 // ---- batches
@@ -195,6 +207,18 @@ void Sender::PrepareBatchFrame() {
   EncodeBatchHeader(seq_, DroppedTotal(), batch_events_, &out_);
   out_.Append(batch_body_.data(), batch_body_.size());
   out_batch_events_ = batch_events_;
+  out_replay_ = false;
+  out_seq_ = seq_;
+}
+
+void Sender::PrepareReplayFrame() {
+  ReplayBuffer::Entry e;
+  if (!replay_.Current(&e)) return;
+  EncodeBatchHeader(e.seq, DroppedTotal(), e.events, &out_);
+  out_.Append(e.body, e.size);
+  out_batch_events_ = e.events;
+  out_replay_ = true;
+  out_seq_ = e.seq;
 }
 
 bool Sender::WritePending() {
@@ -214,8 +238,22 @@ bool Sender::WritePending() {
 }
 
 void Sender::OnBatchWritten() {
+  if (out_replay_) {
+    counters_.replayed.fetch_add(1, std::memory_order_relaxed);
+    replay_.AdvancePast(out_seq_);
+    out_replay_ = false;
+    out_batch_events_ = 0;
+    return;
+  }
   counters_.sent.fetch_add(out_batch_events_, std::memory_order_relaxed);
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
+  if (opts_.ack) {
+    const uint64_t dropped = replay_.Push(
+        seq_, batch_events_, batch_body_.data(), batch_body_.size());
+    if (dropped > 0) {
+      counters_.dropped_extra.fetch_add(dropped, std::memory_order_relaxed);
+    }
+  }
   ++seq_;
   batch_body_.Clear();
   batch_events_ = 0;
@@ -225,7 +263,10 @@ void Sender::OnBatchWritten() {
 bool Sender::SendBatches(uint64_t now_ns) {
   bool more = false;
   for (;;) {
-    if (out_batch_events_ == 0) {
+    if (out_batch_events_ == 0 && replay_.replay_pending()) {
+      PrepareReplayFrame();
+      more = true;
+    } else if (out_batch_events_ == 0) {
       more = FillBatch();
       if (batch_events_ > 0) PrepareBatchFrame();
     } else {
@@ -265,6 +306,11 @@ void Sender::TakeRequests(uint64_t now_ns, bool* closing,
   }
 }
 
+bool Sender::AllDelivered() const {
+  return out_.size() == 0 && batch_events_ == 0 && registry_.RingsEmpty() &&
+         replay_.empty();
+}
+
 bool Sender::FlushDone(int* result) const {
   *result = TM_OK;
   if (!connected_) {
@@ -301,11 +347,7 @@ void Sender::Run() {
       cv_.notify_all();
     }
 
-    if (closing) {
-      const bool empty =
-          out_.size() == 0 && batch_events_ == 0 && registry_.RingsEmpty();
-      if (empty || now >= close_deadline_ns) break;
-    }
+    if (closing && (AllDelivered() || now >= close_deadline_ns)) break;
 
     // Sleep until the flush interval, a reconnect attempt, a wake-up, the
     // transport taking bytes again, or bytes (or a close) from the peer.
@@ -348,6 +390,9 @@ void Sender::Run() {
   }
   close_dropped_ = registry_.CountBufferedEvents() + batch_events_;
   counters_.dropped_extra.fetch_add(close_dropped_, std::memory_order_relaxed);
+  // Written but not acked: delivered, maybe not durable; not dropped.
+  close_unacked_ = replay_.events();
+  counters_.unacked.store(close_unacked_, std::memory_order_relaxed);
   std::lock_guard<std::mutex> l(mu_);
   sender_done_ = true;
   cv_.notify_all();

@@ -8,12 +8,21 @@
 // run on the sender thread, the only one that touches the transport and the
 // batch state.
 //
-// Delivery (protocol 1.0): a BATCH counts as sent once all of its bytes are
-// written. A BATCH that was only partly written when the connection broke is
-// sent again whole, with a fresh header, on the next connection (the daemon
-// discards the truncated frame). A replay buffer of unacked batches (1.1's
-// ACK) hooks in at OnConnected() (queue them after HELLO), OnBatchWritten()
-// (keep the frame until acked) and OnInbound() (decode ACKs).
+// Delivery: a BATCH counts as sent once all of its bytes are written. A
+// BATCH that was only partly written when the connection broke is sent
+// again whole, with a fresh header, on the next connection (the daemon
+// discards the truncated frame).
+//
+// Acknowledged delivery (protocol 1.1, `ack`, the default): seq counts
+// batches per client, across reconnects. A written batch's events stay in
+// the replay buffer (replay_buffer.h, `replay_bytes`) until an ACK covers
+// its seq; past the bound the oldest are dropped and counted. After a
+// reconnect the sender writes HELLO, then every kept batch in order with
+// its original seq (a fresh header: the current dropped_total), then new
+// ones. The inbound side is decoded as ACK frames (ack_decoder.h); bytes
+// that are none close the connection (backoff follows). Without `ack` any
+// inbound byte does. Stop() waits, within close_timeout_ms, for the ACKs
+// of every written batch too.
 #ifndef TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
 #define TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
 
@@ -25,8 +34,10 @@
 #include <thread>
 #include <vector>
 
+#include "ack_decoder.h"
 #include "counters.h"
 #include "encoder.h"
+#include "replay_buffer.h"
 #include "thread_registry.h"
 #include "tokenmeter/tokenmeter.h"
 #include "transport.h"
@@ -52,12 +63,17 @@ struct SenderOptions {
   HelloMeta meta;
   uint32_t flush_interval_ms = 20;
   uint32_t close_timeout_ms = 1000;
+  // Acknowledged delivery (meta.ack says the same to the daemon) and the
+  // replay buffer's bytes, reserved when the Sender is made.
+  bool ack = false;
+  size_t replay_bytes = 0;
 };
 
 class Sender {
  public:
   // Borrows `registry` and `counters` for its whole life; owns `transport`
-  // (non-null). Starts nothing.
+  // (non-null). Starts nothing. Reserves opts.replay_bytes when opts.ack
+  // (throws std::bad_alloc).
   Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
          ThreadRegistry& registry, ClientCounters& counters);
   Sender(const Sender&) = delete;
@@ -73,8 +89,11 @@ class Sender {
   int Flush(uint32_t timeout_ms);
   // Sends what the rings hold (within close_timeout_ms), then GOODBYE, and
   // joins the thread. Returns the number of events given up (also counted
-  // in counters.dropped_extra). Call once; later calls return 0.
+  // in counters.dropped_extra). Call once; later calls return 0. With ack,
+  // also waits for the ACKs; the events still unacked then are
+  // unacked_at_close() (and counters.unacked).
   uint64_t Stop();
+  uint64_t unacked_at_close() const { return close_unacked_; }
   // In the child of a fork(), from the atfork handler (the only thread):
   // closes the child's copies of the wake-up descriptor and the socket (the
   // parent's connection: the child never writes to it) without shutting the
@@ -102,6 +121,8 @@ class Sender {
   // full. Returns true when the batch filled up (more may be waiting).
   bool FillBatch();
   void PrepareBatchFrame();
+  // The replay pass's next kept batch, with a fresh header.
+  void PrepareReplayFrame();
   // Writes as much of out_ as the transport takes. False on a broken
   // connection.
   bool WritePending();
@@ -110,6 +131,8 @@ class Sender {
   // connection must be closed (EOF, error, or bytes 1.0 forbids).
   bool ReadInbound();
   bool OnInbound(const uint8_t* data, size_t n);
+  // Nothing left to send or to wait for at close.
+  bool AllDelivered() const;
   // Dropped plus rejected events: what BATCH headers carry.
   uint64_t DroppedTotal() const;
 
@@ -141,11 +164,16 @@ class Sender {
   uint32_t batch_events_ = 0;
   ByteBuffer out_;  // bytes to write on this connection
   size_t out_off_ = 0;
-  uint32_t out_batch_events_ = 0;        // events in out_ (0: no batch in out_)
+  uint32_t out_batch_events_ = 0;  // events in out_ (0: no batch in out_)
+  bool out_replay_ = false;        // out_'s batch is a replay of out_seq_
+  uint64_t out_seq_ = 0;
+  ReplayBuffer replay_;  // written, unacked batches (ack only)
+  AckDecoder acks_;
   std::vector<uint64_t> flush_targets_;  // per-slot tails a flush waits for
   uint64_t flush_ticket_ = 0;
   std::vector<uint8_t> inbound_;  // kInboundReadBytes
   uint64_t close_dropped_ = 0;    // written by the sender before it exits
+  uint64_t close_unacked_ = 0;    // likewise
 };
 
 }  // namespace tokenmeter::client

@@ -91,6 +91,14 @@ int main(void) {
   CHECK_RC(tm_options_set_flush_interval_ms(opts, 5), TM_OK);
   CHECK_RC(tm_options_set_close_timeout_ms(opts, 50), TM_OK);
   CHECK_RC(tm_options_set_max_threads(opts, 2), TM_OK);
+  CHECK_RC(tm_options_set_ack(opts, 0), TM_OK);
+  CHECK_RC(tm_options_set_ack(opts, 7), TM_OK);
+  CHECK_RC(tm_options_set_ack(NULL, 1), TM_E_INVALID);
+  CHECK_RC(tm_options_set_replay_bytes(opts, TM_MIN_REPLAY_BYTES - 1),
+           TM_E_INVALID);
+  CHECK_RC(tm_options_set_replay_bytes(opts, TM_MAX_REPLAY_BYTES + 1),
+           TM_E_INVALID);
+  CHECK_RC(tm_options_set_replay_bytes(opts, TM_MIN_REPLAY_BYTES), TM_OK);
   CHECK_RC(tm_client_new(opts, &client), TM_OK);
   tm_options_free(opts);
   CHECK(client != NULL);
@@ -145,6 +153,8 @@ int main(void) {
   CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 17);
   CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 8);
   CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
+  CHECK(final_stats[TM_STAT_BATCHES_REPLAYED] == 0);
+  CHECK(final_stats[TM_STAT_EVENTS_UNACKED] == 0);
   CHECK_RC(tm_client_close(NULL, NULL, 0), TM_OK);
 
   rmdir(dir);

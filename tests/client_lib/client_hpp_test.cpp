@@ -104,6 +104,29 @@ TEST_F(CppClientTest, CreateWithoutProtocol11OptionsSendsNoneOfTheirKeys) {
   EXPECT_EQ(meta.Find("max_lora"), nullptr);
 }
 
+TEST_F(CppClientTest, CreatePassesAckAndReplayBytes) {
+  StartServer();
+  Options o = BaseOptions();
+  EXPECT_TRUE(o.ack);
+  EXPECT_EQ(o.replay_bytes, size_t{4} << 20);
+  o.ack = false;
+  o.replay_bytes = TM_MIN_REPLAY_BYTES;
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  ASSERT_EQ(client->Tokens(uint64_t{1}, 1), TM_OK);
+  ASSERT_EQ(client->Flush(5000), TM_OK);
+  client->Close();
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  const Value& meta = conns.at(0).frames.at(0).value.array.at(1);
+  EXPECT_EQ(meta.Find("ack"), nullptr);
+  EXPECT_NE(meta.Find("session"), nullptr);
+  EXPECT_TRUE(conns[0].acked.empty());
+  Options too_small = BaseOptions();
+  too_small.replay_bytes = TM_MIN_REPLAY_BYTES - 1;
+  EXPECT_EQ(Client::Create(too_small, &client), TM_E_INVALID);
+}
+
 TEST_F(CppClientTest, CreateRejectsInvalidProtocol11Options) {
   std::unique_ptr<Client> client;
   Options bad_profile = BaseOptions();
@@ -448,6 +471,10 @@ TEST_F(CppClientTest, CloseReturnsFinalStats) {
   EXPECT_EQ(s.bytes_sent, conns[0].bytes.size());
   EXPECT_FALSE(s.connected);
   EXPECT_EQ(s.connect_failures, 0u);
+  // The test server acks every batch (ack is on by default).
+  EXPECT_EQ(s.batches_replayed, 0u);
+  EXPECT_EQ(s.events_unacked, 0u);
+  EXPECT_EQ(conns[0].acked.size(), BatchesOf(conns[0]).size());
   // Closed: later calls do nothing and report the final counters.
   EXPECT_EQ(client->Tokens(uint64_t{1}, 1), TM_E_INVALID);
   EXPECT_EQ(client->Flush(10), TM_E_INVALID);

@@ -176,9 +176,12 @@ TEST_F(DaemonLaterTest, ConnectsAndSendsHelloThenBufferedEvents) {
 
 using ReconnectTest = ClientFixture;
 
+// Without ack (protocol 1.0), seq counts each connection's batches.
 TEST_F(ReconnectTest, ReconnectsAndStartsOverAfterServerCloses) {
   StartServer();
-  NewClient();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_ack(opts.get(), 0), TM_OK);
+  NewClient(opts.get());
   ASSERT_EQ(tm_tokens(client_, 10, 1, 1), TM_OK);
   ASSERT_EQ(tm_tokens(client_, 11, 1, 2), TM_OK);
   ASSERT_TRUE(WaitForEvents(2));
@@ -206,6 +209,45 @@ TEST_F(ReconnectTest, ReconnectsAndStartsOverAfterServerCloses) {
   EXPECT_EQ(batches[0]->value.array[1].uint, 0u);
   EXPECT_EQ(conns[1].frames.front().value.array[0].uint, 0u);  // HELLO
   EXPECT_EQ(conns[1].frames.back().value.ToString(), "[2]");
+}
+
+// With ack (the default), seq counts the client's batches across
+// reconnects; what the server acked before it closed is not sent again.
+TEST_F(ReconnectTest, SeqGoesOnAcrossReconnectsWithAck) {
+  StartServer();
+  NewClient();
+  ASSERT_EQ(tm_tokens(client_, 10, 1, 1), TM_OK);
+  ASSERT_TRUE(WaitForEvents(1));
+  ASSERT_EQ(tm_tokens(client_, 11, 1, 2), TM_OK);
+  ASSERT_TRUE(WaitForEvents(2));
+  server_->Drop(0);
+  ASSERT_EQ(tm_tokens(client_, 12, 1, 3), TM_OK);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && CountEvents({c[1]}) >= 1;
+  }));
+  ASSERT_EQ(tm_tokens(client_, 13, 1, 4), TM_OK);
+  ASSERT_TRUE(WaitForEvents(4));
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  ASSERT_TRUE(WaitForEof(1));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 2u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  ASSERT_TRUE(IsWellFormed(conns[1]));
+  EXPECT_EQ(CountsOf(EventsOf(conns[0])), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(CountsOf(EventsOf(conns[1])), (std::vector<uint64_t>{3, 4}));
+  const std::vector<const Frame*> first = BatchesOf(conns[0]);
+  const std::vector<const Frame*> second = BatchesOf(conns[1]);
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(first[0]->value.array[1].uint, 0u);
+  EXPECT_EQ(first[1]->value.array[1].uint, 1u);
+  EXPECT_EQ(second[0]->value.array[1].uint, 2u);  // not 0 again
+  EXPECT_EQ(conns[0].acked, (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 4u);
 }
 
 TEST_F(ReconnectTest, CountsEachReconnect) {
@@ -253,7 +295,9 @@ TEST_F(ReconnectTest, ReconnectsToRestartedDaemon) {
 
 // ---- the peer writes to the client -----------------------------------------
 
-using InboundBytesTest = ClientFixture;
+// Ack off (protocol 1.0) and on: bytes that are not ACK frames.
+class InboundBytesTest : public ClientFixture,
+                         public ::testing::WithParamInterface<bool> {};
 
 // User plus system CPU time of the whole process (every thread: the client's
 // sender, the test server, this one).
@@ -264,12 +308,15 @@ std::chrono::microseconds ProcessCpu() {
          std::chrono::microseconds(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-// Protocol 1.0: a client that did not ask for ACKs closes a connection that
-// sends it bytes and reconnects with backoff; it never spins on them.
-TEST_F(InboundBytesTest, ClosesReconnectsWithBackoffAndStaysIdle) {
+// A client that did not ask for ACKs, or one that did and gets bytes that
+// are no ACK frame (0xc1, a byte msgpack never uses), closes the connection
+// and reconnects with backoff; it never spins on them.
+TEST_P(InboundBytesTest, ClosesReconnectsWithBackoffAndStaysIdle) {
   StartServer();
   server_->SetWriteJunk(true);
-  NewClient();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_ack(opts.get(), GetParam() ? 1 : 0), TM_OK);
+  NewClient(opts.get());
   ASSERT_TRUE(server_->WaitUntil(
       [](const TestServer::Connections& c) { return !c.empty(); }));
   const Clock::time_point start = Clock::now();
@@ -302,8 +349,14 @@ TEST_F(InboundBytesTest, ClosesReconnectsWithBackoffAndStaysIdle) {
   for (const Connection& c : conns) {
     ASSERT_FALSE(c.frames.empty());
     EXPECT_TRUE(IsValidHello(c.frames[0].value));  // HELLO on every one
+    EXPECT_EQ(c.frames[0].value.array[1].Find("ack") != nullptr, GetParam());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Ack, InboundBytesTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "AckOn" : "AckOff");
+                         });
 
 // ---- flush -----------------------------------------------------------------
 

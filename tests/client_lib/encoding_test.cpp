@@ -65,9 +65,15 @@ TEST_F(HelloTest, SendsHelloFirstWithRequiredKeysOnly) {
   const Value hello = HelloOf(DefaultOptions().get());
   ASSERT_TRUE(IsValidHello(hello));
   const Value& meta = hello.array[1];
+  // session and ack (protocol 1.1) are always sent by default: the client
+  // asks for ACKs unless tm_options_set_ack(opts, 0).
   EXPECT_EQ(MapKeys(meta),
-            (std::vector<std::string>{"engine", "model", "pid", "proto"}));
+            (std::vector<std::string>{"ack", "engine", "model", "pid", "proto",
+                                      "session"}));
   EXPECT_EQ(meta.Find("proto")->uint, 1u);
+  ASSERT_TRUE(meta.Find("session")->IsUint());
+  EXPECT_NE(meta.Find("session")->uint, 0u);
+  EXPECT_EQ(meta.Find("ack")->ToString(), "true");
   EXPECT_EQ(meta.Find("engine")->str, "tokenmeter-engine");
   EXPECT_EQ(meta.Find("model")->str, "m");
   EXPECT_EQ(meta.Find("pid")->uint, uint64_t(getpid()));
@@ -88,9 +94,9 @@ TEST_F(HelloTest, SendsOptionalKeysWhenSet) {
   const Value hello = HelloOf(opts.get());
   ASSERT_TRUE(IsValidHello(hello));
   const Value& meta = hello.array[1];
-  EXPECT_EQ(MapKeys(meta),
-            (std::vector<std::string>{"engine", "instance", "labels", "model",
-                                      "pid", "proto", "scope"}));
+  EXPECT_EQ(MapKeys(meta), (std::vector<std::string>{
+                               "ack", "engine", "instance", "labels", "model",
+                               "pid", "proto", "scope", "session"}));
   EXPECT_EQ(meta.Find("engine")->str, "vllm");
   EXPECT_EQ(meta.Find("model")->str, "llama-3-8b");
   EXPECT_EQ(meta.Find("instance")->str, "dp0");
@@ -100,6 +106,53 @@ TEST_F(HelloTest, SendsOptionalKeysWhenSet) {
   EXPECT_EQ(MapKeys(*labels), (std::vector<std::string>{"_tier2", "region"}));
   EXPECT_EQ(labels->Find("region")->str, "eu-west");
   EXPECT_EQ(labels->Find("_tier2")->str, "");
+}
+
+// With ack off, HELLO still carries the session but no ack key: the
+// daemon never writes to this client.
+TEST_F(HelloTest, SendsSessionWithoutAckWhenAckIsOff) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_ack(opts.get(), 0), TM_OK);
+  const Value hello = HelloOf(opts.get());
+  ASSERT_TRUE(IsValidHello(hello));
+  const Value& meta = hello.array[1];
+  EXPECT_EQ(MapKeys(meta), (std::vector<std::string>{"engine", "model", "pid",
+                                                     "proto", "session"}));
+  EXPECT_NE(meta.Find("session")->uint, 0u);
+}
+
+// One session per client instance: the same on every connection of a
+// client, another for the next client made from the same options.
+TEST_F(HelloTest, SessionRepeatsOnReconnectAndDiffersBetweenClients) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  NewClient(opts.get());
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return !c.empty() && !c[0].frames.empty();
+  }));
+  server_->Drop(0);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && !c[1].frames.empty();
+  }));
+  ASSERT_EQ(CloseClient(), TM_OK);
+  NewClient(opts.get());
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 3 && !c[2].frames.empty();
+  }));
+  ASSERT_EQ(CloseClient(), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 3u);
+  std::vector<uint64_t> sessions;
+  for (const Connection& c : conns) {
+    ASSERT_TRUE(IsValidHello(c.frames[0].value));
+    const Value* session = c.frames[0].value.array[1].Find("session");
+    ASSERT_NE(session, nullptr);
+    sessions.push_back(session->uint);
+  }
+  EXPECT_EQ(sessions[0], sessions[1]);
+  EXPECT_NE(sessions[0], sessions[2]);
+  EXPECT_NE(sessions[2], 0u);
 }
 
 TEST_F(HelloTest, RejectedSettersLeaveOptionsUnchanged) {
@@ -145,9 +198,9 @@ TEST_F(HelloTest, SendsProtocol11KeysWhenSet) {
   const Value hello = HelloOf(opts.get());
   ASSERT_TRUE(IsValidHello(hello));
   const Value& meta = hello.array[1];
-  EXPECT_EQ(MapKeys(meta),
-            (std::vector<std::string>{"cache_config", "engine", "max_lora",
-                                      "model", "pid", "profile", "proto"}));
+  EXPECT_EQ(MapKeys(meta), (std::vector<std::string>{
+                               "ack", "cache_config", "engine", "max_lora",
+                               "model", "pid", "profile", "proto", "session"}));
   EXPECT_EQ(meta.Find("profile")->str, "sglang");
   const Value* max_lora = meta.Find("max_lora");
   ASSERT_TRUE(max_lora->IsUint());

@@ -177,6 +177,13 @@ AssertionResult IsValidHello(const Value& frame) {
       }
     } else if (k.str == "max_lora") {  // 1.1
       if (!v.IsUint()) return Bad(frame, "HELLO max_lora must be an int >= 0");
+    } else if (k.str == "session") {  // 1.1
+      if (!v.IsUint()) return Bad(frame, "HELLO session must be a uint");
+    } else if (k.str == "ack") {  // 1.1
+      if (v.type != Value::Type::kBool) return Bad(frame, "HELLO ack: bool");
+      if (meta.Find("session") == nullptr) {
+        return Bad(frame, "HELLO ack needs a session");
+      }
     } else {
       return Bad(frame, "unexpected HELLO key");
     }
@@ -252,7 +259,12 @@ AssertionResult IsWellFormed(const Connection& c) {
     return AssertionFailure() << (c.bytes.size() - c.decoded_bytes)
                               << " trailing bytes of an incomplete frame";
   }
+  // Without ack, seq counts this connection's batches from 0; in an ack
+  // session it goes on from the session's earlier connections (the first
+  // batch here is the oldest one not acked), one by one.
   uint64_t next_seq = 0;
+  bool ack = false;
+  bool first_batch = true;
   uint64_t last_dropped = 0;
   bool goodbye = false;
   for (size_t i = 0; i < c.frames.size(); ++i) {
@@ -267,11 +279,15 @@ AssertionResult IsWellFormed(const Connection& c) {
       if (i != 0) return Bad(f, "a second HELLO");
       AssertionResult r = IsValidHello(f);
       if (!r) return r;
+      const Value* a = f.array[1].Find("ack");
+      ack = a != nullptr && a->boolean;
     } else if (type == 1) {
       if (f.array.size() != 4 || !f.array[1].IsUint() || !f.array[2].IsUint() ||
           !f.array[3].IsArray()) {
         return Bad(f, "BATCH must be [1, seq, dropped_total, [events]]");
       }
+      if (ack && first_batch) next_seq = f.array[1].uint;
+      first_batch = false;
       if (f.array[1].uint != next_seq) {
         return AssertionFailure()
                << "BATCH seq " << f.array[1].uint << ", expected " << next_seq;

@@ -16,8 +16,9 @@ namespace tokenmeter::testing {
 // [0, meta]: proto 1, engine matching [a-zA-Z_][a-zA-Z0-9_-]*, non-empty
 // model, optional instance / scope / labels (at most 8, valid names) / pid,
 // and the 1.1 keys profile (vllm, sglang, lmdeploy), cache_config (at most
-// 32, valid names, str/int/float64/bool values), max_lora (int >= 0);
-// string keys, no key twice, nothing else.
+// 32, valid names, str/int/float64/bool values), max_lora (int >= 0),
+// session (uint), ack (bool, with a session); string keys, no key twice,
+// nothing else.
 ::testing::AssertionResult IsValidHello(const Value& frame);
 
 // One event, exactly as the v1 client must send it: the kind's layout with
@@ -29,7 +30,8 @@ namespace tokenmeter::testing {
 ::testing::AssertionResult IsValidEvent(const Value& event);
 
 // A whole connection: no undecodable or trailing bytes, HELLO first and
-// only once, non-empty BATCHes numbered 0, 1, 2, ... with valid events and
+// only once, non-empty BATCHes numbered 0, 1, 2, ... (with `ack`: n, n+1,
+// ..., the session's seq going on across connections) with valid events and
 // a non-decreasing dropped_total, GOODBYE [2] (if any) last.
 ::testing::AssertionResult IsWellFormed(const Connection& c);
 

@@ -101,6 +101,60 @@ void TestServer::SetWriteJunk(bool junk) {
   Wake();
 }
 
+std::vector<uint8_t> AckFrame(uint64_t seq) {
+  std::vector<uint8_t> b = {0x92, 0x03};
+  int bytes = 0;
+  if (seq <= 0x7f) {
+    b.push_back(uint8_t(seq));
+  } else if (seq <= 0xff) {
+    b.push_back(0xcc);
+    bytes = 1;
+  } else if (seq <= 0xffff) {
+    b.push_back(0xcd);
+    bytes = 2;
+  } else if (seq <= 0xffffffffu) {
+    b.push_back(0xce);
+    bytes = 4;
+  } else {
+    b.push_back(0xcf);
+    bytes = 8;
+  }
+  for (int i = bytes - 1; i >= 0; --i) b.push_back(uint8_t(seq >> (8 * i)));
+  return b;
+}
+
+void TestServer::SetAcking(bool acking) {
+  std::lock_guard<std::mutex> l(mu_);
+  acking_ = acking;
+}
+
+void TestServer::Send(size_t index, const std::vector<uint8_t>& bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (index < fds_.size() && fds_[index] >= 0) {
+    [[maybe_unused]] ssize_t w = send(fds_[index], bytes.data(), bytes.size(),
+                                      MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+}
+
+void TestServer::AckNewFrames(size_t index, size_t first) {
+  Connection& c = conns_[index];
+  for (size_t i = first; i < c.frames.size(); ++i) {
+    const Value& f = c.frames[i].value;
+    if (!f.IsArray() || f.array.size() < 2 || !f.array[0].IsUint()) continue;
+    if (f.array[0].uint == 0 && f.array[1].IsMap()) {
+      const Value* ack = f.array[1].Find("ack");
+      c.ack = ack != nullptr && ack->type == Value::Type::kBool && ack->boolean;
+    } else if (f.array[0].uint == 1 && c.ack && acking_ &&
+               f.array[1].IsUint()) {
+      const std::vector<uint8_t> a = AckFrame(f.array[1].uint);
+      if (send(fds_[index], a.data(), a.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+          ssize_t(a.size())) {
+        c.acked.push_back(f.array[1].uint);
+      }
+    }
+  }
+}
+
 void TestServer::ReadFrom(size_t index) {
   uint8_t buf[64 * 1024];
   const ssize_t n = read(fds_[index], buf, sizeof buf);
@@ -113,10 +167,12 @@ void TestServer::ReadFrom(size_t index) {
     fds_[index] = -1;
   } else {
     c.bytes.insert(c.bytes.end(), buf, buf + n);
+    const size_t first = c.frames.size();
     if (!c.decode_error &&
         !DecodeFrames(c.bytes, &c.decoded_bytes, &c.frames)) {
       c.decode_error = true;
     }
+    AckNewFrames(index, first);
   }
   changed_.notify_all();
 }

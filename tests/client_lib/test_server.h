@@ -27,13 +27,19 @@ using testutil::TempDir;
 
 // What the server saw on one accepted connection.
 struct Connection {
-  std::vector<uint8_t> bytes;  // everything read, in order
-  std::vector<Frame> frames;   // complete frames decoded from `bytes`
-  size_t decoded_bytes = 0;    // bytes covered by `frames`
-  bool decode_error = false;   // `bytes` is not valid msgpack
-  bool eof = false;            // the peer closed (or the server dropped it)
-  bool dropped = false;        // the server closed it (Drop())
+  std::vector<uint8_t> bytes;   // everything read, in order
+  std::vector<Frame> frames;    // complete frames decoded from `bytes`
+  size_t decoded_bytes = 0;     // bytes covered by `frames`
+  bool decode_error = false;    // `bytes` is not valid msgpack
+  bool eof = false;             // the peer closed (or the server dropped it)
+  bool dropped = false;         // the server closed it (Drop())
+  bool ack = false;             // its HELLO asked for ACKs
+  std::vector<uint64_t> acked;  // the seq of every ACK the server wrote
 };
+
+// An ACK frame [3, seq] in the smallest msgpack encoding of seq, written by
+// hand from the msgpack spec.
+std::vector<uint8_t> AckFrame(uint64_t seq);
 
 // Polls a condition until it holds or a timeout passes (testutil/poll.h).
 using testutil::PollUntil;
@@ -70,11 +76,20 @@ class TestServer {
   // every open connection whenever it can: a peer that talks back to a v1
   // client, which never asked it to.
   void SetWriteJunk(bool junk);
+  // While true (the default), the server plays a daemon without a state
+  // directory: it acks every BATCH of a connection whose HELLO had
+  // `ack: true` as soon as it has read it.
+  void SetAcking(bool acking);
+  // Writes `bytes` to connection `index` (what the socket takes at once).
+  void Send(size_t index, const std::vector<uint8_t>& bytes);
 
  private:
   void Run();
   void Wake();
   void ReadFrom(size_t index);
+  // Acks the BATCHes among connection `index`'s frames from `first` on
+  // (mu_ held).
+  void AckNewFrames(size_t index, size_t first);
 
   const std::string path_;
   std::string error_;
@@ -87,6 +102,7 @@ class TestServer {
   std::vector<int> fds_;  // per connection; -1 once closed
   bool reading_ = true;
   bool write_junk_ = false;
+  bool acking_ = true;
   bool stop_ = false;
 
   std::thread thread_;

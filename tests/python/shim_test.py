@@ -513,6 +513,14 @@ class ArgumentChecks(unittest.TestCase):
              dict(model="m", max_lora=-1)),
             (TypeError, r"max_lora must be an int, not bool",
              dict(model="m", max_lora=True)),
+            (TypeError, r"ack must be a bool, not int",
+             dict(model="m", ack=1)),
+            (ValueError, r"replay_bytes = 524287 is outside",
+             dict(model="m", replay_bytes=512 * 1024 - 1)),
+            (ValueError, r"replay_bytes = 1073741825 is outside",
+             dict(model="m", replay_bytes=(1 << 30) + 1)),
+            (TypeError, r"replay_bytes must be an int, not float",
+             dict(model="m", replay_bytes=1e6)),
         ]
         for exc, pattern, kw in cases:
             kw.setdefault("socket_path", sock)
@@ -575,10 +583,14 @@ class ArgumentChecks(unittest.TestCase):
 
 class Recorder:
     """A Unix socket that records every byte one client sends (no daemon):
-    what the library put on the wire, decoded with msgpack."""
+    what the library put on the wire, decoded with msgpack. With ack=True
+    it also plays a daemon without a state directory: every BATCH of a
+    HELLO that asked for ACKs is acked ([3, seq]) as soon as it is read."""
 
-    def __init__(self, path):
+    def __init__(self, path, ack=False):
         self.path = path
+        self.ack = ack
+        self.acked = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(1)
@@ -588,12 +600,23 @@ class Recorder:
 
     def _run(self):
         conn, _ = self.listener.accept()
+        unpacker = msgpack.Unpacker(raw=False)
+        asked = False
         with conn:
             while True:
                 chunk = conn.recv(65536)
                 if not chunk:
                     return
                 self.data += chunk
+                if not self.ack:
+                    continue
+                unpacker.feed(chunk)
+                for frame in unpacker:
+                    if frame[0] == 0:
+                        asked = frame[1].get("ack") is True
+                    elif frame[0] == 1 and asked:
+                        conn.sendall(msgpack.packb([3, frame[1]]))
+                        self.acked.append(frame[1])
 
     def frames(self, timeout=10.0):
         """Every frame, once the client closed the connection."""
@@ -619,6 +642,8 @@ class Protocol11(unittest.TestCase):
         self.addCleanup(self.rec.close)
 
     def client(self, **kw):
+        # The recorder sends no ACKs: close waits that long for them.
+        kw.setdefault("close_timeout", 0.2)
         c = tokenmeter.Client(socket_path=self.rec.path, model="m",
                               flush_interval=0.002, **kw)
         self.addCleanup(c.close)
@@ -649,8 +674,50 @@ class Protocol11(unittest.TestCase):
                          [int, str, float, bool, bool, int, int])
 
     def test_hello_without_the_11_keys(self):
+        # session and ack are sent by every client (ack unless ack=False).
         meta, _ = self.hello_and_events(self.client())
-        self.assertEqual(sorted(meta), ["engine", "model", "pid", "proto"])
+        self.assertEqual(sorted(meta), ["ack", "engine", "model", "pid",
+                                        "proto", "session"])
+        self.assertIs(meta["ack"], True)
+        self.assertIsInstance(meta["session"], int)
+        self.assertNotEqual(meta["session"], 0)
+
+    def test_hello_with_ack_off_has_a_session_and_no_ack(self):
+        meta, _ = self.hello_and_events(self.client(ack=False))
+        self.assertEqual(sorted(meta), ["engine", "model", "pid", "proto",
+                                        "session"])
+
+    def test_each_client_picks_its_own_session(self):
+        first, _ = self.hello_and_events(self.client(ack=False))
+        rec = Recorder(os.path.join(self.dir, "s2"))
+        self.addCleanup(rec.close)
+        c = tokenmeter.Client(socket_path=rec.path, model="m", ack=False)
+        c.close()
+        self.assertNotEqual(rec.frames()[0][1]["session"], first["session"])
+
+    def test_close_waits_for_the_acks(self):
+        rec = Recorder(os.path.join(self.dir, "s2"), ack=True)
+        self.addCleanup(rec.close)
+        c = tokenmeter.Client(socket_path=rec.path, model="m",
+                              flush_interval=0.002, close_timeout=10)
+        for i in range(5):
+            self.assertEqual(c.tokens(i), OK)
+        final = c.close()
+        self.assertEqual(final.events_sent, 5)
+        self.assertEqual(final.events_unacked, 0)
+        self.assertEqual(final.batches_replayed, 0)
+        batches = [f[1] for f in rec.frames() if f[0] == 1]
+        self.assertEqual(rec.acked, batches)
+
+    def test_close_gives_up_on_missing_acks_and_counts_them(self):
+        c = self.client(close_timeout=0.05)
+        for i in range(5):
+            self.assertEqual(c.tokens(i), OK)
+        self.assertTrue(c.flush(5))
+        final = c.close()
+        self.assertEqual(final.events_sent, 5)
+        self.assertEqual(final.events_unacked, 5)
+        self.assertEqual(final.events_dropped, 0)
 
     def test_max_lora_zero_and_an_empty_cache_config(self):
         meta, _ = self.hello_and_events(self.client(max_lora=0,

@@ -47,6 +47,10 @@ struct Options {
   uint32_t flush_interval_ms = 20;
   uint32_t close_timeout_ms = 1000;
   uint32_t max_threads = 64;
+  // Acknowledged delivery and its replay buffer (tm_options_set_ack(),
+  // tm_options_set_replay_bytes()).
+  bool ack = true;
+  size_t replay_bytes = TM_DEFAULT_REPLAY_BYTES;
 };
 
 struct Stats {
@@ -58,6 +62,8 @@ struct Stats {
   uint64_t bytes_sent = 0;
   bool connected = false;
   uint64_t connect_failures = 0;
+  uint64_t batches_replayed = 0;
+  uint64_t events_unacked = 0;
 };
 
 // One request label of Arrived(): (name, value).
@@ -171,6 +177,8 @@ class Client {
       rc = tm_options_set_close_timeout_ms(opts, o.close_timeout_ms);
     }
     if (rc == TM_OK) rc = tm_options_set_max_threads(opts, o.max_threads);
+    if (rc == TM_OK) rc = tm_options_set_ack(opts, o.ack ? 1 : 0);
+    if (rc == TM_OK) rc = tm_options_set_replay_bytes(opts, o.replay_bytes);
     tm_client* c = nullptr;
     if (rc == TM_OK) rc = tm_client_new(opts, &c);
     tm_options_free(opts);
@@ -380,6 +388,8 @@ class Client {
     r.bytes_sent = s[TM_STAT_BYTES_SENT];
     r.connected = s[TM_STAT_CONNECTED] != 0;
     r.connect_failures = s[TM_STAT_CONNECT_FAILURES];
+    r.batches_replayed = s[TM_STAT_BATCHES_REPLAYED];
+    r.events_unacked = s[TM_STAT_EVENTS_UNACKED];
     return r;
   }
   tm_client* c_;

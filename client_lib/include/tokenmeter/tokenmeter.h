@@ -190,6 +190,34 @@ TM_API int tm_options_set_flush_interval_ms(tm_options* opts, uint32_t ms);
 TM_API int tm_options_set_close_timeout_ms(tm_options* opts, uint32_t ms);
 /* Most threads reporting at once. 1 .. 4096. Default 64. */
 TM_API int tm_options_set_max_threads(tm_options* opts, uint32_t n);
+/* Acknowledged delivery (protocol 1.1, docs/protocol.md "Frame type 3:
+ * ACK"): nonzero on (the default), 0 off. On, HELLO carries `ack: true`
+ * and the sender keeps every batch it wrote, in a replay buffer of
+ * tm_options_set_replay_bytes() bytes, until the daemon acks it; after a
+ * reconnect it sends the batches not yet acked again, in order, with their
+ * original seq (a daemon skips those it already applied), then new ones;
+ * tm_client_close() also waits for the ACKs. Past the bound the oldest
+ * batches are dropped from the buffer and their events counted as dropped
+ * (TM_STAT_EVENTS_DROPPED and dropped_total; they were sent once, so they
+ * are also in TM_STAT_EVENTS_SENT). A daemon of protocol 1.0 never acks:
+ * against one, turn ack off, else every batch is dropped from the buffer
+ * once it is full, and each close waits out its timeout. Off, a client
+ * writes each batch once (as protocol 1.0), and any byte the daemon sends
+ * makes it close the connection and reconnect with backoff. Either way
+ * HELLO carries `session`, a random number picked once per client. The
+ * event calls cost the same either way: only the sender thread does the
+ * work. Always TM_OK for a non-NULL `opts`. */
+TM_API int tm_options_set_ack(tm_options* opts, int on);
+/* The replay buffer's size in bytes (ack on): TM_MIN_REPLAY_BYTES (512 KiB,
+ * two of the largest batches) .. TM_MAX_REPLAY_BYTES (1 GiB). Default
+ * TM_DEFAULT_REPLAY_BYTES (4 MiB). tm_client_new() reserves it at once (no
+ * allocation later); its pages become resident as batches are kept, up to
+ * the whole size when the daemon is slow to ack. A batch takes its encoded
+ * events plus 16 bytes, rounded up to 8. Not reserved with ack off. */
+TM_API int tm_options_set_replay_bytes(tm_options* opts, size_t bytes);
+#define TM_MIN_REPLAY_BYTES ((size_t)512 * 1024)
+#define TM_MAX_REPLAY_BYTES ((size_t)1 << 30)
+#define TM_DEFAULT_REPLAY_BYTES ((size_t)4 << 20)
 
 /* ---- client ------------------------------------------------------------ */
 
@@ -202,14 +230,17 @@ typedef struct tm_client tm_client;
 TM_API int tm_client_new(const tm_options* opts, tm_client** out);
 
 /* Stops the client: waits up to the close timeout for every buffered event
- * to be written to the daemon, sends GOODBYE, closes the socket, joins the
- * sender thread and frees the buffers, the thread and the socket. Events
- * still unsent when the wait ends are counted as dropped. If `stats_out` is
- * not NULL, the final counters are written there as by tm_client_stats().
- * NULL client is a no-op (TM_OK). Returns TM_OK when nothing was dropped at
- * close, else TM_E_TIMEOUT; TM_E_CLOSED (doing nothing but the stats) when
- * the client was already closed or another thread is closing it;
- * TM_E_FORKED in the child of a fork() (see "fork()" above).
+ * to be written to the daemon and (ack on, tm_options_set_ack()) for the
+ * daemon's ACK of every batch written, sends GOODBYE, closes the socket,
+ * joins the sender thread and frees the buffers, the thread and the
+ * socket. Events still unsent when the wait ends are counted as dropped;
+ * events written but not yet acked then, as TM_STAT_EVENTS_UNACKED. If
+ * `stats_out` is not NULL, the final counters are written there as by
+ * tm_client_stats(). NULL client is a no-op (TM_OK). Returns TM_OK when
+ * nothing was dropped nor left unacked at close, else TM_E_TIMEOUT; TM_E_CLOSED
+ * (doing nothing but the stats) when the client was already closed or another
+ * thread is closing it; TM_E_FORKED in the child of a fork() (see "fork()"
+ * above).
  *
  * Calls racing the close, and calls after it, are safe. The handle itself
  * is never freed: it stays valid as a tombstone (about 256 bytes, holding
@@ -247,7 +278,8 @@ TM_API int tm_thread_attach(tm_client* client);
 
 /* Counters, indexes into the array tm_client_stats() fills. */
 typedef enum tm_stat {
-  TM_STAT_EVENTS_SENT = 0,      /* events written to the socket */
+  TM_STAT_EVENTS_SENT = 0,      /* events written to the socket (once each,
+                                   when first written: not on a replay) */
   TM_STAT_EVENTS_DROPPED = 1,   /* buffer full, no thread slot, or unsent
                                    when close gave up */
   TM_STAT_EVENTS_REJECTED = 2,  /* invalid arguments (e.g. id > 128 bytes) */
@@ -256,7 +288,12 @@ typedef enum tm_stat {
   TM_STAT_BYTES_SENT = 5,       /* bytes written, all frames */
   TM_STAT_CONNECTED = 6,        /* 1 while connected, else 0 */
   TM_STAT_CONNECT_FAILURES = 7, /* connection attempts that failed */
-  TM_STAT_COUNT = 8
+  TM_STAT_BATCHES_REPLAYED = 8, /* BATCH frames written again after a
+                                   reconnect (ack on; not in BATCHES_SENT) */
+  TM_STAT_EVENTS_UNACKED = 9,   /* written but not acked when close gave up
+                                   waiting (ack on): delivered, maybe not
+                                   durable; not counted as dropped */
+  TM_STAT_COUNT = 10
 } tm_stat;
 
 /* Copies min(n, TM_STAT_COUNT) counters into out[] (indexed by tm_stat).

@@ -49,6 +49,8 @@ class Stats(NamedTuple):
     bytes_sent: int
     connected: int
     connect_failures: int
+    batches_replayed: int
+    events_unacked: int
 
 
 class Client:
@@ -64,7 +66,9 @@ class Client:
                                            "lmdeploy"]] = ...,
                  cache_config: Optional[Mapping[
                      str, Union[str, int, float, bool]]] = ...,
-                 max_lora: Optional[int] = ...) -> None: ...
+                 max_lora: Optional[int] = ...,
+                 ack: Optional[bool] = ...,
+                 replay_bytes: Optional[int] = ...) -> None: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> Stats: ...

@@ -33,6 +33,8 @@ MAX_LABELS = 8           # TM_MAX_HELLO_LABELS
 MAX_STRING_BYTES = 256   # TM_MAX_STRING_BYTES
 MAX_SPEC_POSITIONS = 64  # TM_MAX_SPEC_POSITIONS
 MAX_CACHE_CONFIG = 32    # TM_MAX_CACHE_CONFIG
+_MIN_REPLAY_BYTES = 512 * 1024  # TM_MIN_REPLAY_BYTES
+_MAX_REPLAY_BYTES = 1 << 30     # TM_MAX_REPLAY_BYTES
 MAX_LORA_BYTES = 128     # TM_MAX_LORA_BYTES
 MAX_REQUEST_LABELS = 4   # TM_MAX_REQUEST_LABELS
 MAX_REQUEST_LABEL_VALUE_BYTES = 128  # TM_MAX_REQUEST_LABEL_VALUE_BYTES
@@ -68,6 +70,8 @@ Stats = namedtuple("Stats", [
     "bytes_sent",        # bytes written, all frames
     "connected",         # 1 while connected, else 0
     "connect_failures",  # connection attempts that failed
+    "batches_replayed",  # BATCH frames written again after a reconnect (ack)
+    "events_unacked",    # written but not acked when close gave up (ack)
 ])
 Stats.__doc__ = "Counters of tm_client_stats(), in tm_stat order."
 
@@ -192,7 +196,8 @@ def _seconds_to_ms(name, v, lo, hi):
 def apply_options(o, *, model, engine=None, instance=None, scope=None,
                   labels=None, socket_path=None, buffer_capacity=None,
                   flush_interval=None, close_timeout=None, max_threads=None,
-                  profile=None, cache_config=None, max_lora=None):
+                  profile=None, cache_config=None, max_lora=None,
+                  ack=None, replay_bytes=None):
     """Client(**kw)'s options onto `o` (setters returning status codes);
     raises ValueError / TypeError naming the rule a value breaks."""
     def apply(setter, value, rule):
@@ -251,6 +256,15 @@ def apply_options(o, *, model, engine=None, instance=None, scope=None,
     if max_threads is not None:
         apply(o.set_max_threads, _uint("max_threads", max_threads, 1, 4096),
               "max_threads must be 1 .. 4096")
+    if ack is not None:
+        if not isinstance(ack, bool):
+            raise TypeError(f"ack must be a bool, not {type(ack).__name__}")
+        apply(o.set_ack, int(ack), "ack")
+    if replay_bytes is not None:
+        apply(o.set_replay_bytes,
+              _uint("replay_bytes", replay_bytes, _MIN_REPLAY_BYTES,
+                    _MAX_REPLAY_BYTES),
+              "replay_bytes must be 512 KiB .. 1 GiB")
 
 
 def _uint64s_of_bytes(what, m):

@@ -27,7 +27,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
              "tm_arrived_ex_str", "tm_options_set_profile",
              "tm_options_add_cache_config_str", "tm_options_set_max_lora",
-             "tm_expert_load")
+             "tm_expert_load", "tm_options_set_ack")
 
 
 def _try_load(path):
@@ -133,6 +133,8 @@ _SIGNATURES = {
     "tm_options_set_flush_interval_ms": (_int, [_c.c_void_p, _u32]),
     "tm_options_set_close_timeout_ms": (_int, [_c.c_void_p, _u32]),
     "tm_options_set_max_threads": (_int, [_c.c_void_p, _u32]),
+    "tm_options_set_ack": (_int, [_c.c_void_p, _int]),
+    "tm_options_set_replay_bytes": (_int, [_c.c_void_p, _size]),
     "tm_client_new": (_int, [_c.c_void_p, _c.POINTER(_c.c_void_p)]),
     "tm_client_close": (_int, [_client_p, _ptr, _size]),
     "tm_client_flush": (_int, [_client_p, _u32]),

@@ -603,10 +603,20 @@ static PyObject* Options_set_max_lora(OptionsObject* self, PyObject* a) {
   return PyLong_FromLong(tm_options_set_max_lora(self->o, v));
 }
 
-static PyObject* Options_set_buffer_capacity(OptionsObject* self, PyObject* a) {
+#define TM_SIZE_SETTER(name)                                          \
+  static PyObject* Options_##name(OptionsObject* self, PyObject* a) { \
+    long long v;                                                      \
+    if (IntArg(a, 0, INT64_MAX, &v) != 0) return NULL;                \
+    return PyLong_FromLong(tm_options_##name(self->o, (size_t)v));    \
+  }
+TM_SIZE_SETTER(set_buffer_capacity)
+TM_SIZE_SETTER(set_replay_bytes)
+#undef TM_SIZE_SETTER
+
+static PyObject* Options_set_ack(OptionsObject* self, PyObject* a) {
   long long v;
-  if (IntArg(a, 0, INT64_MAX, &v) != 0) return NULL;
-  return PyLong_FromLong(tm_options_set_buffer_capacity(self->o, (size_t)v));
+  if (IntArg(a, 0, 1, &v) != 0) return NULL;
+  return PyLong_FromLong(tm_options_set_ack(self->o, (int)v));
 }
 
 #define TM_U32_SETTER(name)                                           \
@@ -649,6 +659,8 @@ static PyMethodDef Options_methods[] = {
     {"set_close_timeout_ms", (PyCFunction)Options_set_close_timeout_ms, METH_O,
      NULL},
     {"set_max_threads", (PyCFunction)Options_set_max_threads, METH_O, NULL},
+    {"set_ack", (PyCFunction)Options_set_ack, METH_O, NULL},
+    {"set_replay_bytes", (PyCFunction)Options_set_replay_bytes, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

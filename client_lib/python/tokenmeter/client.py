@@ -94,7 +94,10 @@ class Client:
     adapters served at once. socket_path defaults to
     /run/tokenmeter/ingest.sock. buffer_capacity (events per thread),
     flush_interval and close_timeout (seconds) and max_threads tune the
-    library (tokenmeter.h). Bad values raise ValueError or TypeError naming
+    library (tokenmeter.h). ack (default True) asks the daemon for ACKs
+    and replays unacked batches after a reconnect, keeping at most
+    replay_bytes (default 4 MiB, 512 KiB .. 1 GiB) of them (tokenmeter.h,
+    tm_options_set_ack()); a HELLO always carries a random session. Bad values raise ValueError or TypeError naming
     the rule; the daemon need not be running (the library connects in the
     background and keeps retrying).
 

@@ -1,0 +1,33 @@
+// Decodes what the daemon sends a client that asked for ACKs (protocol
+// 1.1): back-to-back [3, seq] frames, seq a positive fixint or a uint 8, 16,
+// 32 or 64, split across reads anywhere. Anything else is a protocol
+// violation. Sender thread only; no allocation.
+#ifndef TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
+#define TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tokenmeter::client {
+
+class AckDecoder {
+ public:
+  // Feeds `n` inbound bytes. Returns false on bytes that cannot begin or
+  // continue an ACK frame (the decoder is then in an undefined state:
+  // Reset() it with the new connection). Sets *acked to the highest seq of
+  // the frames completed by these bytes and *any to whether there was one.
+  bool Feed(const uint8_t* data, size_t n, uint64_t* acked, bool* any);
+  // Forgets a partial frame (a new connection).
+  void Reset() { have_ = 0; }
+
+  // The longest ACK: fixarray, fixint 3, 0xcf and 8 bytes.
+  static constexpr size_t kMaxFrameBytes = 11;
+
+ private:
+  uint8_t frame_[kMaxFrameBytes] = {};
+  size_t have_ = 0;
+};
+
+}  // namespace tokenmeter::client
+
+#endif  // TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
