@@ -100,6 +100,7 @@ Status Engine::Create(const EngineOptions& o, std::unique_ptr<Engine>* out) {
     co.instance = o.instance;
     co.scope = o.scope;
     co.profile = o.metrics_profile;
+    co.ack = o.metrics_ack;
     // The KV cache's shape under the keys the chosen engine family uses.
     if (o.metrics_profile == "sglang") {
       co.cache_config = {{"page_size", int64_t(o.kv.block_size)},

@@ -51,6 +51,7 @@ Metrics:
   --metrics-socket PATH     tokenmeterd's ingest socket
                             (default /run/tokenmeter/ingest.sock)
   --no-metrics              do not report to tokenmeterd
+  --no-ack                  do not ask tokenmeterd for ACKs (a 1.0 daemon)
   --engine-name NAME        HELLO engine (tokenmeter-engine)
   --model NAME              HELLO model (tokenmeter-<size>)
   --instance ID             HELLO instance (the `engine` label)
@@ -146,6 +147,10 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
     }
     if (flag == "--no-metrics") {
       o->metrics = false;
+      continue;
+    }
+    if (flag == "--no-ack") {
+      o->metrics_ack = false;
       continue;
     }
     if (flag == "--no-prefix-cache") {

@@ -35,6 +35,9 @@ struct EngineOptions {
   uint32_t expert_load_every = 16;
 
   bool metrics = true;
+  // Acknowledged delivery (the library's default); --no-ack for a
+  // protocol 1.0 daemon, which never acks.
+  bool metrics_ack = true;
   std::string metrics_socket;  // default TM_DEFAULT_SOCKET_PATH
   std::string engine_name = "tokenmeter-engine";
   std::string model_name;  // default "tokenmeter-<size>"

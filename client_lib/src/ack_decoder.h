@@ -12,10 +12,11 @@ namespace tokenmeter::client {
 
 class AckDecoder {
  public:
-  // Feeds `n` inbound bytes. Returns false on bytes that cannot begin or
+  // Feeds `n` inbound bytes. Returns false on a byte that cannot begin or
   // continue an ACK frame (the decoder is then in an undefined state:
   // Reset() it with the new connection). Sets *acked to the highest seq of
-  // the frames completed by these bytes and *any to whether there was one.
+  // the frames these bytes completed (before a bad byte, if any) and *any
+  // to whether there was one.
   bool Feed(const uint8_t* data, size_t n, uint64_t* acked, bool* any);
   // Forgets a partial frame (a new connection).
   void Reset() { have_ = 0; }

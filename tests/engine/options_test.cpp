@@ -22,6 +22,7 @@ TEST(OptionsTest, DefaultsMatchTheDocumentedOnes) {
   EXPECT_EQ(o.model_name, "tokenmeter-tiny");
   EXPECT_EQ(o.backend, Backend::kAuto);
   EXPECT_TRUE(o.metrics);
+  EXPECT_TRUE(o.metrics_ack);  // the library's default: acked delivery
   EXPECT_EQ(o.workload.vocab, o.model.vocab);
   EXPECT_EQ(o.workload.lora_adapters, 0u);
   EXPECT_EQ(o.max_lora, 4u);
@@ -126,11 +127,11 @@ TEST(OptionsTest, ParsesTheFixedFlags) {
 
 TEST(OptionsTest, ParsesTheEngineFlags) {
   EngineOptions o;
-  Status s = Parse(
-      {"--model-size", "small", "--kv-blocks", "99", "--block-size", "8",
-       "--shared-prefix", "0.25", "--max-tokens-per-step", "100",
-       "--temperature", "0", "--no-prefix-cache", "--no-metrics", "--quiet"},
-      &o);
+  Status s = Parse({"--model-size", "small", "--kv-blocks", "99",
+                    "--block-size", "8", "--shared-prefix", "0.25",
+                    "--max-tokens-per-step", "100", "--temperature", "0",
+                    "--no-prefix-cache", "--no-metrics", "--no-ack", "--quiet"},
+                   &o);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(o.model.size, "small");
   EXPECT_EQ(o.model_name, "tokenmeter-small");
@@ -141,6 +142,7 @@ TEST(OptionsTest, ParsesTheEngineFlags) {
   EXPECT_EQ(o.temperature, 0.0f);
   EXPECT_FALSE(o.kv.prefix_caching);
   EXPECT_FALSE(o.metrics);
+  EXPECT_FALSE(o.metrics_ack);
   EXPECT_TRUE(o.quiet);
 }
 

@@ -1,0 +1,455 @@
+// Acknowledged delivery (docs/protocol.md, "Frame type 3: ACK"): the ACK
+// decoder and the replay buffer on their own, then the client against a
+// TestServer that acks (or not) like the daemon: batches released once
+// acked, replayed in order with their original seq after a reconnect, the
+// replay bound, close waiting for the last ACK, malformed ACKs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ack_decoder.h"
+#include "client_fixture.h"
+#include "protocol_checks.h"
+#include "replay_buffer.h"
+#include "test_server.h"
+#include "tokenmeter/tokenmeter.h"
+
+namespace tokenmeter::testing {
+namespace {
+
+using client::AckDecoder;
+using client::ReplayBuffer;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// ---- AckDecoder
+// ---------------------------------------------------------------
+
+struct AckCase {
+  const char* name;
+  std::vector<uint8_t> bytes;  // written by hand from the msgpack spec
+  bool ok;
+  bool any;
+  uint64_t acked;
+};
+
+TEST(AckDecoderTest, DecodesAckFramesAndRefusesAnythingElse) {
+  const AckCase kCases[] = {
+      {"fixint 0", {0x92, 0x03, 0x00}, true, true, 0},
+      {"fixint 127", {0x92, 0x03, 0x7f}, true, true, 127},
+      {"uint8", {0x92, 0x03, 0xcc, 0xc8}, true, true, 200},
+      {"uint16", {0x92, 0x03, 0xcd, 0x12, 0x34}, true, true, 0x1234},
+      {"uint32",
+       {0x92, 0x03, 0xce, 0x12, 0x34, 0x56, 0x78},
+       true,
+       true,
+       0x12345678},
+      {"uint64",
+       {0x92, 0x03, 0xcf, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08},
+       true,
+       true,
+       0x0102030405060708},
+      {"a small seq in a wide uint",
+       {0x92, 0x03, 0xcf, 0, 0, 0, 0, 0, 0, 0, 0x05},
+       true,
+       true,
+       5},
+      {"two frames: the highest",
+       {0x92, 0x03, 0x09, 0x92, 0x03, 0x04},
+       true,
+       true,
+       9},
+      {"half a frame", {0x92, 0x03, 0xcd, 0x01}, true, false, 0},
+      {"nothing", {}, true, false, 0},
+      {"not an array of 2", {0x93, 0x03, 0x01, 0x01}, false, false, 0},
+      {"another frame type", {0x92, 0x01, 0x00}, false, false, 0},
+      {"a negative seq", {0x92, 0x03, 0xff}, false, false, 0},
+      {"an int8 seq", {0x92, 0x03, 0xd0, 0x01}, false, false, 0},
+      {"a str seq", {0x92, 0x03, 0xa1, 0x31}, false, false, 0},
+      {"junk", {0xc1}, false, false, 0},
+      {"junk after an ACK", {0x92, 0x03, 0x01, 0xc1}, false, true, 1},
+  };
+  for (const AckCase& tc : kCases) {
+    SCOPED_TRACE(tc.name);
+    AckDecoder d;
+    uint64_t acked = 0;
+    bool any = false;
+    EXPECT_EQ(d.Feed(tc.bytes.data(), tc.bytes.size(), &acked, &any), tc.ok);
+    // What came before a bad byte still counts.
+    EXPECT_EQ(any, tc.any);
+    if (tc.any) {
+      EXPECT_EQ(acked, tc.acked);
+    }
+  }
+}
+
+TEST(AckDecoderTest, DecodesFramesSplitAnywhere) {
+  const std::vector<uint8_t> bytes = {0x92, 0x03, 0xce, 0x00, 0x01,
+                                      0x00, 0x00, 0x92, 0x03, 0x2a};
+  AckDecoder d;
+  std::vector<uint64_t> seen;
+  for (uint8_t b : bytes) {
+    uint64_t acked = 0;
+    bool any = false;
+    ASSERT_TRUE(d.Feed(&b, 1, &acked, &any));
+    if (any) seen.push_back(acked);
+  }
+  EXPECT_EQ(seen, (std::vector<uint64_t>{65536, 42}));
+  // Reset() forgets a partial frame: a new connection starts clean.
+  const uint8_t half[] = {0x92, 0x03, 0xcd};
+  uint64_t acked = 0;
+  bool any = false;
+  ASSERT_TRUE(d.Feed(half, sizeof half, &acked, &any));
+  d.Reset();
+  const uint8_t whole[] = {0x92, 0x03, 0x07};
+  ASSERT_TRUE(d.Feed(whole, sizeof whole, &acked, &any));
+  EXPECT_TRUE(any);
+  EXPECT_EQ(acked, 7u);
+}
+
+// ---- ReplayBuffer
+// -------------------------------------------------------------
+
+std::vector<uint8_t> Body(uint8_t fill, size_t n) {
+  return std::vector<uint8_t>(n, fill);
+}
+
+// The seqs the replay pass visits, from the oldest.
+std::vector<uint64_t> ReplaySeqs(ReplayBuffer& r) {
+  std::vector<uint64_t> seqs;
+  r.Rewind();
+  ReplayBuffer::Entry e;
+  while (r.Current(&e)) {
+    seqs.push_back(e.seq);
+    r.AdvancePast(e.seq);
+  }
+  return seqs;
+}
+
+TEST(ReplayBufferTest, KeepsBatchesUntilReleased) {
+  ReplayBuffer r(1024);
+  const std::vector<uint8_t> a = Body(0xaa, 10);
+  const std::vector<uint8_t> b = Body(0xbb, 20);
+  EXPECT_EQ(r.Push(0, 3, a.data(), a.size()), 0u);
+  EXPECT_EQ(r.Push(1, 5, b.data(), b.size()), 0u);
+  EXPECT_EQ(r.count(), 2u);
+  EXPECT_EQ(r.events(), 8u);
+  r.Rewind();
+  ReplayBuffer::Entry e;
+  ASSERT_TRUE(r.Current(&e));
+  EXPECT_EQ(e.seq, 0u);
+  EXPECT_EQ(e.events, 3u);
+  EXPECT_EQ(std::vector<uint8_t>(e.body, e.body + e.size), a);
+  r.Release(0);
+  EXPECT_EQ(r.count(), 1u);
+  EXPECT_EQ(r.events(), 5u);
+  ASSERT_TRUE(r.Current(&e));  // the cursor moved on with the release
+  EXPECT_EQ(e.seq, 1u);
+  EXPECT_EQ(std::vector<uint8_t>(e.body, e.body + e.size), b);
+  r.Release(7);  // an ACK past everything releases everything
+  EXPECT_TRUE(r.empty());
+  EXPECT_FALSE(r.Current(&e));
+}
+
+TEST(ReplayBufferTest, DropsTheOldestWhenFullAndWrapsAround) {
+  // 16 bytes of header + 48 of body: 64 bytes an entry, four fit.
+  ReplayBuffer r(256);
+  uint64_t dropped = 0;
+  for (uint64_t seq = 0; seq < 10; ++seq) {
+    const std::vector<uint8_t> body = Body(uint8_t(seq), 48);
+    dropped += r.Push(seq, 2, body.data(), body.size());
+    EXPECT_LE(r.count(), 4u);
+  }
+  EXPECT_EQ(dropped, 12u);  // six entries of two events
+  EXPECT_EQ(r.events(), 8u);
+  EXPECT_EQ(ReplaySeqs(r), (std::vector<uint64_t>{6, 7, 8, 9}));
+  // The bodies survived the wrap intact.
+  r.Rewind();
+  ReplayBuffer::Entry e;
+  while (r.Current(&e)) {
+    EXPECT_EQ(std::vector<uint8_t>(e.body, e.body + e.size),
+              Body(uint8_t(e.seq), 48));
+    r.AdvancePast(e.seq);
+  }
+  // Entries of other sizes, odd ones, after partial releases.
+  r.Release(7);
+  for (uint64_t seq = 10; seq < 40; ++seq) {
+    const std::vector<uint8_t> body = Body(uint8_t(seq), 1 + seq % 61);
+    r.Push(seq, 1, body.data(), body.size());
+    if (seq % 3 == 0) r.Release(seq - 2);
+    const std::vector<uint64_t> seqs = ReplaySeqs(r);
+    ASSERT_FALSE(seqs.empty());
+    EXPECT_EQ(seqs.back(), seq);
+    for (size_t i = 1; i < seqs.size(); ++i) {
+      EXPECT_EQ(seqs[i], seqs[i - 1] + 1);
+    }
+  }
+  r.Rewind();
+  while (r.Current(&e)) {
+    EXPECT_EQ(e.size, 1 + e.seq % 61);
+    EXPECT_EQ(std::vector<uint8_t>(e.body, e.body + e.size),
+              Body(uint8_t(e.seq), e.size));
+    r.AdvancePast(e.seq);
+  }
+}
+
+TEST(ReplayBufferTest, DoesNotKeepABatchLargerThanItself) {
+  ReplayBuffer r(64);
+  const std::vector<uint8_t> big = Body(1, 64);
+  EXPECT_EQ(r.Push(0, 9, big.data(), big.size()), 9u);
+  EXPECT_TRUE(r.empty());
+}
+
+TEST(ReplayBufferTest, APushDuringThePassIsNotPartOfIt) {
+  ReplayBuffer r(1024);
+  const std::vector<uint8_t> b = Body(1, 8);
+  r.Push(0, 1, b.data(), b.size());
+  r.Rewind();
+  r.Push(1, 1, b.data(), b.size());
+  ReplayBuffer::Entry e;
+  ASSERT_TRUE(r.Current(&e));
+  EXPECT_EQ(e.seq, 0u);
+  r.AdvancePast(0);
+  EXPECT_FALSE(r.Current(&e));
+  EXPECT_EQ(r.count(), 2u);
+}
+
+// ---- the client against a server that acks ------------------------------
+
+class AckTest : public ClientFixture {
+ protected:
+  // A flush interval longer than any test: the sender drains the buffers
+  // only when asked (PushBatch()'s flush), so each batch is exactly what
+  // one PushBatch() appended.
+  OptionsPtr AckOptions(uint32_t close_timeout_ms = 5000) const {
+    OptionsPtr opts = DefaultOptions();
+    EXPECT_EQ(tm_options_set_flush_interval_ms(opts.get(), 10000), TM_OK);
+    EXPECT_EQ(tm_options_set_close_timeout_ms(opts.get(), close_timeout_ms),
+              TM_OK);
+    return opts;
+  }
+
+  // One batch of `n` events per call: they are appended, then flushed.
+  void PushBatch(uint32_t n, uint32_t first) {
+    for (uint32_t i = 0; i < n; ++i) {
+      ASSERT_EQ(tm_tokens(client_, 1000 + first + i, 1, first + i), TM_OK);
+    }
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+
+  static std::vector<uint64_t> SeqsOf(const Connection& c) {
+    std::vector<uint64_t> seqs;
+    for (const Frame* b : BatchesOf(c)) seqs.push_back(b->value.array[1].uint);
+    return seqs;
+  }
+};
+
+TEST_F(AckTest, ReleasesAckedBatchesAndClosesAtOnce) {
+  StartServer();
+  NewClient(AckOptions().get());
+  PushBatch(3, 1);
+  PushBatch(2, 4);
+  const Clock::time_point start = Clock::now();
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  EXPECT_LT(Clock::now() - start, milliseconds(2000));
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  EXPECT_TRUE(conns[0].ack);
+  EXPECT_EQ(SeqsOf(conns[0]), (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(conns[0].acked, (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(conns[0].frames.back().value.ToString(), "[2]");
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 5u);
+  EXPECT_EQ(s[TM_STAT_BATCHES_SENT], 2u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+}
+
+TEST_F(AckTest, ReplaysUnackedBatchesInOrderWithTheirSeqAfterReconnect) {
+  StartServer();
+  server_->SetAcking(false);
+  NewClient(AckOptions().get());
+  PushBatch(3, 1);  // seq 0
+  PushBatch(2, 4);  // seq 1
+  ASSERT_TRUE(WaitForEvents(5));
+  server_->SetAcking(true);  // from the next connection's batches on
+  server_->Drop(0);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && CountEvents({c[1]}) >= 5;
+  }));
+  PushBatch(1, 6);  // seq 2
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  ASSERT_TRUE(WaitForEof(1));
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 2u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  ASSERT_TRUE(IsWellFormed(conns[1]));
+  EXPECT_TRUE(conns[0].acked.empty());
+  // HELLO with the same session, the two unacked batches again, in order
+  // and with their seq, then the new one.
+  const Value* s0 = conns[0].frames[0].value.array[1].Find("session");
+  const Value* s1 = conns[1].frames[0].value.array[1].Find("session");
+  ASSERT_TRUE(s0 != nullptr && s1 != nullptr);
+  EXPECT_EQ(s0->uint, s1->uint);
+  EXPECT_EQ(SeqsOf(conns[0]), (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(SeqsOf(conns[1]), (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(EventsOf(conns[1]).size(), 6u);
+  const std::vector<Value> first = EventsOf(conns[0]);
+  const std::vector<Value> again = EventsOf(conns[1]);
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(again[i].ToString(), first[i].ToString()) << "event " << i;
+  }
+  EXPECT_EQ(conns[1].acked, (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 2u);
+  EXPECT_EQ(s[TM_STAT_BATCHES_SENT], 3u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 6u);  // once each, not on the replay
+  EXPECT_EQ(s[TM_STAT_RECONNECTS], 1u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+}
+
+TEST_F(AckTest, ReplayBoundDropsTheOldestBatchesAndCountsTheirEvents) {
+  StartServer();
+  server_->SetAcking(false);
+  OptionsPtr opts = AckOptions();
+  ASSERT_EQ(tm_options_set_replay_bytes(opts.get(), TM_MIN_REPLAY_BYTES),
+            TM_OK);
+  NewClient(opts.get());
+  // Six batches of 1000 events with 120-byte ids: about 130 KB each, so
+  // the 512 KiB bound keeps the newest three.
+  constexpr uint32_t kPerBatch = 1000;
+  constexpr uint64_t kBatches = 6;
+  const std::string id(120, 'r');
+  for (uint64_t b = 0; b < kBatches; ++b) {
+    for (uint32_t i = 0; i < kPerBatch; ++i) {
+      ASSERT_EQ(tm_tokens_str(client_, 1000 + i, id.data(), id.size(), 1),
+                TM_OK);
+    }
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+  ASSERT_TRUE(WaitForEvents(kBatches * kPerBatch));
+  const StatsArray before = Stats();
+  server_->SetAcking(true);
+  server_->Drop(0);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && c[1].acked.size() >= 1 &&
+           c[1].acked.back() == kBatches - 1;
+  }));
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(SeqsOf(conns[0]), (std::vector<uint64_t>{0, 1, 2, 3, 4, 5}));
+  const std::vector<uint64_t> replayed = SeqsOf(conns[1]);
+  ASSERT_TRUE(IsWellFormed(conns[1]));
+  ASSERT_FALSE(replayed.empty());
+  // The newest batches, consecutive up to the last one; the older ones were
+  // dropped from the buffer, their events counted.
+  const uint64_t kept = replayed.size();
+  const uint64_t lost = kBatches - kept;
+  EXPECT_EQ(replayed.front(), lost);
+  EXPECT_EQ(replayed.back(), kBatches - 1);
+  EXPECT_GE(lost, 2u);
+  EXPECT_LE(lost, 3u);
+  const size_t body = BatchesOf(conns[0])[0]->raw.size();
+  EXPECT_LE(kept * body, TM_MIN_REPLAY_BYTES);
+  EXPECT_EQ(before[TM_STAT_EVENTS_DROPPED], lost * kPerBatch);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], lost * kPerBatch);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], kBatches * kPerBatch);
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], kept);
+  // The replays carry the dropped_total of now.
+  for (const Frame* b : BatchesOf(conns[1])) {
+    EXPECT_EQ(b->value.array[2].uint, lost * kPerBatch);
+  }
+}
+
+TEST_F(AckTest, CloseWaitsForTheLastAck) {
+  StartServer();
+  server_->SetAcking(false);
+  NewClient(AckOptions(5000).get());
+  PushBatch(2, 1);
+  PushBatch(2, 3);
+  ASSERT_TRUE(WaitForEvents(4));
+  // The daemon acks both batches only 300 ms later (as after a snapshot):
+  // one ACK for the last covers both.
+  std::thread acker([this] {
+    std::this_thread::sleep_for(milliseconds(300));
+    server_->Send(0, AckFrame(1));
+  });
+  const Clock::time_point start = Clock::now();
+  StatsArray s;
+  const int rc = CloseClient(&s);
+  const auto took = Clock::now() - start;
+  acker.join();
+  EXPECT_EQ(rc, TM_OK);
+  EXPECT_GE(took, milliseconds(290));
+  EXPECT_LT(took, milliseconds(4000));
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(server_->Snapshot()[0].frames.back().value.ToString(), "[2]");
+}
+
+TEST_F(AckTest, CloseGivesUpAtItsTimeoutAndCountsTheUnackedEvents) {
+  StartServer();
+  server_->SetAcking(false);
+  NewClient(AckOptions(300).get());
+  PushBatch(3, 1);
+  PushBatch(2, 4);
+  const Clock::time_point start = Clock::now();
+  StatsArray s;
+  EXPECT_EQ(CloseClient(&s), TM_E_TIMEOUT);
+  EXPECT_GE(Clock::now() - start, milliseconds(290));
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 5u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 5u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);  // delivered, not dropped
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  EXPECT_EQ(conns[0].frames.back().value.ToString(), "[2]");
+}
+
+TEST_F(AckTest, PartialAckReleasesOnlyWhatItCovers) {
+  StartServer();
+  server_->SetAcking(false);
+  NewClient(AckOptions(300).get());
+  PushBatch(3, 1);  // seq 0
+  PushBatch(2, 4);  // seq 1
+  ASSERT_TRUE(WaitForEvents(5));
+  server_->Send(0, AckFrame(0));
+  StatsArray s;
+  EXPECT_EQ(CloseClient(&s), TM_E_TIMEOUT);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 2u);  // seq 1's
+}
+
+TEST_F(AckTest, AMalformedAckClosesTheConnectionAndTheClientReconnects) {
+  StartServer();
+  NewClient(AckOptions().get());
+  PushBatch(1, 1);
+  ASSERT_TRUE(WaitForEvents(1));
+  server_->Send(0, {0x92, 0x03, 0xff});  // [3, -1]
+  ASSERT_TRUE(WaitForEof(0));
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && !c[1].frames.empty();
+  }));
+  PushBatch(1, 2);
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 2u);
+  ASSERT_TRUE(IsWellFormed(conns[1]));
+  EXPECT_EQ(SeqsOf(conns[1]), (std::vector<uint64_t>{1}));  // 0 was acked
+  EXPECT_EQ(s[TM_STAT_RECONNECTS], 1u);
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 0u);
+}
+
+}  // namespace
+}  // namespace tokenmeter::testing
