@@ -21,6 +21,7 @@ TOKENMETER_BACKEND. The daemon harness is tests/testutil.
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -579,6 +580,54 @@ class ArgumentChecks(unittest.TestCase):
         os.close(r)
         os.waitpid(pid, 0)
         self.assertEqual(self.c.tokens(1), OK)
+
+
+class AckDelivery(DaemonTest):
+    """Acknowledged delivery (the default) against the real daemon."""
+
+    def test_close_returns_once_the_daemon_acked_everything(self):
+        c = self.client(close_timeout=10)
+        for i in range(1, 4):
+            self.assertEqual(c.tokens(1, i), OK)
+            self.assertTrue(c.flush(5))
+        final = c.close()
+        self.assertEqual(final.events_sent, 3)
+        self.assertEqual(final.events_unacked, 0)
+        self.assertEqual(final.batches_replayed, 0)
+        self.assertEqual(final.events_dropped, 0)
+        self.wait("generation_tokens_total", 6)
+        self.assertEqual(self.d.samples().sum(
+            "tokenmeter_ingest_duplicate_batches_total"), 0)
+
+    def test_batches_a_killed_daemon_never_applied_are_sent_again(self):
+        c = self.client(close_timeout=10)
+        self.assertEqual(c.tokens(1, 1), OK)
+        self.assertTrue(c.flush(5))
+        self.wait("generation_tokens_total", 1)
+        # The daemon stops reading, the client writes one more batch into
+        # the socket, and the daemon dies without having applied it.
+        os.kill(self.d.proc.pid, signal.SIGSTOP)
+        self.assertEqual(c.tokens(1, 2), OK)
+        self.assertEqual(c.tokens(1, 3), OK)
+        self.assertTrue(c.flush(5))
+        self.d.kill()
+        d2 = tu.Daemon("--log-interval", "0", ingest=self.d.sock).start()
+        self.addCleanup(d2.cleanup)
+        self.addCleanup(d2.stop)
+        name = "py_shim:generation_tokens_total"
+        tu.poll_until(lambda: (d2.value(name, model_name="m", engine="i0")
+                               or 0) >= 5, what="the replayed tokens")
+        final = c.close()
+        self.assertEqual(final.events_sent, 3)  # once each
+        self.assertEqual(final.events_unacked, 0)
+        self.assertEqual(final.events_dropped, 0)
+        self.assertGreaterEqual(final.reconnects, 1)
+        # The second batch always; the first too if its ACK had not been
+        # read when the daemon stopped.
+        self.assertIn(final.batches_replayed, (1, 2))
+        expected = 5 if final.batches_replayed == 1 else 6
+        self.assertEqual(d2.value(name, model_name="m", engine="i0"),
+                         expected)
 
 
 class Recorder:
