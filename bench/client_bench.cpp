@@ -10,6 +10,12 @@
 //       resolved once outside the loop (22 TTFT buckets), at 1 and 2 threads
 //       (both threads on the same child, as an engine would share it).
 //   clock_gettime_monotonic, mutex_lock_unlock   reference points.
+//   tm_tokens/caller_ts/ack_off, tm_arrived/caller_ts/ack_off   the same
+//       calls on a second client with acknowledged delivery off
+//       (tm_options_set_ack(opts, 0)); every other tm_* case uses the
+//       default, ack on, against a sink that acks each BATCH like the
+//       daemon. The ack path is the sender thread's: the pair shows that it
+//       adds nothing to an event call.
 //
 // Honesty of the tm_* cases: a producer at ~10 ns per call outruns the
 // sender thread, and a full ring turns every call into the "drop"
@@ -19,12 +25,14 @@
 // or rejected and that every call made was sent; a run that fails the check
 // is reported as an error, not as a figure.
 #include <benchmark/benchmark.h>
+#include <msgpack.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -32,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -55,8 +64,9 @@ constexpr int kChunk = 4096;
 constexpr uint32_t kFlushTimeoutMs = 10000;
 
 // Stands in for tokenmeterd: accepts connections on a Unix socket in a fresh
-// temporary directory and reads and discards every byte. Owns its thread,
-// its sockets and the directory.
+// temporary directory, reads every byte and, on a connection whose HELLO
+// asked for ACKs, acks the BATCHes it read ([3, seq], as a daemon without a
+// state directory does). Owns its thread, its sockets and the directory.
 class SinkServer {
  public:
   SinkServer() = default;
@@ -123,7 +133,10 @@ class SinkServer {
       if (fds[0].revents != 0) break;
       if (fds[1].revents & POLLIN) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+        if (fd >= 0) {
+          fds.push_back({fd, POLLIN, 0});
+          conns_.push_back(std::make_unique<Conn>());
+        }
       }
       for (size_t i = 2; i < fds.size();) {
         bool closed = false;
@@ -131,6 +144,7 @@ class SinkServer {
           const ssize_t r = read(fds[i].fd, buf.data(), buf.size());
           if (r > 0) {
             bytes_.fetch_add(uint64_t(r), std::memory_order_relaxed);
+            closed = !conns_[i - 2]->Feed(fds[i].fd, buf.data(), size_t(r));
           } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
             closed = true;
           }
@@ -138,13 +152,145 @@ class SinkServer {
         if (closed) {
           close(fds[i].fd);
           fds.erase(fds.begin() + long(i));
+          conns_.erase(conns_.begin() + long(i - 2));
         } else {
           ++i;
         }
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) close(fds[i].fd);
+    conns_.clear();
   }
+
+  // One connection's frames, found as they arrive by a msgpack walker that
+  // skips over the events (it builds nothing: decoding them into objects
+  // would cost the sink more than the client spends making them), and the
+  // ACKs they call for. Every connection is walked alike, acked or not.
+  class Conn {
+   public:
+    // Walks the bytes read from `fd` and acks the last BATCH among them.
+    // False when they are not msgpack (the sink then drops the connection).
+    bool Feed(int fd, const char* data, size_t n) {
+      pending_.insert(pending_.end(), data, data + n);
+      const uint8_t* p = pending_.data();
+      const uint8_t* const end = p + pending_.size();
+      uint64_t acked = 0;
+      bool any = false;
+      for (;;) {
+        const uint8_t* next = Skip(p, end);
+        if (next == kBad) return false;
+        if (next == nullptr) break;  // incomplete: wait for more
+        // [0, meta] or [1, seq, ...]: a fixarray, a fixint type.
+        if (next - p >= 3 && (p[0] & 0xf0) == 0x90) {
+          if (p[1] == 0 && Contains(p, next, kAckTrue)) ack_ = true;
+          if (p[1] == 1 && ack_) {
+            const uint8_t* q = p + 2;
+            if (ReadUint(&q, next, &acked)) any = true;
+          }
+        }
+        p = next;
+      }
+      pending_.erase(pending_.begin(),
+                     pending_.begin() + (p - pending_.data()));
+      if (any) {
+        uint8_t frame[11] = {0x92, 0x03, 0xcf};  // [3, seq as a uint64]
+        for (int k = 0; k < 8; ++k) {
+          frame[3 + k] = uint8_t(acked >> (56 - 8 * k));
+        }
+        // 11 bytes to a socket the client keeps reading: they fit.
+        [[maybe_unused]] ssize_t w =
+            send(fd, frame, sizeof frame, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      return true;
+    }
+
+   private:
+    static inline const uint8_t* const kBad =
+        reinterpret_cast<const uint8_t*>(uintptr_t{1});
+    // "ack": true, as the library encodes it.
+    static constexpr uint8_t kAckTrue[] = {0xa3, 'a', 'c', 'k', 0xc3};
+
+    static bool Contains(const uint8_t* b, const uint8_t* e,
+                         const uint8_t (&pat)[5]) {
+      return std::search(b, e, std::begin(pat), std::end(pat)) != e;
+    }
+
+    static uint64_t BigEndian(const uint8_t* p, int n) {
+      uint64_t v = 0;
+      for (int k = 0; k < n; ++k) v = v << 8 | p[k];
+      return v;
+    }
+
+    static bool ReadUint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
+      if (*p >= end) return false;
+      const uint8_t t = **p;
+      const int n = t <= 0x7f                ? 0
+                    : t >= 0xcc && t <= 0xcf ? 1 << (t - 0xcc)
+                                             : -1;
+      if (n < 0 || end - *p < 1 + n) return false;
+      *v = n == 0 ? t : BigEndian(*p + 1, n);
+      *p += 1 + n;
+      return true;
+    }
+
+    // Past the object at p; nullptr when it does not end before `end`;
+    // kBad when it is not msgpack.
+    static const uint8_t* Skip(const uint8_t* p, const uint8_t* end) {
+      if (p >= end) return nullptr;
+      const uint8_t t = *p++;
+      uint64_t items = 0;  // nested objects that follow
+      size_t bytes = 0;    // raw bytes that follow
+      if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) {
+        return p;
+      } else if (t <= 0x8f) {
+        items = 2 * uint64_t(t & 0x0f);
+      } else if (t <= 0x9f) {
+        items = t & 0x0f;
+      } else if (t <= 0xbf) {
+        bytes = t & 0x1f;
+      } else if (t == 0xc1) {
+        return kBad;
+      } else {
+        // Widths of the length (or of the value) of the other formats.
+        static constexpr int8_t kLen[] = {
+            1,  2,  4,            // c4-c6 bin
+            1,  2,  4,            // c7-c9 ext (+1 type byte)
+            -4, -8,               // ca-cb float
+            -1, -2, -4, -8,       // cc-cf uint
+            -1, -2, -4, -8,       // d0-d3 int
+            -2, -3, -5, -9, -17,  // d4-d8 fixext (type + data)
+            1,  2,  4,            // d9-db str
+            2,  4,                // dc-dd array
+            2,  4};               // de-df map
+        const int w = kLen[t - 0xc4];
+        if (w < 0) {
+          bytes = size_t(-w);
+        } else {
+          if (end - p < w) return nullptr;
+          const uint64_t len = BigEndian(p, w);
+          p += w;
+          if (t >= 0xdc && t <= 0xdd) {
+            items = len;
+          } else if (t >= 0xde) {
+            items = 2 * len;
+          } else {
+            bytes = size_t(len) + (t >= 0xc7 && t <= 0xc9 ? 1 : 0);
+          }
+        }
+      }
+      if (size_t(end - p) < bytes) return nullptr;
+      p += bytes;
+      for (uint64_t k = 0; k < items; ++k) {
+        p = Skip(p, end);
+        if (p == nullptr || p == kBad) return p;
+      }
+      return p;
+    }
+
+    std::vector<uint8_t> pending_;  // an incomplete frame's bytes
+    bool ack_ = false;
+  };
+  std::vector<std::unique_ptr<Conn>> conns_;  // conns_[i] is fds[i + 2]'s
 
   std::string dir_;
   std::string path_;
@@ -280,6 +426,33 @@ bool WaitConnected(const tm_client* c) {
   return false;
 }
 
+// A client of the sink, connected; nullptr (with a line on stderr) if not.
+tm_client* NewClient(const std::string& path, bool ack) {
+  tm_options* opts = tm_options_new();
+  if (opts == nullptr ||
+      tm_options_set_socket_path(opts, path.c_str()) != TM_OK ||
+      tm_options_set_engine(opts, "bench") != TM_OK ||
+      tm_options_set_model(opts, "bench-model") != TM_OK ||
+      tm_options_set_ack(opts, ack ? 1 : 0) != TM_OK) {
+    std::fprintf(stderr, "client_bench: setting options failed\n");
+    tm_options_free(opts);
+    return nullptr;
+  }
+  tm_client* c = nullptr;
+  const int rc = tm_client_new(opts, &c);
+  tm_options_free(opts);
+  if (rc != TM_OK) {
+    std::fprintf(stderr, "client_bench: tm_client_new: %s\n", tm_strerror(rc));
+    return nullptr;
+  }
+  if (!WaitConnected(c)) {
+    std::fprintf(stderr, "client_bench: client did not connect to the sink\n");
+    tm_client_close(c, nullptr, 0);
+    return nullptr;
+  }
+  return c;
+}
+
 int Main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
@@ -287,24 +460,12 @@ int Main(int argc, char** argv) {
   SinkServer sink;
   if (!sink.Start()) return 1;
 
-  tm_options* opts = tm_options_new();
-  if (opts == nullptr ||
-      tm_options_set_socket_path(opts, sink.path().c_str()) != TM_OK ||
-      tm_options_set_engine(opts, "bench") != TM_OK ||
-      tm_options_set_model(opts, "bench-model") != TM_OK) {
-    std::fprintf(stderr, "client_bench: setting options failed\n");
-    return 1;
-  }
-  tm_client* c = nullptr;
-  int rc = tm_client_new(opts, &c);
-  tm_options_free(opts);
-  if (rc != TM_OK) {
-    std::fprintf(stderr, "client_bench: tm_client_new: %s\n", tm_strerror(rc));
-    return 1;
-  }
-  if (!WaitConnected(c)) {
-    std::fprintf(stderr, "client_bench: client did not connect to the sink\n");
+  // `c`: the library's defaults (ack on); `c_no_ack`: ack off.
+  tm_client* c = NewClient(sink.path(), true);
+  tm_client* c_no_ack = NewClient(sink.path(), false);
+  if (c == nullptr || c_no_ack == nullptr) {
     tm_client_close(c, nullptr, 0);
+    tm_client_close(c_no_ack, nullptr, 0);
     return 1;
   }
 
@@ -316,6 +477,12 @@ int Main(int argc, char** argv) {
     benchmark::RegisterBenchmark("tm_arrived/caller_ts", ArrivedCallerTs, c)
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_arrived/now", ArrivedNow, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_tokens/caller_ts/ack_off", TokensCallerTs,
+                                 c_no_ack)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_arrived/caller_ts/ack_off",
+                                 ArrivedCallerTs, c_no_ack)
         ->Threads(threads);
   }
   benchmark::RegisterBenchmark("tm_expert_load/256/caller_ts",
@@ -345,12 +512,17 @@ int Main(int argc, char** argv) {
   benchmark::Shutdown();
 
   uint64_t final_stats[TM_STAT_COUNT] = {};
-  rc = tm_client_close(c, final_stats, TM_STAT_COUNT);
+  const int rc = tm_client_close(c, final_stats, TM_STAT_COUNT);
+  uint64_t no_ack_stats[TM_STAT_COUNT] = {};
+  const int rc_no_ack = tm_client_close(c_no_ack, no_ack_stats, TM_STAT_COUNT);
   sink.Stop();
-  if (rc != TM_OK || final_stats[TM_STAT_EVENTS_DROPPED] != 0) {
+  const uint64_t dropped = final_stats[TM_STAT_EVENTS_DROPPED] +
+                           no_ack_stats[TM_STAT_EVENTS_DROPPED];
+  if (rc != TM_OK || rc_no_ack != TM_OK || dropped != 0) {
     std::fprintf(
-        stderr, "client_bench: %llu events dropped in total\n",
-        static_cast<unsigned long long>(final_stats[TM_STAT_EVENTS_DROPPED]));
+        stderr, "client_bench: %llu events dropped in total, %llu unacked\n",
+        static_cast<unsigned long long>(dropped),
+        static_cast<unsigned long long>(final_stats[TM_STAT_EVENTS_UNACKED]));
     return 1;
   }
   return 0;

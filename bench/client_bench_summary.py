@@ -27,6 +27,8 @@ ROWS = [
     ("tm_tokens/now", "tm_tokens, t_ns = 0 (now)"),
     ("tm_arrived/caller_ts", "tm_arrived, caller t_ns"),
     ("tm_arrived/now", "tm_arrived, t_ns = 0 (now)"),
+    ("tm_tokens/caller_ts/ack_off", "tm_tokens, caller t_ns, ack off"),
+    ("tm_arrived/caller_ts/ack_off", "tm_arrived, caller t_ns, ack off"),
     ("prometheus_observe", "prometheus-cpp Histogram::Observe"),
     ("clock_gettime_monotonic", "clock_gettime(CLOCK_MONOTONIC)"),
     ("mutex_lock_unlock", "std::mutex lock+unlock, uncontended"),
