@@ -15,7 +15,7 @@
 //
 // Usage: tokenmeter-loadgen --socket PATH [--rate N] [--duration S]
 //          [--threads N] [--buffer EVENTS] [--model NAME] [--instance ID]
-//          [--close-timeout-ms MS] [--flush-ms MS]
+//          [--close-timeout-ms MS] [--flush-ms MS] [--ack on|off]
 #include <time.h>
 
 #include <atomic>
@@ -44,6 +44,7 @@ struct Args {
   std::string instance = "0";
   uint32_t close_timeout_ms = 5000;
   uint32_t flush_ms = 20;
+  bool ack = true;  // the library's default
 };
 
 [[noreturn]] void Usage(const char* why) {
@@ -51,7 +52,8 @@ struct Args {
                "tokenmeter-loadgen: %s\n"
                "usage: tokenmeter-loadgen --socket PATH [--rate EVENTS_PER_S] "
                "[--duration S] [--threads N] [--buffer EVENTS] [--model NAME] "
-               "[--instance ID] [--close-timeout-ms MS] [--flush-ms MS]\n",
+               "[--instance ID] [--close-timeout-ms MS] [--flush-ms MS] "
+               "[--ack on|off]\n",
                why);
   std::exit(2);
 }
@@ -88,6 +90,11 @@ Args Parse(int argc, char** argv) {
       a.instance = v;
     } else if (f == "--flush-ms") {
       a.flush_ms = uint32_t(Number("--flush-ms", v, 1, 10000));
+    } else if (f == "--ack") {
+      if (std::strcmp(v, "on") != 0 && std::strcmp(v, "off") != 0) {
+        Usage("--ack wants on or off");
+      }
+      a.ack = std::strcmp(v, "on") == 0;
     } else if (f == "--close-timeout-ms") {
       a.close_timeout_ms = uint32_t(Number("--close-timeout-ms", v, 0, 6e5));
     } else {
@@ -168,6 +175,7 @@ int main(int argc, char** argv) {
   o.buffer_capacity = a.buffer;
   o.close_timeout_ms = a.close_timeout_ms;
   o.flush_interval_ms = a.flush_ms;
+  o.ack = a.ack;
   std::unique_ptr<tokenmeter::Client> client;
   const int rc = tokenmeter::Client::Create(o, &client);
   if (rc != TM_OK) {
@@ -191,12 +199,13 @@ int main(int argc, char** argv) {
       "{\"appended\": %llu, \"refused_full\": %llu, \"rejected\": %llu, "
       "\"duration_s\": %.3f, \"events_sent\": %llu, \"events_dropped\": "
       "%llu, \"reconnects\": %llu, \"batches_sent\": %llu, \"bytes_sent\": "
-      "%llu}\n",
+      "%llu, \"batches_replayed\": %llu, \"events_unacked\": %llu}\n",
       (unsigned long long)counts.ok.load(),
       (unsigned long long)counts.dropped.load(),
       (unsigned long long)counts.other.load(), elapsed,
       (unsigned long long)s.events_sent, (unsigned long long)s.events_dropped,
       (unsigned long long)s.reconnects, (unsigned long long)s.batches_sent,
-      (unsigned long long)s.bytes_sent);
+      (unsigned long long)s.bytes_sent, (unsigned long long)s.batches_replayed,
+      (unsigned long long)s.events_unacked);
   return counts.other.load() == 0 ? 0 : 1;
 }
