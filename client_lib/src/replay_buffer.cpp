@@ -23,7 +23,7 @@ ReplayBuffer::ReplayBuffer(size_t capacity)
       lap_end_(cap_) {}
 
 ReplayBuffer::Entry ReplayBuffer::At(size_t off) const {
-  Header h;
+  Header h{};
   std::memcpy(&h, buf_.get() + off, sizeof h);
   return Entry{h.seq, h.events, buf_.get() + off + sizeof h, h.size};
 }
