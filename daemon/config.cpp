@@ -32,6 +32,15 @@ them as Prometheus metrics.
                              exporter-toolkit web configuration file
                              (tls_server_config, basic_auth_users)
   --log-interval SECONDS     summary-line period, 0 disables (default 10)
+  --state-dir DIR            keep counters, histograms and requests in flight
+                             across restarts: snapshots written there
+                             (default: none)
+  --snapshot-interval SECONDS
+                             snapshot period with --state-dir, 0.01 to 3600
+                             (default 1)
+  --boot-id-file PATH        names this boot; a snapshot of another boot is
+                             set aside (default
+                             /proc/sys/kernel/random/boot_id)
   --namespace NAME           metric namespace for every engine (default: the
                              engine name each engine sends)
   --profile NAME             naming profile of engines that do not choose one:
@@ -206,6 +215,30 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          if (v.empty()) return Status::Error("--web-config: empty path");
          c->web_config = v;
+         return Status::Ok();
+       }},
+      {"state-dir",
+       [](std::string_view v, Config* c) {
+         if (v.empty()) return Status::Error("--state-dir: empty path");
+         c->state_dir = v;
+         return Status::Ok();
+       }},
+      {"snapshot-interval",
+       [](std::string_view v, Config* c) {
+         uint64_t ns = 0;
+         Status s = ParseSecondsNs("snapshot-interval", v, 0, &ns);
+         if (!s.ok() || ns < 10'000'000 || ns > 3'600'000'000'000) {
+           return Status::Error("--snapshot-interval: \"" + std::string(v) +
+                                "\" is not a number of seconds from 0.01 to "
+                                "3600");
+         }
+         c->snapshot_interval_ns = ns;
+         return Status::Ok();
+       }},
+      {"boot-id-file",
+       [](std::string_view v, Config* c) {
+         if (v.empty()) return Status::Error("--boot-id-file: empty path");
+         c->boot_id_file = v;
          return Status::Ok();
        }},
       {"log-interval",

@@ -35,6 +35,13 @@ struct Config {
   // "ready http=HOST:PORT ingest=PATH\n", to this descriptor and closes
   // it. -1: none.
   int ready_fd = -1;
+  // --state-dir DIR: state snapshots (daemon/state/snapshot.h) written
+  // every --snapshot-interval and at stop, loaded at start. Empty: none.
+  std::string state_dir;
+  uint64_t snapshot_interval_ns = 1'000'000'000;
+  // --boot-id-file: the file whose contents name this boot (a snapshot of
+  // another boot is set aside).
+  std::string boot_id_file = "/proc/sys/kernel/random/boot_id";
   bool show_version = false;
   bool show_help = false;
 };

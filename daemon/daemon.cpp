@@ -78,6 +78,13 @@ class Daemon::SelfCollector : public Collector {
       case kHttpConnectionsRejected:
         w.Sample(none, d_.http_->connections_rejected());
         break;
+      case kStateSnapshots:
+        w.Sample(none.WithOwn("result", "ok"), d_.snapshots_ok_);
+        w.Sample(none.WithOwn("result", "error"), d_.snapshots_error_);
+        break;
+      case kStateRestored:
+        w.Sample(none, uint64_t{d_.restored_ ? 1u : 0u});
+        break;
       default:
         break;
     }
@@ -85,16 +92,51 @@ class Daemon::SelfCollector : public Collector {
 
  private:
   static constexpr DaemonMetric kOwned[] = {
-      kBuildInfo, kScrapeDuration, kHttpResponses, kHttpConnectionsRejected};
+      kBuildInfo,      kScrapeDuration,
+      kHttpResponses,  kHttpConnectionsRejected,
+      kStateSnapshots, kStateRestored};
   Daemon& d_;
   Registration registration_;
 };
 
 Daemon::Daemon(const Config& config) : config_(config) {}
 
+// One snapshot write on libuv's thread pool.
+struct Daemon::SnapshotWrite {
+  uv_work_t req{};
+  Daemon* daemon = nullptr;
+  std::string dir;
+  std::string bytes;
+  Status result = Status::Ok();
+};
+
+Status Daemon::BuildComponents() {
+  // Those that register with the registry go first.
+  self_.reset();
+  process_.reset();
+  ingest_.reset();
+  tracker_.reset();
+  ingest_stats_.reset();
+  registry_.reset();
+  Status s = Registry::Create(config_.registry, &registry_);
+  if (!s.ok()) return s;
+  ingest_stats_ = std::make_unique<IngestStats>(*registry_);
+  tracker_ = std::make_unique<Tracker>(*registry_, *ingest_stats_, clock_,
+                                       config_.tracker);
+  IngestOptions ingest_options = config_.ingest;
+  ingest_options.ack_after_snapshot = !config_.state_dir.empty();
+  ingest_ = std::make_unique<IngestServer>(&loop_, *registry_, *tracker_,
+                                           *ingest_stats_, ingest_options);
+  process_ = std::make_unique<ProcessCollector>(*registry_);
+  self_ = std::make_unique<SelfCollector>(*this);
+  return Status::Ok();
+}
+
 Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   std::unique_ptr<Daemon> d(new Daemon(config));
-  Status s = Registry::Create(config.registry, &d->registry_);
+  // The components keep &loop_, which is initialised below, before any of
+  // them touches it.
+  Status s = d->BuildComponents();
   if (!s.ok()) return s;
   // Before the loop exists: a bad file is a start-up error with nothing
   // to undo.
@@ -108,20 +150,153 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
     return Status::Error(std::string("uv_loop_init: ") + uv_strerror(rc));
   }
   d->loop_initialized_ = true;
-  d->ingest_stats_ = std::make_unique<IngestStats>(*d->registry_);
-  d->tracker_ = std::make_unique<Tracker>(*d->registry_, *d->ingest_stats_,
-                                          d->clock_, config.tracker);
-  d->ingest_ = std::make_unique<IngestServer>(
-      &d->loop_, *d->registry_, *d->tracker_, *d->ingest_stats_, config.ingest);
   http::ServerOptions http_options;
   http_options.max_connections = config.http_max_connections;
   http_options.tls = std::move(web.tls);
   http_options.basic_auth = std::move(web.basic_auth);
   d->http_ = std::make_unique<http::Server>(&d->loop_, http_options);
-  d->process_ = std::make_unique<ProcessCollector>(*d->registry_);
-  d->self_ = std::make_unique<SelfCollector>(*d);
+  if (!config.state_dir.empty()) {
+    s = d->RestoreState();
+    if (!s.ok()) return s;
+  }
   *out = std::move(d);
   return Status::Ok();
+}
+
+Status Daemon::RestoreState() {
+  Status s = ReadBootId(config_.boot_id_file, &boot_id_);
+  if (!s.ok()) return s;
+  s = PrepareStateDir(config_.state_dir);
+  if (!s.ok()) return s;
+  fingerprint_ = SnapshotFingerprint::Of(config_, *registry_);
+  bool applied = false;
+  const LoadOutcome outcome = LoadSnapshot(config_.state_dir, boot_id_,
+                                           fingerprint_, [&](StateReader& r) {
+                                             applied = true;
+                                             return LoadPayload(r);
+                                           });
+  if (outcome == LoadOutcome::kRestored) {
+    restored_ = true;
+    spdlog::info(
+        "state: restored {}/{}: {} engine series, {} requests in flight",
+        config_.state_dir, kSnapshotName, registry_->series_count(),
+        tracker_->size());
+  } else if (applied) {
+    // Half loaded: start from nothing rather than from part of it.
+    snapshots_ok_ = snapshots_error_ = 0;
+    s = BuildComponents();
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+void Daemon::SavePayload(StateWriter& w) {
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  registry_->SaveState(w, &index);
+  tracker_->SaveState(w, index);
+  ingest_stats_->SaveState(w);
+  ingest_->SaveState(w);
+  // This snapshot counts itself: it is on disk, to be loaded, only if its
+  // write succeeds.
+  w.U64(snapshots_ok_ + 1);
+  w.U64(snapshots_error_);
+  http_->SaveState(w);  // last (see LoadPayload())
+}
+
+bool Daemon::LoadPayload(StateReader& r) {
+  std::vector<EngineSeries*> by_index;
+  registry_->LoadState(r, &by_index);
+  tracker_->LoadState(r, by_index);
+  ingest_stats_->LoadState(r);
+  ingest_->LoadState(r);
+  snapshots_ok_ = r.U64();
+  snapshots_error_ = r.U64();
+  // The HTTP server outlives a failed load (BuildComponents() does not
+  // remake it): it takes its counts only from a whole, valid payload.
+  http_->LoadState(r);
+  return r.ok() && r.at_end();
+}
+
+void Daemon::StartSnapshot() {
+  if (snapshot_in_flight_ || stopping_) return;
+  auto* write = new SnapshotWrite;
+  write->daemon = this;
+  write->bytes.reserve(snapshot_bytes_ + snapshot_bytes_ / 8);
+  write->dir = config_.state_dir;
+  write->req.data = write;
+  const uint64_t start_ns = clock_.NowNs();
+  EncodeSnapshot(
+      boot_id_, fingerprint_, [this](StateWriter& w) { SavePayload(w); },
+      &write->bytes);
+  snapshot_encode_ns_ = clock_.NowNs() - start_ns;
+  snapshot_bytes_ = write->bytes.size();
+  snapshot_in_flight_ = true;
+  const int rc = uv_queue_work(
+      &loop_, &write->req,
+      [](uv_work_t* req) {
+        auto* w = static_cast<SnapshotWrite*>(req->data);
+        SealSnapshot(&w->bytes);
+        w->result = WriteFileAtomically(w->dir, kSnapshotName, w->bytes);
+      },
+      [](uv_work_t* req, int status) {
+        std::unique_ptr<SnapshotWrite> w(
+            static_cast<SnapshotWrite*>(req->data));
+        Daemon* d = w->daemon;
+        d->snapshot_in_flight_ = false;
+        d->OnSnapshotWritten(status == 0 ? w->result
+                                         : Status::Error(uv_strerror(status)));
+        if (d->final_snapshot_due_) d->WriteFinalSnapshot();
+      });
+  if (rc != 0) {
+    snapshot_in_flight_ = false;
+    OnSnapshotWritten(
+        Status::Error(std::string("uv_queue_work: ") + uv_strerror(rc)));
+    delete write;
+  }
+}
+
+void Daemon::OnSnapshotWritten(const Status& s) {
+  if (s.ok()) {
+    ++snapshots_ok_;
+    if (snapshot_failing_) {
+      snapshot_failing_ = false;
+      spdlog::info("state: snapshots are written again");
+    }
+    ingest_->SnapshotWritten();
+    return;
+  }
+  ++snapshots_error_;
+  // Once per run of failures: a full disk would otherwise log every second.
+  if (!snapshot_failing_) {
+    snapshot_failing_ = true;
+    spdlog::warn(
+        "state: cannot write a snapshot: {}; ACKs wait until one is written, "
+        "further failures are counted in tokenmeter_state_snapshots_total",
+        s.message());
+  }
+}
+
+void Daemon::WriteFinalSnapshot() {
+  if (snapshot_in_flight_) {
+    final_snapshot_due_ = true;
+    return;
+  }
+  final_snapshot_due_ = false;
+  std::string bytes;
+  EncodeSnapshot(
+      boot_id_, fingerprint_, [this](StateWriter& w) { SavePayload(w); },
+      &bytes);
+  SealSnapshot(&bytes);
+  const Status s = WriteFileAtomically(config_.state_dir, kSnapshotName, bytes);
+  if (s.ok()) {
+    ++snapshots_ok_;
+    spdlog::info("state: wrote {}/{} at stop ({} bytes, {} requests in flight)",
+                 config_.state_dir, kSnapshotName, bytes.size(),
+                 tracker_->size());
+  } else {
+    ++snapshots_error_;
+    spdlog::error("state: cannot write the snapshot at stop: {}", s.message());
+  }
 }
 
 Daemon::~Daemon() {
@@ -233,6 +408,16 @@ Status Daemon::Start() {
         [](uv_timer_t* t) { static_cast<Daemon*>(t->data)->UpdateStatus(); },
         5000, 5000);
   }
+  uv_timer_init(&loop_, &snapshot_timer_);
+  snapshot_timer_.data = this;
+  if (!config_.state_dir.empty()) {
+    const uint64_t ms =
+        std::max<uint64_t>(1, config_.snapshot_interval_ns / 1'000'000);
+    uv_timer_start(
+        &snapshot_timer_,
+        [](uv_timer_t* t) { static_cast<Daemon*>(t->data)->StartSnapshot(); },
+        ms, ms);
+  }
   spdlog::info("tokenmeterd {} listening: ingest {} http port {}{}",
                TOKENMETER_VERSION,
                ingest_inherited ? "(inherited socket)" : config_.ingest_path,
@@ -291,6 +476,7 @@ void Daemon::Stop() {
   close_handle(reinterpret_cast<uv_handle_t*>(&sigint_));
   close_handle(reinterpret_cast<uv_handle_t*>(&watchdog_timer_));
   close_handle(reinterpret_cast<uv_handle_t*>(&status_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&snapshot_timer_));
   ++pending_closes_;
   ingest_->Close([this] {
     if (--pending_closes_ == 0) OnStopped();
@@ -306,6 +492,9 @@ void Daemon::OnStopped() {
   // After a failed Start() there is nothing to sum up: the error was the
   // message.
   if (!started_) return;
+  // Everything the connections had sent is applied: the last snapshot
+  // holds it all.
+  if (!config_.state_dir.empty()) WriteFinalSnapshot();
   spdlog::info("stopped: {} events applied, {} frames accepted since start",
                ingest_stats_->events_total(), ingest_stats_->frames());
 }

@@ -18,6 +18,7 @@
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/window_gauges.h"
 #include "daemon/service/systemd.h"
+#include "daemon/state/snapshot.h"
 #include "daemon/status.h"
 
 namespace tokenmeter::daemon {
@@ -51,8 +52,25 @@ class Daemon {
   Registry& registry() { return *registry_; }
 
  private:
-  class SelfCollector;  // build info, scrape duration, HTTP counters
+  class SelfCollector;  // build info, scrape duration, HTTP and state counters
   explicit Daemon(const Config& config);
+  // (Re)makes the registry and what registers with it (ingest stats,
+  // tracker, ingest server, process and self collectors): at Create(), and
+  // again when a snapshot failed to load halfway.
+  Status BuildComponents();
+  // --state-dir: reads this boot's id, loads DIR/snapshot if there is one.
+  Status RestoreState();
+  // The payload of a snapshot (every component's SaveState(), in order),
+  // and its reverse; LoadPayload() is true when it took the payload whole.
+  void SavePayload(StateWriter& w);
+  bool LoadPayload(StateReader& r);
+  // The snapshot timer: encodes a snapshot on the loop and writes it on
+  // libuv's thread pool (one at a time); OnSnapshotWritten() then lets the
+  // ingest server send the ACKs it now may. WriteFinalSnapshot() at stop,
+  // on the loop, once no write is in flight.
+  void StartSnapshot();
+  void OnSnapshotWritten(const Status& s);
+  void WriteFinalSnapshot();
   void HandleMetrics(const http::Request& req, http::Response& resp);
   void OnStopped();
   void UpdateStatus();
@@ -79,6 +97,19 @@ class Daemon {
   uv_signal_t sigint_{};
   uv_timer_t watchdog_timer_{};
   uv_timer_t status_timer_{};
+  // --state-dir.
+  uv_timer_t snapshot_timer_{};
+  std::string boot_id_;
+  SnapshotFingerprint fingerprint_;
+  bool restored_ = false;      // started from a snapshot
+  uint64_t snapshots_ok_ = 0;  // tokenmeter_state_snapshots_total
+  uint64_t snapshots_error_ = 0;
+  struct SnapshotWrite;  // uv_work_t and its bytes
+  bool snapshot_in_flight_ = false;
+  bool final_snapshot_due_ = false;  // stopped while one was in flight
+  bool snapshot_failing_ = false;    // the latest write failed (logged)
+  uint64_t snapshot_encode_ns_ = 0;  // the latest encode (on the loop)
+  size_t snapshot_bytes_ = 0;        // its size, to reserve the next
   Notifier notifier_;
   uint64_t status_events_ = 0;  // events applied at the last STATUS=
   uint64_t status_ns_ = 0;

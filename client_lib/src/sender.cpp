@@ -162,6 +162,19 @@ bool Sender::ReadInbound() {
   return true;
 }
 
+void Sender::AwaitFinalAcks() {
+  if (!opts_.ack) return;
+  const int fd = transport_->fd();
+  const uint64_t deadline_ns = NowNs() + kFinalAckWaitNs;
+  // ReadInbound() is false at the close (EOF), an error or a bad byte.
+  while (ReadInbound() && fd >= 0) {
+    const uint64_t now_ns = NowNs();
+    if (now_ns >= deadline_ns) return;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, int((deadline_ns - now_ns + kMs - 1) / kMs)) <= 0) return;
+  }
+}
+
 bool Sender::OnInbound(const uint8_t* data, size_t n) {
   // Without `ack` in HELLO the daemon must never write to this client; with
   // it, only ACK frames. Other bytes mean a peer we do not understand:
@@ -277,6 +290,7 @@ bool Sender::SendBatches(uint64_t now_ns) {
     }
     if (out_.size() == 0) break;
     if (!WritePending()) {
+      AwaitFinalAcks();
       Disconnect(now_ns);
       break;
     }

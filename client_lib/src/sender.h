@@ -57,6 +57,9 @@ inline constexpr uint64_t kStableConnectionNs = 1'000'000'000;
 // times per wake-up (the next poll reports what is left).
 inline constexpr size_t kInboundReadBytes = 64 * 1024;
 inline constexpr int kMaxReadsPerWake = 16;
+// After a failed write with ack on: how long the sender thread waits for
+// the daemon's last ACKs and close (AwaitFinalAcks()).
+inline constexpr uint64_t kFinalAckWaitNs = 100'000'000;
 
 struct SenderOptions {
   std::string socket_path;
@@ -131,6 +134,11 @@ class Sender {
   // connection must be closed (EOF, error, or bytes 1.0 forbids).
   bool ReadInbound();
   bool OnInbound(const uint8_t* data, size_t n);
+  // A write failed. With ack on, a daemon stopping gracefully shuts its
+  // read side (the write's EPIPE), acks what it drained, then closes: this
+  // reads until that close, at most kFinalAckWaitNs (the sender thread
+  // only), so that what it acked is not replayed to the next daemon.
+  void AwaitFinalAcks();
   // Nothing left to send or to wait for at close.
   bool AllDelivered() const;
   // Dropped plus rejected events: what BATCH headers carry.

@@ -21,6 +21,7 @@
 #include "daemon/http/listen_address.h"
 #include "daemon/http/negotiation.h"
 #include "daemon/http/tls.h"
+#include "daemon/state/state_io.h"
 
 namespace tokenmeter::daemon::http {
 namespace {
@@ -1287,6 +1288,21 @@ void Server::FinishCloseIfDone() {
   std::function<void()> done = std::move(close_done_);
   close_done_ = nullptr;
   done();  // May destroy this server: nothing after.
+}
+
+void Server::SaveState(StateWriter& w) const {
+  w.U64(responses_.size());
+  for (const auto& n : responses_) w.U64(n.load(std::memory_order_relaxed));
+  w.U64(connections_rejected_.load(std::memory_order_relaxed));
+}
+
+void Server::LoadState(StateReader& r) {
+  const size_t n = r.Count(responses_.size(), 8);
+  if (n != responses_.size()) r.Fail();
+  for (size_t i = 0; i < n; ++i) {
+    responses_[i].fetch_add(r.U64(), std::memory_order_relaxed);
+  }
+  connections_rejected_.fetch_add(r.U64(), std::memory_order_relaxed);
 }
 
 }  // namespace tokenmeter::daemon::http

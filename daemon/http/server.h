@@ -53,6 +53,11 @@
 
 #include "daemon/status.h"
 
+namespace tokenmeter::daemon {
+class StateReader;
+class StateWriter;
+}  // namespace tokenmeter::daemon
+
 namespace tokenmeter::daemon::http {
 
 class BasicAuth;
@@ -180,6 +185,13 @@ class Server {
   }
   // The slot a status code is counted in.
   static size_t ResponseSlot(int status);
+
+  // Snapshots (daemon/state/state_io.h): the counters behind
+  // tokenmeter_http_* (responses, rejected connections), so that they do
+  // not reset across a restart. LoadState() adds to what is counted (call
+  // it before Listen()). Loop thread.
+  void SaveState(StateWriter& w) const;
+  void LoadState(StateReader& r);
 
  private:
   class Connection;

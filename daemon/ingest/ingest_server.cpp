@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "daemon/state/state_io.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
@@ -95,6 +96,17 @@ class IngestServer::Connection : public FrameSink {
   // The ack session this connection is in, or end().
   Sessions::iterator session() const { return session_; }
 
+  // A snapshot that holds more of this connection's session is on disk.
+  void OnSnapshotWritten() {
+    uint64_t seq;
+    if (session_ == server_.sessions_.end() ||
+        !session_->second.AckSeq(true, &seq) || (acked_any_ && seq == acked_)) {
+      return;
+    }
+    ack_due_ = true;
+    SendAck();
+  }
+
   // over_limit: accepted while max_connections others were open.
   void Start(bool over_limit) {
     const bool known = ReadPeerCredentials();
@@ -165,8 +177,41 @@ class IngestServer::Connection : public FrameSink {
           return;
         }
       }
+      FinalAck(fd);
     }
     Close();
+  }
+
+  // At a graceful stop without a state directory: the ACK of what was just
+  // drained, so that the client does not replay it to the next daemon
+  // (which would apply it again). Best effort, one non-blocking send; not
+  // when an ACK is part-written (the stream would interleave). With a state
+  // directory the replay is skipped as duplicate by the next daemon, which
+  // loads the snapshot written at stop.
+  void FinalAck(int fd) {
+    if (!ack_due_ || ack_writing_ || server_.options_.ack_after_snapshot) {
+      return;
+    }
+    uint64_t seq;
+    if (!session_->second.AckSeq(false, &seq)) return;
+    const size_t n = EncodeAck(seq);
+    (void)send(fd, ack_buf_, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+
+  // [3, seq] into ack_buf_; returns its size.
+  size_t EncodeAck(uint64_t seq) {
+    size_t n = 0;
+    ack_buf_[n++] = char(0x92);  // fixarray of 2
+    ack_buf_[n++] = char(TM_FRAME_ACK);
+    if (seq < 0x80) {
+      ack_buf_[n++] = char(seq);
+    } else {
+      ack_buf_[n++] = char(0xcf);  // uint64, big-endian
+      for (int shift = 56; shift >= 0; shift -= 8) {
+        ack_buf_[n++] = char((seq >> shift) & 0xff);
+      }
+    }
+    return n;
   }
 
   void Close() {
@@ -275,7 +320,8 @@ class IngestServer::Connection : public FrameSink {
         s.highest_seq = batch.seq;
         s.applied_any = true;
       }
-      ack_due_ = true;
+      // With a state directory the ACK waits for the snapshot.
+      if (!server_.options_.ack_after_snapshot) ack_due_ = true;
     } else {
       server_.tracker_.ApplyBatch(source_, batch);
     }
@@ -333,19 +379,14 @@ class IngestServer::Connection : public FrameSink {
   // uv_write, and the next ACK waits for it.
   void SendAck() {
     if (!ack_due_ || ack_writing_ || closing_) return;
-    ack_due_ = false;
-    const uint64_t seq = session_->second.highest_seq;
-    size_t n = 0;
-    ack_buf_[n++] = char(0x92);  // fixarray of 2
-    ack_buf_[n++] = char(TM_FRAME_ACK);
-    if (seq < 0x80) {
-      ack_buf_[n++] = char(seq);
-    } else {
-      ack_buf_[n++] = char(0xcf);  // uint64, big-endian
-      for (int shift = 56; shift >= 0; shift -= 8) {
-        ack_buf_[n++] = char((seq >> shift) & 0xff);
-      }
+    uint64_t seq;
+    if (!session_->second.AckSeq(server_.options_.ack_after_snapshot, &seq)) {
+      return;
     }
+    ack_due_ = false;
+    acked_ = seq;
+    acked_any_ = true;
+    const size_t n = EncodeAck(seq);
     uv_buf_t buf = uv_buf_init(ack_buf_, unsigned(n));
     auto* stream = reinterpret_cast<uv_stream_t*>(&pipe_);
     const int wrote = uv_try_write(stream, &buf, 1);
@@ -443,6 +484,8 @@ class IngestServer::Connection : public FrameSink {
   // being written (ack_buf_ and ack_req_ in use).
   bool ack_due_ = false;
   bool ack_writing_ = false;
+  uint64_t acked_ = 0;  // the seq of the latest ACK, when acked_any_
+  bool acked_any_ = false;
   uv_write_t ack_req_{};
   char ack_buf_[16];
 };
@@ -833,6 +876,62 @@ bool IngestServer::SessionFor(const Hello& hello, Sessions::iterator* out) {
   ++it->second.connections;
   *out = it;
   return true;
+}
+
+void IngestServer::SaveState(StateWriter& w) {
+  w.U64(next_space_);
+  w.U64(shared_spaces_.size());
+  for (const auto& [key, shared] : shared_spaces_) {
+    w.Str(std::get<0>(key));
+    w.Str(std::get<1>(key));
+    w.Str(std::get<2>(key));
+    w.U64(shared.space);
+  }
+  w.U64(sessions_.size());
+  for (auto& [key, s] : sessions_) {
+    w.Str(std::get<0>(key));
+    w.Str(std::get<1>(key));
+    w.U64(std::get<2>(key));
+    w.U64(s.highest_seq);
+    w.Bool(s.applied_any);
+    s.saved_seq = s.highest_seq;
+    s.saved_any = s.applied_any;
+  }
+}
+
+void IngestServer::LoadState(StateReader& r) {
+  next_space_ = r.U64();
+  const size_t spaces = r.Count(max_shared_spaces_, 20);
+  for (size_t i = 0; i < spaces && r.ok(); ++i) {
+    std::string engine = r.Str(TM_MAX_STRING_BYTES);
+    std::string model = r.Str(TM_MAX_STRING_BYTES);
+    std::string scope = r.Str(TM_MAX_STRING_BYTES + 2);
+    const uint64_t space = r.U64();
+    if (space >= next_space_) r.Fail();
+    shared_spaces_.emplace(
+        std::make_tuple(std::move(engine), std::move(model), std::move(scope)),
+        SharedSpace{space, 0});
+  }
+  const size_t sessions = r.Count(max_shared_spaces_, 25);
+  for (size_t i = 0; i < sessions && r.ok(); ++i) {
+    std::string engine = r.Str(TM_MAX_STRING_BYTES);
+    std::string model = r.Str(TM_MAX_STRING_BYTES);
+    const uint64_t session = r.U64();
+    Session s;
+    s.highest_seq = s.durable_seq = s.saved_seq = r.U64();
+    s.applied_any = s.durable_any = s.saved_any = r.Bool();
+    sessions_.emplace(
+        std::make_tuple(std::move(engine), std::move(model), session), s);
+  }
+}
+
+void IngestServer::SnapshotWritten() {
+  for (auto& [key, s] : sessions_) {
+    if (!s.saved_any) continue;
+    s.durable_seq = s.saved_seq;
+    s.durable_any = true;
+  }
+  for (Connection* c : connections_) c->OnSnapshotWritten();
 }
 
 void IngestServer::Close(std::function<void()> done) {

@@ -88,6 +88,9 @@ struct IngestOptions {
   // open connection uses is forgotten, and with none, the HELLO is refused
   // as series_limit.
   size_t max_shared_spaces = 0;
+  // --state-dir: an ACK carries the highest seq of a snapshot on disk
+  // (SnapshotWritten()), not the highest applied.
+  bool ack_after_snapshot = false;
 };
 
 class IngestServer {
@@ -117,6 +120,17 @@ class IngestServer {
   void Close(std::function<void()> done);
 
   size_t connections() const { return connections_.size(); }
+
+  // Snapshots (daemon/state/state_io.h): the shared request-id spaces, the
+  // next space id and every session's highest applied seq. SaveState() also
+  // remembers, per session, the seq it wrote, which SnapshotWritten() (the
+  // snapshot is on disk) makes what the session's ACKs carry, sending them.
+  // LoadState() fills a server that has no connection yet; what it loads
+  // counts as on disk. O(spaces + sessions), SnapshotWritten() also
+  // O(connections).
+  void SaveState(StateWriter& w);
+  void LoadState(StateReader& r);
+  void SnapshotWritten();
 
   class Connection;
 
@@ -162,6 +176,17 @@ class IngestServer {
     uint64_t highest_seq = 0;  // of the batches applied, when applied_any
     bool applied_any = false;
     size_t connections = 0;  // open connections in it
+    // With ack_after_snapshot: the highest seq in a snapshot on disk (when
+    // durable_any), and in the snapshot being written (when saved_any).
+    uint64_t durable_seq = 0;
+    bool durable_any = false;
+    uint64_t saved_seq = 0;
+    bool saved_any = false;
+    // What an ACK to this session carries now; false: nothing to ack.
+    bool AckSeq(bool after_snapshot, uint64_t* seq) const {
+      *seq = after_snapshot ? durable_seq : highest_seq;
+      return after_snapshot ? durable_any : applied_any;
+    }
   };
   using Sessions =
       std::map<std::tuple<std::string, std::string, uint64_t>, Session>;

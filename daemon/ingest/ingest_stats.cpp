@@ -1,6 +1,7 @@
 #include "daemon/ingest/ingest_stats.h"
 
 #include "daemon/metrics/text_format.h"
+#include "daemon/state/state_io.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -97,6 +98,50 @@ void IngestStats::Collect(DaemonMetric id, MetricWriter& w) const {
     }
     default:
       break;
+  }
+}
+
+void IngestStats::SaveState(StateWriter& w) const {
+  w.U64(frames_);
+  w.U64(duplicate_batches_);
+  for (uint64_t n : events_) w.U64(n);
+  for (uint64_t n : errors_) w.U64(n);
+  w.U64(reports_);
+  w.U64(dropped_.size());
+  for (const auto& [identity, drops] : dropped_) {
+    w.Str(std::get<0>(identity));
+    w.Str(std::get<1>(identity));
+    w.Str(std::get<2>(identity));
+    w.U64(drops.retired);
+    w.U64(drops.clients.size());
+    for (const auto& [client, c] : drops.clients) {
+      w.I64(client);
+      w.U64(c.dropped_total);
+      w.U64(c.updated);
+    }
+  }
+}
+
+void IngestStats::LoadState(StateReader& r) {
+  frames_ = r.U64();
+  duplicate_batches_ = r.U64();
+  for (uint64_t& n : events_) n = r.U64();
+  for (uint64_t& n : errors_) n = r.U64();
+  reports_ = r.U64();
+  const size_t identities = r.Count(max_identities_, 28);
+  for (size_t i = 0; i < identities && r.ok(); ++i) {
+    std::string family = r.Str(TM_MAX_STRING_BYTES);
+    std::string model = r.Str(TM_MAX_STRING_BYTES);
+    std::string instance = r.Str(TM_MAX_STRING_BYTES);
+    Drops& drops =
+        dropped_[{std::move(family), std::move(model), std::move(instance)}];
+    drops.retired = r.U64();
+    const size_t clients = r.Count(kMaxClientsPerIdentity, 24);
+    for (size_t c = 0; c < clients && r.ok(); ++c) {
+      Drops::Client& client = drops.clients[r.I64()];
+      client.dropped_total = r.U64();
+      client.updated = r.U64();
+    }
   }
 }
 

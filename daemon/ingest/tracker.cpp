@@ -5,6 +5,8 @@
 #include <cstring>
 #include <optional>
 
+#include "daemon/state/state_io.h"
+
 namespace tokenmeter::daemon {
 
 uint64_t MonotonicClock::NowNs() const {
@@ -621,6 +623,106 @@ void Tracker::OnStep(const Source& src, const Event& ev,
   for (uint32_t i = st.pos_count; i > 0; --i) {
     s.AddChild(kSpecDecodeNumAcceptedTokensPerPos, i - 1,
                positions[st.pos_begin + i - 1]);
+  }
+}
+
+void Tracker::SaveState(
+    StateWriter& w,
+    const std::unordered_map<const EngineSeries*, uint32_t>& series) const {
+  auto series_index = [&series](const EngineSeries* s) {
+    return s == nullptr ? UINT32_MAX : series.at(s);
+  };
+  w.U64(evicted_);
+  for (uint64_t n : incomplete_) w.U64(n);
+  for (uint64_t n : negative_) w.U64(n);
+  w.U64(requests_.size());
+  for (const Request* head : {active_head_, finished_head_}) {
+    for (const Request* r = head; r != nullptr; r = r->next) {
+      const Key& k = *r->key;
+      w.U64(k.space);
+      w.U64(k.num);
+      w.Str(std::string_view(k.str.get(), k.len));
+      w.Bool(r->finished());
+      w.U32(series_index(r->first_token_series));
+      w.U32(series_index(r->finish_series));
+      w.U32(series_index(r->gauge_series));
+      for (uint64_t t : r->t_ns) w.U64(t);
+      w.U64(r->activity_ns);
+      w.U32(r->prompt_tokens);
+      w.U32(r->generation_tokens);
+      w.U32(r->max_tokens);
+      w.U32(r->n);
+      w.U32(r->label_set);
+      w.U16(r->closed);
+      w.U8(r->known);
+      w.Bool(r->has_max_tokens);
+      w.Bool(r->has_n);
+      w.U8(uint8_t(r->gauge));
+    }
+  }
+}
+
+void Tracker::LoadState(StateReader& rd,
+                        const std::vector<EngineSeries*>& series) {
+  auto series_at = [&rd, &series](uint32_t i) -> EngineSeries* {
+    if (i == UINT32_MAX) return nullptr;
+    if (i >= series.size()) {
+      rd.Fail();
+      return nullptr;
+    }
+    return series[i];
+  };
+  evicted_ = rd.U64();
+  for (uint64_t& n : incomplete_) n = rd.U64();
+  for (uint64_t& n : negative_) n = rd.U64();
+  const size_t n = rd.Count(options_.max_requests, 64);
+  requests_.reserve(n);
+  for (size_t i = 0; i < n && rd.ok(); ++i) {
+    const uint64_t space = rd.U64();
+    uint64_t num = rd.U64();
+    const std::string str = rd.Str(TM_MAX_RID_BYTES);
+    if (!str.empty()) num = HashBytes(str);
+    const bool finished = rd.Bool();
+    Key key{space, num, nullptr, uint8_t(str.size())};
+    if (!str.empty()) {
+      key.str.reset(new char[str.size()]);
+      std::memcpy(key.str.get(), str.data(), str.size());
+    }
+    auto [pos, inserted] = requests_.try_emplace(std::move(key));
+    if (!inserted) {
+      rd.Fail();
+      break;
+    }
+    Request& r = pos->second;
+    r.key = &pos->first;
+    r.first_token_series = series_at(rd.U32());
+    r.finish_series = series_at(rd.U32());
+    r.gauge_series = series_at(rd.U32());
+    for (uint64_t& t : r.t_ns) t = rd.U64();
+    r.activity_ns = rd.U64();
+    r.prompt_tokens = rd.U32();
+    r.generation_tokens = rd.U32();
+    r.max_tokens = rd.U32();
+    r.n = rd.U32();
+    r.label_set = rd.U32();
+    r.closed = rd.U16();
+    const uint8_t known = rd.U8();
+    r.has_max_tokens = rd.Bool();
+    r.has_n = rd.Bool();
+    const uint8_t gauge = rd.U8();
+    if (known >= (1u << kNumPoints) || gauge > uint8_t(Gauge::kRunning) ||
+        (r.label_set != 0 && r.label_set >= request_labels_.set_count()) ||
+        (gauge != uint8_t(Gauge::kNone) && r.gauge_series == nullptr)) {
+      rd.Fail();
+    }
+    r.known = known & ((1u << kNumPoints) - 1);
+    r.gauge = Gauge(gauge);
+    if (r.finished() != finished) rd.Fail();
+    if (finished) {
+      Append(r, finished_head_, finished_tail_);
+    } else {
+      Append(r, active_head_, active_tail_);
+    }
   }
 }
 

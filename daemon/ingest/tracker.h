@@ -31,6 +31,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
@@ -95,6 +96,16 @@ class Tracker : public Collector {
   uint64_t negative(Interval i) const { return negative_[size_t(i)]; }
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
+
+  // Snapshots (daemon/state/state_io.h): the counters and every tracked
+  // request, in list order, its series by the index Registry::SaveState()
+  // gave them. LoadState() fills a tracker with no requests yet; a request
+  // naming a series, a label set or a state out of range fails the reader.
+  // O(requests).
+  void SaveState(
+      StateWriter& w,
+      const std::unordered_map<const EngineSeries*, uint32_t>& series) const;
+  void LoadState(StateReader& r, const std::vector<EngineSeries*>& series);
 
   struct Request;  // defined in tracker.cpp
 

@@ -153,6 +153,10 @@ const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
      "label",
      "Requests whose per-request label value became __other__ "
      "(--request-label-values reached)."},
+    {kStateSnapshots, "tokenmeter_state_snapshots", kCounter, "result",
+     "State snapshots written (--state-dir), by result."},
+    {kStateRestored, "tokenmeter_state_restored", kGauge, "",
+     "1 when this process started from a state snapshot."},
     {kProcessCpuSeconds, "process_cpu_seconds", kCounter, "",
      "Total user and system CPU time spent in seconds."},
     {kProcessResidentMemory, "process_resident_memory_bytes", kGauge, "",

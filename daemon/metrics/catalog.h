@@ -129,6 +129,8 @@ enum DaemonMetric : uint8_t {
   kHttpResponses,
   kHttpConnectionsRejected,
   kRequestLabelOverflow,
+  kStateSnapshots,
+  kStateRestored,
   kProcessCpuSeconds,
   kProcessResidentMemory,
   kProcessVirtualMemory,

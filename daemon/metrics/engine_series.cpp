@@ -78,6 +78,7 @@ EngineSeries::EngineSeries(SeriesIdentity identity,
 
 LabelCell EngineSeries::MakeCell(LabelKey key) {
   LabelCell cell;
+  cell.key = key;
   cell.label_text = label_text_;
   cell.label_pairs = label_pairs_;
   const std::vector<std::string>& names = request_labels_.names();

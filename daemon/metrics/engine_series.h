@@ -102,6 +102,10 @@ class SeriesValues {
     return hists_[m - kFirstHistogram];
   }
 
+  // Snapshots (daemon/state/state_io.h): every value above.
+  void SaveState(StateWriter& w) const;
+  void LoadState(StateReader& r);
+
  private:
   static void SaturatingAdd(uint64_t& acc, uint64_t n) {
     if (__builtin_add_overflow(acc, n, &acc)) acc = UINT64_MAX;
@@ -122,6 +126,7 @@ class RequestLabels;
 
 // One series' values for one request-label key, with its sample labels.
 struct LabelCell {
+  LabelKey key = 0;
   std::unique_ptr<SeriesValues> values;
   std::string label_text;  // the series' labels, then the request labels
   LabelPairs label_pairs;
@@ -249,6 +254,13 @@ class EngineSeries : public SeriesValues {
   void InitLoraTime(double unix_s) {
     if (lora_changed_unix_s_ == 0) lora_changed_unix_s_ = unix_s;
   }
+
+  // Snapshots: the label order (identity() is saved by the registry), the
+  // series' values, its label cells, admitted values, cache_config,
+  // max_lora, MoE layers and LoRA sets. LoadState() fills a series just
+  // made from the same identity and label order.
+  void SaveState(StateWriter& w) const;
+  void LoadState(StateReader& r);
 
  private:
   SeriesValues& CellSlow(LabelKey key);

@@ -11,6 +11,9 @@
 
 namespace tokenmeter::daemon {
 
+class StateReader;
+class StateWriter;
+
 class HistogramLayout {
  public:
   // `bounds`: strictly increasing finite upper bounds in exposed units (the
@@ -66,6 +69,11 @@ class Histogram {
   uint64_t count() const { return count_; }
   // In exposed units. Exact for integer raw sums below 2^53.
   double sum() const { return sum_raw_ / layout_->divisor(); }
+
+  // Snapshots (daemon/state/state_io.h): the counts and the raw sum. A
+  // load whose bucket count differs from the layout's fails the reader.
+  void SaveState(StateWriter& w) const;
+  void LoadState(StateReader& r);
 
  private:
   const HistogramLayout* layout_;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/metrics/catalog.h"
@@ -71,6 +72,10 @@ class Registry {
   size_t series_count() const { return series_.size(); }
   uint64_t series_rejected() const { return series_rejected_; }
   const RegistryOptions& options() const { return options_; }
+  // The histogram layouts of profile p: kNumHistograms, in catalog order.
+  const std::vector<HistogramLayout>& layouts(Profile p) const {
+    return layouts_[size_t(p)];
+  }
 
   // Every series, in exposition order (namespace, model, instance, labels).
   template <typename F>
@@ -88,6 +93,18 @@ class Registry {
   void Register(DaemonMetric id, const Collector* c);
   void Unregister(DaemonMetric id, const Collector* c);
   const Collector* collector(DaemonMetric id) const { return collectors_[id]; }
+
+  // Snapshots (daemon/state/state_io.h): the request labels, every series
+  // (identity, label order, values) and the cap's counts. SaveState() gives
+  // each series an index (in *index) that LoadState() resolves (in
+  // *by_index), for other components' references to series. LoadState()
+  // fills a registry with no series yet; a snapshot series the registry
+  // cannot make (the cap is lower now, a namespace conflict) fails the
+  // reader.
+  void SaveState(
+      StateWriter& w,
+      std::unordered_map<const EngineSeries*, uint32_t>* index) const;
+  void LoadState(StateReader& r, std::vector<EngineSeries*>* by_index);
 
  private:
   using Layouts = std::array<std::vector<HistogramLayout>, kNumProfiles>;

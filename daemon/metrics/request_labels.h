@@ -22,6 +22,9 @@
 
 namespace tokenmeter::daemon {
 
+class StateReader;
+class StateWriter;
+
 class RequestLabels : public Collector {
  public:
   static constexpr uint16_t kEmpty = 0;  // the label absent or ""
@@ -44,6 +47,10 @@ class RequestLabels : public Collector {
   std::string_view Value(size_t label, uint16_t id) const {
     return values_[label][id];
   }
+  // Ids given so far to label `label`'s values (kEmpty and kOther
+  // included), and to adapters (0 included).
+  size_t value_count(size_t label) const { return values_[label].size(); }
+  size_t lora_count() const { return loras_.size(); }
 
   static uint16_t Unpack(uint64_t key, size_t label) {
     return uint16_t(key >> (16 * label));
@@ -70,8 +77,15 @@ class RequestLabels : public Collector {
   uint32_t InternSet(uint64_t key, uint16_t lora);
   uint64_t SetKey(uint32_t id) const { return sets_[id].key; }
   uint16_t SetLora(uint32_t id) const { return sets_[id].lora; }
+  size_t set_count() const { return sets_.size(); }  // (0, 0) included
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
+
+  // Snapshots (daemon/state/state_io.h): the interned values, adapters and
+  // sets and the overflow counts; the names and the cap are configuration
+  // (the snapshot's fingerprint). LoadState() fills a fresh table.
+  void SaveState(StateWriter& w) const;
+  void LoadState(StateReader& r);
 
  private:
   struct Set {

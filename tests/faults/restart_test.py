@@ -11,10 +11,9 @@ block half-way, then stopped with SIGTERM, and a new one is started on the
 same sockets; two and three times. Nothing may be lost: the events the
 daemons applied (each logs "stopped: N events applied" at exit) add up to
 exactly the events the client counted as written, with none dropped. The
-clients run with acknowledged delivery off (engine --no-ack, loadgen
---ack off): a daemon stopped by SIGTERM applies the batches it drains
-without acking them, so an acking client would send them again to the
-next daemon, which (without --state-dir) applies them a second time.
+clients run with acknowledged delivery on (the default): a daemon stopped
+by SIGTERM acks what it drained before it closes, so nothing is sent twice
+to the next daemon (which has no --state-dir).
 
 KillRestart: the daemon owns its socket (no parent holds it) and is
 SIGKILLed while the engine runs, then restarted on the same path after a
@@ -193,9 +192,7 @@ class GracefulRestart(unittest.TestCase):
     def test_engine_across_two_sigterm_restarts_loses_nothing(self):
         report_path = os.path.join(self.dir, "report.json")
         applied, last, _ = self.restart_under_load(
-            # GracefulRestart's exact count needs each batch sent once
-            # (see the docstring).
-            lambda: start_engine(self.held.path, report_path, "--no-ack"), 2)
+            lambda: start_engine(self.held.path, report_path), 2)
         with open(report_path) as f:
             report = json.load(f)
         self.assertEqual(report["requests"], 400)
@@ -210,8 +207,7 @@ class GracefulRestart(unittest.TestCase):
         applied, last, out = self.restart_under_load(
             lambda: subprocess.Popen(
                 [LOADGEN, "--socket", self.held.path, "--rate", "200000",
-                 "--duration", "4", "--buffer", str(1 << 20),
-                 "--ack", "off"],
+                 "--duration", "4", "--buffer", str(1 << 20)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE), 3)
         r = json.loads(out)
         self.assertEqual(r["refused_full"], 0)

@@ -186,7 +186,10 @@ class Installed(unittest.TestCase):  # one install for every check
                          f"{self.dirs['sysconfdir']}/tokenmeter/"
                          "tokenmeterd.conf")
         self.assertIn(argv[2], self.files)
-        self.assertEqual(argv[3:], ["$TOKENMETERD_ARGS"])
+        # The state directory systemd makes (StateDirectory=tokenmeter).
+        self.assertEqual(argv[3:], ["--state-dir", "${STATE_DIRECTORY}",
+                                    "$TOKENMETERD_ARGS"])
+        self.assertIn("\nStateDirectory=tokenmeter\n", unit)
 
     def test_installed_man_pages_are_the_generated_ones(self):
         if not self.man_pages_built():

@@ -124,6 +124,13 @@ class FixedCollector : public Collector {
       case kHttpConnectionsRejected:
         w.Sample(none, http_connections_rejected);
         break;
+      case kStateSnapshots:
+        w.Sample(none.WithOwn("result", "ok"), snapshots_ok);
+        w.Sample(none.WithOwn("result", "error"), uint64_t{0});
+        break;
+      case kStateRestored:
+        w.Sample(none, uint64_t{restored ? 1u : 0u});
+        break;
       default:
         break;
     }
@@ -136,12 +143,15 @@ class FixedCollector : public Collector {
   double scrape_duration_seconds = 0;
   std::vector<std::pair<std::string, uint64_t>> http_responses;
   uint64_t http_connections_rejected = 0;
+  uint64_t snapshots_ok = 0;
+  bool restored = false;
 
  private:
   static constexpr DaemonMetric kOwned[] = {
-      kBuildInfo,           kTrackedRequests,        kEvictedRequests,
-      kIncompleteIntervals, kNegativeIntervals,      kScrapeDuration,
-      kHttpResponses,       kHttpConnectionsRejected};
+      kBuildInfo,           kTrackedRequests,         kEvictedRequests,
+      kIncompleteIntervals, kNegativeIntervals,       kScrapeDuration,
+      kHttpResponses,       kHttpConnectionsRejected, kStateSnapshots,
+      kStateRestored};
   Registration registration_;
 };
 

@@ -1,0 +1,329 @@
+#!/usr/bin/python3
+"""State snapshots (--state-dir) and acknowledged delivery across daemon
+restarts, end to end: hand-written frames, a real tokenmeterd restarted with
+SIGTERM and killed with SIGKILL, real HTTP scrapes.
+
+Usage: state_e2e_test.py TOKENMETERD [unittest args]
+"""
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import msgpack
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import Daemon, batch, hello, poll_until  # noqa: E402
+
+MS = 1_000_000
+LAB = dict(model_name="m", engine="e")
+
+
+class AckReader:
+    """The ACK frames of one ack connection, read as they come."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.unpacker = msgpack.Unpacker(raw=False)
+        self.acked = None
+
+    def read(self, timeout):
+        """Reads for up to `timeout` s; returns the highest seq acked."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                break
+            if not data:
+                break
+            self.unpacker.feed(data)
+            for f in self.unpacker:
+                assert f[0] == 3 and len(f) == 2, f
+                assert self.acked is None or f[1] >= self.acked, f
+                self.acked = f[1]
+        return self.acked
+
+    def wait_for(self, seq, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.read(0.1) is not None and self.acked >= seq:
+                return
+        raise AssertionError(f"no ACK of seq {seq} (last {self.acked})")
+
+
+class StateDir(unittest.TestCase):
+    """Each test owns a state directory, an ingest path and a boot-id file
+    that outlive the daemons it starts."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tm-state-", dir="/tmp")
+        self.state = os.path.join(self.tmp, "state")
+        self.sock_path = os.path.join(self.tmp, "i.sock")
+        self.boot = os.path.join(self.tmp, "boot_id")
+        with open(self.boot, "w") as f:
+            f.write("11111111-2222-3333-4444-555555555555\n")
+        self.daemons = []
+
+    def tearDown(self):
+        for d in self.daemons:
+            d.cleanup()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def start(self, *extra, interval="0.1"):
+        d = Daemon("--log-interval", "0", "--state-dir", self.state,
+                   "--snapshot-interval", interval, "--boot-id-file",
+                   self.boot, *extra, ingest=self.sock_path)
+        self.daemons.append(d)
+        return d.start()
+
+    def connect(self, d, session, seq_from=None):
+        s = d.connect()
+        s.sendall(hello(instance="e", session=session, ack=True))
+        return s
+
+    def set_aside(self):
+        return glob.glob(os.path.join(self.state, "snapshot.set-aside.*"))
+
+
+class Restart(StateDir):
+    def test_sigterm_restart_keeps_requests_in_flight_and_counters(self):
+        """A request in flight across a graceful restart gets its TTFT, e2e
+        and queue observations; counters go on from where they were."""
+        t0 = time.monotonic_ns() - 2_000 * MS
+        session = 0x5eed
+        d = self.start()
+        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
+        s = self.connect(d, session)
+        s.sendall(batch([[1, t0, "r1", 10], [1, t0, "done", 3]], seq=0))
+        s.sendall(batch([[3, t0 + 3 * MS, "r1"], [3, t0 + 1 * MS, "done"],
+                         [4, t0 + 2 * MS, "done", 1],
+                         [5, t0 + 4 * MS, "done", "stop"]], seq=1))
+        acks = AckReader(s)
+        acks.wait_for(1)
+        d.wait_value("vllm:request_success_total", 1, finished_reason="stop",
+                     **LAB)
+        d.value("vllm:num_requests_running", **LAB)
+        self.assertEqual(d.stop(), 0)
+        s.close()
+        self.assertIn(b"state: wrote", d.read_log())
+
+        d2 = self.start()
+        self.assertEqual(d2.value("tokenmeter_state_restored"), 1)
+        self.assertIn(b"state: restored", d2.read_log())
+        self.assertEqual(d2.value("vllm:request_success_total",
+                                  finished_reason="stop", **LAB), 1)
+        self.assertEqual(d2.value("tokenmeter_ingest_events_total",
+                                  kind="arrived"), 2)
+        self.assertEqual(d2.value("vllm:num_requests_running", **LAB), 1)
+        s2 = self.connect(d2, session)
+        # The ACK of seq 1 may have been lost: the client sends it again.
+        s2.sendall(batch([[3, t0 + 3 * MS, "r1"], [3, t0 + 1 * MS, "done"],
+                          [4, t0 + 2 * MS, "done", 1],
+                          [5, t0 + 4 * MS, "done", "stop"]], seq=1))
+        s2.sendall(batch([[4, t0 + 8 * MS, "r1", 1],
+                          [5, t0 + 20 * MS, "r1", "stop"]], seq=2))
+        AckReader(s2).wait_for(2)
+        d2.wait_value("vllm:request_success_total", 2, finished_reason="stop",
+                      **LAB)
+        self.assertEqual(d2.value("tokenmeter_ingest_duplicate_batches_total"),
+                         1)
+        self.assertEqual(d2.value("vllm:time_to_first_token_seconds_sum",
+                                  **LAB), (2 * MS + 8 * MS) / 1e9)
+        self.assertEqual(d2.value("vllm:e2e_request_latency_seconds_sum",
+                                  **LAB), (4 * MS + 20 * MS) / 1e9)
+        self.assertEqual(d2.value("vllm:request_queue_time_seconds_sum",
+                                  **LAB), (1 * MS + 3 * MS) / 1e9)
+        self.assertEqual(d2.value("vllm:num_requests_running", **LAB), 0)
+        self.assertEqual(d2.value("tokenmeter_incomplete_intervals_total",
+                                  interval="time_to_first_token"), 0)
+        self.assertGreaterEqual(
+            d2.value("tokenmeter_state_snapshots_total", result="ok"), 2)
+        s2.close()
+
+    def test_sigkill_replay_is_exactly_once(self):
+        """SIGKILL five times while a client sends: it replays what was not
+        acked; the daemon applies each batch once."""
+        t0 = time.monotonic_ns() - 60_000 * MS
+        session = 77
+        sent = []  # (seq, frame bytes) not yet acked
+        seq = 0
+        n_requests = 0
+        for round_ in range(5):
+            d = self.start()
+            s = self.connect(d, session)
+            acks = AckReader(s)
+            for _, frame in sent:  # the replay, in order
+                s.sendall(frame)
+            for _ in range(40):
+                rid = n_requests
+                n_requests += 1
+                ev = [[1, t0 + rid, rid, 5], [4, t0 + rid + 1000, rid, 2],
+                      [5, t0 + rid + 3000, rid, "length"]]
+                frame = batch(ev, seq=seq)
+                sent.append((seq, frame))
+                seq += 1
+                s.sendall(frame)
+                if acks.read(0.003) is not None:
+                    sent = [(q, f) for q, f in sent if q > acks.acked]
+            d.kill()
+            s.close()
+        d = self.start()
+        s = self.connect(d, session)
+        acks = AckReader(s)
+        for _, frame in sent:
+            s.sendall(frame)
+        acks.wait_for(seq - 1)
+        self.assertEqual(d.value("vllm:request_success_total",
+                                 finished_reason="length", **LAB), n_requests)
+        self.assertEqual(d.value("vllm:generation_tokens_total", **LAB),
+                         2 * n_requests)
+        self.assertEqual(d.value("vllm:e2e_request_latency_seconds_count",
+                                 **LAB), n_requests)
+        self.assertEqual(d.value("vllm:e2e_request_latency_seconds_sum",
+                                 **LAB), n_requests * 3000 / 1e9)
+        self.assertEqual(d.value("tokenmeter_ingest_events_total",
+                                 kind="arrived"), n_requests)
+        self.assertEqual(self.set_aside(), [])
+        s.close()
+
+    def test_ack_waits_for_the_snapshot(self):
+        """With --state-dir an ACK names only what a snapshot on disk holds:
+        none comes before the first snapshot interval has passed."""
+        d = self.start(interval="30")
+        s = self.connect(d, 9)
+        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
+        d.wait_value("tokenmeter_ingest_events_total", 1, kind="arrived")
+        acks = AckReader(s)
+        self.assertIsNone(acks.read(1.0))
+        self.assertFalse(os.path.exists(os.path.join(self.state, "snapshot")))
+        s.close()
+        d.stop()
+        d2 = self.start(interval="0.2")
+        s = self.connect(d2, 10)
+        s.sendall(batch([[1, time.monotonic_ns(), 2, 5]], seq=0))
+        acks = AckReader(s)
+        acks.wait_for(0)
+        self.assertTrue(os.path.exists(os.path.join(self.state, "snapshot")))
+        s.close()
+
+    def test_v1_client_and_no_state_dir_as_before(self):
+        """Without --state-dir nothing is written and the restored gauge is
+        0; a v1 client (no session) is served as before."""
+        with Daemon("--log-interval", "0") as d:
+            s = d.connect()
+            s.sendall(hello(instance="e"))
+            t0 = time.monotonic_ns() - 100 * MS
+            s.sendall(batch([[1, t0, 1, 5], [4, t0 + MS, 1, 1],
+                             [5, t0 + 2 * MS, 1, "stop"]]))
+            d.wait_value("vllm:request_success_total", 1,
+                         finished_reason="stop", **LAB)
+            self.assertEqual(d.value("tokenmeter_state_restored"), 0)
+            self.assertEqual(d.value("tokenmeter_state_snapshots_total",
+                                     result="ok"), 0)
+            s.settimeout(0.3)
+            with self.assertRaises(socket.timeout):
+                s.recv(1)
+            s.close()
+
+
+class SetAside(StateDir):
+    def write_state(self):
+        d = self.start()
+        s = self.connect(d, 1)
+        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
+        AckReader(s).wait_for(0)
+        s.close()
+        self.assertEqual(d.stop(), 0)
+        return os.path.join(self.state, "snapshot")
+
+    def assert_set_aside(self, d, reason):
+        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
+        self.assertEqual(d.value("tokenmeter_ingest_events_total",
+                                 kind="arrived"), 0)
+        self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
+        log = d.read_log().decode()
+        lines = [ln for ln in log.splitlines() if "not restored" in ln]
+        self.assertEqual(len(lines), 1, log)
+        self.assertIn(reason, lines[0])
+        self.assertIn("warn", lines[0])
+
+    def test_another_boot(self):
+        self.write_state()
+        with open(self.boot, "w") as f:
+            f.write("99999999-2222-3333-4444-555555555555\n")
+        self.assert_set_aside(self.start(), "another boot")
+
+    def test_other_buckets(self):
+        self.write_state()
+        conf = os.path.join(self.tmp, "d.conf")
+        with open(conf, "w") as f:
+            f.write("buckets.time_to_first_token_seconds = 0.1, 1, 10\n")
+        self.assert_set_aside(self.start("--config", conf),
+                              "other histogram buckets")
+
+    def test_other_request_labels_and_profile(self):
+        self.write_state()
+        self.assert_set_aside(self.start("--request-label", "tenant"),
+                              "other request labels")
+        for d in self.daemons:
+            d.stop()
+        # The fresh state the last daemon wrote at stop, then --profile.
+        for f in self.set_aside():
+            os.unlink(f)
+        self.assert_set_aside(
+            self.start("--request-label", "tenant", "--profile", "sglang"),
+            "other naming profile")
+
+    def test_corrupt_truncated_empty_and_foreign_files(self):
+        path = self.write_state()
+        with open(path, "rb") as f:
+            good = f.read()
+        flipped = bytearray(good)
+        flipped[len(good) // 2] ^= 0x40
+        cases = {"truncated": good[:len(good) - 3],
+                 "a flipped bit": bytes(flipped),
+                 "empty": b"",
+                 "foreign": b"not a snapshot at all\n" * 10}
+        for what, data in cases.items():
+            with self.subTest(case=what):
+                for f in self.set_aside():
+                    os.unlink(f)
+                with open(path, "wb") as f:
+                    f.write(data)
+                d = self.start()
+                self.assert_set_aside(d, "")
+                # A fresh daemon still works and writes a good snapshot.
+                d.stop()
+
+    def test_bad_flags_and_paths(self):
+        for args, needle in (
+                (["--snapshot-interval", "0"], "--snapshot-interval"),
+                (["--snapshot-interval", "abc"], "--snapshot-interval"),
+                (["--state-dir", ""], "--state-dir"),
+                (["--state-dir", self.boot], "not a directory"),
+                (["--state-dir", self.state, "--boot-id-file",
+                  os.path.join(self.tmp, "missing")], "--boot-id-file"),
+                (["--state-dir", os.path.join(self.tmp, "no", "such")],
+                 "--state-dir")):
+            with self.subTest(args=args):
+                r = subprocess.run([tu.DAEMON, "--ingest", self.sock_path,
+                                    "--listen", "127.0.0.1:0", *args],
+                                   capture_output=True, timeout=20)
+                self.assertNotEqual(r.returncode, 0)
+                err = r.stderr.decode()
+                self.assertIn(needle, err)
+
+
+if __name__ == "__main__":
+    tu.DAEMON = os.path.abspath(sys.argv.pop(1))
+    tu.main()
