@@ -262,8 +262,9 @@ class Packages(unittest.TestCase):
                 root, "lib/systemd/system/tokenmeterd.service")) as f:
             unit = f.read()
         self.assertIn("\nExecStart=/usr/sbin/tokenmeterd --config "
-                      "/etc/tokenmeter/tokenmeterd.conf $TOKENMETERD_ARGS\n",
-                      unit)
+                      "/etc/tokenmeter/tokenmeterd.conf --state-dir "
+                      "${STATE_DIRECTORY} $TOKENMETERD_ARGS\n", unit)
+        self.assertIn("\nStateDirectory=tokenmeter\n", unit)
         daemon = os.path.join(root, "usr/sbin/tokenmeterd")
         r = run([daemon, "--config",
                  os.path.join(root, "etc/tokenmeter/tokenmeterd.conf"),
