@@ -2,6 +2,7 @@
 // series values, engine series, request labels): the metrics part of a
 // state snapshot (daemon/state/snapshot.h). Each writes its members in
 // declaration order and reads them back in the same order.
+#include <algorithm>
 #include <limits>
 
 #include "daemon/metrics/engine_series.h"
@@ -101,8 +102,12 @@ void EngineSeries::SaveState(StateWriter& w) const {
     w.U64(c.key);
     c.values->SaveState(w);
   }
-  w.U64(cell_index_.size());
-  for (const auto& [key, i] : cell_index_) {
+  // By key: the same state always makes the same bytes.
+  std::vector<std::pair<LabelKey, size_t>> index(cell_index_.begin(),
+                                                 cell_index_.end());
+  std::sort(index.begin(), index.end());
+  w.U64(index.size());
+  for (const auto& [key, i] : index) {
     w.U64(key);
     w.U64(i);
   }
