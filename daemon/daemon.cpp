@@ -177,6 +177,9 @@ Status Daemon::RestoreState() {
                                            });
   if (outcome == LoadOutcome::kRestored) {
     restored_ = true;
+    // The first window after the restart starts now, not at zero.
+    summary_.StartWindows(*registry_);
+    window_gauges_.Start(*registry_);
     spdlog::info(
         "state: restored {}/{}: {} engine series, {} requests in flight",
         config_.state_dir, kSnapshotName, registry_->series_count(),

@@ -4,6 +4,18 @@
 
 namespace tokenmeter::daemon {
 
+void SummaryLog::StartWindows(const Registry& registry) {
+  registry.ForEachSeries([&](const EngineSeries& s) {
+    Window& w = windows_[&s];
+    w.prompt_tokens = s.count(kPromptTokens);
+    w.generation_tokens = s.count(kGenerationTokens);
+    w.prefix_queries = s.count(kPrefixCacheQueries);
+    w.prefix_hits = s.count(kPrefixCacheHits);
+    w.spec_draft_tokens = s.count(kSpecDecodeNumDraftTokens);
+    w.spec_accepted_tokens = s.count(kSpecDecodeNumAcceptedTokens);
+  });
+}
+
 std::string SummaryLog::Line(const EngineSeries& s, double window_s,
                              bool* idle) {
   Window& win = windows_[&s];

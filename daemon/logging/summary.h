@@ -29,6 +29,9 @@ class SummaryLog {
 
   // Logs every series' line (info, or debug when idle two windows running).
   void LogAll(const Registry& registry, double window_s);
+  // Starts every series' window at its counters' present values (after a
+  // snapshot was loaded: the restored totals are not one window's).
+  void StartWindows(const Registry& registry);
 
  private:
   struct Window {

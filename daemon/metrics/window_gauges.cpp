@@ -18,17 +18,26 @@ double Rate(uint64_t now, uint64_t before, double over) {
 
 }  // namespace
 
+WindowGauges::Last WindowGauges::Last::Of(const EngineSeries& s) {
+  return Last{GenerationTokens(s),
+              s.count(kPrefixCacheQueries),
+              s.count(kPrefixCacheHits),
+              s.count(kSpecDecodeNumDrafts),
+              s.count(kSpecDecodeNumDraftTokens),
+              s.count(kSpecDecodeNumAcceptedTokens)};
+}
+
+void WindowGauges::Start(const Registry& registry) {
+  registry.ForEachSeries(
+      [&](const EngineSeries& s) { last_[&s] = Last::Of(s); });
+}
+
 void WindowGauges::Update(Registry& registry, double window_s) {
   if (!(window_s > 0)) return;
   registry.ForEachSeries([&](EngineSeries& s) {
     if (!s.uses(kWindowGenerationThroughput)) return;
     Last& last = last_[&s];
-    const Last now{GenerationTokens(s),
-                   s.count(kPrefixCacheQueries),
-                   s.count(kPrefixCacheHits),
-                   s.count(kSpecDecodeNumDrafts),
-                   s.count(kSpecDecodeNumDraftTokens),
-                   s.count(kSpecDecodeNumAcceptedTokens)};
+    const Last now = Last::Of(s);
     s.Set(kWindowGenerationThroughput,
           Rate(now.generation_tokens, last.generation_tokens, 1.0) / window_s);
     s.Set(kWindowCacheHitRate,

@@ -20,6 +20,9 @@ class WindowGauges {
   // Ends a window of `window_s` seconds (> 0): sets every window gauge of
   // every series that uses one. O(series).
   void Update(Registry& registry, double window_s);
+  // Starts every series' window at its counters' present values (after a
+  // snapshot was loaded: the restored totals are not one window's). O(series).
+  void Start(const Registry& registry);
 
  private:
   struct Last {
@@ -29,6 +32,7 @@ class WindowGauges {
     uint64_t spec_drafts = 0;
     uint64_t spec_draft_tokens = 0;
     uint64_t spec_accepted_tokens = 0;
+    static Last Of(const EngineSeries& s);
   };
   // Bounded by the registry's series cap; series live as long as the
   // daemon, so their addresses are stable keys.

@@ -196,6 +196,30 @@ class Restart(StateDir):
         self.assertEqual(self.set_aside(), [])
         s.close()
 
+    def test_first_summary_window_after_a_restore_starts_at_the_restore(self):
+        """The restored totals are not one window's throughput: the first
+        summary line after a restart shows what came since."""
+        t0 = time.monotonic_ns() - 1_000 * MS
+        d = self.start()
+        s = self.connect(d, 3)
+        s.sendall(batch([[1, t0, 1, 500], [4, t0 + MS, 1, 1000],
+                         [5, t0 + 2 * MS, 1, "stop"]], seq=0))
+        AckReader(s).wait_for(0)
+        s.close()
+        self.assertEqual(d.stop(), 0)
+        d2 = Daemon("--log-interval", "0.3", "--state-dir", self.state,
+                    "--boot-id-file", self.boot, ingest=self.sock_path)
+        self.daemons.append(d2)
+        d2.start()
+        self.assertEqual(d2.value("vllm:generation_tokens_total", **LAB),
+                         1000)
+        poll_until(lambda: b"Avg generation throughput" in d2.read_log(),
+                   timeout=10, what="a summary line")
+        line = [ln for ln in d2.read_log().decode().splitlines()
+                if "Avg generation throughput" in ln][0]
+        self.assertIn("Avg prompt throughput: 0.0 tokens/s, Avg generation "
+                      "throughput: 0.0 tokens/s", line)
+
     def test_ack_waits_for_the_snapshot(self):
         """With --state-dir an ACK names only what a snapshot on disk holds:
         none comes before the first snapshot interval has passed."""
