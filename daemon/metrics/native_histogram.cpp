@@ -168,7 +168,9 @@ void NativeHistogram::SaveState(StateWriter& w) const {
 }
 
 void NativeHistogram::LoadState(StateReader& r) {
-  const int schema = int8_t(r.U8());
+  // The schema's two's-complement byte (SaveState()).
+  const uint8_t raw = r.U8();
+  const int schema = raw < 128 ? int(raw) : int(raw) - 256;
   if (schema < kMinSchema || schema > kMaxSchema) {
     r.Fail();
     return;
