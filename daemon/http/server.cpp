@@ -1297,12 +1297,15 @@ void Server::SaveState(StateWriter& w) const {
 }
 
 void Server::LoadState(StateReader& r) {
-  const size_t n = r.Count(responses_.size(), 8);
-  if (n != responses_.size()) r.Fail();
-  for (size_t i = 0; i < n; ++i) {
-    responses_[i].fetch_add(r.U64(), std::memory_order_relaxed);
+  std::array<uint64_t, kNumCountedStatuses + 1> responses{};
+  if (r.Count(responses.size(), 8) != responses.size()) r.Fail();
+  for (uint64_t& n : responses) n = r.U64();
+  const uint64_t rejected = r.U64();
+  if (!r.ok() || !r.at_end()) return;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    responses_[i].fetch_add(responses[i], std::memory_order_relaxed);
   }
-  connections_rejected_.fetch_add(r.U64(), std::memory_order_relaxed);
+  connections_rejected_.fetch_add(rejected, std::memory_order_relaxed);
 }
 
 }  // namespace tokenmeter::daemon::http

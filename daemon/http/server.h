@@ -188,8 +188,10 @@ class Server {
 
   // Snapshots (daemon/state/state_io.h): the counters behind
   // tokenmeter_http_* (responses, rejected connections), so that they do
-  // not reset across a restart. LoadState() adds to what is counted (call
-  // it before Listen()). Loop thread.
+  // not reset across a restart. LoadState() reads the payload's last part
+  // and adds to what is counted only when the reader is then ok and at its
+  // end (the server outlives a failed load); call it before Listen(). Loop
+  // thread.
   void SaveState(StateWriter& w) const;
   void LoadState(StateReader& r);
 
