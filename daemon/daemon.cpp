@@ -193,25 +193,22 @@ Status Daemon::RestoreState() {
   return Status::Ok();
 }
 
-void Daemon::SavePayload(StateWriter& w) {
-  std::unordered_map<const EngineSeries*, uint32_t> index;
-  registry_->SaveState(w, &index);
-  tracker_->SaveState(w, index);
-  ingest_stats_->SaveState(w);
-  ingest_->SaveState(w);
-  // This snapshot counts itself: it is on disk, to be loaded, only if its
-  // write succeeds.
-  w.U64(snapshots_ok_ + 1);
-  w.U64(snapshots_error_);
-  http_->SaveState(w);  // last (see LoadPayload())
+void Daemon::EncodeState(std::string* out) {
+  EncodeSnapshot(
+      boot_id_, fingerprint_,
+      [this](StateWriter& w) {
+        SaveCoreState(w, *registry_, *tracker_, *ingest_stats_, *ingest_);
+        // This snapshot counts itself: it is on disk, to be loaded, only if
+        // its write succeeds.
+        w.U64(snapshots_ok_ + 1);
+        w.U64(snapshots_error_);
+        http_->SaveState(w);  // last (see LoadPayload())
+      },
+      out);
 }
 
 bool Daemon::LoadPayload(StateReader& r) {
-  std::vector<EngineSeries*> by_index;
-  registry_->LoadState(r, &by_index);
-  tracker_->LoadState(r, by_index);
-  ingest_stats_->LoadState(r);
-  ingest_->LoadState(r);
+  LoadCoreState(r, *registry_, *tracker_, *ingest_stats_, *ingest_);
   snapshots_ok_ = r.U64();
   snapshots_error_ = r.U64();
   // The HTTP server outlives a failed load (BuildComponents() does not
@@ -227,11 +224,7 @@ void Daemon::StartSnapshot() {
   write->bytes.reserve(snapshot_bytes_ + snapshot_bytes_ / 8);
   write->dir = config_.state_dir;
   write->req.data = write;
-  const uint64_t start_ns = clock_.NowNs();
-  EncodeSnapshot(
-      boot_id_, fingerprint_, [this](StateWriter& w) { SavePayload(w); },
-      &write->bytes);
-  snapshot_encode_ns_ = clock_.NowNs() - start_ns;
+  EncodeState(&write->bytes);
   snapshot_bytes_ = write->bytes.size();
   snapshot_in_flight_ = true;
   const int rc = uv_queue_work(
@@ -286,9 +279,7 @@ void Daemon::WriteFinalSnapshot() {
   }
   final_snapshot_due_ = false;
   std::string bytes;
-  EncodeSnapshot(
-      boot_id_, fingerprint_, [this](StateWriter& w) { SavePayload(w); },
-      &bytes);
+  EncodeState(&bytes);
   SealSnapshot(&bytes);
   const Status s = WriteFileAtomically(config_.state_dir, kSnapshotName, bytes);
   if (s.ok()) {

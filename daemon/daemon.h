@@ -60,9 +60,10 @@ class Daemon {
   Status BuildComponents();
   // --state-dir: reads this boot's id, loads DIR/snapshot if there is one.
   Status RestoreState();
-  // The payload of a snapshot (every component's SaveState(), in order),
-  // and its reverse; LoadPayload() is true when it took the payload whole.
-  void SavePayload(StateWriter& w);
+  // A snapshot of the state now, unsealed (SaveCoreState(), then the
+  // daemon's own counters), and the reverse of its payload; LoadPayload()
+  // is true when it took the payload whole.
+  void EncodeState(std::string* out);
   bool LoadPayload(StateReader& r);
   // The snapshot timer: encodes a snapshot on the loop and writes it on
   // libuv's thread pool (one at a time); OnSnapshotWritten() then lets the
@@ -108,8 +109,7 @@ class Daemon {
   bool snapshot_in_flight_ = false;
   bool final_snapshot_due_ = false;  // stopped while one was in flight
   bool snapshot_failing_ = false;    // the latest write failed (logged)
-  uint64_t snapshot_encode_ns_ = 0;  // the latest encode (on the loop)
-  size_t snapshot_bytes_ = 0;        // its size, to reserve the next
+  size_t snapshot_bytes_ = 0;        // the latest snapshot's size, to reserve
   Notifier notifier_;
   uint64_t status_events_ = 0;  // events applied at the last STATUS=
   uint64_t status_ns_ = 0;

@@ -19,7 +19,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "daemon/config.h"
@@ -62,18 +61,10 @@ struct State {
   }
 
   void Save(td::StateWriter& w) {
-    std::unordered_map<const td::EngineSeries*, uint32_t> index;
-    reg->SaveState(w, &index);
-    tracker->SaveState(w, index);
-    ingest->SaveState(w);
-    server->SaveState(w);
+    td::SaveCoreState(w, *reg, *tracker, *ingest, *server);
   }
   bool Load(td::StateReader& r) {
-    std::vector<td::EngineSeries*> by_index;
-    reg->LoadState(r, &by_index);
-    tracker->LoadState(r, by_index);
-    ingest->LoadState(r);
-    server->LoadState(r);
+    td::LoadCoreState(r, *reg, *tracker, *ingest, *server);
     return r.ok() && r.at_end();
   }
 };

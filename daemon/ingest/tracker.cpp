@@ -240,6 +240,15 @@ void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s, uint16_t lora,
 
 }  // namespace
 
+Tracker::Key Tracker::MakeKey(const KeyView& v) {
+  Key key{v.space, v.num, nullptr, uint8_t(v.str.size())};
+  if (!v.str.empty()) {
+    key.str.reset(new char[v.str.size()]);
+    std::memcpy(key.str.get(), v.str.data(), v.str.size());
+  }
+  return key;
+}
+
 Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
                                 uint64_t now_ns) {
   KeyView view{src.space, rid.number, {}};
@@ -266,12 +275,7 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
       Remove(*active_head_, /*evicted=*/true);
     }
   }
-  Key key{view.space, view.num, nullptr, uint8_t(view.str.size())};
-  if (rid.is_string) {
-    key.str.reset(new char[view.str.size()]);
-    std::memcpy(key.str.get(), view.str.data(), view.str.size());
-  }
-  auto [pos, inserted] = requests_.try_emplace(std::move(key));
+  auto [pos, inserted] = requests_.try_emplace(MakeKey(view));
   Request& r = pos->second;
   r.key = &pos->first;
   r.activity_ns = now_ns;
@@ -683,12 +687,8 @@ void Tracker::LoadState(StateReader& rd,
     const std::string str = rd.Str(TM_MAX_RID_BYTES);
     if (!str.empty()) num = HashBytes(str);
     const bool finished = rd.Bool();
-    Key key{space, num, nullptr, uint8_t(str.size())};
-    if (!str.empty()) {
-      key.str.reset(new char[str.size()]);
-      std::memcpy(key.str.get(), str.data(), str.size());
-    }
-    auto [pos, inserted] = requests_.try_emplace(std::move(key));
+    auto [pos, inserted] =
+        requests_.try_emplace(MakeKey(KeyView{space, num, str}));
     if (!inserted) {
       rd.Fail();
       break;

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <unordered_map>
+#include <vector>
 
 #include "spdlog/spdlog.h"
 
@@ -149,6 +151,25 @@ Status PrepareStateDir(const std::string& dir) {
     return Status::Error("--state-dir: " + Errno("cannot write to", dir));
   }
   return Status::Ok();
+}
+
+void SaveCoreState(StateWriter& w, const Registry& registry,
+                   const Tracker& tracker, const IngestStats& stats,
+                   IngestServer& server) {
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  registry.SaveState(w, &index);
+  tracker.SaveState(w, index);
+  stats.SaveState(w);
+  server.SaveState(w);
+}
+
+void LoadCoreState(StateReader& r, Registry& registry, Tracker& tracker,
+                   IngestStats& stats, IngestServer& server) {
+  std::vector<EngineSeries*> by_index;
+  registry.LoadState(r, &by_index);
+  tracker.LoadState(r, by_index);
+  stats.LoadState(r);
+  server.LoadState(r);
 }
 
 void EncodeSnapshot(const std::string& boot_id, const SnapshotFingerprint& fp,

@@ -28,6 +28,9 @@
 #include <string_view>
 
 #include "daemon/config.h"
+#include "daemon/ingest/ingest_server.h"
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/tracker.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/state/state_io.h"
 #include "daemon/status.h"
@@ -55,6 +58,17 @@ Status ReadBootId(const std::string& path, std::string* boot_id);
 // Makes DIR if it does not exist (mode 0750) and checks that it is a
 // directory the daemon can write; the error names the flag and the path.
 Status PrepareStateDir(const std::string& dir);
+
+// The ingest pipeline's state, in the payload's order: the registry (and
+// what it holds), the tracker (its requests naming series by the registry's
+// index), the ingest stats, the ingest server. The daemon's own counters
+// follow it (Daemon::EncodeState()). LoadCoreState() fills components that
+// hold nothing yet; the reader says whether it went well.
+void SaveCoreState(StateWriter& w, const Registry& registry,
+                   const Tracker& tracker, const IngestStats& stats,
+                   IngestServer& server);
+void LoadCoreState(StateReader& r, Registry& registry, Tracker& tracker,
+                   IngestStats& stats, IngestServer& server);
 
 // Header and body(writer) into *out (cleared first): what the loop does.
 // SealSnapshot() then appends the checksum, O(bytes), on any thread.

@@ -13,7 +13,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "daemon/config.h"
@@ -64,20 +63,12 @@ struct Components {
   std::string Save() {
     std::string out;
     StateWriter w(out);
-    std::unordered_map<const EngineSeries*, uint32_t> index;
-    reg->SaveState(w, &index);
-    tracker->SaveState(w, index);
-    stats->SaveState(w);
-    server->SaveState(w);
+    SaveCoreState(w, *reg, *tracker, *stats, *server);
     return out;
   }
   bool Load(const std::string& bytes) {
     StateReader r(bytes.data(), bytes.size());
-    std::vector<EngineSeries*> by_index;
-    reg->LoadState(r, &by_index);
-    tracker->LoadState(r, by_index);
-    stats->LoadState(r);
-    server->LoadState(r);
+    LoadCoreState(r, *reg, *tracker, *stats, *server);
     return r.ok() && r.at_end();
   }
   std::string Exposition() const {

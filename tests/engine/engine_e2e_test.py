@@ -29,17 +29,7 @@ ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 NS = "tokenmeter_engine"
 LABELS = {"model_name": "e2e-tiny", "engine": "e2e"}
 
-# Report key -> histogram name (docs/metrics.md).
-HISTOGRAMS = {
-    "ttft_s": "time_to_first_token_seconds",
-    "itl_s": "inter_token_latency_seconds",
-    "e2e_s": "e2e_request_latency_seconds",
-    "queue_s": "request_queue_time_seconds",
-    "prefill_s": "request_prefill_time_seconds",
-    "decode_s": "request_decode_time_seconds",
-    "inference_s": "request_inference_time_seconds",
-    "tpot_s": "request_time_per_output_token_seconds",
-}
+HISTOGRAMS = tu.ENGINE_REPORT_HISTOGRAMS
 
 # 200 requests arriving at once into a 16-wide batch: a queue forms
 # however fast the machine (at a finite rate a fast one keeps up). 48

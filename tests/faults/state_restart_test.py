@@ -59,17 +59,7 @@ NS = "tokenmeter_engine"
 LABELS = {"model_name": "faults", "engine": "f0"}
 SNAPSHOT_INTERVAL = "0.2"
 
-# Report key -> histogram name (docs/metrics.md), as engine_e2e_test.py.
-HISTOGRAMS = {
-    "ttft_s": "time_to_first_token_seconds",
-    "itl_s": "inter_token_latency_seconds",
-    "e2e_s": "e2e_request_latency_seconds",
-    "queue_s": "request_queue_time_seconds",
-    "prefill_s": "request_prefill_time_seconds",
-    "decode_s": "request_decode_time_seconds",
-    "inference_s": "request_inference_time_seconds",
-    "tpot_s": "request_time_per_output_token_seconds",
-}
+HISTOGRAMS = tu.ENGINE_REPORT_HISTOGRAMS
 
 COMMON = ["--prompt-len", "64", "--seed", "5", "--backend", "cpu",
           "--model", "faults", "--instance", "f0", "--quiet"]

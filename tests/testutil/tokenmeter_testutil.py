@@ -405,6 +405,20 @@ def wait_prometheus_ready(proc, port, timeout=30):
                       what="prometheus /-/ready") == "ready"
 
 
+# The reference engine's --report histogram keys -> the histogram each one
+# equals (docs/metrics.md names, without the namespace).
+ENGINE_REPORT_HISTOGRAMS = {
+    "ttft_s": "time_to_first_token_seconds",
+    "itl_s": "inter_token_latency_seconds",
+    "e2e_s": "e2e_request_latency_seconds",
+    "queue_s": "request_queue_time_seconds",
+    "prefill_s": "request_prefill_time_seconds",
+    "decode_s": "request_decode_time_seconds",
+    "inference_s": "request_inference_time_seconds",
+    "tpot_s": "request_time_per_output_token_seconds",
+}
+
+
 def frame(*items):
     return msgpack.packb(list(items), use_bin_type=True)
 
