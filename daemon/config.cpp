@@ -52,6 +52,9 @@ them as Prometheus metrics.
   --moe-expert-series        also moe_expert_tokens{layer,expert}: one series
                              per expert of every MoE layer, counted toward
                              --max-engine-series
+  --native-histogram-schema N
+                             initial schema of the native histogram buckets
+                             in the protobuf exposition, -4 to 8 (default 3)
   --request-label NAME       add request label NAME from ARRIVED params
                              labels to request series (repeatable, at most 4)
   --request-label-values N   distinct values per request label per engine
@@ -279,6 +282,21 @@ const std::vector<Flag>& Flags() {
                           &c->registry.moe_expert_series);
        },
        true},
+      {"native-histogram-schema",
+       [](std::string_view v, Config* c) {
+         int schema = 0;
+         auto [end, ec] =
+             std::from_chars(v.data(), v.data() + v.size(), schema);
+         if (ec != std::errc() || end != v.data() + v.size() ||
+             schema < NativeHistogram::kMinSchema ||
+             schema > NativeHistogram::kMaxSchema) {
+           return Status::Error("--native-histogram-schema: \"" +
+                                std::string(v) +
+                                "\" is not a whole number from -4 to 8");
+         }
+         c->registry.native_histogram_schema = schema;
+         return Status::Ok();
+       }},
       {"request-label",
        [](std::string_view v, Config* c) {
          std::vector<std::string>& names = c->registry.request_labels;
@@ -445,12 +463,17 @@ Status ReadConfigFile(const std::string& path, Config* config) {
     if (eq == std::string_view::npos) {
       return Status::Error(where + "expected key = value");
     }
+    // Keys are the flag names; metrics-v1.md spells them with '_' too
+    // (native_histogram_schema), so '_' stands for '-' outside buckets.*.
     const std::string_view key = Trim(l.substr(0, eq));
+    std::string flag(key);
+    std::replace(flag.begin(), flag.end(), '_', '-');
     const std::string_view value = Trim(l.substr(eq + 1));
     Status s = Status::Ok();
     if (key.substr(0, 8) == "buckets.") {
       s = ParseBuckets(key.substr(8), value, config);
-    } else if (const Flag* f = FindFlag(key); f != nullptr && key != "config") {
+    } else if (const Flag* f = FindFlag(flag);
+               f != nullptr && flag != "config") {
       s = f->set(value, config);
     } else {
       return Status::Error(where + "unknown key \"" + std::string(key) + "\"");

@@ -14,6 +14,7 @@
 #include "daemon/http/web_config.h"
 #include "daemon/logging/summary.h"
 #include "daemon/metrics/exposition.h"
+#include "daemon/metrics/proto_writer.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
@@ -430,11 +431,19 @@ void Daemon::HandleMetrics(const http::Request& req, http::Response& resp) {
   resp.content_type = std::string(http::ContentType(format));
   resp.compressible = true;
   resp.body.reserve(64 * 1024);
-  Render(*registry_,
-         format == http::Format::kOpenMetrics100
-             ? ExpositionFormat::kOpenMetrics100
-             : ExpositionFormat::kText004,
-         resp.body);
+  switch (format) {
+    case http::Format::kText004:
+      Render(*registry_, ExpositionFormat::kText004, resp.body);
+      break;
+    case http::Format::kOpenMetrics100:
+      Render(*registry_, ExpositionFormat::kOpenMetrics100, resp.body);
+      break;
+    case http::Format::kProtobufDelimited: {
+      ProtoWriter w(resp.body);
+      Render(*registry_, w);
+      break;
+    }
+  }
   scrape_duration_ns_ = clock_.NowNs() - start_ns;
 }
 

@@ -13,6 +13,7 @@ packages=(
   apache2-utils openssl debhelper devscripts lintian dh-python scdoc
   python3-mesonpy python3-pyproject-metadata python3-venv python3-pip
   python3-dev python3-numpy
+  protobuf-compiler libprotobuf-dev golang-github-prometheus-client-model-dev
 )
 
 missing=()

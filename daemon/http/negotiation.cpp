@@ -9,6 +9,9 @@ constexpr std::string_view kTextContentType =
     "text/plain; version=0.0.4; charset=utf-8";
 constexpr std::string_view kOpenMetricsContentType =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+constexpr std::string_view kProtobufContentType =
+    "application/vnd.google.protobuf; "
+    "proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
 // q-values are kept in thousandths; -1 marks "no range matched".
 constexpr int kQMax = 1000;
@@ -148,6 +151,8 @@ struct Element {
   std::string_view version;
   bool has_charset = false;
   std::string_view charset;
+  std::string_view proto;     // the protobuf range's parameters
+  std::string_view encoding;  // (empty: absent)
 };
 
 // Parses `token [ "/" token ] *( OWS ";" OWS [ token BWS "=" BWS
@@ -198,6 +203,10 @@ bool ParseElement(std::string_view text, bool media_range, Element* out) {
     } else if (EqualsIgnoreCase(name, "charset")) {
       out->has_charset = true;
       out->charset = value;
+    } else if (EqualsIgnoreCase(name, "proto")) {
+      out->proto = value;
+    } else if (EqualsIgnoreCase(name, "encoding")) {
+      out->encoding = value;
     }
   }
 }
@@ -253,24 +262,44 @@ struct Preference {
   }
 };
 
+// Whether a range names the protobuf exposition exactly (no wildcard).
+bool IsProtobufRange(const Element& e) {
+  return EqualsIgnoreCase(e.type, "application") &&
+         EqualsIgnoreCase(e.subtype, "vnd.google.protobuf") &&
+         e.proto == "io.prometheus.client.MetricFamily" &&
+         e.encoding == "delimited" && !e.has_version && !e.has_charset;
+}
+
 }  // namespace
 
 Format ChooseFormat(std::string_view accept) {
   Preference text;
   Preference open_metrics;
+  int protobuf_q = 0;
   ForEachElement(accept, [&](std::string_view raw) {
     Element e;
     if (!ParseElement(raw, /*media_range=*/true, &e)) return;
     text.Offer(MatchSpecificity(e, kTextCandidate), e.q);
     open_metrics.Offer(MatchSpecificity(e, kOpenMetricsCandidate), e.q);
+    if (IsProtobufRange(e) && e.q > protobuf_q) protobuf_q = e.q;
   });
   // A format no range matches keeps q = 0: not acceptable.
+  if (protobuf_q > text.q && protobuf_q > open_metrics.q) {
+    return Format::kProtobufDelimited;
+  }
   return open_metrics.q > text.q ? Format::kOpenMetrics100 : Format::kText004;
 }
 
 std::string_view ContentType(Format format) {
-  return format == Format::kOpenMetrics100 ? kOpenMetricsContentType
-                                           : kTextContentType;
+  switch (format) {
+    case Format::kText004:
+      break;
+    case Format::kOpenMetrics100:
+      return kOpenMetricsContentType;
+    case Format::kProtobufDelimited:
+      return kProtobufContentType;
+  }
+  return kTextContentType;
 }
 
 bool AcceptsGzip(std::string_view accept_encoding) {

@@ -14,6 +14,9 @@ namespace tokenmeter::daemon::http {
 enum class Format {
   kText004,         // text/plain; version=0.0.4
   kOpenMetrics100,  // application/openmetrics-text; version=1.0.0
+  // application/vnd.google.protobuf;
+  //     proto=io.prometheus.client.MetricFamily; encoding=delimited
+  kProtobufDelimited,
 };
 
 // Chooses the exposition format for an Accept header value (RFC 9110
@@ -26,12 +29,23 @@ enum class Format {
 // ignored. A range with a malformed q (not 0..1 with at most 3 decimals) or
 // malformed syntax is ignored. OpenMetrics 1.0.0 is chosen only when its q
 // is strictly greater than text's; ties, an empty header and garbage give
-// kText004. Cost: one pass over the header, no allocation.
+// kText004.
+//
+// The protobuf format is binary, so it is sent only to a scraper that names
+// it: a range application/vnd.google.protobuf whose `proto` parameter is
+// io.prometheus.client.MetricFamily and whose `encoding` is delimited (as
+// Prometheus sends it with --enable-feature=native-histograms, and as
+// client_golang's expfmt.Negotiate reads it); wildcards, a missing or other
+// `proto`, and other encodings (text, compact-text) never select it. It is
+// chosen when its q is strictly greater than both text formats'.
+// Cost: one pass over the header, no allocation.
 Format ChooseFormat(std::string_view accept);
 
 // The Content-Type header value for a format, exactly:
-// "text/plain; version=0.0.4; charset=utf-8" or
-// "application/openmetrics-text; version=1.0.0; charset=utf-8".
+// "text/plain; version=0.0.4; charset=utf-8",
+// "application/openmetrics-text; version=1.0.0; charset=utf-8" or
+// "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily;
+// encoding=delimited".
 std::string_view ContentType(Format format);
 
 // True when an Accept-Encoding header value allows gzip: an explicit `gzip`

@@ -6,8 +6,11 @@
 
 namespace tokenmeter::daemon {
 
-HistogramLayout::HistogramLayout(std::vector<double> bounds, double divisor)
-    : bounds_(std::move(bounds)), divisor_(divisor) {
+HistogramLayout::HistogramLayout(std::vector<double> bounds, double divisor,
+                                 int native_schema)
+    : bounds_(std::move(bounds)),
+      divisor_(divisor),
+      native_schema_(native_schema) {
   thresholds_.reserve(bounds_.size());
   le_text_.reserve(bounds_.size() + 1);
   for (double b : bounds_) {

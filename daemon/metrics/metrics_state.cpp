@@ -53,6 +53,7 @@ void Histogram::SaveState(StateWriter& w) const {
   SaveU64s(w, counts_);
   w.U64(count_);
   w.F64(sum_raw_);
+  native_.SaveState(w);
 }
 
 void Histogram::LoadState(StateReader& r) {
@@ -62,9 +63,15 @@ void Histogram::LoadState(StateReader& r) {
     r.Fail();
     return;
   }
+  const uint64_t count = r.U64();
+  const double sum_raw = r.F64();
+  NativeHistogram native(layout_->native_schema());
+  native.LoadState(r);
+  if (!r.ok()) return;
   counts_ = std::move(counts);
-  count_ = r.U64();
-  sum_raw_ = r.F64();
+  count_ = count;
+  sum_raw_ = sum_raw;
+  native_ = std::move(native);
 }
 
 void SeriesValues::SaveState(StateWriter& w) const {

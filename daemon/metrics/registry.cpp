@@ -30,6 +30,10 @@ Status Registry::Create(const RegistryOptions& options,
       }
     }
   }
+  if (options.native_histogram_schema < NativeHistogram::kMinSchema ||
+      options.native_histogram_schema > NativeHistogram::kMaxSchema) {
+    return Status::Error("--native-histogram-schema must be -4 to 8");
+  }
   if (options.request_labels.size() > TM_MAX_REQUEST_LABELS) {
     return Status::Error("at most 4 --request-label names");
   }
@@ -55,7 +59,8 @@ Status Registry::Create(const RegistryOptions& options,
               ? it->second
               : DefaultBuckets(ProfileBuckets(Profile(p), def.id),
                                options.max_model_len);
-      layouts[p].emplace_back(std::move(bounds), def.seconds ? 1e9 : 1.0);
+      layouts[p].emplace_back(std::move(bounds), def.seconds ? 1e9 : 1.0,
+                              options.native_histogram_schema);
     }
   }
   out->reset(new Registry(options, std::move(layouts)));

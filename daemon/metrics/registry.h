@@ -41,13 +41,17 @@ struct RegistryOptions {
   // --moe-expert-series: moe_expert_tokens{layer,expert}; each expert of a
   // layer counts as one series toward max_engine_series.
   bool moe_expert_series = false;
+  // --native-histogram-schema: the initial schema of every histogram's
+  // native buckets (NativeHistogram::kMinSchema..kMaxSchema).
+  int native_histogram_schema = NativeHistogram::kDefaultSchema;
 };
 
 class Registration;
 
 class Registry {
  public:
-  // Checks the options (known suffixes, increasing finite bounds).
+  // Checks the options (known suffixes, increasing finite bounds, the
+  // native schema's range).
   static Status Create(const RegistryOptions& options,
                        std::unique_ptr<Registry>* out);
   Registry(const Registry&) = delete;

@@ -37,7 +37,8 @@
 
 namespace tokenmeter::daemon {
 
-inline constexpr uint32_t kSnapshotVersion = 1;
+// 2: each histogram also holds its native buckets (NativeHistogram).
+inline constexpr uint32_t kSnapshotVersion = 2;
 inline constexpr std::string_view kSnapshotName = "snapshot";
 
 // What of the configuration a snapshot depends on, as three strings that

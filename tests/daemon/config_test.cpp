@@ -608,6 +608,63 @@ TEST(ConfigTest, MoeExpertSeriesIsASwitch) {
   EXPECT_TRUE(Contains(s.message(), "--moe-expert-series")) << s.message();
 }
 
+TEST(ConfigTest, NativeHistogramSchemaFromFlagAndFile) {
+  EXPECT_EQ(MustParse({}).registry.native_histogram_schema, 3);
+  for (int schema = -4; schema <= 8; ++schema) {
+    EXPECT_EQ(MustParse({"--native-histogram-schema", std::to_string(schema)})
+                  .registry.native_histogram_schema,
+              schema);
+  }
+  EXPECT_EQ(MustParse({"--native-histogram-schema=-4"})
+                .registry.native_histogram_schema,
+            -4);
+  // The configuration file takes the flag's name and metrics-v1.md's
+  // spelling with underscores; the command line overrides both.
+  const TempConfigFile dashes("native-histogram-schema = 5\n");
+  EXPECT_EQ(
+      MustParse({"--config", dashes.path()}).registry.native_histogram_schema,
+      5);
+  const TempConfigFile underscores("native_histogram_schema = -2\n");
+  EXPECT_EQ(MustParse({"--config", underscores.path()})
+                .registry.native_histogram_schema,
+            -2);
+  EXPECT_EQ(MustParse({"--config", underscores.path(),
+                       "--native-histogram-schema", "0"})
+                .registry.native_histogram_schema,
+            0);
+  for (const char* bad :
+       {"-5", "9", "3.5", "", "+3", "x", "3 ", "--1", "2147483648", "0x3"}) {
+    Config config;
+    const Status st = Parse({"--native-histogram-schema", bad}, &config);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_TRUE(Contains(st.message(), "--native-histogram-schema: \"" +
+                                           std::string(bad) + "\""))
+        << st.message();
+    EXPECT_TRUE(Contains(st.message(), "-4 to 8")) << st.message();
+  }
+  const TempConfigFile bad_file("native_histogram_schema = 12\n");
+  Config config;
+  const Status st = Parse({"--config", bad_file.path()}, &config);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(Contains(st.message(), ":1: --native-histogram-schema"))
+      << st.message();
+  EXPECT_TRUE(Contains(std::string(UsageText()), "--native-histogram-schema"));
+}
+
+TEST(ConfigTest, FileKeysTakeUnderscoresForDashes) {
+  const TempConfigFile file("max_requests = 7\nlog_interval = 0\n");
+  const Config c = MustParse({"--config", file.path()});
+  EXPECT_EQ(c.tracker.max_requests, 7u);
+  EXPECT_EQ(c.log_interval_ns, 0u);
+  // Unknown keys are still named as written.
+  const TempConfigFile bogus("no_such_key = 1\n");
+  Config config;
+  const Status st = Parse({"--config", bogus.path()}, &config);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(Contains(st.message(), "unknown key \"no_such_key\""))
+      << st.message();
+}
+
 TEST(ConfigTest, LegacyNamesIsASwitch) {
   EXPECT_FALSE(MustParse({}).registry.legacy_names);
   EXPECT_TRUE(MustParse({"--legacy-names"}).registry.legacy_names);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "daemon/config.h"
@@ -20,6 +21,7 @@
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
 #include "daemon/metrics/exposition.h"
+#include "daemon/metrics/proto_writer.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/state/snapshot.h"
 
@@ -45,8 +47,9 @@ struct Components {
   std::unique_ptr<Tracker> tracker;
   std::unique_ptr<IngestServer> server;
 
-  Components() {
+  explicit Components(int native_schema = 3) {
     uv_loop_init(&loop);
+    config.registry.native_histogram_schema = native_schema;
     config.registry.request_labels = {"tenant"};
     config.registry.moe_expert_series = true;
     EXPECT_TRUE(Registry::Create(config.registry, &reg).ok());
@@ -74,6 +77,13 @@ struct Components {
   std::string Exposition() const {
     std::string out;
     Render(*reg, ExpositionFormat::kText004, out);
+    return out;
+  }
+  // The protobuf exposition: the native buckets too.
+  std::string Protobuf() const {
+    std::string out;
+    ProtoWriter w(out);
+    Render(*reg, w);
     return out;
   }
   EngineSeries* Series(const std::string& instance) {
@@ -144,6 +154,7 @@ TEST(StateTest, RoundTripShowsTheSameAndGoesOnTheSame) {
   ASSERT_TRUE(b.Load(bytes));
   EXPECT_EQ(b.tracker->size(), a.tracker->size());
   EXPECT_EQ(b.Exposition(), a.Exposition());
+  EXPECT_TRUE(b.Protobuf() == a.Protobuf());
   EXPECT_TRUE(b.Save() == bytes);  // (not EXPECT_EQ: 58 kB of bytes)
   // The same later events (tokens and finishes of restored requests, new
   // ones) give the same exposition in both.
@@ -168,7 +179,31 @@ TEST(StateTest, RoundTripShowsTheSameAndGoesOnTheSame) {
     c->tracker->Sweep();
   }
   EXPECT_EQ(b.Exposition(), a.Exposition());
+  EXPECT_TRUE(b.Protobuf() == a.Protobuf());
   EXPECT_EQ(b.tracker->size(), 0u);
+}
+
+// A snapshot of a daemon with another --native-histogram-schema loads: a
+// finer schema is reduced to the configured one, a coarser one stays (the
+// schema only ever decreases); the classic buckets are untouched.
+TEST(StateTest, NativeSchemaChangesAcrossRestarts) {
+  for (const auto& [saved, configured, shown] :
+       {std::tuple{5, 3, 3}, std::tuple{1, 3, 1}, std::tuple{3, 3, 3}}) {
+    SCOPED_TRACE(std::to_string(saved) + " -> " + std::to_string(configured));
+    Components a(saved);
+    Fill(a);
+    Histogram& observed = a.Series("dp0")->hist(kTimeToFirstToken);
+    for (int i = 0; i < 1000; ++i) observed.Observe(1e6 * (1 + i));
+    Components b(configured);
+    ASSERT_TRUE(b.Load(a.Save()));
+    EXPECT_EQ(b.Exposition(), a.Exposition());
+    const Histogram& h = b.Series("dp0")->hist(kTimeToFirstToken);
+    ASSERT_GT(h.count(), 0u);
+    EXPECT_EQ(h.native().schema(), shown);
+    uint64_t total = h.native().zero_count();
+    h.native().ForEachBucket(true, [&](int32_t, uint64_t n) { total += n; });
+    EXPECT_EQ(total, h.count());
+  }
 }
 
 TEST(StateTest, EveryTruncationFails) {

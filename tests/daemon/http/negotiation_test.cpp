@@ -20,6 +20,7 @@ struct FormatCase {
 
 constexpr Format kText = Format::kText004;
 constexpr Format kOm = Format::kOpenMetrics100;
+constexpr Format kPb = Format::kProtobufDelimited;
 
 const FormatCase kFormatCases[] = {
     // Real scrapers.
@@ -45,6 +46,62 @@ const FormatCase kFormatCases[] = {
      kText},
     {"PrometheusTextOnlyProtocol", "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
      kText},
+    // Prometheus 2.42 with --enable-feature=native-histograms
+    // (scrapeAcceptHeaderWithProtobuf).
+    {"Prometheus2NativeHistograms",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,"
+     "application/openmetrics-text;version=0.0.1;q=0.75,"
+     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+     kPb},
+    // Prometheus 3 with scrape_protocols: [PrometheusProto, ...].
+    {"Prometheus3ProtoFirst",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=delimited;q=0.5,application/openmetrics-text;version=1.0.0;"
+     "escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+     kPb},
+    {"ProtobufSpacesAndCase",
+     "Application/Vnd.Google.Protobuf ; proto=io.prometheus.client.MetricFamily"
+     " ; ENCODING=delimited",
+     kPb},
+    {"ProtobufQuotedParams",
+     "application/vnd.google.protobuf;proto=\"io.prometheus.client."
+     "MetricFamily\";encoding=\"delimited\"",
+     kPb},
+    {"ProtobufLowerThanText",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=delimited;q=0.2,text/plain;q=0.5",
+     kText},
+    {"ProtobufTiesOpenMetrics",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=delimited,application/openmetrics-text",
+     kOm},
+    {"ProtobufWithoutProto",
+     "application/vnd.google.protobuf;encoding=delimited", kText},
+    {"ProtobufOtherMessage",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.Metric;"
+     "encoding=delimited",
+     kText},
+    {"ProtobufTextEncoding",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=text",
+     kText},
+    {"ProtobufCompactText",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=compact-text",
+     kText},
+    {"ProtobufWithoutEncoding",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily",
+     kText},
+    {"ProtobufRefused",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=delimited;q=0",
+     kText},
+    {"ProtobufBadQ",
+     "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
+     "encoding=delimited;q=2",
+     kText},
+    {"ProtobufNotByWildcard", "application/*,*/*;q=0.5", kOm},
     {"TextPreferred",
      "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5",
      kText},
@@ -154,6 +211,9 @@ TEST(NegotiationTest, ContentTypesAreExact) {
             "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_EQ(ContentType(Format::kOpenMetrics100),
             "application/openmetrics-text; version=1.0.0; charset=utf-8");
+  EXPECT_EQ(ContentType(Format::kProtobufDelimited),
+            "application/vnd.google.protobuf; "
+            "proto=io.prometheus.client.MetricFamily; encoding=delimited");
 }
 
 // Not a fuzzer, but it walks the parsers over many odd inputs, with
