@@ -58,6 +58,7 @@ def expected_files():
             "/usr/lib/tmpfiles.d/tokenmeter.conf",
             "/etc/tokenmeter/tokenmeterd.conf",
             "/usr/share/tokenmeter/grafana/tokenmeter.json",
+            "/usr/share/tokenmeter/grafana/tokenmeter-native.json",
             f"{prom}/prometheus.yml", f"{prom}/global.yml",
             f"{prom}/tokenmeter.rules.yml", f"{prom}/tokenmeter.alerts.yml",
             "/usr/share/man/man8/tokenmeterd.8.gz",

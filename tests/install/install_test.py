@@ -140,6 +140,7 @@ class Installed(unittest.TestCase):  # one install for every check
             f"{self.tmpfilesdir}/tokenmeter.conf",
             f"{d['sysconfdir']}/tokenmeter/tokenmeterd.conf",
             f"{d['datadir']}/tokenmeter/grafana/tokenmeter.json",
+            f"{d['datadir']}/tokenmeter/grafana/tokenmeter-native.json",
         }
         files |= {f"{d['includedir']}/tokenmeter/{h}" for h in (
             "tokenmeter.h", "client.hpp", "protocol.h")}

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Static checks of docs/grafana/tokenmeter.json and the rule files.
+"""Static checks of docs/grafana/tokenmeter.json, of its native-histogram
+edition tokenmeter-native.json, and of the rule files.
 
 No Grafana runs here, so this checks what makes a dashboard import cleanly
 and behave: the schema fields Grafana requires, a data source variable that
@@ -15,6 +16,7 @@ queries return data on a real Prometheus.
 import json
 import os
 import re
+import subprocess
 import sys
 import unittest
 
@@ -25,6 +27,9 @@ import profiles  # noqa: E402
 SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
                      os.path.dirname(os.path.dirname(HERE)))
 DASHBOARD = os.path.join(SRC, "docs", "grafana", "tokenmeter.json")
+NATIVE_DASHBOARD = os.path.join(SRC, "docs", "grafana",
+                                "tokenmeter-native.json")
+NATIVE_SCRIPT = os.path.join(SRC, "scripts", "native-dashboard.py")
 METRICS_MD = os.path.join(SRC, "docs", "metrics.md")
 DOCS_PROM = os.path.join(SRC, "docs", "prometheus")
 
@@ -41,9 +46,11 @@ def catalog():
 
 
 class Dashboard(unittest.TestCase):
+    PATH = DASHBOARD
+
     @classmethod
     def setUpClass(cls):
-        with open(DASHBOARD) as f:
+        with open(cls.PATH) as f:
             cls.d = json.load(f)
         cls.panels = cls.d["panels"]
         cls.vars = {v["name"]: v for v in cls.d["templating"]["list"]}
@@ -288,6 +295,85 @@ def profile_name(profile):
     """How a panel description names the engine family of a profile."""
     return {"vllm": "vLLM", "sglang": "SGLang", "lmdeploy": "LMDeploy"}[
         profile]
+
+
+class NativeDashboard(Dashboard):
+    """docs/grafana/tokenmeter-native.json, the classic dashboard's queries
+    over native histograms (scripts/native-dashboard.py): every check of
+    the classic one, and that it is what the script writes now."""
+    PATH = NATIVE_DASHBOARD
+
+    def with_classic_names(self):
+        """The targets with each native histogram name X written X_bucket,
+        as the catalog names the series; of a classic heatmap's three
+        quantiles only the first (A, the heatmap's refId: they name the
+        same series)."""
+        engine_series, _, _ = catalog()
+        with open(DASHBOARD) as f:
+            heatmaps = {p["title"] for p in json.load(f)["panels"]
+                        if p["type"] == "heatmap"}
+
+        def name(m):
+            n = m.group(1)
+            if n not in engine_series and n + "_bucket" in engine_series:
+                n += "_bucket"
+            return "${namespace}:" + n
+        out = []
+        for p, t in self.targets:
+            if p["title"] in heatmaps and t["refId"] != "A":
+                continue
+            t = dict(t, expr=re.sub(r"\$\{namespace\}:(\w+)", name,
+                                    t["expr"]))
+            out.append((p, t))
+        return out
+
+    def test_every_series_named_exists_in_the_catalog(self):
+        self.targets = self.with_classic_names()
+        super().test_every_series_named_exists_in_the_catalog()
+
+    def test_every_target_names_each_profiles_series(self):
+        self.targets = self.with_classic_names()
+        super().test_every_target_names_each_profiles_series()
+
+    def test_the_panels_the_issue_asks_for(self):
+        """The classic dashboard's, in native form (the panels are the
+        same: test_no_classic_histogram_series_left)."""
+        exprs = "\n".join(t["expr"] for _, t in self.targets)
+        for h in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                  "request_time_per_output_token_seconds",
+                  "e2e_request_latency_seconds"):
+            for q in ("0.5", "0.9", "0.99"):
+                self.assertIn(f"histogram_quantile({q}, sum(rate("
+                              f"${{namespace}}:{h}{{", exprs)
+            for f in ("histogram_sum", "histogram_count"):
+                self.assertIn(f"{f}(rate(${{namespace}}:{h}{{", exprs)
+        for h in ("time_to_first_token_seconds",
+                  "e2e_request_latency_seconds"):
+            for q in ("0.5", "0.99"):
+                self.assertIn(f"histogram_quantile({q}, sum by (tenant) "
+                              f"(rate(${{namespace}}:{h}{{", exprs)
+
+    def test_is_what_the_script_writes_from_the_classic_one(self):
+        r = subprocess.run([sys.executable, NATIVE_SCRIPT, "--check"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_no_classic_histogram_series_left(self):
+        with open(DASHBOARD) as f:
+            classic_text = f.read()
+        classic = json.loads(classic_text)
+        for p, t in self.targets:
+            self.assertNotRegex(t["expr"], r"_bucket\b", p["title"])
+            # X_sum / X_count of a histogram X (one with X_bucket).
+            for m in re.finditer(r"([\w${}:]+)_(sum|count)\b(?!\()",
+                                 t["expr"]):
+                self.assertNotIn(m.group(1) + "_bucket", classic_text,
+                                 f"{p['title']}: {m.group(0)}")
+        self.assertNotIn("heatmap", {p["type"] for p in self.panels})
+        self.assertIn("native-histograms", self.d["tags"])
+        self.assertNotEqual(self.d["uid"], classic["uid"])
+        self.assertEqual([p["title"] for p in self.panels],
+                         [p["title"] for p in classic["panels"]])
 
 
 class Rules(unittest.TestCase):

@@ -180,10 +180,11 @@ class Prometheus:
     """One /usr/bin/prometheus on a config text, its API on a free port
     (a start that loses its port to another process is retried)."""
 
-    def __init__(self, workdir, config, rule_files):
+    def __init__(self, workdir, config, rule_files, extra_args=()):
         self.workdir = workdir
         self.config = config
         self.rule_files = rule_files
+        self.extra_args = tuple(extra_args)
         self.proc = None
         self.attempt = 0
 
@@ -197,7 +198,8 @@ class Prometheus:
             f.write(conf)
         for path in self.rule_files:
             shutil.copy(path, pdir)
-        self.proc, self.log = tu.start_prometheus(PROMETHEUS, pdir, self.port)
+        self.proc, self.log = tu.start_prometheus(PROMETHEUS, pdir, self.port,
+                                                  self.extra_args)
 
     def wait_ready(self, timeout=30):
         """Once /-/ready answers 200; restarts on another port (3 tries in
@@ -445,13 +447,19 @@ def shared_env():
     return _ENV[0]
 
 
-def tearDownModule():  # noqa: N802 (unittest's name)
-    for env in _ENV:
+def close_envs(envs):
+    """Closes each environment (reporting its simulated engines' errors)
+    and empties the list."""
+    for env in envs:
         for s in env.sims:
             if s.error:
                 print(f"sim engine error: {s.error!r}", file=sys.stderr)
         env.close()
-    _ENV.clear()
+    envs.clear()
+
+
+def tearDownModule():  # noqa: N802 (unittest's name)
+    close_envs(_ENV)
 
 
 class LiveBase(unittest.TestCase):

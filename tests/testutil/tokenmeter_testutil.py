@@ -359,18 +359,20 @@ class Daemon:
         return s
 
 
-def start_prometheus(binary, config_dir, port):
+def start_prometheus(binary, config_dir, port, extra_args=()):
     """Starts a real Prometheus with config_dir/prometheus.yml, its TSDB in
     config_dir/data, the HTTP API on 127.0.0.1:port, warnings to
-    config_dir/prometheus.log. Returns (process, log_path); the caller
-    waits for readiness and stops it."""
+    config_dir/prometheus.log, and extra_args (e.g.
+    --enable-feature=native-histograms). Returns (process, log_path); the
+    caller waits for readiness and stops it."""
     log_path = os.path.join(config_dir, "prometheus.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [binary,
              "--config.file=" + os.path.join(config_dir, "prometheus.yml"),
              "--storage.tsdb.path=" + os.path.join(config_dir, "data"),
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+             *extra_args],
             stdout=subprocess.DEVNULL, stderr=log, cwd=config_dir)
     return proc, log_path
 
