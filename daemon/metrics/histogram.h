@@ -93,7 +93,8 @@ class Histogram {
   // Snapshots (daemon/state/state_io.h): the counts, the raw sum and the
   // native buckets. A load whose bucket count differs from the layout's
   // fails the reader; native buckets of a finer schema than the layout's
-  // are reduced to it (NativeHistogram::LoadState()).
+  // are reduced to it (NativeHistogram::LoadState()). From format 1
+  // (before native buckets) the native buckets start empty.
   void SaveState(StateWriter& w) const;
   void LoadState(StateReader& r);
 

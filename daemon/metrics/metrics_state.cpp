@@ -66,7 +66,10 @@ void Histogram::LoadState(StateReader& r) {
   const uint64_t count = r.U64();
   const double sum_raw = r.F64();
   NativeHistogram native(layout_->native_schema());
-  native.LoadState(r);
+  // Format 1 had no native buckets: they start empty, the classic counts
+  // go on (a native count above its buckets' total is what NaN
+  // observations give too; rates over the new samples are exact).
+  if (r.version() >= 2) native.LoadState(r);
   if (!r.ok()) return;
   counts_ = std::move(counts);
   count_ = count;

@@ -217,11 +217,13 @@ LoadOutcome LoadSnapshot(const std::string& dir, const std::string& boot_id,
   }
   StateReader r(covered.data() + kMagic.size(), covered.size() - kMagic.size());
   const uint32_t version = r.U32();
-  if (version != kSnapshotVersion) {
-    SetAside(dir, fmt::format("format version {}, this daemon reads {}",
-                              version, kSnapshotVersion));
+  if (version < kOldestStateFormatVersion || version > kSnapshotVersion) {
+    SetAside(dir,
+             fmt::format("format version {}, this daemon reads {} to {}",
+                         version, kOldestStateFormatVersion, kSnapshotVersion));
     return LoadOutcome::kSetAside;
   }
+  r.set_version(version);
   const std::string their_boot = r.Str(256);
   if (their_boot != boot_id) {
     SetAside(dir, fmt::format("written in another boot ({}, this boot {}): "

@@ -37,8 +37,9 @@
 
 namespace tokenmeter::daemon {
 
-// 2: each histogram also holds its native buckets (NativeHistogram).
-inline constexpr uint32_t kSnapshotVersion = 2;
+// The format written (state_io.h: 2, each histogram with its native
+// buckets); versions from kOldestStateFormatVersion on are read.
+inline constexpr uint32_t kSnapshotVersion = kStateFormatVersion;
 inline constexpr std::string_view kSnapshotName = "snapshot";
 
 // What of the configuration a snapshot depends on, as three strings that

@@ -21,6 +21,13 @@
 
 namespace tokenmeter::daemon {
 
+// The layout SaveState() writes now (the snapshot's format version). 2:
+// each histogram also holds its native buckets. A StateReader says which
+// layout its bytes have, so that a component whose layout grew can still
+// read the older one (Histogram::LoadState()).
+inline constexpr uint32_t kStateFormatVersion = 2;
+inline constexpr uint32_t kOldestStateFormatVersion = 1;
+
 class StateWriter {
  public:
   explicit StateWriter(std::string& out) : out_(out) {}
@@ -59,7 +66,14 @@ class StateWriter {
 
 class StateReader {
  public:
-  StateReader(const char* data, size_t size) : p_(data), end_(data + size) {}
+  // `version`: the layout the bytes were written in
+  // (kOldestStateFormatVersion..kStateFormatVersion).
+  StateReader(const char* data, size_t size,
+              uint32_t version = kStateFormatVersion)
+      : p_(data), end_(data + size), version_(version) {}
+
+  uint32_t version() const { return version_; }
+  void set_version(uint32_t version) { version_ = version; }
 
   uint8_t U8() { return uint8_t(Fixed<uint8_t>()); }
   uint16_t U16() { return Fixed<uint16_t>(); }
@@ -123,6 +137,7 @@ class StateReader {
   }
   const char* p_;
   const char* end_;
+  uint32_t version_;
   bool ok_ = true;
 };
 

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -183,6 +184,37 @@ TEST(StateTest, RoundTripShowsTheSameAndGoesOnTheSame) {
   EXPECT_EQ(b.tracker->size(), 0u);
 }
 
+// Format 1 (before native buckets) holds a histogram as its counts, count
+// and raw sum: it loads with the native buckets empty and the classic
+// figures kept, and the same bytes read as format 2 fail.
+TEST(StateTest, HistogramFromFormatOneLoadsWithEmptyNativeBuckets) {
+  const HistogramLayout layout({0.01, 0.1, 1}, 1e9);
+  std::string v1;
+  StateWriter w(v1);
+  w.U64(4);  // bucket counts: 0.01, 0.1, 1, +Inf
+  for (uint64_t c : {3, 0, 2, 1}) w.U64(c);
+  w.U64(6);
+  w.F64(4.5e9);
+  Histogram h(&layout);
+  h.Observe(5e7);  // replaced by the load
+  StateReader r(v1.data(), v1.size(), 1);
+  h.LoadState(r);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r.at_end());
+  EXPECT_EQ(h.counts(), (std::vector<uint64_t>{3, 0, 2, 1}));
+  EXPECT_EQ(h.count(), 6u);
+  EXPECT_EQ(h.sum(), 4.5);
+  EXPECT_EQ(h.native().populated(), 0u);
+  EXPECT_EQ(h.native().zero_count(), 0u);
+  h.Observe(2e8);  // goes on from there
+  EXPECT_EQ(h.count(), 7u);
+  EXPECT_EQ(h.native().populated(), 1u);
+  Histogram again(&layout);
+  StateReader as_v2(v1.data(), v1.size());
+  again.LoadState(as_v2);
+  EXPECT_FALSE(as_v2.ok() && as_v2.at_end());
+}
+
 // A snapshot of a daemon with another --native-histogram-schema loads: a
 // finer schema is reduced to the configured one, a coarser one stays (the
 // schema only ever decreases); the classic buckets are untouched.
@@ -243,6 +275,37 @@ TEST(StateTest, RandomCorruptionsNeverCrash) {
   // lengths, ids and enums and are refused. Both happen.
   EXPECT_GT(loaded, 0);
   EXPECT_LT(loaded, 400);
+}
+
+// The snapshot's format version: the readable ones reach apply() with the
+// reader set to that version; one outside them is set aside unread.
+TEST(StateTest, SnapshotVersionsReadAndRefused) {
+  char dir[] = "/tmp/tm-state-version-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  const SnapshotFingerprint fp{{"b", "n", "r"}};
+  for (const uint32_t version : {0u, 1u, 2u, 3u}) {
+    SCOPED_TRACE(version);
+    std::string bytes;
+    EncodeSnapshot(
+        "boot", fp, [](StateWriter& w) { w.U64(42); }, &bytes);
+    // The version follows the 8-byte magic (little-endian u32).
+    for (int i = 0; i < 4; ++i)
+      bytes[8 + i] = char((version >> (8 * i)) & 0xff);
+    SealSnapshot(&bytes);
+    ASSERT_TRUE(WriteFileAtomically(d, "snapshot", bytes).ok());
+    uint32_t seen = 0;
+    const LoadOutcome got = LoadSnapshot(d, "boot", fp, [&](StateReader& r) {
+      seen = r.version();
+      return r.U64() == 42 && r.at_end();
+    });
+    const bool readable = version >= 1 && version <= kSnapshotVersion;
+    EXPECT_EQ(got, readable ? LoadOutcome::kRestored : LoadOutcome::kSetAside);
+    EXPECT_EQ(seen, readable ? version : 0u);
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directory(d);
+  }
+  std::filesystem::remove_all(d);
 }
 
 TEST(StateTest, FilesAndBootId) {

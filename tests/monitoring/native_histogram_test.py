@@ -235,6 +235,15 @@ class Accuracy(Base):
         self.assertAlmostEqual(total, sum(self.env.ttfts_ns) / 1e9,
                                delta=1e-9 * total)
 
+    def test_histogram_fraction_reads_a_share_under_a_bound(self):
+        """The user guide's histogram_fraction() example: the share of
+        requests whose first token came within 500 ms."""
+        exact = sum(v <= 500 * MS for v in self.env.ttfts_ns) / N_REQUESTS
+        (_, got), = self.native.vector(
+            "histogram_fraction(0, 0.5, "
+            f"vllm:time_to_first_token_seconds{self.SEL})")
+        self.assertAlmostEqual(got, exact, delta=0.01)
+
     def test_native_server_stores_only_the_native_form(self):
         """Prometheus 2.42: a histogram with native buckets loses its
         _bucket, _sum and _count series; the classic server keeps them and

@@ -34,6 +34,7 @@
 
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/metrics/catalog.h"
+#include "daemon/metrics/library_proto_writer.h"
 #include "daemon/metrics/metrics.pb.h"
 #include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/profile.h"
@@ -1538,6 +1539,51 @@ void ExpectProtobufEqualsText(const Registry& reg) {
   }
   EXPECT_EQ(g, got.size()) << "extra families";
   EXPECT_GT(samples, 300u);
+}
+
+// ProtoWriter (the daemon's hand-written encoder) against LibraryProtoWriter
+// (protoc's classes and libprotobuf), on registries without process_*
+// (whose values move between two renders): the same bytes.
+void ExpectBothEncodersAgree(const Registry& reg) {
+  std::string hand, library;
+  ProtoWriter h(hand);
+  daemon::Render(reg, h);
+  LibraryProtoWriter l(library);
+  daemon::Render(reg, l);
+  EXPECT_GT(hand.size(), 100u);
+  EXPECT_TRUE(hand == library)
+      << hand.size() << " vs " << library.size() << " bytes";
+}
+
+TEST(ExpositionTest, ProtobufEncoderAgreesWithTheGeneratedCode) {
+  for (int schema : {3, -4, 8}) {
+    RegistryOptions options;
+    options.native_histogram_schema = schema;
+    options.request_labels = {"tenant"};
+    std::unique_ptr<Registry> reg;
+    ASSERT_TRUE(Registry::Create(options, &reg).ok());
+    EngineSeries* a =
+        reg->GetOrCreate({"vllm", "m", "0", {{"tier", kOddLabel}}});
+    EngineSeries* b =
+        reg->GetOrCreate({"sglang", "q", "1", {}, Profile::kSglang});
+    Fill(*a, 1, true, true);
+    Fill(*b, 2, true, true);
+    // Wide spreads: many native buckets, gaps, reduced schemas, the zero
+    // bucket, NaN and +Inf.
+    Histogram& h = a->hist(kE2eRequestLatency);
+    for (int i = 0; i < 5000; ++i)
+      h.Observe(std::exp(double(i % 97) / 3) * 1e3);
+    h.Observe(0);
+    h.Observe(std::nan(""));
+    h.Observe(HUGE_VAL);
+    b->hist(kTimeToFirstToken).Observe(1e6);
+    b->hist(kTimeToFirstToken).Observe(1e9);
+    ExpectBothEncodersAgree(*reg);
+  }
+  std::unique_ptr<Registry> empty;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &empty).ok());
+  empty->GetOrCreate({"vllm", "m", "0", {}});
+  ExpectBothEncodersAgree(*empty);
 }
 
 TEST(ExpositionTest, ProtobufCarriesEverySampleOfTheText) {
