@@ -73,14 +73,16 @@ NS = "tokenmeter_engine"  # the reference engine's metric namespace
 VIAS = ("remote_write", "federation")
 DEADLINE_S = 60.0
 
-# host -> its engines: (instance, model, seed, extra flags). Two models,
-# host 1 with two engines, host 3 with longer outputs: the hosts' latency
-# distributions differ, so a mean of their quantiles is not the fleet's.
+# host -> its engines: (instance, model, seed, extra flags). Two models;
+# host 1 runs two tiny engines (latencies of microseconds, all in the first
+# ITL bucket), hosts 2 and 3 one small engine each (milliseconds, over
+# many buckets): the hosts' latency distributions differ, so that a mean
+# of their quantiles is not the fleet's quantile.
 HOSTS = {
     "gpu-node-1": [("e0", "llama-a", 11, []), ("e1", "llama-a", 12, [])],
-    "gpu-node-2": [("e0", "llama-a", 21, ["--rate", "30"])],
-    "gpu-node-3": [("e0", "qwen-b", 31, ["--output-len", "40",
-                                         "--max-batch", "16"])],
+    "gpu-node-2": [("e0", "llama-a", 21, ["--model-size", "small"])],
+    "gpu-node-3": [("e0", "qwen-b", 31, ["--model-size", "small",
+                                         "--output-len", "32"])],
 }
 WORKLOAD = ["--requests", "100", "--rate", "20", "--prompt-len", "48",
             "--output-len", "24", "--max-batch", "8", "--backend", "cpu",
@@ -196,16 +198,6 @@ def histogram_quantile(q, buckets):
     if i == 0 and le <= 0:
         return le
     return lower + (le - lower) * (rank - below) / (count - below)
-
-
-def bucket_of(value, les):
-    """(lower, upper) bound of the bucket holding `value`."""
-    lower = 0.0
-    for le in sorted(les):
-        if value <= le:
-            return lower, le
-        lower = le
-    return lower, math.inf
 
 
 class Fleet:
@@ -576,58 +568,64 @@ class FleetTest(unittest.TestCase):
                          100 * sum(len(e) for e in HOSTS.values()))
 
     def test_quantiles_come_from_summed_bucket_rates(self):
+        """Each via's fleet_model p50/p99 rule, evaluated at one instant,
+        equals histogram_quantile() of its input bucket rates summed here
+        over hosts and engines; a mean of the hosts' quantiles would not
+        (checked to differ where a model has several hosts)."""
         f = self.fleet
         at = time.time()
         with open(os.path.join(FLEET_DOCS, "fleet.rules.yml")) as fh:
             groups = yaml.safe_load(fh)["groups"]
         exprs = {(g["name"], r["record"]): r["expr"]
                  for g in groups for r in g["rules"]}
-        scrape = f.scrape_daemon("gpu-node-1")
-        for hist, rkey in (("time_to_first_token_seconds", "ttft_s"),
-                           ("inter_token_latency_seconds", "itl_s")):
-            les = {float(dict(k[1])["le"]) for k in scrape
-                   if k[0] == f"{NS}:{hist}_bucket"}
-            self.assertGreater(len(les), 5)
-            # The raw bucket rates, summed over hosts and engines here.
-            raw = f.query(f'rate({{__name__="{NS}:{hist}_bucket", '
-                          f'host!=""}}[5m])', at)
-            by_model = {}
-            for r in raw:
-                m = r["metric"]
-                b = by_model.setdefault(m["model_name"], {})
-                le = float(m["le"])
-                b[le] = b.get(le, 0.0) + float(r["value"][1])
-            for q in ("p50", "p99"):
-                qv = {"p50": 0.5, "p99": 0.99}[q]
-                for via in VIAS:
-                    expr = exprs[(f"tokenmeter-fleet-{via.replace('_', '-')}",
-                                  f"fleet_model:{hist}:{q}_5m")]
+        mean_differs = []
+        for hist in ("time_to_first_token_seconds",
+                     "inter_token_latency_seconds"):
+            # Each via's input bucket rates: the engine series, the
+            # host-level sums.
+            inputs = {
+                "remote_write": f'{{__name__="{NS}:{hist}_bucket", '
+                                'host!=""}',
+                "federation": f'host_model:{hist}_bucket:sum{{host!=""}}'}
+            for via, sel in inputs.items():
+                fleet, hosts = {}, {}
+                for r in f.query(f"rate({sel}[5m])", at):
+                    m, v = r["metric"], float(r["value"][1])
+                    le = float(m["le"])
+                    b = fleet.setdefault(m["model_name"], {})
+                    b[le] = b.get(le, 0.0) + v
+                    b = hosts.setdefault((m["model_name"], m["host"]), {})
+                    b[le] = b.get(le, 0.0) + v
+                self.assertEqual(set(fleet), {"llama-a", "qwen-b"})
+                for q, qv in (("p50", 0.5), ("p99", 0.99)):
+                    group = f"tokenmeter-fleet-{via.replace('_', '-')}"
+                    expr = exprs[(group, f"fleet_model:{hist}:{q}_5m")]
                     got = values_by(f.query(expr, at), "model_name")
-                    self.assertEqual(set(got), {(m,) for m in by_model})
+                    self.assertEqual(set(got), {(m,) for m in fleet})
                     for (model,), v in got.items():
-                        want = histogram_quantile(qv, by_model[model])
-                        self.assertTrue(math.isfinite(want), (hist, model))
-                        if via == "remote_write":
-                            # The same rates, summed in another order.
-                            self.assertAlmostEqual(v, want, delta=1e-9 *
-                                                   max(1.0, abs(want)))
-                        # Both vias: within the engines' own quantiles'
-                        # buckets (a fleet quantile lies between the
-                        # smallest and the largest of its parts').
-                        parts = [r[rkey][q] for (h, i), r in
-                                 f.reports.items() if [
-                                     m for ii, m, *_ in HOSTS[h]
-                                     if ii == i][0] == model]
-                        lo = bucket_of(min(parts), les)[0]
-                        hi = bucket_of(max(parts), les)[1]
-                        self.assertTrue(lo <= v <= hi,
-                                        f"{via} {model} {hist} {q} {v} "
-                                        f"not in [{lo}, {hi}]: {parts}")
-                # The recorded series exist and are finite, per via.
-                for via in VIAS:
+                        want = histogram_quantile(qv, fleet[model])
+                        what = f"{via} {model} {hist} {q}"
+                        self.assertTrue(math.isfinite(want), what)
+                        self.assertAlmostEqual(
+                            v, want, delta=1e-9 * max(1.0, abs(want)),
+                            msg=what)
+                        parts = [histogram_quantile(qv, b) for (m, _), b
+                                 in hosts.items() if m == model]
+                        # A merged quantile lies between its parts'.
+                        self.assertTrue(min(parts) - 1e-12 <= v
+                                        <= max(parts) + 1e-12, what)
+                        if len(parts) > 1:
+                            mean = sum(parts) / len(parts)
+                            mean_differs.append(
+                                abs(mean - v) > 1e-6 * abs(v))
+                # The recorded series exist and are finite.
+                for q in ("p50", "p99"):
                     res = f.query(f'fleet_model:{hist}:{q}_5m{{via="{via}"}}')
                     self.assertTrue(res and all(math.isfinite(float(
                         r["value"][1])) for r in res), (via, hist, q, res))
+        self.assertTrue(mean_differs)
+        self.assertTrue(any(mean_differs), "the hosts' quantiles are all "
+                        "alike: this test could not tell a mean from them")
 
     def test_gauges_equal_the_daemons(self):
         f = self.fleet
@@ -746,15 +744,16 @@ class FleetTest(unittest.TestCase):
         tsdb = http_json(f.central, f"http://{CENTRAL_IP}:9090/api/v1/"
                          "status/tsdb")["data"]["headStats"]
         self.assertGreater(tsdb["numSeries"], sum(per_host.values()))
-        print("FIGURES: hosts {} engines {} series/host (scrape) {} "
-              "federated series/host {} agent samples/s/host {:.0f}..{:.0f} "
-              "(1 s interval) central head series {} delivery {:.1f} s "
-              "setup+run {:.1f} s".format(
-                  len(HOSTS), len(f.reports),
-                  sorted(int(v) for v in per_host.values()),
-                  sorted(int(v) for v in fed.values()), min(rates),
-                  max(rates), tsdb["numSeries"], self.delivery_s,
-                  time.monotonic() - self.t0), flush=True)
+        engines = {h: len(e) for h, e in HOSTS.items()}
+        print("FIGURES: " + "; ".join(
+            f"{h} ({engines[h]} engine{'s' if engines[h] > 1 else ''}): "
+            f"{int(per_host[(h,)])} series scraped, {int(fed[(h,)])} "
+            f"federated, agent {rate:.0f} samples/s sent"
+            for (h, rate) in zip(HOSTS, rates)) +
+            f"; scrape interval 1 s; central head series "
+            f"{tsdb['numSeries']}; delivery {self.delivery_s:.1f} s after "
+            f"the engines; setup+run {time.monotonic() - self.t0:.1f} s",
+            flush=True)
 
 
 def available():
