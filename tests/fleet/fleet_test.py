@@ -739,7 +739,8 @@ class FleetTest(unittest.TestCase):
         rates = []
         for host, ns in f.hosts.items():
             text = http_text(ns, "http://127.0.0.1:9091/metrics")
-            sent = tu.parse(text).sum("prometheus_remote_storage_samples_total")
+            sent = tu.parse(text).sum(
+                "prometheus_remote_storage_samples_total")
             rates.append(sent / (time.time() - self.started))
         tsdb = http_json(f.central, f"http://{CENTRAL_IP}:9090/api/v1/"
                          "status/tsdb")["data"]["headStats"]
