@@ -51,10 +51,17 @@ class Promtool(unittest.TestCase):
         for name in ("agent.yml", "host.yml", "central.yml"):
             rc, out = promtool("check", "config", name)
             self.assertEqual(rc, 0, out)
+        names = sorted(n for n in os.listdir(FLEET) if n.endswith(".yml"))
+        self.assertEqual(names, ["agent.yml", "central.yml",
+                                 "fleet.rules.yml", "host.rules.yml",
+                                 "host.yml"])
+        # Every one installed (<datadir>/tokenmeter/prometheus/fleet/), and
+        # the fleet dashboard.
+        with open(os.path.join(SRC, "docs", "meson.build")) as f:
+            text = f.read()
         self.assertEqual(
-            sorted(n for n in os.listdir(FLEET) if n.endswith(".yml")),
-            ["agent.yml", "central.yml", "fleet.rules.yml", "host.rules.yml",
-             "host.yml"])
+            sorted(re.findall(r"'prometheus/fleet/([^']+)'", text)), names)
+        self.assertIn("'grafana/tokenmeter-fleet.json'", text)
 
     def test_check_rules(self):
         for name in ("host.rules.yml", "fleet.rules.yml"):

@@ -745,14 +745,21 @@ class FleetTest(unittest.TestCase):
         tsdb = http_json(f.central, f"http://{CENTRAL_IP}:9090/api/v1/"
                          "status/tsdb")["data"]["headStats"]
         self.assertGreater(tsdb["numSeries"], sum(per_host.values()))
+        own = tu.parse(http_text(f.central,
+                                 f"http://{CENTRAL_IP}:9090/metrics"))
+        rss_mib = own.sum("process_resident_memory_bytes") / 2**20
+        appended = own.sum("prometheus_tsdb_head_samples_appended_total")
+        self.assertGreater(appended, 0)
         engines = {h: len(e) for h, e in HOSTS.items()}
         print("FIGURES: " + "; ".join(
             f"{h} ({engines[h]} engine{'s' if engines[h] > 1 else ''}): "
             f"{int(per_host[(h,)])} series scraped, {int(fed[(h,)])} "
             f"federated, agent {rate:.0f} samples/s sent"
             for (h, rate) in zip(HOSTS, rates)) +
-            f"; scrape interval 1 s; central head series "
-            f"{tsdb['numSeries']}; delivery {self.delivery_s:.1f} s after "
+            f"; scrape interval 1 s; central: {tsdb['numSeries']} head "
+            f"series, {appended / (time.time() - self.started):.0f} "
+            f"samples/s appended, {rss_mib:.0f} MiB resident; "
+            f"delivery {self.delivery_s:.1f} s after "
             f"the engines; setup+run {time.monotonic() - self.t0:.1f} s",
             flush=True)
 

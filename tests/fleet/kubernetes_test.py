@@ -102,6 +102,11 @@ class Manifests(unittest.TestCase):
     def test_every_file_of_the_directory_is_known(self):
         names = {n for n in os.listdir(K8S) if n.endswith(".yaml")}
         self.assertEqual(names, set(MANIFESTS))
+        # ... and installed (<datadir>/tokenmeter/kubernetes/).
+        with open(os.path.join(SRC, "docs", "meson.build")) as f:
+            installed = set(re.findall(r"'\.\./deploy/kubernetes/([^']+)'",
+                                       f.read()))
+        self.assertEqual(installed, set(MANIFESTS))
         kinds = sorted(k for k, _ in objects())
         self.assertEqual(kinds, sorted([
             "Namespace", "DaemonSet", "Deployment", "Deployment", "Service",
