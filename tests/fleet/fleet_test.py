@@ -454,8 +454,9 @@ class FleetTest(unittest.TestCase):
             cls.fleet.make_network()
             cls.fleet.start_daemons()
             cls.fleet.start_prometheus()
-            cls.started = time.time()
+            cls.sent0 = cls.agents_sent()
             cls.fleet.run_engines()
+            cls.engines_done = time.time()
             cls.expected = cls.expectations(cls.fleet.reports)
             cls.wait_delivered()
         except BaseException:
@@ -475,6 +476,21 @@ class FleetTest(unittest.TestCase):
               flush=True)
         if left or dirs or alive:
             raise AssertionError(f"left behind: {left} {dirs} {alive}")
+
+    @classmethod
+    def agents_sent(cls):
+        """{host: (time, samples the host's agent has sent so far)}, and
+        "central": (time, samples the central one has appended)."""
+        out = {}
+        for host, ns in cls.fleet.hosts.items():
+            text = http_text(ns, "http://127.0.0.1:9091/metrics")
+            out[host] = (time.monotonic(), tu.parse(text).sum(
+                "prometheus_remote_storage_samples_total"))
+        text = http_text(cls.fleet.central,
+                         f"http://{CENTRAL_IP}:9090/metrics")
+        out["central"] = (time.monotonic(), tu.parse(text).sum(
+            "prometheus_tsdb_head_samples_appended_total"))
+        return out
 
     @staticmethod
     def expectations(reports):
@@ -573,7 +589,21 @@ class FleetTest(unittest.TestCase):
         over hosts and engines; a mean of the hosts' quantiles would not
         (checked to differ where a model has several hosts)."""
         f = self.fleet
-        at = time.time()
+        # An instant whose samples have all arrived: the engines' end, once
+        # both topologies have delivered samples 2 s younger (in order).
+        at = self.engines_done
+
+        def caught_up():
+            for expr in ('max by (host) (timestamp(up{job="tokenmeter", '
+                         'host!=""}))',
+                         'max by (host) (timestamp(host_job:up:sum))'):
+                ts = values_by(f.query(expr), "host")
+                if set(ts) != {(h,) for h in HOSTS} or \
+                        min(ts.values()) < at + 2:
+                    return False
+            return True
+        tu.poll_until(caught_up, timeout=30, interval=0.2,
+                      what="samples after the engines' end delivered")
         with open(os.path.join(FLEET_DOCS, "fleet.rules.yml")) as fh:
             groups = yaml.safe_load(fh)["groups"]
         exprs = {(g["name"], r["record"]): r["expr"]
@@ -735,29 +765,26 @@ class FleetTest(unittest.TestCase):
                                      '"tokenmeter", host!=""}'), "host")
         fed = values_by(f.query('count by (host) ({__name__=~"host_.+:.+"})'),
                         "host")
-        # Samples the agents actually sent per second of their uptime.
-        rates = []
-        for host, ns in f.hosts.items():
-            text = http_text(ns, "http://127.0.0.1:9091/metrics")
-            sent = tu.parse(text).sum(
-                "prometheus_remote_storage_samples_total")
-            rates.append(sent / (time.time() - self.started))
+        # Samples sent by each agent, appended by the central Prometheus,
+        # per second since the engines started.
+        now = self.agents_sent()
+        rate = {k: (now[k][1] - v) / (now[k][0] - t)
+                for k, (t, v) in self.sent0.items()}
+        self.assertTrue(all(r > 0 for r in rate.values()), rate)
         tsdb = http_json(f.central, f"http://{CENTRAL_IP}:9090/api/v1/"
                          "status/tsdb")["data"]["headStats"]
         self.assertGreater(tsdb["numSeries"], sum(per_host.values()))
         own = tu.parse(http_text(f.central,
                                  f"http://{CENTRAL_IP}:9090/metrics"))
         rss_mib = own.sum("process_resident_memory_bytes") / 2**20
-        appended = own.sum("prometheus_tsdb_head_samples_appended_total")
-        self.assertGreater(appended, 0)
         engines = {h: len(e) for h, e in HOSTS.items()}
         print("FIGURES: " + "; ".join(
             f"{h} ({engines[h]} engine{'s' if engines[h] > 1 else ''}): "
             f"{int(per_host[(h,)])} series scraped, {int(fed[(h,)])} "
-            f"federated, agent {rate:.0f} samples/s sent"
-            for (h, rate) in zip(HOSTS, rates)) +
+            f"federated, agent {rate[h]:.0f} samples/s sent"
+            for h in HOSTS) +
             f"; scrape interval 1 s; central: {tsdb['numSeries']} head "
-            f"series, {appended / (time.time() - self.started):.0f} "
+            f"series, {rate['central']:.0f} "
             f"samples/s appended, {rss_mib:.0f} MiB resident; "
             f"delivery {self.delivery_s:.1f} s after "
             f"the engines; setup+run {time.monotonic() - self.t0:.1f} s",
