@@ -14,17 +14,19 @@ The central Prometheus (its own namespace, a bridge with one veth per host,
 10.250.0.0/24) runs docs/prometheus/fleet/central.yml with
 --web.enable-remote-write-receiver and fleet/fleet.rules.yml, so it holds
 both topologies' series at once: the check that the two rule groups never
-add up each other's inputs. Only host names, targets, the write URL and the
-intervals (1 s) of the files are rewritten. Nothing leaves the namespaces:
-the test talks to them by entering them (setns on its own thread).
+add up each other's inputs. Only host names, targets, the write URL, its
+batch_send_deadline and the intervals (1 s, all) of the files are
+rewritten. Nothing leaves the namespaces: the test talks to them by
+entering them (setns on its own thread).
 
 Checks, on the central Prometheus:
 * the fleet totals (per host, per model, whole fleet; requests by finish
   reason, prompt and generation tokens, TTFT and ITL counts) equal the sum
   of the engines' --report figures exactly, for each `via`;
-* the fleet p99/p50 rules equal histogram_quantile() of the bucket rates
-  summed over hosts (computed here from the raw rates), and lie within the
-  engines' own p99s' buckets; gauges equal the daemons' own values;
+* each via's fleet p50/p99 rules equal histogram_quantile() of that via's
+  input bucket rates summed here over hosts and engines (a mean of the
+  hosts' quantiles, which differs, would fail), and lie between the hosts'
+  own; gauges equal the daemons' own values;
 * every series carries its host (`host`, or for the federation job's own
   series the host Prometheus's `instance`), and every fleet series one
   `via`, one series per via;
