@@ -257,7 +257,8 @@ class Fleet:
 
     def start_daemons(self):
         for host, ns in self.hosts.items():
-            d = tu.Daemon("--log-interval", "0", listen="127.0.0.1:10062",
+            d = tu.Daemon("--log-interval", "0",
+                          listen=f"{self.addr[host]}:10062",
                           launcher=["ip", "netns", "exec", ns],
                           preexec_fn=os.setsid, prefix=f"{self.tag}-d-")
             self.daemons[host] = d
@@ -284,9 +285,10 @@ class Fleet:
             with open(os.path.join(FLEET_DOCS, name)) as f:
                 return yaml.safe_load(f)
 
-        def local_target(doc):
+        def local_target(doc, host):
             (job,) = doc["scrape_configs"]
-            job["static_configs"] = [{"targets": ["127.0.0.1:10062"]}]
+            job["static_configs"] = [{"targets": [
+                f"{self.addr[host]}:10062"]}]
 
         central = load("central.yml")
         central["global"].update(scrape_interval="1s",
@@ -302,7 +304,7 @@ class Fleet:
             agent = load("agent.yml")
             agent["global"]["scrape_interval"] = "1s"
             agent["global"]["external_labels"]["host"] = host
-            local_target(agent)
+            local_target(agent, host)
             (rw,) = agent["remote_write"]
             rw["url"] = f"http://{CENTRAL_IP}:9090/api/v1/write"
             rw["queue_config"]["batch_send_deadline"] = "1s"
@@ -315,7 +317,7 @@ class Fleet:
             server["global"].update(scrape_interval="1s",
                                     evaluation_interval="1s")
             server["global"]["external_labels"]["host"] = host
-            local_target(server)
+            local_target(server, host)
             pdir = self.write_config(f"server-{host}", server,
                                      "host.rules.yml")
             self.prometheus(f"server-{host}", ns, pdir,
@@ -700,6 +702,13 @@ class FleetTest(unittest.TestCase):
         # With a host label: only our hosts.
         res = f.query('count by (host) ({__name__=~".+", host!=""})')
         self.assertEqual({r["metric"]["host"] for r in res}, hosts)
+        # ... and on the engine series an `instance` that names the same
+        # host (the scrape target is the host, not localhost).
+        res = f.query('group by (host, instance) ({__name__=~"[^:]+:.+", '
+                      '__name__!~"host_.+", job="tokenmeter", host!=""})')
+        self.assertEqual({(r["metric"]["host"], r["metric"]["instance"])
+                          for r in res},
+                         {(h, f"{f.addr[h]}:10062") for h in HOSTS})
         # Without one: the fleet rules' aggregates, and the federation
         # job's own series, named by the host Prometheus's instance.
         for r in f.query('group by (__name__, job, instance, via) '
@@ -767,6 +776,9 @@ class FleetTest(unittest.TestCase):
                                      '"tokenmeter", host!=""}'), "host")
         fed = values_by(f.query('count by (host) ({__name__=~"host_.+:.+"})'),
                         "host")
+        buckets = values_by(f.query(
+            'count by (host) ({__name__=~"[^:]+:.+_bucket", job="tokenmeter",'
+            ' __name__!~"host_.+"})'), "host")
         # Samples sent by each agent, appended by the central Prometheus,
         # per second since the engines started.
         now = self.agents_sent()
@@ -782,7 +794,8 @@ class FleetTest(unittest.TestCase):
         engines = {h: len(e) for h, e in HOSTS.items()}
         print("FIGURES: " + "; ".join(
             f"{h} ({engines[h]} engine{'s' if engines[h] > 1 else ''}): "
-            f"{int(per_host[(h,)])} series scraped, {int(fed[(h,)])} "
+            f"{int(per_host[(h,)])} series scraped ({int(buckets[(h,)])} "
+            f"histogram buckets), {int(fed[(h,)])} "
             f"federated, agent {rate[h]:.0f} samples/s sent"
             for h in HOSTS) +
             f"; scrape interval 1 s; central: {tsdb['numSeries']} head "
