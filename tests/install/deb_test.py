@@ -61,6 +61,14 @@ def expected_files():
             "/usr/share/tokenmeter/grafana/tokenmeter-native.json",
             f"{prom}/prometheus.yml", f"{prom}/global.yml",
             f"{prom}/tokenmeter.rules.yml", f"{prom}/tokenmeter.alerts.yml",
+            "/usr/share/tokenmeter/grafana/tokenmeter-fleet.json",
+            *(f"{prom}/fleet/{y}" for y in (
+                "agent.yml", "host.yml", "central.yml", "host.rules.yml",
+                "fleet.rules.yml")),
+            *(f"/usr/share/tokenmeter/kubernetes/{y}" for y in (
+                "namespace.yaml", "daemonset.yaml", "podmonitor.yaml",
+                "sidecar.yaml", "servicemonitor.yaml",
+                "prometheusrule.yaml")),
             "/usr/share/man/man8/tokenmeterd.8.gz",
             "/usr/share/doc/tokenmeterd/README.md.gz",
             "/usr/share/doc/tokenmeterd/operations.md.gz",

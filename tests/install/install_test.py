@@ -141,12 +141,19 @@ class Installed(unittest.TestCase):  # one install for every check
             f"{d['sysconfdir']}/tokenmeter/tokenmeterd.conf",
             f"{d['datadir']}/tokenmeter/grafana/tokenmeter.json",
             f"{d['datadir']}/tokenmeter/grafana/tokenmeter-native.json",
+            f"{d['datadir']}/tokenmeter/grafana/tokenmeter-fleet.json",
         }
         files |= {f"{d['includedir']}/tokenmeter/{h}" for h in (
             "tokenmeter.h", "client.hpp", "protocol.h")}
         files |= {f"{d['datadir']}/tokenmeter/prometheus/{y}" for y in (
             "prometheus.yml", "global.yml", "tokenmeter.rules.yml",
             "tokenmeter.alerts.yml")}
+        files |= {f"{d['datadir']}/tokenmeter/prometheus/fleet/{y}" for y in (
+            "agent.yml", "host.yml", "central.yml", "host.rules.yml",
+            "fleet.rules.yml")}
+        files |= {f"{d['datadir']}/tokenmeter/kubernetes/{y}" for y in (
+            "namespace.yaml", "daemonset.yaml", "podmonitor.yaml",
+            "sidecar.yaml", "servicemonitor.yaml", "prometheusrule.yaml")}
         if self.man_pages_built():
             files |= {f"{d['mandir']}/man8/tokenmeterd.8",
                       f"{d['mandir']}/man1/tokenmeter-engine.1",
