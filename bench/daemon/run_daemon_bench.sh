@@ -5,7 +5,9 @@
 #            one core vs. a read()+msgpack-c receiver (the ceiling); goal
 #            >= 5 M events/s
 #   render   daemon_render_bench: /metrics render at ~12.5 k samples vs.
-#            prometheus-cpp's Collect()+TextSerializer; goal >= 2x faster
+#            prometheus-cpp's Collect()+TextSerializer; goal >= 2x faster;
+#            the protobuf exposition (native histograms) at most 1.5x the
+#            text render
 # Ingest goals are judged on events per CPU-second of the receiver and render
 # goals on CPU time, so that a machine shared with other work measures the
 # code rather than its share of the CPU; wall-clock figures are printed
@@ -135,6 +137,14 @@ print(f"          wall clock: tokenmeterd {tr:.3f} ms, prometheus-cpp "
       f"{pr:.3f} ms, {pr / tr:.2f}x")
 print(f"          goal >= 2x faster than prometheus-cpp: {verdict(p / t >= 2)}"
       f" (CPU time; wall clock {verdict(pr / tr >= 2)})")
+pb = render.get("tokenmeterd_render_protobuf")
+pl = render.get("tokenmeterd_render_protobuf_library")
+if pb:
+    print(f"          protobuf exposition (native histograms): {pb[0]:.3f} ms, "
+          f"{pb[0] / t:.2f}x the text render"
+          + (f"; with libprotobuf's generated classes {pl[0]:.3f} ms, "
+             f"{pl[0] / t:.2f}x" if pl else ""))
+    print(f"          goal <= 1.5x the text render: {verdict(pb[0] / t <= 1.5)}")
 idle = res["rss_idle_mib"]
 bi = res["rss_bytes_per_request_int"]
 bs = res["rss_bytes_per_request_str36"]

@@ -369,6 +369,57 @@ class Http(unittest.TestCase):
         self.assertEqual(headers.get("Content-Encoding"), "gzip")
         self.assertIn(b"tokenmeter_build_info", gzip.decompress(body))
 
+    def test_protobuf_as_prometheus_asks_gzipped(self):
+        """Prometheus 2.42 --enable-feature=native-histograms: the protobuf
+        format, gzipped; the same families as the text format's with
+        samples (names as in text 0.0.4), each one length-delimited
+        MetricFamily whose field 1 is its name."""
+        accept = ("application/vnd.google.protobuf;"
+                  "proto=io.prometheus.client.MetricFamily;"
+                  "encoding=delimited,application/openmetrics-text;"
+                  "version=1.0.0;q=0.8,text/plain;version=0.0.4;q=0.5,"
+                  "*/*;q=0.1")
+        status, headers, body = self.d.get(
+            headers={"Accept": accept, "Accept-Encoding": "gzip"})
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["Content-Type"],
+                         "application/vnd.google.protobuf; "
+                         "proto=io.prometheus.client.MetricFamily; "
+                         "encoding=delimited")
+        self.assertEqual(headers.get("Content-Encoding"), "gzip")
+        data = gzip.decompress(body)
+
+        def varint(buf, i):
+            v = shift = 0
+            while True:
+                b = buf[i]
+                i += 1
+                v |= (b & 0x7f) << shift
+                shift += 7
+                if b < 0x80:
+                    return v, i
+        names = []
+        i = 0
+        while i < len(data):
+            size, i = varint(data, i)
+            msg = data[i:i + size]
+            i += size
+            self.assertEqual(msg[0], 0x0a)  # field 1, length-delimited
+            n, j = varint(msg, 1)
+            names.append(msg[j:j + n].decode())
+        self.assertEqual(i, len(data))
+        text = self.d.metrics_text()
+        with_samples = []
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                family = line.split()[2]
+            elif line and not line.startswith("#"):
+                if not with_samples or with_samples[-1] != family:
+                    with_samples.append(family)
+        self.assertEqual(names, with_samples)
+        self.assertIn("tokenmeter_engine:time_to_first_token_seconds", names)
+        self.assertIn("tokenmeter_engine:generation_tokens_total", names)
+
     def test_routes(self):
         self.assertEqual(self.d.get("/healthz")[0], 200)
         self.assertEqual(self.d.get("/healthz")[2], b"ok\n")
