@@ -12,6 +12,7 @@
 
 #include "daemon/http/negotiation.h"
 #include "daemon/http/web_config.h"
+#include "daemon/live/live_json.h"
 #include "daemon/logging/summary.h"
 #include "daemon/metrics/exposition.h"
 #include "daemon/metrics/proto_writer.h"
@@ -320,6 +321,18 @@ Status Daemon::Start() {
     resp.content_type = "text/plain; charset=utf-8";
     resp.body = "ok\n";
   });
+  http_->AddRoute("/", [](const http::Request&, http::Response& resp) {
+    resp.content_type = std::string(live::kPageContentType);
+    resp.compressible = true;
+    resp.body = live::PageHtml();
+  });
+  // Not compressed: gzip would cost the loop more than the copy.
+  http_->AddRoute("/api/v1/live",
+                  [self](const http::Request&, http::Response& resp) {
+                    resp.content_type = std::string(live::kJsonContentType);
+                    resp.headers.emplace_back("Cache-Control", "no-store");
+                    live::RenderJson(*self->registry_, self->live_, resp.body);
+                  });
   const bool http_inherited = inherited.count("http") > 0;
   s = http_inherited ? http_->Adopt(inherited["http"])
                      : http_->Listen(config_.listen);
@@ -381,6 +394,18 @@ Status Daemon::Start() {
         },
         sig == &sigterm_ ? SIGTERM : SIGINT);
   }
+  uv_timer_init(&loop_, &live_timer_);
+  live_timer_.data = this;
+  live_.Start(*registry_, clock_.NowNs());
+  uv_timer_start(
+      &live_timer_,
+      [](uv_timer_t* t) {
+        auto* d = static_cast<Daemon*>(t->data);
+        timespec wall{};
+        clock_gettime(CLOCK_REALTIME, &wall);
+        d->live_.Tick(*d->registry_, d->clock_.NowNs(), wall.tv_sec);
+      },
+      1000, 1000);
   uv_timer_init(&loop_, &watchdog_timer_);
   watchdog_timer_.data = this;
   if (notifier_.watchdog_usec() > 0) {
@@ -480,6 +505,7 @@ void Daemon::Stop() {
   close_handle(reinterpret_cast<uv_handle_t*>(&watchdog_timer_));
   close_handle(reinterpret_cast<uv_handle_t*>(&status_timer_));
   close_handle(reinterpret_cast<uv_handle_t*>(&snapshot_timer_));
+  close_handle(reinterpret_cast<uv_handle_t*>(&live_timer_));
   ++pending_closes_;
   ingest_->Close([this] {
     if (--pending_closes_ == 0) OnStopped();

@@ -13,6 +13,7 @@
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/live/history.h"
 #include "daemon/logging/summary.h"
 #include "daemon/metrics/process_collector.h"
 #include "daemon/metrics/registry.h"
@@ -98,6 +99,9 @@ class Daemon {
   uv_signal_t sigint_{};
   uv_timer_t watchdog_timer_{};
   uv_timer_t status_timer_{};
+  // The live page's history (`/`, /api/v1/live), one point a second.
+  live::History live_;
+  uv_timer_t live_timer_{};
   // --state-dir.
   uv_timer_t snapshot_timer_{};
   std::string boot_id_;

@@ -1,0 +1,95 @@
+#include "daemon/live/live_json.h"
+
+namespace tokenmeter::daemon::live {
+namespace {
+
+constexpr char kHex[] = "0123456789abcdef";
+
+void AppendSize(std::string& out, size_t v) { out += std::to_string(v); }
+
+}  // namespace
+
+void AppendJsonString(std::string& out, std::string_view s) {
+  out += '"';
+  size_t start = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s.data() + start, i - start);
+    start = i + 1;
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+    }
+  }
+  out.append(s.data() + start, s.size() - start);
+  out += '"';
+}
+
+void RenderJson(const Registry& registry, const History& history,
+                std::string& out) {
+  out += "{\"series\":[";
+  bool first = true;
+  registry.ForEachSeries([&](const EngineSeries& s) {
+    if (!first) out += ',';
+    first = false;
+    const SeriesIdentity& id = s.identity();
+    out += "{\"engine_family\":";
+    AppendJsonString(out, id.ns);
+    out += ",\"model_name\":";
+    AppendJsonString(out, id.model);
+    out += ",\"engine\":";
+    AppendJsonString(out, id.instance);
+    out += ",\"labels\":{";
+    for (size_t i = 0; i < id.labels.size(); ++i) {
+      if (i > 0) out += ',';
+      AppendJsonString(out, id.labels[i].first);
+      out += ':';
+      AppendJsonString(out, id.labels[i].second);
+    }
+    const History::Series* h = history.Find(s);
+    const bool has_point = h != nullptr && h->t.size() > 0;
+    out += "},\"now\":{\"t\":";
+    out += has_point ? h->t.Last() : "null";
+    for (int k = 0; k < kNumLiveKeys; ++k) {
+      out += ",\"";
+      out += kLiveKeyNames[k];
+      out += "\":";
+      out += has_point ? h->values[k].Last() : "null";
+    }
+    out += "},\"history\":{\"t\":[";
+    if (h != nullptr) out += h->t.Joined();
+    out += ']';
+    for (int k = 0; k < kNumLiveKeys; ++k) {
+      out += ",\"";
+      out += kLiveKeyNames[k];
+      out += "\":[";
+      if (h != nullptr) out += h->values[k].Joined();
+      out += ']';
+    }
+    out += "}}";
+  });
+  out += "],\"points_max\":";
+  AppendSize(out, kPoints);
+  out += ",\"series_max\":";
+  AppendSize(out, kMaxSeries);
+  out += ",\"series_unfollowed\":";
+  AppendSize(out, history.unfollowed());
+  out += "}\n";
+}
+
+}  // namespace tokenmeter::daemon::live
