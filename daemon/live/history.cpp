@@ -38,11 +38,12 @@ uint64_t CellSum(const EngineSeries& s, EngineMetric m) {
 
 }  // namespace
 
-double BucketQuantile(double q, const std::vector<double>& bounds,
-                      const uint64_t* counts) {
+namespace {
+
+// BucketQuantile() with the counts' sum known.
+double QuantileOf(double q, const std::vector<double>& bounds,
+                  const uint64_t* counts, uint64_t total) {
   const size_t n = bounds.size();
-  uint64_t total = 0;
-  for (size_t i = 0; i <= n; ++i) total += counts[i];
   if (total == 0) return kNaN;
   const double rank = q * double(total);
   uint64_t below = 0;
@@ -58,6 +59,15 @@ double BucketQuantile(double q, const std::vector<double>& bounds,
     below += c;
   }
   return n > 0 ? bounds[n - 1] : kNaN;  // not reached: rank <= total
+}
+
+}  // namespace
+
+double BucketQuantile(double q, const std::vector<double>& bounds,
+                      const uint64_t* counts) {
+  uint64_t total = 0;
+  for (size_t i = 0; i <= bounds.size(); ++i) total += counts[i];
+  return QuantileOf(q, bounds, counts, total);
 }
 
 void AppendJsonNumber(std::string& out, double v, int decimals) {
@@ -80,7 +90,8 @@ void AppendJsonNumber(std::string& out, double v, int decimals) {
   decimals = std::clamp(decimals, 0, 9);
   decimals = std::min(decimals, int(kMaxEntryBytes) - 3 - digits);
   const uint64_t scale = kPow10[decimals];
-  const auto r = uint64_t(std::llround(a * double(scale)));
+  // a * scale < 1e12 * 1e3 here: well inside uint64_t.
+  const auto r = uint64_t(a * double(scale) + 0.5);
   if (v < 0 && r != 0) out += '-';
   AppendUint(out, r / scale);
   uint64_t frac = r % scale;
@@ -98,10 +109,7 @@ void AppendJsonNumber(std::string& out, double v, int decimals) {
 }
 
 void TextRing::Push(std::string_view entry) {
-  if (entry.size() > kMaxEntryBytes ||
-      entry.find(',') != std::string_view::npos) {
-    std::abort();
-  }
+  if (entry.size() > kMaxEntryBytes) std::abort();
   if (count_ == kPoints) {
     begin_ += len_[head_];
     head_ = (head_ + 1) % kPoints;
@@ -205,10 +213,13 @@ void History::Tick(const Registry& registry, uint64_t now_ns, int64_t unix_s) {
   };
   std::string text;
   text.reserve(32);
+  std::string t_text;
+  AppendUint(t_text, uint64_t(std::max<int64_t>(0, unix_s)));
   registry.ForEachSeries([&](const EngineSeries& s) {
     State* st = StateFor(s, /*baseline=*/false);
     if (st == nullptr) return;
     std::array<double, kNumLiveKeys>& v = st->series.last;
+    const std::array<double, kNumLiveKeys> prev_v = v;
     v[kRunning] = s.gauge(kNumRequestsRunning).value();
     v[kWaiting] = s.gauge(kNumRequestsWaiting).value();
     v[kKvUsage] = s.gauge(kKvCacheUsagePerc).value();
@@ -227,28 +238,38 @@ void History::Tick(const Registry& registry, uint64_t now_ns, int64_t unix_s) {
     for (int h = 0; h < kNumLatencies; ++h) {
       const Histogram& own = s.hist(st->latency[h]);
       std::vector<uint64_t>& prev = st->prev[h];
-      scratch_.assign(own.counts().begin(), own.counts().end());
-      for (const LabelCell& c : s.cells()) {
-        const std::vector<uint64_t>& counts =
-            c.values->hist(st->latency[h]).counts();
-        for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] += counts[i];
-      }
-      for (size_t i = 0; i < scratch_.size(); ++i) {
-        const uint64_t now = scratch_[i];
-        scratch_[i] = now >= prev[i] ? now - prev[i] : 0;
+      const std::vector<uint64_t>& counts = own.counts();
+      scratch_.resize(counts.size());
+      uint64_t total = 0;
+      for (size_t i = 0; i < counts.size(); ++i) {
+        uint64_t now = counts[i];
+        for (const LabelCell& c : s.cells()) {
+          now += c.values->hist(st->latency[h]).counts()[i];
+        }
+        const uint64_t d = now >= prev[i] ? now - prev[i] : 0;
+        scratch_[i] = d;
+        total += d;
         prev[i] = now;
       }
       const std::vector<double>& bounds = own.layout().bounds();
-      v[kP50Key[h]] = BucketQuantile(0.5, bounds, scratch_.data());
-      v[kP50Key[h] + 1] = BucketQuantile(0.99, bounds, scratch_.data());
+      v[kP50Key[h]] = QuantileOf(0.5, bounds, scratch_.data(), total);
+      v[kP50Key[h] + 1] = QuantileOf(0.99, bounds, scratch_.data(), total);
     }
-    text.clear();
-    AppendUint(text, uint64_t(std::max<int64_t>(0, unix_s)));
-    st->series.t.Push(text);
+    st->series.t.Push(t_text);
     for (int k = 0; k < kNumLiveKeys; ++k) {
+      TextRing& ring = st->series.values[k];
+      // A value like the previous point's (a quiet gauge, a null) reuses
+      // its text.
+      const bool same =
+          ring.size() > 0 &&
+          (prev_v[k] == v[k] || (std::isnan(prev_v[k]) && std::isnan(v[k])));
       text.clear();
-      AppendJsonNumber(text, v[k], kDecimals[k]);
-      st->series.values[k].Push(text);
+      if (same) {
+        text.append(ring.Last());
+      } else {
+        AppendJsonNumber(text, v[k], kDecimals[k]);
+      }
+      ring.Push(text);
     }
   });
   unfollowed_ = registry.series_count() - states_.size();

@@ -17,8 +17,9 @@
 // Memory: at most kMaxSeries series get a history (the first ones seen);
 // each holds kNumLiveKeys + 1 text rings of at most kPoints entries of at
 // most kMaxEntryBytes bytes, plus its histograms' previous bucket counts.
-// MaxBytesPerSeries() is the bound; a series of ordinary values takes
-// about 70 KB (docs/operations.md, "Live page").
+// MaxBytesPerSeries() is the bound (about 545 KB); a series of busy values
+// (every latency with six digits) holds about 150 KB once its rings are
+// full (docs/operations.md, "Live page").
 //
 // Single-threaded: the daemon's loop.
 #ifndef TOKENMETER_DAEMON_LIVE_HISTORY_H_
@@ -97,8 +98,8 @@ void AppendJsonNumber(std::string& out, double v, int decimals);
 // the live text plus 256 bytes (amortised O(1) per Push()).
 class TextRing {
  public:
-  // `entry`: at most kMaxEntryBytes bytes, no comma (a broken invariant
-  // otherwise: abort).
+  // `entry`: a JSON number or null (AppendJsonNumber()), so no comma; more
+  // than kMaxEntryBytes bytes is a broken invariant (abort).
   void Push(std::string_view entry);
   // The entries joined by ",", oldest first ("" when empty).
   std::string_view Joined() const;
