@@ -1,0 +1,575 @@
+#!/usr/bin/python3
+"""The live page (`/`) and its data (/api/v1/live), on a real daemon.
+
+* LiveApi: the HTTP answers of both routes (content types, HEAD, query
+  strings ignored as on /metrics, 404 for near paths, 405 with Allow for
+  other methods) and the JSON's shape. No browser needed.
+* LivePage: two reference engines feed one daemon while Debian's headless
+  Chromium, driven over the DevTools protocol on a pipe
+  (--remote-debugging-pipe: no extra Python package), shows the page. The
+  DOM must hold a panel per engine series with six drawn charts, and every
+  figure the page shows (the panel's "now" values and the summary table at
+  the top) must equal /api/v1/live's history at the point in time the page
+  says it shows (data-t): points never change once made, so the comparison
+  does not race the feed. Every request the page makes goes to the daemon
+  itself. After a reload the charts hold at least the points they held
+  before (the history is the daemon's). A phone-sized viewport must not
+  scroll sideways. Screenshots: live_page.png and live_page_phone.png in
+  $LIVE_PAGE_SCREENSHOT_DIR (the build directory under meson).
+* LivePageAuth: the same page behind --web-config with TLS and basic auth;
+  the browser answers the 401 challenge as a user would (Fetch.authRequired),
+  and the page's own requests then carry the credentials.
+
+Usage: live_page_test.py TOKENMETERD CLASS [unittest args]. Needs
+TOKENMETER_ENGINE (the reference engine) for LivePage*. Exits 77 (skipped)
+only when chromium is not installed (scripts/install-deps.sh installs it),
+or, for LivePageAuth, when openssl or htpasswd is not.
+"""
+import base64
+import decimal
+import json
+import os
+import select
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "testutil"))
+sys.path.insert(0, os.path.join(HERE, "..", "monitoring"))
+import tokenmeter_testutil as tu  # noqa: E402
+from https_prometheus_test import USER, make_cert, make_hash  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
+SHOT_DIR = os.environ.get("LIVE_PAGE_SCREENSHOT_DIR", "")
+PASSWORD = "live-page-pw"
+KEYS = ["running", "waiting", "kv_usage", "prompt_tokens_per_s",
+        "generation_tokens_per_s", "preemptions_per_s",
+        "prefix_cache_hit_rate", "ttft_p50_s", "ttft_p99_s", "itl_p50_s",
+        "itl_p99_s", "e2e_p50_s", "e2e_p99_s"]
+
+
+class LiveApi(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = tu.Daemon("--log-interval", "0").start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        cls.d.cleanup()
+
+    def test_page_is_html(self):
+        status, headers, body = self.d.get("/")
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["Content-Type"], "text/html; charset=utf-8")
+        self.assertTrue(body.startswith(b"<!doctype html>"))
+        self.assertNotIn(b"http://", body)
+        self.assertNotIn(b"https://", body)
+
+    def test_json_without_series(self):
+        with tu.Daemon("--log-interval", "0") as d:
+            status, headers, body = d.get("/api/v1/live")
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["Content-Type"],
+                         "application/json; charset=utf-8")
+        self.assertEqual(headers["Cache-Control"], "no-store")
+        self.assertEqual(json.loads(body), {
+            "series": [], "points_max": 900, "series_max": 64,
+            "series_unfollowed": 0})
+
+    def test_json_of_a_series_grows_a_point_a_second(self):
+        s = self.d.connect()
+        s.sendall(tu.hello(instance="api", labels={"team": "a\"b"}))
+        t0 = time.monotonic_ns() - 1_000_000
+        s.sendall(tu.batch([[1, t0, 1, 10], [4, t0 + 500_000, 1, 1]]))
+
+        def doc():
+            data = json.loads(self.d.get("/api/v1/live")[2])
+            mine = [x for x in data["series"] if x["engine"] == "api"]
+            return mine[0] if mine and len(mine[0]["history"]["t"]) >= 3 \
+                else None
+        x = tu.poll_until(doc, timeout=10, what="three points")
+        self.assertEqual(x["engine_family"], "vllm")
+        self.assertEqual(x["model_name"], "m")
+        self.assertEqual(x["labels"], {"team": "a\"b"})
+        h = x["history"]
+        self.assertEqual(set(h), {"t", *KEYS})
+        self.assertEqual(set(x["now"]), {"t", *KEYS})
+        for k in h:
+            self.assertEqual(len(h[k]), len(h["t"]), k)
+            self.assertEqual(x["now"][k], h[k][-1], k)
+        self.assertEqual(h["t"], sorted(set(h["t"])))
+        self.assertLess(abs(h["t"][-1] - time.time()), 5)
+        # The prompt's 10 tokens and the TTFT of 0.5 ms in some second.
+        self.assertAlmostEqual(sum(h["prompt_tokens_per_s"]), 10, delta=0.5)
+        # TTFT 0.5 ms, alone in (0, 0.001]: p50 0.0005, p99 0.00099.
+        self.assertIn(0.0005, h["ttft_p50_s"])
+        self.assertIn(0.00099, h["ttft_p99_s"])
+        s.close()
+
+    def test_head_sends_no_body(self):
+        for path in ("/", "/api/v1/live"):
+            status, headers, body = self.d.get(path, method="HEAD")
+            self.assertEqual(status, 200, path)
+            self.assertEqual(body, b"", path)
+            self.assertGreater(int(headers["Content-Length"]), 0, path)
+
+    def test_query_string_is_ignored_as_on_metrics(self):
+        for path in ("/?x=1", "/api/v1/live?since=abc&x", "/api/v1/live?"):
+            self.assertEqual(self.d.get(path)[0], 200, path)
+
+    def test_near_paths_are_not_found(self):
+        for path in ("/api/v1/live/", "/api/v1/livex", "/api/v1", "/api/",
+                     "/index.html", "/api/v1/LIVE", "//"):
+            status, _, body = self.d.get(path)
+            self.assertEqual(status, 404, path)
+            self.assertEqual(body, b"404 page not found\n", path)
+
+    def test_other_methods_get_405_with_allow(self):
+        for path in ("/", "/api/v1/live"):
+            for method in ("POST", "PUT", "DELETE", "OPTIONS", "PATCH"):
+                status, headers, _ = self.d.get(path, method=method)
+                self.assertEqual(status, 405, (path, method))
+                self.assertEqual(headers["Allow"], "GET, HEAD")
+
+
+class Cdp:
+    """The DevTools protocol over --remote-debugging-pipe: JSON messages
+    ending in NUL, the browser reading fd 3 and writing fd 4. `on_event`
+    sees every event (method, params, sessionId) as it arrives."""
+
+    def __init__(self, user_data_dir, on_event=None):
+        to_r, self.to_w = os.pipe()
+        self.from_r, from_w = os.pipe()
+        os.makedirs(user_data_dir, exist_ok=True)
+        self.log = open(os.path.join(user_data_dir, "..", "chromium.log"), "wb")
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-c", f'exec "$@" 3<&{to_r} 4>&{from_w}', "sh",
+             CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+             "--no-first-run", "--no-default-browser-check",
+             "--ignore-certificate-errors", "--remote-debugging-pipe",
+             "--hide-scrollbars", f"--user-data-dir={user_data_dir}",
+             "about:blank"],
+            pass_fds=(to_r, from_w), stdout=self.log, stderr=self.log)
+        os.close(to_r)
+        os.close(from_w)
+        self.buf = b""
+        self.next_id = 1
+        self.on_event = on_event
+        self.events = []
+        self.session = None
+
+    def close(self):
+        try:
+            self.send("Browser.close", session=False, timeout=5)
+        except (AssertionError, OSError):
+            pass
+        tu.stop_process(self.proc, timeout=5)
+        for fd in (self.to_w, self.from_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.log.close()
+
+    def _read_one(self, deadline):
+        while b"\0" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("chromium: no answer in time")
+            if not select.select([self.from_r], [], [], min(left, 0.2))[0]:
+                if self.proc.poll() is not None:
+                    raise AssertionError(
+                        f"chromium exited ({self.proc.returncode})")
+                continue
+            chunk = os.read(self.from_r, 1 << 20)
+            if not chunk:
+                raise AssertionError("chromium closed its pipe")
+            self.buf += chunk
+        msg, _, self.buf = self.buf.partition(b"\0")
+        return json.loads(msg)
+
+    def _dispatch(self, msg):
+        if "method" in msg:
+            self.events.append(msg)
+            if self.on_event is not None:
+                self.on_event(msg["method"], msg.get("params", {}),
+                              msg.get("sessionId"))
+
+    def send(self, method, params=None, session=True, timeout=30):
+        """Sends a command and returns its result (events meanwhile go to
+        on_event); an error answer raises AssertionError."""
+        mid = self.next_id
+        self.next_id += 1
+        msg = {"id": mid, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        os.write(self.to_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._read_one(deadline)
+            if reply.get("id") == mid:
+                if "error" in reply:
+                    raise AssertionError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self._dispatch(reply)
+
+    def pump(self, seconds):
+        """Handles the events that arrive within `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self._dispatch(self._read_one(deadline))
+            except AssertionError as e:
+                if "in time" in str(e):
+                    return
+                raise
+
+    def attach_page(self):
+        targets = self.send("Target.getTargets", session=False)
+        page = next(t for t in targets["targetInfos"] if t["type"] == "page")
+        self.session = self.send(
+            "Target.attachToTarget",
+            {"targetId": page["targetId"], "flatten": True},
+            session=False)["sessionId"]
+
+    def eval(self, expression):
+        r = self.send("Runtime.evaluate", {"expression": expression,
+                                           "returnByValue": True,
+                                           "awaitPromise": True})
+        if "exceptionDetails" in r:
+            raise AssertionError(f"page script failed: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def viewport(self, width, height, scale, mobile):
+        self.send("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height,
+                   "deviceScaleFactor": scale, "mobile": mobile})
+
+    def screenshot(self, path):
+        data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+
+# Everything a check needs from the page, read in one go (the page changes
+# only between two of its updates, never during this script).
+SNAPSHOT_JS = r"""
+(() => {
+  const panels = [...document.querySelectorAll("section.panel")].map(p => ({
+    series: p.dataset.series, t: p.dataset.t,
+    values: Object.fromEntries([...p.querySelectorAll("dd[data-k]")]
+      .map(d => [d.dataset.k, d.dataset.v])),
+    texts: Object.fromEntries([...p.querySelectorAll("dd[data-k]")]
+      .map(d => [d.dataset.k, d.textContent])),
+    charts: [...p.querySelectorAll("canvas")].map(c => {
+      const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+      let inked = 0;
+      for (let i = 3; i < px.length; i += 4) if (px[i] > 0) inked++;
+      return {title: c.dataset.chart, points: +c.dataset.points,
+              drawn: +c.dataset.drawn, inked, width: c.clientWidth};
+    }),
+  }));
+  const rows = [...document.querySelectorAll("#summary tbody tr")].map(r => ({
+    series: r.dataset.series || null, total: r.classList.contains("total"),
+    values: Object.fromEntries([...r.querySelectorAll("td[data-k]")]
+      .map(d => [d.dataset.k, d.dataset.v])),
+  }));
+  return {panels, rows, updates: +(document.body.dataset.updates || 0),
+          metrics: [...document.querySelectorAll("a")]
+            .map(a => a.getAttribute("href")),
+          scrollWidth: document.documentElement.scrollWidth,
+          innerWidth: window.innerWidth,
+          status: document.getElementById("status").textContent};
+})()
+"""
+
+
+def js_fixed(v, digits):
+    """Number.prototype.toFixed: the nearest decimal, the larger on a tie
+    (of the exact binary value)."""
+    q = decimal.Decimal(1).scaleb(-digits)
+    return str(decimal.Decimal(v).quantize(q, rounding=decimal.ROUND_HALF_UP))
+
+
+def page_text(k, v):
+    """The page's fmt(): what it shows for value v of key k."""
+    if v is None:
+        return "\u2013"
+    if k.endswith("_s") and not k.endswith("per_s"):
+        return js_fixed(v * 1000, 1) + " ms" if v < 1 else \
+            js_fixed(v, 3) + " s"
+    if k in ("kv_usage", "prefix_cache_hit_rate"):
+        return js_fixed(v * 100, 1) + " %"
+    if k.endswith("per_s"):
+        return js_fixed(v, 1)
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+def dom_value(text):
+    return None if text == "null" else float(text)
+
+
+class PageCase(unittest.TestCase):
+    """A daemon (with `daemon_args`), two engines feeding it, a browser."""
+    daemon_args = ()
+    scheme = "http"
+    auth = None  # (user, password) the browser and the checks use
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(CHROMIUM):
+            raise unittest.SkipTest(f"{CHROMIUM} not installed")
+        if not ENGINE:
+            raise AssertionError("TOKENMETER_ENGINE is not set")
+        cls.tmp = tempfile.mkdtemp(prefix="tm-live-", dir="/tmp")
+        cls.prepare()
+        cls.d = tu.Daemon("--log-interval", "0", *cls.daemon_args).start()
+        cls.engines = []
+        for name, model, rate in (("dp0", "tiny-a", "12"),
+                                  ("dp1", "tiny-b", "6")):
+            log = open(os.path.join(cls.tmp, f"engine-{name}.log"), "wb")
+            cls.engines.append((subprocess.Popen(
+                [ENGINE, "--requests", "400", "--rate", rate,
+                 "--prompt-len", "48", "--output-len", "24", "--backend",
+                 "cpu", "--metrics-socket", cls.d.sock, "--instance", name,
+                 "--model", model, "--seed", "3"],
+                stdout=subprocess.DEVNULL, stderr=log), log))
+        cls.origin = f"{cls.scheme}://127.0.0.1:{cls.d.port}"
+        cls.cdp = Cdp(os.path.join(cls.tmp, "chromium"), cls.on_event)
+        cls.urls = []
+        cls.cdp.attach_page()
+        cls.cdp.send("Page.enable")
+        cls.cdp.send("Runtime.enable")
+        cls.cdp.send("Network.enable")
+        cls.cdp.send("Network.setCacheDisabled", {"cacheDisabled": True})
+        if cls.auth:
+            cls.cdp.send("Fetch.enable", {"handleAuthRequests": True,
+                                          "patterns": [{"urlPattern": "*"}]})
+        cls.cdp.viewport(1280, 900, 1, False)
+
+    @classmethod
+    def prepare(cls):
+        pass
+
+    @classmethod
+    def on_event(cls, method, params, session):
+        if method == "Network.requestWillBeSent":
+            cls.urls.append(params["request"]["url"])
+        elif method == "Fetch.requestPaused":
+            cls.cdp_async("Fetch.continueRequest",
+                          {"requestId": params["requestId"]}, session)
+        elif method == "Fetch.authRequired":
+            cls.auth_challenges += 1
+            user, password = cls.auth
+            cls.cdp_async("Fetch.continueWithAuth", {
+                "requestId": params["requestId"],
+                "authChallengeResponse": {"response": "ProvideCredentials",
+                                          "username": user,
+                                          "password": password}}, session)
+
+    auth_challenges = 0
+
+    @classmethod
+    def cdp_async(cls, method, params, session):
+        """A command sent from an event handler: its answer is not waited
+        for (the ids are told apart by send())."""
+        mid = cls.cdp.next_id
+        cls.cdp.next_id += 1
+        msg = {"id": mid, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        os.write(cls.cdp.to_w, json.dumps(msg).encode() + b"\0")
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "cdp", None):
+            cls.cdp.close()
+        for proc, log in getattr(cls, "engines", []):
+            tu.stop_process(proc)
+            log.close()
+        if getattr(cls, "d", None):
+            cls.d.stop()
+            cls.d.cleanup()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def live(self):
+        """/api/v1/live, parsed."""
+        req = urllib.request.Request(self.origin + "/api/v1/live")
+        if self.auth:
+            token = base64.b64encode(":".join(self.auth).encode()).decode()
+            req.add_header("Authorization", "Basic " + token)
+        ctx = ssl._create_unverified_context() if self.scheme == "https" \
+            else None
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return json.loads(r.read())
+
+    def snapshot(self):
+        return self.cdp.eval(SNAPSHOT_JS)
+
+    def wait_page(self, what, predicate, timeout=60):
+        """Polls the page's snapshot until predicate(snapshot) holds, handling
+        the browser's events meanwhile."""
+        last = [None]
+
+        def ready():
+            self.cdp.pump(0.2)
+            try:
+                last[0] = self.snapshot()
+                return last[0] if predicate(last[0]) else None
+            except AssertionError as e:  # a navigation under way
+                if "page script failed" not in str(e) and \
+                        "Execution context" not in str(e) and \
+                        "Cannot find context" not in str(e):
+                    raise
+                return None
+        try:
+            return tu.poll_until(ready, timeout=timeout, interval=0, what=what)
+        except AssertionError:
+            raise AssertionError(f"{what}: last page state {last[0]}; "
+                                 f"daemon log: {self.d.read_log()[-2000:]}")
+
+    def busy(self, snap):
+        """Both panels show traffic: throughput and an e2e latency drawn."""
+        if len(snap["panels"]) != 2:
+            return False
+        return all(p["charts"][2]["drawn"] > 0 and p["charts"][3]["drawn"] > 0
+                   for p in snap["panels"])
+
+    def open_page(self):
+        self.cdp.send("Page.navigate", {"url": self.origin + "/"})
+        return self.wait_page("two busy panels",
+                              lambda s: s["updates"] >= 3 and self.busy(s))
+
+    def check_against_api(self, snap):
+        data = self.live()
+        by_id = {json.dumps([s["engine_family"], s["model_name"],
+                             s["engine"], s["labels"]]): s
+                 for s in data["series"]}
+        self.assertEqual(len(data["series"]), 2)
+        self.assertEqual(len(snap["panels"]), 2)
+        totals = {"prompt_tokens_per_s": 0, "generation_tokens_per_s": 0,
+                  "running": 0, "waiting": 0}
+        rows = {r["series"]: r for r in snap["rows"] if not r["total"]}
+        for p in snap["panels"]:
+            key = json.dumps(json.loads(p["series"]))
+            self.assertIn(key, by_id)
+            s = by_id[key]
+            h = s["history"]
+            t = int(p["t"])
+            self.assertIn(t, h["t"], "the page's point is in the history")
+            i = h["t"].index(t)
+            for k in KEYS:
+                want = h[k][i]
+                self.assertEqual(dom_value(p["values"][k]), want, (key, k))
+                self.assertEqual(p["texts"][k], page_text(k, want), (key, k))
+            # Six charts, each over the history up to that point.
+            self.assertEqual(len(p["charts"]), 6)
+            for c in p["charts"]:
+                self.assertEqual(c["points"], i + 1, c["title"])
+                self.assertGreater(c["inked"], 500, c["title"])
+            # Throughput, requests and KV usage are numbers at every point.
+            self.assertEqual(p["charts"][3]["drawn"], 2 * (i + 1))
+            self.assertEqual(p["charts"][4]["drawn"], 2 * (i + 1))
+            self.assertEqual(p["charts"][5]["drawn"], i + 1)
+            row = rows[p["series"]]
+            for k, v in row["values"].items():
+                self.assertEqual(dom_value(v), h[k][i], ("summary", key, k))
+            for k in totals:
+                totals[k] += h[k][i] or 0
+        total = [r for r in snap["rows"] if r["total"]]
+        self.assertEqual(len(total), 1)
+        for k, v in totals.items():
+            self.assertAlmostEqual(dom_value(total[0]["values"][k]), v,
+                                   delta=1e-9, msg=k)
+        self.assertIn("metrics", snap["metrics"])
+
+    def check_own_origin_only(self):
+        self.assertTrue(self.urls)
+        for url in self.urls:
+            self.assertTrue(url.startswith(self.origin + "/"), url)
+
+
+class LivePage(PageCase):
+    def test_page(self):
+        snap = self.open_page()
+        self.check_against_api(snap)
+        if SHOT_DIR:
+            self.cdp.screenshot(os.path.join(SHOT_DIR, "live_page.png"))
+
+        # The history is the daemon's: a reload shows at least as much.
+        before = snap["panels"][0]["charts"][0]["points"]
+        self.cdp.eval("window.__before_reload = 1")
+        self.cdp.send("Page.reload", {"ignoreCache": True})
+        snap = self.wait_page(
+            "the reloaded page",
+            lambda s: s["updates"] >= 1 and len(s["panels"]) == 2 and
+            self.cdp.eval("window.__before_reload") is None)
+        self.assertGreaterEqual(snap["panels"][0]["charts"][0]["points"],
+                                before)
+        self.check_against_api(snap)
+
+        # A phone: one column, nothing wider than the screen.
+        self.cdp.viewport(390, 844, 2, True)
+        updates = snap["updates"]
+        snap = self.wait_page("an update at phone size",
+                              lambda s: s["updates"] > updates)
+        self.assertEqual(snap["innerWidth"], 390)
+        self.assertLessEqual(snap["scrollWidth"], 390)
+        for p in snap["panels"]:
+            for c in p["charts"]:
+                self.assertLessEqual(c["width"], 390)
+        self.check_against_api(snap)
+        if SHOT_DIR:
+            self.cdp.screenshot(os.path.join(SHOT_DIR, "live_page_phone.png"))
+        self.check_own_origin_only()
+
+
+class LivePageAuth(PageCase):
+    daemon_args = ()
+    scheme = "https"
+    auth = (USER, PASSWORD)
+
+    @classmethod
+    def prepare(cls):
+        for tool in ("openssl", "htpasswd"):
+            if shutil.which(tool) is None:
+                raise unittest.SkipTest(f"{tool} not installed")
+        make_cert(cls.tmp)
+        path = os.path.join(cls.tmp, "web.yml")
+        with open(path, "w") as f:
+            f.write("tls_server_config:\n"
+                    "  cert_file: server.crt\n"
+                    "  key_file: server.key\n"
+                    "basic_auth_users:\n"
+                    f"  {USER}: {make_hash(PASSWORD)}\n")
+        cls.daemon_args = ("--web-config", path)
+
+    def test_page_behind_tls_and_basic_auth(self):
+        # Without credentials: 401 for the page and its data.
+        ctx = ssl._create_unverified_context()
+        for path in ("/", "/api/v1/live"):
+            with self.assertRaises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(self.origin + path, timeout=10,
+                                       context=ctx)
+            self.assertEqual(e.exception.code, 401)
+            self.assertIn("Basic", e.exception.headers["WWW-Authenticate"])
+        snap = self.open_page()
+        self.assertGreaterEqual(self.auth_challenges, 1)
+        self.check_against_api(snap)
+        self.check_own_origin_only()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    tu.DAEMON = sys.argv[1]
+    tu.main([sys.argv[0], *sys.argv[2:]])
