@@ -3,7 +3,8 @@
 # temporary socket and an ephemeral port, runs the reference engine against
 # it for a few seconds (CUDA when a device answers, else the CPU), then shows
 # a /metrics excerpt and the daemon's summary log lines, and stops the daemon
-# with SIGTERM.
+# with SIGTERM. It prints the live page's URL (`/`) as soon as the daemon
+# listens.
 # Usage: scripts/demo.sh [BUILD_DIR] (default: build-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,7 @@ if [ -z "$port" ]; then
   exit 1
 fi
 echo "== tokenmeterd: ingest $tmp/ingest.sock, http://127.0.0.1:$port/metrics"
+echo "== live page: http://127.0.0.1:$port/ (open it in a browser while the demo runs)"
 
 # About four seconds of arrivals into a 32-wide batch; a KV cache small
 # enough to fill up and preempt, and a shared prompt prefix for the prefix
