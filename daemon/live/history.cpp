@@ -90,8 +90,8 @@ void AppendJsonNumber(std::string& out, double v, int decimals) {
   decimals = std::clamp(decimals, 0, 9);
   decimals = std::min(decimals, int(kMaxEntryBytes) - 3 - digits);
   const uint64_t scale = kPow10[decimals];
-  // a * scale < 1e12 * 1e3 here: well inside uint64_t.
-  const auto r = uint64_t(a * double(scale) + 0.5);
+  // a * scale < 1e12 * 1e3 here: well inside int64_t.
+  const auto r = uint64_t(std::llround(a * double(scale)));
   if (v < 0 && r != 0) out += '-';
   AppendUint(out, r / scale);
   uint64_t frac = r % scale;
