@@ -323,6 +323,7 @@ Status Daemon::Start() {
   });
   http_->AddRoute("/", [](const http::Request&, http::Response& resp) {
     resp.content_type = std::string(live::kPageContentType);
+    resp.headers.emplace_back("Content-Security-Policy", live::kPagePolicy);
     resp.compressible = true;
     resp.body = live::PageHtml();
   });

@@ -25,6 +25,12 @@ namespace tokenmeter::daemon::live {
 inline constexpr std::string_view kJsonContentType =
     "application/json; charset=utf-8";
 inline constexpr std::string_view kPageContentType = "text/html; charset=utf-8";
+// The page's Content-Security-Policy: its inline script and style, requests
+// to its own origin only, nothing else (no frame, form, base or plugin).
+inline constexpr std::string_view kPagePolicy =
+    "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'";
 
 // Appends the document above for every series of `registry`.
 void RenderJson(const Registry& registry, const History& history,

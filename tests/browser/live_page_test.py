@@ -71,6 +71,12 @@ class LiveApi(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertEqual(headers["Content-Type"], "text/html; charset=utf-8")
         self.assertTrue(body.startswith(b"<!doctype html>"))
+        # The browser itself refuses anything from elsewhere.
+        self.assertEqual(headers["Content-Security-Policy"],
+                         "default-src 'none'; script-src 'unsafe-inline'; "
+                         "style-src 'unsafe-inline'; connect-src 'self'; "
+                         "base-uri 'none'; form-action 'none'; "
+                         "frame-ancestors 'none'")
         self.assertNotIn(b"http://", body)
         self.assertNotIn(b"https://", body)
 
