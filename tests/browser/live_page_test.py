@@ -56,6 +56,16 @@ KEYS = ["running", "waiting", "kv_usage", "prompt_tokens_per_s",
         "itl_p99_s", "e2e_p50_s", "e2e_p99_s"]
 
 
+def stopped_cleanly(d):
+    """Stops the daemon; a non-zero exit (a sanitizer's report, a handle
+    left open) fails the class, with the log."""
+    rc = d.stop()
+    log = d.read_log().decode(errors="replace")
+    d.cleanup()
+    if rc != 0:
+        raise AssertionError(f"tokenmeterd exited {rc}: {log[-3000:]}")
+
+
 class LiveApi(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -63,8 +73,7 @@ class LiveApi(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.d.stop()
-        cls.d.cleanup()
+        stopped_cleanly(cls.d)
 
     def test_page_is_html(self):
         status, headers, body = self.d.get("/")
@@ -402,10 +411,9 @@ class PageCase(unittest.TestCase):
         for proc, log in getattr(cls, "engines", []):
             tu.stop_process(proc)
             log.close()
-        if getattr(cls, "d", None):
-            cls.d.stop()
-            cls.d.cleanup()
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        if getattr(cls, "d", None):
+            stopped_cleanly(cls.d)
 
     def live(self):
         """/api/v1/live, parsed."""
