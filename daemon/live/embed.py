@@ -23,7 +23,8 @@ def main():
         "namespace {\n"
         "constexpr char kBytes[] = {\n" + "\n".join(lines) + "\n    0x00};\n"
         "}  // namespace\n\n"
-        f"std::string_view {function}() {{ return {{kBytes, {len(data)}}}; }}\n\n"
+        f"std::string_view {function}() {{\n"
+        f"  return {{kBytes, {len(data)}}};\n}}\n\n"
         "}  // namespace tokenmeter::daemon::live\n")
     with open(out, "w") as f:
         f.write(text)

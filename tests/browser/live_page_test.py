@@ -165,7 +165,8 @@ class Cdp:
         to_r, self.to_w = os.pipe()
         self.from_r, from_w = os.pipe()
         os.makedirs(user_data_dir, exist_ok=True)
-        self.log = open(os.path.join(user_data_dir, "..", "chromium.log"), "wb")
+        self.log = open(os.path.join(user_data_dir, "..", "chromium.log"),
+                        "wb")
         self.proc = subprocess.Popen(
             ["/bin/sh", "-c", f'exec "$@" 3<&{to_r} 4>&{from_w}', "sh",
              CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
@@ -261,7 +262,8 @@ class Cdp:
                                            "returnByValue": True,
                                            "awaitPromise": True})
         if "exceptionDetails" in r:
-            raise AssertionError(f"page script failed: {r['exceptionDetails']}")
+            raise AssertionError(
+                f"page script failed: {r['exceptionDetails']}")
         return r["result"].get("value")
 
     def viewport(self, width, height, scale, mobile):
