@@ -340,20 +340,7 @@ class Env:
 
     # -- Prometheus ---------------------------------------------------------
     def start_prometheus(self):
-        with open(os.path.join(DOCS_PROM, "prometheus.yml")) as f:
-            text = f.read()
-        text, n1 = re.subn(r"scrape_interval: 15s", "scrape_interval: 1s", text)
-        text, n2 = re.subn(r"evaluation_interval: 15s",
-                           "evaluation_interval: 1s", text)
-        assert (n1, n2) == (1, 1), "intervals not found in prometheus.yml"
-        hosts = re.findall(r"gpu-node-\d+:10062", text)
-        assert len(hosts) >= 2, "prometheus.yml lists fewer than 2 hosts"
-        mapping = dict(zip(hosts, self.targets + [self.dead_target] * 99))
-        text = re.sub(r"gpu-node-\d+:10062", lambda m: mapping[m.group(0)],
-                      text)
-        bare, n3 = re.subn(r"^rule_files:\n(?:[ #].*\n)+", "rule_files: []\n",
-                           text, flags=re.M)
-        assert n3 == 1, "rule_files not found in prometheus.yml"
+        text, bare = docs_prometheus_yml(self.targets, self.dead_target)
         rule_files = [os.path.join(DOCS_PROM, n)
                       for n in sorted(os.listdir(DOCS_PROM))
                       if n.endswith((".rules.yml", ".alerts.yml"))]
@@ -366,16 +353,49 @@ class Env:
             prom.wait_ready()
 
     def close(self):
-        for s in self.sims:
-            s.stop()
-        for p in self.procs:
-            tu.stop_process(p)
-        for prom in self.proms.values():
-            prom.close()
-        for d in self.daemons:
-            d.stop()
-            d.cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_all(self.sims, self.procs, self.proms.values(), self.daemons,
+                 self.dir)
+
+
+def docs_prometheus_yml(targets, others=None):
+    """docs/prometheus/prometheus.yml with the intervals at 1 s and its
+    example hosts replaced by `targets` in order, the hosts beyond them by
+    `others` (None: removed); returns (that text, the same without rule
+    files)."""
+    with open(os.path.join(DOCS_PROM, "prometheus.yml")) as f:
+        text = f.read()
+    text, n1 = re.subn(r"scrape_interval: 15s", "scrape_interval: 1s", text)
+    text, n2 = re.subn(r"evaluation_interval: 15s",
+                       "evaluation_interval: 1s", text)
+    assert (n1, n2) == (1, 1), "intervals not found in prometheus.yml"
+    hosts = re.findall(r"gpu-node-\d+:10062", text)
+    assert len(hosts) >= len(targets) >= 1, \
+        f"prometheus.yml lists fewer than {len(targets)} hosts"
+    for extra in hosts[len(targets):]:
+        if others is None:
+            text = re.sub(r"\n\s*- " + re.escape(extra), "", text)
+    mapping = dict(zip(hosts, list(targets) + [others] * len(hosts)))
+    text = re.sub(r"gpu-node-\d+:10062", lambda m: mapping[m.group(0)],
+                  text)
+    bare, n3 = re.subn(r"^rule_files:\n(?:[ #].*\n)+", "rule_files: []\n",
+                       text, flags=re.M)
+    assert n3 == 1, "rule_files not found in prometheus.yml"
+    return text, bare
+
+
+def stop_all(sims, procs, proms, daemons, workdir):
+    """Stops a test environment's parts, feeds first, and removes its
+    directory."""
+    for s in sims:
+        s.stop()
+    for p in procs:
+        tu.stop_process(p)
+    for prom in proms:
+        prom.close()
+    for d in daemons:
+        d.stop()
+        d.cleanup()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def poll(what, predicate, timeout=60, interval=0.5):

@@ -31,9 +31,6 @@ import json
 import math
 import os
 import random
-import re
-import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -114,21 +111,8 @@ class Env:
         ]
         for s in self.sims:
             s.start()
-        with open(os.path.join(live.DOCS_PROM, "prometheus.yml")) as f:
-            text = f.read()
-        text = text.replace("scrape_interval: 15s", "scrape_interval: 1s")
-        text = text.replace("evaluation_interval: 15s",
-                            "evaluation_interval: 1s")
-        hosts = re.findall(r"gpu-node-\d+:10062", text)
         targets = [f"127.0.0.1:{d.port}" for d in self.daemons]
-        assert len(hosts) >= 2, "prometheus.yml lists fewer than 2 hosts"
-        text = text.replace(hosts[0], targets[0]).replace(hosts[1],
-                                                          targets[1])
-        for extra in hosts[2:]:
-            text = re.sub(r"\n\s*- " + re.escape(extra), "", text)
-        text, n = re.subn(r"^rule_files:\n(?:[ #].*\n)+", "rule_files: []\n",
-                          text, flags=re.M)
-        assert n == 1, "rule_files not found in prometheus.yml"
+        _, text = live.docs_prometheus_yml(targets)
         self.targets = targets
         for name, extra in (("native", ["--enable-feature=native-histograms"]),
                             ("classic", [])):
@@ -165,16 +149,10 @@ class Env:
                   ready, timeout=90)
 
     def close(self):
-        for s in self.sims:
-            s.stop()
         if self.sock is not None:
             self.sock.close()
-        for prom in self.proms.values():
-            prom.close()
-        for d in self.daemons:
-            d.stop()
-            d.cleanup()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        live.stop_all(self.sims, [], self.proms.values(), self.daemons,
+                      self.dir)
 
 
 _ENV = []
