@@ -10,11 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/base/status.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/registry.h"
-#include "daemon/status.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 

@@ -10,12 +10,12 @@
 #include <cstddef>
 #include <cstring>
 
+#include "daemon/exposition/exposition.h"
+#include "daemon/exposition/proto_writer.h"
 #include "daemon/http/negotiation.h"
 #include "daemon/http/web_config.h"
 #include "daemon/live/live_json.h"
 #include "daemon/logging/summary.h"
-#include "daemon/metrics/exposition.h"
-#include "daemon/metrics/proto_writer.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {

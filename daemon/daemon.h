@@ -8,19 +8,19 @@
 #include <memory>
 #include <string>
 
+#include "daemon/base/status.h"
 #include "daemon/config.h"
+#include "daemon/exposition/process_collector.h"
 #include "daemon/http/server.h"
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
 #include "daemon/live/history.h"
 #include "daemon/logging/summary.h"
-#include "daemon/metrics/process_collector.h"
-#include "daemon/metrics/registry.h"
-#include "daemon/metrics/window_gauges.h"
 #include "daemon/service/systemd.h"
 #include "daemon/state/snapshot.h"
-#include "daemon/status.h"
+#include "daemon/store/registry.h"
+#include "daemon/store/window_gauges.h"
 
 namespace tokenmeter::daemon {
 
@@ -80,7 +80,7 @@ class Daemon {
   const Config config_;
   uv_loop_t loop_{};
   bool loop_initialized_ = false;
-  MonotonicClock clock_;
+  SystemClock clock_;
   // Declared in dependency order: collectors register with the registry
   // and unregister (in reverse order) before it goes.
   std::unique_ptr<Registry> registry_;

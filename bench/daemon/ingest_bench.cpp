@@ -85,7 +85,7 @@
 
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -520,7 +520,7 @@ void InprocPrepare(uv_prepare_t* h) {
   if (!td::Registry::Create(td::RegistryOptions{}, &registry).ok()) {
     Die("Registry::Create");
   }
-  td::MonotonicClock clock;
+  td::SystemClock clock;
   td::IngestStats stats(*registry);
   td::Tracker tracker(*registry, stats, clock, td::TrackerOptions{});
   td::IngestServer ingest(&loop, *registry, tracker, stats,

@@ -23,7 +23,7 @@
 
 #include "daemon/live/history.h"
 #include "daemon/live/live_json.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Observe() cost of the native histogram (daemon/metrics/native_histogram.h)
+// Observe() cost of the native histogram (daemon/store/native_histogram.h)
 // at schema 3 beside the classic Histogram::Observe() on vLLM's TTFT bounds
 // (catalog DefaultBuckets(BucketSet::kTtft)), on the same TTFT-like values:
 // log-uniform in 5 ms .. 5 s. Goal: a few ns per observation. Prints ns per
@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "daemon/metrics/catalog.h"
-#include "daemon/metrics/histogram.h"
-#include "daemon/metrics/native_histogram.h"
+#include "daemon/store/catalog.h"
+#include "daemon/store/histogram.h"
+#include "daemon/store/native_histogram.h"
 
 namespace {
 

@@ -22,12 +22,12 @@
 #include <vector>
 
 #include "daemon/config.h"
+#include "daemon/exposition/exposition.h"
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/exposition.h"
-#include "daemon/metrics/registry.h"
 #include "daemon/state/snapshot.h"
+#include "daemon/store/registry.h"
 
 namespace {
 
@@ -41,7 +41,7 @@ struct State {
   td::Config config;
   std::unique_ptr<td::Registry> reg;
   std::unique_ptr<td::IngestStats> ingest;
-  td::MonotonicClock clock;
+  td::SystemClock clock;
   std::unique_ptr<td::Tracker> tracker;
   std::unique_ptr<td::IngestServer> server;
   std::vector<td::EngineSeries*> series;

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/status.h"
+#include "daemon/base/status.h"
 
 namespace tokenmeter::daemon::http {
 

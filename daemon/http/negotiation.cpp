@@ -2,6 +2,8 @@
 
 #include <cstddef>
 
+#include "daemon/base/ascii.h"
+
 namespace tokenmeter::daemon::http {
 namespace {
 
@@ -44,16 +46,6 @@ bool IsTchar(char c) {
     default:
       return false;
   }
-}
-
-char ToLower(char c) { return (c >= 'A' && c <= 'Z') ? c - 'A' + 'a' : c; }
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (ToLower(a[i]) != ToLower(b[i])) return false;
-  }
-  return true;
 }
 
 // qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] ), in

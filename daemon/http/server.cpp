@@ -17,11 +17,12 @@
 #include <exception>
 #include <iterator>
 
+#include "daemon/base/ascii.h"
+#include "daemon/base/state_io.h"
 #include "daemon/http/basic_auth.h"
 #include "daemon/http/listen_address.h"
 #include "daemon/http/negotiation.h"
 #include "daemon/http/tls.h"
-#include "daemon/state/state_io.h"
 
 namespace tokenmeter::daemon::http {
 namespace {
@@ -80,21 +81,6 @@ std::string_view ReasonPhrase(int status) {
     default:
       return "Unknown";
   }
-}
-
-char ToLower(char c) { return (c >= 'A' && c <= 'Z') ? c - 'A' + 'a' : c; }
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (ToLower(a[i]) != ToLower(b[i])) return false;
-  }
-  return true;
-}
-
-bool StartsWithIgnoreCase(std::string_view s, std::string_view prefix) {
-  return s.size() >= prefix.size() &&
-         EqualsIgnoreCase(s.substr(0, prefix.size()), prefix);
 }
 
 // Header text from a handler must not be able to split the response.

@@ -51,7 +51,7 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/status.h"
+#include "daemon/base/status.h"
 
 namespace tokenmeter::daemon {
 class StateReader;

@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/status.h"
+#include "daemon/base/status.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;

@@ -19,9 +19,9 @@
 #include <memory>
 #include <string>
 
+#include "daemon/base/status.h"
 #include "daemon/http/basic_auth.h"
 #include "daemon/http/tls.h"
-#include "daemon/status.h"
 
 namespace tokenmeter::daemon::http {
 

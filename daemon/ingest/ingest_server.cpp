@@ -13,7 +13,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "daemon/state/state_io.h"
+#include "daemon/base/state_io.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {

@@ -45,12 +45,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "daemon/base/status.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/profile.h"
-#include "daemon/metrics/registry.h"
-#include "daemon/status.h"
+#include "daemon/store/profile.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 

@@ -1,7 +1,7 @@
 #include "daemon/ingest/ingest_stats.h"
 
-#include "daemon/metrics/text_format.h"
-#include "daemon/state/state_io.h"
+#include "daemon/base/state_io.h"
+#include "daemon/base/text_format.h"
 
 namespace tokenmeter::daemon {
 namespace {

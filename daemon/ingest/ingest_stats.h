@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "daemon/ingest/event.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 

@@ -5,21 +5,9 @@
 #include <cstring>
 #include <optional>
 
-#include "daemon/state/state_io.h"
+#include "daemon/base/state_io.h"
 
 namespace tokenmeter::daemon {
-
-uint64_t MonotonicClock::NowNs() const {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
-}
-
-double Clock::UnixNowS() const {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
 
 namespace {
 

@@ -33,27 +33,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/base/clock.h"
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
-
-// Time source, injected so that tests control it.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual uint64_t NowNs() const = 0;  // CLOCK_MONOTONIC nanoseconds
-  // Wall time, Unix seconds (lora_requests_info's value). CLOCK_REALTIME
-  // unless a test overrides it.
-  virtual double UnixNowS() const;
-};
-
-class MonotonicClock : public Clock {
- public:
-  uint64_t NowNs() const override;
-};
 
 struct TrackerOptions {
   uint64_t grace_ns = 2'000'000'000;           // finished requests kept

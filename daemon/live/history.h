@@ -34,7 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon::live {
 

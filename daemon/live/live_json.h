@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "daemon/live/history.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon::live {
 

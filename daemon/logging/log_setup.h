@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-#include "daemon/status.h"
+#include "daemon/base/status.h"
 
 namespace tokenmeter::daemon {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 

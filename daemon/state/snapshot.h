@@ -27,13 +27,13 @@
 #include <string>
 #include <string_view>
 
+#include "daemon/base/state_io.h"
+#include "daemon/base/status.h"
 #include "daemon/config.h"
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/registry.h"
-#include "daemon/state/state_io.h"
-#include "daemon/status.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/metrics/profile.h"
+#include "daemon/store/profile.h"
 
 namespace tokenmeter::daemon {
 namespace {

@@ -1,5 +1,5 @@
 // docs/metrics.md must list exactly the series of each profile's table
-// (daemon/metrics/profile.cpp) and of the daemon's (catalog.cpp). The
+// (daemon/store/profile.cpp) and of the daemon's (catalog.cpp). The
 // tables between the GENERATED markers are compared with what the tables
 // say; run with TOKENMETER_UPDATE_DOCS=1 to rewrite them after a change.
 #include <gtest/gtest.h>
@@ -9,9 +9,9 @@
 #include <sstream>
 #include <string>
 
-#include "daemon/metrics/catalog.h"
-#include "daemon/metrics/profile.h"
-#include "daemon/metrics/text_format.h"
+#include "daemon/base/text_format.h"
+#include "daemon/store/catalog.h"
+#include "daemon/store/profile.h"
 
 namespace tokenmeter::daemon {
 namespace {

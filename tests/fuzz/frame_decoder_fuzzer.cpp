@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "daemon/exposition/exposition.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
-#include "daemon/metrics/exposition.h"
-#include "daemon/metrics/profile.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/profile.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 namespace {

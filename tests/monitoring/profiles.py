@@ -2,7 +2,7 @@
 
 * catalogs(): every engine series each profile exposes, read from the
   generated tables of docs/metrics.md (which tests/docs/ checks against
-  daemon/metrics/profile.cpp).
+  daemon/store/profile.cpp).
 * NOT_EXPORTED: the targets of docs/grafana/tokenmeter.json that have no
   data in a profile because the engine family it follows exports no such
   quantity (the panel descriptions say so too). dashboard_test.py checks

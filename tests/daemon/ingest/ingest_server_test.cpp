@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/exposition/exposition.h"
 #include "daemon/ingest/ingest_stats.h"
-#include "daemon/metrics/exposition.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "testutil/frames.h"

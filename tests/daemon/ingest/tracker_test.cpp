@@ -15,13 +15,13 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/exposition/exposition.h"
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
-#include "daemon/metrics/catalog.h"
-#include "daemon/metrics/exposition.h"
-#include "daemon/metrics/histogram.h"
-#include "daemon/metrics/profile.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/catalog.h"
+#include "daemon/store/histogram.h"
+#include "daemon/store/profile.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 namespace {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/metrics/registry.h"
-#include "daemon/metrics/request_labels.h"
+#include "daemon/store/registry.h"
+#include "daemon/store/request_labels.h"
 
 namespace tokenmeter::daemon::live {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "daemon/live/history.h"
-#include "daemon/metrics/registry.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon::live {
 namespace {

@@ -1,0 +1,173 @@
+// The one table of every series tokenmeterd exposes (docs/metrics.md is
+// checked against it by a test). Engine series are named <ns>:<suffix>;
+// daemon series are named in full.
+#ifndef TOKENMETER_DAEMON_STORE_CATALOG_H_
+#define TOKENMETER_DAEMON_STORE_CATALOG_H_
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace tokenmeter::daemon {
+
+enum class MetricType : uint8_t { kCounter, kGauge, kHistogram };
+std::string_view MetricTypeName(MetricType type);
+
+// Default bucket sets of the engine histograms.
+enum class BucketSet : uint8_t {
+  kNone,
+  kTtft,       // seconds
+  kItl,        // seconds (ITL and TPOT)
+  kPhase,      // seconds (e2e, queue, prefill, decode, inference)
+  kTokens,     // 1-2-5 series up to --max-model-len
+  kIteration,  // tokens per scheduler iteration
+  kParamsN,    // 1 2 5 10 20
+  // SGLang's defaults (its metrics collector).
+  kSglangTtft,
+  kSglangItl,
+  kSglangE2e,
+  kSglangQueue,
+  kSglangTokens,
+  // LMDeploy's time per output token and inter-token latency.
+  kLmdeployItl,
+  kMoeImbalance,  // 1 1.05 1.1 1.25 1.5 2 3 5 10 20 (max / mean)
+};
+
+// The engine metrics the daemon measures, by the names of the vLLM
+// catalog (metrics-v1.md; the vllm profile shows them in this order). What
+// each naming profile exposes, under which names and buckets, is the
+// profile's table (profile.h). Values index kEngineMetrics.
+enum EngineMetric : uint8_t {
+  kNumRequestsRunning,
+  kNumRequestsWaiting,
+  kKvCacheUsagePerc,
+  kPrefixCacheQueries,
+  kPrefixCacheHits,
+  kNumPreemptions,
+  kPromptTokens,
+  kGenerationTokens,
+  kRequestSuccess,
+  kTimeToFirstToken,
+  kInterTokenLatency,
+  kRequestTimePerOutputToken,
+  kE2eRequestLatency,
+  kRequestQueueTime,
+  kRequestPrefillTime,
+  kRequestDecodeTime,
+  kRequestInferenceTime,
+  kRequestPromptTokens,
+  kRequestGenerationTokens,
+  kRequestMaxNumGenerationTokens,
+  kRequestParamsMaxTokens,
+  kRequestParamsN,
+  kIterationTokens,
+  // Not in the vLLM catalog, measured for the profiles that show them
+  // (EngineSeries::uses()). Histograms first (contiguous with the above):
+  kTimePerOutputTokenChunk,    // LMDeploy: each TOKENS after the first,
+                               // interval / n
+  kInterTokenLatencyPerToken,  // SGLang: interval / n, weight n
+  kIterationTokensChunk,       // LMDeploy: per TOKENS, n (+ prompt at first)
+  kRequestDecodeToFinish,      // LMDeploy: FINISHED - first TOKENS
+  kRequestInferenceToFinish,   // LMDeploy: FINISHED - SCHEDULED
+  kMoeImbalance,               // every profile: max / mean per EXPERT_LOAD
+  kSpecDecodeNumDrafts,
+  kSpecDecodeNumDraftTokens,
+  kSpecDecodeNumAcceptedTokens,
+  kSpecDecodeNumAcceptedTokensPerPos,
+  // Not in the vLLM catalog: counters at FINISHED (SGLang).
+  kPromptTokensAtFinish,
+  kGenerationTokensAtFinish,
+  kNumFinishedRequests,
+  kNumAbortedRequests,
+  // Not in the vLLM catalog: gauges over the summary window (SGLang's
+  // gen_throughput, cache_hit_rate, spec_accept_length, spec_accept_rate).
+  kWindowGenerationThroughput,
+  kWindowCacheHitRate,
+  kWindowSpecAcceptLength,
+  kWindowSpecAcceptRate,
+  kNumEngineMetrics,
+};
+
+struct EngineMetricDef {
+  EngineMetric id;
+  std::string_view suffix;  // counters without _total
+  MetricType type;
+  std::string_view own_label;  // "", "finished_reason" or "position"
+  BucketSet buckets;           // histograms only
+  bool seconds;                // histogram of nanosecond observations
+  std::string_view help;
+  // Observed per request (latency and token histograms, request_success,
+  // prompt_tokens, generation_tokens): carries the per-request labels.
+  bool request_level;
+};
+extern const EngineMetricDef kEngineMetrics[kNumEngineMetrics];
+
+// The values of a fixed own label, in exposition order (every value is
+// rendered, 0 included): request_success's finished_reason ("stop",
+// "length", "abort", "error": the order of the protocol's reasons). Empty
+// for scalar metrics and for an own label whose values are indices that
+// appear as they are counted (spec_decode_num_accepted_tokens_per_pos).
+std::span<const std::string_view> FixedLabelValues(EngineMetric m);
+inline constexpr std::string_view kFinishedReasonValues[] = {"stop", "length",
+                                                             "abort", "error"};
+
+// Daemon series (tokenmeter_* and process_*), in exposition order.
+enum DaemonMetric : uint8_t {
+  kBuildInfo,
+  kIngestConnections,
+  kIngestFrames,
+  kIngestEvents,
+  kIngestErrors,
+  kIngestDuplicateBatches,
+  kClientDroppedEvents,
+  kTrackedRequests,
+  kEvictedRequests,
+  kIncompleteIntervals,
+  kNegativeIntervals,
+  kScrapeDuration,
+  kHttpResponses,
+  kHttpConnectionsRejected,
+  kRequestLabelOverflow,
+  kStateSnapshots,
+  kStateRestored,
+  kProcessCpuSeconds,
+  kProcessResidentMemory,
+  kProcessVirtualMemory,
+  kProcessOpenFds,
+  kProcessMaxFds,
+  kProcessStartTime,
+  kNumDaemonMetrics,
+};
+
+struct DaemonMetricDef {
+  DaemonMetric id;
+  std::string_view name;  // counters without _total
+  MetricType type;
+  std::string_view labels;  // comma-separated label names, or ""
+  std::string_view help;
+};
+extern const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics];
+
+// The default bounds of a bucket set (exposed units).
+std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len);
+// Mantissas 1, 2, 5 times powers of ten, every value <= max (max >= 1).
+std::vector<double> OneTwoFive(uint64_t max);
+
+// The intervals the tracker measures: the `interval` label values.
+enum class Interval : uint8_t {
+  kTtft,
+  kItl,
+  kE2e,
+  kQueue,
+  kPrefill,
+  kDecode,
+  kInference,
+  kTpot,
+  kCount,
+};
+std::string_view IntervalName(Interval interval);
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_STORE_CATALOG_H_

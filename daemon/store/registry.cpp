@@ -1,0 +1,124 @@
+#include "daemon/store/registry.h"
+
+#include <cmath>
+#include <cstdlib>
+
+namespace tokenmeter::daemon {
+
+Status Registry::Create(const RegistryOptions& options,
+                        std::unique_ptr<Registry>* out) {
+  if (options.max_model_len < 1) {
+    return Status::Error("max-model-len must be at least 1");
+  }
+  for (const auto& [suffix, bounds] : options.buckets) {
+    bool known = false;
+    for (const EngineMetricDef& def : kEngineMetrics) {
+      if (def.type == MetricType::kHistogram && def.suffix == suffix) {
+        known = true;
+      }
+    }
+    if (!known) {
+      return Status::Error("buckets: no histogram named \"" + suffix + "\"");
+    }
+    if (bounds.empty()) {
+      return Status::Error("buckets." + suffix + ": no bounds given");
+    }
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      if (!std::isfinite(bounds[i]) || (i > 0 && bounds[i] <= bounds[i - 1])) {
+        return Status::Error("buckets." + suffix +
+                             ": bounds must be finite and increasing");
+      }
+    }
+  }
+  if (options.native_histogram_schema < NativeHistogram::kMinSchema ||
+      options.native_histogram_schema > NativeHistogram::kMaxSchema) {
+    return Status::Error("--native-histogram-schema must be -4 to 8");
+  }
+  if (options.request_labels.size() > TM_MAX_REQUEST_LABELS) {
+    return Status::Error("at most 4 --request-label names");
+  }
+  if (options.request_label_values < 1 ||
+      options.request_label_values > RequestLabels::kMaxValues - 2) {
+    return Status::Error("--request-label-values must be 1 to 65533");
+  }
+  for (const EngineMetricDef& def : kEngineMetrics) {
+    const bool in_range =
+        def.id >= kFirstHistogram && def.id < kFirstHistogram + kNumHistograms;
+    if ((def.type == MetricType::kHistogram) != in_range) std::abort();
+  }
+  Layouts layouts;
+  for (int p = 0; p < kNumProfiles; ++p) {
+    layouts[p].reserve(kNumHistograms);
+    for (int i = 0; i < kNumHistograms; ++i) {
+      const EngineMetricDef& def = kEngineMetrics[kFirstHistogram + i];
+      // An override names the measurement (the catalog suffix) and holds in
+      // every profile.
+      auto it = options.buckets.find(def.suffix);
+      std::vector<double> bounds =
+          it != options.buckets.end()
+              ? it->second
+              : DefaultBuckets(ProfileBuckets(Profile(p), def.id),
+                               options.max_model_len);
+      layouts[p].emplace_back(std::move(bounds), def.seconds ? 1e9 : 1.0,
+                              options.native_histogram_schema);
+    }
+  }
+  out->reset(new Registry(options, std::move(layouts)));
+  return Status::Ok();
+}
+
+Registry::Registry(const RegistryOptions& options, Layouts layouts)
+    : options_(options),
+      layouts_(std::move(layouts)),
+      request_labels_(options.request_labels, options.request_label_values) {
+  static constexpr DaemonMetric kOverflow[] = {kRequestLabelOverflow};
+  if (request_labels_.enabled()) {
+    request_labels_registration_ =
+        std::make_unique<Registration>(*this, &request_labels_, kOverflow);
+  }
+}
+
+Registry::~Registry() = default;
+
+bool Registry::ReserveExpertSeries(size_t n) {
+  if (!options_.moe_expert_series) return true;
+  if (series_.size() + expert_series_ + n > options_.max_engine_series) {
+    ++series_rejected_;
+    return false;
+  }
+  expert_series_ += n;
+  return true;
+}
+
+bool Registry::NamespaceConflict(const SeriesIdentity& id) const {
+  auto it = ns_profiles_.find(id.ns);
+  return it != ns_profiles_.end() && it->second != id.profile;
+}
+
+EngineSeries* Registry::GetOrCreate(const SeriesIdentity& id) {
+  SeriesIdentity key = id.Canonical();
+  auto it = series_.find(key);
+  if (it != series_.end()) return it->second.get();
+  if (NamespaceConflict(key)) return nullptr;
+  if (series_.size() + expert_series_ >= options_.max_engine_series) {
+    ++series_rejected_;
+    return nullptr;
+  }
+  auto s = std::make_unique<EngineSeries>(
+      key, id.labels, layouts_[size_t(key.profile)], request_labels_);
+  EngineSeries* raw = s.get();
+  ns_profiles_.emplace(key.ns, key.profile);
+  series_.emplace(std::move(key), std::move(s));
+  return raw;
+}
+
+void Registry::Register(DaemonMetric id, const Collector* c) {
+  if (c == nullptr || collectors_[id] != nullptr) std::abort();
+  collectors_[id] = c;
+}
+
+void Registry::Unregister(DaemonMetric id, const Collector* c) {
+  if (collectors_[id] == c) collectors_[id] = nullptr;
+}
+
+}  // namespace tokenmeter::daemon

@@ -1,0 +1,339 @@
+// State snapshots (daemon/state/): the components' SaveState() / LoadState()
+// round trip (the restored daemon shows the same exposition and goes on as
+// the original would), and a load of every truncation and of random
+// corruptions of a valid payload, which must fail or succeed without
+// touching memory it should not (run under ASan/UBSan in CI's sanitizer
+// tree), plus the file-level helpers.
+#include "daemon/state/snapshot.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <uv.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "daemon/config.h"
+#include "daemon/exposition/exposition.h"
+#include "daemon/exposition/proto_writer.h"
+#include "daemon/ingest/ingest_server.h"
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/tracker.h"
+#include "daemon/store/registry.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+
+class FixedClock : public Clock {
+ public:
+  uint64_t NowNs() const override { return now; }
+  double UnixNowS() const override { return 1'700'000'000; }
+  uint64_t now = 100'000 * kMs * 1000;
+};
+
+// The components a snapshot holds, wired as the daemon wires them.
+struct Components {
+  uv_loop_t loop{};
+  Config config;
+  FixedClock clock;
+  std::unique_ptr<Registry> reg;
+  std::unique_ptr<IngestStats> stats;
+  std::unique_ptr<Tracker> tracker;
+  std::unique_ptr<IngestServer> server;
+
+  explicit Components(int native_schema = 3) {
+    uv_loop_init(&loop);
+    config.registry.native_histogram_schema = native_schema;
+    config.registry.request_labels = {"tenant"};
+    config.registry.moe_expert_series = true;
+    EXPECT_TRUE(Registry::Create(config.registry, &reg).ok());
+    stats = std::make_unique<IngestStats>(*reg);
+    tracker = std::make_unique<Tracker>(*reg, *stats, clock, config.tracker);
+    server = std::make_unique<IngestServer>(&loop, *reg, *tracker, *stats,
+                                            config.ingest);
+  }
+  ~Components() {
+    server.reset();
+    uv_loop_close(&loop);
+  }
+
+  std::string Save() {
+    std::string out;
+    StateWriter w(out);
+    SaveCoreState(w, *reg, *tracker, *stats, *server);
+    return out;
+  }
+  bool Load(const std::string& bytes) {
+    StateReader r(bytes.data(), bytes.size());
+    LoadCoreState(r, *reg, *tracker, *stats, *server);
+    return r.ok() && r.at_end();
+  }
+  std::string Exposition() const {
+    std::string out;
+    Render(*reg, ExpositionFormat::kText004, out);
+    return out;
+  }
+  // The protobuf exposition: the native buckets too.
+  std::string Protobuf() const {
+    std::string out;
+    ProtoWriter w(out);
+    Render(*reg, w);
+    return out;
+  }
+  EngineSeries* Series(const std::string& instance) {
+    return reg->GetOrCreate(
+        SeriesIdentity{"vllm", "m", instance, {{"zone", "b"}, {"dc", "a"}}});
+  }
+};
+
+Event Ev(EventKind kind, uint64_t t, uint64_t id, uint64_t count = 0) {
+  Event ev{};
+  ev.kind = kind;
+  ev.t_ns = t;
+  ev.rid.number = id;
+  ev.count = count;
+  return ev;
+}
+
+// Requests in every state (waiting, running, finished in grace), string
+// and integer ids, per-request labels and adapters, MoE, cache_config and
+// client drops.
+void Fill(Components& c) {
+  const uint64_t t0 = c.clock.now - 1000 * kMs;
+  for (int s = 0; s < 3; ++s) {
+    EngineSeries* series = c.Series("dp" + std::to_string(s));
+    ASSERT_NE(series, nullptr);
+    series->SetCacheConfig({{"block_size", "16", 16}});
+    series->SetMaxLora(4);
+    const uint64_t load[4] = {1, 2, 3, uint64_t(s)};
+    ASSERT_TRUE(series->AddExpertLoad(0, load, 4));
+    const Source src{series, uint64_t(10 + s)};
+    for (uint64_t i = 0; i < 40; ++i) {
+      ArrivedExtras x;
+      x.lora = i % 3 == 0 ? "adapter-a" : "";
+      x.num_labels = 1;
+      x.labels[0] = {"tenant", i % 2 ? "t1" : "t2"};
+      const std::string name = "req-" + std::to_string(i);
+      Event ev = Ev(EventKind::kArrived, t0 + i * kMs, i, 10 + i);
+      if (i % 2 == 0) {
+        ev.rid.is_string = true;
+        ev.rid.text = name;
+      }
+      ev.extras = 0;
+      c.tracker->Apply(src, ev, nullptr, c.clock.now, std::span(&x, 1));
+      ev.extras = Event::kNoExtras;
+      if (i % 4 == 0) continue;  // waiting
+      ev.kind = EventKind::kScheduled;
+      ev.t_ns += 2 * kMs;
+      c.tracker->Apply(src, ev, nullptr, c.clock.now);
+      ev.kind = EventKind::kTokens;
+      ev.t_ns += 3 * kMs;
+      ev.count = 2;
+      c.tracker->Apply(src, ev, nullptr, c.clock.now);
+      if (i % 4 == 1) continue;  // running
+      ev.kind = EventKind::kFinished;
+      ev.t_ns += 5 * kMs;
+      ev.reason = FinishReason::kLength;
+      c.tracker->Apply(src, ev, nullptr, c.clock.now);
+    }
+    c.stats->SetClientDropped("vllm", "m", "dp" + std::to_string(s), 42 + s, 7);
+  }
+}
+
+TEST(StateTest, RoundTripShowsTheSameAndGoesOnTheSame) {
+  Components a;
+  Fill(a);
+  const std::string bytes = a.Save();
+  Components b;
+  ASSERT_TRUE(b.Load(bytes));
+  EXPECT_EQ(b.tracker->size(), a.tracker->size());
+  EXPECT_EQ(b.Exposition(), a.Exposition());
+  EXPECT_TRUE(b.Protobuf() == a.Protobuf());
+  EXPECT_TRUE(b.Save() == bytes);  // (not EXPECT_EQ: 58 kB of bytes)
+  // The same later events (tokens and finishes of restored requests, new
+  // ones) give the same exposition in both.
+  for (Components* c : {&a, &b}) {
+    EngineSeries* s = c->Series("dp1");
+    const Source src{s, 11};
+    const uint64_t t = c->clock.now;
+    for (uint64_t i = 0; i < 40; ++i) {
+      const std::string name = "req-" + std::to_string(i);
+      Event ev = Ev(EventKind::kTokens, t - 100 * kMs, i, 1);
+      if (i % 2 == 0) {
+        ev.rid.is_string = true;
+        ev.rid.text = name;
+      }
+      c->tracker->Apply(src, ev, nullptr, t);
+      ev.kind = EventKind::kFinished;
+      ev.t_ns += kMs;
+      ev.reason = FinishReason::kStop;
+      c->tracker->Apply(src, ev, nullptr, t);
+    }
+    c->clock.now += 700'000 * kMs;  // past every grace and idle timeout
+    c->tracker->Sweep();
+  }
+  EXPECT_EQ(b.Exposition(), a.Exposition());
+  EXPECT_TRUE(b.Protobuf() == a.Protobuf());
+  EXPECT_EQ(b.tracker->size(), 0u);
+}
+
+// Format 1 (before native buckets) holds a histogram as its counts, count
+// and raw sum: it loads with the native buckets empty and the classic
+// figures kept, and the same bytes read as format 2 fail.
+TEST(StateTest, HistogramFromFormatOneLoadsWithEmptyNativeBuckets) {
+  const HistogramLayout layout({0.01, 0.1, 1}, 1e9);
+  std::string v1;
+  StateWriter w(v1);
+  w.U64(4);  // bucket counts: 0.01, 0.1, 1, +Inf
+  for (uint64_t c : {3, 0, 2, 1}) w.U64(c);
+  w.U64(6);
+  w.F64(4.5e9);
+  Histogram h(&layout);
+  h.Observe(5e7);  // replaced by the load
+  StateReader r(v1.data(), v1.size(), 1);
+  h.LoadState(r);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r.at_end());
+  EXPECT_EQ(h.counts(), (std::vector<uint64_t>{3, 0, 2, 1}));
+  EXPECT_EQ(h.count(), 6u);
+  EXPECT_EQ(h.sum(), 4.5);
+  EXPECT_EQ(h.native().populated(), 0u);
+  EXPECT_EQ(h.native().zero_count(), 0u);
+  h.Observe(2e8);  // goes on from there
+  EXPECT_EQ(h.count(), 7u);
+  EXPECT_EQ(h.native().populated(), 1u);
+  Histogram again(&layout);
+  StateReader as_v2(v1.data(), v1.size());
+  again.LoadState(as_v2);
+  EXPECT_FALSE(as_v2.ok() && as_v2.at_end());
+}
+
+// A snapshot of a daemon with another --native-histogram-schema loads: a
+// finer schema is reduced to the configured one, a coarser one stays (the
+// schema only ever decreases); the classic buckets are untouched.
+TEST(StateTest, NativeSchemaChangesAcrossRestarts) {
+  for (const auto& [saved, configured, shown] :
+       {std::tuple{5, 3, 3}, std::tuple{1, 3, 1}, std::tuple{3, 3, 3}}) {
+    SCOPED_TRACE(std::to_string(saved) + " -> " + std::to_string(configured));
+    Components a(saved);
+    Fill(a);
+    Histogram& observed = a.Series("dp0")->hist(kTimeToFirstToken);
+    for (int i = 0; i < 1000; ++i) observed.Observe(1e6 * (1 + i));
+    Components b(configured);
+    ASSERT_TRUE(b.Load(a.Save()));
+    EXPECT_EQ(b.Exposition(), a.Exposition());
+    const Histogram& h = b.Series("dp0")->hist(kTimeToFirstToken);
+    ASSERT_GT(h.count(), 0u);
+    EXPECT_EQ(h.native().schema(), shown);
+    uint64_t total = h.native().zero_count();
+    h.native().ForEachBucket(true, [&](int32_t, uint64_t n) { total += n; });
+    EXPECT_EQ(total, h.count());
+  }
+}
+
+TEST(StateTest, EveryTruncationFails) {
+  Components a;
+  Fill(a);
+  const std::string bytes = a.Save();
+  for (size_t n = 0; n < bytes.size(); n += 1 + n / 64) {
+    Components b;
+    EXPECT_FALSE(b.Load(bytes.substr(0, n))) << n << " of " << bytes.size();
+  }
+  Components b;
+  EXPECT_FALSE(b.Load(bytes + "x"));  // trailing bytes
+}
+
+TEST(StateTest, RandomCorruptionsNeverCrash) {
+  Components a;
+  Fill(a);
+  const std::string bytes = a.Save();
+  std::mt19937_64 rng(17);
+  int loaded = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string bad = bytes;
+    const int flips = 1 + int(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      bad[rng() % bad.size()] = char(rng());
+    }
+    Components b;
+    if (b.Load(bad)) {
+      ++loaded;
+      // Whatever loaded must render and go on without harm.
+      b.Exposition();
+      b.clock.now += 700'000 * kMs;
+      b.tracker->Sweep();
+    }
+  }
+  // Most flips land in values (counts, times) and still decode; some hit
+  // lengths, ids and enums and are refused. Both happen.
+  EXPECT_GT(loaded, 0);
+  EXPECT_LT(loaded, 400);
+}
+
+// The snapshot's format version: the readable ones reach apply() with the
+// reader set to that version; one outside them is set aside unread.
+TEST(StateTest, SnapshotVersionsReadAndRefused) {
+  char dir[] = "/tmp/tm-state-version-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  const SnapshotFingerprint fp{{"b", "n", "r"}};
+  for (const uint32_t version : {0u, 1u, 2u, 3u}) {
+    SCOPED_TRACE(version);
+    std::string bytes;
+    EncodeSnapshot(
+        "boot", fp, [](StateWriter& w) { w.U64(42); }, &bytes);
+    // The version follows the 8-byte magic (little-endian u32).
+    for (int i = 0; i < 4; ++i)
+      bytes[8 + i] = char((version >> (8 * i)) & 0xff);
+    SealSnapshot(&bytes);
+    ASSERT_TRUE(WriteFileAtomically(d, "snapshot", bytes).ok());
+    uint32_t seen = 0;
+    const LoadOutcome got = LoadSnapshot(d, "boot", fp, [&](StateReader& r) {
+      seen = r.version();
+      return r.U64() == 42 && r.at_end();
+    });
+    const bool readable = version >= 1 && version <= kSnapshotVersion;
+    EXPECT_EQ(got, readable ? LoadOutcome::kRestored : LoadOutcome::kSetAside);
+    EXPECT_EQ(seen, readable ? version : 0u);
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directory(d);
+  }
+  std::filesystem::remove_all(d);
+}
+
+TEST(StateTest, FilesAndBootId) {
+  char dir[] = "/tmp/tm-state-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  EXPECT_TRUE(PrepareStateDir(d + "/sub").ok());
+  EXPECT_TRUE(WriteFileAtomically(d + "/sub", "snapshot", "abc").ok());
+  std::ifstream in(d + "/sub/snapshot");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(text, "abc");
+  const Status s = WriteFileAtomically(d + "/missing", "snapshot", "abc");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(d + "/missing/snapshot.tmp"), std::string::npos)
+      << s.message();
+  std::string id;
+  EXPECT_TRUE(ReadBootId("/proc/sys/kernel/random/boot_id", &id).ok());
+  EXPECT_EQ(id.size(), 36u) << id;
+  { std::ofstream f(d + "/empty"); }
+  EXPECT_FALSE(ReadBootId(d + "/empty", &id).ok());
+  EXPECT_FALSE(ReadBootId(d + "/none", &id).ok());
+  EXPECT_FALSE(PrepareStateDir(d + "/empty").ok());  // a file
+  std::remove((d + "/sub/snapshot").c_str());
+  std::remove((d + "/empty").c_str());
+  rmdir((d + "/sub").c_str());
+  rmdir(d.c_str());
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
