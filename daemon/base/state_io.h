@@ -18,14 +18,17 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tokenmeter::daemon {
 
 // The layout SaveState() writes now (the snapshot's format version). 2:
-// each histogram also holds its native buckets. A StateReader says which
-// layout its bytes have, so that a component whose layout grew can still
-// read the older one (Histogram::LoadState()).
-inline constexpr uint32_t kStateFormatVersion = 2;
+// each histogram also holds its native buckets. 3: an engine series'
+// features are parts, each saved by itself (store/part.h). A StateReader
+// says which layout its bytes have, so that a component whose layout grew
+// can still read the older one (Histogram::LoadState(),
+// EngineSeries::LoadState()).
+inline constexpr uint32_t kStateFormatVersion = 3;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 
 class StateWriter {
@@ -47,6 +50,11 @@ class StateWriter {
   void Str(std::string_view s) {
     U32(uint32_t(s.size()));
     out_.append(s.data(), s.size());
+  }
+  // A count (u64) and the values.
+  void U64s(const std::vector<uint64_t>& v) {
+    U64(v.size());
+    for (uint64_t x : v) U64(x);
   }
   size_t size() const { return out_.size(); }
 
@@ -112,6 +120,11 @@ class StateReader {
       return 0;
     }
     return size_t(n);
+  }
+  // A count of at most `max` (Count()) and as many values, into *v.
+  void U64s(size_t max, std::vector<uint64_t>* v) {
+    v->assign(Count(max, 8), 0);
+    for (uint64_t& x : *v) x = U64();
   }
   // Marks the input bad (a value out of range); reads return 0 from now on.
   void Fail() {

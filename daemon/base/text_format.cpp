@@ -40,6 +40,15 @@ void AppendEscaped(std::string& out, std::string_view value) {
   out.append(value.data() + start, value.size() - start);
 }
 
+void AppendLabel(std::string& text, std::string_view name,
+                 std::string_view value) {
+  if (!text.empty()) text += ',';
+  text += name;
+  text += "=\"";
+  AppendEscaped(text, value);
+  text += '"';
+}
+
 void AppendHelpEscaped(std::string& out, std::string_view help) {
   for (char c : help) {
     if (c == '\\') {

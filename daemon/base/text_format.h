@@ -17,6 +17,10 @@ void AppendUint(std::string& out, uint64_t v);
 // A label value escaped per the text format: backslash, double quote and
 // newline become \\, \" and \n.
 void AppendEscaped(std::string& out, std::string_view value);
+// One label of a series' pre-rendered label text: `name="value"` with the
+// value escaped, after a comma unless `text` is empty.
+void AppendLabel(std::string& text, std::string_view name,
+                 std::string_view value);
 // HELP text escaped per the text format (backslash and newline).
 void AppendHelpEscaped(std::string& out, std::string_view help);
 

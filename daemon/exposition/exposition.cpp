@@ -85,21 +85,18 @@ double Ratio(uint64_t num, uint64_t den) {
   return den == 0 ? 0.0 : double(num) / double(den);
 }
 
-const EngineSeries::CacheConfigEntry* FindEntry(const EngineSeries& s,
-                                                std::string_view key) {
-  if (!s.has_cache_config()) return nullptr;
-  for (const auto& e : s.cache_config()) {
-    if (e.key == key && e.number == e.number) return &e;  // not NaN
-  }
-  return nullptr;
-}
-
-// Whether family `f` has a sample in series [begin, end).
-bool Shown(const FamilyDef& f, std::span<const EngineSeries* const> group) {
+// Whether family `f` has a sample in any series of `group`.
+bool Shown(const FamilyDef& f, std::span<const EngineSeries* const> group,
+           const RegistryOptions& options) {
   for (const EngineSeries* s : group) {
-    if (f.moe) {
-      if (s->has_moe()) return true;
-      continue;
+    if (f.part != PartKind::kNone) {
+      const Part* part = s->parts().get(f.part);
+      if (part == nullptr) continue;
+      if (f.source == FamilySource::kPart) {
+        if (part->Shows(f, options)) return true;
+        continue;
+      }
+      return true;  // a measured family shown with its part
     }
     switch (f.source) {
       case FamilySource::kRatio:
@@ -117,69 +114,23 @@ bool Shown(const FamilyDef& f, std::span<const EngineSeries* const> group) {
         }
         break;
       }
-      case FamilySource::kCacheConfigInfo:
-        if (s->has_cache_config()) return true;
-        break;
-      case FamilySource::kCacheConfigValue:
-        if (FindEntry(*s, f.key) != nullptr) return true;
-        break;
-      case FamilySource::kLoraRequestsInfo:
-        return true;
-      case FamilySource::kMoeRoutedTokens:
-      case FamilySource::kMoeExpertTokens:
-      case FamilySource::kMoeLayerImbalance:
-        break;  // f.moe
+      case FamilySource::kPart:
+        break;  // f.part names the part
     }
   }
   return false;
 }
 
-// The MoE families' samples of one series, per layer (and expert).
-void WriteMoe(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
-  std::string layer, expert, text;
-  LabelPairs pairs;
-  for (const auto& [l, load] : s.moe()) {
-    layer.clear();
-    AppendUint(layer, l);
-    const SampleLabels labels{s.label_text(), s.label_pairs(), {}, {}};
-    switch (f.source) {
-      case FamilySource::kMoeRoutedTokens:
-        w.Sample(labels.WithOwn("layer", layer), load.routed);
-        break;
-      case FamilySource::kMoeLayerImbalance:
-        if (load.has_imbalance) {
-          w.Sample(labels.WithOwn("layer", layer), load.imbalance);
-        }
-        break;
-      case FamilySource::kMoeExpertTokens:
-        // Two labels of the daemon's: the layer goes into the series'
-        // labels, the expert is the own label.
-        text = s.label_text();
-        if (!text.empty()) text += ',';
-        text += "layer=\"" + layer + "\"";
-        pairs = s.label_pairs();
-        pairs.emplace_back("layer", layer);
-        for (size_t e = 0; e < load.experts.size(); ++e) {
-          expert.clear();
-          AppendUint(expert, e);
-          w.Sample(SampleLabels{text, pairs, "expert", expert},
-                   load.experts[e]);
-        }
-        break;
-      default:
-        break;
+void WriteFamily(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
+  if (f.part != PartKind::kNone) {
+    const Part* part = s.parts().get(f.part);
+    if (part == nullptr) return;
+    if (f.source == FamilySource::kPart) {
+      part->Write(f, s, w);
+      return;
     }
   }
-}
-
-void WriteFamily(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
-  if (f.moe && !s.has_moe()) return;
   switch (f.source) {
-    case FamilySource::kMoeRoutedTokens:
-    case FamilySource::kMoeExpertTokens:
-    case FamilySource::kMoeLayerImbalance:
-      WriteMoe(f, s, w);
-      return;
     case FamilySource::kMetric:
       WriteMetric(f, s, w);
       return;
@@ -201,41 +152,8 @@ void WriteFamily(const FamilyDef& f, const EngineSeries& s, MetricWriter& w) {
       }
       return;
     }
-    case FamilySource::kCacheConfigInfo:
-      if (s.has_cache_config()) {
-        w.Sample(
-            SampleLabels{s.cache_config_text(), s.cache_config_pairs(), {}, {}},
-            1.0);
-      }
-      return;
-    case FamilySource::kCacheConfigValue:
-      if (const auto* e = FindEntry(s, f.key)) {
-        w.Sample(SampleLabels{s.label_text(), s.label_pairs(), {}, {}},
-                 e->number);
-      }
-      return;
-    case FamilySource::kLoraRequestsInfo: {
-      // Three labels of the daemon's after the series': built per render
-      // (one sample per series).
-      const std::string running = s.LoraSet(true);
-      const std::string waiting = s.LoraSet(false);
-      std::string text = s.label_text();
-      LabelPairs pairs = s.label_pairs();
-      const std::pair<std::string_view, const std::string*> own[] = {
-          {"max_lora", &s.max_lora()},
-          {"running_lora_adapters", &running},
-          {"waiting_lora_adapters", &waiting}};
-      for (const auto& [name, value] : own) {
-        if (!text.empty()) text += ',';
-        text += name;
-        text += "=\"";
-        AppendEscaped(text, *value);
-        text += '"';
-        pairs.emplace_back(name, *value);
-      }
-      w.Sample(SampleLabels{text, pairs, {}, {}}, s.lora_changed_unix_s());
-      return;
-    }
+    case FamilySource::kPart:
+      return;  // without f.part: nothing to write
   }
 }
 
@@ -246,8 +164,7 @@ void RenderEngine(const Registry& registry, MetricWriter& w) {
   std::vector<const EngineSeries*> all;
   all.reserve(registry.series_count());
   registry.ForEachSeries([&](const EngineSeries& s) { all.push_back(&s); });
-  const bool legacy = registry.options().legacy_names;
-  const bool expert_series = registry.options().moe_expert_series;
+  const RegistryOptions& options = registry.options();
   size_t begin = 0;
   while (begin < all.size()) {
     size_t end = begin;
@@ -257,11 +174,8 @@ void RenderEngine(const Registry& registry, MetricWriter& w) {
                                                      end - begin);
     const std::string prefix = ns + ":";
     for (const FamilyDef& f : ProfileFamilies(all[begin]->profile())) {
-      if (f.legacy && !legacy) continue;
-      if (f.source == FamilySource::kMoeExpertTokens && !expert_series) {
-        continue;
-      }
-      if (!Shown(f, group)) continue;
+      if (f.legacy && !options.legacy_names) continue;
+      if (!Shown(f, group, options)) continue;
       w.BeginFamily(prefix, FamilyName(f), f.type, FamilyHelp(f));
       for (const EngineSeries* s : group) WriteFamily(f, *s, w);
     }

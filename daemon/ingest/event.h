@@ -5,11 +5,13 @@
 #define TOKENMETER_DAEMON_INGEST_EVENT_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "daemon/store/parts/cache_config.h"
 #include "tokenmeter/protocol.h"
 
 namespace tokenmeter::daemon {
@@ -79,9 +81,22 @@ struct ArrivedExtras {
   std::pair<std::string_view, std::string_view> labels[TM_MAX_REQUEST_LABELS];
 };
 
-// EXPERT_LOAD ([8, t, layer, counts]) uses `count` for the layer and
-// step.pos_begin / step.pos_count for the counts in Batch::positions (Event
-// stays 176 bytes).
+// EXPERT_LOAD ([8, t, layer, counts]), as Event::expert_load() shows it:
+// the layer (below TM_MAX_MOE_LAYERS) and its 1 to TM_MAX_MOE_EXPERTS
+// counts, which live in Batch::positions.
+struct ExpertLoadView {
+  uint32_t layer;
+  std::span<const uint64_t> counts;
+};
+
+// Where an EXPERT_LOAD's data is kept in an Event (beside StepStats, in
+// the same bytes: Event stays 176 bytes).
+struct ExpertLoadRef {
+  uint32_t layer;
+  uint32_t begin;  // index into Batch::positions
+  uint32_t count;
+};
+
 struct Event {
   static constexpr uint32_t kNoExtras = UINT32_MAX;
   EventKind kind;
@@ -96,8 +111,19 @@ struct Event {
   // ARRIVED with a lora or labels param: index into Batch::arrivals (in
   // the padding before `step`: Event stays 176 bytes).
   uint32_t extras = kNoExtras;
-  StepStats step;  // STEP
+  union {
+    StepStats step{};               // STEP
+    ExpertLoadRef expert_load_ref;  // EXPERT_LOAD: read it with expert_load()
+  };
+
+  // An EXPERT_LOAD's layer and counts; `positions` is its batch's
+  // Batch::positions. Only for kind kExpertLoad.
+  ExpertLoadView expert_load(const uint64_t* positions) const {
+    return {expert_load_ref.layer,
+            {positions + expert_load_ref.begin, expert_load_ref.count}};
+  }
 };
+static_assert(sizeof(Event) == 176, "Event is copied per event: keep it");
 
 struct Hello {
   int64_t proto = 0;
@@ -111,14 +137,8 @@ struct Hello {
   bool has_pid = false;
   // Protocol 1.1.
   std::string profile;  // "vllm", "sglang", "lmdeploy"; empty: not sent
-  // cache_config entries in HELLO order, values rendered as the catalog
-  // says (str as given, int decimal, float shortest round trip, bool
-  // True/False); `number` holds int and float values (NaN for the others).
-  struct CacheConfigEntry {
-    std::string key;
-    std::string value;
-    double number;
-  };
+  // cache_config entries in HELLO order (store/parts/cache_config.h says
+  // how values are rendered).
   std::vector<CacheConfigEntry> cache_config;
   bool has_cache_config = false;
   int64_t max_lora = 0;

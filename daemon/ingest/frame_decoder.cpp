@@ -362,7 +362,7 @@ IngestError ParseCacheConfig(Reader& r, const Header& h, Hello* hello) {
       if (e.key == key) return IngestError::kBadName;
     }
     const Header v = r.Next();
-    Hello::CacheConfigEntry entry{std::string(key), {}, std::nan("")};
+    CacheConfigEntry entry{std::string(key), {}, std::nan("")};
     char buf[32];
     std::to_chars_result res{buf, std::errc()};
     std::string_view text;
@@ -656,18 +656,21 @@ bool ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras) {
 [[gnu::noinline]] bool ParseExpertLoad(Reader& r,
                                        std::vector<uint64_t>& positions,
                                        Event* e) {
-  if (!r.ReadUint(&e->count) || e->count >= TM_MAX_MOE_LAYERS) return false;
+  uint64_t layer;
+  if (!r.ReadUint(&layer) || layer >= TM_MAX_MOE_LAYERS) return false;
   const Header h = r.Next();
   if (h.type != Type::kArray || h.value < 1 || h.value > TM_MAX_MOE_EXPERTS) {
     return false;
   }
-  e->step.pos_begin = uint32_t(positions.size());
+  ExpertLoadRef& x = e->expert_load_ref;
+  x.layer = uint32_t(layer);
+  x.begin = uint32_t(positions.size());
   for (uint64_t j = 0; j < h.value; ++j) {
     const Header c = r.Next();
     if (c.type != Type::kUint || c.value > TM_MAX_EVENT_COUNT) return false;
     positions.push_back(c.value);
   }
-  e->step.pos_count = uint32_t(h.value);
+  x.count = uint32_t(h.value);
   return true;
 }
 

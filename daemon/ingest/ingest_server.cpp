@@ -14,6 +14,8 @@
 #include <cstring>
 
 #include "daemon/base/state_io.h"
+#include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/lora.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
@@ -285,15 +287,11 @@ class IngestServer::Connection : public FrameSink {
       return;
     }
     if (hello.has_cache_config) {
-      std::vector<EngineSeries::CacheConfigEntry> entries;
-      entries.reserve(hello.cache_config.size());
-      for (const auto& e : hello.cache_config) {
-        entries.push_back({e.key, e.value, e.number});
-      }
-      series->SetCacheConfig(std::move(entries));
+      series->part<CacheConfigPart>().Set(hello.cache_config);
     }
-    if (hello.has_max_lora) series->SetMaxLora(hello.max_lora);
-    series->InitLoraTime(server_.tracker_.clock().UnixNowS());
+    LoraPart& lora = series->part<LoraPart>();
+    if (hello.has_max_lora) lora.SetMaxLora(hello.max_lora);
+    lora.InitTime(server_.tracker_.clock().UnixNowS());
     family_ = hello.engine;
     model_ = hello.model;
     instance_ = hello.instance;

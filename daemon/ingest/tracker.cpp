@@ -6,6 +6,9 @@
 #include <optional>
 
 #include "daemon/base/state_io.h"
+#include "daemon/store/parts/chunk_tokens.h"
+#include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/moe.h"
 
 namespace tokenmeter::daemon {
 
@@ -284,14 +287,15 @@ void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s, uint16_t lora,
     const bool running = r.gauge == Gauge::kRunning;
     r.gauge_series->AddDerived(
         running ? kNumRequestsRunning : kNumRequestsWaiting, -1);
-    if (lora != 0) r.gauge_series->AddLora(lora, running, -1, unix_s);
+    if (lora != 0)
+      r.gauge_series->part<LoraPart>().Add(lora, running, -1, unix_s);
   }
   r.gauge = g;
   r.gauge_series = s;
   if (g != Gauge::kNone) {
     const bool running = g == Gauge::kRunning;
     s->AddDerived(running ? kNumRequestsRunning : kNumRequestsWaiting, 1);
-    if (lora != 0) s->AddLora(lora, running, 1, unix_s);
+    if (lora != 0) s->part<LoraPart>().Add(lora, running, 1, unix_s);
   }
 }
 
@@ -399,7 +403,7 @@ void Tracker::Apply(const Source& src, const Event& ev,
     return;
   }
   if (ev.kind == EventKind::kExpertLoad) {
-    OnExpertLoad(src, ev, positions);
+    OnExpertLoad(src, ev.expert_load(positions));
     return;
   }
   ingest_.CountEvent(ev.kind);
@@ -470,8 +474,8 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
     // its adapter's set now; with the set table full it has no adapter (and
     // must not be left in a set it would never leave).
     if (LoraOf(r) != 0 && r.gauge != Gauge::kNone) {
-      r.gauge_series->AddLora(LoraOf(r), r.gauge == Gauge::kRunning, 1,
-                              clock_.UnixNowS());
+      r.gauge_series->part<LoraPart>().Add(
+          LoraOf(r), r.gauge == Gauge::kRunning, 1, clock_.UnixNowS());
     }
   }
   r.prompt_tokens = uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX));
@@ -516,7 +520,7 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
       if (s.uses(kTimePerOutputTokenChunk)) {
         Histogram& h = cell.hist(kTimePerOutputTokenChunk);
         if (ev.count == 1 && s.uses(kInterTokenLatency) &&
-            s.tpot_chunk_shares_itl_buckets()) {
+            s.part<ChunkTokensPart>().tpot_shares_itl_buckets()) {
           h.ObserveIn(bucket, double(itl));
         } else {
           h.Observe(double(itl) / double(ev.count));
@@ -528,7 +532,9 @@ void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
                              double(itl));
       }
     }
-    if (s.uses(kIterationTokensChunk)) s.ObserveChunkTokens(ev.count);
+    if (s.uses(kIterationTokensChunk)) {
+      s.part<ChunkTokensPart>().ObserveChunk(ev.count);
+    }
     if (ev.t_ns > r.t_ns[kLastToken]) r.t_ns[kLastToken] = ev.t_ns;
     return;
   }
@@ -574,22 +580,21 @@ void Tracker::OnPreempted(const Source& src, Request& r) {
     SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
 }
 
-void Tracker::OnExpertLoad(const Source& src, const Event& ev,
-                           const uint64_t* positions) {
+void Tracker::OnExpertLoad(const Source& src, const ExpertLoadView& load) {
   EngineSeries& s = *src.series;
-  const uint32_t layer = uint32_t(ev.count);
-  const size_t n = ev.step.pos_count;
   // A new layer's experts take places of the series cap (with
   // --moe-expert-series); a known layer's count may not change.
-  if (!s.has_moe_layer(layer) && !registry_.ReserveExpertSeries(n)) {
+  const MoePart* moe = s.find_part<MoePart>();
+  if ((moe == nullptr || !moe->has_layer(load.layer)) &&
+      !registry_.ReserveExpertSeries(load.counts.size())) {
     ingest_.CountError(IngestError::kSeriesLimit);
     return;
   }
-  if (!s.AddExpertLoad(layer, positions + ev.step.pos_begin, n)) {
+  if (!s.part<MoePart>().Add(load.layer, load.counts)) {
     ingest_.CountError(IngestError::kBadEvent);
     return;
   }
-  ingest_.CountEvent(ev.kind);
+  ingest_.CountEvent(EventKind::kExpertLoad);
 }
 
 void Tracker::OnStep(const Source& src, const Event& ev,

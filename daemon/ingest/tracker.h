@@ -153,8 +153,7 @@ class Tracker : public Collector {
                   uint64_t now_ns);
   void OnPreempted(const Source& src, Request& r);
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
-  void OnExpertLoad(const Source& src, const Event& ev,
-                    const uint64_t* positions);
+  void OnExpertLoad(const Source& src, const ExpertLoadView& load);
 
   Registry& registry_;
   RequestLabels& request_labels_;

@@ -1,5 +1,6 @@
 #include "daemon/logging/summary.h"
 
+#include "daemon/store/parts/moe.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
@@ -55,16 +56,10 @@ std::string SummaryLog::Line(const EngineSeries& s, double window_s,
         100.0 * double(accepted) / double(drafted));
   }
   // MoE: the layer whose latest load was the least balanced.
-  const EngineSeries::MoeLayer* worst = nullptr;
   uint32_t worst_layer = 0;
-  for (const auto& [layer, load] : s.moe()) {
-    if (load.has_imbalance &&
-        (worst == nullptr || load.imbalance > worst->imbalance)) {
-      worst = &load;
-      worst_layer = layer;
-    }
-  }
-  if (worst != nullptr) {
+  const MoePart* moe = s.find_part<MoePart>();
+  if (const MoePart::Layer* worst =
+          moe != nullptr ? moe->WorstLayer(&worst_layer) : nullptr) {
     line += fmt::format(", MoE worst layer imbalance: {:.2f} (layer {})",
                         worst->imbalance, worst_layer);
   }

@@ -1,9 +1,17 @@
 #include "daemon/store/engine_series.h"
 
+#include "daemon/base/state_io.h"
 #include "daemon/base/text_format.h"
 #include "daemon/store/request_labels.h"
 
 namespace tokenmeter::daemon {
+namespace {
+
+// Children of an index label (spec decode positions): far more than any
+// engine drafts.
+constexpr size_t kMaxChildren = 1 << 16;
+
+}  // namespace
 
 SeriesIdentity SeriesIdentity::Canonical() const {
   SeriesIdentity c = *this;
@@ -20,19 +28,6 @@ std::string SanitizeNamespace(std::string_view engine) {
   }
   return ns;
 }
-
-namespace {
-
-void AppendLabel(std::string& text, std::string_view name,
-                 std::string_view value) {
-  if (!text.empty()) text += ',';
-  text += name;
-  text += "=\"";
-  AppendEscaped(text, value);
-  text += '"';
-}
-
-}  // namespace
 
 SeriesValues::SeriesValues(const std::vector<HistogramLayout>& layouts) {
   for (const EngineMetricDef& def : kEngineMetrics) {
@@ -56,10 +51,6 @@ EngineSeries::EngineSeries(SeriesIdentity identity,
   for (const EngineMetricDef& def : kEngineMetrics) {
     uses_[def.id] = ProfileUses(identity_.profile, def.id);
   }
-  tpot_shares_itl_ = hist(kTimePerOutputTokenChunk).layout().bounds() ==
-                         hist(kInterTokenLatency).layout().bounds() &&
-                     hist(kTimePerOutputTokenChunk).layout().divisor() ==
-                         hist(kInterTokenLatency).layout().divisor();
   label_pairs_.reserve(label_order.size() + 2);
   label_pairs_.emplace_back("model_name", identity_.model);
   label_pairs_.emplace_back("engine", identity_.instance);
@@ -71,9 +62,7 @@ EngineSeries::EngineSeries(SeriesIdentity identity,
   LabelCell base = MakeCell(0);
   base_label_text_ = std::move(base.label_text);
   base_label_pairs_ = std::move(base.label_pairs);
-  cache_config_text_ = label_text_;
-  cache_config_pairs_ = label_pairs_;
-  lora_changed_unix_s_ = 0;
+  MakeEveryPart(*this);
 }
 
 LabelCell EngineSeries::MakeCell(LabelKey key) {
@@ -142,69 +131,130 @@ SeriesValues& EngineSeries::CellForSetSlow(uint32_t set) {
   return values;
 }
 
-void EngineSeries::SetCacheConfig(std::vector<CacheConfigEntry> entries) {
-  cache_config_ = std::move(entries);
-  has_cache_config_ = true;
-  cache_config_text_ = label_text_;
-  cache_config_pairs_ = label_pairs_;
-  for (const CacheConfigEntry& e : cache_config_) {
-    AppendLabel(cache_config_text_, e.key, e.value);
-    cache_config_pairs_.emplace_back(e.key, e.value);
+// ---- snapshots
+
+void SeriesValues::SaveState(StateWriter& w) const {
+  for (uint64_t c : counts_) w.U64(c);
+  for (const GaugeCell& g : gauges_) {
+    w.F64(g.set_value);
+    w.I64(g.derived);
+    w.Bool(g.has_set);
+  }
+  for (const std::vector<uint64_t>& c : children_) w.U64s(c);
+  for (const Histogram& h : hists_) h.SaveState(w);
+}
+
+void SeriesValues::LoadState(StateReader& r) {
+  for (uint64_t& c : counts_) c = r.U64();
+  for (GaugeCell& g : gauges_) {
+    g.set_value = r.F64();
+    g.derived = r.I64();
+    g.has_set = r.Bool();
+  }
+  for (std::vector<uint64_t>& c : children_) {
+    const size_t fixed = c.size();
+    r.U64s(kMaxChildren, &c);
+    if (fixed > 0 && c.size() != fixed) r.Fail();
+  }
+  for (Histogram& h : hists_) h.LoadState(r);
+}
+
+void SaveLabelPairs(StateWriter& w, const LabelPairs& pairs) {
+  w.U64(pairs.size());
+  for (const auto& [name, value] : pairs) {
+    w.Str(name);
+    w.Str(value);
   }
 }
 
-bool EngineSeries::AddExpertLoad(uint32_t layer, const uint64_t* counts,
-                                 size_t n) {
-  auto [it, created] = moe_.try_emplace(layer);
-  MoeLayer& l = it->second;
-  if (created) {
-    l.experts.assign(n, 0);
-  } else if (l.experts.size() != n) {
-    return false;
+LabelPairs LoadLabelPairs(StateReader& r) {
+  LabelPairs pairs(r.Count(64, 8));
+  for (auto& [name, value] : pairs) {
+    name = r.Str(kMaxLabelStateBytes);
+    value = r.Str(kMaxLabelStateBytes);
   }
-  uint64_t sum = 0, max = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (__builtin_add_overflow(l.experts[i], counts[i], &l.experts[i])) {
-      l.experts[i] = UINT64_MAX;
+  return pairs;
+}
+
+void EngineSeries::SaveState(StateWriter& w) const {
+  // The label order: label_pairs_ after model_name and engine.
+  SaveLabelPairs(w, LabelPairs(label_pairs_.begin() + 2, label_pairs_.end()));
+  SeriesValues::SaveState(w);
+  w.U64(cells_.size());
+  for (const LabelCell& c : cells_) {
+    w.U64(c.key);
+    c.values->SaveState(w);
+  }
+  // By key: the same state always makes the same bytes.
+  std::vector<std::pair<LabelKey, size_t>> index(cell_index_.begin(),
+                                                 cell_index_.end());
+  std::sort(index.begin(), index.end());
+  w.U64(index.size());
+  for (const auto& [key, i] : index) {
+    w.U64(key);
+    w.U64(i);
+  }
+  for (const std::vector<uint16_t>& ids : admitted_) {
+    w.U64(ids.size());
+    for (uint16_t id : ids) w.U16(id);
+  }
+  w.Bool(own_cell_used_);
+  w.U64(parts_.size());
+  parts_.ForEach([&w](const Part& p) {
+    w.U8(uint8_t(p.kind()));
+    p.SaveState(w);
+  });
+}
+
+void EngineSeries::LoadState(StateReader& r) {
+  SeriesValues::LoadState(r);
+  const size_t cells = r.Count(RequestLabels::kMaxSets, 8);
+  for (size_t i = 0; i < cells && r.ok(); ++i) {
+    const LabelKey key = r.U64();
+    for (size_t l = 0; l < admitted_.size(); ++l) {
+      // MakeCell() reads the label values: they must exist.
+      if (RequestLabels::Unpack(key, l) >= request_labels_.value_count(l)) {
+        r.Fail();
+      }
     }
-    sum += counts[i];  // at most 1024 x (2^32 - 1): no overflow
-    max = std::max(max, counts[i]);
+    if (key == 0 || !r.ok()) {
+      r.Fail();
+      break;
+    }
+    LabelCell cell = MakeCell(key);
+    cell.values = std::make_unique<SeriesValues>(layouts_);
+    cell.values->LoadState(r);
+    cells_.push_back(std::move(cell));
   }
-  if (__builtin_add_overflow(l.routed, sum, &l.routed)) l.routed = UINT64_MAX;
-  if (sum > 0) {
-    l.imbalance = double(max) * double(n) / double(sum);
-    l.has_imbalance = true;
-    hist(kMoeImbalance).Observe(l.imbalance);
+  const size_t index = r.Count(RequestLabels::kMaxSets * 4, 16);
+  for (size_t i = 0; i < index && r.ok(); ++i) {
+    const LabelKey key = r.U64();
+    const uint64_t at = r.U64();
+    if (at >= cells_.size()) r.Fail();
+    cell_index_.emplace(key, size_t(at));
   }
-  return true;
-}
-
-void EngineSeries::SetMaxLora(int64_t max_lora) {
-  max_lora_ = std::to_string(max_lora);
-}
-
-void EngineSeries::AddLora(uint16_t lora, bool running, int delta,
-                           double unix_s) {
-  if (lora == 0) return;
-  std::array<int64_t, 2>& counts = lora_[lora];
-  const int64_t before = counts[running];
-  counts[running] += delta;
-  if ((before > 0) != (counts[running] > 0)) lora_changed_unix_s_ = unix_s;
-  if (counts[0] <= 0 && counts[1] <= 0) lora_.erase(lora);
-}
-
-std::string EngineSeries::LoraSet(bool running) const {
-  std::vector<std::string_view> names;
-  for (const auto& [id, counts] : lora_) {
-    if (counts[running] > 0) names.push_back(request_labels_.LoraName(id));
+  for (std::vector<uint16_t>& ids : admitted_) {
+    ids.resize(r.Count(RequestLabels::kMaxValues, 2));
+    for (uint16_t& id : ids) id = r.U16();
   }
-  std::sort(names.begin(), names.end());
-  std::string out;
-  for (std::string_view n : names) {
-    if (!out.empty()) out += ',';
-    out += n;
+  own_cell_used_ = r.Bool();
+  if (r.version() < 3) {
+    LoadLegacyParts(r, *this);
+    return;
   }
-  return out;
+  const size_t parts = r.Count(kNumPartKinds, 1);
+  uint32_t seen = 0;
+  for (size_t i = 0; i < parts && r.ok(); ++i) {
+    const uint8_t kind = r.U8();
+    if (kind >= kNumPartKinds || (seen & (1u << kind)) != 0) {
+      r.Fail();
+      break;
+    }
+    seen |= 1u << kind;
+    std::unique_ptr<Part> part = MakePart(PartKind(kind), *this);
+    part->LoadState(r);
+    parts_.Put(std::move(part));
+  }
 }
 
 }  // namespace tokenmeter::daemon

@@ -21,6 +21,7 @@
 
 #include "daemon/store/catalog.h"
 #include "daemon/store/histogram.h"
+#include "daemon/store/part.h"
 #include "daemon/store/profile.h"
 
 namespace tokenmeter::daemon {
@@ -124,6 +125,13 @@ using LabelKey = uint64_t;
 
 class RequestLabels;
 
+// A series' labels in a snapshot (daemon/base/state_io.h): a count and the
+// (name, value) pairs; LoadLabelPairs() takes at most 64 pairs of at most
+// kMaxLabelStateBytes each.
+inline constexpr size_t kMaxLabelStateBytes = 4096;
+void SaveLabelPairs(StateWriter& w, const LabelPairs& pairs);
+LabelPairs LoadLabelPairs(StateReader& r);
+
 // One series' values for one request-label key, with its sample labels.
 struct LabelCell {
   LabelKey key = 0;
@@ -148,19 +156,6 @@ class EngineSeries : public SeriesValues {
   Profile profile() const { return identity_.profile; }
   // Whether this series' profile reads metric m (ProfileUses()).
   bool uses(EngineMetric m) const { return uses_[m]; }
-  // Observes n into LMDeploy's per-chunk iteration tokens; the bucket of
-  // the previous n is remembered (nearly every chunk has one token).
-  void ObserveChunkTokens(uint64_t n) {
-    Histogram& h = hist(kIterationTokensChunk);
-    if (n != chunk_tokens_n_) {
-      chunk_tokens_n_ = n;
-      chunk_tokens_bucket_ = h.layout().BucketFor(double(n));
-    }
-    h.ObserveIn(chunk_tokens_bucket_, double(n));
-  }
-  // Whether LMDeploy's per-chunk TPOT and the ITL have the same bounds (a
-  // chunk of one token then falls in the ITL's bucket).
-  bool tpot_chunk_shares_itl_buckets() const { return tpot_shares_itl_; }
   // model_name="..",engine="..",k="v" (escaped, text formats).
   const std::string& label_text() const { return label_text_; }
   // (name, value) pairs in label_text() order, model_name and engine first.
@@ -207,58 +202,41 @@ class EngineSeries : public SeriesValues {
   // Whether a value of request label `label` not yet admitted would be.
   bool HasRoom(size_t label) const;
 
-  // The HELLO cache_config of the latest HELLO that sent one (entries in
-  // HELLO order: key, rendered value, number or NaN).
-  struct CacheConfigEntry {
-    std::string key;
-    std::string value;
-    double number;
-  };
-  void SetCacheConfig(std::vector<CacheConfigEntry> entries);
-  bool has_cache_config() const { return has_cache_config_; }
-  const std::vector<CacheConfigEntry>& cache_config() const {
-    return cache_config_;
+  // This series' part of type P (store/parts/), made on first use: a
+  // series pays one pointer per kind for parts it never uses. P has
+  // kKind and a constructor taking the series. find_part(): the part if
+  // made, else nullptr. O(1).
+  template <typename P>
+  P& part() {
+    Part* p = parts_.get(P::kKind);
+    if (p == nullptr) {
+      auto made = std::make_unique<P>(*this);
+      p = made.get();
+      parts_.Put(std::move(made));
+    }
+    return static_cast<P&>(*p);
   }
-  // The cache_config_info sample labels (series labels, then the entries).
-  const std::string& cache_config_text() const { return cache_config_text_; }
-  const LabelPairs& cache_config_pairs() const { return cache_config_pairs_; }
-
-  // MoE expert load (EXPERT_LOAD). Per layer: the tokens routed to each
-  // expert (the expert count fixed by the layer's first event), their sum,
-  // and max / mean of the latest event with a non-zero sum.
-  struct MoeLayer {
-    std::vector<uint64_t> experts;
-    uint64_t routed = 0;
-    double imbalance = 0;
-    bool has_imbalance = false;
-  };
-  // Adds one EXPERT_LOAD; false (nothing changed) when `n` differs from the
-  // layer's expert count. O(n).
-  bool AddExpertLoad(uint32_t layer, const uint64_t* counts, size_t n);
-  bool has_moe() const { return !moe_.empty(); }
-  bool has_moe_layer(uint32_t layer) const { return moe_.count(layer) != 0; }
-  const std::map<uint32_t, MoeLayer>& moe() const { return moe_; }
-
-  // The max_lora label (the latest HELLO's; "0" when none sent one).
-  void SetMaxLora(int64_t max_lora);
-  const std::string& max_lora() const { return max_lora_; }
-  // LoRA adapters of requests waiting / running on this series, by adapter
-  // id (RequestLabels::LoraName()); `unix_s` is the wall time of the call,
-  // kept as the time of the last change when a set changes.
-  void AddLora(uint16_t lora, bool running, int delta, double unix_s);
-  // Adapter names of the running (or waiting) set, sorted, joined by ",".
-  std::string LoraSet(bool running) const;
-  double lora_changed_unix_s() const { return lora_changed_unix_s_; }
-  // Sets the time of the last change if none is set yet (the series' first
-  // HELLO: the sets start empty then).
-  void InitLoraTime(double unix_s) {
-    if (lora_changed_unix_s_ == 0) lora_changed_unix_s_ = unix_s;
+  template <typename P>
+  P* find_part() {
+    return static_cast<P*>(parts_.get(P::kKind));
   }
+  template <typename P>
+  const P* find_part() const {
+    return static_cast<const P*>(parts_.get(P::kKind));
+  }
+  const PartSet& parts() const { return parts_; }
+  PartSet& parts() { return parts_; }
+
+  // What parts read of the series: the request labels' tables (adapter
+  // names) and the histogram layouts of its profile.
+  RequestLabels& request_labels() const { return request_labels_; }
+  const std::vector<HistogramLayout>& layouts() const { return layouts_; }
 
   // Snapshots: the label order (identity() is saved by the registry), the
-  // series' values, its label cells, admitted values, cache_config,
-  // max_lora, MoE layers and LoRA sets. LoadState() fills a series just
-  // made from the same identity and label order.
+  // series' values, its label cells, admitted values and its parts.
+  // LoadState() fills a series just made from the same identity and label
+  // order (format 3; formats 1 and 2 kept cache_config, max_lora, the MoE
+  // layers and the LoRA sets in fields of the series, read into parts).
   void SaveState(StateWriter& w) const;
   void LoadState(StateReader& r);
 
@@ -271,9 +249,6 @@ class EngineSeries : public SeriesValues {
   RequestLabels& request_labels_;
   const std::vector<HistogramLayout>& layouts_;
   std::array<bool, kNumEngineMetrics> uses_{};
-  bool tpot_shares_itl_ = false;
-  uint64_t chunk_tokens_n_ = UINT64_MAX;  // ObserveChunkTokens()'s memo
-  size_t chunk_tokens_bucket_ = 0;
   LabelPairs label_pairs_;
   std::string label_text_;
   std::string base_label_text_;
@@ -285,15 +260,7 @@ class EngineSeries : public SeriesValues {
   std::vector<std::vector<uint16_t>> admitted_;
   const bool request_labels_off_;
   bool own_cell_used_ = false;
-  bool has_cache_config_ = false;
-  std::vector<CacheConfigEntry> cache_config_;
-  std::string cache_config_text_;
-  LabelPairs cache_config_pairs_;
-  std::string max_lora_ = "0";
-  std::map<uint32_t, MoeLayer> moe_;  // by layer
-  // adapter id -> (waiting, running) request counts, for adapters in use.
-  std::map<uint16_t, std::array<int64_t, 2>> lora_;
-  double lora_changed_unix_s_ = 0;
+  PartSet parts_;
 };
 
 }  // namespace tokenmeter::daemon

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "daemon/base/state_io.h"
 #include "daemon/base/text_format.h"
 
 namespace tokenmeter::daemon {
@@ -35,6 +36,34 @@ HistogramLayout::HistogramLayout(std::vector<double> bounds, double divisor,
     le_text_.push_back(std::move(text));
   }
   le_text_.push_back("+Inf");
+}
+
+void Histogram::SaveState(StateWriter& w) const {
+  w.U64s(counts_);
+  w.U64(count_);
+  w.F64(sum_raw_);
+  native_.SaveState(w);
+}
+
+void Histogram::LoadState(StateReader& r) {
+  std::vector<uint64_t> counts;
+  r.U64s(counts_.size(), &counts);
+  if (counts.size() != counts_.size()) {
+    r.Fail();
+    return;
+  }
+  const uint64_t count = r.U64();
+  const double sum_raw = r.F64();
+  NativeHistogram native(layout_->native_schema());
+  // Format 1 had no native buckets: they start empty, the classic counts
+  // go on (a native count above its buckets' total is what NaN
+  // observations give too; rates over the new samples are exact).
+  if (r.version() >= 2) native.LoadState(r);
+  if (!r.ok()) return;
+  counts_ = std::move(counts);
+  count_ = count;
+  sum_raw_ = sum_raw;
+  native_ = std::move(native);
 }
 
 }  // namespace tokenmeter::daemon

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "daemon/store/catalog.h"
+#include "daemon/store/part.h"
 
 namespace tokenmeter::daemon {
 
@@ -28,27 +29,25 @@ Profile AutoProfile(std::string_view engine);
 
 // Where a family's samples come from.
 enum class FamilySource : uint8_t {
-  kMetric,             // the measured metric `metric`
-  kRatio,              // count(metric) / count(metric2) (+ 1 with plus_one);
-                       // 0 while count(metric2) is 0
-  kPerPositionRate,    // each position of `metric` / count(metric2)
-  kCacheConfigInfo,    // 1, labelled with the HELLO cache_config entries
-  kLoraRequestsInfo,   // Unix time of the last change of the LoRA sets
-  kCacheConfigValue,   // the number of the HELLO cache_config entry `key`
-  kMoeRoutedTokens,    // per layer: the sum of its EXPERT_LOAD counts
-  kMoeExpertTokens,    // per layer and expert (--moe-expert-series)
-  kMoeLayerImbalance,  // per layer: max / mean of its latest non-zero load
+  kMetric,           // the measured metric `metric`
+  kRatio,            // count(metric) / count(metric2) (+ 1 with plus_one);
+                     // 0 while count(metric2) is 0
+  kPerPositionRate,  // each position of `metric` / count(metric2)
+  kPart,             // the series' part `part`, its family `part_family`
+                     // (store/part.h): the part says whether it is shown
+                     // and writes its samples
 };
 
 struct FamilyDef {
-  std::string_view name;  // after the "<ns>:" prefix; counters without _total
-  MetricType type;
-  FamilySource source;
-  EngineMetric metric;  // kMetric, kRatio, kPerPositionRate
-  BucketSet buckets;    // kMetric histograms: this profile's buckets
-  std::string_view help;
-  bool legacy = false;                       // exposed only with --legacy-names
-  std::string_view key = {};                 // kCacheConfigValue
+  // after the "<ns>:" prefix; counters without _total
+  std::string_view name = {};
+  MetricType type = MetricType::kGauge;
+  FamilySource source = FamilySource::kMetric;
+  EngineMetric metric = kNumEngineMetrics;  // kMetric, kRatio, ...Rate
+  BucketSet buckets = BucketSet::kNone;     // kMetric histograms: the profile's
+  std::string_view help = {};
+  bool legacy = false;        // exposed only with --legacy-names
+  std::string_view key = {};  // PartFamily::kCacheConfigValue: the entry
   EngineMetric metric2 = kNumEngineMetrics;  // kRatio, kPerPositionRate
   bool plus_one = false;                     // kRatio
   // A constant label of this family's samples (e.g. SGLang's
@@ -58,8 +57,12 @@ struct FamilyDef {
   // request_success: the finished_reason value of each FinishReason (stop,
   // length, abort, error); equal names are summed. Null: the catalog's.
   const std::string_view* reason_names = nullptr;
-  // Shown only for series that have had an EXPERT_LOAD (the MoE families).
-  bool moe = false;
+  // kPart: the part that writes this family, and which of its families it
+  // is. With another source: the family is shown only for series that
+  // have this part (the MoE imbalance histogram: those that sent
+  // EXPERT_LOAD).
+  PartKind part = PartKind::kNone;
+  PartFamily part_family = PartFamily::kNone;
 };
 
 // The families of profile `p`, in exposition order. Within a profile a

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "daemon/base/state_io.h"
+
 namespace tokenmeter::daemon {
 
 Status Registry::Create(const RegistryOptions& options,
@@ -119,6 +121,53 @@ void Registry::Register(DaemonMetric id, const Collector* c) {
 
 void Registry::Unregister(DaemonMetric id, const Collector* c) {
   if (collectors_[id] == c) collectors_[id] = nullptr;
+}
+
+void Registry::SaveState(
+    StateWriter& w,
+    std::unordered_map<const EngineSeries*, uint32_t>* index) const {
+  request_labels_.SaveState(w);
+  w.U64(series_rejected_);
+  w.U64(expert_series_);
+  w.U64(series_.size());
+  for (const auto& [id, s] : series_) {
+    index->emplace(s.get(), uint32_t(index->size()));
+    w.Str(id.ns);
+    w.Str(id.model);
+    w.Str(id.instance);
+    w.U8(uint8_t(id.profile));
+    s->SaveState(w);
+  }
+}
+
+void Registry::LoadState(StateReader& r, std::vector<EngineSeries*>* by_index) {
+  request_labels_.LoadState(r);
+  series_rejected_ = r.U64();
+  const uint64_t expert_series = r.U64();
+  const size_t n = r.Count(options_.max_engine_series, 16);
+  for (size_t i = 0; i < n && r.ok(); ++i) {
+    SeriesIdentity id;
+    id.ns = r.Str(kMaxLabelStateBytes);
+    id.model = r.Str(kMaxLabelStateBytes);
+    id.instance = r.Str(kMaxLabelStateBytes);
+    const uint8_t profile = r.U8();
+    id.labels = LoadLabelPairs(r);
+    if (profile >= kNumProfiles) {
+      r.Fail();
+      break;
+    }
+    id.profile = Profile(profile);
+    const size_t before = series_.size();
+    EngineSeries* s = r.ok() ? GetOrCreate(id) : nullptr;
+    if (s == nullptr || series_.size() == before) {  // refused, or a repeat
+      r.Fail();
+      break;
+    }
+    s->LoadState(r);
+    by_index->push_back(s);
+  }
+  if (expert_series > options_.max_engine_series - series_.size()) r.Fail();
+  expert_series_ = size_t(expert_series);
 }
 
 }  // namespace tokenmeter::daemon

@@ -1,5 +1,7 @@
 #include "daemon/store/request_labels.h"
 
+#include "daemon/base/state_io.h"
+
 namespace tokenmeter::daemon {
 
 RequestLabels::RequestLabels(std::vector<std::string> names, size_t max_values)
@@ -63,6 +65,55 @@ void RequestLabels::Collect(DaemonMetric id, MetricWriter& w) const {
   const SampleLabels none;
   for (size_t i = 0; i < names_.size(); ++i) {
     w.Sample(none.WithOwn("label", names_[i]), overflow_[i]);
+  }
+}
+
+void RequestLabels::SaveState(StateWriter& w) const {
+  for (const std::vector<std::string>& values : values_) {
+    w.U64(values.size() - 2);  // after "" and __other__
+    for (size_t i = 2; i < values.size(); ++i) w.Str(values[i]);
+  }
+  w.U64s(overflow_);
+  w.U64(loras_.size() - 1);  // after ""
+  for (size_t i = 1; i < loras_.size(); ++i) w.Str(loras_[i]);
+  w.U64(sets_.size() - 1);  // after (0, 0)
+  for (size_t i = 1; i < sets_.size(); ++i) {
+    w.U64(sets_[i].key);
+    w.U16(sets_[i].lora);
+  }
+}
+
+void RequestLabels::LoadState(StateReader& r) {
+  for (size_t l = 0; l < values_.size(); ++l) {
+    const size_t n = r.Count(kMaxValues - 2, 4);
+    for (size_t i = 0; i < n && r.ok(); ++i) {
+      std::string v = r.Str(TM_MAX_REQUEST_LABEL_VALUE_BYTES);
+      if (v.empty() || !ids_[l].emplace(v, uint16_t(values_[l].size())).second)
+        r.Fail();
+      values_[l].push_back(std::move(v));
+    }
+  }
+  std::vector<uint64_t> overflow;
+  r.U64s(overflow_.size(), &overflow);
+  if (overflow.size() != overflow_.size()) r.Fail();
+  if (r.ok()) overflow_ = std::move(overflow);
+  const size_t loras = r.Count(kMaxLoras, 4);
+  for (size_t i = 0; i < loras && r.ok(); ++i) {
+    std::string name = r.Str(TM_MAX_LORA_BYTES);
+    if (name.empty() ||
+        !lora_ids_.emplace(name, uint16_t(loras_.size())).second)
+      r.Fail();
+    loras_.push_back(std::move(name));
+  }
+  const size_t sets = r.Count(kMaxSets - 1, 10);
+  for (size_t i = 0; i < sets && r.ok(); ++i) {
+    const Set set{r.U64(), r.U16()};
+    if (set.lora >= loras_.size()) r.Fail();
+    for (size_t l = 0; l < values_.size(); ++l) {
+      if (Unpack(set.key, l) >= values_[l].size()) r.Fail();
+    }
+    if (!set_ids_.emplace(set, uint32_t(sets_.size())).second) r.Fail();
+    sets_.push_back(set);
   }
 }
 

@@ -45,32 +45,38 @@ std::string SourceText(const FamilyDef& f) {
       return "`" + std::string(kEngineMetrics[f.metric].suffix) +
              "` per position / `" +
              std::string(kEngineMetrics[f.metric2].suffix) + "`";
-    case FamilySource::kCacheConfigInfo:
-      return "1 (HELLO `cache_config`)";
-    case FamilySource::kLoraRequestsInfo:
-      return "Unix time of the last change of the LoRA sets";
-    case FamilySource::kCacheConfigValue:
-      return "HELLO `cache_config` `" + std::string(f.key) + "`";
-    case FamilySource::kMoeRoutedTokens:
-      return "sum of EXPERT_LOAD `counts`";
-    case FamilySource::kMoeExpertTokens:
-      return "EXPERT_LOAD `counts[expert]` (--moe-expert-series)";
-    case FamilySource::kMoeLayerImbalance:
-      return "max / mean of the latest EXPERT_LOAD with a non-zero sum";
+    case FamilySource::kPart:
+      switch (f.part_family) {
+        case PartFamily::kCacheConfigInfo:
+          return "1 (HELLO `cache_config`)";
+        case PartFamily::kLoraRequestsInfo:
+          return "Unix time of the last change of the LoRA sets";
+        case PartFamily::kCacheConfigValue:
+          return "HELLO `cache_config` `" + std::string(f.key) + "`";
+        case PartFamily::kMoeRoutedTokens:
+          return "sum of EXPERT_LOAD `counts`";
+        case PartFamily::kMoeExpertTokens:
+          return "EXPERT_LOAD `counts[expert]` (--moe-expert-series)";
+        case PartFamily::kMoeLayerImbalance:
+          return "max / mean of the latest EXPERT_LOAD with a non-zero sum";
+        case PartFamily::kNone:
+          break;
+      }
+      break;
   }
   return "";
 }
 
 std::string LabelText(const FamilyDef& f) {
   std::string labels = "model_name, engine";
-  if (f.source == FamilySource::kCacheConfigInfo) {
+  if (f.part_family == PartFamily::kCacheConfigInfo) {
     labels += ", every `cache_config` key";
-  } else if (f.source == FamilySource::kMoeRoutedTokens ||
-             f.source == FamilySource::kMoeLayerImbalance) {
+  } else if (f.part_family == PartFamily::kMoeRoutedTokens ||
+             f.part_family == PartFamily::kMoeLayerImbalance) {
     labels += ", layer";
-  } else if (f.source == FamilySource::kMoeExpertTokens) {
+  } else if (f.part_family == PartFamily::kMoeExpertTokens) {
     labels += ", layer, expert";
-  } else if (f.source == FamilySource::kLoraRequestsInfo) {
+  } else if (f.part_family == PartFamily::kLoraRequestsInfo) {
     labels += ", max_lora, running_lora_adapters, waiting_lora_adapters";
   } else if (f.source == FamilySource::kMetric ||
              f.source == FamilySource::kPerPositionRate) {

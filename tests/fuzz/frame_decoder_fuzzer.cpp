@@ -20,6 +20,8 @@
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/lora.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/registry.h"
 
@@ -76,13 +78,9 @@ class Sink : public FrameSink {
     EngineSeries* series = state_.registry->GetOrCreate(id);
     if (series == nullptr) return;  // cap, or another profile's namespace
     if (hello.has_cache_config) {
-      std::vector<EngineSeries::CacheConfigEntry> entries;
-      for (const auto& e : hello.cache_config) {
-        entries.push_back({e.key, e.value, e.number});
-      }
-      series->SetCacheConfig(std::move(entries));
+      series->part<CacheConfigPart>().Set(hello.cache_config);
     }
-    if (hello.has_max_lora) series->SetMaxLora(hello.max_lora);
+    if (hello.has_max_lora) series->part<LoraPart>().SetMaxLora(hello.max_lora);
     source_ = Source{series, state_.next_space++ % 8};
   }
   void OnBatch(const Batch& batch) override {

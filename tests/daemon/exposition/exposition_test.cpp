@@ -37,6 +37,9 @@
 #include "daemon/exposition/proto_writer.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/store/catalog.h"
+#include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/moe.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/registry.h"
 #include "metrics.pb.h"
@@ -572,7 +575,8 @@ TEST(ExpositionTest, TextFormatStructure) {
   for (const char* ns : {"vllm:", "tokenmeter_engine:"}) {
     for (const FamilyDef& f : ProfileFamilies(Profile::kVllm)) {
       // Legacy names, cache_config and MoE only with their options / data.
-      if (f.legacy || f.moe || f.source == FamilySource::kCacheConfigInfo) {
+      if (f.legacy || f.part == PartKind::kMoe ||
+          f.part == PartKind::kCacheConfig) {
         continue;
       }
       std::string name = ns + std::string(FamilyName(f));
@@ -915,19 +919,21 @@ Exposed ProfilesRegistry() {
   reg->request_labels().CountOverflow(0);
   reg->request_labels().CountOverflow(0);
   const double kNaN = std::nan("");
-  sg->SetCacheConfig({{"page_size", "16", 16},
-                      {"num_pages", "8192", 8192},
-                      {"dtype", "auto", kNaN}});
-  lm->SetCacheConfig({{"block_size", "64", 64},
-                      {"enable_prefix_caching", "True", kNaN},
-                      {"cache_max_entry_count", "0.8", 0.8}});
-  lm->SetMaxLora(4);
+  sg->part<CacheConfigPart>().Set({{"page_size", "16", 16},
+                                   {"num_pages", "8192", 8192},
+                                   {"dtype", "auto", kNaN}});
+  lm->part<CacheConfigPart>().Set({{"block_size", "64", 64},
+                                   {"enable_prefix_caching", "True", kNaN},
+                                   {"cache_max_entry_count", "0.8", 0.8}});
+  lm->part<LoraPart>().SetMaxLora(4);
   RequestLabels& labels = reg->request_labels();
-  sg->InitLoraTime(1'764'633'600.5);
-  lm->InitLoraTime(1'764'633'600.5);
-  lm->AddLora(labels.InternLora("sql-lora"), true, 1, 1'764'633'700.25);
-  lm->AddLora(labels.InternLora("chat"), true, 1, 1'764'633'701);
-  lm->AddLora(labels.InternLora("sql-lora"), false, 1, 1'764'633'702);
+  sg->part<LoraPart>().InitTime(1'764'633'600.5);
+  lm->part<LoraPart>().InitTime(1'764'633'600.5);
+  lm->part<LoraPart>().Add(labels.InternLora("sql-lora"), true, 1,
+                           1'764'633'700.25);
+  lm->part<LoraPart>().Add(labels.InternLora("chat"), true, 1, 1'764'633'701);
+  lm->part<LoraPart>().Add(labels.InternLora("sql-lora"), false, 1,
+                           1'764'633'702);
   return reg;
 }
 
@@ -1017,9 +1023,10 @@ std::string RenderOneSeries(Profile p, bool legacy_names) {
   const std::string ns = ProfileNamespace(p, "vllm", "");
   EngineSeries* s = reg->GetOrCreate({ns, "m", "0", {}, p});
   Fill(*s, 1, true, true);
-  s->SetCacheConfig({{"page_size", "16", 16}, {"num_pages", "4", 4}});
+  s->part<CacheConfigPart>().Set(
+      {{"page_size", "16", 16}, {"num_pages", "4", 4}});
   const uint64_t counts[] = {3, 1};
-  EXPECT_TRUE(s->AddExpertLoad(0, counts, 2));
+  EXPECT_TRUE(s->part<MoePart>().Add(0, std::span<const uint64_t>(counts, 2)));
   return Render(*reg, ExpositionFormat::kText004);
 }
 
@@ -1059,10 +1066,12 @@ TEST(ExpositionTest, MoeSeriesPerLayerAndExpert) {
     const uint64_t b[] = {1, 1, 1, 1};  // balanced
     const uint64_t zero[] = {0, 0, 0, 0};
     const uint64_t wrong[] = {1, 2};
-    ASSERT_TRUE(s->AddExpertLoad(3, a, 4));
-    ASSERT_TRUE(s->AddExpertLoad(3, b, 4));
-    ASSERT_TRUE(s->AddExpertLoad(7, zero, 4));    // fixes 4 experts, no ratio
-    EXPECT_FALSE(s->AddExpertLoad(3, wrong, 2));  // the count is fixed
+    ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(a, 4)));
+    ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(b, 4)));
+    ASSERT_TRUE(s->part<MoePart>().Add(
+        7, std::span<const uint64_t>(zero, 4)));  // fixes 4 experts, no ratio
+    EXPECT_FALSE(s->part<MoePart>().Add(
+        3, std::span<const uint64_t>(wrong, 2)));  // the count is fixed
     const std::string text = Render(*reg, ExpositionFormat::kText004);
     const std::string l = "model_name=\"m\",engine=\"0\"";
     EXPECT_TRUE(HasLine(
@@ -1141,11 +1150,12 @@ TEST(ExpositionTest, CacheConfigInfoCarriesEveryEntry) {
   std::string text = Render(*reg, ExpositionFormat::kText004);
   // Absent while no HELLO sent one.
   EXPECT_EQ(text.find("cache_config_info"), std::string::npos);
-  a->SetCacheConfig({{"block_size", "16", 16},
-                     {"num_gpu_blocks", "8192", 8192},
-                     {"gpu_memory_utilization", "0.9", 0.9},
-                     {"enable_prefix_caching", "True", std::nan("")},
-                     {"cache_dtype", "a \"b\"", std::nan("")}});
+  a->part<CacheConfigPart>().Set(
+      {{"block_size", "16", 16},
+       {"num_gpu_blocks", "8192", 8192},
+       {"gpu_memory_utilization", "0.9", 0.9},
+       {"enable_prefix_caching", "True", std::nan("")},
+       {"cache_dtype", "a \"b\"", std::nan("")}});
   text = Render(*reg, ExpositionFormat::kText004);
   EXPECT_TRUE(HasLine(
       text,
@@ -1156,8 +1166,8 @@ TEST(ExpositionTest, CacheConfigInfoCarriesEveryEntry) {
   EXPECT_EQ(text.find("vllm:cache_config_info{model_name=\"m\",engine=\"1\""),
             std::string::npos);
   // The latest HELLO's replaces it; an empty one keeps the family.
-  a->SetCacheConfig({{"block_size", "32", 32}});
-  b->SetCacheConfig({});
+  a->part<CacheConfigPart>().Set({{"block_size", "32", 32}});
+  b->part<CacheConfigPart>().Set({});
   text = Render(*reg, ExpositionFormat::kText004);
   EXPECT_TRUE(HasLine(text,
                       "vllm:cache_config_info{model_name=\"m\",engine=\"0\","
@@ -1178,9 +1188,10 @@ TEST(ExpositionTest, SglangPageSizeAndNumPagesComeFromCacheConfig) {
   EXPECT_EQ(text.find("sglang:page_size"), std::string::npos);
   EXPECT_EQ(text.find("sglang:num_pages"), std::string::npos);
   EXPECT_EQ(text.find("sglang:cache_config_info"), std::string::npos);
-  a->SetCacheConfig({{"page_size", "16", 16}, {"num_pages", "8192", 8192}});
+  a->part<CacheConfigPart>().Set(
+      {{"page_size", "16", 16}, {"num_pages", "8192", 8192}});
   // Not a number: no gauge sample, still a label.
-  b->SetCacheConfig({{"page_size", "big", std::nan("")}});
+  b->part<CacheConfigPart>().Set({{"page_size", "big", std::nan("")}});
   text = Render(*reg, ExpositionFormat::kText004);
   const std::string l0 = "{model_name=\"m\",engine=\"0\"";
   const std::string l1 = "{model_name=\"m\",engine=\"1\"";
@@ -1297,16 +1308,17 @@ TEST(ExpositionTest, LoraRequestsInfoIsOneSeriesPerEngineSeries) {
   ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
   EngineSeries* a = reg->GetOrCreate({"vllm", "m", "0", {}});
   EngineSeries* b = reg->GetOrCreate({"vllm", "m", "1", {{"tier", "x"}}});
-  a->InitLoraTime(1'764'633'600);
-  b->InitLoraTime(1'764'633'600);
-  b->SetMaxLora(8);
+  a->part<LoraPart>().InitTime(1'764'633'600);
+  b->part<LoraPart>().InitTime(1'764'633'600);
+  b->part<LoraPart>().SetMaxLora(8);
   RequestLabels& labels = reg->request_labels();
   const uint16_t x = labels.InternLora("x");
   const uint16_t y = labels.InternLora("y");
-  b->AddLora(y, true, 1, 1'764'633'601);
-  b->AddLora(x, true, 1, 1'764'633'602);
-  b->AddLora(x, false, 1, 1'764'633'603.5);
-  b->AddLora(y, true, 1, 1'764'633'604);  // a second request: no change
+  b->part<LoraPart>().Add(y, true, 1, 1'764'633'601);
+  b->part<LoraPart>().Add(x, true, 1, 1'764'633'602);
+  b->part<LoraPart>().Add(x, false, 1, 1'764'633'603.5);
+  b->part<LoraPart>().Add(y, true, 1,
+                          1'764'633'604);  // a second request: no change
   const std::string text = Render(*reg, ExpositionFormat::kText004);
   const std::string p = "vllm:lora_requests_info{model_name=\"m\",";
   EXPECT_TRUE(HasLine(text, p + "engine=\"0\",max_lora=\"0\","
@@ -1339,7 +1351,7 @@ TEST(ExpositionTest, RequestLabelsOnlyOnRequestLevelFamilies) {
         reg->GetOrCreate({ProfileNamespace(p, "vllm", ""), "m", "0", {}, p});
     Fill(*s, 1, true, true);
     Fill(s->Cell(KeyOf(*reg, *s, {"acme"})), 2, true, true);
-    s->SetCacheConfig({{"page_size", "16", 16}});
+    s->part<CacheConfigPart>().Set({{"page_size", "16", 16}});
     const std::string text = Render(*reg, ExpositionFormat::kText004);
     std::map<std::string, bool> request_level;  // exposed name -> flag
     for (const FamilyDef& f : ProfileFamilies(p)) {
@@ -1601,7 +1613,7 @@ TEST(ExpositionTest, ProtobufCarriesEverySampleOfTheTextInEachProfile) {
   EngineSeries* s = with_moe->GetOrCreate({"vllm", "m", "0", {}});
   Fill(*s, 1, true, true);
   const uint64_t load[] = {6, 2, 0, 1};
-  ASSERT_TRUE(s->AddExpertLoad(3, load, 4));
+  ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(load, 4)));
   ExpectProtobufEqualsText(*with_moe);
 }
 

@@ -2258,12 +2258,14 @@ TEST(FrameDecoderTest, DecodesExpertLoad) {
   ASSERT_EQ(b.events.size(), 3u);
   EXPECT_EQ(b.events[0].kind, EventKind::kExpertLoad);
   EXPECT_EQ(b.events[0].t_ns, 1000u);
-  EXPECT_EQ(b.events[0].count, 0u);  // the layer
-  EXPECT_EQ(b.events[0].step.pos_begin, 0u);
-  EXPECT_EQ(b.events[0].step.pos_count, 3u);
-  EXPECT_EQ(b.events[2].count, 4095u);
-  EXPECT_EQ(b.events[2].step.pos_begin, 3u);
-  EXPECT_EQ(b.events[2].step.pos_count, 1024u);
+  const ExpertLoadView first = b.events[0].expert_load(b.positions.data());
+  EXPECT_EQ(first.layer, 0u);
+  EXPECT_EQ(first.counts.data(), b.positions.data());
+  EXPECT_EQ(first.counts.size(), 3u);
+  const ExpertLoadView last = b.events[2].expert_load(b.positions.data());
+  EXPECT_EQ(last.layer, 4095u);
+  EXPECT_EQ(last.counts.data(), b.positions.data() + 3);
+  EXPECT_EQ(last.counts.size(), 1024u);
   ASSERT_EQ(b.positions.size(), 3u + 1024u);
   EXPECT_EQ(b.positions[0], 5u);
   EXPECT_EQ(b.positions[2], 7u);
@@ -2299,9 +2301,10 @@ TEST(FrameDecoderTest, SkipsBadExpertLoadAndAppliesTheRest) {
     ASSERT_EQ(sink.batches.size(), 1u);
     const BatchCopy& b = sink.batches[0];
     ASSERT_EQ(b.events.size(), 2u);
-    EXPECT_EQ(b.events[1].count, 2u);
+    const ExpertLoadView load = b.events[1].expert_load(b.positions.data());
+    EXPECT_EQ(load.layer, 2u);
     // The skipped event's counts are not left behind.
-    EXPECT_EQ(b.events[1].step.pos_begin, 0u);
+    EXPECT_EQ(load.counts.data(), b.positions.data());
     EXPECT_EQ(b.positions, std::vector<uint64_t>{3});
   }
 }

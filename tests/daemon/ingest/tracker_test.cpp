@@ -20,6 +20,8 @@
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/store/catalog.h"
 #include "daemon/store/histogram.h"
+#include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/moe.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/registry.h"
 
@@ -1265,7 +1267,8 @@ struct LoraState {
 };
 
 LoraState Lora(const EngineSeries& s) {
-  return {s.LoraSet(true), s.LoraSet(false), s.lora_changed_unix_s()};
+  const LoraPart& lora = *s.find_part<LoraPart>();
+  return {lora.Set(true), lora.Set(false), lora.changed_unix_s()};
 }
 
 std::ostream& operator<<(std::ostream& os, const LoraState& l) {
@@ -1275,9 +1278,10 @@ std::ostream& operator<<(std::ostream& os, const LoraState& l) {
 
 TEST(TrackerTest, LoraSetsFollowRequestStates) {
   Harness h;
-  h.core->InitLoraTime(100);
+  h.core->part<LoraPart>().InitTime(100);
   EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 100}));
-  h.core->InitLoraTime(150);  // a later HELLO: the sets have not changed
+  h.core->part<LoraPart>().InitTime(
+      150);  // a later HELLO: the sets have not changed
   EXPECT_EQ(Lora(*h.core), (LoraState{"", "", 100}));
   h.clock.unix_s = 101;
   h.SendArrived(h.Core(), Arrived(T(0), Rid(1), 1), Lora("b"));
@@ -1315,7 +1319,7 @@ TEST(TrackerTest, LoraSetsFollowRequestStates) {
   h.clock.unix_s = 111;
   h.Send(h.Core(), Scheduled(T(9), Rid(3)));
   EXPECT_EQ(Lora(*h.core), (LoraState{"a", "", 111}));
-  EXPECT_EQ(h.core->max_lora(), "0");
+  EXPECT_EQ(h.core->find_part<LoraPart>()->max_lora(), "0");
 }
 
 TEST(TrackerTest, LoraSetsAreSortedAndJoinedWithoutSpaces) {
@@ -1325,8 +1329,9 @@ TEST(TrackerTest, LoraSetsAreSortedAndJoinedWithoutSpaces) {
   for (const char* n : names) {
     h.SendArrived(h.Core(), Arrived(T(0), Rid(rid++), 1), Lora(n));
   }
-  EXPECT_EQ(h.core->LoraSet(false), "Beta,alpha,m-10,m-2,zeta");
-  EXPECT_EQ(h.core->LoraSet(true), "");
+  EXPECT_EQ(h.core->find_part<LoraPart>()->Set(false),
+            "Beta,alpha,m-10,m-2,zeta");
+  EXPECT_EQ(h.core->find_part<LoraPart>()->Set(true), "");
 }
 
 TEST(TrackerTest, LoraSetsMoveAcrossTwoConnections) {
@@ -1556,9 +1561,7 @@ void SendExpertLoad(Harness& h, const Source& src, uint32_t layer,
   Event ev{};
   ev.kind = EventKind::kExpertLoad;
   ev.t_ns = T(1);
-  ev.count = layer;
-  ev.step.pos_begin = 0;
-  ev.step.pos_count = uint32_t(counts.size());
+  ev.expert_load_ref = {layer, 0, uint32_t(counts.size())};
   h.tracker->Apply(src, ev, counts.data(), h.clock.NowNs());
 }
 
@@ -1568,7 +1571,7 @@ TEST(TrackerTest, ExpertLoadAddsUpPerLayerAndExpert) {
   SendExpertLoad(h, h.Core(), 2, {1, 1, 1, 1});
   SendExpertLoad(h, h.Core(), 5, {0, 0});
   EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 3u);
-  const auto& moe = h.core->moe();
+  const auto& moe = h.core->find_part<MoePart>()->layers();
   ASSERT_EQ(moe.size(), 2u);
   EXPECT_EQ(moe.at(2).experts, (std::vector<uint64_t>{7, 3, 1, 1}));
   EXPECT_EQ(moe.at(2).routed, 12u);
@@ -1576,7 +1579,7 @@ TEST(TrackerTest, ExpertLoadAddsUpPerLayerAndExpert) {
   EXPECT_FALSE(moe.at(5).has_imbalance);       // known, never loaded
   EXPECT_EQ(h.core->hist(kMoeImbalance).count(), 2u);
   EXPECT_DOUBLE_EQ(h.core->hist(kMoeImbalance).sum(), 4.0);  // 3 + 1
-  EXPECT_FALSE(h.front->has_moe());
+  EXPECT_EQ(h.front->find_part<MoePart>(), nullptr);
 }
 
 TEST(TrackerTest, ExpertLoadWithAnotherExpertCountIsABadEvent) {
@@ -1587,10 +1590,11 @@ TEST(TrackerTest, ExpertLoadWithAnotherExpertCountIsABadEvent) {
   SendExpertLoad(h, h.Core(), 0, {1, 1, 1});
   EXPECT_EQ(h.stats->errors(IngestError::kBadEvent), 2u);
   EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 2u);
-  EXPECT_EQ(h.core->moe().at(0).experts, (std::vector<uint64_t>{1, 1, 1}));
+  EXPECT_EQ(h.core->find_part<MoePart>()->layers().at(0).experts,
+            (std::vector<uint64_t>{1, 1, 1}));
   // Another series has its own layers.
   SendExpertLoad(h, h.Front(), 0, {9, 9});
-  EXPECT_EQ(h.front->moe().at(0).experts.size(), 2u);
+  EXPECT_EQ(h.front->find_part<MoePart>()->layers().at(0).experts.size(), 2u);
 }
 
 TEST(TrackerTest, ExpertSeriesCountTowardTheSeriesCap) {
@@ -1604,7 +1608,7 @@ TEST(TrackerTest, ExpertSeriesCountTowardTheSeriesCap) {
   SendExpertLoad(h, h.Core(), 0, {1, 1, 1, 1});  // known layer: no new place
   EXPECT_EQ(h.stats->errors(IngestError::kSeriesLimit), 1u);
   EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 3u);
-  EXPECT_FALSE(h.core->has_moe_layer(1));
+  EXPECT_FALSE(h.core->find_part<MoePart>()->has_layer(1));
   EXPECT_EQ(h.registry->GetOrCreate({"vllm", "m", "new", {}}), nullptr);
   // Without the option, layers take no place.
   RegistryOptions two;

@@ -25,6 +25,9 @@
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/moe.h"
 #include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
@@ -111,10 +114,11 @@ void Fill(Components& c) {
   for (int s = 0; s < 3; ++s) {
     EngineSeries* series = c.Series("dp" + std::to_string(s));
     ASSERT_NE(series, nullptr);
-    series->SetCacheConfig({{"block_size", "16", 16}});
-    series->SetMaxLora(4);
+    series->part<CacheConfigPart>().Set({{"block_size", "16", 16}});
+    series->part<LoraPart>().SetMaxLora(4);
     const uint64_t load[4] = {1, 2, 3, uint64_t(s)};
-    ASSERT_TRUE(series->AddExpertLoad(0, load, 4));
+    ASSERT_TRUE(
+        series->part<MoePart>().Add(0, std::span<const uint64_t>(load, 4)));
     const Source src{series, uint64_t(10 + s)};
     for (uint64_t i = 0; i < 40; ++i) {
       ArrivedExtras x;

@@ -15,6 +15,8 @@
 
 #include "daemon/exposition/exposition.h"
 #include "daemon/ingest/ingest_stats.h"
+#include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/lora.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/request_labels.h"
 
@@ -463,16 +465,18 @@ TEST(EngineSeriesTest, CellsByLabelKeyWithinTheCap) {
 TEST(EngineSeriesTest, MaxLoraAndCacheConfigLabels) {
   auto reg = MustCreate(RegistryOptions{});
   EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
-  EXPECT_EQ(s->max_lora(), "0");
-  s->SetMaxLora(16);
-  EXPECT_EQ(s->max_lora(), "16");
-  EXPECT_FALSE(s->has_cache_config());
-  s->SetCacheConfig({{"block_size", "16", 16}, {"x", "a\"b", std::nan("")}});
-  EXPECT_TRUE(s->has_cache_config());
-  EXPECT_EQ(s->cache_config_text(),
+  EXPECT_EQ(s->find_part<LoraPart>()->max_lora(), "0");
+  s->part<LoraPart>().SetMaxLora(16);
+  EXPECT_EQ(s->find_part<LoraPart>()->max_lora(), "16");
+  EXPECT_EQ(s->find_part<CacheConfigPart>(), nullptr);
+  s->part<CacheConfigPart>().Set(
+      {{"block_size", "16", 16}, {"x", "a\"b", std::nan("")}});
+  EXPECT_NE(s->find_part<CacheConfigPart>(), nullptr);
+  EXPECT_EQ(s->find_part<CacheConfigPart>()->info_text(),
             "model_name=\"m\",engine=\"0\",k=\"v\",block_size=\"16\","
             "x=\"a\\\"b\"");
-  EXPECT_EQ(s->cache_config_pairs().back().second, "a\"b");
+  EXPECT_EQ(s->find_part<CacheConfigPart>()->info_pairs().back().second,
+            "a\"b");
 }
 
 }  // namespace
