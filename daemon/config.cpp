@@ -16,6 +16,8 @@
 #include <string>
 
 #include "daemon/http/listen_address.h"
+#include "daemon/store/native_histogram.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 namespace {

@@ -11,10 +11,9 @@
 #include <vector>
 
 #include "daemon/base/status.h"
-#include "daemon/ingest/frame_decoder.h"
-#include "daemon/ingest/ingest_server.h"
-#include "daemon/ingest/tracker.h"
-#include "daemon/store/registry.h"
+#include "daemon/ingest/ingest_options.h"
+#include "daemon/ingest/tracker_options.h"
+#include "daemon/store/registry_options.h"
 
 namespace tokenmeter::daemon {
 

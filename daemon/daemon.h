@@ -1,24 +1,27 @@
-// Daemon: owns the libuv loop and everything on it (registry, tracker,
-// ingest listener, HTTP server, timers, signal handlers). main() builds one.
+// Daemon: owns the libuv loop and composes what runs on it: the ingest
+// pipeline (registry, tracker, ingest server), the HTTP server and its
+// routes, the snapshotter, the periodic timers (sweep, summary window,
+// live page, watchdog, status) and the signal handlers. main() builds one.
 #ifndef TOKENMETER_DAEMON_DAEMON_H_
 #define TOKENMETER_DAEMON_DAEMON_H_
 
 #include <uv.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "daemon/base/clock.h"
 #include "daemon/base/status.h"
 #include "daemon/config.h"
 #include "daemon/exposition/process_collector.h"
 #include "daemon/http/server.h"
-#include "daemon/ingest/ingest_server.h"
-#include "daemon/ingest/ingest_stats.h"
-#include "daemon/ingest/tracker.h"
 #include "daemon/live/history.h"
 #include "daemon/logging/summary.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/service/systemd.h"
-#include "daemon/state/snapshot.h"
+#include "daemon/state/snapshotter.h"
 #include "daemon/store/registry.h"
 #include "daemon/store/window_gauges.h"
 
@@ -26,7 +29,8 @@ namespace tokenmeter::daemon {
 
 class Daemon {
  public:
-  // Validates the configuration and builds the components (binds nothing).
+  // Validates the configuration and builds the components; with
+  // --state-dir, restores the newest snapshot (binds nothing).
   static Status Create(const Config& config, std::unique_ptr<Daemon>* out);
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
@@ -50,74 +54,62 @@ class Daemon {
   // activation the addresses of the inherited sockets.
   const std::string& http_address() const { return http_address_; }
   const std::string& ingest_address() const { return ingest_address_; }
-  Registry& registry() { return *registry_; }
+  Registry& registry() { return pipeline_->registry(); }
 
  private:
-  class SelfCollector;  // build info, scrape duration, HTTP and state counters
+  class SelfCollector;  // build info, scrape duration, HTTP counters
+  struct Timer;         // a repeating timer and what it calls
   explicit Daemon(const Config& config);
-  // (Re)makes the registry and what registers with it (ingest stats,
-  // tracker, ingest server, process and self collectors): at Create(), and
-  // again when a snapshot failed to load halfway.
-  Status BuildComponents();
-  // --state-dir: reads this boot's id, loads DIR/snapshot if there is one.
-  Status RestoreState();
-  // A snapshot of the state now, unsealed (SaveCoreState(), then the
-  // daemon's own counters), and the reverse of its payload; LoadPayload()
-  // is true when it took the payload whole.
-  void EncodeState(std::string* out);
+
+  // (Re)makes the pipeline: at Create(), and again when a snapshot failed
+  // to load halfway.
+  Status BuildPipeline();
+  // --state-dir: loads DIR/snapshot if there is one.
+  Status Restore();
+  // The payload of a snapshot: the pipeline, the snapshotter's counters,
+  // the HTTP counters; LoadPayload() is true when it took it whole.
+  void EncodeState(StateWriter& w);
   bool LoadPayload(StateReader& r);
-  // The snapshot timer: encodes a snapshot on the loop and writes it on
-  // libuv's thread pool (one at a time); OnSnapshotWritten() then lets the
-  // ingest server send the ACKs it now may. WriteFinalSnapshot() at stop,
-  // on the loop, once no write is in flight.
-  void StartSnapshot();
-  void OnSnapshotWritten(const Status& s);
-  void WriteFinalSnapshot();
+
+  // Start(), step by step.
+  Status StartIngest(int inherited_fd);
+  Status StartHttp(int inherited_fd);
+  void AddRoutes();
+  void StartSignals();
+  void StartTimers();
+  // A repeating timer every `ms` milliseconds (closed by Stop()).
+  void Every(uint64_t ms, std::function<void()> tick);
+
   void HandleMetrics(const http::Request& req, http::Response& resp);
-  void OnStopped();
+  // The end of a summary window: window gauges, summary line.
+  void EndWindow();
   void UpdateStatus();
+  void OnStopped();
 
   const Config config_;
   uv_loop_t loop_{};
   bool loop_initialized_ = false;
   SystemClock clock_;
-  // Declared in dependency order: collectors register with the registry
-  // and unregister (in reverse order) before it goes.
-  std::unique_ptr<Registry> registry_;
-  std::unique_ptr<IngestStats> ingest_stats_;
-  std::unique_ptr<Tracker> tracker_;
-  std::unique_ptr<IngestServer> ingest_;
+  // Declared in dependency order: collectors register with the pipeline's
+  // registry and unregister (in reverse order) before it goes.
+  std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<http::Server> http_;
+  std::unique_ptr<Snapshotter> snapshotter_;  // inactive without --state-dir
   std::unique_ptr<ProcessCollector> process_;
   std::unique_ptr<SelfCollector> self_;
   SummaryLog summary_;
   WindowGauges window_gauges_;
-  uint64_t scrape_duration_ns_ = 0;  // the previous scrape's render
-  uv_timer_t sweep_timer_{};
-  uv_timer_t log_timer_{};
-  uv_signal_t sigterm_{};
-  uv_signal_t sigint_{};
-  uv_timer_t watchdog_timer_{};
-  uv_timer_t status_timer_{};
   // The live page's history (`/`, /api/v1/live), one point a second.
   live::History live_;
-  uv_timer_t live_timer_{};
-  // --state-dir.
-  uv_timer_t snapshot_timer_{};
-  std::string boot_id_;
-  SnapshotFingerprint fingerprint_;
-  bool restored_ = false;      // started from a snapshot
-  uint64_t snapshots_ok_ = 0;  // tokenmeter_state_snapshots_total
-  uint64_t snapshots_error_ = 0;
-  struct SnapshotWrite;  // uv_work_t and its bytes
-  bool snapshot_in_flight_ = false;
-  bool final_snapshot_due_ = false;  // stopped while one was in flight
-  bool snapshot_failing_ = false;    // the latest write failed (logged)
-  size_t snapshot_bytes_ = 0;        // the latest snapshot's size, to reserve
+  uint64_t scrape_duration_ns_ = 0;  // the previous scrape's render
+  std::vector<std::unique_ptr<Timer>> timers_;
+  uv_signal_t sigterm_{};
+  uv_signal_t sigint_{};
+  bool signals_started_ = false;
   Notifier notifier_;
   uint64_t status_events_ = 0;  // events applied at the last STATUS=
   uint64_t status_ns_ = 0;
-  uint64_t last_log_ns_ = 0;
+  uint64_t last_window_ns_ = 0;
   bool stopping_ = false;
   bool started_ = false;  // Start() succeeded
   int pending_closes_ = 0;

@@ -85,6 +85,7 @@
 
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/store/registry.h"
 #include "spdlog/spdlog.h"
 
@@ -516,15 +517,14 @@ void InprocPrepare(uv_prepare_t* h) {
   spdlog::set_level(spdlog::level::warn);
   uv_loop_t loop;
   if (uv_loop_init(&loop) != 0) Die("uv_loop_init");
-  std::unique_ptr<td::Registry> registry;
-  if (!td::Registry::Create(td::RegistryOptions{}, &registry).ok()) {
-    Die("Registry::Create");
-  }
   td::SystemClock clock;
-  td::IngestStats stats(*registry);
-  td::Tracker tracker(*registry, stats, clock, td::TrackerOptions{});
-  td::IngestServer ingest(&loop, *registry, tracker, stats,
-                          td::IngestOptions{});
+  std::unique_ptr<td::Pipeline> pipeline;
+  if (!td::Pipeline::Create(&loop, clock, td::PipelineOptions{}, &pipeline)
+           .ok()) {
+    Die("Pipeline::Create");
+  }
+  td::IngestStats& stats = pipeline->stats();
+  td::IngestServer& ingest = pipeline->server();
   const td::Status st = ingest.Listen(path);
   if (!st.ok()) {
     std::fprintf(stderr, "ingest_bench: %s\n", st.message().c_str());
@@ -532,7 +532,7 @@ void InprocPrepare(uv_prepare_t* h) {
   }
   Inproc s;
   s.o = &o;
-  s.registry = registry.get();
+  s.registry = &pipeline->registry();
   s.stats = &stats;
   s.ingest = &ingest;
   s.ctl_out = ctl_out;
@@ -562,12 +562,12 @@ void InprocPrepare(uv_prepare_t* h) {
   for (size_t e = 0; e < size_t(td::IngestError::kCount); ++e) {
     rep.errors += stats.errors(td::IngestError(e));
   }
-  registry->ForEachSeries([&](td::EngineSeries& series) {
+  pipeline->registry().ForEachSeries([&](td::EngineSeries& series) {
     rep.generation_tokens += series.count(td::kGenerationTokens);
     rep.itl_observed += series.hist(td::kInterTokenLatency).count();
   });
-  rep.itl_negative = tracker.negative(td::Interval::kItl);
-  rep.tracked = uint64_t(tracker.size());
+  rep.itl_negative = pipeline->tracker().negative(td::Interval::kItl);
+  rep.tracked = uint64_t(pipeline->tracker().size());
   rep.ok = 1;
   WriteAll(ctl_out, "E", 1);
   WriteAll(ctl_out, &rep, sizeof rep);

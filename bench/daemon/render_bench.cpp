@@ -54,8 +54,7 @@
 #include "daemon/exposition/exposition.h"
 #include "daemon/exposition/process_collector.h"
 #include "daemon/exposition/proto_writer.h"
-#include "daemon/ingest/ingest_stats.h"
-#include "daemon/ingest/tracker.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/store/registry.h"
 #ifdef TOKENMETER_HAVE_METRICS_PB
 #include "testutil/library_proto_writer.h"
@@ -90,10 +89,9 @@ class SelfFamilies : public td::Collector {
 
 // The registry and every family owner, as the daemon wires them.
 struct TmState {
-  std::unique_ptr<td::Registry> reg;
-  std::unique_ptr<td::IngestStats> ingest;
   td::SystemClock clock;
-  std::unique_ptr<td::Tracker> tracker;
+  std::unique_ptr<td::Pipeline> pipeline;
+  td::Registry* reg = nullptr;
   std::unique_ptr<td::ProcessCollector> process;
   std::unique_ptr<SelfFamilies> self;
   size_t series_count() const { return reg->series_count(); }
@@ -126,13 +124,13 @@ double Uniform(uint64_t& s) { return double(Rand(s) >> 11) * 0x1p-53; }
 
 std::unique_ptr<TmState> BuildRegistry(int identities) {
   auto st = std::make_unique<TmState>();
-  if (!td::Registry::Create(td::RegistryOptions{}, &st->reg).ok()) {
+  if (!td::Pipeline::Create(nullptr, st->clock, td::PipelineOptions{},
+                            &st->pipeline)
+           .ok()) {
     std::abort();
   }
-  td::Registry* reg = st->reg.get();
-  st->ingest = std::make_unique<td::IngestStats>(*reg);
-  st->tracker = std::make_unique<td::Tracker>(*reg, *st->ingest, st->clock,
-                                              td::TrackerOptions{});
+  td::Registry* reg = &st->pipeline->registry();
+  st->reg = reg;
   st->process = std::make_unique<td::ProcessCollector>(*reg);
   st->self = std::make_unique<SelfFamilies>(*reg);
   uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -175,10 +173,10 @@ std::unique_ptr<TmState> BuildRegistry(int identities) {
         h.Observe(raw);
       }
     }
-    st->ingest->SetClientDropped("vllm", id.model, id.instance, 1000 + i,
-                                 Rand(rng) % 100);
+    st->pipeline->stats().SetClientDropped("vllm", id.model, id.instance,
+                                           1000 + i, Rand(rng) % 100);
   }
-  st->ingest->SetConnections(identities);
+  st->pipeline->stats().SetConnections(identities);
   return st;
 }
 

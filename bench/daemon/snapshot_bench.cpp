@@ -23,9 +23,7 @@
 
 #include "daemon/config.h"
 #include "daemon/exposition/exposition.h"
-#include "daemon/ingest/ingest_server.h"
-#include "daemon/ingest/ingest_stats.h"
-#include "daemon/ingest/tracker.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/state/snapshot.h"
 #include "daemon/store/registry.h"
 
@@ -39,32 +37,31 @@ int g_requests = 10'000;
 struct State {
   uv_loop_t loop{};
   td::Config config;
-  std::unique_ptr<td::Registry> reg;
-  std::unique_ptr<td::IngestStats> ingest;
   td::SystemClock clock;
-  std::unique_ptr<td::Tracker> tracker;
-  std::unique_ptr<td::IngestServer> server;
+  std::unique_ptr<td::Pipeline> pipeline;
+  td::Registry* reg = nullptr;
+  td::Tracker* tracker = nullptr;
   std::vector<td::EngineSeries*> series;
 
   State() {
     uv_loop_init(&loop);
-    if (!td::Registry::Create(config.registry, &reg).ok()) std::abort();
-    ingest = std::make_unique<td::IngestStats>(*reg);
-    tracker = std::make_unique<td::Tracker>(*reg, *ingest, clock,
-                                            td::TrackerOptions{});
-    server = std::make_unique<td::IngestServer>(&loop, *reg, *tracker, *ingest,
-                                                config.ingest);
+    if (!td::Pipeline::Create(
+             &loop, clock,
+             {config.registry, td::TrackerOptions{}, config.ingest}, &pipeline)
+             .ok()) {
+      std::abort();
+    }
+    reg = &pipeline->registry();
+    tracker = &pipeline->tracker();
   }
   ~State() {
-    server.reset();
+    pipeline.reset();
     uv_loop_close(&loop);
   }
 
-  void Save(td::StateWriter& w) {
-    td::SaveCoreState(w, *reg, *tracker, *ingest, *server);
-  }
+  void Save(td::StateWriter& w) { pipeline->SaveState(w); }
   bool Load(td::StateReader& r) {
-    td::LoadCoreState(r, *reg, *tracker, *ingest, *server);
+    pipeline->LoadState(r);
     return r.ok() && r.at_end();
   }
 };
@@ -114,8 +111,7 @@ State* g_state = nullptr;
 std::string g_bytes;
 
 void BM_snapshot_encode(benchmark::State& state) {
-  const td::SnapshotFingerprint fp =
-      td::SnapshotFingerprint::Of(g_state->config, *g_state->reg);
+  const td::SnapshotFingerprint fp = g_state->pipeline->Fingerprint();
   std::string bytes;
   for (auto _ : state) {
     bytes.reserve(g_bytes.size() + g_bytes.size() / 8);
@@ -174,8 +170,7 @@ int main(int argc, char** argv) {
                  st.tracker->size(), g_requests);
     return 1;
   }
-  const td::SnapshotFingerprint fp =
-      td::SnapshotFingerprint::Of(st.config, *st.reg);
+  const td::SnapshotFingerprint fp = st.pipeline->Fingerprint();
   td::EncodeSnapshot(
       "boot", fp, [&st](td::StateWriter& w) { st.Save(w); }, &g_bytes);
   // The round trip: a fresh set of components from the payload (after the

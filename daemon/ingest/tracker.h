@@ -37,17 +37,10 @@
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/tracker_options.h"
 #include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
-
-struct TrackerOptions {
-  uint64_t grace_ns = 2'000'000'000;           // finished requests kept
-  uint64_t idle_timeout_ns = 600'000'000'000;  // unfinished, no events
-  size_t max_requests = 1'000'000;
-  uint64_t max_future_ns = TM_MAX_FUTURE_NS;
-  uint64_t max_past_ns = TM_MAX_PAST_NS;
-};
 
 // Where an event came from.
 struct Source {

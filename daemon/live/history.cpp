@@ -18,22 +18,14 @@ constexpr int kDecimals[kNumLiveKeys] = {2, 2, 4, 2, 2, 2, 4, 6, 6, 6, 6, 6, 6};
 constexpr uint64_t kPow10[] = {
     1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
 
-// The three latency histograms a point holds quantiles of.
-constexpr int kNumLatencies = 3;
-constexpr LiveKey kP50Key[kNumLatencies] = {kTtftP50, kItlP50, kE2eP50};
+// The p50 key of each latency histogram a point holds quantiles of
+// (SeriesWindows' order: TTFT, ITL, e2e).
+constexpr LiveKey kP50Key[kNumWindowLatencies] = {kTtftP50, kItlP50, kE2eP50};
 
 void AppendUint(std::string& out, uint64_t v) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   out.append(buf, end);
-}
-
-// The sum of a counter over a series' label cells (request labels split the
-// request-level counters).
-uint64_t CellSum(const EngineSeries& s, EngineMetric m) {
-  uint64_t n = s.count(m);
-  for (const LabelCell& c : s.cells()) n += c.values->count(m);
-  return n;
 }
 
 }  // namespace
@@ -139,54 +131,24 @@ std::string_view TextRing::Last() const {
   return std::string_view(text_).substr(text_.size() - len, len - 1);
 }
 
-// A followed series: its history and what the next point's increases are
-// measured from.
+// A followed series: its history (what the next point's increases are
+// measured from is in windows_).
 struct History::State {
-  EngineMetric latency[kNumLatencies] = {};
-  std::array<std::vector<uint64_t>, kNumLatencies> prev;  // summed buckets
-  uint64_t prompt = 0;
-  uint64_t generation = 0;
-  uint64_t preemptions = 0;
-  uint64_t prefix_queries = 0;
-  uint64_t prefix_hits = 0;
   Series series;
 };
 
-History::History() = default;
+History::History() : windows_(/*latencies=*/true) {}
 History::~History() = default;
 
 History::State* History::StateFor(const EngineSeries& s, bool baseline) {
   auto it = states_.find(&s);
   if (it != states_.end()) return it->second.get();
   if (states_.size() >= kMaxSeries) return nullptr;
-  auto st = std::make_unique<State>();
-  // SGLang's profile shows the per-token ITL as its inter-token latency.
-  st->latency[0] = kTimeToFirstToken;
-  st->latency[1] = s.uses(kInterTokenLatency) ? kInterTokenLatency
-                                              : kInterTokenLatencyPerToken;
-  st->latency[2] = kE2eRequestLatency;
-  for (int h = 0; h < kNumLatencies; ++h) {
-    std::vector<uint64_t>& prev = st->prev[h];
-    prev.assign(s.hist(st->latency[h]).counts().size(), 0);
-    if (!baseline) continue;
-    for (size_t i = 0; i < prev.size(); ++i) {
-      prev[i] = s.hist(st->latency[h]).counts()[i];
-    }
-    for (const LabelCell& c : s.cells()) {
-      const std::vector<uint64_t>& counts =
-          c.values->hist(st->latency[h]).counts();
-      for (size_t i = 0; i < prev.size(); ++i) prev[i] += counts[i];
-    }
-  }
-  if (baseline) {
-    st->prompt = CellSum(s, kPromptTokens);
-    st->generation = CellSum(s, kGenerationTokens);
-    st->preemptions = s.count(kNumPreemptions);
-    st->prefix_queries = s.count(kPrefixCacheQueries);
-    st->prefix_hits = s.count(kPrefixCacheHits);
-  }
-  State* raw = st.get();
-  states_.emplace(&s, std::move(st));
+  // A series there was at Start() (restored from a snapshot) starts at its
+  // totals; one made since counts from zero.
+  if (baseline) windows_.Mark(s);
+  State* raw =
+      states_.emplace(&s, std::make_unique<State>()).first->second.get();
   return raw;
 }
 
@@ -204,13 +166,6 @@ void History::Tick(const Registry& registry, uint64_t now_ns, int64_t unix_s) {
   last_tick_ns_ = now_ns;
   if (last_unix_s_ != 0 && unix_s <= last_unix_s_) unix_s = last_unix_s_ + 1;
   last_unix_s_ = unix_s;
-  // An increase since the previous point, moving the mark on; a counter
-  // below its mark (never, but a restore could) counts as no increase.
-  auto delta = [](uint64_t now, uint64_t& mark) {
-    const uint64_t d = now >= mark ? now - mark : 0;
-    mark = now;
-    return d;
-  };
   std::string text;
   text.reserve(32);
   std::string t_text;
@@ -223,37 +178,20 @@ void History::Tick(const Registry& registry, uint64_t now_ns, int64_t unix_s) {
     v[kRunning] = s.gauge(kNumRequestsRunning).value();
     v[kWaiting] = s.gauge(kNumRequestsWaiting).value();
     v[kKvUsage] = s.gauge(kKvCacheUsagePerc).value();
-    v[kPromptTokensPerS] =
-        double(delta(CellSum(s, kPromptTokens), st->prompt)) / elapsed_s;
-    v[kGenerationTokensPerS] =
-        double(delta(CellSum(s, kGenerationTokens), st->generation)) /
-        elapsed_s;
-    v[kPreemptionsPerS] =
-        double(delta(s.count(kNumPreemptions), st->preemptions)) / elapsed_s;
-    const uint64_t queries =
-        delta(s.count(kPrefixCacheQueries), st->prefix_queries);
-    const uint64_t hits = delta(s.count(kPrefixCacheHits), st->prefix_hits);
+    const SeriesWindows::Window& w = windows_.Advance(s);
+    const WindowCounters& d = w.increase;
+    v[kPromptTokensPerS] = double(d.prompt_tokens) / elapsed_s;
+    v[kGenerationTokensPerS] = double(d.generation_tokens) / elapsed_s;
+    v[kPreemptionsPerS] = double(d.preemptions) / elapsed_s;
     v[kPrefixCacheHitRate] =
-        queries > 0 ? double(hits) / double(queries) : kNaN;
-    for (int h = 0; h < kNumLatencies; ++h) {
-      const Histogram& own = s.hist(st->latency[h]);
-      std::vector<uint64_t>& prev = st->prev[h];
-      const std::vector<uint64_t>& counts = own.counts();
-      scratch_.resize(counts.size());
-      uint64_t total = 0;
-      for (size_t i = 0; i < counts.size(); ++i) {
-        uint64_t now = counts[i];
-        for (const LabelCell& c : s.cells()) {
-          now += c.values->hist(st->latency[h]).counts()[i];
-        }
-        const uint64_t d = now >= prev[i] ? now - prev[i] : 0;
-        scratch_[i] = d;
-        total += d;
-        prev[i] = now;
-      }
-      const std::vector<double>& bounds = own.layout().bounds();
-      v[kP50Key[h]] = QuantileOf(0.5, bounds, scratch_.data(), total);
-      v[kP50Key[h] + 1] = QuantileOf(0.99, bounds, scratch_.data(), total);
+        d.prefix_queries > 0 ? double(d.prefix_hits) / double(d.prefix_queries)
+                             : kNaN;
+    for (size_t h = 0; h < kNumWindowLatencies; ++h) {
+      const std::vector<double>& bounds =
+          s.hist(WindowLatency(s, h)).layout().bounds();
+      const uint64_t* counts = w.buckets[h]->data();
+      v[kP50Key[h]] = QuantileOf(0.5, bounds, counts, w.observations[h]);
+      v[kP50Key[h] + 1] = QuantileOf(0.99, bounds, counts, w.observations[h]);
     }
     st->series.t.Push(t_text);
     for (int k = 0; k < kNumLiveKeys; ++k) {
@@ -283,22 +221,19 @@ const History::Series* History::Find(const EngineSeries& s) const {
 size_t History::MaxBytesPerSeries(size_t buckets) {
   // A ring's string: at most 1.25 times kPoints full entries plus the 256
   // bytes and one entry before a move; std::string may double that when
-  // it grows.
+  // it grows. The window's marks: its counters and the latency buckets.
   const size_t ring_text =
       2 * ((kPoints * (kMaxEntryBytes + 1)) * 5 / 4 + 256 + kMaxEntryBytes + 1);
-  return sizeof(State) + (kNumLiveKeys + 1) * ring_text +
-         kNumLatencies * buckets * sizeof(uint64_t);
+  return sizeof(State) + (kNumLiveKeys + 1) * ring_text + 128 +
+         kNumWindowLatencies * (32 + buckets * sizeof(uint64_t));
 }
 
 size_t History::BytesHeld(const EngineSeries& s) const {
   auto it = states_.find(&s);
   if (it == states_.end()) return 0;
   const State& st = *it->second;
-  size_t n = sizeof(State) + st.series.t.capacity();
+  size_t n = sizeof(State) + st.series.t.capacity() + windows_.BytesHeld(s);
   for (const TextRing& r : st.series.values) n += r.capacity();
-  for (const std::vector<uint64_t>& p : st.prev) {
-    n += p.capacity() * sizeof(uint64_t);
-  }
   return n;
 }
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "daemon/store/registry.h"
+#include "daemon/store/series_windows.h"
 
 namespace tokenmeter::daemon::live {
 
@@ -168,7 +169,7 @@ class History {
   uint64_t last_tick_ns_ = 0;
   int64_t last_unix_s_ = 0;
   bool started_ = false;
-  std::vector<uint64_t> scratch_;  // summed bucket counts
+  SeriesWindows windows_;  // the followed series' previous point
 };
 
 }  // namespace tokenmeter::daemon::live

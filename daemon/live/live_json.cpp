@@ -92,4 +92,20 @@ void RenderJson(const Registry& registry, const History& history,
   out += "}\n";
 }
 
+void AddRoutes(http::Server& server, const Registry& registry,
+               const History& history) {
+  server.AddRoute("/", [](const http::Request&, http::Response& resp) {
+    resp.content_type = std::string(kPageContentType);
+    resp.headers.emplace_back("Content-Security-Policy", kPagePolicy);
+    resp.compressible = true;
+    resp.body = PageHtml();
+  });
+  server.AddRoute("/api/v1/live", [&registry, &history](const http::Request&,
+                                                        http::Response& resp) {
+    resp.content_type = std::string(kJsonContentType);
+    resp.headers.emplace_back("Cache-Control", "no-store");
+    RenderJson(registry, history, resp.body);
+  });
+}
+
 }  // namespace tokenmeter::daemon::live

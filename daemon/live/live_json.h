@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "daemon/http/server.h"
 #include "daemon/live/history.h"
 #include "daemon/store/registry.h"
 
@@ -42,6 +43,13 @@ void AppendJsonString(std::string& out, std::string_view s);
 
 // The page at `/` (daemon/live/page.html, embedded at build time).
 std::string_view PageHtml();
+
+// Routes `/` (the page, with kPagePolicy, compressible) and
+// `/api/v1/live` (the document above, never cached, not compressed: gzip
+// would cost the loop more than the copy) on `server`. `registry` and
+// `history` outlive the server's routes.
+void AddRoutes(http::Server& server, const Registry& registry,
+               const History& history);
 
 }  // namespace tokenmeter::daemon::live
 

@@ -5,36 +5,15 @@
 
 namespace tokenmeter::daemon {
 
-void SummaryLog::StartWindows(const Registry& registry) {
-  registry.ForEachSeries([&](const EngineSeries& s) {
-    Window& w = windows_[&s];
-    w.prompt_tokens = s.count(kPromptTokens);
-    w.generation_tokens = s.count(kGenerationTokens);
-    w.prefix_queries = s.count(kPrefixCacheQueries);
-    w.prefix_hits = s.count(kPrefixCacheHits);
-    w.spec_draft_tokens = s.count(kSpecDecodeNumDraftTokens);
-    w.spec_accepted_tokens = s.count(kSpecDecodeNumAcceptedTokens);
-  });
-}
-
 std::string SummaryLog::Line(const EngineSeries& s, double window_s,
                              bool* idle) {
-  Window& win = windows_[&s];
-  // This window's increase of counter m; moves the window's mark on.
-  auto delta = [&s](EngineMetric m, uint64_t& mark) {
-    const uint64_t now = s.count(m);
-    const uint64_t d = now - mark;
-    mark = now;
-    return d;
-  };
-  const uint64_t prompt = delta(kPromptTokens, win.prompt_tokens);
-  const uint64_t generation = delta(kGenerationTokens, win.generation_tokens);
-  const uint64_t queries = delta(kPrefixCacheQueries, win.prefix_queries);
-  const uint64_t hits = delta(kPrefixCacheHits, win.prefix_hits);
-  const uint64_t drafted =
-      delta(kSpecDecodeNumDraftTokens, win.spec_draft_tokens);
-  const uint64_t accepted =
-      delta(kSpecDecodeNumAcceptedTokens, win.spec_accepted_tokens);
+  const WindowCounters& d = windows_.Advance(s).increase;
+  const uint64_t prompt = d.prompt_tokens;
+  const uint64_t generation = d.generation_tokens;
+  const uint64_t queries = d.prefix_queries;
+  const uint64_t hits = d.prefix_hits;
+  const uint64_t drafted = d.spec_draft_tokens;
+  const uint64_t accepted = d.spec_accepted_tokens;
 
   const auto running = uint64_t(s.gauge(kNumRequestsRunning).value());
   const auto waiting = uint64_t(s.gauge(kNumRequestsWaiting).value());
@@ -70,7 +49,7 @@ void SummaryLog::LogAll(const Registry& registry, double window_s) {
   registry.ForEachSeries([&](const EngineSeries& s) {
     bool idle = false;
     const std::string line = Line(s, window_s, &idle);
-    int& idle_windows = windows_[&s].idle_windows;
+    int& idle_windows = idle_windows_[&s];
     idle_windows = idle ? idle_windows + 1 : 0;
     if (idle_windows >= 2) {
       spdlog::debug("{}", line);

@@ -7,8 +7,9 @@
 // EXPERT_LOAD. A series idle for
 // the last two windows logs at debug level only.
 //
-// SummaryLog keeps each series' counter values at the end of the previous
-// window (the registry holds only the totals). Single-threaded: the loop.
+// SummaryLog keeps each series' window (store/series_windows.h: the
+// registry holds only the totals) and how many windows running it was
+// idle. Single-threaded: the loop.
 #ifndef TOKENMETER_DAEMON_LOGGING_SUMMARY_H_
 #define TOKENMETER_DAEMON_LOGGING_SUMMARY_H_
 
@@ -17,6 +18,7 @@
 #include <unordered_map>
 
 #include "daemon/store/registry.h"
+#include "daemon/store/series_windows.h"
 
 namespace tokenmeter::daemon {
 
@@ -24,28 +26,21 @@ class SummaryLog {
  public:
   // The line for one series over a window of `window_s` seconds since the
   // previous Line() for it (since its creation the first time); moves the
-  // series' window on. Sets *idle when nothing happened in it.
+  // series' window on. Sets *idle when nothing happened in it. Prompt and
+  // generation tokens count every request of the series, whatever its
+  // per-request labels.
   std::string Line(const EngineSeries& s, double window_s, bool* idle);
 
   // Logs every series' line (info, or debug when idle two windows running).
   void LogAll(const Registry& registry, double window_s);
   // Starts every series' window at its counters' present values (after a
   // snapshot was loaded: the restored totals are not one window's).
-  void StartWindows(const Registry& registry);
+  void Restart(const Registry& registry) { windows_.Restart(registry); }
 
  private:
-  struct Window {
-    uint64_t prompt_tokens = 0;
-    uint64_t generation_tokens = 0;
-    uint64_t prefix_queries = 0;
-    uint64_t prefix_hits = 0;
-    uint64_t spec_draft_tokens = 0;
-    uint64_t spec_accepted_tokens = 0;
-    int idle_windows = 0;
-  };
-  // One entry per series (bounded by the registry's series cap); series
-  // live as long as the daemon, so their addresses are stable keys.
-  std::unordered_map<const EngineSeries*, Window> windows_;
+  SeriesWindows windows_;
+  // Windows in a row each series was idle (bounded like the series).
+  std::unordered_map<const EngineSeries*, int> idle_windows_;
 };
 
 }  // namespace tokenmeter::daemon

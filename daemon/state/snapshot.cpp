@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <unordered_map>
-#include <vector>
 
 #include "spdlog/spdlog.h"
 
@@ -95,31 +93,6 @@ bool ReadFile(const std::string& path, std::string* out, bool* too_big) {
 
 }  // namespace
 
-SnapshotFingerprint SnapshotFingerprint::Of(const Config& config,
-                                            const Registry& registry) {
-  SnapshotFingerprint fp;
-  std::string& buckets = fp.parts[0];
-  buckets = fmt::format("metrics {} histograms {}", int(kNumEngineMetrics),
-                        kNumHistograms);
-  for (int p = 0; p < kNumProfiles; ++p) {
-    for (const HistogramLayout& l : registry.layouts(Profile(p))) {
-      buckets += fmt::format(";{}:", l.divisor());
-      for (double b : l.bounds()) buckets += fmt::format("{},", b);
-    }
-  }
-  fp.parts[1] = fmt::format(
-      "profile {} namespace {}",
-      config.ingest.profile ? std::string(ProfileName(*config.ingest.profile))
-                            : "auto",
-      config.ingest.namespace_override);
-  std::string& labels = fp.parts[2];
-  labels = fmt::format("values {}", config.registry.request_label_values);
-  for (const std::string& n : config.registry.request_labels) {
-    labels += ";" + n;
-  }
-  return fp;
-}
-
 Status ReadBootId(const std::string& path, std::string* boot_id) {
   std::string text;
   bool too_big = false;
@@ -151,25 +124,6 @@ Status PrepareStateDir(const std::string& dir) {
     return Status::Error("--state-dir: " + Errno("cannot write to", dir));
   }
   return Status::Ok();
-}
-
-void SaveCoreState(StateWriter& w, const Registry& registry,
-                   const Tracker& tracker, const IngestStats& stats,
-                   IngestServer& server) {
-  std::unordered_map<const EngineSeries*, uint32_t> index;
-  registry.SaveState(w, &index);
-  tracker.SaveState(w, index);
-  stats.SaveState(w);
-  server.SaveState(w);
-}
-
-void LoadCoreState(StateReader& r, Registry& registry, Tracker& tracker,
-                   IngestStats& stats, IngestServer& server) {
-  std::vector<EngineSeries*> by_index;
-  registry.LoadState(r, &by_index);
-  tracker.LoadState(r, by_index);
-  stats.LoadState(r);
-  server.LoadState(r);
 }
 
 void EncodeSnapshot(const std::string& boot_id, const SnapshotFingerprint& fp,

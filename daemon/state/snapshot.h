@@ -9,7 +9,9 @@
 //   u32 version         kSnapshotVersion
 //   str boot id         the --boot-id-file contents, trimmed
 //   str fingerprint[3]  buckets, naming, request labels (SnapshotFingerprint)
-//   payload             each component's SaveState() (daemon.cpp order)
+//   payload             each component's SaveState(): the pipeline's
+//                       (Pipeline::SaveState()), the snapshotter's
+//                       counters, the HTTP server's (Daemon::EncodeState())
 //   u32 checksum        CRC-32 (zlib's) of every byte before it
 //
 // (state_io.h encodings: little-endian fixed-width integers, strings as a
@@ -29,11 +31,6 @@
 
 #include "daemon/base/state_io.h"
 #include "daemon/base/status.h"
-#include "daemon/config.h"
-#include "daemon/ingest/ingest_server.h"
-#include "daemon/ingest/ingest_stats.h"
-#include "daemon/ingest/tracker.h"
-#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 
@@ -46,11 +43,11 @@ inline constexpr std::string_view kSnapshotName = "snapshot";
 // must equal the running configuration's: the histogram bucket layouts of
 // every profile (and the catalog's size), the naming (--profile,
 // --namespace) and the request labels (names, --request-label-values).
+// Pipeline::Fingerprint() makes it.
 struct SnapshotFingerprint {
   std::array<std::string, 3> parts;
   static constexpr std::array<std::string_view, 3> kPartNames = {
       "histogram buckets", "naming profile or namespace", "request labels"};
-  static SnapshotFingerprint Of(const Config& config, const Registry& registry);
 };
 
 // The boot id in `path` (whitespace trimmed); an error naming the file when
@@ -60,17 +57,6 @@ Status ReadBootId(const std::string& path, std::string* boot_id);
 // Makes DIR if it does not exist (mode 0750) and checks that it is a
 // directory the daemon can write; the error names the flag and the path.
 Status PrepareStateDir(const std::string& dir);
-
-// The ingest pipeline's state, in the payload's order: the registry (and
-// what it holds), the tracker (its requests naming series by the registry's
-// index), the ingest stats, the ingest server. The daemon's own counters
-// follow it (Daemon::EncodeState()). LoadCoreState() fills components that
-// hold nothing yet; the reader says whether it went well.
-void SaveCoreState(StateWriter& w, const Registry& registry,
-                   const Tracker& tracker, const IngestStats& stats,
-                   IngestServer& server);
-void LoadCoreState(StateReader& r, Registry& registry, Tracker& tracker,
-                   IngestStats& stats, IngestServer& server);
 
 // Header and body(writer) into *out (cleared first): what the loop does.
 // SealSnapshot() then appends the checksum, O(bytes), on any thread.

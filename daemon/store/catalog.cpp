@@ -4,7 +4,7 @@ namespace tokenmeter::daemon {
 
 using enum MetricType;
 
-const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
+constinit const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
     {kNumRequestsRunning, "num_requests_running", kGauge, "", BucketSet::kNone,
      false, "Number of requests in model execution batches.", false},
     {kNumRequestsWaiting, "num_requests_waiting", kGauge, "", BucketSet::kNone,
@@ -115,7 +115,7 @@ const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
      "Accepted tokens / draft tokens over the last summary window.", false},
 };
 
-const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
+constinit const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
     {kBuildInfo, "tokenmeter_build_info", kGauge, "version",
      "A constant 1, labelled with the daemon's version."},
     {kIngestConnections, "tokenmeter_ingest_connections", kGauge, "",

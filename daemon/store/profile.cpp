@@ -78,7 +78,9 @@ constexpr FamilyDef kMoeImbalanceRow{.name = "moe_imbalance",
                                      .part = PartKind::kMoe};
 
 // vLLM v1 (v0.12), metrics-v1.md's table, then the router series.
-// Dynamically initialized (from kEngineMetrics, constant-initialized).
+// Dynamically initialized, from kEngineMetrics, which is constinit: it
+// holds its values before any dynamic initializer runs, whatever the link
+// order of the store library's objects.
 const FamilyDef kVllm[] = {
     Catalog(kNumRequestsRunning),
     Catalog(kNumRequestsWaiting),

@@ -7,6 +7,8 @@
 
 namespace tokenmeter::daemon {
 
+static_assert(kDefaultNativeHistogramSchema == NativeHistogram::kDefaultSchema);
+
 Status Registry::Create(const RegistryOptions& options,
                         std::unique_ptr<Registry>* out) {
   if (options.max_model_len < 1) {

@@ -23,28 +23,10 @@
 #include "daemon/store/engine_series.h"
 #include "daemon/store/histogram.h"
 #include "daemon/store/metric_writer.h"
+#include "daemon/store/registry_options.h"
 #include "daemon/store/request_labels.h"
 
 namespace tokenmeter::daemon {
-
-struct RegistryOptions {
-  uint64_t max_model_len = 32768;
-  // Per-histogram bucket overrides, by suffix (e.g.
-  // "time_to_first_token_seconds"), in exposed units.
-  std::map<std::string, std::vector<double>, std::less<>> buckets;
-  size_t max_engine_series = 4096;  // identities, all namespaces together
-  // --request-label names (at most TM_MAX_REQUEST_LABELS) and
-  // --request-label-values.
-  std::vector<std::string> request_labels;
-  size_t request_label_values = 100;
-  bool legacy_names = false;  // --legacy-names (vllm profile aliases)
-  // --moe-expert-series: moe_expert_tokens{layer,expert}; each expert of a
-  // layer counts as one series toward max_engine_series.
-  bool moe_expert_series = false;
-  // --native-histogram-schema: the initial schema of every histogram's
-  // native buckets (NativeHistogram::kMinSchema..kMaxSchema).
-  int native_histogram_schema = NativeHistogram::kDefaultSchema;
-};
 
 class Registration;
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/store/profile.h"
+#include "daemon/store/registry.h"
 
 namespace tokenmeter::daemon {
 namespace {

@@ -20,6 +20,7 @@
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/store/parts/cache_config.h"
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/profile.h"
@@ -44,16 +45,22 @@ struct State {
     options.request_label_values = 4;
     options.legacy_names = true;
     options.moe_expert_series = true;
-    if (!Registry::Create(options, &registry).ok()) __builtin_trap();
     TrackerOptions t;
     t.max_requests = 4096;
-    stats = std::make_unique<IngestStats>(*registry);
-    tracker = std::make_unique<Tracker>(*registry, *stats, clock, t);
+    if (!Pipeline::Create(nullptr, clock, {options, t, IngestOptions{}},
+                          &pipeline)
+             .ok()) {
+      __builtin_trap();
+    }
+    registry = &pipeline->registry();
+    stats = &pipeline->stats();
+    tracker = &pipeline->tracker();
   }
   FakeClock clock;
-  std::unique_ptr<Registry> registry;
-  std::unique_ptr<IngestStats> stats;
-  std::unique_ptr<Tracker> tracker;
+  std::unique_ptr<Pipeline> pipeline;
+  Registry* registry = nullptr;
+  IngestStats* stats = nullptr;
+  Tracker* tracker = nullptr;
   uint64_t inputs = 0;
   uint64_t next_space = 1;
 };

@@ -26,6 +26,7 @@
 
 #include "daemon/exposition/exposition.h"
 #include "daemon/ingest/ingest_stats.h"
+#include "daemon/pipeline/pipeline.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "testutil/frames.h"
@@ -61,20 +62,21 @@ class IngestServerTest : public ::testing::Test {
     ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
     ASSERT_EQ(uv_loop_init(&loop_), 0);
     loop_initialized_ = true;
-    Status s = Registry::Create(registry_options_, &registry_);
+    Status s = Pipeline::Create(&loop_, clock_,
+                                {registry_options_, TrackerOptions(), options_},
+                                &pipeline_);
     ASSERT_TRUE(s.ok()) << s.message();
-    stats_ = std::make_unique<IngestStats>(*registry_);
-    tracker_ = std::make_unique<Tracker>(*registry_, *stats_, clock_,
-                                         TrackerOptions());
-    server_ = std::make_unique<IngestServer>(&loop_, *registry_, *tracker_,
-                                             *stats_, options_);
+    registry_ = &pipeline_->registry();
+    stats_ = &pipeline_->stats();
+    tracker_ = &pipeline_->tracker();
+    server_ = &pipeline_->server();
     s = server_->Listen(path_);
     ASSERT_TRUE(s.ok()) << s.message();
   }
 
   void TearDown() override {
     if (server_ != nullptr && !closed_) CloseServer();
-    server_.reset();
+    pipeline_.reset();
     if (loop_initialized_) {
       EXPECT_EQ(uv_loop_close(&loop_), 0);
     }
@@ -117,10 +119,11 @@ class IngestServerTest : public ::testing::Test {
   uv_loop_t loop_{};
   bool loop_initialized_ = false;
   FixedClock clock_;
-  std::unique_ptr<Registry> registry_;
-  std::unique_ptr<IngestStats> stats_;
-  std::unique_ptr<Tracker> tracker_;
-  std::unique_ptr<IngestServer> server_;
+  std::unique_ptr<Pipeline> pipeline_;
+  Registry* registry_ = nullptr;
+  IngestStats* stats_ = nullptr;
+  Tracker* tracker_ = nullptr;
+  IngestServer* server_ = nullptr;
   bool closed_ = false;
 };
 

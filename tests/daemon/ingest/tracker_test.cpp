@@ -18,6 +18,7 @@
 #include "daemon/exposition/exposition.h"
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/store/catalog.h"
 #include "daemon/store/histogram.h"
 #include "daemon/store/parts/lora.h"
@@ -132,13 +133,16 @@ struct Harness {
       : Harness(RegistryOptions{}, Profile::kVllm, options) {}
   Harness(const RegistryOptions& registry_options, Profile profile,
           TrackerOptions options = {}) {
-    const Status s = Registry::Create(registry_options, &registry);
+    const Status s = Pipeline::Create(
+        nullptr, clock, {registry_options, options, IngestOptions{}},
+        &pipeline);
     EXPECT_TRUE(s.ok()) << s.message();
+    registry = &pipeline->registry();
+    stats = &pipeline->stats();
+    tracker = &pipeline->tracker();
     const std::string ns = ProfileNamespace(profile, "vllm", "");
     core = registry->GetOrCreate({ns, "m", "core", {}, profile});
     front = registry->GetOrCreate({ns, "m", "front", {}, profile});
-    stats = std::make_unique<IngestStats>(*registry);
-    tracker = std::make_unique<Tracker>(*registry, *stats, clock, options);
   }
 
   Source Core(uint64_t space = kSpace) const { return {core, space}; }
@@ -180,11 +184,12 @@ struct Harness {
   }
 
   FakeClock clock;
-  std::unique_ptr<Registry> registry;
+  std::unique_ptr<Pipeline> pipeline;
+  Registry* registry = nullptr;
   EngineSeries* core = nullptr;
   EngineSeries* front = nullptr;
-  std::unique_ptr<IngestStats> stats;
-  std::unique_ptr<Tracker> tracker;
+  IngestStats* stats = nullptr;
+  Tracker* tracker = nullptr;
 };
 
 uint64_t TotalObservations(const EngineSeries& s) {

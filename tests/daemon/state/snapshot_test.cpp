@@ -22,9 +22,7 @@
 #include "daemon/config.h"
 #include "daemon/exposition/exposition.h"
 #include "daemon/exposition/proto_writer.h"
-#include "daemon/ingest/ingest_server.h"
-#include "daemon/ingest/ingest_stats.h"
-#include "daemon/ingest/tracker.h"
+#include "daemon/pipeline/pipeline.h"
 #include "daemon/store/parts/cache_config.h"
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/parts/moe.h"
@@ -47,36 +45,40 @@ struct Components {
   uv_loop_t loop{};
   Config config;
   FixedClock clock;
-  std::unique_ptr<Registry> reg;
-  std::unique_ptr<IngestStats> stats;
-  std::unique_ptr<Tracker> tracker;
-  std::unique_ptr<IngestServer> server;
+  std::unique_ptr<Pipeline> pipeline;
+  Registry* reg = nullptr;
+  IngestStats* stats = nullptr;
+  Tracker* tracker = nullptr;
+  IngestServer* server = nullptr;
 
   explicit Components(int native_schema = 3) {
     uv_loop_init(&loop);
     config.registry.native_histogram_schema = native_schema;
     config.registry.request_labels = {"tenant"};
     config.registry.moe_expert_series = true;
-    EXPECT_TRUE(Registry::Create(config.registry, &reg).ok());
-    stats = std::make_unique<IngestStats>(*reg);
-    tracker = std::make_unique<Tracker>(*reg, *stats, clock, config.tracker);
-    server = std::make_unique<IngestServer>(&loop, *reg, *tracker, *stats,
-                                            config.ingest);
+    EXPECT_TRUE(Pipeline::Create(
+                    &loop, clock,
+                    {config.registry, config.tracker, config.ingest}, &pipeline)
+                    .ok());
+    reg = &pipeline->registry();
+    stats = &pipeline->stats();
+    tracker = &pipeline->tracker();
+    server = &pipeline->server();
   }
   ~Components() {
-    server.reset();
+    pipeline.reset();
     uv_loop_close(&loop);
   }
 
   std::string Save() {
     std::string out;
     StateWriter w(out);
-    SaveCoreState(w, *reg, *tracker, *stats, *server);
+    pipeline->SaveState(w);
     return out;
   }
   bool Load(const std::string& bytes) {
     StateReader r(bytes.data(), bytes.size());
-    LoadCoreState(r, *reg, *tracker, *stats, *server);
+    pipeline->LoadState(r);
     return r.ok() && r.at_end();
   }
   std::string Exposition() const {

@@ -1,0 +1,41 @@
+// The registry's options (the --max-model-len, --buckets, --max-engine-series,
+// --request-label*, --legacy-names, --moe-expert-series and
+// --native-histogram-schema flags): a plain value, so that the
+// configuration holds it without the registry. Registry::Create() checks it.
+#ifndef TOKENMETER_DAEMON_STORE_REGISTRY_OPTIONS_H_
+#define TOKENMETER_DAEMON_STORE_REGISTRY_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tokenmeter::daemon {
+
+// NativeHistogram::kDefaultSchema (registry.cpp checks that they agree).
+inline constexpr int kDefaultNativeHistogramSchema = 3;
+
+struct RegistryOptions {
+  uint64_t max_model_len = 32768;
+  // Per-histogram bucket overrides, by suffix (e.g.
+  // "time_to_first_token_seconds"), in exposed units.
+  std::map<std::string, std::vector<double>, std::less<>> buckets;
+  size_t max_engine_series = 4096;  // identities, all namespaces together
+  // --request-label names (at most TM_MAX_REQUEST_LABELS) and
+  // --request-label-values.
+  std::vector<std::string> request_labels;
+  size_t request_label_values = 100;
+  bool legacy_names = false;  // --legacy-names (vllm profile aliases)
+  // --moe-expert-series: moe_expert_tokens{layer,expert}; each expert of a
+  // layer counts as one series toward max_engine_series.
+  bool moe_expert_series = false;
+  // --native-histogram-schema: the initial schema of every histogram's
+  // native buckets (NativeHistogram::kMinSchema..kMaxSchema).
+  int native_histogram_schema = kDefaultNativeHistogramSchema;
+};
+
+}  // namespace tokenmeter::daemon
+
+#endif  // TOKENMETER_DAEMON_STORE_REGISTRY_OPTIONS_H_

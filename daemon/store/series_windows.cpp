@@ -1,0 +1,123 @@
+#include "daemon/store/series_windows.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+// The sum of a counter over a series' label cells.
+uint64_t CellSum(const EngineSeries& s, EngineMetric m) {
+  uint64_t n = s.count(m);
+  for (const LabelCell& c : s.cells()) n += c.values->count(m);
+  return n;
+}
+
+// An increase, moving the mark on; a value below its mark is none.
+uint64_t Delta(uint64_t now, uint64_t& mark) {
+  const uint64_t d = now >= mark ? now - mark : 0;
+  mark = now;
+  return d;
+}
+
+}  // namespace
+
+WindowCounters WindowCounters::Of(const EngineSeries& s) {
+  WindowCounters c;
+  c.prompt_tokens = CellSum(s, kPromptTokens);
+  c.generation_tokens = CellSum(s, kGenerationTokens);
+  c.preemptions = s.count(kNumPreemptions);
+  c.prefix_queries = s.count(kPrefixCacheQueries);
+  c.prefix_hits = s.count(kPrefixCacheHits);
+  c.spec_drafts = s.count(kSpecDecodeNumDrafts);
+  c.spec_draft_tokens = s.count(kSpecDecodeNumDraftTokens);
+  c.spec_accepted_tokens = s.count(kSpecDecodeNumAcceptedTokens);
+  return c;
+}
+
+EngineMetric WindowLatency(const EngineSeries& s, size_t i) {
+  switch (i) {
+    case 0:
+      return kTimeToFirstToken;
+    case 1:
+      // SGLang's profile shows the per-token ITL as its inter-token latency.
+      return s.uses(kInterTokenLatency) ? kInterTokenLatency
+                                        : kInterTokenLatencyPerToken;
+    default:
+      return kE2eRequestLatency;
+  }
+}
+
+void SeriesWindows::SumBuckets(const EngineSeries& s, EngineMetric m,
+                               std::vector<uint64_t>* out) {
+  const std::vector<uint64_t>& own = s.hist(m).counts();
+  out->assign(own.begin(), own.end());
+  for (const LabelCell& c : s.cells()) {
+    const std::vector<uint64_t>& counts = c.values->hist(m).counts();
+    for (size_t i = 0; i < out->size(); ++i) (*out)[i] += counts[i];
+  }
+}
+
+SeriesWindows::Marks& SeriesWindows::MarksOf(const EngineSeries& s) {
+  auto [it, created] = marks_.try_emplace(&s);
+  if (created && latencies_) {
+    for (size_t h = 0; h < kNumWindowLatencies; ++h) {
+      it->second.buckets[h].assign(s.hist(WindowLatency(s, h)).counts().size(),
+                                   0);
+    }
+  }
+  return it->second;
+}
+
+void SeriesWindows::Mark(const EngineSeries& s) {
+  Marks& m = MarksOf(s);
+  m.counters = WindowCounters::Of(s);
+  if (!latencies_) return;
+  for (size_t h = 0; h < kNumWindowLatencies; ++h) {
+    SumBuckets(s, WindowLatency(s, h), &m.buckets[h]);
+  }
+}
+
+void SeriesWindows::Restart(const Registry& registry) {
+  registry.ForEachSeries([this](const EngineSeries& s) { Mark(s); });
+}
+
+const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s) {
+  Marks& m = MarksOf(s);
+  const WindowCounters now = WindowCounters::Of(s);
+  WindowCounters& mark = m.counters;
+  WindowCounters& d = window_.increase;
+  d.prompt_tokens = Delta(now.prompt_tokens, mark.prompt_tokens);
+  d.generation_tokens = Delta(now.generation_tokens, mark.generation_tokens);
+  d.preemptions = Delta(now.preemptions, mark.preemptions);
+  d.prefix_queries = Delta(now.prefix_queries, mark.prefix_queries);
+  d.prefix_hits = Delta(now.prefix_hits, mark.prefix_hits);
+  d.spec_drafts = Delta(now.spec_drafts, mark.spec_drafts);
+  d.spec_draft_tokens = Delta(now.spec_draft_tokens, mark.spec_draft_tokens);
+  d.spec_accepted_tokens =
+      Delta(now.spec_accepted_tokens, mark.spec_accepted_tokens);
+  if (!latencies_) return window_;
+  for (size_t h = 0; h < kNumWindowLatencies; ++h) {
+    SumBuckets(s, WindowLatency(s, h), &now_);
+    std::vector<uint64_t>& prev = m.buckets[h];
+    std::vector<uint64_t>& inc = increase_[h];
+    inc.resize(now_.size());
+    uint64_t total = 0;
+    for (size_t i = 0; i < now_.size(); ++i) {
+      inc[i] = Delta(now_[i], prev[i]);
+      total += inc[i];
+    }
+    window_.buckets[h] = &inc;
+    window_.observations[h] = total;
+  }
+  return window_;
+}
+
+size_t SeriesWindows::BytesHeld(const EngineSeries& s) const {
+  auto it = marks_.find(&s);
+  if (it == marks_.end()) return 0;
+  size_t n = sizeof(Marks);
+  for (const std::vector<uint64_t>& b : it->second.buckets) {
+    n += b.capacity() * sizeof(uint64_t);
+  }
+  return n;
+}
+
+}  // namespace tokenmeter::daemon
