@@ -442,8 +442,9 @@ class Engine:
     def wait_ready(self, daemon, timeout=READY_TIMEOUT_S):
         """Until `daemon` (a Daemon, or anything with read_log()) has
         logged this process's HELLO ("pid=PID ...: hello" from its peer
-        credentials); returns self. Raises (and kills the engine) when it
-        exits non-zero first or `timeout` seconds pass."""
+        credentials; a launcher must exec the engine, as ip netns exec
+        does); returns self. Raises (and kills the engine) when it exits
+        non-zero first or `timeout` seconds pass."""
         hello = re.compile(rb" pid=%d [^:\n]*: hello " % self.pid)
 
         def seen():
@@ -456,11 +457,13 @@ class Engine:
                              what=f"the daemon logging {self.name}'s HELLO "
                              f"(pid {self.pid})")
         except AssertionError as e:
-            self.kill()
-            self._fail(str(e))
-        if got != "ready":
-            self._fail(f"{self.name} {got} before the daemon saw its HELLO")
-        return self
+            why = str(e)
+        else:
+            if got == "ready":
+                return self
+            why = f"{self.name} {got} before the daemon saw its HELLO"
+        self.kill()
+        self._fail(why)
 
     def wait(self, timeout=120):
         """Waits for the exit; returns 0. Raises AssertionError with the
@@ -469,6 +472,8 @@ class Engine:
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None:
             self.kill()
             self._fail(f"{self.name} still running after {timeout} s: "
                        "killed")
@@ -548,7 +553,9 @@ class Engine:
             return ""
 
     def _fail(self, what):
-        raise AssertionError(f"{what}: {self.tail()}")
+        tail = self.tail()
+        raise AssertionError(f"{what}: {tail}" if tail.strip() else
+                             f"{what} (nothing on stderr or stdout)")
 
     def __enter__(self):
         return self.start()
