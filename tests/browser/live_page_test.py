@@ -47,7 +47,6 @@ import tokenmeter_testutil as tu  # noqa: E402
 from https_prometheus_test import USER, make_cert, make_hash  # noqa: E402
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 SHOT_DIR = os.environ.get("LIVE_PAGE_SCREENSHOT_DIR", "")
 PASSWORD = "live-page-pw"
 KEYS = ["running", "waiting", "kv_usage", "prompt_tokens_per_s",
@@ -345,7 +344,7 @@ class PageCase(unittest.TestCase):
     def setUpClass(cls):
         if not os.path.exists(CHROMIUM):
             raise unittest.SkipTest(f"{CHROMIUM} not installed")
-        if not ENGINE:
+        if not tu.ENGINE:
             raise AssertionError("TOKENMETER_ENGINE is not set")
         cls.tmp = tempfile.mkdtemp(prefix="tm-live-", dir="/tmp")
         cls.prepare()
@@ -353,13 +352,14 @@ class PageCase(unittest.TestCase):
         cls.engines = []
         for name, model, rate in (("dp0", "tiny-a", "12"),
                                   ("dp1", "tiny-b", "6")):
-            log = open(os.path.join(cls.tmp, f"engine-{name}.log"), "wb")
-            cls.engines.append((subprocess.Popen(
-                [ENGINE, "--requests", "400", "--rate", rate,
-                 "--prompt-len", "48", "--output-len", "24", "--backend",
-                 "cpu", "--metrics-socket", cls.d.sock, "--instance", name,
-                 "--model", model, "--seed", "3"],
-                stdout=subprocess.DEVNULL, stderr=log), log))
+            engine = tu.Engine(
+                "--requests", "400", "--rate", rate, "--prompt-len", "48",
+                "--output-len", "24", "--backend", "cpu", "--instance", name,
+                "--model", model, "--seed", "3", socket=cls.d.sock,
+                report=None, dir=cls.tmp, name=f"engine-{name}")
+            # Killed even when the rest of setUpClass fails.
+            cls.addClassCleanup(engine.cleanup)
+            cls.engines.append(engine.start())
         cls.origin = f"{cls.scheme}://127.0.0.1:{cls.d.port}"
         cls.cdp = Cdp(os.path.join(cls.tmp, "chromium"), cls.on_event)
         cls.urls = []
@@ -410,9 +410,8 @@ class PageCase(unittest.TestCase):
     def tearDownClass(cls):
         if getattr(cls, "cdp", None):
             cls.cdp.close()
-        for proc, log in getattr(cls, "engines", []):
-            tu.stop_process(proc)
-            log.close()
+        for engine in getattr(cls, "engines", []):
+            engine.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
         if getattr(cls, "d", None):
             stopped_cleanly(cls.d)

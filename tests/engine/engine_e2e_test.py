@@ -8,10 +8,8 @@ same run with no daemon: the engine finishes and reports drops.
 
 Environment: TOKENMETERD, TOKENMETER_ENGINE (paths of the built binaries).
 """
-import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,7 +23,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 import tokenmeter_testutil as tu  # noqa: E402
 from tokenmeter_testutil import Daemon, poll_until  # noqa: E402
 
-ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 NS = "tokenmeter_engine"
 LABELS = {"model_name": "e2e-tiny", "engine": "e2e"}
 
@@ -52,15 +49,11 @@ LORA = ["--lora-adapters", "6", "--max-lora", "2", "--lora-rank", "4",
 
 
 def run_engine(socket_path, report_path, timeout=60, extra=()):
-    proc = subprocess.run(
-        [ENGINE, *WORKLOAD, *extra, "--metrics-socket", socket_path,
-         "--report", report_path],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"engine exited {proc.returncode}: {proc.stderr.decode()}")
-    with open(report_path) as f:
-        return json.load(f)
+    """Runs WORKLOAD (and `extra`) to the end on socket_path; returns its
+    --report. A non-zero exit, or a run past `timeout` s, raises."""
+    with tu.Engine(*WORKLOAD, *extra, socket=socket_path,
+                   report=report_path) as engine:
+        return engine.report(timeout=timeout)
 
 
 class EngineAgainstDaemon(unittest.TestCase):

@@ -42,7 +42,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 import tokenmeter_testutil as tu  # noqa: E402
 from tokenmeter_testutil import Daemon, batch, hello, poll_until  # noqa: E402
 
-ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 LOADGEN = os.environ.get("TOKENMETER_LOADGEN", "")
 
 # About 4 s of Poisson arrivals: a steady stream of events to restart under.
@@ -54,22 +53,6 @@ WORKLOAD = [
 
 
 STOPPED = re.compile(rb"stopped: (\d+) events applied, (\d+) frames")
-
-
-def start_engine(socket_path, report_path, *extra):
-    return subprocess.Popen(
-        [ENGINE, *WORKLOAD, "--metrics-socket", socket_path,
-         "--report", report_path, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def finish_engine(proc, report_path):
-    out, err = proc.communicate(timeout=120)
-    if proc.returncode != 0:
-        raise AssertionError(f"engine exited {proc.returncode}: "
-                             f"{err.decode()}")
-    with open(report_path) as f:
-        return json.load(f)
 
 
 class HeldSockets:
@@ -152,10 +135,11 @@ class GracefulRestart(unittest.TestCase):
         return tu.scrape(self.held.port).sum(name, **labels)
 
     def restart_under_load(self, client, restarts):
-        """Starts a daemon, then `client` (a Popen reporting to the held
-        socket), restarts the daemon `restarts` times with SIGTERM while
-        the client runs, waits for the client to end; returns the events
-        each daemon applied, in order, and the client's stdout."""
+        """Starts a daemon, then `client` (returns what it started, a Popen
+        or a tu.Engine, reporting to the held socket), restarts the daemon
+        `restarts` times with SIGTERM while the client runs; returns the
+        events each daemon applied, in order, the last daemon and the
+        client, for the caller to wait for."""
         d = self.start_daemon()
         client_proc = client()
         applied = []
@@ -169,9 +153,7 @@ class GracefulRestart(unittest.TestCase):
             self.assertIsNone(client_proc.poll(), "the client ended too soon")
             applied.append(self.stop_daemon(d, backlog_s=0.3))
             d = self.start_daemon()
-        out, err = client_proc.communicate(timeout=120)
-        self.assertEqual(client_proc.returncode, 0, err.decode())
-        return applied, d, out
+        return applied, d, client_proc
 
     def finish(self, applied, last, sent):
         # The client has closed (everything written): wait until the last
@@ -190,11 +172,10 @@ class GracefulRestart(unittest.TestCase):
             self.assertEqual(d.proc.returncode, 0, d.read_log().decode())
 
     def test_engine_across_two_sigterm_restarts_loses_nothing(self):
-        report_path = os.path.join(self.dir, "report.json")
-        applied, last, _ = self.restart_under_load(
-            lambda: start_engine(self.held.path, report_path), 2)
-        with open(report_path) as f:
-            report = json.load(f)
+        engine = tu.Engine(*WORKLOAD, socket=self.held.path, dir=self.dir)
+        self.addCleanup(engine.cleanup)
+        applied, last, _ = self.restart_under_load(engine.start, 2)
+        report = engine.report(timeout=120)
         self.assertEqual(report["requests"], 400)
         self.assertEqual(report["client_dropped_events"], 0)
         self.assertGreaterEqual(report["client_reconnects"], 2)
@@ -204,11 +185,13 @@ class GracefulRestart(unittest.TestCase):
             self):
         # The socket always holds unread batches here, so each stop has
         # to read what was written before it and refuse what comes after.
-        applied, last, out = self.restart_under_load(
+        applied, last, loadgen = self.restart_under_load(
             lambda: subprocess.Popen(
                 [LOADGEN, "--socket", self.held.path, "--rate", "200000",
                  "--duration", "4", "--buffer", str(1 << 20)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE), 3)
+        out, err = loadgen.communicate(timeout=120)
+        self.assertEqual(loadgen.returncode, 0, err.decode())
         r = json.loads(out)
         self.assertEqual(r["refused_full"], 0)
         self.assertEqual(r["events_dropped"], 0)
@@ -269,10 +252,9 @@ class KillRestart(unittest.TestCase):
     def test_engine_survives_sigkill_and_reconnects(self):
         d = Daemon("--log-interval", "0").start()
         self.addCleanup(d.cleanup)
-        report_path = os.path.join(d.dir, "report.json")
-        engine = start_engine(d.sock, report_path)
-        poll_until(lambda: (d.value("tokenmeter_ingest_connections") or 0)
-                   == 1, timeout=30, what="the engine connected")
+        engine = tu.Engine(*WORKLOAD, socket=d.sock, dir=d.dir).start()
+        self.addCleanup(engine.cleanup)
+        engine.wait_ready(d, timeout=30)  # connected: the daemon saw HELLO
         time.sleep(0.3)  # events flow for a while, then the crash
         d.kill()
         # The socket file is left behind, as after a crash; the new daemon
@@ -283,7 +265,7 @@ class KillRestart(unittest.TestCase):
         d.start()
         poll_until(lambda: (d.value("tokenmeter_ingest_connections") or 0)
                    == 1, timeout=30, what="the engine reconnected")
-        report = finish_engine(engine, report_path)
+        report = engine.report(timeout=120)
         self.assertEqual(report["requests"], 400)
         self.assertGreaterEqual(report["client_reconnects"], 1)
         # The events buffered while no daemon listened were delivered:

@@ -37,7 +37,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +52,6 @@ import tokenmeter_testutil as tu  # noqa: E402
 from tokenmeter_testutil import Daemon, poll_until  # noqa: E402
 from restart_test import HeldSockets, STOPPED  # noqa: E402
 
-ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 PROMETHEUS = os.environ.get("PROMETHEUS", "/usr/bin/prometheus")
 NS = "tokenmeter_engine"
 LABELS = {"model_name": "faults", "engine": "f0"}
@@ -72,33 +70,6 @@ TERM_WORKLOAD = ["--requests", "600", "--rate", "100", "--output-len", "200",
                  "--max-batch", "8", *COMMON]
 
 
-def start_engine(socket_path, report_path, workload, log_path):
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [ENGINE, *workload, "--metrics-socket", socket_path,
-             "--report", report_path],
-            stdout=subprocess.DEVNULL, stderr=log)
-
-
-def kill_process(proc):
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
-
-
-def wait_engine(proc, report_path, log_path, timeout=120):
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        kill_process(proc)
-    if proc.returncode != 0:
-        with open(log_path, errors="replace") as f:
-            raise AssertionError(f"engine exited {proc.returncode}: "
-                                 f"{f.read()[-3000:]}")
-    with open(report_path) as f:
-        return json.load(f)
-
-
 def applied_events(samples):
     return samples.sum("tokenmeter_ingest_events_total")
 
@@ -110,10 +81,13 @@ class StateBase(unittest.TestCase):
         self.state_dir = os.path.join(self.dir, "state")
         self.daemons = []
         self.engine = None
-        self.engine_log = os.path.join(self.dir, "engine.log")
-        self.report_path = os.path.join(self.dir, "report.json")
+
+    def start_engine(self, socket_path, workload):
+        """The engine on socket_path, its files in self.dir."""
+        self.engine = tu.Engine(*workload, socket=socket_path, dir=self.dir)
         # Registered after the rmtree: runs before it.
-        self.addCleanup(lambda: kill_process(self.engine))
+        self.addCleanup(self.engine.cleanup)
+        self.engine.start()
 
     def state_flags(self):
         return ["--state-dir", self.state_dir,
@@ -237,8 +211,7 @@ class KillRestartWithState(StateBase):
         self.sock = os.path.join(self.dir, "i.sock")
         t0 = time.monotonic()
         d = self.start_daemon()
-        self.engine = start_engine(self.sock, self.report_path,
-                                   KILL_WORKLOAD, self.engine_log)
+        self.start_engine(self.sock, KILL_WORKLOAD)
         for i in range(self.KILLS):
             self.wait_new_events(d, f"events reaching daemon {i}")
             self.assertEqual(d.kill(), -signal.SIGKILL)
@@ -248,7 +221,7 @@ class KillRestartWithState(StateBase):
             self.assertIsNone(self.engine.poll(), "the engine ended too soon")
             d = self.start_daemon()
         self.wait_new_events(d, "events reaching the last daemon")
-        report = wait_engine(self.engine, self.report_path, self.engine_log)
+        report = self.engine.report(timeout=120)
         self.assertEqual(report["requests"], 800)
         self.assertGreaterEqual(report["client_reconnects"], self.KILLS,
                                 report)
@@ -378,8 +351,7 @@ class SigtermRestartNoResets(StateBase):
         d = self.start_daemon()
         job = '{job="tokenmeter"}'
         self.wait_scraped(d)
-        self.engine = start_engine(self.held.path, self.report_path,
-                                   TERM_WORKLOAD, self.engine_log)
+        self.start_engine(self.held.path, TERM_WORKLOAD)
         in_flight = []
         for i in range(self.RESTARTS):
             self.wait_new_events(d, f"events reaching daemon {i}")
@@ -394,7 +366,7 @@ class SigtermRestartNoResets(StateBase):
             self.assertIsNone(self.engine.poll(), "the engine ended too soon")
             d = self.start_daemon()
         self.wait_new_events(d, "events reaching the last daemon")
-        report = wait_engine(self.engine, self.report_path, self.engine_log)
+        report = self.engine.report(timeout=120)
         self.assertEqual(report["requests"], 600)
         self.assertGreaterEqual(report["client_reconnects"], self.RESTARTS)
         samples = self.wait_all_applied(d, report)
@@ -462,7 +434,7 @@ class SigtermRestartNoResets(StateBase):
 
 
 if __name__ == "__main__":
-    if not ENGINE or not tu.DAEMON:
+    if not tu.ENGINE or not tu.DAEMON:
         tu.skip("TOKENMETERD or TOKENMETER_ENGINE not set (run through "
                 "meson test)")
     tu.main()

@@ -66,7 +66,6 @@ SRC = os.environ.get("TOKENMETER_SOURCE_ROOT",
 FLEET_DOCS = os.path.join(SRC, "docs", "prometheus", "fleet")
 DASHBOARD = os.path.join(SRC, "docs", "grafana", "tokenmeter-fleet.json")
 PROMETHEUS = os.environ.get("PROMETHEUS", "/usr/bin/prometheus")
-ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 
 PREFIX = "tmfleet-"       # netns and temp dir names: PREFIX<pid>-...
 SUBNET = "10.250.0"
@@ -360,20 +359,17 @@ class Fleet:
         running = []
         for host, engines in HOSTS.items():
             for inst, model, seed, extra in engines:
-                report = os.path.join(self.dir, f"report-{host}-{inst}.json")
-                p = self.spawn(f"engine-{host}-{inst}", self.hosts[host], [
-                    ENGINE, *WORKLOAD, *extra, "--seed", str(seed),
-                    "--model", model, "--instance", inst,
-                    "--metrics-socket", self.daemons[host].sock,
-                    "--report", report])
-                running.append((host, inst, p, report))
-        for host, inst, p, report in running:
-            rc = p.wait(timeout=90)
-            if rc != 0:
-                raise AssertionError(f"engine {host}/{inst} exited {rc}: "
-                                     + self.log_tail(f"engine-{host}-{inst}"))
-            with open(report) as f:
-                self.reports[(host, inst)] = json.load(f)
+                e = tu.Engine(
+                    *WORKLOAD, *extra, "--seed", str(seed), "--model", model,
+                    "--instance", inst, socket=self.daemons[host].sock,
+                    dir=self.dir, name=f"engine-{host}-{inst}",
+                    launcher=["ip", "netns", "exec", self.hosts[host]],
+                    new_session=True).start()
+                # cleanup() stops its process group with the others'.
+                self.procs.append((e.name, e.proc))
+                running.append((host, inst, e))
+        for host, inst, e in running:
+            self.reports[(host, inst)] = e.report(timeout=90)
 
     # Queries ---------------------------------------------------------
     def query(self, expr, at=None):
@@ -822,7 +818,7 @@ def available():
 
 
 if __name__ == "__main__":
-    if not tu.DAEMON or not ENGINE:
+    if not tu.DAEMON or not tu.ENGINE:
         tu.skip("TOKENMETERD / TOKENMETER_ENGINE not set (meson test)")
     why = available()
     if why:

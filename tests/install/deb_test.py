@@ -296,14 +296,13 @@ class Packages(unittest.TestCase):
 
     def test_engine_runs_against_the_packaged_library(self):
         root = self.extract("libtokenmeter0", "tokenmeter-engine")
-        env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(
-            root, "usr/lib", multiarch()))
-        r = run([os.path.join(root, "usr/bin/tokenmeter-engine"),
-                 "--requests", "5", "--no-metrics", "--quiet"], env=env,
-                timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        r = run(["ldd", os.path.join(root, "usr/bin/tokenmeter-engine")],
-                env=env)
+        lib = {"LD_LIBRARY_PATH": os.path.join(root, "usr/lib", multiarch())}
+        binary = os.path.join(root, "usr/bin/tokenmeter-engine")
+        engine = tu.Engine("--requests", "5", "--no-metrics", "--quiet",
+                           binary=binary, report=None, env=lib)
+        self.addCleanup(engine.cleanup)
+        engine.start().wait(timeout=120)  # a non-zero exit fails
+        r = run(["ldd", binary], env=dict(os.environ, **lib))
         self.assertIn(root, r.stdout)  # the extracted library, not another
 
     def test_python_module_imports_from_the_package(self):

@@ -257,7 +257,7 @@ class Env:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="tm-mon-", dir="/tmp")
         self.started_unix = time.time()
-        self.procs = []
+        self.engines = []
         self.sims = []
         self.daemons = []
         self.proms = {}
@@ -275,15 +275,12 @@ class Env:
             moe_flags = engine_moe_flags()
             self.engine_moe = bool(moe_flags)
             for i, d in enumerate(self.daemons):
-                with open(os.path.join(self.dir, f"engine{i}.log"),
-                          "wb") as log:
-                    self.procs.append(subprocess.Popen(
-                        [ENGINE, "--requests", "5000", "--rate", "25",
-                         "--backend", "cpu", "--kv-blocks", "256",
-                         "--shared-prefix", "0.5", "--seed", str(7 + i),
-                         "--lora-adapters", "4", "--max-lora", "2",
-                         "--metrics-socket", d.sock, "--quiet", *moe_flags],
-                        stdout=subprocess.DEVNULL, stderr=log))
+                self.engines.append(tu.Engine(
+                    "--requests", "5000", "--rate", "25", "--backend", "cpu",
+                    "--kv-blocks", "256", "--shared-prefix", "0.5", "--seed",
+                    str(7 + i), "--lora-adapters", "4", "--max-lora", "2",
+                    "--quiet", *moe_flags, binary=ENGINE, socket=d.sock,
+                    report=None, dir=self.dir, name=f"engine{i}").start())
             self.engine_loras = ENGINE_LORAS
             self.engine_tenants = ENGINE_TENANTS
         else:
@@ -353,7 +350,7 @@ class Env:
             prom.wait_ready()
 
     def close(self):
-        stop_all(self.sims, self.procs, self.proms.values(), self.daemons,
+        stop_all(self.sims, self.engines, self.proms.values(), self.daemons,
                  self.dir)
 
 
@@ -383,13 +380,13 @@ def docs_prometheus_yml(targets, others=None):
     return text, bare
 
 
-def stop_all(sims, procs, proms, daemons, workdir):
-    """Stops a test environment's parts, feeds first, and removes its
-    directory."""
+def stop_all(sims, engines, proms, daemons, workdir):
+    """Stops a test environment's parts, feeds (simulated engines and
+    tu.Engine runs) first, and removes its directory."""
     for s in sims:
         s.stop()
-    for p in procs:
-        tu.stop_process(p)
+    for e in engines:
+        e.stop()
     for prom in proms:
         prom.close()
     for d in daemons:

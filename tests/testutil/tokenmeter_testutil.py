@@ -11,17 +11,24 @@
 * skip / need_path / main: exit 77 (meson's SKIP) when an input that lives
   outside the repository (../shared/peers, an optional tool) is absent, so
   that a plain clone does not report such a test as passed.
+* Engine: one run of the reference engine (tokenmeter-engine, in
+  $TOKENMETER_ENGINE) on a daemon's socket: argv built from keyword
+  arguments, stderr and stdout in files, wait_ready() until the daemon
+  logged its HELLO (bounded), report() waits (bounded; a timeout kills it),
+  checks the exit status and parses --report; stop/kill/cleanup.
 * start_prometheus / wait_prometheus_ready / stop_process: a real
   Prometheus (or any helper process) for a test.
 * frame / hello / batch / wait_closed: protocol-v1 frames written by hand.
 
 Scripts find this file with sys.path.insert(0, <repo>/tests/testutil) and
-the daemon binary in $TOKENMETERD (meson sets it) unless they set DAEMON
-from their own arguments.
+the daemon binary in $TOKENMETERD, the engine's in $TOKENMETER_ENGINE (meson
+sets them) unless they set DAEMON or ENGINE from their own arguments.
 """
 import fcntl
 import gzip
+import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -40,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 DAEMON = os.environ.get("TOKENMETERD", "")
+ENGINE = os.environ.get("TOKENMETER_ENGINE", "")
 SKIP = 77  # meson's exit status for "skipped"
 READY_TIMEOUT_S = 30.0
 
@@ -357,6 +365,203 @@ class Daemon:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(self.sock)
         return s
+
+
+class Engine:
+    """One run of the reference engine (tokenmeter-engine) with its stderr
+    in `log` and its stdout in `log` with .out for .log (default: NAME.log
+    and NAME.out in `dir`).
+
+    args: the engine's own flags (the workload). socket: the
+    --metrics-socket value (a Daemon's .sock; None leaves the flag out:
+    --no-metrics, or the flag among args). report: the --report path (""
+    puts NAME.json in `dir`; None leaves the flag out). dir: where the
+    files go (default: a "tm-engine-*" temp dir of its own, which cleanup()
+    removes). binary: default ENGINE ($TOKENMETER_ENGINE). launcher: argv
+    put before the binary (ip netns exec NS, an interpreter).
+    socket_flag: the flag that takes `socket` (another engine-like
+    program's). env: merged over os.environ. new_session: its own process
+    group, signalled as a whole. After start(): proc, pid.
+
+    wait_ready() and report() raise AssertionError with the end of the log
+    when the engine exits badly or runs past their bound; a run past it is
+    killed. A test pairs start() with cleanup() (addCleanup, or `with`:
+    __enter__ starts, __exit__ cleans up), which kills a running engine."""
+
+    def __init__(self, *args, socket=None, report="", dir=None,
+                 name="engine", log="", binary=None, launcher=(),
+                 socket_flag="--metrics-socket", env=None,
+                 new_session=False):
+        self.own_dir = dir is None
+        self.dir = tempfile.mkdtemp(prefix="tm-engine-", dir="/tmp") \
+            if dir is None else dir
+        self.name = name
+        self.args = list(args)
+        self.socket = socket
+        self.report_path = os.path.join(self.dir, f"{name}.json") \
+            if report == "" else report
+        self.log_path = os.path.join(self.dir, f"{name}.log") \
+            if log == "" else log
+        stem = self.log_path[:-len(".log")] \
+            if self.log_path.endswith(".log") else self.log_path
+        self.out_path = stem + ".out"
+        self.binary = binary
+        self.launcher = list(launcher)
+        self.socket_flag = socket_flag
+        self.env = dict(env or {})
+        self.new_session = new_session
+        self.proc = None
+        self.pid = None
+
+    def command(self):
+        cmd = [*self.launcher, self.binary or ENGINE, *self.args]
+        if self.socket is not None:
+            cmd += [self.socket_flag, self.socket]
+        if self.report_path is not None:
+            cmd += ["--report", self.report_path]
+        return cmd
+
+    def start(self):
+        """Starts the engine (no wait); returns self."""
+        if not (self.binary or ENGINE):
+            raise AssertionError("no tokenmeter-engine: set "
+                                 "TOKENMETER_ENGINE")
+        with open(self.log_path, "ab") as err, \
+                open(self.out_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=err, env=dict(os.environ, **self.env),
+                start_new_session=self.new_session)
+        self.pid = self.proc.pid
+        return self
+
+    def poll(self):
+        """The exit code, or None while it runs (or before start())."""
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_ready(self, daemon, timeout=READY_TIMEOUT_S):
+        """Until `daemon` (a Daemon, or anything with read_log()) has
+        logged this process's HELLO ("pid=PID ...: hello" from its peer
+        credentials; a launcher must exec the engine, as ip netns exec
+        does); returns self. Raises (and kills the engine) when it exits
+        non-zero first or `timeout` seconds pass."""
+        hello = re.compile(rb" pid=%d [^:\n]*: hello " % self.pid)
+
+        def seen():
+            if hello.search(daemon.read_log()):
+                return "ready"
+            rc = self.proc.poll()
+            return f"exited ({rc})" if rc not in (None, 0) else None
+        try:
+            got = poll_until(seen, timeout=timeout, interval=0.05,
+                             what=f"the daemon logging {self.name}'s HELLO "
+                             f"(pid {self.pid})")
+        except AssertionError as e:
+            why = str(e)
+        else:
+            if got == "ready":
+                return self
+            why = f"{self.name} {got} before the daemon saw its HELLO"
+        self.kill()
+        self._fail(why)
+
+    def wait(self, timeout=120):
+        """Waits for the exit; returns 0. Raises AssertionError with the
+        log when the exit code is not 0, or when it runs past `timeout`
+        seconds (it is then killed first)."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None:
+            self.kill()
+            self._fail(f"{self.name} still running after {timeout} s: "
+                       "killed")
+        if rc != 0:
+            self._fail(f"{self.name} exited {rc}")
+        return rc
+
+    def report(self, timeout=120):
+        """wait(timeout), then the --report JSON, parsed."""
+        self.wait(timeout)
+        try:
+            with open(self.report_path) as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            self._fail(f"{self.name} exited 0 without a readable report "
+                       f"{self.report_path} ({e})")
+
+    def signal(self, signum):
+        """Sends `signum` (to the whole group under new_session)."""
+        if self.new_session:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
+
+    def stop(self, timeout=10):
+        """SIGTERM, SIGKILL after `timeout` seconds; returns the exit code
+        (None if never started), whatever it is. Idempotent."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.wait()
+
+    def kill(self):
+        """SIGKILL if it runs; returns the exit code (None if never
+        started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                self.signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return self.proc.wait()
+
+    def cleanup(self):
+        """kill(), and removes `dir` when it is the engine's own."""
+        self.kill()
+        if self.own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def read_log(self):
+        """Its stderr so far, as text."""
+        return self._read(self.log_path)
+
+    def read_output(self):
+        """Its stdout so far, as text."""
+        return self._read(self.out_path)
+
+    def tail(self, n=3000):
+        """The last `n` characters of stderr (and of stdout, if any), for
+        a failure message."""
+        out = self.read_output()
+        return self.read_log()[-n:] + (f"\n(stdout) {out[-n:]}" if out
+                                       else "")
+
+    @staticmethod
+    def _read(path):
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def _fail(self, what):
+        tail = self.tail()
+        raise AssertionError(f"{what}: {tail}" if tail.strip() else
+                             f"{what} (nothing on stderr or stdout)")
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.cleanup()
 
 
 def start_prometheus(binary, config_dir, port, extra_args=()):
