@@ -323,8 +323,11 @@ class IngestServer::Connection : public FrameSink {
     } else {
       server_.tracker_.ApplyBatch(source_, batch);
     }
-    server_.stats_.SetClientDropped(family_, model_, instance_, client_key_,
-                                    batch.dropped_total);
+    if (!drops_resolved_) {
+      drops_resolved_ = true;
+      drops_ = server_.stats_.DropsFor(family_, model_, instance_);
+    }
+    server_.stats_.SetClientDropped(drops_, client_key_, batch.dropped_total);
   }
 
   void OnGoodbye() override { server_.stats_.CountFrame(); }
@@ -476,6 +479,10 @@ class IngestServer::Connection : public FrameSink {
   Source source_{nullptr, 0};
   std::string family_, model_, instance_;
   int64_t client_key_ = 0;
+  // Where this connection's drop reports go (resolved at its first BATCH:
+  // an identity appears in the exposition once it has reported).
+  IngestStats::Drops* drops_ = nullptr;
+  bool drops_resolved_ = false;
   SharedSpaces::iterator shared_space_;
   Sessions::iterator session_;
   // ACKs: one is due (batches applied or skipped since the last), one is

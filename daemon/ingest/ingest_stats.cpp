@@ -24,17 +24,22 @@ uint64_t IngestStats::events_total() const {
   return n;
 }
 
-void IngestStats::SetClientDropped(const std::string& family,
-                                   const std::string& model,
-                                   const std::string& instance, int64_t client,
-                                   uint64_t dropped_total) {
+IngestStats::Drops* IngestStats::DropsFor(const std::string& family,
+                                          const std::string& model,
+                                          const std::string& instance) {
   auto key = std::make_tuple(family, model, instance);
   auto it = dropped_.find(key);
   if (it == dropped_.end()) {
-    if (dropped_.size() >= max_identities_) return;
+    if (dropped_.size() >= max_identities_) return nullptr;
     it = dropped_.emplace(std::move(key), Drops{}).first;
   }
-  Drops& d = it->second;
+  return &it->second;
+}
+
+void IngestStats::SetClientDropped(Drops* identity, int64_t client,
+                                   uint64_t dropped_total) {
+  if (identity == nullptr) return;
+  Drops& d = *identity;
   auto c = d.clients.find(client);
   if (c == d.clients.end()) {
     if (d.clients.size() >= kMaxClientsPerIdentity) {

@@ -41,11 +41,26 @@ class IngestStats : public Collector {
   void CountError(IngestError e) { ++errors_[size_t(e)]; }
   // A replayed BATCH skipped because its session had applied it.
   void CountDuplicateBatch() { ++duplicate_batches_; }
-  // The latest dropped_total a client reported. `client` tells clients of
-  // one identity apart (their pid, else a connection id). O(log n).
+  // The drop totals of one (engine family, model, instance) identity.
+  struct Drops;
+  // The identity's entry, made if new: resolved once per connection (its
+  // first BATCH), so that a BATCH copies no string. nullptr when
+  // max_identities are known (reports for it are ignored). Stable for the
+  // life of the stats. O(log identities).
+  Drops* DropsFor(const std::string& family, const std::string& model,
+                  const std::string& instance);
+  // The latest dropped_total a client of `identity` (null: ignored)
+  // reported. `client` tells clients of one identity apart (their pid,
+  // else a connection id). O(log clients), at most
+  // kMaxClientsPerIdentity.
+  void SetClientDropped(Drops* identity, int64_t client,
+                        uint64_t dropped_total);
+  // Both at once (tests, benches).
   void SetClientDropped(const std::string& family, const std::string& model,
                         const std::string& instance, int64_t client,
-                        uint64_t dropped_total);
+                        uint64_t dropped_total) {
+    SetClientDropped(DropsFor(family, model, instance), client, dropped_total);
+  }
 
   int64_t connections() const { return connections_; }
   uint64_t frames() const { return frames_; }
@@ -63,7 +78,7 @@ class IngestStats : public Collector {
   void SaveState(StateWriter& w) const;
   void LoadState(StateReader& r);
 
- private:
+ public:
   struct Drops {
     struct Client {
       uint64_t dropped_total = 0;
@@ -73,6 +88,7 @@ class IngestStats : public Collector {
     uint64_t retired = 0;  // folded clients' last totals
   };
 
+ private:
   const size_t max_identities_;
   int64_t connections_ = 0;
   uint64_t frames_ = 0;

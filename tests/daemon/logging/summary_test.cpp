@@ -94,5 +94,44 @@ TEST_F(SummaryTest, WorstMoeLayerOnlyWithExpertLoad) {
       << line;
 }
 
+TEST(SummaryLogTest, CountsTheTokensOfRequestsWithPerRequestLabels) {
+  // Request labels split the request-level counters into label cells; the
+  // line is per series and counts them all.
+  RegistryOptions options;
+  options.request_labels = {"tenant"};
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(options, &reg).ok());
+  EngineSeries* s = reg->GetOrCreate({"vllm", "llama", "dp0", {}});
+  const uint16_t acme = reg->request_labels().Intern(0, "acme");
+  ASSERT_TRUE(s->Admit(0, acme));
+  SeriesValues& cell = s->Cell(RequestLabels::Pack(0, 0, acme));
+  s->Add(kPromptTokens, 100);
+  cell.Add(kPromptTokens, 900);
+  cell.Add(kGenerationTokens, 50);
+  SummaryLog log;
+  bool idle = true;
+  const std::string line = log.Line(*s, 10.0, &idle);
+  EXPECT_NE(line.find("Avg prompt throughput: 100.0 tokens/s, Avg "
+                      "generation throughput: 5.0 tokens/s"),
+            std::string::npos)
+      << line;
+  EXPECT_FALSE(idle);
+}
+
+TEST(SummaryLogTest, RestartStartsTheWindowAtTheRestoredTotals) {
+  std::unique_ptr<Registry> reg;
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* s = reg->GetOrCreate({"vllm", "llama", "dp0", {}});
+  s->Add(kGenerationTokens, 1'000'000);  // restored
+  SummaryLog log;
+  log.Restart(*reg);
+  s->Add(kGenerationTokens, 20);
+  bool idle = true;
+  const std::string line = log.Line(*s, 10.0, &idle);
+  EXPECT_NE(line.find("Avg generation throughput: 2.0 tokens/s"),
+            std::string::npos)
+      << line;
+}
+
 }  // namespace
 }  // namespace tokenmeter::daemon

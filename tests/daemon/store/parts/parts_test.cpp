@@ -1,0 +1,367 @@
+// The engine-family parts (daemon/store/parts/): each part's observe API,
+// whether its families are shown, what it writes, its snapshot (and the
+// refusals of a bad one), the factory and the reading of snapshot formats
+// 1 and 2, which kept the features in fields of the series.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/base/state_io.h"
+#include "daemon/exposition/text_writer.h"
+#include "daemon/store/engine_series.h"
+#include "daemon/store/part.h"
+#include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/chunk_tokens.h"
+#include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/moe.h"
+#include "daemon/store/profile.h"
+#include "daemon/store/registry.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+// The row of `profile` whose part family is `fam` (key: the entry, for
+// cache_config values).
+const FamilyDef& Row(PartFamily fam, Profile profile = Profile::kVllm,
+                     std::string_view key = {}) {
+  for (const FamilyDef& f : ProfileFamilies(profile)) {
+    if (f.part_family == fam && (key.empty() || f.key == key)) return f;
+  }
+  ADD_FAILURE() << "no row";
+  return ProfileFamilies(profile)[0];
+}
+
+// The text samples a part writes for family `f` (named x, or x_total for a
+// counter).
+std::string Samples(const Part& p, const FamilyDef& f, const EngineSeries& s) {
+  std::string out;
+  TextWriter w(ExpositionFormat::kText004, out);
+  w.BeginFamily("", "x", f.type, "h");
+  p.Write(f, s, w);
+  // Drop the HELP and TYPE lines.
+  const size_t end_of_type = out.find('\n', out.find("# TYPE"));
+  return out.substr(end_of_type + 1);
+}
+
+class PartsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Make(RegistryOptions{}); }
+  void Make(const RegistryOptions& options) {
+    ASSERT_TRUE(Registry::Create(options, &reg_).ok());
+    s_ = reg_->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
+    ASSERT_NE(s_, nullptr);
+  }
+  // A part's snapshot, loaded into a fresh part of the same kind.
+  template <typename P>
+  std::unique_ptr<Part> RoundTrip(const P& part, bool* ok) {
+    std::string bytes;
+    StateWriter w(bytes);
+    part.SaveState(w);
+    std::unique_ptr<Part> copy = MakePart(P::kKind, *s_);
+    StateReader r(bytes.data(), bytes.size());
+    copy->LoadState(r);
+    *ok = r.ok() && r.at_end();
+    return copy;
+  }
+  std::unique_ptr<Registry> reg_;
+  EngineSeries* s_ = nullptr;
+};
+
+TEST_F(PartsTest, FactoryMakesEachKindAndEverySeriesHasItsLoraPart) {
+  for (size_t k = 0; k < kNumPartKinds; ++k) {
+    std::unique_ptr<Part> p = MakePart(PartKind(k), *s_);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->kind(), PartKind(k));
+  }
+  EXPECT_EQ(MakePart(PartKind::kNone, *s_), nullptr);
+  EXPECT_NE(s_->find_part<LoraPart>(), nullptr);
+  EXPECT_EQ(s_->find_part<MoePart>(), nullptr);
+  EXPECT_EQ(s_->find_part<CacheConfigPart>(), nullptr);
+  EXPECT_EQ(s_->find_part<ChunkTokensPart>(), nullptr);
+  EXPECT_EQ(s_->parts().size(), 1u);
+  // part<P>() makes it once.
+  MoePart* moe = &s_->part<MoePart>();
+  EXPECT_EQ(&s_->part<MoePart>(), moe);
+  EXPECT_EQ(s_->parts().size(), 2u);
+}
+
+TEST_F(PartsTest, CacheConfigRendersItsLabelsOnceAndShowsNumbersOnly) {
+  CacheConfigPart& c = s_->part<CacheConfigPart>();
+  c.Set({{"block_size", "16", 16},
+         {"cache_dtype", "auto", std::nan("")},
+         {"quote", "a\"b", std::nan("")}});
+  EXPECT_EQ(c.info_text(),
+            "model_name=\"m\",engine=\"0\",k=\"v\",block_size=\"16\","
+            "cache_dtype=\"auto\",quote=\"a\\\"b\"");
+  EXPECT_EQ(c.info_pairs().back().second, "a\"b");
+  ASSERT_NE(c.FindNumber("block_size"), nullptr);
+  EXPECT_EQ(c.FindNumber("cache_dtype"), nullptr);  // not a number
+  EXPECT_EQ(c.FindNumber("page_size"), nullptr);    // not sent
+  const RegistryOptions o;
+  EXPECT_TRUE(c.Shows(Row(PartFamily::kCacheConfigInfo), o));
+  const FamilyDef& page =
+      Row(PartFamily::kCacheConfigValue, Profile::kSglang, "page_size");
+  EXPECT_FALSE(c.Shows(page, o));
+  EXPECT_EQ(Samples(c, Row(PartFamily::kCacheConfigInfo), *s_),
+            "x{" + c.info_text() + "} 1\n");
+  // A later HELLO's entries replace the earlier ones.
+  c.Set({{"page_size", "32", 32}});
+  EXPECT_TRUE(c.Shows(page, o));
+  EXPECT_EQ(Samples(c, page, *s_),
+            "x{model_name=\"m\",engine=\"0\",k=\"v\"} 32\n");
+  bool ok = false;
+  std::unique_ptr<Part> copy = RoundTrip(c, &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(static_cast<CacheConfigPart&>(*copy).info_text(), c.info_text());
+}
+
+TEST_F(PartsTest, CacheConfigRefusesMoreEntriesThanTheProtocolAllows) {
+  std::string bytes;
+  StateWriter w(bytes);
+  w.U64(TM_MAX_CACHE_CONFIG + 1);
+  for (uint32_t i = 0; i <= TM_MAX_CACHE_CONFIG; ++i) {
+    w.Str("k");
+    w.Str("v");
+    w.F64(1);
+  }
+  CacheConfigPart c(*s_);
+  StateReader r(bytes.data(), bytes.size());
+  c.LoadState(r);
+  EXPECT_FALSE(r.ok());
+}
+
+TEST_F(PartsTest, LoraSetsChangeTheirTimeOnlyWhenASetChanges) {
+  LoraPart& l = *s_->find_part<LoraPart>();
+  EXPECT_EQ(l.max_lora(), "0");
+  l.InitTime(100);
+  l.InitTime(150);  // a later HELLO: the sets have not changed
+  EXPECT_EQ(l.changed_unix_s(), 100);
+  RequestLabels& labels = reg_->request_labels();
+  const uint16_t b = labels.InternLora("beta");
+  const uint16_t a = labels.InternLora("alpha");
+  l.Add(b, /*running=*/true, 1, 200);
+  l.Add(a, /*running=*/true, 1, 201);
+  l.Add(a, /*running=*/true, 1, 202);  // a second request: no change
+  l.Add(b, /*running=*/false, 1, 203);
+  l.Add(0, true, 1, 999);  // no adapter: nothing
+  EXPECT_EQ(l.Set(true), "alpha,beta");
+  EXPECT_EQ(l.Set(false), "beta");
+  EXPECT_EQ(l.changed_unix_s(), 203);
+  l.SetMaxLora(4);
+  EXPECT_TRUE(l.Shows(Row(PartFamily::kLoraRequestsInfo), RegistryOptions{}));
+  EXPECT_EQ(Samples(l, Row(PartFamily::kLoraRequestsInfo), *s_),
+            "x{model_name=\"m\",engine=\"0\",k=\"v\",max_lora=\"4\","
+            "running_lora_adapters=\"alpha,beta\",waiting_lora_adapters="
+            "\"beta\"} 203\n");
+  bool ok = false;
+  std::unique_ptr<Part> copy = RoundTrip(l, &ok);
+  EXPECT_TRUE(ok);
+  const auto& c = static_cast<LoraPart&>(*copy);
+  EXPECT_EQ(c.Set(true), "alpha,beta");
+  EXPECT_EQ(c.max_lora(), "4");
+  EXPECT_EQ(c.changed_unix_s(), 203);
+}
+
+TEST_F(PartsTest, LoraRefusesAnAdapterTheTablesDoNotHave) {
+  for (const uint16_t id : {uint16_t{0}, uint16_t{7}}) {
+    std::string bytes;
+    StateWriter w(bytes);
+    w.Str("0");
+    w.U64(1);
+    w.U16(id);
+    w.I64(1);
+    w.I64(0);
+    w.F64(1);
+    LoraPart l(*s_);
+    StateReader r(bytes.data(), bytes.size());
+    l.LoadState(r);
+    EXPECT_FALSE(r.ok()) << id;
+  }
+}
+
+TEST_F(PartsTest, MoeAddsUpPerLayerAndObservesItsImbalance) {
+  MoePart& m = s_->part<MoePart>();
+  const uint64_t a[] = {6, 2, 0, 0};
+  const uint64_t b[] = {1, 1, 1, 1};
+  const uint64_t zero[] = {0, 0};
+  const uint64_t wrong[] = {1, 2, 3};
+  EXPECT_TRUE(m.Add(2, a));
+  EXPECT_TRUE(m.Add(2, b));
+  EXPECT_TRUE(m.Add(5, zero));
+  EXPECT_FALSE(m.Add(2, wrong));  // the expert count is fixed
+  EXPECT_EQ(m.layers().at(2).experts, (std::vector<uint64_t>{7, 3, 1, 1}));
+  EXPECT_EQ(m.layers().at(2).routed, 12u);
+  EXPECT_DOUBLE_EQ(m.layers().at(2).imbalance, 1.0);
+  EXPECT_FALSE(m.layers().at(5).has_imbalance);
+  EXPECT_EQ(s_->hist(kMoeImbalance).count(), 2u);  // 3, then 1
+  uint32_t worst = 99;
+  ASSERT_NE(m.WorstLayer(&worst), nullptr);
+  EXPECT_EQ(worst, 2u);
+  // Saturating.
+  const uint64_t big[] = {UINT32_MAX, UINT32_MAX};
+  MoePart sat(*s_);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sat.Add(0, big));
+  EXPECT_EQ(sat.layers().at(0).experts[0], 3ull * UINT32_MAX);
+}
+
+TEST_F(PartsTest, MoeExpertSeriesOnlyWithTheirOption) {
+  MoePart& m = s_->part<MoePart>();
+  RegistryOptions o;
+  EXPECT_FALSE(m.Shows(Row(PartFamily::kMoeRoutedTokens), o));  // no layer
+  const uint64_t load[] = {3, 1};
+  ASSERT_TRUE(m.Add(7, load));
+  EXPECT_TRUE(m.Shows(Row(PartFamily::kMoeRoutedTokens), o));
+  EXPECT_TRUE(m.Shows(Row(PartFamily::kMoeLayerImbalance), o));
+  EXPECT_FALSE(m.Shows(Row(PartFamily::kMoeExpertTokens), o));
+  o.moe_expert_series = true;
+  EXPECT_TRUE(m.Shows(Row(PartFamily::kMoeExpertTokens), o));
+  EXPECT_EQ(Samples(m, Row(PartFamily::kMoeExpertTokens), *s_),
+            "x_total{model_name=\"m\",engine=\"0\",k=\"v\",layer=\"7\","
+            "expert=\"0\"} 3\n"
+            "x_total{model_name=\"m\",engine=\"0\",k=\"v\",layer=\"7\","
+            "expert=\"1\"} 1\n");
+  EXPECT_EQ(Samples(m, Row(PartFamily::kMoeRoutedTokens), *s_),
+            "x_total{model_name=\"m\",engine=\"0\",k=\"v\",layer=\"7\"} 4\n");
+  bool ok = false;
+  std::unique_ptr<Part> copy = RoundTrip(m, &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(static_cast<MoePart&>(*copy).layers().at(7).routed, 4u);
+}
+
+TEST_F(PartsTest, MoeRefusesMoreLayersOrExpertsThanTheProtocolAllows) {
+  for (const bool too_many_layers : {true, false}) {
+    std::string bytes;
+    StateWriter w(bytes);
+    w.U64(too_many_layers ? TM_MAX_MOE_LAYERS + 1 : 1);
+    w.U32(0);
+    w.U64(too_many_layers ? 1 : TM_MAX_MOE_EXPERTS + 1);
+    bytes.append(64 * 1024, '\0');
+    MoePart m(*s_);
+    StateReader r(bytes.data(), bytes.size());
+    m.LoadState(r);
+    EXPECT_FALSE(r.ok()) << too_many_layers;
+  }
+}
+
+TEST_F(PartsTest, ChunkTokensObservesAsAPlainHistogramWould) {
+  EngineSeries* lm =
+      reg_->GetOrCreate({"lmdeploy", "m", "0", {}, Profile::kLmdeploy});
+  ChunkTokensPart& c = lm->part<ChunkTokensPart>();
+  // LMDeploy's per-chunk TPOT and its ITL share their bounds.
+  EXPECT_TRUE(c.tpot_shares_itl_buckets());
+  Histogram plain(&lm->hist(kIterationTokensChunk).layout());
+  for (uint64_t n : {1, 1, 1, 7, 7, 1, 300, 1}) {
+    c.ObserveChunk(n);
+    plain.Observe(double(n));
+  }
+  EXPECT_EQ(lm->hist(kIterationTokensChunk).counts(), plain.counts());
+  EXPECT_EQ(lm->hist(kIterationTokensChunk).sum(), plain.sum());
+  // It has no family and nothing to save.
+  EXPECT_FALSE(c.Shows(Row(PartFamily::kLoraRequestsInfo), RegistryOptions{}));
+  std::string bytes;
+  StateWriter w(bytes);
+  c.SaveState(w);
+  EXPECT_TRUE(bytes.empty());
+}
+
+// A series' snapshot (format 3), after its parts' count.
+std::string SeriesBytes(const EngineSeries& s) {
+  std::string bytes;
+  StateWriter w(bytes);
+  s.SaveState(w);
+  return bytes;
+}
+
+TEST_F(PartsTest, SeriesSnapshotRefusesAnUnknownOrRepeatedPart) {
+  s_->part<MoePart>();
+  const std::string good = SeriesBytes(*s_);
+  // The parts are last: count, then kind and payload each. The LoRA part
+  // (kind 0) comes first; find its kind byte after the count.
+  const size_t parts_at = good.size() - 1 /*MoE kind*/ - 8 /*no layers*/ -
+                          (1 + 4 + 1 + 8 + 8) /*LoRA*/ - 8 /*count*/;
+  ASSERT_EQ(good[parts_at], 2);  // two parts
+  for (const uint8_t kind : {uint8_t(kNumPartKinds), uint8_t(0)}) {
+    std::string bad = good;
+    bad[good.size() - 9] = char(kind);  // the MoE part's kind byte
+    auto reg = std::unique_ptr<Registry>();
+    ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+    EngineSeries* fresh = reg->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
+    StateReader r(bad.data(), bad.size());
+    LoadLabelPairs(r);  // what the registry reads before the series
+    fresh->LoadState(r);
+    EXPECT_FALSE(r.ok()) << int(kind);
+  }
+  // The untouched bytes load.
+  auto reg = std::unique_ptr<Registry>();
+  ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
+  EngineSeries* fresh = reg->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
+  StateReader r(good.data(), good.size());
+  LoadLabelPairs(r);
+  fresh->LoadState(r);
+  EXPECT_TRUE(r.ok() && r.at_end());
+  EXPECT_NE(fresh->find_part<MoePart>(), nullptr);
+}
+
+TEST_F(PartsTest, FormatsOneAndTwoKeptTheFeaturesInTheSeries) {
+  // What a format-2 daemon wrote after a series' admitted values: has
+  // cache_config, its entries, max_lora, the MoE layers, the LoRA sets and
+  // their time.
+  const uint16_t adapter = reg_->request_labels().InternLora("sql");
+  std::string bytes;
+  StateWriter w(bytes);
+  w.Bool(true);
+  w.U64(1);
+  w.Str("block_size");
+  w.Str("16");
+  w.F64(16);
+  w.Str("8");
+  w.U64(1);  // one layer
+  w.U32(3);
+  w.U64(2);
+  w.U64(5);
+  w.U64(1);
+  w.U64(6);
+  w.F64(5.0 / 3);
+  w.Bool(true);
+  w.U64(1);  // one adapter in use
+  w.U16(adapter);
+  w.I64(0);
+  w.I64(2);
+  w.F64(1'700'000'000.5);
+  StateReader r(bytes.data(), bytes.size(), /*version=*/2);
+  LoadLegacyParts(r, *s_);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  ASSERT_NE(s_->find_part<CacheConfigPart>(), nullptr);
+  EXPECT_NE(s_->find_part<CacheConfigPart>()->FindNumber("block_size"),
+            nullptr);
+  ASSERT_NE(s_->find_part<MoePart>(), nullptr);
+  EXPECT_EQ(s_->find_part<MoePart>()->layers().at(3).routed, 6u);
+  const LoraPart& l = *s_->find_part<LoraPart>();
+  EXPECT_EQ(l.max_lora(), "8");
+  EXPECT_EQ(l.Set(true), "sql");
+  EXPECT_EQ(l.changed_unix_s(), 1'700'000'000.5);
+
+  // Without cache_config or MoE, no such part is made.
+  Make(RegistryOptions{});
+  std::string none;
+  StateWriter n(none);
+  n.Bool(false);
+  n.U64(0);
+  n.Str("0");
+  n.U64(0);
+  n.U64(0);
+  n.F64(0);
+  StateReader rn(none.data(), none.size(), 2);
+  LoadLegacyParts(rn, *s_);
+  ASSERT_TRUE(rn.ok() && rn.at_end());
+  EXPECT_EQ(s_->find_part<CacheConfigPart>(), nullptr);
+  EXPECT_EQ(s_->find_part<MoePart>(), nullptr);
+  EXPECT_NE(s_->find_part<LoraPart>(), nullptr);
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
