@@ -23,6 +23,7 @@
 #include "daemon/http/listen_address.h"
 #include "daemon/http/negotiation.h"
 #include "daemon/http/tls.h"
+#include "daemon/net/acceptor.h"
 
 namespace tokenmeter::daemon::http {
 namespace {
@@ -171,15 +172,6 @@ Target SplitTarget(std::string_view url) {
 
 }  // namespace
 
-// A listening socket we accept on ourselves (not uv_listen), so that
-// running out of file descriptors is seen, counted and logged here; libuv
-// would shed those connections silently.
-struct Server::Listener {
-  uv_poll_t poll{};
-  int fd = -1;  // Owned; closed in the poll handle's close callback.
-  Server* server = nullptr;
-};
-
 namespace {
 
 std::string PeerNameOf(int fd) {
@@ -190,8 +182,6 @@ std::string PeerNameOf(int fd) {
   }
   return FormatAddress(reinterpret_cast<struct sockaddr*>(&ss));
 }
-
-int OpenSpareFd() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 }  // namespace
 
@@ -920,7 +910,6 @@ Server::Server(uv_loop_t* loop, ServerOptions options)
       read_buffer_(std::make_unique<char[]>(kReadBufferBytes)) {}
 
 Server::~Server() {
-  if (spare_fd_ >= 0) close(spare_fd_);
   if (open_handles_ != 0) {
     spdlog::critical("HTTP: server destroyed with {} open handles",
                      open_handles_);
@@ -1054,34 +1043,30 @@ int Server::BindAndListen(const struct sockaddr* addr) {
 }
 
 int Server::StartListener(int fd) {
-  if (spare_fd_ < 0) spare_fd_ = OpenSpareFd();
-  if (!retry_timer_started_) {
-    int rc = uv_timer_init(loop_, &retry_timer_);
-    if (rc != 0) {
-      close(fd);
-      return rc;
+  net::Acceptor::Callbacks callbacks;
+  callbacks.accepted = [this](int connection_fd) {
+    if (connections_count_.load(std::memory_order_relaxed) >=
+        options_.max_connections) {
+      Reject(connection_fd);
+    } else {
+      Accept(connection_fd);
     }
-    retry_timer_.data = this;
-    retry_timer_started_ = true;
-    ++open_handles_;
-  }
-  auto* listener = new Listener{};
-  listener->server = this;
-  listener->fd = fd;
-  int rc = uv_poll_init_socket(loop_, &listener->poll, fd);
-  if (rc != 0) {
-    delete listener;
-    close(fd);
-    return rc;
-  }
-  listener->poll.data = listener;
-  listeners_.push_back(listener);
+  };
+  callbacks.shed = [this](int /*connection_fd*/, int /*err*/) {
+    connections_rejected_.fetch_add(1, std::memory_order_relaxed);
+  };
+  callbacks.failed = [this](net::AcceptFailure failure, int err) {
+    OnAcceptFailure(failure, err);
+  };
+  net::AcceptorOptions acceptor_options;
+  acceptor_options.max_accepts_per_wake = kAcceptsPerWakeup;
+  acceptor_options.retry_ms = kFdRetryMs;
+  auto acceptor = std::make_unique<net::Acceptor>(loop_, acceptor_options,
+                                                  std::move(callbacks));
+  int rc = acceptor->Start(fd);  // Closes fd on failure.
+  if (rc != 0) return rc;
+  acceptors_.push_back(std::move(acceptor));
   ++open_handles_;
-  rc = uv_poll_start(&listener->poll, UV_READABLE, &Server::OnListenerReadable);
-  if (rc != 0) {
-    CloseListener(listener);  // Closes fd.
-    return rc;
-  }
   struct sockaddr_storage addr = {};
   socklen_t len = sizeof(addr);
   if (getsockname(fd, reinterpret_cast<struct sockaddr*>(&addr), &len) == 0) {
@@ -1098,115 +1083,45 @@ int Server::StartListener(int fd) {
   return 0;
 }
 
-void Server::CloseListener(Listener* listener) {
-  auto* handle = reinterpret_cast<uv_handle_t*>(&listener->poll);
-  if (!uv_is_closing(handle)) uv_close(handle, &Server::OnListenerClosed);
+void Server::CloseAcceptor(net::Acceptor* acceptor) {
+  acceptor->Close([this, acceptor] {
+    auto it = std::find_if(
+        acceptors_.begin(), acceptors_.end(),
+        [acceptor](const auto& owned) { return owned.get() == acceptor; });
+    acceptors_.erase(it);  // Frees the acceptor.
+    OnHandleClosed();
+  });
 }
 
-void Server::OnListenerClosed(uv_handle_t* handle) {
-  auto* listener = static_cast<Listener*>(handle->data);
-  Server* server = listener->server;
-  auto& all = server->listeners_;
-  all.erase(std::remove(all.begin(), all.end(), listener), all.end());
-  close(listener->fd);
-  delete listener;
-  server->OnHandleClosed();
-}
-
-void Server::OnListenerReadable(uv_poll_t* poll, int status, int /*events*/) {
-  auto* listener = static_cast<Listener*>(poll->data);
-  Server* server = listener->server;
-  if (status < 0) {
-    if (!server->accept_failing_) {
-      spdlog::warn("HTTP: listener failed: {}", UvError(status));
-    }
-    server->accept_failing_ = true;
-    return;
-  }
-  server->AcceptPending(listener);
-}
-
-void Server::AcceptPending(Listener* listener) {
-  for (int i = 0; i < kAcceptsPerWakeup && !closing_; ++i) {
-    int fd =
-        accept4(listener->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-      if (connections_count_.load(std::memory_order_relaxed) >=
-          options_.max_connections) {
-        Reject(fd);
-      } else {
-        Accept(fd);
+void Server::OnAcceptFailure(net::AcceptFailure failure, int err) {
+  switch (failure) {
+    case net::AcceptFailure::kPoll:
+      // Only that listener pauses (libuv stopped its poll) and retries.
+      if (!accept_failing_) {
+        spdlog::warn("HTTP: listener failed: {}", UvError(err));
       }
-      continue;
-    }
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    if (errno == EMFILE || errno == ENFILE) {
-      ShedWithoutFds(listener, errno);
-      return;
-    }
-    // Other errors (ENOBUFS, ENOMEM, a network error of the new
-    // connection): say so once per burst, and give the system a moment
-    // rather than being woken again at once for the same connection.
-    if (!accept_failing_) {
-      spdlog::warn("HTTP: accept failed: {}",
-                   UvError(uv_translate_sys_error(errno)));
-    }
-    accept_failing_ = true;
-    PauseListeners();
-    return;
-  }
-}
-
-void Server::ShedWithoutFds(Listener* listener, int err) {
-  // The spare descriptor makes room for one accept at a time: each waiting
-  // connection is accepted and closed at once, so that it fails fast instead
-  // of hanging in the backlog, and the listener is not woken again and
-  // again for it.
-  uint64_t shed = 0;
-  bool exhausted = true;  // Until an accept tells otherwise.
-  for (int i = 0; i < kAcceptsPerWakeup && spare_fd_ >= 0; ++i) {
-    close(spare_fd_);
-    int fd = accept4(listener->fd, nullptr, nullptr, SOCK_CLOEXEC);
-    int accept_errno = errno;
-    if (fd >= 0) {
-      close(fd);
-      ++shed;
-    }
-    spare_fd_ = OpenSpareFd();
-    if (fd < 0 && accept_errno != EINTR && accept_errno != ECONNABORTED) {
-      exhausted = accept_errno == EMFILE || accept_errno == ENFILE;
       break;
-    }
-    exhausted = false;
-  }
-  connections_rejected_.fetch_add(shed, std::memory_order_relaxed);
-  if (!accept_failing_) {
-    spdlog::warn(
-        "HTTP: out of file descriptors ({}); closing new connections "
-        "unanswered until descriptors free up",
-        UvError(uv_translate_sys_error(err)));
+    case net::AcceptFailure::kAccept:
+      if (!accept_failing_) {
+        spdlog::warn("HTTP: accept failed: {}", UvError(err));
+      }
+      for (auto& acceptor : acceptors_) acceptor->Pause();
+      break;
+    case net::AcceptFailure::kOutOfFds:
+      if (!accept_failing_) {
+        spdlog::warn(
+            "HTTP: out of file descriptors ({}); closing new connections "
+            "unanswered until descriptors free up",
+            UvError(err));
+      }
+      break;
+    case net::AcceptFailure::kSpareNoHelp:
+      // Said as kOutOfFds. The pending connection cannot be taken: stop
+      // watching every listener for a while instead of spinning on them.
+      for (auto& acceptor : acceptors_) acceptor->Pause();
+      break;
   }
   accept_failing_ = true;
-  // No spare to give back, or giving it back did not help (another
-  // listener took it, or it lies above a lowered limit): the pending
-  // connection cannot be taken, so stop watching the listeners for a while
-  // instead of spinning on them.
-  if (spare_fd_ < 0 || exhausted) PauseListeners();
-}
-
-void Server::PauseListeners() {
-  for (Listener* l : listeners_) uv_poll_stop(&l->poll);
-  uv_timer_start(&retry_timer_, &Server::OnRetryTimer, kFdRetryMs, 0);
-}
-
-void Server::OnRetryTimer(uv_timer_t* timer) {
-  auto* server = static_cast<Server*>(timer->data);
-  if (server->closing_) return;
-  if (server->spare_fd_ < 0) server->spare_fd_ = OpenSpareFd();
-  for (Listener* l : server->listeners_) {
-    uv_poll_start(&l->poll, UV_READABLE, &Server::OnListenerReadable);
-  }
 }
 
 void Server::Accept(int fd) {
@@ -1240,10 +1155,6 @@ void Server::Reject(int fd) {
   close(fd);
 }
 
-void Server::OnRetryTimerClosed(uv_handle_t* handle) {
-  static_cast<Server*>(handle->data)->OnHandleClosed();
-}
-
 void Server::OnConnectionClosed(Connection* connection) {
   connections_count_.fetch_sub(1, std::memory_order_relaxed);
   connection_list_.erase(connection->self);  // Frees the connection.
@@ -1258,14 +1169,11 @@ void Server::OnHandleClosed() {
 void Server::Close(std::function<void()> done) {
   closing_ = true;
   close_done_ = std::move(done);
-  // Copies: close callbacks run later, but stay safe against reentry.
-  std::vector<Listener*> listeners = listeners_;
-  for (Listener* listener : listeners) CloseListener(listener);
+  // A copy: each is erased from acceptors_ once closed.
+  std::vector<net::Acceptor*> acceptors;
+  for (auto& acceptor : acceptors_) acceptors.push_back(acceptor.get());
+  for (net::Acceptor* acceptor : acceptors) CloseAcceptor(acceptor);
   for (auto& connection : connection_list_) connection->Close();
-  auto* timer = reinterpret_cast<uv_handle_t*>(&retry_timer_);
-  if (retry_timer_started_ && !uv_is_closing(timer)) {
-    uv_close(timer, &Server::OnRetryTimerClosed);
-  }
   FinishCloseIfDone();
 }
 
