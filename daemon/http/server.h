@@ -19,8 +19,8 @@
 // so at most one read buffer of 64 KiB is held unparsed); reading stops
 // while a response is being written; at most max_connections connections
 // (server-wide; more are accepted and closed at once; likewise while the
-// process is out of file descriptors, using a spare descriptor held for
-// that).
+// process is out of file descriptors, using a spare descriptor each
+// listener holds for that: daemon/net/acceptor.h).
 //
 // Timeouts: a request's headers (and body, if any) must arrive within
 // header_timeout_ns of its first byte (408, then close); a new connection
@@ -57,6 +57,11 @@ namespace tokenmeter::daemon {
 class StateReader;
 class StateWriter;
 }  // namespace tokenmeter::daemon
+
+namespace tokenmeter::daemon::net {
+class Acceptor;
+enum class AcceptFailure;
+}  // namespace tokenmeter::daemon::net
 
 namespace tokenmeter::daemon::http {
 
@@ -197,22 +202,15 @@ class Server {
 
  private:
   class Connection;
-  struct Listener;
-
-  static void OnListenerReadable(uv_poll_t* poll, int status, int events);
-  static void OnListenerClosed(uv_handle_t* handle);
-  static void OnRetryTimer(uv_timer_t* timer);
-  static void OnRetryTimerClosed(uv_handle_t* handle);
 
   // Return a libuv error code. StartListener takes ownership of fd (a
   // bound, listening, non-blocking socket) and closes it on failure.
   int BindAndListen(const struct sockaddr* addr);
   int StartListener(int fd);
-  void CloseListener(Listener* listener);
-  void AcceptPending(Listener* listener);
-  void ShedWithoutFds(Listener* listener, int err);
-  // Stops polling every listener for kFdRetryMs.
-  void PauseListeners();
+  void CloseAcceptor(net::Acceptor* acceptor);
+  // Logs an accept failure once per burst; pauses every listener when the
+  // failure is one that retrying at once would only repeat.
+  void OnAcceptFailure(net::AcceptFailure failure, int err);
   void Accept(int fd);
   void Reject(int fd);
   void OnConnectionClosed(Connection* connection);
@@ -222,11 +220,10 @@ class Server {
   uv_loop_t* loop_;
   const ServerOptions options_;
   std::map<std::string, Handler, std::less<>> routes_;
-  // Owned; each freed in its close callback.
-  std::vector<Listener*> listeners_;
+  // One per listening socket; each freed once its Close() completed.
+  std::vector<std::unique_ptr<net::Acceptor>> acceptors_;
   std::list<std::unique_ptr<Connection>> connection_list_;
-  // Handles (listeners, connections, rejected sockets) whose close callback
-  // has not yet run.
+  // Acceptors and connections whose close has not yet completed.
   size_t open_handles_ = 0;
   bool closing_ = false;
   bool listen_attempted_ = false;
@@ -240,13 +237,6 @@ class Server {
   // Likewise for refused credentials (401) and failed TLS handshakes.
   bool auth_failing_ = false;
   bool tls_failing_ = false;
-  // A descriptor held in reserve (/dev/null): out of descriptors, it is
-  // closed to accept and close a waiting connection, then reopened; -1
-  // while it cannot be reopened.
-  int spare_fd_ = -1;
-  // Restarts the listeners after they paused for lack of descriptors.
-  uv_timer_t retry_timer_{};
-  bool retry_timer_started_ = false;
   // One read buffer shared by every connection: libuv calls read_cb right
   // after alloc_cb, and unparsed bytes are copied out before returning.
   std::unique_ptr<char[]> read_buffer_;

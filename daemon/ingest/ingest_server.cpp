@@ -1,6 +1,5 @@
 #include "daemon/ingest/ingest_server.h"
 
-#include <fcntl.h>
 #include <grp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -28,6 +27,24 @@ constexpr int kAcceptsPerWake = 128;
 // only repeat (ENOBUFS, ENOMEM, or EMFILE with no spare descriptor).
 constexpr uint64_t kAcceptRetryMs = 100;
 
+// Each failure that pauses accepting says so; running out of descriptors
+// is said by the fd_limit refusals instead.
+void LogAcceptFailure(net::AcceptFailure failure, int err) {
+  switch (failure) {
+    case net::AcceptFailure::kPoll:
+      spdlog::warn("ingest: polling the listener failed: {}; retrying in {} ms",
+                   uv_strerror(err), kAcceptRetryMs);
+      return;
+    case net::AcceptFailure::kAccept:
+    case net::AcceptFailure::kSpareNoHelp:
+      spdlog::warn("ingest: accept failed: {}; retrying in {} ms",
+                   std::strerror(-err), kAcceptRetryMs);
+      return;
+    case net::AcceptFailure::kOutOfFds:
+      return;
+  }
+}
+
 // "peer#7 pid=4711 uid=1001 gid=1001" (or "peer#7" when SO_PEERCRED
 // fails; then *cred is left alone and false returned).
 bool NamePeer(int fd, uint64_t id, std::string* name, ucred* cred) {
@@ -42,8 +59,6 @@ bool NamePeer(int fd, uint64_t id, std::string* name, ucred* cred) {
   *name = "peer#" + std::to_string(id);
   return false;
 }
-
-int OpenSpare() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 // Makes room for one more entry in a map of values with `connections`:
 // at `cap` entries, erases one that no connection uses. False when all are
@@ -539,10 +554,9 @@ IngestServer::IngestServer(uv_loop_t* loop, Registry& registry,
                              : 4 * registry.options().max_engine_series) {}
 
 IngestServer::~IngestServer() {
-  // Close() has run (the contract); these only matter after a failed
+  // Close() has run (the contract); this only matters after a failed
   // Listen() that was never followed by Close().
-  if (listen_fd_ >= 0 && !handles_open_) close(listen_fd_);
-  if (spare_fd_ >= 0) close(spare_fd_);
+  if (listen_fd_ >= 0) close(listen_fd_);
 }
 
 Status IngestServer::Listen(const std::string& path) {
@@ -646,84 +660,42 @@ Status IngestServer::Adopt(int fd) {
 }
 
 Status IngestServer::StartListening(int fd) {
-  spare_fd_ = OpenSpare();
-  if (spare_fd_ < 0) {
+  net::Acceptor::Callbacks callbacks;
+  callbacks.accepted = [this](int connection_fd) {
+    fd_limit_logged_ = false;
+    Accept(connection_fd);
+  };
+  callbacks.shed = [this](int connection_fd, int err) {
+    RefuseForFdLimit(connection_fd, err);
+  };
+  callbacks.failed = &LogAcceptFailure;
+  net::AcceptorOptions acceptor_options;
+  acceptor_options.max_accepts_per_wake = kAcceptsPerWake;
+  acceptor_options.retry_ms = kAcceptRetryMs;
+  auto acceptor = std::make_unique<net::Acceptor>(loop_, acceptor_options,
+                                                  std::move(callbacks));
+  if (const int rc = acceptor->OpenSpare(); rc != 0) {
     return Status::Error(std::string("cannot open /dev/null (the ingest "
                                      "listener's spare descriptor): ") +
-                         std::strerror(errno));
+                         std::strerror(-rc));
   }
-  const int rc = uv_poll_init(loop_, &listener_, fd);
+  listen_fd_ = -1;  // The acceptor's from here on, closed on failure too.
+  const int rc = acceptor->Start(fd);
   if (rc != 0) {
     return Status::Error(std::string("cannot poll the ingest socket: ") +
                          uv_strerror(rc));
   }
+  acceptor_ = std::move(acceptor);
   uv_timer_init(loop_, &hello_timer_);
-  uv_timer_init(loop_, &retry_timer_);
-  listener_.data = this;
   hello_timer_.data = this;
-  retry_timer_.data = this;
   handles_open_ = true;
-  uv_poll_start(&listener_, UV_READABLE, OnReadable);
   return Status::Ok();
 }
 
-void IngestServer::OnReadable(uv_poll_t* poll, int status, int) {
-  auto* self = static_cast<IngestServer*>(poll->data);
-  if (status != 0) {
-    spdlog::warn("ingest: polling the listener failed: {}; retrying in {} ms",
-                 uv_strerror(status), kAcceptRetryMs);
-    self->PauseAccepting();
-    return;
-  }
-  self->AcceptPending();
-}
-
-void IngestServer::AcceptPending() {
-  for (int i = 0; i < kAcceptsPerWake && !closing_; ++i) {
-    const int fd =
-        accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-      fd_limit_logged_ = false;
-      Accept(fd);
-      continue;
-    }
-    const int err = errno;
-    if (err == EAGAIN || err == EWOULDBLOCK) return;
-    if (err == EINTR || err == ECONNABORTED) continue;
-    if (err == EMFILE || err == ENFILE) {
-      const FdRefusal r = RefuseForFdLimit(err);
-      if (r == FdRefusal::kRefused) continue;
-      if (r == FdRefusal::kQueueEmpty) return;
-    }
-    spdlog::warn("ingest: accept failed: {}; retrying in {} ms",
-                 std::strerror(err), kAcceptRetryMs);
-    PauseAccepting();
-    return;
-  }
-}
-
-IngestServer::FdRefusal IngestServer::RefuseForFdLimit(int accept_errno) {
-  if (spare_fd_ < 0) spare_fd_ = OpenSpare();
-  if (spare_fd_ < 0) return FdRefusal::kNoSpare;
-  close(spare_fd_);
-  spare_fd_ = -1;
-  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  const int accept_err = errno;
+void IngestServer::RefuseForFdLimit(int fd, int err) {
   std::string peer;
   ucred cred{};
-  const uint64_t id = next_connection_id_++;
-  if (fd >= 0) {
-    NamePeer(fd, id, &peer, &cred);
-    close(fd);
-  }
-  spare_fd_ = OpenSpare();
-  if (fd < 0) {
-    // Nothing pending after all (or it went away): nothing refused.
-    return accept_err == EAGAIN || accept_err == EWOULDBLOCK ||
-                   accept_err == ECONNABORTED || accept_err == EINTR
-               ? FdRefusal::kQueueEmpty
-               : FdRefusal::kNoSpare;
-  }
+  NamePeer(fd, next_connection_id_++, &peer, &cred);
   stats_.CountError(IngestError::kFdLimit);
   if (!fd_limit_logged_) {
     fd_limit_logged_ = true;
@@ -731,24 +703,9 @@ IngestServer::FdRefusal IngestServer::RefuseForFdLimit(int accept_errno) {
         "ingest: {}: closing the connection: {} (accept: {}; the soft "
         "RLIMIT_NOFILE is {}); more refusals are counted, not logged, until "
         "an accept succeeds",
-        peer, IngestErrorName(IngestError::kFdLimit),
-        std::strerror(accept_errno), SoftFdLimit());
+        peer, IngestErrorName(IngestError::kFdLimit), std::strerror(-err),
+        SoftFdLimit());
   }
-  return FdRefusal::kRefused;
-}
-
-void IngestServer::PauseAccepting() {
-  if (closing_ || !handles_open_) return;
-  uv_poll_stop(&listener_);
-  uv_timer_start(
-      &retry_timer_,
-      [](uv_timer_t* t) {
-        auto* self = static_cast<IngestServer*>(t->data);
-        if (!self->closing_) {
-          uv_poll_start(&self->listener_, UV_READABLE, OnReadable);
-        }
-      },
-      kAcceptRetryMs, 0);
 }
 
 void IngestServer::Accept(int fd) {
@@ -944,28 +901,20 @@ void IngestServer::Close(std::function<void()> done) {
   done_ = std::move(done);
   if (handles_open_) {
     handles_open_ = false;
-    const auto closed = [](uv_handle_t* h) {
+    closing_handles_ += 2;
+    // Both close asynchronously (a started acceptor has handles open).
+    acceptor_->Close([this] {
+      --closing_handles_;
+      MaybeDone();
+    });
+    uv_close(reinterpret_cast<uv_handle_t*>(&hello_timer_), [](uv_handle_t* h) {
       auto* self = static_cast<IngestServer*>(h->data);
-      if (h == reinterpret_cast<uv_handle_t*>(&self->listener_)) {
-        close(self->listen_fd_);  // the poll no longer watches it
-        self->listen_fd_ = -1;
-      }
       --self->closing_handles_;
       self->MaybeDone();
-    };
-    for (uv_handle_t* h : {reinterpret_cast<uv_handle_t*>(&listener_),
-                           reinterpret_cast<uv_handle_t*>(&hello_timer_),
-                           reinterpret_cast<uv_handle_t*>(&retry_timer_)}) {
-      ++closing_handles_;
-      uv_close(h, closed);
-    }
+    });
   } else if (listen_fd_ >= 0) {
-    close(listen_fd_);  // a Listen() that failed before the poll started
+    close(listen_fd_);  // a Listen() that failed before the acceptor took it
     listen_fd_ = -1;
-  }
-  if (spare_fd_ >= 0) {
-    close(spare_fd_);
-    spare_fd_ = -1;
   }
   if (!unlink_path_.empty()) {
     unlink(unlink_path_.c_str());

@@ -50,6 +50,7 @@
 #include "daemon/ingest/ingest_options.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker.h"
+#include "daemon/net/acceptor.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/registry.h"
 
@@ -98,23 +99,13 @@ class IngestServer {
 
  private:
   friend class Connection;
-  // Polls `fd` (a listening socket, owned from now on) for connections.
+  // Accepts on `fd` (a listening socket, owned from now on) through
+  // acceptor_, at most kAcceptsPerWake per loop iteration.
   Status StartListening(int fd);
-  static void OnReadable(uv_poll_t* poll, int status, int events);
-  // Accepts what is pending, at most kAcceptsPerWake per loop iteration.
-  void AcceptPending();
   void Accept(int fd);
-  // EMFILE/ENFILE: closes the spare, accepts and closes one pending
-  // connection (counted as fd_limit), reopens the spare.
-  enum class FdRefusal {
-    kRefused,     // one connection taken off the queue
-    kQueueEmpty,  // nothing was pending (accept() reports EMFILE first)
-    kNoSpare,     // no spare to give up: accepting pauses
-  };
-  FdRefusal RefuseForFdLimit(int accept_errno);
-  // Stops polling the listener for 100 ms (an accept error that retrying
-  // at once would only repeat).
-  void PauseAccepting();
+  // A pending connection the acceptor shed for lack of descriptors (err:
+  // UV_EMFILE or UV_ENFILE; the acceptor closes fd): counted as fd_limit.
+  void RefuseForFdLimit(int fd, int err);
   void AwaitHello(Connection* c);
   void StopAwaitingHello(Connection* c);
   static void OnHelloTimer(uv_timer_t* timer);
@@ -167,15 +158,14 @@ class IngestServer {
   IngestStats& stats_;
   const IngestOptions options_;
   const size_t max_shared_spaces_;
-  int listen_fd_ = -1;  // the listening socket, owned
-  int spare_fd_ = -1;   // /dev/null, given up to accept-and-close on EMFILE
-  // The poll on listen_fd_, the HELLO timer and the accept retry timer:
-  // initialised together by StartListening(), closed by Close().
-  uv_poll_t listener_{};
+  // The listening socket until StartListening() hands it to acceptor_.
+  int listen_fd_ = -1;
+  // The acceptor (with the spare descriptor for EMFILE) and the HELLO
+  // timer: started together by StartListening(), closed by Close().
+  std::unique_ptr<net::Acceptor> acceptor_;
   uv_timer_t hello_timer_{};
-  uv_timer_t retry_timer_{};
   bool handles_open_ = false;
-  int closing_handles_ = 0;  // of those three, close callbacks to come
+  int closing_handles_ = 0;  // of those two, closes to complete
   bool closing_ = false;
   std::string unlink_path_;  // the socket file this process created
   std::unordered_set<Connection*> connections_;
