@@ -84,6 +84,8 @@ class Snapshotter : public Collector {
   void WriteFinal(std::string note);
 
   bool enabled() const { return !options_.dir.empty(); }
+  // A periodic snapshot is being written on the pool.
+  bool write_in_flight() const { return in_flight_; }
   bool restored() const { return restored_; }
   uint64_t written() const { return ok_; }
   uint64_t failed() const { return error_; }

@@ -1,0 +1,145 @@
+// The pipeline core (daemon/pipeline/pipeline.h): built in one call from
+// its options (or refused with the registry's message), its four parts
+// wired, saved and loaded as one, and the fingerprint of what a snapshot
+// of it depends on.
+#include "daemon/pipeline/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "daemon/exposition/exposition.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+class FixedClock : public Clock {
+ public:
+  uint64_t NowNs() const override { return 1'000'000'000'000; }
+  double UnixNowS() const override { return 1'700'000'000; }
+};
+
+std::unique_ptr<Pipeline> Make(const FixedClock& clock,
+                               const PipelineOptions& options = {}) {
+  std::unique_ptr<Pipeline> p;
+  const Status s = Pipeline::Create(nullptr, clock, options, &p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return p;
+}
+
+void Feed(Pipeline& p, const FixedClock& clock) {
+  EngineSeries* s = p.registry().GetOrCreate({"vllm", "m", "0", {}});
+  ASSERT_NE(s, nullptr);
+  const Source src{s, 1};
+  Event ev{};
+  ev.rid.number = 7;
+  const uint64_t t = clock.NowNs() - 1'000'000;
+  for (EventKind kind : {EventKind::kArrived, EventKind::kScheduled,
+                         EventKind::kTokens, EventKind::kTokens}) {
+    ev.kind = kind;
+    ev.t_ns = t + 1000 * uint64_t(kind);
+    ev.count = kind == EventKind::kArrived ? 12 : 1;
+    p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  }
+  p.stats().SetClientDropped("vllm", "m", "0", 42, 3);
+}
+
+std::string Text(const Pipeline& p) {
+  std::string out;
+  Render(p.registry(), ExpositionFormat::kText004, out);
+  return out;
+}
+
+TEST(PipelineTest, RefusesWhatTheRegistryRefuses) {
+  FixedClock clock;
+  PipelineOptions options;
+  options.registry.native_histogram_schema = 9;
+  std::unique_ptr<Pipeline> p;
+  const Status s = Pipeline::Create(nullptr, clock, options, &p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "--native-histogram-schema must be -4 to 8");
+  EXPECT_EQ(p, nullptr);
+}
+
+TEST(PipelineTest, WiresTrackerStatsAndRegistryTogether) {
+  FixedClock clock;
+  auto p = Make(clock);
+  Feed(*p, clock);
+  EXPECT_EQ(p->stats().events(EventKind::kTokens), 2u);
+  EXPECT_EQ(p->tracker().size(), 1u);
+  const std::string text = Text(*p);
+  EXPECT_NE(text.find("vllm:generation_tokens_total{model_name=\"m\","
+                      "engine=\"0\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("tokenmeter_tracked_requests 1\n"), std::string::npos);
+  EXPECT_NE(text.find("tokenmeter_client_dropped_events_total{engine_family="
+                      "\"vllm\",model_name=\"m\",engine=\"0\"} 3\n"),
+            std::string::npos);
+}
+
+TEST(PipelineTest, SavesAndLoadsAsOne) {
+  FixedClock clock;
+  auto a = Make(clock);
+  Feed(*a, clock);
+  std::string bytes;
+  StateWriter w(bytes);
+  a->SaveState(w);
+
+  auto b = Make(clock);
+  StateReader r(bytes.data(), bytes.size());
+  b->LoadState(r);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  EXPECT_EQ(Text(*b), Text(*a));
+  EXPECT_EQ(b->tracker().size(), 1u);
+  // The same bytes again.
+  std::string again;
+  StateWriter w2(again);
+  b->SaveState(w2);
+  EXPECT_EQ(again, bytes);
+
+  // Every truncation is refused.
+  for (size_t n = 0; n < bytes.size(); n += 7) {
+    auto c = Make(clock);
+    StateReader t(bytes.data(), n);
+    c->LoadState(t);
+    EXPECT_FALSE(t.ok() && t.at_end()) << n;
+  }
+}
+
+TEST(PipelineTest, FingerprintNamesWhatASnapshotDependsOn) {
+  FixedClock clock;
+  const SnapshotFingerprint base = Make(clock)->Fingerprint();
+  EXPECT_EQ(Make(clock)->Fingerprint().parts, base.parts);
+  auto differs_in = [&](const PipelineOptions& o) {
+    const SnapshotFingerprint fp = Make(clock, o)->Fingerprint();
+    for (size_t i = 0; i < fp.parts.size(); ++i) {
+      if (fp.parts[i] != base.parts[i]) return int(i);
+    }
+    return -1;
+  };
+  PipelineOptions buckets;
+  buckets.registry.buckets["time_to_first_token_seconds"] = {0.1, 1};
+  EXPECT_EQ(differs_in(buckets), 0);
+  PipelineOptions profile;
+  profile.ingest.profile = Profile::kSglang;
+  EXPECT_EQ(differs_in(profile), 1);
+  PipelineOptions ns;
+  ns.ingest.namespace_override = "llm";
+  EXPECT_EQ(differs_in(ns), 1);
+  PipelineOptions labels;
+  labels.registry.request_labels = {"tenant"};
+  EXPECT_EQ(differs_in(labels), 2);
+  PipelineOptions values;
+  values.registry.request_label_values = 7;
+  EXPECT_EQ(differs_in(values), 2);
+  // What a snapshot does not depend on.
+  PipelineOptions other;
+  other.tracker.grace_ns = 1;
+  other.ingest.max_connections = 3;
+  other.registry.max_engine_series = 10;
+  EXPECT_EQ(differs_in(other), -1);
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
