@@ -1,21 +1,31 @@
 #!/usr/bin/env python3
 """Same bytes in, same exposition out: two tokenmeterd binaries (an old and
 a new build) get the same randomized ingest stream, and their /metrics must
-be equal line for line, in text 0.0.4 and in OpenMetrics.
+be equal line for line, in text 0.0.4 and in OpenMetrics, and family for
+family, byte for byte, in the protobuf format (what Prometheus asks for with
+native histograms).
 
 The stream (seeded) has requests split over a frontend and an engine-core
 connection of one scope, with events in every order across the two (TOKENS
 before ARRIVED, FINISHED before SCHEDULED, ...), missing starts (incomplete
 intervals), time running backwards (negative intervals), preemptions,
-integer and string ids, ARRIVED params, STEP statistics with spec-decode
-positions, invalid events, a second private connection and a bad frame.
-Steps are applied one at a time (each waits until both daemons counted its
-frames), so both daemons see the same order. After the last step both
-retire every request (short grace and idle timeout), then are scraped.
+integer and string ids, ARRIVED params (max_tokens, n, a LoRA adapter and a
+per-request label: the daemons run with --request-label tenant and
+--moe-expert-series), STEP statistics with spec-decode positions,
+EXPERT_LOAD of several layers (one of a wrong length), invalid events, a
+private connection of another engine and a bad frame; an SGLang and an
+LMDeploy connection (their naming profiles) with their own requests; HELLO
+cache_config and max_lora. Steps are applied one at a time (each waits
+until both daemons counted its frames), so both daemons see the same
+order. After the last step both retire every request (short grace and idle
+timeout), then are scraped.
 
 Lines that describe the process or the scrape itself are left out of the
 comparison: process_*, tokenmeter_scrape_duration_seconds and
-tokenmeter_http_responses_total (each side counts its own polls).
+tokenmeter_http_responses_total (each side counts its own polls); so is
+the value (not the labels) of lora_requests_info, the wall time at which
+each daemon saw the LoRA sets change. The summary window (which sets
+SGLang's window gauges) is an hour, so that no window ends in a run.
 
 Usage: bench/ab/same_exposition.py OLD_TOKENMETERD NEW_TOKENMETERD
          [--seed N] [--requests N] [--ignore NAME]...
@@ -40,6 +50,10 @@ import msgpack
 IGNORED_PREFIXES = ("process_", "# HELP process_", "# TYPE process_")
 IGNORED_NAMES = ("tokenmeter_scrape_duration_seconds",
                  "tokenmeter_http_responses")
+# Samples whose value is a wall time: compared without it.
+WALL_TIME_FAMILIES = ("lora_requests_info",)
+PROTOBUF = ("application/vnd.google.protobuf; "
+            "proto=io.prometheus.client.MetricFamily; encoding=delimited")
 
 
 def free_port():
@@ -63,8 +77,9 @@ class Daemon:
         self.log = open(os.path.join(self.dir, "log"), "w")
         self.proc = subprocess.Popen(
             [binary, "--ingest", self.sock, "--listen",
-             f"127.0.0.1:{self.port}", "--log-interval", "0",
-             "--finished-grace", "0.2", "--request-idle-timeout", "1"],
+             f"127.0.0.1:{self.port}", "--log-interval", "3600",
+             "--finished-grace", "0.2", "--request-idle-timeout", "1",
+             "--request-label", "tenant", "--moe-expert-series"],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while True:
@@ -76,12 +91,13 @@ class Daemon:
                     raise RuntimeError(f"{binary} did not start")
                 time.sleep(0.02)
 
-    def get(self, path, accept=None):
+    def get(self, path, accept=None, raw=False):
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
         if accept:
             req.add_header("Accept", accept)
         with urllib.request.urlopen(req, timeout=5) as r:
-            return r.read().decode()
+            body = r.read()
+            return body if raw else body.decode()
 
     def value(self, name):
         total = 0.0
@@ -96,14 +112,63 @@ class Daemon:
         self.log.close()
 
 
-def hello(engine, model, instance, scope=None, labels=None):
+def hello(engine, model, instance, scope=None, labels=None,
+          cache_config=None, max_lora=None):
     meta = {"proto": 1, "engine": engine, "model": model,
             "instance": instance}
     if scope is not None:
         meta["scope"] = scope
     if labels:
         meta["labels"] = labels
+    if cache_config is not None:
+        meta["cache_config"] = cache_config
+    if max_lora is not None:
+        meta["max_lora"] = max_lora
     return msgpack.packb([0, meta])
+
+
+def varint(data, i):
+    """The protobuf varint at data[i:]: (value, next index)."""
+    v = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7f) << shift
+        shift += 7
+        if b < 0x80:
+            return v, i
+
+
+def protobuf_families(data):
+    """Splits a delimited MetricFamily stream into {name: message bytes}
+    (field 1 of each message is its name)."""
+    out, i = {}, 0
+    while i < len(data):
+        n, i = varint(data, i)
+        msg = data[i:i + n]
+        i += n
+        tag, j = varint(msg, 0)
+        if tag != (1 << 3 | 2):
+            raise ValueError("a MetricFamily without its name first")
+        length, j = varint(msg, j)
+        name = msg[j:j + length].decode()
+        if name in out:
+            raise ValueError(f"family {name} twice")
+        out[name] = msg
+    return out
+
+
+def comparable_lines(text, ignore):
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(IGNORED_PREFIXES) or any(
+                n in line for n in IGNORED_NAMES + tuple(ignore)):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if not line.startswith("#") and name.endswith(WALL_TIME_FAMILIES):
+            line = line.rsplit(" ", 1)[0] + " <wall time>"
+        lines.append(line)
+    return lines
 
 
 def build_stream(seed, n_requests):
@@ -114,12 +179,21 @@ def build_stream(seed, n_requests):
         "front": hello("vllm", "m", "front", scope="s",
                        labels={"zone": "a", "app": "x"}),
         "core": hello("vllm", "m", "core", scope="s",
-                      labels={"zone": "a", "app": "x"}),
+                      labels={"zone": "a", "app": "x"},
+                      cache_config={"block_size": 16, "cache_dtype": "auto",
+                                    "gpu_memory_utilization": 0.9,
+                                    "enable_prefix_caching": True},
+                      max_lora=4),
         "solo": hello("tokenmeter-engine", "tiny", "dp0",
                       labels={"tier": 'q"uote\\d'}),
+        "sglang": hello("sglang", "qwen", "0",
+                        cache_config={"page_size": 16, "num_pages": 4096},
+                        max_lora=2),
+        "lmdeploy": hello("lmdeploy", "internlm", "tp0", labels={"dc": "b"}),
     }
+    experts = {"core": 8, "sglang": 4}
     base = now_ns() - 600 * 10**9  # ten minutes ago: inside the hour
-    events = {"front": [], "core": [], "solo": []}
+    events = {name: [] for name in conns}
     for i in range(n_requests):
         rid = i if rng.random() < 0.7 else f"req-{i}-{rng.random():.6f}"
         t = base + i * 1_000_000 + rng.randrange(1000)
@@ -130,6 +204,11 @@ def build_stream(seed, n_requests):
                 params["max_tokens"] = rng.randrange(1, 2000)
             if rng.random() < 0.5:
                 params["n"] = rng.randrange(1, 6)
+            if rng.random() < 0.3:
+                params["lora"] = rng.choice(["sql", "chat", "code"])
+            if rng.random() < 0.4:
+                params["labels"] = {"tenant": rng.choice(
+                    ["acme", "globex", "initech", 'q"t'])}
             arrived.append(params)
         front, core = [], []
         if rng.random() > 0.05:  # 5 %: ARRIVED never comes
@@ -153,11 +232,22 @@ def build_stream(seed, n_requests):
             core.append([5, t, rid, reason])
         if rng.random() < 0.01:
             core.append([4, t, rid, "bad"])  # invalid event
-        if rng.random() < 0.3:  # some requests go to the private connection
+        where = rng.random()
+        if where < 0.2:  # some requests go to the private connection
             events["solo"].extend(front + core)
+        elif where < 0.3:  # and to SGLang's, and LMDeploy's
+            events["sglang"].extend(front + core)
+        elif where < 0.4:
+            events["lmdeploy"].extend(front + core)
         else:
             events["front"].extend(front)
             events["core"].extend(core)
+        if i % 40 == 0:
+            name = rng.choice(list(experts))
+            layer = rng.randrange(3)
+            n = experts[name] if rng.random() > 0.05 else experts[name] + 1
+            events[name].append([8, t, layer,
+                                 [rng.randrange(0, 500) for _ in range(n)]])
         if i % 50 == 0:
             step = {"running": rng.randrange(64), "kv_usage": rng.random(),
                     "prompt_tokens": rng.randrange(4096),
@@ -230,13 +320,8 @@ def run(old_bin, new_bin, seed, n_requests, ignore=()):
                 time.sleep(0.05)
         compared = 0
         for accept in (None, "application/openmetrics-text; version=1.0.0"):
-            texts = []
-            for d in daemons:
-                lines = [
-                    l for l in d.get("/metrics", accept).splitlines()
-                    if not l.startswith(IGNORED_PREFIXES) and not any(
-                        n in l for n in IGNORED_NAMES + tuple(ignore))]
-                texts.append(lines)
+            texts = [comparable_lines(d.get("/metrics", accept), ignore)
+                     for d in daemons]
             if texts[0] != texts[1]:
                 sys.stdout.writelines(
                     l + "\n" for l in difflib.unified_diff(
@@ -244,9 +329,26 @@ def run(old_bin, new_bin, seed, n_requests, ignore=()):
                 print(f"DIFFER ({accept or 'text 0.0.4'})")
                 return 1
             compared += len(texts[0])
+        # The protobuf format, family by family (the wall-time family and
+        # the process's own left out as above).
+        fams = []
+        for d in daemons:
+            f = protobuf_families(d.get("/metrics", PROTOBUF, raw=True))
+            fams.append({
+                k: v for k, v in f.items()
+                if not k.startswith("process_")
+                and not any(n in k for n in IGNORED_NAMES)
+                and not k.endswith(WALL_TIME_FAMILIES)
+                and not any(n in k for n in ignore)})
+        if fams[0] != fams[1]:
+            for name in sorted(set(fams[0]) | set(fams[1])):
+                if fams[0].get(name) != fams[1].get(name):
+                    print(f"protobuf family {name} differs")
+            print("DIFFER (protobuf)")
+            return 1
         print(f"same exposition: {compared} lines equal (text 0.0.4 and "
-              f"OpenMetrics), {len(steps)} batches of {n_requests} requests, "
-              f"seed {seed}")
+              f"OpenMetrics), {len(fams[0])} protobuf families equal, "
+              f"{len(steps)} batches of {n_requests} requests, seed {seed}")
         return 0
     finally:
         for d in daemons:
