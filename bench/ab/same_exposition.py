@@ -10,15 +10,17 @@ connection of one scope, with events in every order across the two (TOKENS
 before ARRIVED, FINISHED before SCHEDULED, ...), missing starts (incomplete
 intervals), time running backwards (negative intervals), preemptions,
 integer and string ids, ARRIVED params (max_tokens, n, a LoRA adapter and a
-per-request label: the daemons run with --request-label tenant and
+per-request label: the daemons run with --request-label tenant (three
+values a series, the fourth __other__) and
 --moe-expert-series), STEP statistics with spec-decode positions,
 EXPERT_LOAD of several layers (one of a wrong length), invalid events, a
 private connection of another engine and a bad frame; an SGLang and an
 LMDeploy connection (their naming profiles) with their own requests; HELLO
 cache_config and max_lora. Steps are applied one at a time (each waits
 until both daemons counted its frames), so both daemons see the same
-order. After the last step both retire every request (short grace and idle
-timeout), then are scraped.
+order. Requests are retired by the tracker's cap (--max-requests 256), in
+event order, never by the clock (which would differ between the two);
+after the last step and the connections' close both are scraped.
 
 Lines that describe the process or the scrape itself are left out of the
 comparison: process_*, tokenmeter_scrape_duration_seconds and
@@ -52,6 +54,18 @@ IGNORED_NAMES = ("tokenmeter_scrape_duration_seconds",
                  "tokenmeter_http_responses")
 # Samples whose value is a wall time: compared without it.
 WALL_TIME_FAMILIES = ("lora_requests_info",)
+# Requests are retired by the tracker's cap, in the order events were
+# applied (finished ones first, else the least recently active), never by
+# the clock: a grace period or idle timeout would retire a request at a
+# wall time that differs between the two daemons, and a late event of it
+# would then start it afresh in one and not in the other.
+MAX_REQUESTS = 256
+# What the stream must reach, so that a comparison covers it.
+MUST_SHOW = ("sglang:", "lmdeploy:", "vllm:moe_expert_tokens_total{",
+             "sglang:moe_layer_imbalance{", "vllm:cache_config_info{",
+             "sglang:page_size{", 'tenant="acme"', 'tenant="__other__"',
+             'reason="bad_event"', "lmdeploy:iteration_tokens_total_bucket{",
+             "lmdeploy:time_per_output_token_seconds_bucket{")
 PROTOBUF = ("application/vnd.google.protobuf; "
             "proto=io.prometheus.client.MetricFamily; encoding=delimited")
 
@@ -78,8 +92,10 @@ class Daemon:
         self.proc = subprocess.Popen(
             [binary, "--ingest", self.sock, "--listen",
              f"127.0.0.1:{self.port}", "--log-interval", "3600",
-             "--finished-grace", "0.2", "--request-idle-timeout", "1",
-             "--request-label", "tenant", "--moe-expert-series"],
+             "--finished-grace", "3600", "--request-idle-timeout", "3600",
+             "--max-requests", str(MAX_REQUESTS),
+             "--request-label", "tenant", "--request-label-values", "3",
+             "--moe-expert-series"],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while True:
@@ -313,11 +329,15 @@ def run(old_bin, new_bin, seed, n_requests, ignore=()):
                 s.close()
         for d in daemons:
             deadline = time.monotonic() + 30
-            while (d.value("tokenmeter_tracked_requests") > 0 or
-                   d.value("tokenmeter_ingest_connections") > 0):
+            while d.value("tokenmeter_ingest_connections") > 0:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("requests were not retired")
+                    raise RuntimeError("connections were not closed")
                 time.sleep(0.05)
+        text = daemons[0].get("/metrics")
+        missing = [m for m in MUST_SHOW if m not in text]
+        if missing:
+            print(f"the stream did not reach: {missing}")
+            return 1
         compared = 0
         for accept in (None, "application/openmetrics-text; version=1.0.0"):
             texts = [comparable_lines(d.get("/metrics", accept), ignore)
