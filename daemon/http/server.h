@@ -191,7 +191,7 @@ class Server {
   // The slot a status code is counted in.
   static size_t ResponseSlot(int status);
 
-  // Snapshots (daemon/state/state_io.h): the counters behind
+  // Snapshots (daemon/base/state_io.h): the counters behind
   // tokenmeter_http_* (responses, rejected connections), so that they do
   // not reset across a restart. LoadState() reads the payload's last part
   // and adds to what is counted only when the reader is then ok and at its

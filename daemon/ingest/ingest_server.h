@@ -84,7 +84,7 @@ class IngestServer {
 
   size_t connections() const { return connections_.size(); }
 
-  // Snapshots (daemon/state/state_io.h): the shared request-id spaces, the
+  // Snapshots (daemon/base/state_io.h): the shared request-id spaces, the
   // next space id and every session's highest applied seq. SaveState() also
   // remembers, per session, the seq it wrote, which SnapshotWritten() (the
   // snapshot is on disk) makes what the session's ACKs carry, sending them.

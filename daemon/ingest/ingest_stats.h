@@ -72,7 +72,7 @@ class IngestStats : public Collector {
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
-  // Snapshots (daemon/state/state_io.h): every counter and the clients'
+  // Snapshots (daemon/base/state_io.h): every counter and the clients'
   // drop totals (the connection gauge is not state). LoadState() fills
   // fresh stats.
   void SaveState(StateWriter& w) const;

@@ -76,7 +76,7 @@ class Tracker : public Collector {
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
-  // Snapshots (daemon/state/state_io.h): the counters and every tracked
+  // Snapshots (daemon/base/state_io.h): the counters and every tracked
   // request, in list order, its series by the index Registry::SaveState()
   // gave them. LoadState() fills a tracker with no requests yet; a request
   // naming a series, a label set or a state out of range fails the reader.

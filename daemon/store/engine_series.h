@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -103,7 +102,7 @@ class SeriesValues {
     return hists_[m - kFirstHistogram];
   }
 
-  // Snapshots (daemon/state/state_io.h): every value above.
+  // Snapshots (daemon/base/state_io.h): every value above.
   void SaveState(StateWriter& w) const;
   void LoadState(StateReader& r);
 

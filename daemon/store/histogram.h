@@ -90,7 +90,7 @@ class Histogram {
   // total plus the zero count is count() less the NaN observations.
   const NativeHistogram& native() const { return native_; }
 
-  // Snapshots (daemon/state/state_io.h): the counts, the raw sum and the
+  // Snapshots (daemon/base/state_io.h): the counts, the raw sum and the
   // native buckets. A load whose bucket count differs from the layout's
   // fails the reader; native buckets of a finer schema than the layout's
   // are reduced to it (NativeHistogram::LoadState()). From format 1

@@ -121,7 +121,7 @@ class NativeHistogram {
   // plus one. v = 0 or NaN gives INT32_MIN.
   static int32_t BucketIndex(double v, int schema);
 
-  // Snapshots (daemon/state/state_io.h): the schema, the zero count and the
+  // Snapshots (daemon/base/state_io.h): the schema, the zero count and the
   // populated buckets. A load with a schema outside -4..8, more than
   // kMaxBuckets buckets, an index no value reaches at that schema, indexes
   // out of order or a zero count fails the reader and leaves this histogram

@@ -80,7 +80,7 @@ class Registry {
   void Unregister(DaemonMetric id, const Collector* c);
   const Collector* collector(DaemonMetric id) const { return collectors_[id]; }
 
-  // Snapshots (daemon/state/state_io.h): the request labels, every series
+  // Snapshots (daemon/base/state_io.h): the request labels, every series
   // (identity, label order, values) and the cap's counts. SaveState() gives
   // each series an index (in *index) that LoadState() resolves (in
   // *by_index), for other components' references to series. LoadState()

@@ -81,7 +81,7 @@ class RequestLabels : public Collector {
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
-  // Snapshots (daemon/state/state_io.h): the interned values, adapters and
+  // Snapshots (daemon/base/state_io.h): the interned values, adapters and
   // sets and the overflow counts; the names and the cap are configuration
   // (the snapshot's fingerprint). LoadState() fills a fresh table.
   void SaveState(StateWriter& w) const;

@@ -260,6 +260,52 @@ class Restart(StateDir):
             s.close()
 
 
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                       "data", "snapshot_v2")
+# Lines a restart changes by itself: the process, the scrapes, the state
+# counters.
+VOLATILE = ("process_", "tokenmeter_scrape_duration_seconds",
+            "tokenmeter_http_responses", "tokenmeter_state_")
+
+
+def stable_lines(text):
+    return [l for l in text.splitlines()
+            if not any(l.startswith(p) or l.startswith("# HELP " + p) or
+                       l.startswith("# TYPE " + p) for p in VOLATILE)]
+
+
+class OldFormat(StateDir):
+    """A snapshot of format 2, written by tokenmeterd of commit 162d07b
+    (tests/e2e/make_old_snapshot.py made tests/data/snapshot_v2/), loads
+    in this daemon: the exposition is the one that daemon served, and the
+    format-3 snapshot this one writes at stop loads again."""
+
+    def test_format_2_loads_with_the_same_exposition(self):
+        os.makedirs(self.state)
+        shutil.copyfile(os.path.join(FIXTURE, "snapshot"),
+                        os.path.join(self.state, "snapshot"))
+        shutil.copyfile(os.path.join(FIXTURE, "boot_id"), self.boot)
+        with open(os.path.join(FIXTURE, "args")) as f:
+            args = f.read().split()
+        with open(os.path.join(FIXTURE, "exposition.txt")) as f:
+            want = stable_lines(f.read())
+        with open(os.path.join(FIXTURE, "snapshot"), "rb") as f:
+            self.assertEqual(f.read(12)[8:], b"\x02\0\0\0")  # format 2
+        d = self.start(*args)
+        self.assertEqual(d.value("tokenmeter_state_restored"), 1,
+                         d.read_log())
+        self.assertEqual(self.set_aside(), [])
+        got = stable_lines(d.metrics_text())
+        self.assertEqual(got, want)
+        self.assertGreater(len(want), 1000)
+        self.assertEqual(d.stop(), 0)
+        with open(os.path.join(self.state, "snapshot"), "rb") as f:
+            self.assertEqual(f.read(12)[8:], b"\x03\0\0\0")  # format 3
+        d2 = self.start(*args)
+        self.assertEqual(d2.value("tokenmeter_state_restored"), 1)
+        self.assertEqual(stable_lines(d2.metrics_text()), want)
+
+
 class SetAside(StateDir):
     def write_state(self):
         d = self.start()
