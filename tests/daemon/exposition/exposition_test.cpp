@@ -81,6 +81,14 @@ TEST(ExpositionTest, GoldenHasEscapedLabelsAndBothNamespaces) {
 // ---- structure
 // -------------------------------------------------------------------
 
+// Whether some series of `reg` has a part of kind `k`.
+bool AnySeriesHas(const Registry& reg, PartKind k) {
+  bool any = false;
+  reg.ForEachSeries(
+      [&](const EngineSeries& s) { any = any || s.parts().get(k) != nullptr; });
+  return any;
+}
+
 TEST(ExpositionTest, TextFormatStructure) {
   const auto reg = PopulatedRegistry();
   const std::vector<Family> families = CheckStructure(
@@ -90,9 +98,10 @@ TEST(ExpositionTest, TextFormatStructure) {
   for (const Family& f : families) names.insert(f.name);
   for (const char* ns : {"vllm:", "tokenmeter_engine:"}) {
     for (const FamilyDef& f : ProfileFamilies(Profile::kVllm)) {
-      // Legacy names, cache_config and MoE only with their options / data.
-      if (f.legacy || f.part == PartKind::kMoe ||
-          f.part == PartKind::kCacheConfig) {
+      // Legacy names only with their option, a part's families only
+      // for series that have the part.
+      if (f.legacy ||
+          (f.part != PartKind::kNone && !AnySeriesHas(*reg, f.part))) {
         continue;
       }
       std::string name = ns + std::string(FamilyName(f));
