@@ -228,16 +228,32 @@ std::string Hex(std::string_view s) {
   return out;
 }
 
+constexpr char kPython[] = "/usr/bin/python3";
+
+// Runs the Python `script` with `text` on its standard input.
+CommandResult RunPython(const char* script_text, const std::string& text) {
+  const TempFile script(script_text);
+  const TempFile file(text);
+  return RunCommand(std::string(kPython) + " '" + script.path() + "' < '" +
+                    file.path() + "' 2>&1");
+}
+
+// The sample lines of an exposition (neither comments nor empty).
+size_t SampleLines(const std::string& text) {
+  size_t n = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line[0] != '#') ++n;
+  }
+  return n;
+}
+
 TEST(ExpositionTest, PythonPrometheusClientParsesItAndValuesRoundTrip) {
-  const char* python = "/usr/bin/python3";
-  if (access(python, X_OK) != 0) GTEST_SKIP() << python << " missing";
+  if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " missing";
   const auto reg = PopulatedRegistry();
   const std::string text = Render(*reg, ExpositionFormat::kText004);
-  const TempFile script(kPythonParse);
-  const TempFile file(text);
-  const CommandResult r =
-      RunCommand(std::string(python) + " '" + script.path() + "' < '" +
-                 file.path() + "' 2>&1");
+  const CommandResult r = RunPython(kPythonParse, text);
   if (r.exit_code == 77) GTEST_SKIP() << "prometheus_client not installed";
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
@@ -254,13 +270,7 @@ TEST(ExpositionTest, PythonPrometheusClientParsesItAndValuesRoundTrip) {
   EXPECT_EQ(got["model"], Hex("tiny \"model\""));
   EXPECT_EQ(got["success"], "6.0");
   EXPECT_EQ(got["kv"], "0.25");
-  size_t sample_lines = 0;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (!line.empty() && line[0] != '#') ++sample_lines;
-  }
-  EXPECT_EQ(got["samples"], std::to_string(sample_lines));
+  EXPECT_EQ(got["samples"], std::to_string(SampleLines(text)));
 }
 
 constexpr char kPythonOpenMetricsParse[] = R"PY(
@@ -277,24 +287,13 @@ print("samples", n)
 )PY";
 
 TEST(ExpositionTest, PythonOpenMetricsParserAcceptsIt) {
-  const char* python = "/usr/bin/python3";
-  if (access(python, X_OK) != 0) GTEST_SKIP() << python << " missing";
+  if (access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " missing";
   const auto reg = PopulatedRegistry();
   const std::string text = Render(*reg, ExpositionFormat::kOpenMetrics100);
-  const TempFile script(kPythonOpenMetricsParse);
-  const TempFile file(text);
-  const CommandResult r =
-      RunCommand(std::string(python) + " '" + script.path() + "' < '" +
-                 file.path() + "' 2>&1");
+  const CommandResult r = RunPython(kPythonOpenMetricsParse, text);
   if (r.exit_code == 77) GTEST_SKIP() << "prometheus_client not installed";
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  size_t sample_lines = 0;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (!line.empty() && line[0] != '#') ++sample_lines;
-  }
-  EXPECT_EQ(r.output, "samples " + std::to_string(sample_lines) + "\n");
+  EXPECT_EQ(r.output, "samples " + std::to_string(SampleLines(text)) + "\n");
 }
 
 }  // namespace
