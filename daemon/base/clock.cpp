@@ -5,7 +5,7 @@
 namespace tokenmeter::daemon {
 
 uint64_t SystemClock::NowNs() const {
-  timespec ts;
+  timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
