@@ -134,6 +134,7 @@ std::string_view TextRing::Last() const {
 // A followed series: its history (what the next point's increases are
 // measured from is in windows_).
 struct History::State {
+  SeriesWindows::Marks marks;  // where the next point's increase starts
   Series series;
 };
 
@@ -144,12 +145,12 @@ History::State* History::StateFor(const EngineSeries& s, bool baseline) {
   auto it = states_.find(&s);
   if (it != states_.end()) return it->second.get();
   if (states_.size() >= kMaxSeries) return nullptr;
+  State* st =
+      states_.emplace(&s, std::make_unique<State>()).first->second.get();
   // A series there was at Start() (restored from a snapshot) starts at its
   // totals; one made since counts from zero.
-  if (baseline) windows_.Mark(s);
-  State* raw =
-      states_.emplace(&s, std::make_unique<State>()).first->second.get();
-  return raw;
+  if (baseline) windows_.Mark(s, st->marks);
+  return st;
 }
 
 void History::Start(const Registry& registry, uint64_t now_ns) {
@@ -178,7 +179,7 @@ void History::Tick(const Registry& registry, uint64_t now_ns, int64_t unix_s) {
     v[kRunning] = s.gauge(kNumRequestsRunning).value();
     v[kWaiting] = s.gauge(kNumRequestsWaiting).value();
     v[kKvUsage] = s.gauge(kKvCacheUsagePerc).value();
-    const SeriesWindows::Window& w = windows_.Advance(s);
+    const SeriesWindows::Window& w = windows_.Advance(s, st->marks);
     const WindowCounters& d = w.increase;
     v[kPromptTokensPerS] = double(d.prompt_tokens) / elapsed_s;
     v[kGenerationTokensPerS] = double(d.generation_tokens) / elapsed_s;
@@ -232,7 +233,8 @@ size_t History::BytesHeld(const EngineSeries& s) const {
   auto it = states_.find(&s);
   if (it == states_.end()) return 0;
   const State& st = *it->second;
-  size_t n = sizeof(State) + st.series.t.capacity() + windows_.BytesHeld(s);
+  size_t n = sizeof(State) + st.series.t.capacity() +
+             SeriesWindows::BytesHeld(st.marks) - sizeof(st.marks);
   for (const TextRing& r : st.series.values) n += r.capacity();
   return n;
 }

@@ -169,7 +169,7 @@ class History {
   uint64_t last_tick_ns_ = 0;
   int64_t last_unix_s_ = 0;
   bool started_ = false;
-  SeriesWindows windows_;  // the followed series' previous point
+  SeriesWindows windows_;  // the window arithmetic (marks in each State)
 };
 
 }  // namespace tokenmeter::daemon::live

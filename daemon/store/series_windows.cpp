@@ -56,18 +56,10 @@ void SeriesWindows::SumBuckets(const EngineSeries& s, EngineMetric m,
 }
 
 SeriesWindows::Marks& SeriesWindows::MarksOf(const EngineSeries& s) {
-  auto [it, created] = marks_.try_emplace(&s);
-  if (created && latencies_) {
-    for (size_t h = 0; h < kNumWindowLatencies; ++h) {
-      it->second.buckets[h].assign(s.hist(WindowLatency(s, h)).counts().size(),
-                                   0);
-    }
-  }
-  return it->second;
+  return marks_[&s];
 }
 
-void SeriesWindows::Mark(const EngineSeries& s) {
-  Marks& m = MarksOf(s);
+void SeriesWindows::Mark(const EngineSeries& s, Marks& m) {
   m.counters = WindowCounters::Of(s);
   if (!latencies_) return;
   for (size_t h = 0; h < kNumWindowLatencies; ++h) {
@@ -79,8 +71,8 @@ void SeriesWindows::Restart(const Registry& registry) {
   registry.ForEachSeries([this](const EngineSeries& s) { Mark(s); });
 }
 
-const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s) {
-  Marks& m = MarksOf(s);
+const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s,
+                                                    Marks& m) {
   const WindowCounters now = WindowCounters::Of(s);
   WindowCounters& mark = m.counters;
   WindowCounters& d = window_.increase;
@@ -94,14 +86,23 @@ const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s) {
   d.spec_accepted_tokens =
       Delta(now.spec_accepted_tokens, mark.spec_accepted_tokens);
   if (!latencies_) return window_;
+  // One pass per histogram: each bucket summed over the cells and its
+  // increase taken at once (this runs every second for each followed
+  // series).
   for (size_t h = 0; h < kNumWindowLatencies; ++h) {
-    SumBuckets(s, WindowLatency(s, h), &now_);
+    const EngineMetric metric = WindowLatency(s, h);
+    const std::vector<uint64_t>& own = s.hist(metric).counts();
     std::vector<uint64_t>& prev = m.buckets[h];
+    if (prev.size() != own.size()) prev.assign(own.size(), 0);  // created
     std::vector<uint64_t>& inc = increase_[h];
-    inc.resize(now_.size());
+    inc.resize(own.size());
     uint64_t total = 0;
-    for (size_t i = 0; i < now_.size(); ++i) {
-      inc[i] = Delta(now_[i], prev[i]);
+    for (size_t i = 0; i < own.size(); ++i) {
+      uint64_t now = own[i];
+      for (const LabelCell& c : s.cells()) {
+        now += c.values->hist(metric).counts()[i];
+      }
+      inc[i] = Delta(now, prev[i]);
       total += inc[i];
     }
     window_.buckets[h] = &inc;
@@ -112,9 +113,12 @@ const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s) {
 
 size_t SeriesWindows::BytesHeld(const EngineSeries& s) const {
   auto it = marks_.find(&s);
-  if (it == marks_.end()) return 0;
+  return it == marks_.end() ? 0 : BytesHeld(it->second);
+}
+
+size_t SeriesWindows::BytesHeld(const Marks& m) {
   size_t n = sizeof(Marks);
-  for (const std::vector<uint64_t>& b : it->second.buckets) {
+  for (const std::vector<uint64_t>& b : m.buckets) {
     n += b.capacity() * sizeof(uint64_t);
   }
   return n;

@@ -60,26 +60,36 @@ class SeriesWindows {
     std::array<const std::vector<uint64_t>*, kNumWindowLatencies> buckets{};
     std::array<uint64_t, kNumWindowLatencies> observations{};
   };
+  // Where the next window of one series starts.
+  struct Marks {
+    WindowCounters counters;
+    std::array<std::vector<uint64_t>, kNumWindowLatencies> buckets;
+  };
+
   // What `s` gained since the previous Advance(s), or since it was marked
   // (Mark(), Restart()), or since it was created; moves its mark to now.
   // A counter below its mark (never, but a restore could) counts as no
   // increase. O(label cells), and O(buckets x cells) with latencies.
-  const Window& Advance(const EngineSeries& s);
+  const Window& Advance(const EngineSeries& s) {
+    return Advance(s, MarksOf(s));
+  }
   // Marks `s` at its present totals: its next window starts now.
-  void Mark(const EngineSeries& s);
+  void Mark(const EngineSeries& s) { Mark(s, MarksOf(s)); }
+  // The same with marks the caller keeps for `s` (one lookup fewer for a
+  // reader that holds per-series state anyway: the live history). `m`
+  // starts value-initialized (the series' creation) or from Mark().
+  const Window& Advance(const EngineSeries& s, Marks& m);
+  void Mark(const EngineSeries& s, Marks& m);
   // Marks every series of `registry` (after a snapshot was loaded).
   // O(series x cells).
   void Restart(const Registry& registry);
 
   // Bytes kept for `s` (0 when never seen), for the live page's bound.
   size_t BytesHeld(const EngineSeries& s) const;
+  static size_t BytesHeld(const Marks& m);
   size_t series() const { return marks_.size(); }
 
  private:
-  struct Marks {
-    WindowCounters counters;
-    std::array<std::vector<uint64_t>, kNumWindowLatencies> buckets;
-  };
   Marks& MarksOf(const EngineSeries& s);
   // The summed bucket counts of histogram m of `s` into *out.
   static void SumBuckets(const EngineSeries& s, EngineMetric m,
@@ -89,7 +99,6 @@ class SeriesWindows {
   std::unordered_map<const EngineSeries*, Marks> marks_;
   Window window_;
   std::array<std::vector<uint64_t>, kNumWindowLatencies> increase_;
-  std::vector<uint64_t> now_;  // scratch
 };
 
 }  // namespace tokenmeter::daemon
