@@ -590,13 +590,22 @@ class FleetTest(unittest.TestCase):
         (checked to differ where a model has several hosts)."""
         f = self.fleet
         # An instant whose samples have all arrived: the engines' end, once
-        # both topologies have delivered samples 2 s younger (in order).
+        # both topologies have delivered samples 2 s younger of every
+        # series the rules read (an agent's remote write sends series in
+        # shards, so one series' sample says nothing of another's).
         at = self.engines_done
 
         def caught_up():
-            for expr in ('max by (host) (timestamp(up{job="tokenmeter", '
-                         'host!=""}))',
-                         'max by (host) (timestamp(host_job:up:sum))'):
+            exprs = ['min by (host) (timestamp(up{job="tokenmeter", '
+                     'host!=""}))',
+                     'min by (host) (timestamp(host_job:up:sum))']
+            for hist in ("time_to_first_token_seconds",
+                         "inter_token_latency_seconds"):
+                exprs += [f'min by (host) (timestamp({NS}:{hist}_bucket'
+                          '{host!=""}))',
+                          f'min by (host) (timestamp(host_model:{hist}'
+                          '_bucket:sum{host!=""}))']
+            for expr in exprs:
                 ts = values_by(f.query(expr), "host")
                 if set(ts) != {(h,) for h in HOSTS} or \
                         min(ts.values()) < at + 2:
