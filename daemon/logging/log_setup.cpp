@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/logging/log_text.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -48,6 +49,25 @@ class PriorityFlag : public spdlog::custom_flag_formatter {
   }
 };
 
+// %~ -> the message, escaped by AppendLogText(): whatever a peer put into
+// it stays on this line, after this line's own prefix.
+class MessageFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    text_.clear();
+    AppendLogText(std::string_view(msg.payload.data(), msg.payload.size()),
+                  &text_);
+    dest.append(text_.data(), text_.data() + text_.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<MessageFlag>();
+  }
+
+ private:
+  std::string text_;  // reused: the logger serializes calls (a _mt sink)
+};
+
 }  // namespace
 
 bool StderrIsJournal() {
@@ -69,10 +89,11 @@ Status SetUpLogging(std::string_view level) {
   auto logger = std::make_shared<spdlog::logger>(
       "tokenmeterd", std::make_shared<spdlog::sinks::stderr_sink_mt>());
   auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  formatter->add_flag<MessageFlag>('~');
   if (StderrIsJournal()) {
-    formatter->add_flag<PriorityFlag>('*').set_pattern("%*%v");
+    formatter->add_flag<PriorityFlag>('*').set_pattern("%*%~");
   } else {
-    formatter->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+    formatter->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %~");
   }
   logger->set_formatter(std::move(formatter));
   logger->set_level(lvl);

@@ -1,7 +1,8 @@
 // Logging set-up: spdlog to stderr. Under journald (JOURNAL_STREAM names
 // stderr's device and inode) every line starts with the syslog priority
 // prefix "<N>" and carries no timestamp, since journald adds one; otherwise
-// lines are human-readable with a timestamp.
+// lines are human-readable with a timestamp. Either way the message is
+// escaped (log_text.h): one call, one line, whatever it quotes.
 #ifndef TOKENMETER_DAEMON_LOGGING_LOG_SETUP_H_
 #define TOKENMETER_DAEMON_LOGGING_LOG_SETUP_H_
 
