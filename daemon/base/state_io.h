@@ -24,11 +24,14 @@ namespace tokenmeter::daemon {
 
 // The layout SaveState() writes now (the snapshot's format version). 2:
 // each histogram also holds its native buckets. 3: an engine series'
-// features are parts, each saved by itself (store/part.h). A StateReader
+// features are parts, each saved by itself (store/part.h). 4: the ingest
+// counters per event kind and per error reason are saved with their number,
+// so that kinds and reasons added later load (IngestStats::LoadState()). A
+// StateReader
 // says which layout its bytes have, so that a component whose layout grew
 // can still read the older one (Histogram::LoadState(),
 // EngineSeries::LoadState()).
-inline constexpr uint32_t kStateFormatVersion = 3;
+inline constexpr uint32_t kStateFormatVersion = 4;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 
 class StateWriter {

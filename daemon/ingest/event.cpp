@@ -82,6 +82,8 @@ std::string_view IngestErrorName(IngestError e) {
       return "bad_timestamp";
     case IngestError::kBadReason:
       return "bad_reason";
+    case IngestError::kBadField:
+      return "bad_field";
     case IngestError::kUnknownKind:
       return "unknown_kind";
     case IngestError::kCount:

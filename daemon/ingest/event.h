@@ -148,6 +148,9 @@ struct Hello {
   uint64_t session = 0;
   bool has_session = false;
   bool ack = false;
+  // Optional fields dropped (partial acceptance: pid, max_lora, the
+  // cache_config map or entries): each counts as one bad_field.
+  uint32_t bad_fields = 0;
 };
 
 // Why a frame or an event was rejected: the `reason` label of
@@ -178,6 +181,9 @@ enum class IngestError : uint8_t {
   kBadTimestamp,  // more than 1 s ahead or 1 h behind the daemon's clock
   kBadReason,     // FINISHED reason not one of the four
   kUnknownKind,   // an event kind this daemon does not know
+  // Field level (1.2, partial acceptance): an optional field with a wrong
+  // type or out of its range was dropped and its event (or HELLO) kept.
+  kBadField,
   kCount,
 };
 std::string_view IngestErrorName(IngestError e);

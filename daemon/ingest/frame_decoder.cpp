@@ -308,6 +308,14 @@ class Reader {
 // ---------------------------------------------------------------------------
 // HELLO validation.
 
+// Drops the value that starts at `at` (its header already read or not):
+// the reader moves past it and the dropped field is counted.
+void DropField(Reader& r, const uint8_t* at, uint32_t* bad_fields) {
+  r.set_pos(at);
+  r.Skip(1);
+  ++*bad_fields;
+}
+
 // The HELLO rules live in protocol.h, shared with the client library.
 bool IsValidUtf8(std::string_view s) {
   return tm_proto_valid_utf8(s.data(), s.size()) != 0;
@@ -347,66 +355,85 @@ IngestError ParseLabels(Reader& r, const Header& h, const DecoderLimits& limits,
   return IngestError::kCount;
 }
 
+// One HELLO cache_config entry's value: str (UTF-8), int, float (finite) or
+// bool, rendered as the catalog says. False (nothing consumed beyond `v`'s
+// header and payload) for anything else.
+bool ParseCacheConfigValue(Reader& r, const Header& v, CacheConfigEntry* e) {
+  char buf[32];
+  std::to_chars_result res{buf, std::errc()};
+  switch (v.type) {
+    case Type::kStr: {
+      const std::string_view text = r.Payload(v);
+      if (!IsValidUtf8(text)) return false;
+      e->value = text;
+      return true;
+    }
+    case Type::kUint:
+      res = std::to_chars(buf, buf + sizeof buf, v.value);
+      e->number = double(v.value);
+      break;
+    case Type::kNegInt:
+      res = std::to_chars(buf, buf + sizeof buf, int64_t(v.value));
+      e->number = double(int64_t(v.value));
+      break;
+    case Type::kFloat32: {
+      const float f = std::bit_cast<float>(uint32_t(v.value));
+      if (!std::isfinite(f)) return false;
+      res = std::to_chars(buf, buf + sizeof buf, f);
+      e->number = f;
+      break;
+    }
+    case Type::kFloat64: {
+      const double d = std::bit_cast<double>(v.value);
+      if (!std::isfinite(d)) return false;
+      res = std::to_chars(buf, buf + sizeof buf, d);
+      e->number = d;
+      break;
+    }
+    case Type::kBool:
+      e->value = v.value != 0 ? "True" : "False";
+      return true;
+    default:
+      return false;
+  }
+  e->value.assign(buf, res.ptr);
+  return true;
+}
+
 // HELLO cache_config: a map of at most TM_MAX_CACHE_CONFIG entries, keys by
-// the HELLO label rules and unique, values str, int, float or bool.
-IngestError ParseCacheConfig(Reader& r, const Header& h, Hello* hello) {
-  if (h.type != Type::kMap) return IngestError::kBadHello;
-  if (h.value > TM_MAX_CACHE_CONFIG) return IngestError::kTooManyLabels;
+// the HELLO label rules and unique, values str, int, float or bool. It
+// only informs (protocol 1.2, partial acceptance): a value that is not such
+// a map, or has too many entries, is dropped whole; an entry with a bad key
+// or value is dropped; each counts once in hello->bad_fields.
+void ParseCacheConfig(Reader& r, const uint8_t* at, const Header& h,
+                      Hello* hello) {
+  if (h.type != Type::kMap || h.value > TM_MAX_CACHE_CONFIG) {
+    DropField(r, at, &hello->bad_fields);
+    return;
+  }
   hello->cache_config.clear();
   for (uint64_t i = 0; i < h.value; ++i) {
+    const uint8_t* key_at = r.pos();
     std::string_view key;
-    if (!ReadHelloString(r, r.Next(), &key)) return IngestError::kBadHello;
-    if (!IsValidName(key, /*with_dash=*/false)) return IngestError::kBadName;
-    if (IsReservedLabel(key)) return IngestError::kReservedLabel;
-    for (const auto& e : hello->cache_config) {
-      if (e.key == key) return IngestError::kBadName;
+    bool ok = ReadHelloString(r, r.Next(), &key) &&
+              IsValidName(key, /*with_dash=*/false) && !IsReservedLabel(key);
+    for (const auto& e : hello->cache_config) ok = ok && e.key != key;
+    if (!ok) {
+      // The entry: its key and its value.
+      r.set_pos(key_at);
+      r.Skip(2);
+      ++hello->bad_fields;
+      continue;
     }
-    const Header v = r.Next();
+    const uint8_t* value_at = r.pos();
     CacheConfigEntry entry{std::string(key), {}, std::nan("")};
-    char buf[32];
-    std::to_chars_result res{buf, std::errc()};
-    std::string_view text;
-    switch (v.type) {
-      case Type::kStr:
-        text = r.Payload(v);
-        if (!IsValidUtf8(text)) return IngestError::kBadHello;
-        entry.value = text;
-        break;
-      case Type::kUint:
-        res = std::to_chars(buf, buf + sizeof buf, v.value);
-        entry.number = double(v.value);
-        break;
-      case Type::kNegInt:
-        res = std::to_chars(buf, buf + sizeof buf, int64_t(v.value));
-        entry.number = double(int64_t(v.value));
-        break;
-      case Type::kFloat32: {
-        const float f = std::bit_cast<float>(uint32_t(v.value));
-        if (!std::isfinite(f)) return IngestError::kBadHello;
-        res = std::to_chars(buf, buf + sizeof buf, f);
-        entry.number = f;
-        break;
-      }
-      case Type::kFloat64: {
-        const double d = std::bit_cast<double>(v.value);
-        if (!std::isfinite(d)) return IngestError::kBadHello;
-        res = std::to_chars(buf, buf + sizeof buf, d);
-        entry.number = d;
-        break;
-      }
-      case Type::kBool:
-        entry.value = v.value != 0 ? "True" : "False";
-        break;
-      default:
-        return IngestError::kBadHello;
-    }
-    if (entry.value.empty() && v.type != Type::kStr) {
-      entry.value.assign(buf, res.ptr);
+    if (!ParseCacheConfigValue(r, r.Next(), &entry)) {
+      DropField(r, value_at, &hello->bad_fields);
+      continue;
     }
     hello->cache_config.push_back(std::move(entry));
   }
   hello->has_cache_config = true;
-  return IngestError::kCount;
 }
 
 // Returns kCount when the meta map is a valid HELLO.
@@ -434,6 +461,7 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
     if (kh.type != Type::kStr) return IngestError::kBadHello;
     const std::string_view key = r.Payload(kh);
     if (!IsValidUtf8(key)) return IngestError::kBadHello;
+    const uint8_t* value_at = r.pos();
     const Header v = r.Next();
     uint32_t bit = 0;
     std::string_view s;
@@ -468,16 +496,16 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
       const IngestError e = ParseLabels(r, v, limits, hello);
       if (e != IngestError::kCount) return e;
     } else if (key == TM_HELLO_PID) {
+      // Informs only (the client-drop slot): dropped when bad.
       bit = kPid;
-      if (v.type == Type::kUint) {
-        if (v.value > static_cast<uint64_t>(INT64_MAX)) {
-          return IngestError::kBadHello;
-        }
-      } else if (v.type != Type::kNegInt) {
-        return IngestError::kBadHello;
+      if ((v.type == Type::kUint &&
+           v.value <= static_cast<uint64_t>(INT64_MAX)) ||
+          v.type == Type::kNegInt) {
+        hello->pid = static_cast<int64_t>(v.value);
+        hello->has_pid = true;
+      } else {
+        DropField(r, value_at, &hello->bad_fields);
       }
-      hello->pid = static_cast<int64_t>(v.value);
-      hello->has_pid = true;
     } else if (key == TM_HELLO_PROFILE) {
       bit = kProfile;
       if (!ReadHelloString(r, v, &s)) return IngestError::kBadHello;
@@ -488,15 +516,17 @@ IngestError ParseHelloMeta(Reader& r, const DecoderLimits& limits,
       hello->profile = s;
     } else if (key == TM_HELLO_CACHE_CONFIG) {
       bit = kCacheConfig;
-      const IngestError e = ParseCacheConfig(r, v, hello);
-      if (e != IngestError::kCount) return e;
+      ParseCacheConfig(r, value_at, v, hello);
     } else if (key == TM_HELLO_MAX_LORA) {
+      // Informs only (a label of lora_requests_info): dropped when bad.
       bit = kMaxLora;
-      if (v.type != Type::kUint || v.value > static_cast<uint64_t>(INT64_MAX)) {
-        return IngestError::kBadHello;
+      if (v.type == Type::kUint &&
+          v.value <= static_cast<uint64_t>(INT64_MAX)) {
+        hello->max_lora = static_cast<int64_t>(v.value);
+        hello->has_max_lora = true;
+      } else {
+        DropField(r, value_at, &hello->bad_fields);
       }
-      hello->max_lora = static_cast<int64_t>(v.value);
-      hello->has_max_lora = true;
     } else if (key == TM_HELLO_SESSION) {
       bit = kSession;
       if (v.type != Type::kUint) return IngestError::kBadHello;
@@ -601,28 +631,49 @@ bool ParseRequestLabels(Reader& r, const Header& h, ArrivedExtras* x) {
 
 // ARRIVED params: nil, or a map with optional int max_tokens and n, and
 // (1.1) lora and labels, which go to `x`. A nil value is the key absent (a
-// client's None).
-bool ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras) {
+// client's None). Each of them is an optional field (protocol 1.2,
+// partial acceptance): one with a wrong type or out of its range is
+// dropped and counted in *bad_fields, and so is a params value that is not
+// a map (once); the event is applied without them.
+void ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras,
+                 uint32_t* bad_fields) {
+  const uint8_t* params_at = r.pos();
   const Header h = r.Next();
-  if (h.type == Type::kNil) return true;
-  if (h.type != Type::kMap) return false;
+  if (h.type == Type::kNil) return;
+  if (h.type != Type::kMap) {
+    DropField(r, params_at, bad_fields);
+    return;
+  }
   for (uint64_t i = 0; i < h.value; ++i) {
     std::string_view key;
     if (!ReadEventMapKey(r, &key)) continue;
+    const uint8_t* at = r.pos();
     const Header v = r.Next();
-    if (v.type != Type::kNil && key == TM_PARAM_LORA) {
+    if (v.type == Type::kNil) continue;
+    if (key == TM_PARAM_LORA) {
       if (v.type != Type::kStr || v.value < 1 || v.value > TM_MAX_LORA_BYTES) {
-        return false;
+        DropField(r, at, bad_fields);
+        continue;
       }
-      x->lora = r.Payload(v);
-      if (!IsValidUtf8(x->lora)) return false;
+      const std::string_view lora = r.Payload(v);
+      if (!IsValidUtf8(lora)) {
+        ++*bad_fields;
+        continue;
+      }
+      x->lora = lora;
       *has_extras = true;
-    } else if (v.type != Type::kNil && key == TM_PARAM_LABELS) {
-      if (!ParseRequestLabels(r, v, x)) return false;
+    } else if (key == TM_PARAM_LABELS) {
+      if (!ParseRequestLabels(r, v, x)) {
+        x->num_labels = 0;  // the map is dropped whole
+        DropField(r, at, bad_fields);
+        continue;
+      }
       *has_extras = *has_extras || x->num_labels > 0;
     } else if (key == TM_PARAM_MAX_TOKENS || key == TM_PARAM_N) {
-      if (v.type == Type::kNil) continue;
-      if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) return false;
+      if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
+        DropField(r, at, bad_fields);
+        continue;
+      }
       if (key == TM_PARAM_N) {
         e->n = v.value;
         e->has_n = true;
@@ -634,21 +685,19 @@ bool ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras) {
       r.SkipBody(v);
     }
   }
-  return true;
 }
 
 // The params of an ARRIVED, with the lora and labels (if any) appended to
 // batch.arrivals. Out of line: ParseEventBody, on every event's path, stays
 // small enough to be inlined into the batch loop.
-[[gnu::noinline]] bool ParseArrivedParams(Reader& r, Batch& batch, Event* e) {
+[[gnu::noinline]] void ParseArrivedParams(Reader& r, Batch& batch, Event* e) {
   ArrivedExtras x;
   bool has_extras = false;
-  if (!ParseParams(r, e, &x, &has_extras)) return false;
+  ParseParams(r, e, &x, &has_extras, &batch.bad_fields);
   if (has_extras) {
     e->extras = uint32_t(batch.arrivals.size());
     batch.arrivals.push_back(x);
   }
-  return true;
 }
 
 // EXPERT_LOAD: a layer below TM_MAX_MOE_LAYERS and an array of 1 to
@@ -674,25 +723,31 @@ bool ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras) {
   return true;
 }
 
-// STEP stats map. A nil value is the key absent.
+// STEP stats map (required: anything else fails the event). A nil value
+// is the key absent. Each key is an optional field (protocol 1.2, partial
+// acceptance): one with a wrong type or out of its range is dropped and
+// counted in *bad_fields, the rest of the STEP applied.
 bool ParseStats(Reader& r, const DecoderLimits& limits,
-                std::vector<uint64_t>& positions, StepStats* st) {
+                std::vector<uint64_t>& positions, StepStats* st,
+                uint32_t* bad_fields) {
   const Header h = r.Next();
   if (h.type != Type::kMap) return false;
   for (uint64_t i = 0; i < h.value; ++i) {
     std::string_view key;
     if (!ReadEventMapKey(r, &key)) continue;
+    const uint8_t* at = r.pos();
     const Header v = r.Next();
     if (v.type == Type::kNil) continue;
     bool known = false;
     for (const UintStatKey& k : kUintStatKeys) {
       if (key == k.name) {
+        known = true;
         if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
-          return false;
+          DropField(r, at, bad_fields);
+          break;
         }
         st->*k.field = v.value;
         st->has |= k.bit;
-        known = true;
         break;
       }
     }
@@ -706,25 +761,42 @@ bool ParseStats(Reader& r, const DecoderLimits& limits,
       } else if (v.type == Type::kFloat64) {
         d = std::bit_cast<double>(v.value);
       } else {
-        return false;
+        DropField(r, at, bad_fields);
+        continue;
       }
-      if (!(d >= 0.0 && d <= 1.0)) return false;  // NaN fails too
+      if (!(d >= 0.0 && d <= 1.0)) {  // NaN fails too
+        ++*bad_fields;
+        continue;
+      }
       st->kv_usage = d;
       st->has |= StepStats::kKvUsage;
     } else if (key == TM_STEP_SPEC_ACCEPTED_PER_POS) {
       if (v.type != Type::kArray || v.value > limits.max_spec_positions) {
-        return false;
+        DropField(r, at, bad_fields);
+        continue;
       }
-      if ((st->has & StepStats::kSpecAcceptedPerPos) != 0) {
-        positions.resize(st->pos_begin);  // the key again: last one wins
-      }
-      st->pos_begin = static_cast<uint32_t>(positions.size());
-      for (uint64_t j = 0; j < v.value; ++j) {
+      const size_t before = positions.size();
+      bool ok = true;
+      for (uint64_t j = 0; j < v.value && ok; ++j) {
         const Header p = r.Next();
         if (p.type != Type::kUint || p.value > TM_MAX_EVENT_COUNT) {
-          return false;
+          ok = false;
+        } else {
+          positions.push_back(p.value);
         }
-        positions.push_back(p.value);
+      }
+      if (!ok) {
+        positions.resize(before);
+        DropField(r, at, bad_fields);
+        continue;
+      }
+      if ((st->has & StepStats::kSpecAcceptedPerPos) != 0) {
+        // The key again: the last one wins.
+        positions.erase(positions.begin() + st->pos_begin,
+                        positions.begin() + st->pos_begin + st->pos_count);
+        st->pos_begin = uint32_t(positions.size() - v.value);
+      } else {
+        st->pos_begin = static_cast<uint32_t>(before);
       }
       st->pos_count = static_cast<uint32_t>(v.value);
       st->has |= StepStats::kSpecAcceptedPerPos;
@@ -776,7 +848,7 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
       }
       used = 4;
       if (n >= 5) {
-        if (!ParseArrivedParams(r, batch, e)) return IngestError::kBadEvent;
+        ParseArrivedParams(r, batch, e);
         used = 5;
       }
       break;
@@ -797,7 +869,8 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
       break;
     }
     case EventKind::kStep:
-      if (!ParseStats(r, limits, batch.positions, &e->step)) {
+      if (!ParseStats(r, limits, batch.positions, &e->step,
+                      &batch.bad_fields)) {
         return IngestError::kBadEvent;
       }
       break;
@@ -832,6 +905,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
     } else if (r.ReadUint(&t)) {
       const size_t positions = batch.positions.size();
       const size_t arrivals = batch.arrivals.size();
+      const uint32_t bad_fields = batch.bad_fields;
       Event& e = batch.events.emplace_back();
       e.kind = static_cast<EventKind>(kind);
       e.t_ns = t;
@@ -840,6 +914,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
       batch.events.pop_back();
       batch.positions.resize(positions);
       batch.arrivals.resize(arrivals);
+      batch.bad_fields = bad_fields;  // a skipped event drops no field
     }
   }
   r.set_pos(start);
@@ -1144,6 +1219,7 @@ bool FrameDecoder::DecodeBatch(const uint8_t* begin, const uint8_t* end,
   batch_.events.clear();
   batch_.positions.clear();
   batch_.arrivals.clear();
+  batch_.bad_fields = 0;
   for (uint64_t i = 0; i < events.value; ++i) {
     const IngestError err = DecodeEvent(r, limits_, batch_);
     if (err != IngestError::kCount) sink.OnEventError(err);

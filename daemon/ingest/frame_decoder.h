@@ -25,6 +25,9 @@ struct Batch {
   std::vector<uint64_t> positions;
   // ARRIVED lora / labels params (see Event::extras).
   std::vector<ArrivedExtras> arrivals;
+  // Optional fields dropped from the valid events (partial acceptance:
+  // ARRIVED params, STEP keys): each counts as one bad_field.
+  uint32_t bad_fields = 0;
 };
 
 // Receives what a FrameDecoder decodes (leveldb-style injected reporter).

@@ -255,6 +255,7 @@ class IngestServer::Connection : public FrameSink {
   void OnHello(const Hello& hello) override {
     Registry& reg = server_.registry_;
     server_.stats_.CountFrame();
+    CountBadFields(hello.bad_fields);
     server_.StopAwaitingHello(this);
     server_.hello_timeout_logged_ = false;
     const Profile profile =
@@ -329,14 +330,14 @@ class IngestServer::Connection : public FrameSink {
         // A replay of what this session already delivered.
         server_.stats_.CountDuplicateBatch();
       } else {
-        server_.tracker_.ApplyBatch(source_, batch);
+        Apply(batch);
         s.highest_seq = batch.seq;
         s.applied_any = true;
       }
       // With a state directory the ACK waits for the snapshot.
       if (!server_.options_.ack_after_snapshot) ack_due_ = true;
     } else {
-      server_.tracker_.ApplyBatch(source_, batch);
+      Apply(batch);
     }
     if (!drops_resolved_) {
       drops_resolved_ = true;
@@ -346,6 +347,28 @@ class IngestServer::Connection : public FrameSink {
   }
 
   void OnGoodbye() override { server_.stats_.CountFrame(); }
+
+  // Applies a batch and counts the optional fields the decoder dropped in
+  // it (once per batch applied: not again for a replay already applied).
+  void Apply(const Batch& batch) {
+    CountBadFields(batch.bad_fields);
+    server_.tracker_.ApplyBatch(source_, batch);
+  }
+
+  // Optional fields the decoder dropped (partial acceptance): counted, and
+  // logged once per connection.
+  void CountBadFields(uint32_t n) {
+    if (n == 0) return;
+    server_.stats_.CountErrors(IngestError::kBadField, n);
+    if (!logged_bad_field_) {
+      logged_bad_field_ = true;
+      spdlog::warn(
+          "ingest: {}: dropped an optional field with a wrong type or out of "
+          "its range ({}) and applied the rest; further drops on this "
+          "connection are only counted",
+          peer_, IngestErrorName(IngestError::kBadField));
+    }
+  }
 
   void OnEventError(IngestError error) override {
     server_.stats_.CountError(error);
@@ -483,6 +506,7 @@ class IngestServer::Connection : public FrameSink {
   FrameDecoder decoder_;
   bool closing_ = false;
   bool logged_event_error_ = false;
+  bool logged_bad_field_ = false;
   bool refused_ = false;  // closed at accept (a limit, the allow-list)
   bool counts_uid_ = false;
   bool awaiting_ = false;

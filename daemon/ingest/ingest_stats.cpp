@@ -6,6 +6,12 @@
 namespace tokenmeter::daemon {
 namespace {
 
+// What snapshot formats 1 to 3 saved, without a length: every event kind
+// up to EXPERT_LOAD and every reason before bad_field.
+constexpr size_t kLegacyEventKinds = 8;
+constexpr size_t kLegacyIngestErrors = size_t(IngestError::kBadField);
+static_assert(kLegacyEventKinds <= kNumEventKinds);
+
 constexpr DaemonMetric kOwned[] = {
     kIngestConnections, kIngestFrames,           kIngestEvents,
     kIngestErrors,      kIngestDuplicateBatches, kClientDroppedEvents};
@@ -109,7 +115,9 @@ void IngestStats::Collect(DaemonMetric id, MetricWriter& w) const {
 void IngestStats::SaveState(StateWriter& w) const {
   w.U64(frames_);
   w.U64(duplicate_batches_);
+  w.U64(events_.size());
   for (uint64_t n : events_) w.U64(n);
+  w.U64(errors_.size());
   for (uint64_t n : errors_) w.U64(n);
   w.U64(reports_);
   w.U64(dropped_.size());
@@ -130,8 +138,15 @@ void IngestStats::SaveState(StateWriter& w) const {
 void IngestStats::LoadState(StateReader& r) {
   frames_ = r.U64();
   duplicate_batches_ = r.U64();
-  for (uint64_t& n : events_) n = r.U64();
-  for (uint64_t& n : errors_) n = r.U64();
+  // Before format 4 the arrays had no length: 7 event kinds and 22 reasons
+  // (the ones before EXPERT_LOAD and bad_field). New kinds and reasons are
+  // appended, so an older array is a prefix of today's.
+  const bool sized = r.version() >= 4;
+  const size_t kinds = sized ? r.Count(events_.size(), 8) : kLegacyEventKinds;
+  for (size_t i = 0; i < kinds; ++i) events_[i] = r.U64();
+  const size_t reasons =
+      sized ? r.Count(errors_.size(), 8) : kLegacyIngestErrors;
+  for (size_t i = 0; i < reasons; ++i) errors_[i] = r.U64();
   reports_ = r.U64();
   const size_t identities = r.Count(max_identities_, 28);
   for (size_t i = 0; i < identities && r.ok(); ++i) {

@@ -39,6 +39,7 @@ class IngestStats : public Collector {
   void CountFrame() { ++frames_; }
   void CountEvent(EventKind kind) { ++events_[size_t(kind) - 1]; }
   void CountError(IngestError e) { ++errors_[size_t(e)]; }
+  void CountErrors(IngestError e, uint64_t n) { errors_[size_t(e)] += n; }
   // A replayed BATCH skipped because its session had applied it.
   void CountDuplicateBatch() { ++duplicate_batches_; }
   // The drop totals of one (engine family, model, instance) identity.

@@ -186,8 +186,7 @@ def frame_cases():
              "model": [5, None, "", ["m"]],
              "instance": [5, None, ["x"]],
              "scope": [5, ["x"]],
-             "labels": [5, "a=b", ["a"], {"a": 1}, {"a": None}],
-             "pid": ["x", [1]]}
+             "labels": [5, "a=b", ["a"], {"a": 1}, {"a": None}]}
     for key, values in wrong.items():
         for v in values:
             expect = "bad_hello"
@@ -204,7 +203,8 @@ def frame_cases():
 
 
 def event_cases():
-    """(name, events (callable of t), reason) for events that are skipped."""
+    """(name, events (callable of t), reason) for events that are skipped,
+    or (reason bad_field) applied without the field."""
     rid_wrong = [-1, 1.5, None, [1], {"a": 1}, "", "r" * 129, True]
     t_wrong = ["1", -1, 1.5, None, [1], True]
     layouts = {  # kind: a valid event as a function of (t)
@@ -231,17 +231,27 @@ def event_cases():
          "bad_reason"),
         ("FINISHED reason with a quote",
          lambda t: [[5, t, 1, 'stop"} 1']], "bad_reason"),
+        # Optional fields (protocol 1.2, partial acceptance): the field is
+        # dropped and counted, the event applied.
         ("ARRIVED params not a map", lambda t: [[1, t, 1, 10, [1]]],
-         "bad_event"),
+         "bad_field"),
         ("ARRIVED max_tokens a string",
-         lambda t: [[1, t, 1, 10, {"max_tokens": "x"}]], "bad_event"),
+         lambda t: [[1, t, 1, 10, {"max_tokens": "x"}]], "bad_field"),
+        ("ARRIVED max_tokens 2^64-1",
+         lambda t: [[1, t, 1, 10, {"max_tokens": 2 ** 64 - 1}]], "bad_field"),
+        ("ARRIVED lora of 200 bytes",
+         lambda t: [[1, t, 1, 10, {"lora": "l" * 200}]], "bad_field"),
+        ("ARRIVED labels not a map",
+         lambda t: [[1, t, 1, 10, {"labels": ["a"]}]], "bad_field"),
         ("STEP kv_usage a string", lambda t: [[7, t, {"kv_usage": "x"}]],
-         "bad_event"),
+         "bad_field"),
+        ("STEP kv_usage 2", lambda t: [[7, t, {"kv_usage": 2.0}]],
+         "bad_field"),
         ("STEP running negative", lambda t: [[7, t, {"running": -1}]],
-         "bad_event"),
+         "bad_field"),
         ("STEP 65 accepted positions",
          lambda t: [[7, t, {"spec_accepted_per_pos": [1] * 65}]],
-         "bad_event"),
+         "bad_field"),
         ("timestamp 10 s in the future", lambda t: [[4, t + 10 * SEC, 1, 1]],
          "bad_timestamp"),
         ("timestamp at 2^64-1", lambda t: [[4, 2 ** 64 - 1, 1, 1]],
@@ -401,6 +411,126 @@ class IngestEvents(Base):
                          1)
         s.close()
         self.assert_good_connection_works()
+
+
+class PartialAcceptance(Base):
+    """Protocol 1.2: an optional field out of range loses only itself."""
+
+    def test_max_tokens_2_64_still_starts_the_request(self):
+        s = self.d.connect()
+        s.sendall(hello(model="partial"))
+        t = now()
+        ms = 1_000_000
+        before = self.errors().get("bad_field", 0)
+        s.sendall(batch([[1, t, 7, 10, {"max_tokens": 2 ** 64 - 1, "n": 1}],
+                         [2, t + 1 * ms, 7],
+                         [3, t + 3 * ms, 7],
+                         [4, t + 6 * ms, 7, 1],
+                         [4, t + 8 * ms, 7, 1],
+                         [5, t + 8 * ms, 7, "stop"]]))
+        labels = {"model_name": "partial", "engine": "0"}
+        self.d.wait_value("vllm:e2e_request_latency_seconds_count", 1,
+                          **labels)
+        self.assertEqual(self.d.value("vllm:time_to_first_token_seconds_count",
+                                      **labels), 1)
+        self.assertAlmostEqual(self.d.value(
+            "vllm:time_to_first_token_seconds_sum", **labels), 0.006)
+        self.assertAlmostEqual(self.d.value(
+            "vllm:e2e_request_latency_seconds_sum", **labels), 0.008)
+        self.assertAlmostEqual(self.d.value(
+            "vllm:request_queue_time_seconds_sum", **labels), 0.002)
+        # The field itself is left out: n kept, max_tokens not observed.
+        self.assertEqual(self.d.value("vllm:request_params_n_count",
+                                      **labels), 1)
+        self.assertIn(self.d.value("vllm:request_params_max_tokens_count",
+                                   **labels), (None, 0))
+        self.assertEqual(self.errors().get("bad_field", 0) - before, 1)
+        self.assertEqual(self.errors().get("bad_event", 0), 0)
+        s.close()
+
+    def test_informing_hello_keys_are_dropped_not_the_connection(self):
+        before = self.errors().get("bad_field", 0)
+        lines = self.log_count(PEER + r": dropped an optional field")
+        s = self.d.connect()
+        s.sendall(hello(model="informs", pid="x", max_lora=-1,
+                        cache_config=[1]))
+        s.sendall(batch([[4, now(), 1, 3]]))
+        self.d.wait_value("vllm:generation_tokens_total", 3,
+                          model_name="informs", engine="0")
+        self.assertEqual(self.errors().get("bad_field", 0) - before, 3)
+        # One line per connection, naming the peer.
+        self.assertEqual(
+            self.log_count(PEER + r": dropped an optional field"), lines + 1)
+        s.close()
+        self.assert_good_connection_works()
+
+
+class LogForgery(unittest.TestCase):
+    """No peer string can end a log line or start one of its own: every
+    string a peer sends (HELLO model, instance, scope, label values,
+    request ids, finish reasons) carries a newline, a carriage return, a
+    journald priority prefix, an escape sequence and a C1 control; the
+    daemon's log keeps one line per message, each with the daemon's own
+    prefix, plain and under journald (JOURNAL_STREAM)."""
+
+    EVIL = "x\n<0>FORGED\r\n<1>FORGED\x1b[2J\u0085<0>FORGED\u2028\x00"
+    PLAIN = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} "
+                       rb"(debug|info|warning|error|critical) ")
+    JOURNAL = re.compile(rb"^<[2-7]>(?!<)")
+
+    def feed(self, d):
+        s = d.connect()
+        s.sendall(frame(0, meta(model="m" + self.EVIL,
+                                instance="i" + self.EVIL,
+                                scope="s" + self.EVIL,
+                                labels={"team": self.EVIL})))
+        t = now()
+        s.sendall(batch([[1, t, "r" + self.EVIL, 3,
+                          {"labels": {"team": self.EVIL},
+                           "lora": "l" + self.EVIL}],
+                         [4, t, "r" + self.EVIL, 2],
+                         [5, t, "r" + self.EVIL, "stop" + self.EVIL],
+                         [5, t, "r" + self.EVIL, "stop"],
+                         [7, t, {"running": "1" + self.EVIL}]]))
+        d.wait_value("vllm:generation_tokens_total", 2,
+                     model_name="m" + self.EVIL, engine="i" + self.EVIL,
+                     team=self.EVIL)
+        # The summary line names the series.
+        poll_until(lambda: b"Avg prompt throughput" in d.read_log(),
+                   what="a summary line")
+        s.close()
+
+    def check_lines(self, log, prefix):
+        lines = log.split(b"\n")
+        self.assertEqual(lines[-1], b"")
+        for line in lines[:-1]:
+            self.assertRegex(line, prefix)
+            self.assertNotRegex(line, rb"[\x00-\x1f\x7f]")
+        forged = [l for l in lines if b"FORGED" in l]
+        # The hello and the summary line, escaped.
+        self.assertGreaterEqual(len(forged), 2, log)
+        for line in forged:
+            self.assertIn(rb"x\n<0>FORGED\r\n<1>FORGED\x1b[2J\u0085<0>FORGED"
+                          rb"\u2028\x00", line)
+
+    def run_daemon(self, journal):
+        d = Daemon("--log-interval", "1")
+        try:
+            if journal:
+                st = os.stat(d.log_path)
+                d.env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+            d.start()
+            self.feed(d)
+            self.assertEqual(d.stop(), 0)
+            return d.read_log()
+        finally:
+            d.cleanup()
+
+    def test_plain_lines_keep_the_daemons_prefix(self):
+        self.check_lines(self.run_daemon(journal=False), self.PLAIN)
+
+    def test_journald_lines_keep_the_daemons_priority(self):
+        self.check_lines(self.run_daemon(journal=True), self.JOURNAL)
 
 
 class RequestFlood(Base):

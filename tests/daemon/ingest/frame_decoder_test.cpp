@@ -48,6 +48,7 @@ struct BatchCopy {
   std::vector<std::string> rid_texts;  // per event, "" for numeric ids
   std::vector<uint64_t> positions;
   std::vector<ArrivalCopy> arrivals;  // Batch::arrivals, in order
+  uint32_t bad_fields = 0;            // Batch::bad_fields
 };
 
 std::string Describe(const Event& e, std::string_view rid_text,
@@ -121,6 +122,7 @@ class RecordingSink : public FrameSink {
     copy.seq = batch.seq;
     copy.dropped_total = batch.dropped_total;
     copy.positions = batch.positions;
+    copy.bad_fields = batch.bad_fields;
     for (const ArrivedExtras& x : batch.arrivals) {
       ArrivalCopy a{std::string(x.lora), {}};
       for (uint8_t i = 0; i < x.num_labels; ++i) {
@@ -433,15 +435,6 @@ TEST(FrameDecoderTest, RejectsBadHello) {
       {"label value not utf-8",
        HelloOf(4, {kProto, kEngine, kModel,
                    Cat({kLabelsKey, {0x81, 0xa1, 'a', 0xa1, 0xff}})}),
-       IngestError::kBadHello},
-      {"pid str",
-       HelloOf(4, {kProto, kEngine, kModel, {0xa3, 'p', 'i', 'd', 0xa1, '1'}}),
-       IngestError::kBadHello},
-      {"pid over int64",
-       HelloOf(4, {kProto,
-                   kEngine,
-                   kModel,
-                   {0xa3, 'p', 'i', 'd', 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0}}),
        IngestError::kBadHello},
       {"int key", HelloOf(4, {kProto, kEngine, kModel, {0x01, 0x01}}),
        IngestError::kBadHello},
@@ -1130,22 +1123,26 @@ TEST(FrameDecoderTest, DecodesKvUsageEncodings) {
 }
 
 TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
-  // Two STEPs with positions, a bad STEP in between whose positions must
-  // not remain, and a nil key (absent).
+  // STEPs with positions: one with a bad key beside them (the key is
+  // dropped, the positions stay), one with a bad list of them (dropped,
+  // nothing of it remains), a nil key (absent) and a key twice.
   const Bytes kPerPos = {0xb5, 's', 'p', 'e', 'c', '_', 'a', 'c',
                          'c',  'e', 'p', 't', 'e', 'd', '_', 'p',
                          'e',  'r', '_', 'p', 'o', 's'};
   const Bytes batch =
-      BatchOf(4, {Cat({{0x93, 0x07, 0x01, 0x81}, kPerPos, {0x92, 0x05, 0x06}}),
+      BatchOf(5, {Cat({{0x93, 0x07, 0x01, 0x81}, kPerPos, {0x92, 0x05, 0x06}}),
                   Cat({{0x93, 0x07, 0x02, 0x82},
                        kPerPos,
                        {0x92, 0x09, 0x09},
                        {0xa7, 'r', 'u', 'n', 'n', 'i', 'n', 'g', 0xff}}),  // -1
-                  Cat({{0x93, 0x07, 0x03, 0x82},
+                  Cat({{0x93, 0x07, 0x03, 0x81},
+                       kPerPos,
+                       {0x92, 0x04, 0xff}}),  // -1 in the list
+                  Cat({{0x93, 0x07, 0x04, 0x82},
                        kPerPos,
                        {0x91, 0x07},
                        {0xa7, 'w', 'a', 'i', 't', 'i', 'n', 'g', 0xc0}}),
-                  Cat({{0x93, 0x07, 0x04, 0x82},
+                  Cat({{0x93, 0x07, 0x05, 0x82},
                        kPerPos,
                        {0x91, 0x01},
                        kPerPos,
@@ -1153,19 +1150,21 @@ TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
   RecordingSink sink;
   FrameDecoder d{DecoderLimits{}};
   ASSERT_TRUE(Feed(d, Cat({kHello, batch}), sink));
-  ASSERT_EQ(sink.event_errors,
-            std::vector<IngestError>{IngestError::kBadEvent});
+  EXPECT_TRUE(sink.event_errors.empty());
   const BatchCopy& b = sink.batches.at(0);
-  ASSERT_EQ(b.events.size(), 3u);
-  EXPECT_EQ(b.positions, (std::vector<uint64_t>{5, 6, 7, 8, 8}));
-  EXPECT_EQ(b.events[0].step.pos_begin, 0u);
-  EXPECT_EQ(b.events[0].step.pos_count, 2u);
-  EXPECT_EQ(b.events[1].step.pos_begin, 2u);
-  EXPECT_EQ(b.events[1].step.pos_count, 1u);
-  EXPECT_EQ(b.events[1].step.has,
-            static_cast<uint32_t>(StepStats::kSpecAcceptedPerPos));
-  EXPECT_EQ(b.events[2].step.pos_begin, 3u);
-  EXPECT_EQ(b.events[2].step.pos_count, 2u);
+  EXPECT_EQ(b.bad_fields, 2u);
+  ASSERT_EQ(b.events.size(), 5u);
+  EXPECT_EQ(b.positions, (std::vector<uint64_t>{5, 6, 9, 9, 7, 8, 8}));
+  // {has positions, begin, count} of each STEP.
+  const uint32_t kPos = StepStats::kSpecAcceptedPerPos;
+  const uint32_t want[5][3] = {
+      {kPos, 0, 2}, {kPos, 2, 2}, {0, 0, 0}, {kPos, 4, 1}, {kPos, 5, 2}};
+  for (size_t i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(b.events[i].step.has, want[i][0]);
+    EXPECT_EQ(b.events[i].step.pos_begin, want[i][1]);
+    EXPECT_EQ(b.events[i].step.pos_count, want[i][2]);
+  }
 }
 
 TEST(FrameDecoderTest, SkipsUnknownKindAndAppliesTheRest) {
@@ -1222,25 +1221,13 @@ void ExpectSkippedBetweenGoodEvents(const Bytes& event) {
   EXPECT_TRUE(sink.batches[0].arrivals.empty());
 }
 
+// uint64 2^32 and 2^64 - 1: above every count's range.
+const Bytes k2To32 = {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0};
+const Bytes kMaxU64 = {0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+
 TEST(FrameDecoderTest, SkipsBadEvent) {
   Bytes long_id = {0x93, 0x02, 0x00, 0xd9, 0x81};  // 129 bytes
   long_id.insert(long_id.end(), 129, 'z');
-  Bytes many_positions = {0x93, 0x07, 0x00, 0x81, 0xb5, 's', 'p', 'e',
-                          'c',  '_',  'a',  'c',  'c',  'e', 'p', 't',
-                          'e',  'd',  '_',  'p',  'e',  'r', '_', 'p',
-                          'o',  's',  0xdc, 0x00, 0x41};  // 65 positions
-  many_positions.insert(many_positions.end(), 65, 0x01);
-  const Bytes kKv = {0xa8, 'k', 'v', '_', 'u', 's', 'a', 'g', 'e'};
-  const Bytes kRunning = {0xa7, 'r', 'u', 'n', 'n', 'i', 'n', 'g'};
-  const Bytes kPerPos = {0xb5, 's', 'p', 'e', 'c', '_', 'a', 'c',
-                         'c',  'e', 'p', 't', 'e', 'd', '_', 'p',
-                         'e',  'r', '_', 'p', 'o', 's'};
-  const Bytes kMaxTokens = {0xaa, 'm', 'a', 'x', '_', 't',
-                            'o',  'k', 'e', 'n', 's'};
-  const Bytes kPrefixQueries = {0xae, 'p', 'r', 'e', 'f', 'i', 'x', '_',
-                                'q',  'u', 'e', 'r', 'i', 'e', 's'};
-  const Bytes k2To32 = {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0};  // uint64 2^32
-  const Bytes kMaxU64 = {0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   struct Case {
     const char* name;
     Bytes event;
@@ -1280,6 +1267,47 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
       {"TOKENS n float", {0x94, 0x04, 0x00, 0x07, 0xca, 0x3f, 0x80, 0, 0}},
       {"ARRIVED prompt negative", {0x94, 0x01, 0x00, 0x07, 0xd1, 0xff, 0x00}},
       {"ARRIVED prompt nil", {0x94, 0x01, 0x00, 0x07, 0xc0}},
+      {"FINISHED reason int", {0x94, 0x05, 0x00, 0x07, 0x01}},
+      {"FINISHED reason nil", {0x94, 0x05, 0x00, 0x07, 0xc0}},
+      {"FINISHED reason bin", {0x94, 0x05, 0x00, 0x07, 0xc4, 0x01, 's'}},
+      {"STEP stats array", {0x93, 0x07, 0x00, 0x90}},
+      {"STEP stats nil", {0x93, 0x07, 0x00, 0xc0}},
+      // Counts above TM_MAX_EVENT_COUNT (2^32 - 1): no engine produces
+      // them in one event, and they would wrap the daemon's counters.
+      {"TOKENS n 2^32", Cat({{0x94, 0x04, 0x00, 0x07}, k2To32})},
+      {"TOKENS n 2^64-1", Cat({{0x94, 0x04, 0x00, 0x07}, kMaxU64})},
+      {"ARRIVED prompt 2^32", Cat({{0x94, 0x01, 0x00, 0x07}, k2To32})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ExpectSkippedBetweenGoodEvents(c.event);
+  }
+}
+
+// Partial acceptance (protocol 1.2): an optional field (an ARRIVED params
+// key, a STEP key, the params map itself) with a wrong type or out of its
+// range is dropped and counted once as bad_field; its event is applied
+// without it.
+TEST(FrameDecoderTest, DropsABadOptionalFieldAndKeepsItsEvent) {
+  Bytes many_positions = {0x93, 0x07, 0x00, 0x81, 0xb5, 's', 'p', 'e',
+                          'c',  '_',  'a',  'c',  'c',  'e', 'p', 't',
+                          'e',  'd',  '_',  'p',  'e',  'r', '_', 'p',
+                          'o',  's',  0xdc, 0x00, 0x41};  // 65 positions
+  many_positions.insert(many_positions.end(), 65, 0x01);
+  const Bytes kKv = {0xa8, 'k', 'v', '_', 'u', 's', 'a', 'g', 'e'};
+  const Bytes kRunning = {0xa7, 'r', 'u', 'n', 'n', 'i', 'n', 'g'};
+  const Bytes kPerPos = {0xb5, 's', 'p', 'e', 'c', '_', 'a', 'c',
+                         'c',  'e', 'p', 't', 'e', 'd', '_', 'p',
+                         'e',  'r', '_', 'p', 'o', 's'};
+  const Bytes kMaxTokens = {0xaa, 'm', 'a', 'x', '_', 't',
+                            'o',  'k', 'e', 'n', 's'};
+  const Bytes kPrefixQueries = {0xae, 'p', 'r', 'e', 'f', 'i', 'x', '_',
+                                'q',  'u', 'e', 'r', 'i', 'e', 's'};
+  struct Case {
+    const char* name;
+    Bytes event;
+  };
+  const Case cases[] = {
       {"ARRIVED params array", {0x95, 0x01, 0x00, 0x07, 0x0c, 0x90}},
       {"ARRIVED params str", {0x95, 0x01, 0x00, 0x07, 0x0c, 0xa1, 'x'}},
       {"ARRIVED max_tokens str",
@@ -1288,11 +1316,6 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
        Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, kMaxTokens, {0xff}})},
       {"ARRIVED n float",
        {0x95, 0x01, 0x00, 0x07, 0x0c, 0x81, 0xa1, 'n', 0xca, 0x3f, 0x80, 0, 0}},
-      {"FINISHED reason int", {0x94, 0x05, 0x00, 0x07, 0x01}},
-      {"FINISHED reason nil", {0x94, 0x05, 0x00, 0x07, 0xc0}},
-      {"FINISHED reason bin", {0x94, 0x05, 0x00, 0x07, 0xc4, 0x01, 's'}},
-      {"STEP stats array", {0x93, 0x07, 0x00, 0x90}},
-      {"STEP stats nil", {0x93, 0x07, 0x00, 0xc0}},
       {"STEP running negative",
        Cat({{0x93, 0x07, 0x00, 0x81}, kRunning, {0xff}})},
       {"STEP running str",
@@ -1322,11 +1345,6 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
       {"STEP spec_accepted_per_pos str",
        Cat({{0x93, 0x07, 0x00, 0x81}, kPerPos, {0x91, 0xa1, '1'}})},
       {"STEP 65 positions", many_positions},
-      // Counts above TM_MAX_EVENT_COUNT (2^32 - 1): no engine produces
-      // them in one event, and they would wrap the daemon's counters.
-      {"TOKENS n 2^32", Cat({{0x94, 0x04, 0x00, 0x07}, k2To32})},
-      {"TOKENS n 2^64-1", Cat({{0x94, 0x04, 0x00, 0x07}, kMaxU64})},
-      {"ARRIVED prompt 2^32", Cat({{0x94, 0x01, 0x00, 0x07}, k2To32})},
       {"ARRIVED max_tokens 2^32",
        Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, kMaxTokens, k2To32})},
       {"ARRIVED n 2^32",
@@ -1339,7 +1357,29 @@ TEST(FrameDecoderTest, SkipsBadEvent) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    ExpectSkippedBetweenGoodEvents(c.event);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(
+        Feed(d, Cat({kHello, BatchOf(3, {kQueued, c.event, kTokens})}), sink))
+        << IngestErrorName(d.error());
+    EXPECT_TRUE(sink.event_errors.empty());
+    ASSERT_EQ(sink.batches.size(), 1u);
+    EXPECT_EQ(sink.batches[0].bad_fields, 1u);
+    const std::vector<Event> ev = sink.AllEvents();
+    ASSERT_EQ(ev.size(), 3u);
+    EXPECT_EQ(ev[0].kind, EventKind::kQueued);
+    EXPECT_EQ(ev[2].kind, EventKind::kTokens);
+    // Applied without the field: nothing of it is left.
+    EXPECT_FALSE(ev[1].has_max_tokens);
+    EXPECT_FALSE(ev[1].has_n);
+    if (ev[1].kind == EventKind::kArrived) {
+      EXPECT_EQ(ev[1].count, 12u);  // the prompt tokens: kept
+    } else {
+      ASSERT_EQ(ev[1].kind, EventKind::kStep);
+      EXPECT_EQ(ev[1].step.has, 0u);
+    }
+    EXPECT_TRUE(sink.batches[0].positions.empty());
+    EXPECT_TRUE(sink.batches[0].arrivals.empty());
   }
 }
 
@@ -1660,71 +1700,82 @@ TEST(FrameDecoderTest, AcceptsThirtyTwoCacheConfigEntries) {
   EXPECT_EQ(h.cache_config[31].value, "31");
 }
 
-TEST(FrameDecoderTest, RejectsBadCacheConfig) {
+// cache_config only informs (protocol 1.2, partial acceptance): a value that
+// is not a map of at most 32 entries is dropped whole, a bad entry alone;
+// each counts once as bad_field and the HELLO is accepted.
+TEST(FrameDecoderTest, DropsBadCacheConfig) {
   const Bytes kNaN64 = {0xcb, 0x7f, 0xf8, 0, 0, 0, 0, 0, 0};
-  ExpectFrameErrors({
+  struct Case {
+    const char* name;
+    Bytes bytes;
+    bool has_cache_config;  // false: the map dropped whole
+  };
+  const Case cases[] = {
       {"not a map (array)", HelloWith(Cat({kCacheConfigKey, {0x91, 0x01}})),
-       IngestError::kBadHello},
+       false},
       {"not a map (str)", HelloWith(Cat({kCacheConfigKey, {0xa1, 'x'}})),
-       IngestError::kBadHello},
-      {"not a map (nil)", HelloWith(Cat({kCacheConfigKey, {0xc0}})),
-       IngestError::kBadHello},
-      {"33 entries", HelloWith(CacheConfigOf(33)), IngestError::kTooManyLabels},
+       false},
+      {"not a map (nil)", HelloWith(Cat({kCacheConfigKey, {0xc0}})), false},
+      {"33 entries", HelloWith(CacheConfigOf(33)), false},
       {"key starts with a digit",
-       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa2, '1', 'k', 0x01}})),
-       IngestError::kBadName},
+       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa2, '1', 'k', 0x01}})), true},
       {"key with a dash",
        HelloWith(Cat({kCacheConfigKey, {0x81, 0xa3, 'a', '-', 'b', 0x01}})),
-       IngestError::kBadName},
+       true},
       {"key empty", HelloWith(Cat({kCacheConfigKey, {0x81, 0xa0, 0x01}})),
-       IngestError::kBadName},
+       true},
       {"key an int", HelloWith(Cat({kCacheConfigKey, {0x81, 0x01, 0x01}})),
-       IngestError::kBadHello},
+       true},
       {"key not utf-8",
-       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa2, 0xc3, 0x28, 0x01}})),
-       IngestError::kBadHello},
+       HelloWith(Cat({kCacheConfigKey, {0x81, 0xa2, 0xc3, 0x28, 0x01}})), true},
       {"key reserved (model_name)",
        HelloWith(
            Cat({kCacheConfigKey, {0x81, 0xaa}, Chars("model_name"), {0x01}})),
-       IngestError::kReservedLabel},
+       true},
       {"key reserved (max_lora)",
        HelloWith(
            Cat({kCacheConfigKey, {0x81, 0xa8}, Chars("max_lora"), {0x01}})),
-       IngestError::kReservedLabel},
+       true},
       {"key reserved (__ prefix)",
        HelloWith(Cat({kCacheConfigKey, {0x81, 0xa3, '_', '_', 'k', 0x01}})),
-       IngestError::kReservedLabel},
-      {"key twice",
-       HelloWith(
-           Cat({kCacheConfigKey, {0x82, 0xa1, 'k', 0x01, 0xa1, 'k', 0x02}})),
-       IngestError::kBadName},
-      {"value an array", HelloWithCacheConfigValue({0x91, 0x01}),
-       IngestError::kBadHello},
-      {"value a map", HelloWithCacheConfigValue({0x81, 0xa1, 'x', 0x01}),
-       IngestError::kBadHello},
-      {"value nil", HelloWithCacheConfigValue({0xc0}), IngestError::kBadHello},
-      {"value bin", HelloWithCacheConfigValue({0xc4, 0x01, 'x'}),
-       IngestError::kBadHello},
-      {"value ext", HelloWithCacheConfigValue({0xd4, 0x01, 0x00}),
-       IngestError::kBadHello},
-      {"value float64 NaN", HelloWithCacheConfigValue(kNaN64),
-       IngestError::kBadHello},
+       true},
+      {"value an array", HelloWithCacheConfigValue({0x91, 0x01}), true},
+      {"value a map", HelloWithCacheConfigValue({0x81, 0xa1, 'x', 0x01}), true},
+      {"value nil", HelloWithCacheConfigValue({0xc0}), true},
+      {"value bin", HelloWithCacheConfigValue({0xc4, 0x01, 'x'}), true},
+      {"value ext", HelloWithCacheConfigValue({0xd4, 0x01, 0x00}), true},
+      {"value float64 NaN", HelloWithCacheConfigValue(kNaN64), true},
       {"value float64 +inf",
-       HelloWithCacheConfigValue({0xcb, 0x7f, 0xf0, 0, 0, 0, 0, 0, 0}),
-       IngestError::kBadHello},
+       HelloWithCacheConfigValue({0xcb, 0x7f, 0xf0, 0, 0, 0, 0, 0, 0}), true},
       {"value float64 -inf",
-       HelloWithCacheConfigValue({0xcb, 0xff, 0xf0, 0, 0, 0, 0, 0, 0}),
-       IngestError::kBadHello},
+       HelloWithCacheConfigValue({0xcb, 0xff, 0xf0, 0, 0, 0, 0, 0, 0}), true},
       {"value float32 +inf",
-       HelloWithCacheConfigValue({0xca, 0x7f, 0x80, 0x00, 0x00}),
-       IngestError::kBadHello},
+       HelloWithCacheConfigValue({0xca, 0x7f, 0x80, 0x00, 0x00}), true},
       {"value float32 NaN",
-       HelloWithCacheConfigValue({0xca, 0x7f, 0xc0, 0x00, 0x00}),
-       IngestError::kBadHello},
-      {"value not utf-8", HelloWithCacheConfigValue({0xa2, 0xc3, 0x28}),
-       IngestError::kBadHello},
+       HelloWithCacheConfigValue({0xca, 0x7f, 0xc0, 0x00, 0x00}), true},
+      {"value not utf-8", HelloWithCacheConfigValue({0xa2, 0xc3, 0x28}), true},
       {"value a lone continuation byte",
-       HelloWithCacheConfigValue({0xa1, 0x80}), IngestError::kBadHello},
+       HelloWithCacheConfigValue({0xa1, 0x80}), true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Hello h = DecodeHelloOk(c.bytes);
+    EXPECT_EQ(h.has_cache_config, c.has_cache_config);
+    EXPECT_TRUE(h.cache_config.empty());
+    EXPECT_EQ(h.bad_fields, 1u);
+    EXPECT_EQ(h.model, "m1");  // the rest of the HELLO is read
+  }
+  // A good entry beside bad ones is kept; a repeated key drops the repeat.
+  const Hello h = DecodeHelloOk(HelloWith(
+      Cat({kCacheConfigKey,
+           {0x84, 0xa1, 'k', 0x01, 0xa1, 'k', 0x02, 0xa2, '1', 'x', 0x03},
+           {0xa1, 'v', 0xc0}})));
+  ASSERT_EQ(h.cache_config.size(), 1u);
+  EXPECT_EQ(h.cache_config[0].key, "k");
+  EXPECT_EQ(h.cache_config[0].value, "1");
+  EXPECT_EQ(h.bad_fields, 3u);
+  // Twice is still ambiguous: the HELLO is refused.
+  ExpectFrameErrors({
       {"cache_config twice",
        HelloOf(5, {kProto, kEngine, kModel, Cat({kCacheConfigKey, {0x80}}),
                    Cat({kCacheConfigKey, {0x80}})}),
@@ -1755,27 +1806,52 @@ TEST(FrameDecoderTest, AcceptsMaxLora) {
   EXPECT_FALSE(DecodeHelloOk(kHello).has_max_lora);
 }
 
-TEST(FrameDecoderTest, RejectsBadMaxLora) {
+// max_lora only informs: a bad value is dropped (bad_field), the HELLO is
+// accepted without it.
+TEST(FrameDecoderTest, DropsBadMaxLora) {
+  struct Case {
+    const char* name;
+    Bytes value;
+  };
+  const Case cases[] = {
+      {"negative fixint", {0xff}},
+      {"negative int8", {0xd0, 0x80}},
+      {"above int64", {0xcf, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}},
+      {"str", {0xa1, '8'}},
+      {"float", {0xca, 0x41, 0x00, 0x00, 0x00}},
+      {"bool", {0xc3}},
+      {"nil", {0xc0}},
+      {"array", {0x91, 0x01}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Hello h = DecodeHelloOk(HelloWith(Cat({kMaxLoraKey, c.value})));
+    EXPECT_FALSE(h.has_max_lora);
+    EXPECT_EQ(h.bad_fields, 1u);
+  }
   ExpectFrameErrors({
-      {"negative fixint", HelloWith(Cat({kMaxLoraKey, {0xff}})),
-       IngestError::kBadHello},
-      {"negative int8", HelloWith(Cat({kMaxLoraKey, {0xd0, 0x80}})),
-       IngestError::kBadHello},
-      {"above int64",
-       HelloWith(Cat({kMaxLoraKey,
-                      {0xcf, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}})),
-       IngestError::kBadHello},
-      {"str", HelloWith(Cat({kMaxLoraKey, {0xa1, '8'}})),
-       IngestError::kBadHello},
-      {"float", HelloWith(Cat({kMaxLoraKey, {0xca, 0x41, 0x00, 0x00, 0x00}})),
-       IngestError::kBadHello},
-      {"bool", HelloWith(Cat({kMaxLoraKey, {0xc3}})), IngestError::kBadHello},
-      {"nil", HelloWith(Cat({kMaxLoraKey, {0xc0}})), IngestError::kBadHello},
       {"twice",
        HelloOf(5, {kProto, kEngine, kModel, Cat({kMaxLoraKey, {0x01}}),
                    Cat({kMaxLoraKey, {0x02}})}),
        IngestError::kBadHello},
   });
+}
+
+// pid only informs (the client-drop slot): a bad one is dropped.
+TEST(FrameDecoderTest, DropsBadPid) {
+  const Bytes kPidKey = {0xa3, 'p', 'i', 'd'};
+  for (const Bytes& value :
+       {Bytes{0xa1, '1'}, Bytes{0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0}, Bytes{0xc0},
+        Bytes{0x90}}) {
+    SCOPED_TRACE(value[0]);
+    const Hello h = DecodeHelloOk(HelloWith(Cat({kPidKey, value})));
+    EXPECT_FALSE(h.has_pid);
+    EXPECT_EQ(h.bad_fields, 1u);
+  }
+  const Hello good = DecodeHelloOk(HelloWith(Cat({kPidKey, {0x2a}})));
+  EXPECT_TRUE(good.has_pid);
+  EXPECT_EQ(good.pid, 42);
+  EXPECT_EQ(good.bad_fields, 0u);
 }
 
 TEST(FrameDecoderTest, AcceptsSessionAndAck) {
@@ -1956,7 +2032,9 @@ TEST(FrameDecoderTest, ArrivalsIndexTheBatch) {
   EXPECT_EQ(sink.batches[1].events[0].extras, 0u);
 }
 
-TEST(FrameDecoderTest, SkipsArrivedWithBadLoraOrLabels) {
+// lora and labels are optional params (protocol 1.2, partial acceptance):
+// a bad one is dropped (a labels map whole, once) and the ARRIVED applied.
+TEST(FrameDecoderTest, DropsBadLoraOrLabelsAndKeepsTheArrived) {
   Bytes lora129 = {0xd9, 0x81};
   lora129.insert(lora129.end(), 129, 'l');
   Bytes value129 = {0xd9, 0x81};
@@ -2005,13 +2083,25 @@ TEST(FrameDecoderTest, SkipsArrivedWithBadLoraOrLabels) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    ExpectSkippedBetweenGoodEvents(c.event);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    ASSERT_TRUE(
+        Feed(d, Cat({kHello, BatchOf(3, {kQueued, c.event, kTokens})}), sink));
+    EXPECT_TRUE(sink.event_errors.empty());
+    ASSERT_EQ(sink.batches.size(), 1u);
+    const BatchCopy& b = sink.batches[0];
+    EXPECT_EQ(b.bad_fields, 1u);
+    ASSERT_EQ(b.events.size(), 3u);
+    EXPECT_EQ(b.events[1].kind, EventKind::kArrived);
+    EXPECT_EQ(b.events[1].count, 12u);
+    EXPECT_EQ(b.events[1].extras, Event::kNoExtras);
+    EXPECT_TRUE(b.arrivals.empty());
   }
 }
 
-TEST(FrameDecoderTest, SkippedArrivedLeavesNoStaleArrival) {
-  // A good lora, then bad labels: the event is skipped after its lora was
-  // read; the next ARRIVED's extras are the batch's first.
+TEST(FrameDecoderTest, DroppedLabelsKeepTheArrivedLora) {
+  // A good lora, then bad labels: the labels are dropped, the lora kept;
+  // the next ARRIVED's extras follow.
   const Bytes bad = ArrivedWithParamsMap(
       2, {Cat({kLoraKey, {0xa1, 'a'}}),
           Cat({kLabelsParamKey, {0x81, 0xa1, 't', 0x01}})});
@@ -2019,14 +2109,17 @@ TEST(FrameDecoderTest, SkippedArrivedLeavesNoStaleArrival) {
   RecordingSink sink;
   FrameDecoder d{DecoderLimits{}};
   ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(2, {bad, good})}), sink));
-  EXPECT_EQ(sink.event_errors,
-            std::vector<IngestError>{IngestError::kBadEvent});
+  EXPECT_TRUE(sink.event_errors.empty());
   ASSERT_EQ(sink.batches.size(), 1u);
   const BatchCopy& b = sink.batches[0];
-  ASSERT_EQ(b.events.size(), 1u);
+  EXPECT_EQ(b.bad_fields, 1u);
+  ASSERT_EQ(b.events.size(), 2u);
   EXPECT_EQ(b.events[0].extras, 0u);
-  ASSERT_EQ(b.arrivals.size(), 1u);
-  EXPECT_EQ(b.arrivals[0].lora, "b");
+  EXPECT_EQ(b.events[1].extras, 1u);
+  ASSERT_EQ(b.arrivals.size(), 2u);
+  EXPECT_EQ(b.arrivals[0].lora, "a");
+  EXPECT_TRUE(b.arrivals[0].labels.empty());
+  EXPECT_EQ(b.arrivals[1].lora, "b");
 }
 
 // ---------------------------------------------------------------------------
@@ -2204,7 +2297,8 @@ TEST(FrameDecoderTest, NamesEveryReason) {
                         "connection_limit",   "uid_connection_limit",
                         "hello_timeout",      "fd_limit",
                         "bad_event",          "bad_timestamp",
-                        "bad_reason",         "unknown_kind"};
+                        "bad_reason",         "unknown_kind",
+                        "bad_field"};
   ASSERT_EQ(std::size(want), static_cast<size_t>(IngestError::kCount));
   for (size_t i = 0; i < std::size(want); ++i) {
     EXPECT_EQ(IngestErrorName(static_cast<IngestError>(i)), want[i]);
