@@ -26,9 +26,10 @@ namespace tokenmeter::daemon {
 // each histogram also holds its native buckets. 3: an engine series'
 // features are parts, each saved by itself (store/part.h). A StateReader
 // says which layout its bytes have, so that a component whose layout grew
-// can still read the older one (Histogram::LoadState(),
-// EngineSeries::LoadState()).
-inline constexpr uint32_t kStateFormatVersion = 3;
+// can still read the older one (Histogram::LoadState(), MoePart::LoadState(),
+// EngineSeries::LoadState()). 4: an MoE layer saves its expert count and
+// its per-expert counts only when it keeps them (MoePart::SaveState()).
+inline constexpr uint32_t kStateFormatVersion = 4;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 
 class StateWriter {

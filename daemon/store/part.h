@@ -112,6 +112,11 @@ void MakeEveryPart(EngineSeries& s);
 // the LoRA sets in fields of the series, in that order after its admitted
 // values: reads them into the parts of `s`.
 void LoadLegacyParts(StateReader& r, EngineSeries& s);
+// After a snapshot load: makes the MoE part of `s` (if any) keep
+// per-expert counts iff `per_expert` (--moe-expert-series; counts the
+// snapshot lacks start at 0, ones it had are dropped without the flag) and
+// returns its number of layers (0 without the part). O(layers + experts).
+size_t FitMoePart(EngineSeries& s, bool per_expert);
 
 }  // namespace tokenmeter::daemon
 

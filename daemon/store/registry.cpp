@@ -84,13 +84,15 @@ Registry::Registry(const RegistryOptions& options, Layouts layouts)
 
 Registry::~Registry() = default;
 
-bool Registry::ReserveExpertSeries(size_t n) {
-  if (!options_.moe_expert_series) return true;
-  if (series_.size() + expert_series_ + n > options_.max_engine_series) {
+bool Registry::ReserveMoeLayer(size_t experts) {
+  const size_t places = options_.moe_expert_series ? experts : 0;
+  if (moe_layers_ >= options_.max_moe_layers ||
+      series_.size() + expert_series_ + places > options_.max_engine_series) {
     ++series_rejected_;
     return false;
   }
-  expert_series_ += n;
+  ++moe_layers_;
+  expert_series_ += places;
   return true;
 }
 
@@ -170,6 +172,14 @@ void Registry::LoadState(StateReader& r, std::vector<EngineSeries*>* by_index) {
   }
   if (expert_series > options_.max_engine_series - series_.size()) r.Fail();
   expert_series_ = size_t(expert_series);
+  // The MoE layers are counted from the parts, fitted to this daemon's
+  // --moe-expert-series; more than --max-moe-layers fails the snapshot
+  // like more series than --max-engine-series does.
+  moe_layers_ = 0;
+  for (EngineSeries* s : *by_index) {
+    moe_layers_ += FitMoePart(*s, options_.moe_expert_series);
+  }
+  if (moe_layers_ > options_.max_moe_layers) r.Fail();
 }
 
 }  // namespace tokenmeter::daemon

@@ -278,7 +278,7 @@ class OldFormat(StateDir):
     """A snapshot of format 2, written by tokenmeterd of commit 162d07b
     (tests/e2e/make_old_snapshot.py made tests/data/snapshot_v2/), loads
     in this daemon: the exposition is the one that daemon served, and the
-    format-3 snapshot this one writes at stop loads again."""
+    snapshot this one writes at stop (format 4) loads again."""
 
     def test_format_2_loads_with_the_same_exposition(self):
         os.makedirs(self.state)
@@ -300,7 +300,7 @@ class OldFormat(StateDir):
         self.assertGreater(len(want), 1000)
         self.assertEqual(d.stop(), 0)
         with open(os.path.join(self.state, "snapshot"), "rb") as f:
-            self.assertEqual(f.read(12)[8:], b"\x03\0\0\0")  # format 3
+            self.assertEqual(f.read(12)[8:], b"\x04\0\0\0")  # format 4
         d2 = self.start(*args)
         self.assertEqual(d2.value("tokenmeter_state_restored"), 1)
         self.assertEqual(stable_lines(d2.metrics_text()), want)

@@ -40,4 +40,11 @@ void LoadLegacyParts(StateReader& r, EngineSeries& s) {
   lora.LoadSets(r);
 }
 
+size_t FitMoePart(EngineSeries& s, bool per_expert) {
+  MoePart* moe = s.find_part<MoePart>();
+  if (moe == nullptr) return 0;
+  moe->SetPerExpert(per_expert);
+  return moe->layers().size();
+}
+
 }  // namespace tokenmeter::daemon
