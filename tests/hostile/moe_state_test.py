@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "testutil"))
 import tokenmeter_testutil as tu  # noqa: E402
 from tokenmeter_testutil import Daemon, batch, hello  # noqa: E402
+from hostile_test import rss_kib  # noqa: E402  (this folder's)
 
 SERIES = 8
 LAYERS = 4096          # TM_MAX_MOE_LAYERS
@@ -40,14 +41,6 @@ MOE_SERIES_BYTES = 128
 # here) are already grown; what is left is the MoE state and what the
 # allocator keeps around it.
 INGEST_SLACK_KIB = 4 * 1024
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def wait_acked(sock, seq, timeout=120.0):
