@@ -119,6 +119,8 @@ void Fill(Components& c) {
     series->part<CacheConfigPart>().Set({{"block_size", "16", 16}});
     series->part<LoraPart>().SetMaxLora(4);
     const uint64_t load[4] = {1, 2, 3, uint64_t(s)};
+    // As the tracker applies a first EXPERT_LOAD: the layer's places first.
+    ASSERT_TRUE(c.reg->ReserveMoeLayer(4));
     ASSERT_TRUE(series->part<MoePart>().Add(
         0, std::span<const uint64_t>(load, 4), true));
     const Source src{series, uint64_t(10 + s)};

@@ -230,6 +230,21 @@ TEST(RegistryTest, SnapshotMoeLayersFitTheLoadingOptions) {
   EXPECT_TRUE(ok);
   EXPECT_FALSE(four->ReserveMoeLayer(1));  // full
   EXPECT_EQ(four->series_rejected(), 1u);
+  // With --moe-expert-series the 8 experts take places of the series cap
+  // beside the 2 series, whatever the snapshot's daemon counted.
+  RegistryOptions tight = with;
+  tight.max_engine_series = 9;
+  load_into(tight, &ok);
+  EXPECT_FALSE(ok);
+  tight.max_engine_series = 10;
+  auto ten = load_into(tight, &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(ten->GetOrCreate({"vllm", "m", "2", {}}), nullptr);  // full
+  RegistryOptions loose = without;
+  loose.max_engine_series = 3;  // without the option experts take none
+  auto three_series = load_into(loose, &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_NE(three_series->GetOrCreate({"vllm", "m", "2", {}}), nullptr);
 }
 
 TEST(RegistryTest, LabelTextIsEscapedInHelloOrder) {
