@@ -219,27 +219,30 @@ TEST(RegistryTest, SnapshotMoeLayersFitTheLoadingOptions) {
   EXPECT_EQ(l->experts, nullptr);
   EXPECT_EQ(l->expert_count, 2u);
   EXPECT_EQ(l->routed, 6u);
-  // Four layers where the loading daemon allows three: refused, like a
-  // series beyond --max-engine-series.
-  RegistryOptions three;
-  three.max_moe_layers = 3;
-  load_into(three, &ok);
-  EXPECT_FALSE(ok);
-  three.max_moe_layers = 4;
-  auto four = load_into(three, &ok);
-  EXPECT_TRUE(ok);
-  EXPECT_FALSE(four->ReserveMoeLayer(1));  // full
-  EXPECT_EQ(four->series_rejected(), 1u);
-  // With --moe-expert-series the 8 experts take places of the series cap
-  // beside the 2 series, whatever the snapshot's daemon counted.
-  RegistryOptions tight = with;
-  tight.max_engine_series = 9;
-  load_into(tight, &ok);
-  EXPECT_FALSE(ok);
-  tight.max_engine_series = 10;
-  auto ten = load_into(tight, &ok);
-  EXPECT_TRUE(ok);
-  EXPECT_EQ(ten->GetOrCreate({"vllm", "m", "2", {}}), nullptr);  // full
+  // A cap one below what the snapshot holds refuses it, like a series
+  // beyond --max-engine-series: three layers for four, or, with
+  // --moe-expert-series, 9 series places for 2 series and 8 experts
+  // (counted from the layers, whatever the snapshot's daemon counted). At
+  // the cap it loads, full.
+  RegistryOptions layers_below;
+  layers_below.max_moe_layers = 3;
+  RegistryOptions places_below = with;
+  places_below.max_engine_series = 9;
+  for (RegistryOptions o : {layers_below, places_below}) {
+    load_into(o, &ok);
+    EXPECT_FALSE(ok);
+    if (o.moe_expert_series) {
+      ++o.max_engine_series;
+    } else {
+      ++o.max_moe_layers;
+    }
+    auto full = load_into(o, &ok);
+    EXPECT_TRUE(ok);
+    EXPECT_FALSE(full->ReserveMoeLayer(1));
+    EXPECT_EQ(full->series_rejected(), 1u);
+    EXPECT_EQ(full->GetOrCreate({"vllm", "m", "2", {}}) == nullptr,
+              o.moe_expert_series);
+  }
   RegistryOptions loose = without;
   loose.max_engine_series = 3;  // without the option experts take none
   auto three_series = load_into(loose, &ok);
