@@ -78,6 +78,8 @@ them as Prometheus metrics.
                              long (default 10)
   --max-http-connections N   HTTP connections at once (default 256)
   --max-engine-series N      engine label sets at once (default 4096)
+  --max-moe-layers N         MoE layers all engine series hold together,
+                             0 to refuse every EXPERT_LOAD (default 262144)
   --ingest-group NAME        group of the ingest socket file (default: the
                              daemon's group)
   --allow-uids LIST          comma-separated uids allowed to send (checked
@@ -383,6 +385,11 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          return SetUint("max-engine-series", v, 1, 1 << 24,
                         &c->registry.max_engine_series);
+       }},
+      {"max-moe-layers",
+       [](std::string_view v, Config* c) {
+         return SetUint("max-moe-layers", v, 0, 1 << 24,
+                        &c->registry.max_moe_layers);
        }},
       {"ingest-group",
        [](std::string_view v, Config* c) {

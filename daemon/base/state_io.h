@@ -29,8 +29,10 @@ namespace tokenmeter::daemon {
 // so that kinds and reasons added later load (IngestStats::LoadState()). A
 // StateReader
 // says which layout its bytes have, so that a component whose layout grew
-// can still read the older one (Histogram::LoadState(),
-// EngineSeries::LoadState()).
+// can still read the older one (Histogram::LoadState(), MoePart::LoadState(),
+// EngineSeries::LoadState(), IngestStats::LoadState()). 4 also: an MoE
+// layer saves its expert count and its per-expert counts only when it
+// keeps them (MoePart::SaveState()).
 inline constexpr uint32_t kStateFormatVersion = 4;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 

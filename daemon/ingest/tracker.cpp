@@ -582,15 +582,17 @@ void Tracker::OnPreempted(const Source& src, Request& r) {
 
 void Tracker::OnExpertLoad(const Source& src, const ExpertLoadView& load) {
   EngineSeries& s = *src.series;
-  // A new layer's experts take places of the series cap (with
-  // --moe-expert-series); a known layer's count may not change.
+  // A new layer takes a place of --max-moe-layers and its experts places
+  // of the series cap (with --moe-expert-series); a known layer's count may
+  // not change.
   const MoePart* moe = s.find_part<MoePart>();
   if ((moe == nullptr || !moe->has_layer(load.layer)) &&
-      !registry_.ReserveExpertSeries(load.counts.size())) {
+      !registry_.ReserveMoeLayer(load.counts.size())) {
     ingest_.CountError(IngestError::kSeriesLimit);
     return;
   }
-  if (!s.part<MoePart>().Add(load.layer, load.counts)) {
+  if (!s.part<MoePart>().Add(load.layer, load.counts,
+                             registry_.options().moe_expert_series)) {
     ingest_.CountError(IngestError::kBadEvent);
     return;
   }

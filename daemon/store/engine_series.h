@@ -234,8 +234,8 @@ class EngineSeries : public SeriesValues {
   // Snapshots: the label order (identity() is saved by the registry), the
   // series' values, its label cells, admitted values and its parts.
   // LoadState() fills a series just made from the same identity and label
-  // order (format 3; formats 1 and 2 kept cache_config, max_lora, the MoE
-  // layers and the LoRA sets in fields of the series, read into parts).
+  // order (format 3 and later; formats 1 and 2 kept cache_config, max_lora, the
+  // MoE layers and the LoRA sets in fields of the series, read into parts).
   void SaveState(StateWriter& w) const;
   void LoadState(StateReader& r);
 

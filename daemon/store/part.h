@@ -112,6 +112,18 @@ void MakeEveryPart(EngineSeries& s);
 // the LoRA sets in fields of the series, in that order after its admitted
 // values: reads them into the parts of `s`.
 void LoadLegacyParts(StateReader& r, EngineSeries& s);
+// The MoE layers of `s` and their experts (0 and 0 without the part).
+// O(layers).
+struct MoeSize {
+  size_t layers = 0;
+  size_t experts = 0;
+};
+MoeSize MoePartSize(const EngineSeries& s);
+// After a snapshot load: makes the MoE part of `s` (if any) keep
+// per-expert counts iff `per_expert` (--moe-expert-series; counts the
+// snapshot lacks start at 0, ones it had are dropped without the flag).
+// O(layers + experts).
+void FitMoePart(EngineSeries& s, bool per_expert);
 
 }  // namespace tokenmeter::daemon
 

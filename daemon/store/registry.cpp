@@ -84,13 +84,15 @@ Registry::Registry(const RegistryOptions& options, Layouts layouts)
 
 Registry::~Registry() = default;
 
-bool Registry::ReserveExpertSeries(size_t n) {
-  if (!options_.moe_expert_series) return true;
-  if (series_.size() + expert_series_ + n > options_.max_engine_series) {
+bool Registry::ReserveMoeLayer(size_t experts) {
+  const size_t places = options_.moe_expert_series ? experts : 0;
+  if (moe_layers_ >= options_.max_moe_layers ||
+      series_.size() + expert_series_ + places > options_.max_engine_series) {
     ++series_rejected_;
     return false;
   }
-  expert_series_ += n;
+  ++moe_layers_;
+  expert_series_ += places;
   return true;
 }
 
@@ -145,7 +147,7 @@ void Registry::SaveState(
 void Registry::LoadState(StateReader& r, std::vector<EngineSeries*>* by_index) {
   request_labels_.LoadState(r);
   series_rejected_ = r.U64();
-  const uint64_t expert_series = r.U64();
+  r.U64();  // the expert places when saved: counted again below
   const size_t n = r.Count(options_.max_engine_series, 16);
   for (size_t i = 0; i < n && r.ok(); ++i) {
     SeriesIdentity id;
@@ -168,8 +170,26 @@ void Registry::LoadState(StateReader& r, std::vector<EngineSeries*>* by_index) {
     s->LoadState(r);
     by_index->push_back(s);
   }
-  if (expert_series > options_.max_engine_series - series_.size()) r.Fail();
-  expert_series_ = size_t(expert_series);
+  // The expert places are counted from the parts, under this daemon's
+  // --moe-expert-series. More layers than --max-moe-layers, or experts
+  // beyond the series cap, fail the snapshot like more series than
+  // --max-engine-series do; checked before any per-expert count is made.
+  MoeSize moe;
+  for (EngineSeries* s : *by_index) {
+    const MoeSize one = MoePartSize(*s);
+    moe.layers += one.layers;
+    moe.experts += one.experts;
+  }
+  moe_layers_ = moe.layers;
+  expert_series_ = options_.moe_expert_series ? moe.experts : 0;
+  if (moe_layers_ > options_.max_moe_layers ||
+      expert_series_ > options_.max_engine_series - series_.size()) {
+    r.Fail();
+    return;
+  }
+  for (EngineSeries* s : *by_index) {
+    FitMoePart(*s, options_.moe_expert_series);
+  }
 }
 
 }  // namespace tokenmeter::daemon

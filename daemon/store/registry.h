@@ -49,10 +49,13 @@ class Registry {
   // True when a series of `id`'s namespace has a profile other than id's:
   // two profiles may name families alike, and one namespace shows one.
   bool NamespaceConflict(const SeriesIdentity& id) const;
-  // With --moe-expert-series, takes `n` places of the series cap for a new
-  // MoE layer's experts; false (counted in series_rejected()) when they do
-  // not fit. Always true without it.
-  bool ReserveExpertSeries(size_t n);
+  // Takes the places of a new MoE layer of `experts` experts: one of
+  // --max-moe-layers and, with --moe-expert-series, `experts` of the series
+  // cap; false (nothing taken, counted in series_rejected()) when either is
+  // full. Places are never given back (series live as long as the daemon).
+  // O(1).
+  bool ReserveMoeLayer(size_t experts);
+  size_t moe_layers() const { return moe_layers_; }
   RequestLabels& request_labels() { return request_labels_; }
   const RequestLabels& request_labels() const { return request_labels_; }
   size_t series_count() const { return series_.size(); }
@@ -102,7 +105,8 @@ class Registry {
   std::map<SeriesIdentity, std::unique_ptr<EngineSeries>> series_;
   std::map<std::string, Profile, std::less<>> ns_profiles_;
   uint64_t series_rejected_ = 0;
-  size_t expert_series_ = 0;  // places ReserveExpertSeries() took
+  size_t expert_series_ = 0;  // series cap places ReserveMoeLayer() took
+  size_t moe_layers_ = 0;     // layers ReserveMoeLayer() let in
   std::array<const Collector*, kNumDaemonMetrics> collectors_{};
   std::unique_ptr<Registration> request_labels_registration_;
 };

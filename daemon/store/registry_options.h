@@ -1,5 +1,5 @@
 // The registry's options (the --max-model-len, --buckets, --max-engine-series,
-// --request-label*, --legacy-names, --moe-expert-series and
+// --request-label*, --legacy-names, --moe-expert-series, --max-moe-layers and
 // --native-histogram-schema flags): a plain value, so that the
 // configuration holds it without the registry. Registry::Create() checks it.
 #ifndef TOKENMETER_DAEMON_STORE_REGISTRY_OPTIONS_H_
@@ -31,6 +31,10 @@ struct RegistryOptions {
   // --moe-expert-series: moe_expert_tokens{layer,expert}; each expert of a
   // layer counts as one series toward max_engine_series.
   bool moe_expert_series = false;
+  // --max-moe-layers: MoE layers (a layer number of one series, from its
+  // first EXPERT_LOAD) all series hold together; an EXPERT_LOAD that would
+  // open one more is refused (Registry::ReserveMoeLayer()).
+  size_t max_moe_layers = 262144;
   // --native-histogram-schema: the initial schema of every histogram's
   // native buckets (NativeHistogram::kMinSchema..kMaxSchema).
   int native_histogram_schema = kDefaultNativeHistogramSchema;

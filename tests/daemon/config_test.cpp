@@ -69,6 +69,7 @@ TEST(ConfigTest, Defaults) {
   EXPECT_EQ(c.registry.max_model_len, 32768u);
   EXPECT_TRUE(c.registry.buckets.empty());
   EXPECT_EQ(c.registry.max_engine_series, 4096u);
+  EXPECT_EQ(c.registry.max_moe_layers, 262144u);
   EXPECT_EQ(c.tracker.max_requests, 1'000'000u);
   EXPECT_EQ(c.tracker.idle_timeout_ns, 600 * kSecond);
   EXPECT_EQ(c.tracker.grace_ns, 2 * kSecond);
@@ -152,6 +153,12 @@ TEST(ConfigTest, EveryFlagInBothSpellings) {
        [](const Config& c) { EXPECT_EQ(c.ingest.hello_timeout_ns, kSecond); }},
       {"max-engine-series", "11",
        [](const Config& c) { EXPECT_EQ(c.registry.max_engine_series, 11u); }},
+      {"max-moe-layers", "0",
+       [](const Config& c) { EXPECT_EQ(c.registry.max_moe_layers, 0u); }},
+      {"max-moe-layers", "16777216",
+       [](const Config& c) {
+         EXPECT_EQ(c.registry.max_moe_layers, 16777216u);
+       }},
       {"ingest-group", "tokenmeter",
        [](const Config& c) { EXPECT_EQ(c.ingest.group, "tokenmeter"); }},
       {"allow-uids", "0",
@@ -208,6 +215,7 @@ TEST(ConfigTest, HelpAndVersion) {
                            "--max-connections",
                            "--max-http-connections",
                            "--max-engine-series",
+                           "--max-moe-layers",
                            "--ingest-group",
                            "--allow-uids",
                            "--allow-gids",
@@ -275,6 +283,10 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {"hello-timeout", ""},
       {"max-engine-series", "0"},
       {"max-engine-series", "16777217"},
+      {"max-moe-layers", "16777217"},
+      {"max-moe-layers", "-1"},
+      {"max-moe-layers", "1e3"},
+      {"max-moe-layers", ""},
       {"ingest-group", ""},
       {"allow-uids", ""},
       {"allow-uids", "1,"},

@@ -278,7 +278,7 @@ class OldFormat(StateDir):
     """A snapshot of format 2, written by tokenmeterd of commit 162d07b
     (tests/e2e/make_old_snapshot.py made tests/data/snapshot_v2/), loads
     in this daemon: the exposition is the one that daemon served, and the
-    snapshot of today's format this one writes at stop loads again.
+    snapshot this one writes at stop (format 4) loads again.
     Series added since (ADDED_SINCE_V2) read 0 and are left out of the
     comparison."""
 

@@ -40,4 +40,19 @@ void LoadLegacyParts(StateReader& r, EngineSeries& s) {
   lora.LoadSets(r);
 }
 
+MoeSize MoePartSize(const EngineSeries& s) {
+  MoeSize size;
+  if (const MoePart* moe = s.find_part<MoePart>()) {
+    size.layers = moe->layers().size();
+    for (const MoePart::Layer& l : moe->layers()) {
+      size.experts += l.expert_count;
+    }
+  }
+  return size;
+}
+
+void FitMoePart(EngineSeries& s, bool per_expert) {
+  if (MoePart* moe = s.find_part<MoePart>()) moe->SetPerExpert(per_expert);
+}
+
 }  // namespace tokenmeter::daemon

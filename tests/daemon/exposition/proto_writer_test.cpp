@@ -237,7 +237,8 @@ TEST(ProtoWriterTest, ProtobufCarriesEverySampleOfTheTextInEachProfile) {
   EngineSeries* s = with_moe->GetOrCreate({"vllm", "m", "0", {}});
   Fill(*s, 1, true, true);
   const uint64_t load[] = {6, 2, 0, 1};
-  ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(load, 4)));
+  ASSERT_TRUE(
+      s->part<MoePart>().Add(3, std::span<const uint64_t>(load, 4), true));
   ExpectProtobufEqualsText(*with_moe);
 }
 

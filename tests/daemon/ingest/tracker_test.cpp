@@ -1570,36 +1570,94 @@ void SendExpertLoad(Harness& h, const Source& src, uint32_t layer,
   h.tracker->Apply(src, ev, counts.data(), h.clock.NowNs());
 }
 
+// The per-expert counts of `layer` on `s` (empty when none are kept).
+std::vector<uint64_t> Experts(const EngineSeries& s, uint32_t layer) {
+  const MoePart::Layer* l = s.find_part<MoePart>()->FindLayer(layer);
+  if (l == nullptr) return {};
+  return {l->expert_tokens().begin(), l->expert_tokens().end()};
+}
+
 TEST(TrackerTest, ExpertLoadAddsUpPerLayerAndExpert) {
-  Harness h;
+  RegistryOptions options;
+  options.moe_expert_series = true;
+  Harness h(options, Profile::kVllm);
   SendExpertLoad(h, h.Core(), 2, {6, 2, 0, 0});
   SendExpertLoad(h, h.Core(), 2, {1, 1, 1, 1});
   SendExpertLoad(h, h.Core(), 5, {0, 0});
   EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 3u);
-  const auto& moe = h.core->find_part<MoePart>()->layers();
-  ASSERT_EQ(moe.size(), 2u);
-  EXPECT_EQ(moe.at(2).experts, (std::vector<uint64_t>{7, 3, 1, 1}));
-  EXPECT_EQ(moe.at(2).routed, 12u);
-  EXPECT_DOUBLE_EQ(moe.at(2).imbalance, 1.0);  // the latest non-zero load
-  EXPECT_FALSE(moe.at(5).has_imbalance);       // known, never loaded
+  const MoePart& moe = *h.core->find_part<MoePart>();
+  ASSERT_EQ(moe.layers().size(), 2u);
+  EXPECT_EQ(Experts(*h.core, 2), (std::vector<uint64_t>{7, 3, 1, 1}));
+  EXPECT_EQ(moe.FindLayer(2)->routed, 12u);
+  // The latest non-zero load.
+  EXPECT_DOUBLE_EQ(moe.FindLayer(2)->imbalance, 1.0);
+  EXPECT_FALSE(moe.FindLayer(5)->has_imbalance);  // known, never loaded
   EXPECT_EQ(h.core->hist(kMoeImbalance).count(), 2u);
   EXPECT_DOUBLE_EQ(h.core->hist(kMoeImbalance).sum(), 4.0);  // 3 + 1
   EXPECT_EQ(h.front->find_part<MoePart>(), nullptr);
 }
 
 TEST(TrackerTest, ExpertLoadWithAnotherExpertCountIsABadEvent) {
-  Harness h;
+  RegistryOptions options;
+  options.moe_expert_series = true;
+  Harness h(options, Profile::kVllm);
   SendExpertLoad(h, h.Core(), 0, {0, 0, 0});  // fixes 3 experts
   SendExpertLoad(h, h.Core(), 0, {1, 2});
   SendExpertLoad(h, h.Core(), 0, {1, 2, 3, 4});
   SendExpertLoad(h, h.Core(), 0, {1, 1, 1});
   EXPECT_EQ(h.stats->errors(IngestError::kBadEvent), 2u);
   EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 2u);
-  EXPECT_EQ(h.core->find_part<MoePart>()->layers().at(0).experts,
-            (std::vector<uint64_t>{1, 1, 1}));
+  EXPECT_EQ(Experts(*h.core, 0), (std::vector<uint64_t>{1, 1, 1}));
   // Another series has its own layers.
   SendExpertLoad(h, h.Front(), 0, {9, 9});
-  EXPECT_EQ(h.front->find_part<MoePart>()->layers().at(0).experts.size(), 2u);
+  EXPECT_EQ(Experts(*h.front, 0).size(), 2u);
+}
+
+// Without --moe-expert-series nothing exposed needs a layer's per-expert
+// counts: a layer of 1024 experts keeps none (issue 28, defect 4).
+TEST(TrackerTest, ExpertLoadKeepsNoPerExpertCountsWithoutTheOption) {
+  Harness h;
+  SendExpertLoad(h, h.Core(), 4095, std::vector<uint64_t>(1024, 2));
+  SendExpertLoad(h, h.Core(), 4095, std::vector<uint64_t>(1024, 1));
+  EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 2u);
+  const MoePart::Layer* l = h.core->find_part<MoePart>()->FindLayer(4095);
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->experts, nullptr);
+  EXPECT_EQ(l->expert_count, 1024u);
+  EXPECT_EQ(l->routed, 3u * 1024);
+  EXPECT_DOUBLE_EQ(l->imbalance, 1.0);
+  SendExpertLoad(h, h.Core(), 4095, std::vector<uint64_t>(1023, 1));
+  EXPECT_EQ(h.stats->errors(IngestError::kBadEvent), 1u);
+}
+
+// --max-moe-layers: the layers of all series together; a new layer beyond
+// it is refused and counted as series_limit, a known one still adds up.
+TEST(TrackerTest, ExpertLoadBeyondTheMoeLayerCapIsRefusedAndCounted) {
+  RegistryOptions options;
+  options.max_moe_layers = 3;
+  Harness h(options, Profile::kVllm);
+  SendExpertLoad(h, h.Core(), 0, {1, 1});
+  SendExpertLoad(h, h.Core(), 4095, {1, 1});
+  SendExpertLoad(h, h.Front(), 0, {1, 1});  // another series' layer 0
+  EXPECT_EQ(h.registry->moe_layers(), 3u);
+  EXPECT_EQ(h.registry->series_rejected(), 0u);
+  SendExpertLoad(h, h.Front(), 1, {1, 1});  // a fourth: refused
+  SendExpertLoad(h, h.Core(), 7, {5});      // also refused
+  EXPECT_EQ(h.stats->errors(IngestError::kSeriesLimit), 2u);
+  EXPECT_EQ(h.registry->series_rejected(), 2u);
+  EXPECT_EQ(h.registry->moe_layers(), 3u);
+  EXPECT_FALSE(h.front->find_part<MoePart>()->has_layer(1));
+  EXPECT_FALSE(h.core->find_part<MoePart>()->has_layer(7));
+  SendExpertLoad(h, h.Front(), 0, {2, 2});  // known: still applied
+  EXPECT_EQ(h.front->find_part<MoePart>()->FindLayer(0)->routed, 6u);
+  EXPECT_EQ(h.stats->events(EventKind::kExpertLoad), 4u);
+  // A refused first EXPERT_LOAD makes no part; 0 refuses every one.
+  RegistryOptions none;
+  none.max_moe_layers = 0;
+  Harness off(none, Profile::kVllm);
+  SendExpertLoad(off, off.Core(), 0, {1});
+  EXPECT_EQ(off.stats->errors(IngestError::kSeriesLimit), 1u);
+  EXPECT_EQ(off.core->find_part<MoePart>(), nullptr);
 }
 
 TEST(TrackerTest, ExpertSeriesCountTowardTheSeriesCap) {

@@ -84,10 +84,11 @@ TEST_F(SummaryTest, WorstMoeLayerOnlyWithExpertLoad) {
   const uint64_t skewed[] = {5, 1, 1, 1};  // max 5, mean 2
   const uint64_t none[] = {0, 0, 0, 0};
   ASSERT_TRUE(
-      s_->part<MoePart>().Add(0, std::span<const uint64_t>(balanced, 4)));
+      s_->part<MoePart>().Add(0, std::span<const uint64_t>(balanced, 4), true));
   ASSERT_TRUE(
-      s_->part<MoePart>().Add(17, std::span<const uint64_t>(skewed, 4)));
-  ASSERT_TRUE(s_->part<MoePart>().Add(30, std::span<const uint64_t>(none, 4)));
+      s_->part<MoePart>().Add(17, std::span<const uint64_t>(skewed, 4), true));
+  ASSERT_TRUE(
+      s_->part<MoePart>().Add(30, std::span<const uint64_t>(none, 4), true));
   const std::string line = log_.Line(*s_, 10.0, &idle);
   EXPECT_NE(line.find(", MoE worst layer imbalance: 2.50 (layer 17)"),
             std::string::npos)

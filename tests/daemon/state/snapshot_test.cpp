@@ -119,8 +119,10 @@ void Fill(Components& c) {
     series->part<CacheConfigPart>().Set({{"block_size", "16", 16}});
     series->part<LoraPart>().SetMaxLora(4);
     const uint64_t load[4] = {1, 2, 3, uint64_t(s)};
-    ASSERT_TRUE(
-        series->part<MoePart>().Add(0, std::span<const uint64_t>(load, 4)));
+    // As the tracker applies a first EXPERT_LOAD: the layer's places first.
+    ASSERT_TRUE(c.reg->ReserveMoeLayer(4));
+    ASSERT_TRUE(series->part<MoePart>().Add(
+        0, std::span<const uint64_t>(load, 4), true));
     const Source src{series, uint64_t(10 + s)};
     for (uint64_t i = 0; i < 40; ++i) {
       ArrivedExtras x;
@@ -291,7 +293,7 @@ TEST(StateTest, SnapshotVersionsReadAndRefused) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string d = dir;
   const SnapshotFingerprint fp{{"b", "n", "r"}};
-  for (const uint32_t version : {0u, 1u, 2u, 3u}) {
+  for (const uint32_t version : {0u, 1u, 2u, 3u, 4u, 5u}) {
     SCOPED_TRACE(version);
     std::string bytes;
     EncodeSnapshot(

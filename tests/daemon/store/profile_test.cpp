@@ -131,7 +131,8 @@ std::string RenderOneSeries(Profile p, bool legacy_names) {
   s->part<CacheConfigPart>().Set(
       {{"page_size", "16", 16}, {"num_pages", "4", 4}});
   const uint64_t counts[] = {3, 1};
-  EXPECT_TRUE(s->part<MoePart>().Add(0, std::span<const uint64_t>(counts, 2)));
+  EXPECT_TRUE(
+      s->part<MoePart>().Add(0, std::span<const uint64_t>(counts, 2), true));
   return Render(*reg, ExpositionFormat::kText004);
 }
 
@@ -171,12 +172,15 @@ TEST(ProfileTest, MoeSeriesPerLayerAndExpert) {
     const uint64_t b[] = {1, 1, 1, 1};  // balanced
     const uint64_t zero[] = {0, 0, 0, 0};
     const uint64_t wrong[] = {1, 2};
-    ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(a, 4)));
-    ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(b, 4)));
-    ASSERT_TRUE(s->part<MoePart>().Add(
-        7, std::span<const uint64_t>(zero, 4)));  // fixes 4 experts, no ratio
-    EXPECT_FALSE(s->part<MoePart>().Add(
-        3, std::span<const uint64_t>(wrong, 2)));  // the count is fixed
+    ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(a, 4),
+                                       expert_series));
+    ASSERT_TRUE(s->part<MoePart>().Add(3, std::span<const uint64_t>(b, 4),
+                                       expert_series));
+    ASSERT_TRUE(
+        s->part<MoePart>().Add(7, std::span<const uint64_t>(zero, 4),
+                               expert_series));  // fixes 4 experts, no ratio
+    EXPECT_FALSE(s->part<MoePart>().Add(3, std::span<const uint64_t>(wrong, 2),
+                                        expert_series));  // the count is fixed
     const std::string text = Render(*reg, ExpositionFormat::kText004);
     const std::string l = "model_name=\"m\",engine=\"0\"";
     EXPECT_TRUE(HasLine(

@@ -13,10 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/base/state_io.h"
 #include "daemon/exposition/exposition.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/store/parts/cache_config.h"
 #include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/moe.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/request_labels.h"
 
@@ -168,6 +170,84 @@ TEST(RegistryTest, SeriesCapReturnsNullAndCounts) {
   EXPECT_EQ(reg->GetOrCreate({"vllm", "m", "0", {}}), a);
   EXPECT_EQ(reg->series_rejected(), 2u);
   EXPECT_EQ(reg->series_count(), 2u);
+}
+
+// A snapshot's MoE layers count toward --max-moe-layers of the daemon that
+// loads it, and its per-expert counts follow that daemon's
+// --moe-expert-series: dropped without it, started at 0 with it.
+TEST(RegistryTest, SnapshotMoeLayersFitTheLoadingOptions) {
+  RegistryOptions with;
+  with.moe_expert_series = true;
+  auto saved = MustCreate(with);
+  EngineSeries* a = saved->GetOrCreate({"vllm", "m", "0", {}});
+  EngineSeries* b = saved->GetOrCreate({"vllm", "m", "1", {}});
+  const uint64_t load[] = {4, 2};
+  for (uint32_t layer : {0u, 1u, 2u}) {
+    ASSERT_TRUE(saved->ReserveMoeLayer(2));
+    ASSERT_TRUE(a->part<MoePart>().Add(layer, load, true));
+  }
+  ASSERT_TRUE(saved->ReserveMoeLayer(2));
+  ASSERT_TRUE(b->part<MoePart>().Add(9, load, true));
+  EXPECT_EQ(saved->moe_layers(), 4u);
+  std::string bytes;
+  StateWriter w(bytes);
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  saved->SaveState(w, &index);
+
+  auto load_into = [&](const RegistryOptions& o, bool* ok) {
+    auto reg = MustCreate(o);
+    StateReader r(bytes.data(), bytes.size());
+    std::vector<EngineSeries*> by_index;
+    reg->LoadState(r, &by_index);
+    *ok = r.ok() && r.at_end();
+    return reg;
+  };
+  bool ok = false;
+  auto same = load_into(with, &ok);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(same->moe_layers(), 4u);
+  const EngineSeries* a2 = same->GetOrCreate({"vllm", "m", "0", {}});
+  EXPECT_NE(a2->find_part<MoePart>()->FindLayer(2)->experts, nullptr);
+  EXPECT_EQ(a2->find_part<MoePart>()->FindLayer(2)->experts[0], 4u);
+
+  RegistryOptions without;
+  auto plain = load_into(without, &ok);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(plain->moe_layers(), 4u);
+  const EngineSeries* a3 = plain->GetOrCreate({"vllm", "m", "0", {}});
+  const MoePart::Layer* l = a3->find_part<MoePart>()->FindLayer(2);
+  EXPECT_EQ(l->experts, nullptr);
+  EXPECT_EQ(l->expert_count, 2u);
+  EXPECT_EQ(l->routed, 6u);
+  // A cap one below what the snapshot holds refuses it, like a series
+  // beyond --max-engine-series: three layers for four, or, with
+  // --moe-expert-series, 9 series places for 2 series and 8 experts
+  // (counted from the layers, whatever the snapshot's daemon counted). At
+  // the cap it loads, full.
+  RegistryOptions layers_below;
+  layers_below.max_moe_layers = 3;
+  RegistryOptions places_below = with;
+  places_below.max_engine_series = 9;
+  for (RegistryOptions o : {layers_below, places_below}) {
+    load_into(o, &ok);
+    EXPECT_FALSE(ok);
+    if (o.moe_expert_series) {
+      ++o.max_engine_series;
+    } else {
+      ++o.max_moe_layers;
+    }
+    auto full = load_into(o, &ok);
+    EXPECT_TRUE(ok);
+    EXPECT_FALSE(full->ReserveMoeLayer(1));
+    EXPECT_EQ(full->series_rejected(), 1u);
+    EXPECT_EQ(full->GetOrCreate({"vllm", "m", "2", {}}) == nullptr,
+              o.moe_expert_series);
+  }
+  RegistryOptions loose = without;
+  loose.max_engine_series = 3;  // without the option experts take none
+  auto three_series = load_into(loose, &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_NE(three_series->GetOrCreate({"vllm", "m", "2", {}}), nullptr);
 }
 
 TEST(RegistryTest, LabelTextIsEscapedInHelloOrder) {

@@ -183,20 +183,28 @@ TEST_F(PartsTest, LoraRefusesAnAdapterTheTablesDoNotHave) {
   }
 }
 
+// The per-expert counts of `layer` (empty when the part keeps none).
+std::vector<uint64_t> Experts(const MoePart& m, uint32_t layer) {
+  const MoePart::Layer* l = m.FindLayer(layer);
+  if (l == nullptr) return {};
+  return {l->expert_tokens().begin(), l->expert_tokens().end()};
+}
+
 TEST_F(PartsTest, MoeAddsUpPerLayerAndObservesItsImbalance) {
   MoePart& m = s_->part<MoePart>();
   const uint64_t a[] = {6, 2, 0, 0};
   const uint64_t b[] = {1, 1, 1, 1};
   const uint64_t zero[] = {0, 0};
   const uint64_t wrong[] = {1, 2, 3};
-  EXPECT_TRUE(m.Add(2, a));
-  EXPECT_TRUE(m.Add(2, b));
-  EXPECT_TRUE(m.Add(5, zero));
-  EXPECT_FALSE(m.Add(2, wrong));  // the expert count is fixed
-  EXPECT_EQ(m.layers().at(2).experts, (std::vector<uint64_t>{7, 3, 1, 1}));
-  EXPECT_EQ(m.layers().at(2).routed, 12u);
-  EXPECT_DOUBLE_EQ(m.layers().at(2).imbalance, 1.0);
-  EXPECT_FALSE(m.layers().at(5).has_imbalance);
+  EXPECT_TRUE(m.Add(2, a, true));
+  EXPECT_TRUE(m.Add(2, b, true));
+  EXPECT_TRUE(m.Add(5, zero, true));
+  EXPECT_FALSE(m.Add(2, wrong, true));  // the expert count is fixed
+  EXPECT_EQ(Experts(m, 2), (std::vector<uint64_t>{7, 3, 1, 1}));
+  EXPECT_EQ(m.FindLayer(2)->routed, 12u);
+  EXPECT_DOUBLE_EQ(m.FindLayer(2)->imbalance, 1.0);
+  EXPECT_FALSE(m.FindLayer(5)->has_imbalance);
+  EXPECT_EQ(m.FindLayer(3), nullptr);
   EXPECT_EQ(s_->hist(kMoeImbalance).count(), 2u);  // 3, then 1
   uint32_t worst = 99;
   ASSERT_NE(m.WorstLayer(&worst), nullptr);
@@ -204,8 +212,54 @@ TEST_F(PartsTest, MoeAddsUpPerLayerAndObservesItsImbalance) {
   // Saturating.
   const uint64_t big[] = {UINT32_MAX, UINT32_MAX};
   MoePart sat(*s_);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sat.Add(0, big));
-  EXPECT_EQ(sat.layers().at(0).experts[0], 3ull * UINT32_MAX);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sat.Add(0, big, true));
+  EXPECT_EQ(Experts(sat, 0)[0], 3ull * UINT32_MAX);
+}
+
+// Without --moe-expert-series a layer keeps its expert count, sum and
+// imbalance only: what the exposed families need.
+TEST_F(PartsTest, MoeKeepsNoPerExpertCountsWithoutTheirOption) {
+  MoePart& m = s_->part<MoePart>();
+  const std::vector<uint64_t> wide(1024, 3);
+  const uint64_t a[] = {6, 2, 0, 0};
+  EXPECT_TRUE(m.Add(4095, wide, false));
+  EXPECT_TRUE(m.Add(2, a, false));
+  EXPECT_TRUE(m.Add(2, a, false));
+  const uint64_t three[] = {1, 2, 3};
+  EXPECT_FALSE(m.Add(2, three, false));  // still a fixed expert count
+  const MoePart::Layer* l = m.FindLayer(2);
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->experts, nullptr);
+  EXPECT_TRUE(l->expert_tokens().empty());
+  EXPECT_EQ(l->expert_count, 4u);
+  EXPECT_EQ(l->routed, 16u);
+  EXPECT_DOUBLE_EQ(l->imbalance, 3.0);
+  EXPECT_EQ(m.FindLayer(4095)->expert_count, 1024u);
+  EXPECT_EQ(m.FindLayer(4095)->routed, 3u * 1024);
+  EXPECT_EQ(m.FindLayer(4095)->experts, nullptr);
+  // Turning the option on starts the counts at 0; off drops them.
+  EXPECT_TRUE(m.Add(2, a, true));
+  EXPECT_EQ(Experts(m, 2), (std::vector<uint64_t>{6, 2, 0, 0}));
+  m.SetPerExpert(false);
+  EXPECT_EQ(m.FindLayer(2)->experts, nullptr);
+  m.SetPerExpert(true);
+  EXPECT_EQ(Experts(m, 4095), std::vector<uint64_t>(1024, 0));
+  EXPECT_EQ(m.FindLayer(2)->routed, 24u);
+}
+
+// Layers are kept and written by index, whatever order they come in.
+TEST_F(PartsTest, MoeWritesLayersInIndexOrder) {
+  MoePart& m = s_->part<MoePart>();
+  const uint64_t one[] = {1};
+  for (const uint32_t layer : {9u, 0u, 4095u, 3u, 10u, 1u}) {
+    ASSERT_TRUE(m.Add(layer, one, false));
+  }
+  std::vector<uint32_t> order;
+  for (const MoePart::Layer& l : m.layers()) order.push_back(l.index);
+  EXPECT_EQ(order, (std::vector<uint32_t>{0, 1, 3, 9, 10, 4095}));
+  const std::string text = Samples(m, Row(PartFamily::kMoeRoutedTokens), *s_);
+  EXPECT_LT(text.find("layer=\"1\""), text.find("layer=\"3\""));
+  EXPECT_LT(text.find("layer=\"10\""), text.find("layer=\"4095\""));
 }
 
 TEST_F(PartsTest, MoeExpertSeriesOnlyWithTheirOption) {
@@ -213,7 +267,7 @@ TEST_F(PartsTest, MoeExpertSeriesOnlyWithTheirOption) {
   RegistryOptions o;
   EXPECT_FALSE(m.Shows(Row(PartFamily::kMoeRoutedTokens), o));  // no layer
   const uint64_t load[] = {3, 1};
-  ASSERT_TRUE(m.Add(7, load));
+  ASSERT_TRUE(m.Add(7, load, true));
   EXPECT_TRUE(m.Shows(Row(PartFamily::kMoeRoutedTokens), o));
   EXPECT_TRUE(m.Shows(Row(PartFamily::kMoeLayerImbalance), o));
   EXPECT_FALSE(m.Shows(Row(PartFamily::kMoeExpertTokens), o));
@@ -229,21 +283,101 @@ TEST_F(PartsTest, MoeExpertSeriesOnlyWithTheirOption) {
   bool ok = false;
   std::unique_ptr<Part> copy = RoundTrip(m, &ok);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(static_cast<MoePart&>(*copy).layers().at(7).routed, 4u);
+  EXPECT_EQ(static_cast<MoePart&>(*copy).FindLayer(7)->routed, 4u);
+  EXPECT_EQ(Experts(static_cast<MoePart&>(*copy), 7),
+            (std::vector<uint64_t>{3, 1}));
+  // Without per-expert counts the snapshot keeps the expert count.
+  m.SetPerExpert(false);
+  copy = RoundTrip(m, &ok);
+  EXPECT_TRUE(ok);
+  const MoePart::Layer* l = static_cast<MoePart&>(*copy).FindLayer(7);
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->experts, nullptr);
+  EXPECT_EQ(l->expert_count, 2u);
+  EXPECT_EQ(l->routed, 4u);
+  EXPECT_DOUBLE_EQ(l->imbalance, 1.5);
+  // A layer that has no per-expert counts yet shows each of its experts at
+  // 0 (a snapshot saved without the option, loaded with it).
+  EXPECT_EQ(Samples(*copy, Row(PartFamily::kMoeExpertTokens), *s_),
+            "x_total{model_name=\"m\",engine=\"0\",k=\"v\",layer=\"7\","
+            "expert=\"0\"} 0\n"
+            "x_total{model_name=\"m\",engine=\"0\",k=\"v\",layer=\"7\","
+            "expert=\"1\"} 0\n");
+}
+
+// A format-3 snapshot (every layer with its per-expert counts) still loads.
+TEST_F(PartsTest, MoeLoadsFormatThree) {
+  std::string bytes;
+  StateWriter w(bytes);
+  w.U64(2);
+  for (const uint32_t layer : {1u, 7u}) {
+    w.U32(layer);
+    w.U64(2);
+    w.U64(3);
+    w.U64(layer);
+    w.U64(3 + layer);
+    w.F64(1.5);
+    w.Bool(true);
+  }
+  MoePart m(*s_);
+  StateReader r(bytes.data(), bytes.size(), /*version=*/3);
+  m.LoadState(r);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  ASSERT_EQ(m.layers().size(), 2u);
+  EXPECT_EQ(Experts(m, 7), (std::vector<uint64_t>{3, 7}));
+  EXPECT_EQ(m.FindLayer(7)->expert_count, 2u);
+  EXPECT_EQ(m.FindLayer(1)->routed, 4u);
+  EXPECT_TRUE(m.FindLayer(1)->has_imbalance);
 }
 
 TEST_F(PartsTest, MoeRefusesMoreLayersOrExpertsThanTheProtocolAllows) {
-  for (const bool too_many_layers : {true, false}) {
-    std::string bytes;
-    StateWriter w(bytes);
-    w.U64(too_many_layers ? TM_MAX_MOE_LAYERS + 1 : 1);
-    w.U32(0);
-    w.U64(too_many_layers ? 1 : TM_MAX_MOE_EXPERTS + 1);
-    bytes.append(64 * 1024, '\0');
-    MoePart m(*s_);
-    StateReader r(bytes.data(), bytes.size());
-    m.LoadState(r);
-    EXPECT_FALSE(r.ok()) << too_many_layers;
+  // Two layers (index, experts) in the layout of `version`, or a count of
+  // `layers` with zero-filled bytes behind it.
+  struct Case {
+    const char* what;
+    uint64_t layers;
+    uint32_t first, second;
+    uint64_t experts;
+  };
+  const Case cases[] = {
+      {"too many layers", TM_MAX_MOE_LAYERS + 1, 0, 1, 1},
+      {"too many experts", 2, 0, 1, TM_MAX_MOE_EXPERTS + 1},
+      {"no expert", 2, 0, 1, 0},
+      {"layer past the protocol", 2, 0, TM_MAX_MOE_LAYERS, 1},
+      {"layer twice", 2, 5, 5, 1},
+      {"layers out of order", 2, 6, 5, 1},
+      {"good", 2, 5, 6, 1},
+  };
+  for (const uint32_t version : {3u, 4u}) {
+    for (const Case& c : cases) {
+      std::string bytes;
+      StateWriter w(bytes);
+      w.U64(c.layers);
+      for (const uint32_t layer : {c.first, c.second}) {
+        w.U32(layer);
+        if (version == 3) {
+          w.U64(c.experts);
+        } else {
+          w.U32(uint32_t(c.experts));
+          w.Bool(true);
+        }
+        for (uint64_t e = 0; e < std::min<uint64_t>(c.experts, 2); ++e) {
+          w.U64(1);
+        }
+        w.U64(1);
+        w.F64(1);
+        w.Bool(true);
+      }
+      const bool good = std::string_view(c.what) == "good";
+      if (!good) bytes.append(64 * 1024, '\0');
+      MoePart m(*s_);
+      StateReader r(bytes.data(), bytes.size(), version);
+      m.LoadState(r);
+      EXPECT_EQ(r.ok(), good) << c.what << " format " << version;
+      if (good) {
+        EXPECT_TRUE(r.at_end()) << version;
+      }
+    }
   }
 }
 
@@ -268,7 +402,7 @@ TEST_F(PartsTest, ChunkTokensObservesAsAPlainHistogramWould) {
   EXPECT_TRUE(bytes.empty());
 }
 
-// A series' snapshot (format 3), after its parts' count.
+// A series' snapshot (format 4), after its parts' count.
 std::string SeriesBytes(const EngineSeries& s) {
   std::string bytes;
   StateWriter w(bytes);
@@ -339,7 +473,9 @@ TEST_F(PartsTest, FormatsOneAndTwoKeptTheFeaturesInTheSeries) {
   EXPECT_NE(s_->find_part<CacheConfigPart>()->FindNumber("block_size"),
             nullptr);
   ASSERT_NE(s_->find_part<MoePart>(), nullptr);
-  EXPECT_EQ(s_->find_part<MoePart>()->layers().at(3).routed, 6u);
+  EXPECT_EQ(s_->find_part<MoePart>()->FindLayer(3)->routed, 6u);
+  EXPECT_EQ(Experts(*s_->find_part<MoePart>(), 3),
+            (std::vector<uint64_t>{5, 1}));
   const LoraPart& l = *s_->find_part<LoraPart>();
   EXPECT_EQ(l.max_lora(), "8");
   EXPECT_EQ(l.Set(true), "sql");
