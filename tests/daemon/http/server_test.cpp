@@ -942,6 +942,140 @@ TEST_F(HttpServerTest, BasicAuthGuardsEveryPath) {
   EXPECT_EQ(r.status, 404);
 }
 
+// A password check runs on libuv's thread pool: while one takes a
+// cost-12 bcrypt (a quarter second or more), a scrape with cached credentials
+// on another connection is answered, and the waiting connection is answered
+// after it.
+TEST_F(HttpServerTest, PasswordCheckDoesNotHoldOtherConnections) {
+  ServerOptions options;
+  std::unique_ptr<BasicAuth> auth;
+  ASSERT_TRUE(BasicAuth::Create({{"prom", testutil::BcryptHash("pw")},
+                                 {"slow", testutil::BcryptHash("pw", 12)}},
+                                &auth)
+                  .ok());
+  options.basic_auth = std::move(auth);
+  Start(options);
+  const std::string good =
+      "Authorization: " + testutil::Basic("prom:pw") + "\r\n";
+  EXPECT_EQ(Fetch(Get("/metrics", good)).status, 200);  // now cached
+
+  Client waiting;
+  ASSERT_TRUE(waiting.Connect(port_));
+  ASSERT_TRUE(waiting.Send(Get(
+      "/metrics", "Authorization: " + testutil::Basic("slow:wrong") + "\r\n")));
+  // Pipelined behind it: read only once the check is done.
+  ASSERT_TRUE(waiting.Send(Get("/a", good)));
+  for (int i = 0; i < 3; ++i) {
+    Client::Response r = Fetch(Get("/metrics", good));
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(waiting.Unread(), 0u) << "the slow check was done first";
+  }
+  Client::Response r;
+  ASSERT_TRUE(waiting.Read(&r));
+  EXPECT_EQ(r.status, 401);
+  ASSERT_TRUE(waiting.Read(&r));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "A");
+}
+
+// A client that gives up while its check waits (a scrape timeout) is not
+// read from until it is answered: its check still runs, and a password that
+// passes is cached for its next try, which needs no bcrypt.
+TEST_F(HttpServerTest, ClientThatLeavesStillGetsItsPasswordCached) {
+  ServerOptions options;
+  std::unique_ptr<BasicAuth> auth;
+  ASSERT_TRUE(
+      BasicAuth::Create({{"slow", testutil::BcryptHash("pw", 12)}}, &auth)
+          .ok());
+  options.basic_auth = std::move(auth);
+  Start(options);
+  const std::string good =
+      "Authorization: " + testutil::Basic("slow:pw") + "\r\n";
+  Client running;
+  ASSERT_TRUE(running.Connect(port_));
+  ASSERT_TRUE(running.Send(Get(
+      "/metrics", "Authorization: " + testutil::Basic("slow:no") + "\r\n")));
+  ASSERT_TRUE(PollUntil([&] { return server_->password_checks() == 1; }));
+  {
+    Client leaver;
+    ASSERT_TRUE(leaver.Connect(port_));
+    ASSERT_TRUE(leaver.Send(Get("/metrics", good)));
+    ASSERT_TRUE(PollUntil([&] { return server_->password_checks() == 2; }));
+  }  // Gone while its check waits behind the running one.
+  // Both checks done: the leaver's connection answered, then closed.
+  ASSERT_TRUE(PollUntil([&] { return server_->connections() == 1; },
+                        std::chrono::milliseconds(20000)));
+  EXPECT_EQ(Fetch(Get("/metrics", good)).status, 200);
+  EXPECT_EQ(server_->password_checks(), 2u) << "not from the cache";
+  Client::Response r;
+  ASSERT_TRUE(running.Read(&r));
+  EXPECT_EQ(r.status, 401);
+}
+
+// Closing the server while one check runs on the pool and two wait: the
+// connections are closed unanswered at once, the waiting checks dropped,
+// and the server's close completes only once the running check is off the
+// pool (under ASan: nothing touches a freed connection or job).
+TEST_F(HttpServerTest, ServerClosesWithChecksRunningAndWaiting) {
+  ServerOptions options;
+  std::unique_ptr<BasicAuth> auth;
+  ASSERT_TRUE(
+      BasicAuth::Create({{"slow", testutil::BcryptHash("pw", 12)}}, &auth)
+          .ok());
+  options.basic_auth = std::move(auth);
+  Start(options);
+  std::vector<Client> clients(3);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    ASSERT_TRUE(clients[i].Connect(port_));
+    ASSERT_TRUE(clients[i].Send(Get(
+        "/metrics", "Authorization: " + testutil::Basic("slow:pw") + "\r\n")));
+    ASSERT_TRUE(PollUntil([&] { return server_->password_checks() == i + 1; }));
+  }
+  uv_async_send(&stop_);
+  thread_.join();  // Server::Close's done ran: nothing left on the pool.
+  EXPECT_EQ(server_->connections(), 0u);
+  for (Client& client : clients) {
+    Client::Response r;
+    EXPECT_FALSE(client.Read(&r)) << "answered " << r.status;
+  }
+  server_.reset();  // Closed: TearDown only closes the loop.
+}
+
+// Beyond auth_max_waiting, a request that needs a bcrypt is answered 503
+// with Retry-After at once; its connection stays open and is served later.
+TEST_F(HttpServerTest, FullCheckQueueIsAnswered503) {
+  ServerOptions options;
+  std::unique_ptr<BasicAuth> auth;
+  ASSERT_TRUE(BasicAuth::Create({{"prom", testutil::BcryptHash("pw")},
+                                 {"slow", testutil::BcryptHash("pw", 12)}},
+                                &auth)
+                  .ok());
+  options.basic_auth = std::move(auth);
+  options.auth_max_waiting = 0;
+  Start(options);
+  const std::string good =
+      "Authorization: " + testutil::Basic("prom:pw") + "\r\n";
+  Client running;
+  ASSERT_TRUE(running.Connect(port_));
+  ASSERT_TRUE(running.Send(Get(
+      "/metrics", "Authorization: " + testutil::Basic("slow:wrong") + "\r\n")));
+  ASSERT_TRUE(PollUntil([&] { return server_->password_checks() == 1; }));
+  Client busy;
+  ASSERT_TRUE(busy.Connect(port_));
+  Client::Response r;
+  ASSERT_TRUE(busy.Send(Get("/metrics", good)));
+  ASSERT_TRUE(busy.Read(&r));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(server_->password_checks(), 1u);
+  EXPECT_EQ(r.Header("retry-after"), "1");
+  EXPECT_EQ(server_->responses(Server::ResponseSlot(503)), 1u);
+  ASSERT_TRUE(running.Read(&r));
+  EXPECT_EQ(r.status, 401);
+  ASSERT_TRUE(busy.Send(Get("/metrics", good)));  // same connection
+  ASSERT_TRUE(busy.Read(&r));
+  EXPECT_EQ(r.status, 200);
+}
+
 TEST_F(HttpServerTest, GzipRoundTrip) {
   Start();
   Client::Response r = Fetch(Get("/big", "Accept-Encoding: deflate, gzip\r\n"));
