@@ -14,13 +14,23 @@ a lower rate). The scraper pays bcrypt once (its first scrape), then:
    with a wrong password, the next as soon as the previous is answered;
    the same 50 scrapes again, and one first scrape of a second user whose
    password is not yet cached (it waits its turn behind the flood's
-   checks; printed, not checked).
+   checks, given up after 10 s as Prometheus would; printed, not
+   checked).
 
 Must hold: p99 <= 100 ms over the 50 scrapes under the flood, and ingest
 under the flood >= 0.9 of its rate without. p99 is the nearest rank: with
-50 scrapes, the slowest. The flood phase gives up after --deadline seconds
-(a daemon that checks passwords on its loop answers a scrape every few
+50 scrapes, the slowest. Ingest is the rate of events the daemon applied
+between the first and the last scrape answered 200 in a phase (read from
+vllm:generation_tokens_total); where fewer than two were answered, the
+rate the sender got events into the socket (the sent count it keeps in a
+file). A scrape gives up after 10 s (Prometheus' default scrape_timeout)
+and counts as 10 s; the flood phase gives up after --deadline seconds (a
+daemon that checks passwords on its loop answers a scrape every few
 seconds), which fails the test with the figures so far.
+
+Any tokenmeterd can be measured, e.g. an old build against this one, one
+after the other: for d in OLD/daemon/tokenmeterd build-rel/daemon/
+tokenmeterd; do /usr/bin/python3 tests/hostile/auth_flood_test.py $d; done
 
 Usage: auth_flood_test.py TOKENMETERD [--scrapes N] [--flood N]
        [--deadline S] [--rate EVENTS_PER_S]
@@ -36,6 +46,7 @@ import selectors
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -49,6 +60,8 @@ LATE_USER, LATE_PASSWORD = "late", "battery staple"
 P99_LIMIT_S = 0.100
 INGEST_RATIO_MIN = 0.9
 SCRAPE_GAP_S = 0.05
+# Prometheus' default scrape_timeout.
+LATE_TIMEOUT_S = 10.0
 
 
 def authorization(user, password):
@@ -131,9 +144,11 @@ def run_flood(port, connections):
     print(json.dumps(counts), flush=True)
 
 
-def run_sender(sock_path, rate):
+def run_sender(sock_path, rate, count_path):
     """TOKENS events at `rate` per second in batches every 10 ms, paced
-    without catching up; prints {"sent": events} as JSON on SIGTERM."""
+    without catching up; keeps the number sent so far in `count_path` (8
+    bytes, little-endian) and prints {"sent": events} as JSON on SIGTERM."""
+    count_fd = os.open(count_path, os.O_WRONLY)
     per_batch = max(1, rate // 100)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -152,6 +167,7 @@ def run_sender(sock_path, rate):
             break
         seq += 1
         sent += per_batch
+        os.pwrite(count_fd, struct.pack("<Q", sent), 0)
         next_t = max(next_t + 0.01, time.monotonic())
         delay = next_t - time.monotonic()
         if delay > 0:
@@ -190,11 +206,17 @@ def scrape_series(port, n, deadline_s):
         left = end - time.monotonic()
         if left <= 0:
             break
+        timeout = min(left, LATE_TIMEOUT_S)
+        start = time.monotonic()
         try:
-            elapsed, status, tokens = scrape(port, auth, timeout=left)
+            elapsed, status, tokens = scrape(port, auth, timeout=timeout)
         except (socket.timeout, TimeoutError):
-            out.append((time.monotonic(), left, "timeout", None))
-            break
+            out.append((time.monotonic(), timeout, "timeout", None))
+            continue
+        except OSError as e:  # e.g. reset: counted as slow as it was
+            out.append((time.monotonic(), time.monotonic() - start,
+                        type(e).__name__, None))
+            continue
         out.append((time.monotonic(), elapsed, status, tokens))
         time.sleep(SCRAPE_GAP_S)
     return out
@@ -206,18 +228,36 @@ def percentile(values, q):
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def summarize(name, series, wanted):
+def read_sent(count_path):
+    with open(count_path, "rb") as f:
+        return time.monotonic(), struct.unpack("<Q", f.read(8))[0]
+
+
+def summarize(name, series, wanted, sent_before, sent_after):
+    """(p99, ingest events/s, scrapes answered 200). Ingest is the rate the
+    daemon applied events between the first and the last answered scrape;
+    with fewer than two answered, the rate the sender got its events into
+    the socket over the phase (a daemon that stops reading stops it within
+    a socket buffer, under a second at this rate)."""
     latencies = [s[1] for s in series]
     ok = [s for s in series if s[2] == 200]
     rate = None
+    source = "applied"
     if len(ok) >= 2 and ok[-1][0] > ok[0][0]:
         rate = (ok[-1][3] - ok[0][3]) / (ok[-1][0] - ok[0][0])
+    else:
+        source = "sent"
+        rate = ((sent_after[1] - sent_before[1]) /
+                (sent_after[0] - sent_before[0]))
+    statuses = {}
+    for s in series:
+        statuses[s[2]] = statuses.get(s[2], 0) + 1
     p50 = percentile(latencies, 0.5) if latencies else float("nan")
     p99 = percentile(latencies, 0.99) if latencies else float("nan")
     print(f"{name}: {len(series)}/{wanted} scrapes ({len(ok)} answered 200), "
           f"latency p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
           f"max {max(latencies, default=float('nan')) * 1000:.1f} ms; "
-          f"ingest {'n/a' if rate is None else f'{rate:.0f}'} events/s",
+          f"ingest {rate:.0f} events/s {source}; answers {statuses}",
           flush=True)
     return p99, rate, len(ok)
 
@@ -241,6 +281,7 @@ def main():
     ap.add_argument("--role", choices=["flood", "sender"])
     ap.add_argument("--port", type=int)
     ap.add_argument("--sock")
+    ap.add_argument("--count")
     ap.add_argument("--scrapes", type=int, default=50)
     ap.add_argument("--flood", type=int, default=100)
     ap.add_argument("--deadline", type=float, default=25.0)
@@ -249,7 +290,7 @@ def main():
     if args.role == "flood":
         return run_flood(args.port, args.flood)
     if args.role == "sender":
-        return run_sender(args.sock, args.rate)
+        return run_sender(args.sock, args.rate, args.count)
 
     if shutil.which("htpasswd") is None:
         tu.skip("htpasswd (apache2-utils) not installed")
@@ -264,17 +305,22 @@ def main():
     try:
         daemon.start()
         me = [sys.executable, os.path.abspath(__file__)]
+        count_path = os.path.join(daemon.dir, "sent")
+        with open(count_path, "wb") as f:
+            f.write(bytes(8))
         sender = subprocess.Popen(
             me + ["--role", "sender", "--sock", daemon.sock,
-                  "--rate", str(args.rate)],
+                  "--rate", str(args.rate), "--count", count_path],
             stdout=subprocess.PIPE, text=True)
         roles.append(sender)
         # The scraper's first scrape pays its bcrypt; wait for events too.
         auth = authorization(USER, PASSWORD)
         tu.poll_until(lambda: (scrape(daemon.port, auth)[2] or 0) > 0,
                       what="the first events applied")
+        before = read_sent(count_path)
         quiet = scrape_series(daemon.port, args.scrapes, 60)
-        _, quiet_rate, _ = summarize("no flood", quiet, args.scrapes)
+        _, quiet_rate, _ = summarize("no flood", quiet, args.scrapes, before,
+                                     read_sent(count_path))
 
         flood = subprocess.Popen(
             me + ["--role", "flood", "--port", str(daemon.port),
@@ -282,14 +328,22 @@ def main():
             stdout=subprocess.PIPE, text=True)
         roles.append(flood)
         time.sleep(1.0)  # every flood connection is in
+        before = read_sent(count_path)
         flooded = scrape_series(daemon.port, args.scrapes, args.deadline)
         p99, flood_rate, answered = summarize(
-            f"flood of {args.flood} wrong passwords", flooded, args.scrapes)
-        late_s, late_status, _ = scrape(
-            daemon.port, authorization(LATE_USER, LATE_PASSWORD),
-            timeout=max(1.0, args.deadline))
-        print(f"uncached user's first scrape under the flood: {late_status} "
-              f"in {late_s * 1000:.0f} ms", flush=True)
+            f"flood of {args.flood} wrong passwords", flooded, args.scrapes,
+            before, read_sent(count_path))
+        try:
+            late_s, late_status, _ = scrape(
+                daemon.port, authorization(LATE_USER, LATE_PASSWORD),
+                timeout=LATE_TIMEOUT_S)
+            late = f"{late_status} in {late_s * 1000:.0f} ms"
+        except (socket.timeout, TimeoutError):
+            late = f"no answer within {LATE_TIMEOUT_S:.0f} s"
+        except OSError as e:
+            late = type(e).__name__
+        print(f"uncached user's first scrape under the flood: {late}",
+              flush=True)
         flood_counts = stop_role(flood)
         roles.remove(flood)
         sent = stop_role(sender)
@@ -308,7 +362,10 @@ def main():
         if ratio < INGEST_RATIO_MIN:
             failures.append(f"ingest rate {ratio:.3f} of its rate without "
                             f"the flood < {INGEST_RATIO_MIN}")
-        code = daemon.stop()
+        try:
+            code = daemon.stop()
+        except subprocess.TimeoutExpired:
+            code = "nothing: still running 20 s after SIGTERM"
         if code != 0:
             failures.append(f"tokenmeterd exited {code}")
         for f in failures:
