@@ -107,6 +107,19 @@ TEST(BasicAuthTest, CacheEvictsTheLeastRecentlyUsed) {
   EXPECT_EQ(auth->cached(), 2u);
 }
 
+// Zero-sized bounds are the caller's bug, not input: they abort.
+TEST(BasicAuthDeathTest, ZeroBoundsAbort) {
+  BasicAuth::Options no_cache;
+  no_cache.cache_entries = 0;
+  std::unique_ptr<BasicAuth> auth;
+  EXPECT_DEATH((void)BasicAuth::Create({}, no_cache, &auth), "");
+  std::shared_ptr<BasicAuth> ok = MakeAuth({});
+  BasicAuthVerifier::Options no_flight;
+  no_flight.max_in_flight = 0;
+  EXPECT_DEATH(BasicAuthVerifier(uv_default_loop(), ok, no_flight), "");
+  EXPECT_DEATH(BasicAuthVerifier(uv_default_loop(), nullptr, {}), "");
+}
+
 class BasicAuthVerifierTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -181,7 +194,8 @@ class BasicAuthVerifierTest : public testing::Test {
 };
 
 // The loop keeps running while bcrypt runs: a 1 ms timer keeps firing
-// during a cost-12 check (about 0.2-0.3 s of CPU).
+// during a cost-12 check (a quarter second of CPU or more); run on the
+// loop, the check would stop it for all that time.
 TEST_F(BasicAuthVerifierTest, ChecksRunOffTheLoop) {
   const std::string slow_hash = BcryptHash("pw", 12);
   ASSERT_FALSE(slow_hash.empty());
@@ -192,10 +206,9 @@ TEST_F(BasicAuthVerifierTest, ChecksRunOffTheLoop) {
   timer.data = &ticks;
   uv_timer_start(
       &timer, [](uv_timer_t* t) { ++*static_cast<int*>(t->data); }, 1, 1);
-  const auto start = std::chrono::steady_clock::now();
   Pending("prom:pw");
-  const auto check_returned = std::chrono::steady_clock::now();
-  EXPECT_LT(check_returned - start, std::chrono::milliseconds(50));
+  // Check() returned before the answer: the bcrypt is on the pool.
+  EXPECT_FALSE(results_[0].has_value());
   EXPECT_EQ(verifier_->in_flight(), 1u);
   ASSERT_TRUE(RunUntilAnswered());
   EXPECT_EQ(results_[0], Result::kAllowed);
