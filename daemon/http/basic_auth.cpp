@@ -6,9 +6,11 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -87,15 +89,26 @@ bool BasicAuth::IsBcryptHash(const std::string& hash) {
   return r != nullptr && r[0] == '$' && std::strlen(r) == hash.size();
 }
 
-bool BasicAuth::BcryptMatches(const std::string& password,
-                              const std::string& hash) {
+BasicAuth::Attempt::~Attempt() {
+  OPENSSL_cleanse(password_.data(), password_.size());
+}
+
+bool BasicAuth::Attempt::Run() const {
   auto data = std::make_unique<crypt_data>();  // about 32 KiB
-  const char* r = crypt_r(password.c_str(), hash.c_str(), data.get());
-  return r != nullptr && std::strlen(r) == hash.size() &&
-         CRYPTO_memcmp(r, hash.data(), hash.size()) == 0;
+  const char* r = crypt_r(password_.c_str(), hash_.c_str(), data.get());
+  const bool matches = r != nullptr && std::strlen(r) == hash_.size() &&
+                       CRYPTO_memcmp(r, hash_.data(), hash_.size()) == 0;
+  OPENSSL_cleanse(data.get(), sizeof(crypt_data));
+  return known_user_ && matches;
 }
 
 Status BasicAuth::Create(std::map<std::string, std::string> users,
+                         std::unique_ptr<BasicAuth>* out) {
+  return Create(std::move(users), Options(), out);
+}
+
+Status BasicAuth::Create(std::map<std::string, std::string> users,
+                         const Options& options,
                          std::unique_ptr<BasicAuth>* out) {
   for (const auto& [user, hash] : users) {
     if (!IsBcryptHash(hash)) {
@@ -109,23 +122,38 @@ Status BasicAuth::Create(std::map<std::string, std::string> users,
           fmt::format("basic_auth_users: user name \"{}\" contains ':'", user));
     }
   }
-  out->reset(new BasicAuth(std::move(users)));
+  if (options.cache_entries == 0) std::abort();  // A caller's bug.
+  out->reset(new BasicAuth(std::move(users), options));
   return Status::Ok();
 }
 
-BasicAuth::BasicAuth(std::map<std::string, std::string> users)
-    : users_(users.begin(), users.end()) {
+BasicAuth::BasicAuth(std::map<std::string, std::string> users,
+                     const Options& options)
+    : options_(options), users_(users.begin(), users.end()) {
   if (RAND_bytes(key_.data(), static_cast<int>(key_.size())) != 1) {
     std::abort();  // No randomness: nothing secure can run.
   }
 }
 
-BasicAuth::Mac BasicAuth::MacOf(std::string_view user,
+size_t BasicAuth::MacHash::operator()(const Mac& mac) const {
+  // The MAC is keyed and uniform: any 8 of its bytes are a good hash.
+  uint64_t h = 0;
+  std::memcpy(&h, mac.data(), sizeof(h));
+  return static_cast<size_t>(h);
+}
+
+BasicAuth::Mac BasicAuth::MacOf(std::string_view user, std::string_view hash,
                                 std::string_view password) const {
+  // Each part after its length (8 bytes): one message per (user, hash,
+  // password), whatever bytes the parts hold.
   std::string message;
-  message.reserve(user.size() + 1 + password.size());
-  message.append(user).push_back('\0');
-  message.append(password);
+  message.reserve(3 * sizeof(uint64_t) + user.size() + hash.size() +
+                  password.size());
+  for (std::string_view part : {user, hash, password}) {
+    const uint64_t size = part.size();
+    message.append(reinterpret_cast<const char*>(&size), sizeof(size));
+    message.append(part);
+  }
   Mac mac{};
   unsigned int len = 0;
   HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()),
@@ -135,38 +163,193 @@ BasicAuth::Mac BasicAuth::MacOf(std::string_view user,
   return mac;
 }
 
-bool BasicAuth::Check(std::string_view authorization) {
+BasicAuth::Decision BasicAuth::Decide(std::string_view authorization,
+                                      Attempt* attempt) {
   while (!authorization.empty() && authorization.front() == ' ') {
     authorization.remove_prefix(1);
   }
-  if (!StartsWithBasic(authorization)) return false;
+  if (!StartsWithBasic(authorization)) return Decision::kDenied;
   std::string_view encoded = authorization.substr(6);
   while (!encoded.empty() && encoded.front() == ' ') encoded.remove_prefix(1);
   while (!encoded.empty() && encoded.back() == ' ') encoded.remove_suffix(1);
   std::optional<std::string> decoded = DecodeBase64(encoded);
-  if (!decoded) return false;
-  size_t colon = decoded->find(':');
-  if (colon == std::string::npos) return false;
-  std::string user = decoded->substr(0, colon);
-  std::string password = decoded->substr(colon + 1);
-  OPENSSL_cleanse(decoded->data(), decoded->size());
+  if (!decoded) return Decision::kDenied;
+  const std::string_view user_pass = *decoded;
+  const size_t colon = user_pass.find(':');
   // crypt_r reads a C string: a NUL inside would cut the password short.
-  if (password.find('\0') != std::string::npos) return false;
+  if (colon == std::string_view::npos ||
+      user_pass.find('\0', colon) != std::string_view::npos) {
+    OPENSSL_cleanse(decoded->data(), decoded->size());
+    return Decision::kDenied;
+  }
+  const std::string_view user = user_pass.substr(0, colon);
+  const std::string_view password = user_pass.substr(colon + 1);
   auto it = users_.find(user);
-  if (it == users_.end()) {
-    BcryptMatches(password, kDummyHash);
-    return false;
+  attempt->known_user_ = it != users_.end();
+  attempt->hash_ = attempt->known_user_ ? it->second : kDummyHash;
+  attempt->password_.assign(password);
+  attempt->key_ = MacOf(user, attempt->hash_, password);
+  OPENSSL_cleanse(decoded->data(), decoded->size());
+  if (attempt->known_user_) {
+    auto cached = cache_.find(attempt->key_);
+    if (cached != cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, cached->second);
+      return Decision::kAllowed;
+    }
   }
-  Mac mac = MacOf(user, password);
-  auto cached = verified_.find(user);
-  bool ok = cached != verified_.end() &&
-            CRYPTO_memcmp(cached->second.data(), mac.data(), mac.size()) == 0;
-  if (!ok && BcryptMatches(password, it->second)) {
-    verified_[it->first] = mac;
-    ok = true;
+  return Decision::kNeedsBcrypt;
+}
+
+void BasicAuth::Remember(const Attempt& attempt) {
+  if (!attempt.known_user_) return;
+  auto cached = cache_.find(attempt.key_);
+  if (cached != cache_.end()) {
+    lru_.splice(lru_.begin(), lru_, cached->second);
+    return;
   }
-  OPENSSL_cleanse(password.data(), password.size());
-  return ok;
+  if (lru_.size() >= options_.cache_entries) {
+    cache_.erase(lru_.back());
+    lru_.pop_back();
+  }
+  lru_.push_front(attempt.key_);
+  cache_.emplace(attempt.key_, lru_.begin());
+}
+
+bool BasicAuth::Check(std::string_view authorization) {
+  Attempt attempt;
+  switch (Decide(authorization, &attempt)) {
+    case Decision::kAllowed:
+      return true;
+    case Decision::kDenied:
+      return false;
+    case Decision::kNeedsBcrypt:
+      break;
+  }
+  if (!attempt.Run()) return false;
+  Remember(attempt);
+  return true;
+}
+
+// One check: its Attempt, its caller's callback (empty once abandoned) and
+// the libuv request that carries it to the pool.
+class BasicAuthVerifier::Job {
+ public:
+  explicit Job(BasicAuthVerifier* verifier) : verifier(verifier) {
+    work.data = this;
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  BasicAuthVerifier* const verifier;
+  uv_work_t work{};
+  BasicAuth::Attempt attempt;
+  Done done;
+  bool running = false;
+  // Written on the pool thread; read in the after-work callback, which
+  // libuv runs on the loop thread after the work callback returned.
+  bool matched = false;
+  std::list<std::unique_ptr<Job>>::iterator self;
+};
+
+BasicAuthVerifier::BasicAuthVerifier(uv_loop_t* loop,
+                                     std::shared_ptr<BasicAuth> auth,
+                                     Options options)
+    : loop_(loop), auth_(std::move(auth)), options_(options) {
+  if (auth_ == nullptr || options_.max_in_flight == 0) std::abort();
+}
+
+BasicAuthVerifier::~BasicAuthVerifier() {
+  if (!running_.empty()) {
+    spdlog::critical(
+        "HTTP: basic auth verifier destroyed with {} checks "
+        "on the thread pool",
+        running_.size());
+    std::abort();
+  }
+}
+
+std::optional<BasicAuthVerifier::Result> BasicAuthVerifier::Check(
+    std::string_view authorization, Done done, Job** job) {
+  if (closing_) return Result::kBusy;
+  auto owned = std::make_unique<Job>(this);
+  switch (auth_->Decide(authorization, &owned->attempt)) {
+    case BasicAuth::Decision::kAllowed:
+      return Result::kAllowed;
+    case BasicAuth::Decision::kDenied:
+      return Result::kDenied;
+    case BasicAuth::Decision::kNeedsBcrypt:
+      break;
+  }
+  if (running_.size() >= options_.max_in_flight &&
+      waiting_.size() >= options_.max_waiting) {
+    return Result::kBusy;
+  }
+  owned->done = std::move(done);
+  *job = owned.get();
+  waiting_.push_back(std::move(owned));
+  (*job)->self = std::prev(waiting_.end());
+  StartWaiting();
+  return std::nullopt;
+}
+
+void BasicAuthVerifier::StartWaiting() {
+  while (!closing_ && running_.size() < options_.max_in_flight &&
+         !waiting_.empty()) {
+    auto it = waiting_.begin();
+    Job* job = it->get();
+    running_.splice(running_.end(), waiting_, it);  // `self` stays valid.
+    job->running = true;
+    if (uv_queue_work(loop_, &job->work, &BasicAuthVerifier::Work,
+                      &BasicAuthVerifier::AfterWork) != 0) {
+      std::abort();  // Only for a null work callback.
+    }
+  }
+}
+
+void BasicAuthVerifier::Work(uv_work_t* work) {
+  auto* job = static_cast<Job*>(work->data);
+  job->matched = job->attempt.Run();
+}
+
+void BasicAuthVerifier::AfterWork(uv_work_t* work, int status) {
+  auto* job = static_cast<Job*>(work->data);
+  job->verifier->Finished(job, status);
+}
+
+void BasicAuthVerifier::Finished(Job* job, int status) {
+  // UV_ECANCELED: cancelled before a pool thread took it; never ran.
+  const bool allowed = status == 0 && job->matched;
+  if (allowed) auth_->Remember(job->attempt);
+  Done done = std::move(job->done);
+  running_.erase(job->self);  // Frees the job, wiping the password.
+  StartWaiting();
+  std::function<void()> drained;
+  if (closing_ && running_.empty()) drained = std::move(drained_);
+  // Either callback may end in the server's destruction: nothing after.
+  if (done) done(allowed ? Result::kAllowed : Result::kDenied);
+  if (drained) drained();
+}
+
+void BasicAuthVerifier::Abandon(Job* job) {
+  if (!job->running) {
+    waiting_.erase(job->self);  // Frees the job.
+    return;
+  }
+  // Not cancelled: it takes at most one bcrypt, and a password that
+  // passes is cached for the caller's next try.
+  job->done = nullptr;
+}
+
+bool BasicAuthVerifier::Close(std::function<void()> drained) {
+  closing_ = true;
+  waiting_.clear();
+  for (auto& job : running_) {
+    job->done = nullptr;
+    uv_cancel(reinterpret_cast<uv_req_t*>(&job->work));
+  }
+  if (running_.empty()) return true;
+  drained_ = std::move(drained);
+  return false;
 }
 
 }  // namespace tokenmeter::daemon::http

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "daemon/base/ascii.h"
@@ -202,6 +203,10 @@ void Server::Connection::Start(int fd) {
 void Server::Connection::Close() {
   if (state_ == State::kClosing) return;
   state_ = State::kClosing;
+  if (auth_job_ != nullptr) {
+    server_->verifier_->Abandon(auth_job_);
+    auth_job_ = nullptr;
+  }
   uv_close(reinterpret_cast<uv_handle_t*>(&timer_), &Connection::OnClose);
   uv_close(reinterpret_cast<uv_handle_t*>(&tcp_), &Connection::OnClose);
 }
@@ -305,6 +310,36 @@ int Server::Connection::RouteCheck(Target target,
 }
 
 void Server::Connection::HandleRequest() {
+  if (server_->verifier_ == nullptr) {
+    Dispatch(BasicAuthVerifier::Result::kAllowed);
+    return;
+  }
+  BasicAuthVerifier::Job* job = nullptr;
+  std::optional<BasicAuthVerifier::Result> result = server_->verifier_->Check(
+      authorization_, [this](BasicAuthVerifier::Result r) { OnVerified(r); },
+      &job);
+  if (result) {
+    Dispatch(*result);
+    return;
+  }
+  // The parser is paused on this request; nothing more is read until it
+  // is answered, so a connection holds at most one check. A peer that
+  // leaves meanwhile is noticed only after the answer: its check runs to
+  // the end, so that a scraper that gave up (its scrape timeout) finds its
+  // password cached on its next try instead of queueing again.
+  server_->password_checks_.fetch_add(1, std::memory_order_relaxed);
+  auth_job_ = job;
+  uv_read_stop(stream());
+  state_ = State::kVerifying;
+}
+
+void Server::Connection::OnVerified(BasicAuthVerifier::Result result) {
+  auth_job_ = nullptr;  // Freed by the verifier.
+  state_ = State::kReading;
+  Dispatch(result);
+}
+
+void Server::Connection::Dispatch(BasicAuthVerifier::Result auth) {
   server_->requests_served_.fetch_add(1, std::memory_order_relaxed);
   auto method = static_cast<llhttp_method_t>(parser_.method);
   bool head = method == HTTP_HEAD;
@@ -312,7 +347,7 @@ void Server::Connection::HandleRequest() {
   const Handler* handler = nullptr;
   int route_status = RouteCheck(target, &handler);
   Response response;
-  if (options().basic_auth && !options().basic_auth->Check(authorization_)) {
+  if (auth == BasicAuthVerifier::Result::kDenied) {
     // Every path, as exporter-toolkit does: a 404 would tell what exists.
     if (!server_->auth_failing_) {
       spdlog::warn(
@@ -326,10 +361,25 @@ void Server::Connection::HandleRequest() {
     response.body = "401 Unauthorized\n";
     response.headers.emplace_back("WWW-Authenticate",
                                   "Basic realm=\"tokenmeterd\"");
+  } else if (auth == BasicAuthVerifier::Result::kBusy) {
+    if (!server_->auth_busy_) {
+      spdlog::warn(
+          "HTTP: {}: {} password checks waiting; answering 503 (said once "
+          "until a request is checked again)",
+          peer_, server_->verifier_->waiting());
+    }
+    server_->auth_busy_ = true;
+    route_status = 503;
+    response.status = 503;
+    response.body = "503 Service Unavailable: too many password checks\n";
+    response.headers.emplace_back("Retry-After", "1");
   } else if (options().basic_auth) {
     server_->auth_failing_ = false;
   }
-  if (route_status == 401) {
+  if (auth != BasicAuthVerifier::Result::kBusy && options().basic_auth) {
+    server_->auth_busy_ = false;
+  }
+  if (route_status == 401 || route_status == 503) {
     // Answered above.
   } else if (route_status == 404) {
     response.status = 404;

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "daemon/http/basic_auth.h"
 #include "daemon/http/server.h"
 #include "daemon/http/tls.h"
 
@@ -57,7 +58,9 @@ class Server::Connection {
   std::list<std::unique_ptr<Connection>>::iterator self;
 
  private:
-  enum class State { kReading, kWriting, kLingering, kClosing };
+  // kVerifying: a request waits for its password check on the thread pool
+  // (BasicAuthVerifier); nothing is read meanwhile, no timer runs.
+  enum class State { kReading, kVerifying, kWriting, kLingering, kClosing };
   enum class TimerKind { kHeader, kIdle, kWrite, kLinger };
   enum class Capture { kNone, kAccept, kAcceptEncoding, kAuthorization };
   // A request's framing or headers that the parser accepts and we refuse.
@@ -98,7 +101,12 @@ class Server::Connection {
   static void OnTlsWrite(void* connection, int status);
   // 0 when the current request may reach its handler, else 404 or 405.
   int RouteCheck(Target target, const Handler** handler) const;
+  // Checks the credentials (at once, or on the pool: kVerifying), then
+  // Dispatch()es.
   void HandleRequest();
+  void OnVerified(BasicAuthVerifier::Result result);
+  // Answers the parsed request: `auth` is kAllowed without basic auth.
+  void Dispatch(BasicAuthVerifier::Result auth);
   void AfterResponse();
   void Respond(Response& response, bool head, bool close_after);
   void SendErrorAndClose(int status);
@@ -144,6 +152,8 @@ class Server::Connection {
   bool close_after_write_ = false;
   size_t lingered_bytes_ = 0;
   std::unique_ptr<TlsSession> tls_;  // Null: plain HTTP.
+  // The password check in progress (kVerifying), abandoned by Close().
+  BasicAuthVerifier::Job* auth_job_ = nullptr;
 };
 
 }  // namespace tokenmeter::daemon::http

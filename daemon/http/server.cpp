@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "daemon/base/state_io.h"
+#include "daemon/http/basic_auth.h"
 #include "daemon/http/connection.h"
 #include "daemon/http/listen_address.h"
 #include "daemon/net/acceptor.h"
@@ -43,7 +44,15 @@ std::string PeerNameOf(int fd) {
 Server::Server(uv_loop_t* loop, ServerOptions options)
     : loop_(loop),
       options_(std::move(options)),
-      read_buffer_(std::make_unique<char[]>(kReadBufferBytes)) {}
+      read_buffer_(std::make_unique<char[]>(kReadBufferBytes)) {
+  if (options_.basic_auth != nullptr) {
+    BasicAuthVerifier::Options verifier_options;
+    verifier_options.max_in_flight = options_.auth_max_in_flight;
+    verifier_options.max_waiting = options_.auth_max_waiting;
+    verifier_ = std::make_unique<BasicAuthVerifier>(loop_, options_.basic_auth,
+                                                    verifier_options);
+  }
+}
 
 Server::~Server() {
   if (open_handles_ != 0) {
@@ -309,7 +318,12 @@ void Server::Close(std::function<void()> done) {
   std::vector<net::Acceptor*> acceptors;
   for (auto& acceptor : acceptors_) acceptors.push_back(acceptor.get());
   for (net::Acceptor* acceptor : acceptors) CloseAcceptor(acceptor);
+  // Connections first: each abandons its check.
   for (auto& connection : connection_list_) connection->Close();
+  if (verifier_ != nullptr) {
+    ++open_handles_;
+    if (verifier_->Close([this] { OnHandleClosed(); })) --open_handles_;
+  }
   FinishCloseIfDone();
 }
 

@@ -66,6 +66,7 @@ enum class AcceptFailure;
 namespace tokenmeter::daemon::http {
 
 class BasicAuth;
+class BasicAuthVerifier;
 class TlsContext;
 
 // A parsed request, as a handler sees it. Views are valid for the duration
@@ -112,9 +113,19 @@ struct ServerOptions {
   // (a failed handshake is logged, counted as a protocol error and closes
   // that connection); null costs plain HTTP nothing. With `basic_auth`,
   // every request, whatever its path, needs valid credentials: others get
-  // 401 with "WWW-Authenticate: Basic" (the connection stays open).
+  // 401 with "WWW-Authenticate: Basic" (the connection stays open). A
+  // password not in BasicAuth's cache is checked with bcrypt on libuv's
+  // thread pool, at most auth_max_in_flight at once; meanwhile the request
+  // waits and its connection reads nothing more. Beyond auth_max_waiting
+  // waiting requests, a request that needs a check is answered 503 with
+  // "Retry-After: 1" at once (the connection stays open). A connection has
+  // at most one request waiting, so with the defaults (256 waiting, 256
+  // connections) no request is ever refused as busy; each waits at most
+  // (the requests ahead of it) x (one bcrypt) / auth_max_in_flight.
   std::shared_ptr<const TlsContext> tls;
   std::shared_ptr<BasicAuth> basic_auth;
+  size_t auth_max_in_flight = 1;
+  size_t auth_max_waiting = 256;
 };
 
 class Server {
@@ -150,8 +161,10 @@ class Server {
 
   // Stops listening and closes every connection at once (responses in
   // flight are cut). done() runs on the loop thread once every handle's
-  // close callback has run; it runs before Close() returns when nothing
-  // was open. Call once.
+  // close callback has run and no password check is left on the thread
+  // pool (one not yet started there is cancelled; a running one takes at
+  // most one bcrypt); it runs before Close() returns when nothing was
+  // open. Call once.
   void Close(std::function<void()> done);
 
   // Open connections (accepted and not yet freed). Any thread.
@@ -174,6 +187,13 @@ class Server {
   // (413) or oversized (431) request. Any thread.
   uint64_t protocol_errors() const {
     return protocol_errors_.load(std::memory_order_relaxed);
+  }
+
+  // Requests whose credentials were not in the cache and went to the
+  // password check queue (BasicAuthVerifier): each costs a bcrypt unless
+  // its connection closes while it waits. Any thread.
+  uint64_t password_checks() const {
+    return password_checks_.load(std::memory_order_relaxed);
   }
 
   // Responses started, by status code: kCountedStatuses[i] for i <
@@ -223,7 +243,10 @@ class Server {
   // One per listening socket; each freed once its Close() completed.
   std::vector<std::unique_ptr<net::Acceptor>> acceptors_;
   std::list<std::unique_ptr<Connection>> connection_list_;
-  // Acceptors and connections whose close has not yet completed.
+  // Null without basic auth.
+  std::unique_ptr<BasicAuthVerifier> verifier_;
+  // Acceptors and connections whose close has not yet completed, and the
+  // verifier while checks it ran are on the thread pool.
   size_t open_handles_ = 0;
   bool closing_ = false;
   bool listen_attempted_ = false;
@@ -236,6 +259,7 @@ class Server {
   bool accept_failing_ = false;
   // Likewise for refused credentials (401) and failed TLS handshakes.
   bool auth_failing_ = false;
+  bool auth_busy_ = false;  // Likewise for 503s of a full check queue.
   bool tls_failing_ = false;
   // One read buffer shared by every connection: libuv calls read_cb right
   // after alloc_cb, and unparsed bytes are copied out before returning.
@@ -244,6 +268,7 @@ class Server {
   std::atomic<uint64_t> requests_served_{0};
   std::atomic<uint64_t> connections_rejected_{0};
   std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> password_checks_{0};
   std::array<std::atomic<uint64_t>, kNumCountedStatuses + 1> responses_{};
 };
 

@@ -202,6 +202,11 @@ std::string Get(std::string_view path, std::string_view extra_headers = "") {
          " HTTP/1.1\r\nHost: test\r\n" + std::string(extra_headers) + "\r\n";
 }
 
+// The header line "Authorization: Basic base64(user_pass)".
+std::string AuthHeader(const std::string& user_pass) {
+  return "Authorization: " + testutil::Basic(user_pass) + "\r\n";
+}
+
 std::string Gunzip(const std::string& in) {
   z_stream zs{};
   if (inflateInit2(&zs, 15 + 16) != Z_OK) return "<inflateInit2 failed>";
@@ -306,6 +311,30 @@ class HttpServerTest : public testing::Test {
     self->server_->Close([self] {
       uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr);
     });
+  }
+
+  // Basic auth for "prom" (password "pw", bcrypt cost 4) and "slow" ("pw",
+  // cost 12: a quarter second or more per check).
+  void StartWithAuth(ServerOptions options = ServerOptions()) {
+    std::unique_ptr<BasicAuth> auth;
+    ASSERT_TRUE(BasicAuth::Create({{"prom", testutil::BcryptHash("pw")},
+                                   {"slow", testutil::BcryptHash("pw", 12)}},
+                                  &auth)
+                    .ok());
+    options.basic_auth = std::move(auth);
+    Start(options);
+  }
+
+  // Connects `client`, sends GET /metrics with `user_pass` and waits until
+  // the server has sent it to the password checks as the `checks`-th.
+  ::testing::AssertionResult SendForCheck(Client& client,
+                                          const std::string& user_pass,
+                                          uint64_t checks) {
+    if (!client.Connect(port_) ||
+        !client.Send(Get("/metrics", AuthHeader(user_pass)))) {
+      return ::testing::AssertionFailure() << "cannot send";
+    }
+    return PollUntil([&] { return server_->password_checks() == checks; });
   }
 
   // One request on a fresh connection.
@@ -940,6 +969,99 @@ TEST_F(HttpServerTest, BasicAuthGuardsEveryPath) {
   ASSERT_TRUE(client.Send(Get("/nope", good)));
   ASSERT_TRUE(client.Read(&r));
   EXPECT_EQ(r.status, 404);
+}
+
+// A password check runs on libuv's thread pool: while one takes a
+// cost-12 bcrypt (a quarter second or more), a scrape with cached credentials
+// on another connection is answered, and the waiting connection is answered
+// after it.
+TEST_F(HttpServerTest, PasswordCheckDoesNotHoldOtherConnections) {
+  StartWithAuth();
+  const std::string good = AuthHeader("prom:pw");
+  EXPECT_EQ(Fetch(Get("/metrics", good)).status, 200);  // now cached
+
+  Client waiting;  // Without password_checks(): this test builds on 2010ce1.
+  ASSERT_TRUE(waiting.Connect(port_));
+  ASSERT_TRUE(waiting.Send(Get("/metrics", AuthHeader("slow:wrong"))));
+  // Pipelined behind it: read only once the check is done.
+  ASSERT_TRUE(waiting.Send(Get("/a", good)));
+  for (int i = 0; i < 3; ++i) {
+    Client::Response r = Fetch(Get("/metrics", good));
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(waiting.Unread(), 0u) << "the slow check was done first";
+  }
+  Client::Response r;
+  ASSERT_TRUE(waiting.Read(&r));
+  EXPECT_EQ(r.status, 401);
+  ASSERT_TRUE(waiting.Read(&r));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "A");
+}
+
+// A client that gives up while its check waits (a scrape timeout) is not
+// read from until it is answered: its check still runs, and a password that
+// passes is cached for its next try, which needs no bcrypt.
+TEST_F(HttpServerTest, ClientThatLeavesStillGetsItsPasswordCached) {
+  StartWithAuth();
+  Client running;
+  ASSERT_TRUE(SendForCheck(running, "slow:no", 1));
+  {
+    Client leaver;
+    ASSERT_TRUE(SendForCheck(leaver, "slow:pw", 2));
+  }  // Gone while its check waits behind the running one.
+  // Both checks done: the leaver's connection answered, then closed.
+  ASSERT_TRUE(PollUntil([&] { return server_->connections() == 1; },
+                        std::chrono::milliseconds(20000)));
+  EXPECT_EQ(Fetch(Get("/metrics", AuthHeader("slow:pw"))).status, 200);
+  EXPECT_EQ(server_->password_checks(), 2u) << "not from the cache";
+  Client::Response r;
+  ASSERT_TRUE(running.Read(&r));
+  EXPECT_EQ(r.status, 401);
+}
+
+// Closing the server while one check runs on the pool and two wait: the
+// connections are closed unanswered at once, the waiting checks dropped,
+// and the server's close completes only once the running check is off the
+// pool (under ASan: nothing touches a freed connection or job).
+TEST_F(HttpServerTest, ServerClosesWithChecksRunningAndWaiting) {
+  StartWithAuth();
+  std::vector<Client> clients(3);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    ASSERT_TRUE(SendForCheck(clients[i], "slow:pw", i + 1));
+  }
+  uv_async_send(&stop_);
+  thread_.join();  // Server::Close's done ran: nothing left on the pool.
+  EXPECT_EQ(server_->connections(), 0u);
+  for (Client& client : clients) {
+    Client::Response r;
+    EXPECT_FALSE(client.Read(&r)) << "answered " << r.status;
+  }
+  server_.reset();  // Closed: TearDown only closes the loop.
+}
+
+// Beyond auth_max_waiting, a request that needs a bcrypt is answered 503
+// with Retry-After at once; its connection stays open and is served later.
+TEST_F(HttpServerTest, FullCheckQueueIsAnswered503) {
+  ServerOptions options;
+  options.auth_max_waiting = 0;
+  StartWithAuth(options);
+  const std::string good = AuthHeader("prom:pw");
+  Client running;
+  ASSERT_TRUE(SendForCheck(running, "slow:wrong", 1));
+  Client busy;
+  ASSERT_TRUE(busy.Connect(port_));
+  Client::Response r;
+  ASSERT_TRUE(busy.Send(Get("/metrics", good)));
+  ASSERT_TRUE(busy.Read(&r));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(server_->password_checks(), 1u);
+  EXPECT_EQ(r.Header("retry-after"), "1");
+  EXPECT_EQ(server_->responses(Server::ResponseSlot(503)), 1u);
+  ASSERT_TRUE(running.Read(&r));
+  EXPECT_EQ(r.status, 401);
+  ASSERT_TRUE(busy.Send(Get("/metrics", good)));  // same connection
+  ASSERT_TRUE(busy.Read(&r));
+  EXPECT_EQ(r.status, 200);
 }
 
 TEST_F(HttpServerTest, GzipRoundTrip) {

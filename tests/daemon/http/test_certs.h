@@ -1,5 +1,5 @@
 // Test material for --web-config: a self-signed certificate made in-process
-// with OpenSSL, bcrypt hashes at the lowest cost, and a TLS client.
+// with OpenSSL, bcrypt hashes, Basic credentials, and a TLS client.
 #ifndef TOKENMETER_TESTS_DAEMON_HTTP_TEST_CERTS_H_
 #define TOKENMETER_TESTS_DAEMON_HTTP_TEST_CERTS_H_
 
@@ -11,6 +11,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -56,16 +57,45 @@ inline bool WriteSelfSignedCert(const std::string& cert_path,
   return ok;
 }
 
-// A bcrypt ($2b$, cost 4) hash of `password`; empty on failure.
-inline std::string BcryptHash(const std::string& password) {
+// A bcrypt ($2b$, cost 4 unless given: each step doubles the time) hash of
+// `password`; empty on failure.
+inline std::string BcryptHash(const std::string& password,
+                              unsigned long cost = 4) {
   char setting[CRYPT_GENSALT_OUTPUT_SIZE];
-  if (crypt_gensalt_rn("$2b$", 4, nullptr, 0, setting, sizeof(setting)) ==
+  if (crypt_gensalt_rn("$2b$", cost, nullptr, 0, setting, sizeof(setting)) ==
       nullptr) {
     return "";
   }
   auto data = std::make_unique<crypt_data>();
   const char* hash = crypt_r(password.c_str(), setting, data.get());
   return hash != nullptr && hash[0] == '$' ? hash : "";
+}
+
+// The Authorization value "Basic base64(user_pass)".
+inline std::string Basic(const std::string& user_pass) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < user_pass.size(); i += 3) {
+    uint32_t w = (uint8_t(user_pass[i]) << 16) |
+                 (uint8_t(user_pass[i + 1]) << 8) | uint8_t(user_pass[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(w >> s) & 63];
+  }
+  if (user_pass.size() - i == 1) {
+    uint32_t w = uint8_t(user_pass[i]) << 16;
+    out += kAlphabet[(w >> 18) & 63];
+    out += kAlphabet[(w >> 12) & 63];
+    out += "==";
+  } else if (user_pass.size() - i == 2) {
+    uint32_t w =
+        (uint8_t(user_pass[i]) << 16) | (uint8_t(user_pass[i + 1]) << 8);
+    out += kAlphabet[(w >> 18) & 63];
+    out += kAlphabet[(w >> 12) & 63];
+    out += kAlphabet[(w >> 6) & 63];
+    out += "=";
+  }
+  return "Basic " + out;
 }
 
 // A blocking TLS client over an already connected socket (not owned).

@@ -15,35 +15,10 @@
 namespace tokenmeter::daemon::http {
 namespace {
 
+using testutil::Basic;
 using testutil::BcryptHash;
 using testutil::TempDir;
 using testutil::WriteSelfSignedCert;
-
-std::string Basic(const std::string& user_pass) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < user_pass.size(); i += 3) {
-    uint32_t w = (uint8_t(user_pass[i]) << 16) |
-                 (uint8_t(user_pass[i + 1]) << 8) | uint8_t(user_pass[i + 2]);
-    for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(w >> s) & 63];
-  }
-  if (user_pass.size() - i == 1) {
-    uint32_t w = uint8_t(user_pass[i]) << 16;
-    out += kAlphabet[(w >> 18) & 63];
-    out += kAlphabet[(w >> 12) & 63];
-    out += "==";
-  } else if (user_pass.size() - i == 2) {
-    uint32_t w =
-        (uint8_t(user_pass[i]) << 16) | (uint8_t(user_pass[i + 1]) << 8);
-    out += kAlphabet[(w >> 18) & 63];
-    out += kAlphabet[(w >> 12) & 63];
-    out += kAlphabet[(w >> 6) & 63];
-    out += "=";
-  }
-  return "Basic " + out;
-}
 
 class WebConfigTest : public testing::Test {
  protected:
