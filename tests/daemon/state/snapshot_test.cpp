@@ -300,12 +300,13 @@ TEST(StateTest, SnapshotVersionsReadAndRefused) {
     for (int i = 0; i < 4; ++i)
       bytes[8 + i] = char((version >> (8 * i)) & 0xff);
     SealSnapshot(&bytes);
-    ASSERT_TRUE(WriteFileAtomically(d, "snapshot", bytes).ok());
+    ASSERT_TRUE(WriteFileAtomically(StateDir{d}, "snapshot", bytes).ok());
     uint32_t seen = 0;
-    const LoadOutcome got = LoadSnapshot(d, "boot", fp, [&](StateReader& r) {
-      seen = r.version();
-      return r.U64() == 42 && r.at_end();
-    });
+    const LoadOutcome got =
+        LoadSnapshot(StateDir{d}, UINT64_MAX, "boot", fp, [&](StateReader& r) {
+          seen = r.version();
+          return r.U64() == 42 && r.at_end();
+        });
     const bool readable = version >= 1 && version <= kSnapshotVersion;
     EXPECT_EQ(got, readable ? LoadOutcome::kRestored : LoadOutcome::kSetAside);
     EXPECT_EQ(seen, readable ? version : 0u);
@@ -319,12 +320,14 @@ TEST(StateTest, FilesAndBootId) {
   char dir[] = "/tmp/tm-state-test-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string d = dir;
-  EXPECT_TRUE(PrepareStateDir(d + "/sub").ok());
-  EXPECT_TRUE(WriteFileAtomically(d + "/sub", "snapshot", "abc").ok());
+  EXPECT_TRUE(PrepareStateDir(StateDir{d + "/sub"}).ok());
+  EXPECT_TRUE(
+      WriteFileAtomically(StateDir{d + "/sub"}, "snapshot", "abc").ok());
   std::ifstream in(d + "/sub/snapshot");
   std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(text, "abc");
-  const Status s = WriteFileAtomically(d + "/missing", "snapshot", "abc");
+  const Status s =
+      WriteFileAtomically(StateDir{d + "/missing"}, "snapshot", "abc");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find(d + "/missing/snapshot.tmp"), std::string::npos)
       << s.message();
@@ -334,7 +337,7 @@ TEST(StateTest, FilesAndBootId) {
   { std::ofstream f(d + "/empty"); }
   EXPECT_FALSE(ReadBootId(d + "/empty", &id).ok());
   EXPECT_FALSE(ReadBootId(d + "/none", &id).ok());
-  EXPECT_FALSE(PrepareStateDir(d + "/empty").ok());  // a file
+  EXPECT_FALSE(PrepareStateDir(StateDir{d + "/empty"}).ok());  // a file
   std::remove((d + "/sub/snapshot").c_str());
   std::remove((d + "/empty").c_str());
   rmdir((d + "/sub").c_str());

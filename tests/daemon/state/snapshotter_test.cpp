@@ -56,10 +56,11 @@ class SnapshotterTest : public ::testing::Test {
   // accepted).
   std::string Payload(const SnapshotFingerprint& fp = kFp) {
     std::string payload;
-    LoadSnapshot(dir_.File("state"), "boot-1", fp, [&](StateReader& r) {
-      payload = r.Str();
-      return r.ok() && r.at_end();
-    });
+    LoadSnapshot(StateDir{dir_.File("state")}, UINT64_MAX, "boot-1", fp,
+                 [&](StateReader& r) {
+                   payload = r.Str();
+                   return r.ok() && r.at_end();
+                 });
     return payload;
   }
   std::string Families(const Snapshotter& s) {
