@@ -81,12 +81,16 @@ class StateDir(unittest.TestCase):
             d.cleanup()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def start(self, *extra, interval="0.1"):
+    # The daemon's launcher (Trust: setpriv to another user).
+    launcher = ()
+
+    def start(self, *extra, interval="0.1", timeout=tu.READY_TIMEOUT_S):
         d = Daemon("--log-interval", "0", "--state-dir", self.state,
                    "--snapshot-interval", interval, "--boot-id-file",
-                   self.boot, *extra, ingest=self.sock_path)
+                   self.boot, *extra, ingest=self.sock_path,
+                   launcher=self.launcher)
         self.daemons.append(d)
-        return d.start()
+        return d.start(timeout=timeout)
 
     def connect(self, d, session, seq_from=None):
         s = d.connect()
@@ -95,6 +99,28 @@ class StateDir(unittest.TestCase):
 
     def set_aside(self):
         return glob.glob(os.path.join(self.state, "snapshot.set-aside.*"))
+
+    def write_state(self):
+        """A good snapshot (one request arrived), its daemon stopped."""
+        d = self.start()
+        s = self.connect(d, 1)
+        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
+        AckReader(s).wait_for(0)
+        s.close()
+        self.assertEqual(d.stop(), 0)
+        return os.path.join(self.state, "snapshot")
+
+    def assert_set_aside(self, d, reason):
+        """Nothing restored, the file renamed, one warning with `reason`."""
+        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
+        self.assertEqual(d.value("tokenmeter_ingest_events_total",
+                                 kind="arrived"), 0)
+        self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
+        log = d.read_log().decode()
+        lines = [ln for ln in log.splitlines() if "not restored" in ln]
+        self.assertEqual(len(lines), 1, log)
+        self.assertIn(reason, lines[0])
+        self.assertIn("warn", lines[0])
 
 
 class Restart(StateDir):
@@ -309,26 +335,6 @@ class OldFormat(StateDir):
 
 
 class SetAside(StateDir):
-    def write_state(self):
-        d = self.start()
-        s = self.connect(d, 1)
-        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
-        AckReader(s).wait_for(0)
-        s.close()
-        self.assertEqual(d.stop(), 0)
-        return os.path.join(self.state, "snapshot")
-
-    def assert_set_aside(self, d, reason):
-        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
-        self.assertEqual(d.value("tokenmeter_ingest_events_total",
-                                 kind="arrived"), 0)
-        self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
-        log = d.read_log().decode()
-        lines = [ln for ln in log.splitlines() if "not restored" in ln]
-        self.assertEqual(len(lines), 1, log)
-        self.assertIn(reason, lines[0])
-        self.assertIn("warn", lines[0])
-
     def test_another_boot(self):
         self.write_state()
         with open(self.boot, "w") as f:
@@ -434,36 +440,6 @@ class Trust(StateDir):
                 self.uid, self.gid, self.launcher = uid, gid, launcher
                 yield name
 
-    def start(self, *extra, interval="0.1", timeout=10):
-        d = Daemon("--log-interval", "0", "--state-dir", self.state,
-                   "--snapshot-interval", interval, "--boot-id-file",
-                   self.boot, *extra, ingest=self.sock_path,
-                   launcher=self.launcher)
-        self.daemons.append(d)
-        return d.start(timeout=timeout)
-
-    def write_state(self):
-        """A good snapshot of this user's daemon, the daemon stopped."""
-        d = self.start()
-        s = self.connect(d, 1)
-        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
-        AckReader(s).wait_for(0)
-        s.close()
-        self.assertEqual(d.stop(), 0)
-        return os.path.join(self.state, "snapshot")
-
-    def assert_set_aside(self, d, reason):
-        """One warning line, the file renamed, nothing restored."""
-        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
-        self.assertEqual(d.value("tokenmeter_ingest_events_total",
-                                 kind="arrived"), 0)
-        self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
-        log = d.read_log().decode()
-        lines = [ln for ln in log.splitlines() if "not restored" in ln]
-        self.assertEqual(len(lines), 1, log)
-        self.assertIn(reason, lines[0])
-        self.assertIn("warn", lines[0])
-
     def refused(self, *extra):
         """Runs the daemon to its exit; returns (code, stderr)."""
         r = subprocess.run([*self.launcher, tu.DAEMON, "--ingest",
@@ -484,7 +460,7 @@ class Trust(StateDir):
             path = os.path.join(self.state, "snapshot")
             os.mkfifo(path, 0o600)
             os.chown(path, self.uid, self.gid)
-            d = self.start()  # ready within 10 s, or AssertionError
+            d = self.start(timeout=10)  # ready, or AssertionError
             self.assert_set_aside(d, "a FIFO")
             self.assertEqual(d.stop(), 0)
 
