@@ -23,7 +23,7 @@
 // directory that only its own uid can change (owned by its effective uid,
 // not writable by group or others; --state-dir-unsafe-ok waives that), and
 // in it only a regular file owned by that uid, not writable by group or
-// others, no larger than a bound set by the memory the process may use.
+// others, no larger than the bound the caps give (daemon/snapshot_bound.h).
 // Nothing there is followed, opened before it is checked, or written
 // through: every file is reached relative to a descriptor of the directory
 // that passed the checks, with O_NOFOLLOW, and the temporary file is made
