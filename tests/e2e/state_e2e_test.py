@@ -116,7 +116,7 @@ class StateDir(unittest.TestCase):
         self.assertEqual(d.value("tokenmeter_ingest_events_total",
                                  kind="arrived"), 0)
         self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
-        log = d.read_log().decode()
+        log = d.read_log().decode(errors="replace")
         lines = [ln for ln in log.splitlines() if "not restored" in ln]
         self.assertEqual(len(lines), 1, log)
         self.assertIn(reason, lines[0])
@@ -423,9 +423,10 @@ class Trust(StateDir):
     that could block. Each test runs the daemon as the test's user and,
     under root, also as nobody."""
 
-    def each_user(self):
-        """Yields once per daemon user, with a fresh state directory that
-        user owns (mode 0750) and self.launcher set."""
+    def for_each_user(self, body):
+        """Runs body() once per daemon user, as a subtest, with a fresh
+        state directory that user owns (mode 0750) and self.launcher,
+        self.uid and self.gid set."""
         for name, uid, gid, launcher in daemon_users():
             with self.subTest(user=name):
                 for d in self.daemons:
@@ -438,7 +439,7 @@ class Trust(StateDir):
                     os.chown(path, uid, gid)
                 os.chmod(self.tmp, 0o755)
                 self.uid, self.gid, self.launcher = uid, gid, launcher
-                yield name
+                body()
 
     def refused(self, *extra):
         """Runs the daemon to its exit; returns (code, stderr)."""
@@ -456,18 +457,19 @@ class Trust(StateDir):
 
     def test_fifo_at_snapshot_is_set_aside_and_the_daemon_listens(self):
         """Today: start-up blocks in open() forever, nothing logged."""
-        for _ in self.each_user():
+        def body():
             path = os.path.join(self.state, "snapshot")
             os.mkfifo(path, 0o600)
             os.chown(path, self.uid, self.gid)
             d = self.start(timeout=10)  # ready, or AssertionError
             self.assert_set_aside(d, "a FIFO")
             self.assertEqual(d.stop(), 0)
+        self.for_each_user(body)
 
     def test_fifo_at_snapshot_tmp_neither_blocks_writes_nor_stop(self):
         """Today: the first write blocks a pool thread in open(); SIGTERM
         then logs "stopped" and the process never exits."""
-        for _ in self.each_user():
+        def body():
             tmp = os.path.join(self.state, "snapshot.tmp")
             os.mkfifo(tmp, 0o600)
             os.chown(tmp, self.uid, self.gid)
@@ -481,10 +483,11 @@ class Trust(StateDir):
             self.assertFalse(os.path.exists(tmp))
             self.assertTrue(os.path.isfile(os.path.join(self.state,
                                                         "snapshot")))
+        self.for_each_user(body)
 
     def test_symlink_at_snapshot_tmp_is_not_written_through(self):
         """Today: the snapshot overwrites whatever file the link names."""
-        for _ in self.each_user():
+        def body():
             victim = os.path.join(self.tmp, "victim")
             with open(victim, "w") as f:
                 f.write("precious\n")
@@ -492,26 +495,28 @@ class Trust(StateDir):
             os.symlink(victim, os.path.join(self.state, "snapshot.tmp"))
             d = self.start(interval="3600")  # the one write at stop
             self.assertEqual(d.stop(), 0)
-            with open(victim) as f:
-                self.assertEqual(f.read(), "precious\n")
+            with open(victim, "rb") as f:
+                self.assertEqual(f.read(), b"precious\n")
             path = os.path.join(self.state, "snapshot")
             self.assertTrue(os.path.isfile(path) and
                             not os.path.islink(path))
             self.assertFalse(os.path.lexists(path + ".tmp"))
+        self.for_each_user(body)
 
     def test_symlink_to_a_snapshot_elsewhere_is_set_aside(self):
         """Today: the link is followed and the snapshot restored."""
-        for _ in self.each_user():
+        def body():
             path = self.write_state()
             elsewhere = os.path.join(self.tmp, "elsewhere")
             os.rename(path, elsewhere)
             os.symlink(elsewhere, path)
             self.assert_set_aside(self.start(), "symbolic link")
             self.assertTrue(os.path.isfile(elsewhere))  # left alone
+        self.for_each_user(body)
 
     def test_group_or_other_writable_snapshot_is_set_aside(self):
         """Today: a mode-0666 snapshot is loaded."""
-        for _ in self.each_user():
+        def body():
             for mode in (0o666, 0o620):
                 with self.subTest(mode=oct(mode)):
                     for f in self.set_aside():
@@ -522,21 +527,23 @@ class Trust(StateDir):
                     self.assert_set_aside(d, "writable by its group or "
                                           "others")
                     d.stop()
+        self.for_each_user(body)
 
     def test_snapshot_of_another_uid_is_set_aside(self):
         """Today: a snapshot of another uid is loaded."""
         if os.getuid() != 0:
             self.skipTest("chown to another uid needs root")
-        for _ in self.each_user():
+        def body():
             path = self.write_state()
             other = 0 if self.uid != 0 else pwd.getpwnam("nobody").pw_uid
             os.chown(path, other, self.gid)
             os.chmod(path, 0o644)
             self.assert_set_aside(self.start(), f"owned by uid {other}")
+        self.for_each_user(body)
 
     def test_oversize_sparse_snapshot_is_set_aside_unread(self):
         """Today: a 2 GiB sparse file is read whole (2 GiB resident)."""
-        for _ in self.each_user():
+        def body():
             path = os.path.join(self.state, "snapshot")
             with open(path, "wb") as f:
                 f.write(b"TMSTATE\n")
@@ -551,10 +558,11 @@ class Trust(StateDir):
             self.assert_set_aside(d, "more than the")
             self.assertLess(hwm_kib, 512 * 1024)
             self.assertLess(started_s, 5)
+        self.for_each_user(body)
 
     def test_unsafe_state_dir_is_refused_at_start(self):
         """Today: any directory the daemon can write is used."""
-        for _ in self.each_user():
+        def body():
             for mode in (0o770, 0o757, 0o1777):
                 with self.subTest(mode=oct(mode)):
                     os.chmod(self.state, mode)
@@ -568,16 +576,17 @@ class Trust(StateDir):
                     self.assertIn("--state-dir-unsafe-ok", lines[0])
             # The operator's word: one warning, then as usual.
             d = self.start("--state-dir-unsafe-ok")
-            log = d.read_log().decode()
+            log = d.read_log().decode(errors="replace")
             self.assertEqual(log.count("--state-dir-unsafe-ok"), 1, log)
             self.assertEqual(d.stop(), 0)
             os.chmod(self.state, 0o750)
+        self.for_each_user(body)
 
     def test_state_dir_of_another_uid_is_refused_at_start(self):
         """Today: used as long as the daemon can write it."""
         if os.getuid() != 0:
             self.skipTest("chown to another uid needs root")
-        for _ in self.each_user():
+        def body():
             other = 0 if self.uid != 0 else pwd.getpwnam("nobody").pw_uid
             os.chown(self.state, other, self.gid)
             os.chmod(self.state, 0o777 if self.uid != 0 else 0o750)
@@ -586,6 +595,7 @@ class Trust(StateDir):
             lines = self.error_lines(err)
             self.assertEqual(len(lines), 1, err)
             self.assertIn(f"is owned by uid {other}", lines[0])
+        self.for_each_user(body)
 
 
 if __name__ == "__main__":
