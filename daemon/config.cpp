@@ -36,7 +36,11 @@ them as Prometheus metrics.
   --log-interval SECONDS     summary-line period, 0 disables (default 10)
   --state-dir DIR            keep counters, histograms and requests in flight
                              across restarts: snapshots written there
-                             (default: none)
+                             (default: none); DIR must be the daemon's
+                             uid's and writable by no one else
+  --state-dir-unsafe-ok      use a --state-dir owned by another uid or
+                             writable by group or others (files in it are
+                             still checked)
   --snapshot-interval SECONDS
                              snapshot period with --state-dir, 0.01 to 3600
                              (default 1)
@@ -230,6 +234,11 @@ const std::vector<Flag>& Flags() {
          c->state_dir = v;
          return Status::Ok();
        }},
+      {"state-dir-unsafe-ok",
+       [](std::string_view v, Config* c) {
+         return ParseBool("state-dir-unsafe-ok", v, &c->state_dir_unsafe_ok);
+       },
+       true},
       {"snapshot-interval",
        [](std::string_view v, Config* c) {
          uint64_t ns = 0;

@@ -37,6 +37,10 @@ struct Config {
   // --state-dir DIR: state snapshots (daemon/state/snapshot.h) written
   // every --snapshot-interval and at stop, loaded at start. Empty: none.
   std::string state_dir;
+  // --state-dir-unsafe-ok: accept a state directory owned by another uid or
+  // writable by its group or others (refused by default: whoever can write
+  // it chooses what the daemon loads).
+  bool state_dir_unsafe_ok = false;
   uint64_t snapshot_interval_ns = 1'000'000'000;
   // --boot-id-file: the file whose contents name this boot (a snapshot of
   // another boot is set aside).

@@ -16,6 +16,7 @@
 #include "daemon/http/web_config.h"
 #include "daemon/live/live_json.h"
 #include "daemon/logging/summary.h"
+#include "daemon/snapshot_bound.h"
 #include "spdlog/spdlog.h"
 
 namespace tokenmeter::daemon {
@@ -128,10 +129,12 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   http_options.tls = std::move(web.tls);
   http_options.basic_auth = std::move(web.basic_auth);
   d->http_ = std::make_unique<http::Server>(&d->loop_, http_options);
-  s = Snapshotter::Create(
-      &d->loop_,
-      {config.state_dir, config.snapshot_interval_ns, config.boot_id_file},
-      &d->snapshotter_);
+  SnapshotterOptions snapshots{config.state_dir, config.snapshot_interval_ns,
+                               config.boot_id_file, config.state_dir_unsafe_ok};
+  snapshots.max_snapshot_bytes =
+      MaxSnapshotBytes(config, d->registry(), d->pipeline_->Fingerprint())
+          .total;
+  s = Snapshotter::Create(&d->loop_, snapshots, &d->snapshotter_);
   if (!s.ok()) return s;
   s = d->Restore();
   if (!s.ok()) return s;

@@ -137,7 +137,8 @@ void BM_snapshot_write(benchmark::State& state) {
   char dir[] = "/tmp/tm-snapshot-bench-XXXXXX";
   if (mkdtemp(dir) == nullptr) std::abort();
   for (auto _ : state) {
-    if (!td::WriteFileAtomically(dir, "snapshot", g_bytes).ok()) std::abort();
+    if (!td::WriteFileAtomically(td::StateDir{dir}, "snapshot", g_bytes).ok())
+      std::abort();
   }
   std::string path = std::string(dir) + "/snapshot";
   unlink(path.c_str());

@@ -16,9 +16,8 @@ namespace tokenmeter::daemon {
 namespace {
 
 constexpr std::string_view kMagic = "TMSTATE\n";
-// A snapshot is read whole; past this it is set aside (the tracker's
-// 1,000,000 requests take about 100 MB).
-constexpr off_t kMaxSnapshotBytes = off_t{4} << 30;
+// The boot id file is read whole: a few bytes, never more than this.
+constexpr uint64_t kMaxBootIdFileBytes = 4096;
 
 uint32_t Checksum(std::string_view bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -34,60 +33,129 @@ std::string Errno(std::string_view what, const std::string& path) {
   return std::string(what) + " " + path + ": " + std::strerror(errno);
 }
 
-void SetAside(const std::string& dir, const std::string& reason) {
-  const std::string from = dir + "/" + std::string(kSnapshotName);
-  const std::string to = from + ".set-aside." + std::to_string(time(nullptr));
-  if (rename(from.c_str(), to.c_str()) != 0) {
-    spdlog::warn(
-        "state: {} not restored ({}), and it could not be set aside as {}: {}",
-        from, reason, to, std::strerror(errno));
-    return;
+// One open descriptor, closed when this goes.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
   }
-  spdlog::warn("state: {} not restored ({}); set aside as {}", from, reason,
-               to);
+  int get() const { return fd_; }
+
+ private:
+  const int fd_;
+};
+
+// Why a directory (or a file in it) is not the daemon's alone; empty when
+// it is: owned by the effective uid, writable by neither group nor others.
+std::string NotOurs(const struct stat& st) {
+  if (st.st_uid != geteuid()) {
+    return fmt::format("is owned by uid {}, not by the daemon's uid {}",
+                       st.st_uid, geteuid());
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return fmt::format("is writable by its group or others (mode {:04o})",
+                       st.st_mode & 07777);
+  }
+  return {};
 }
 
-// Reads all of `path` into *out; false with errno when it cannot.
-bool ReadFile(const std::string& path, std::string* out, bool* too_big) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+// Checks the directory open at `fd` (a descriptor of `dir.path`).
+Status CheckStateDir(int fd, const StateDir& dir, bool log_unsafe) {
   struct stat st {};
   if (fstat(fd, &st) != 0) {
-    const int e = errno;
-    close(fd);
-    errno = e;
-    return false;
+    return Status::Error("--state-dir: " + Errno("cannot stat", dir.path));
   }
-  if (st.st_size > kMaxSnapshotBytes) {
-    close(fd);
-    *too_big = true;
-    return true;
+  const std::string why = NotOurs(st);
+  if (!why.empty() && !dir.unsafe_ok) {
+    return Status::Error(fmt::format(
+        "--state-dir: {} {}: whoever else can change it can plant the "
+        "snapshot the daemon loads; make it the daemon's alone (chown to "
+        "uid {}, chmod go-w) or pass --state-dir-unsafe-ok",
+        dir.path, why, geteuid()));
   }
-  // Until end of file: /proc files report a size of 0.
-  out->resize(size_t(st.st_size) + 4096);
+  if (!why.empty() && log_unsafe) {
+    spdlog::warn(
+        "state: {} {}; used all the same (--state-dir-unsafe-ok), its files "
+        "are still checked",
+        dir.path, why);
+  }
+  return Status::Ok();
+}
+
+// Opens `dir` (a symbolic link in its path is followed) and checks it; *fd
+// then owns a descriptor of what was checked, which every later step goes
+// through, so a path swapped afterwards changes nothing.
+Status OpenStateDir(const StateDir& dir, bool log_unsafe, int* fd) {
+  *fd = open(dir.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (*fd < 0 && errno == ENOTDIR) {
+    return Status::Error("--state-dir: " + dir.path + " is not a directory");
+  }
+  if (*fd < 0) {
+    return Status::Error("--state-dir: " + Errno("cannot open", dir.path));
+  }
+  Status s = CheckStateDir(*fd, dir, log_unsafe);
+  if (!s.ok()) {
+    close(*fd);
+    *fd = -1;
+  }
+  return s;
+}
+
+// What a snapshot must be before a byte of it is read; empty when it is.
+std::string NotASnapshotFile(const struct stat& st, uint64_t max_bytes) {
+  if (S_ISLNK(st.st_mode)) return "a symbolic link, not followed";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO, not a regular file";
+  if (S_ISSOCK(st.st_mode)) return "a socket, not a regular file";
+  if (S_ISDIR(st.st_mode)) return "a directory, not a regular file";
+  if (!S_ISREG(st.st_mode)) return "a device, not a regular file";
+  std::string why = NotOurs(st);
+  if (!why.empty()) return "it " + why;
+  if (uint64_t(st.st_size) > max_bytes) {
+    return fmt::format(
+        "{} bytes, more than the {} a snapshot of this configuration's caps "
+        "can take (docs/operations.md, \"Who can reach what\")",
+        st.st_size, max_bytes);
+  }
+  return {};
+}
+
+void SetAside(int dir_fd, const std::string& dir, const std::string& reason) {
+  const std::string name(kSnapshotName);
+  const std::string to = name + ".set-aside." + std::to_string(time(nullptr));
+  if (renameat(dir_fd, name.c_str(), dir_fd, to.c_str()) != 0) {
+    spdlog::warn(
+        "state: {}/{} not restored ({}), and it could not be set aside as {}: "
+        "{}",
+        dir, name, reason, to, std::strerror(errno));
+    return;
+  }
+  spdlog::warn("state: {}/{} not restored ({}); set aside as {}", dir, name,
+               reason, to);
+}
+
+// Reads `fd` to its end into *out, at most `max_bytes` (*too_big past
+// them); false with errno when a read fails. `size_hint`: fstat's size
+// (/proc files report 0).
+bool ReadAll(int fd, uint64_t size_hint, uint64_t max_bytes, std::string* out,
+             bool* too_big) {
+  out->resize(size_t(std::min(size_hint, max_bytes)) + 4096);
   size_t got = 0;
   while (true) {
-    if (got == out->size()) {
-      if (off_t(got) > kMaxSnapshotBytes) {
-        close(fd);
-        *too_big = true;
-        return true;
-      }
-      out->resize(got * 2);
+    if (got > max_bytes) {
+      *too_big = true;
+      return true;
     }
+    if (got == out->size()) out->resize(got * 2);
     const ssize_t n = read(fd, out->data() + got, out->size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      close(fd);
-      errno = e;
-      return false;
-    }
+    if (n < 0) return false;
     if (n == 0) break;
     got += size_t(n);
   }
   out->resize(got);
-  close(fd);
   return true;
 }
 
@@ -96,7 +164,13 @@ bool ReadFile(const std::string& path, std::string* out, bool* too_big) {
 Status ReadBootId(const std::string& path, std::string* boot_id) {
   std::string text;
   bool too_big = false;
-  if (!ReadFile(path, &text, &too_big)) {
+  // O_NONBLOCK: a FIFO named by mistake is an error, not a hang.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::Error("--boot-id-file: " + Errno("cannot read", path));
+  }
+  Fd guard(fd);
+  if (!ReadAll(fd, 0, kMaxBootIdFileBytes, &text, &too_big)) {
     return Status::Error("--boot-id-file: " + Errno("cannot read", path));
   }
   const size_t b = text.find_first_not_of(" \t\r\n");
@@ -109,19 +183,16 @@ Status ReadBootId(const std::string& path, std::string* boot_id) {
   return Status::Ok();
 }
 
-Status PrepareStateDir(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return Status::Error("--state-dir: " + Errno("cannot create", dir));
+Status PrepareStateDir(const StateDir& dir) {
+  if (mkdir(dir.path.c_str(), 0750) != 0 && errno != EEXIST) {
+    return Status::Error("--state-dir: " + Errno("cannot create", dir.path));
   }
-  struct stat st {};
-  if (stat(dir.c_str(), &st) != 0) {
-    return Status::Error("--state-dir: " + Errno("cannot open", dir));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return Status::Error("--state-dir: " + dir + " is not a directory");
-  }
-  if (access(dir.c_str(), W_OK | X_OK) != 0) {
-    return Status::Error("--state-dir: " + Errno("cannot write to", dir));
+  int fd = -1;
+  Status s = OpenStateDir(dir, true, &fd);
+  if (!s.ok()) return s;
+  Fd guard(fd);
+  if (faccessat(AT_FDCWD, dir.path.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    return Status::Error("--state-dir: " + Errno("cannot write to", dir.path));
   }
   return Status::Ok();
 }
@@ -143,100 +214,144 @@ void SealSnapshot(std::string* bytes) {
   w.U32(Checksum(*bytes));
 }
 
-LoadOutcome LoadSnapshot(const std::string& dir, const std::string& boot_id,
+LoadOutcome LoadSnapshot(const StateDir& dir, uint64_t max_bytes,
+                         const std::string& boot_id,
                          const SnapshotFingerprint& fp,
                          const std::function<bool(StateReader&)>& apply) {
-  const std::string path = dir + "/" + std::string(kSnapshotName);
-  std::string bytes;
-  bool too_big = false;
-  if (!ReadFile(path, &bytes, &too_big)) {
+  int dir_fd = -1;
+  if (Status s = OpenStateDir(dir, false, &dir_fd); !s.ok()) {
+    spdlog::warn("state: no snapshot read: {}", s.message());
+    return LoadOutcome::kNone;
+  }
+  Fd dir_guard(dir_fd);
+  const auto set_aside = [&](const std::string& reason) {
+    SetAside(dir_fd, dir.path, reason);
+  };
+  const std::string name(kSnapshotName);
+  // Looked at before it is opened: opening a FIFO or a device could block
+  // or act on the device.
+  struct stat st {};
+  if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return LoadOutcome::kNone;
-    SetAside(dir, std::string("unreadable: ") + std::strerror(errno));
+    set_aside(std::string("unreadable: ") + strerror(errno));
     return LoadOutcome::kSetAside;
   }
-  if (too_big) {
-    SetAside(dir, "larger than 4 GiB");
+  if (std::string why = NotASnapshotFile(st, max_bytes); !why.empty()) {
+    set_aside(why);
+    return LoadOutcome::kSetAside;
+  }
+  const int fd = openat(dir_fd, name.c_str(),
+                        O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return LoadOutcome::kNone;
+    set_aside(std::string("unreadable: ") + strerror(errno));
+    return LoadOutcome::kSetAside;
+  }
+  Fd file_guard(fd);
+  // Again on what was opened: the name may have changed in between.
+  std::string why;
+  if (fstat(fd, &st) != 0) {
+    why = std::string("unreadable: ") + strerror(errno);
+  } else {
+    why = NotASnapshotFile(st, max_bytes);
+  }
+  std::string bytes;
+  bool too_big = false;
+  if (why.empty() &&
+      !ReadAll(fd, uint64_t(st.st_size), max_bytes, &bytes, &too_big)) {
+    why = std::string("unreadable: ") + strerror(errno);
+  }
+  if (why.empty() && too_big) {
+    why = fmt::format("it grew past {} bytes while read", max_bytes);
+  }
+  if (!why.empty()) {
+    set_aside(why);
     return LoadOutcome::kSetAside;
   }
   const size_t min = kMagic.size() + 4 + 4;
   if (bytes.size() < min || std::string_view(bytes).substr(0, 8) != kMagic) {
-    SetAside(dir, "not a tokenmeterd snapshot, or truncated");
+    set_aside("not a tokenmeterd snapshot, or truncated");
     return LoadOutcome::kSetAside;
   }
   const std::string_view covered(bytes.data(), bytes.size() - 4);
   StateReader tail(bytes.data() + covered.size(), 4);
   if (tail.U32() != Checksum(covered)) {
-    SetAside(dir, "corrupt or truncated: the checksum does not match");
+    set_aside("corrupt or truncated: the checksum does not match");
     return LoadOutcome::kSetAside;
   }
   StateReader r(covered.data() + kMagic.size(), covered.size() - kMagic.size());
   const uint32_t version = r.U32();
   if (version < kOldestStateFormatVersion || version > kSnapshotVersion) {
-    SetAside(dir,
-             fmt::format("format version {}, this daemon reads {} to {}",
-                         version, kOldestStateFormatVersion, kSnapshotVersion));
+    set_aside(fmt::format("format version {}, this daemon reads {} to {}",
+                          version, kOldestStateFormatVersion,
+                          kSnapshotVersion));
     return LoadOutcome::kSetAside;
   }
   r.set_version(version);
   const std::string their_boot = r.Str(256);
   if (their_boot != boot_id) {
-    SetAside(dir, fmt::format("written in another boot ({}, this boot {}): "
-                              "its CLOCK_MONOTONIC times mean nothing now",
-                              their_boot, boot_id));
+    set_aside(
+        fmt::format("written in another boot ({}, this boot {}): "
+                    "its CLOCK_MONOTONIC times mean nothing now",
+                    their_boot, boot_id));
     return LoadOutcome::kSetAside;
   }
   for (size_t i = 0; i < fp.parts.size(); ++i) {
     if (r.Str(1 << 20) != fp.parts[i]) {
-      SetAside(dir, fmt::format("written with other {} than configured now",
-                                SnapshotFingerprint::kPartNames[i]));
+      set_aside(fmt::format("written with other {} than configured now",
+                            SnapshotFingerprint::kPartNames[i]));
       return LoadOutcome::kSetAside;
     }
   }
   if (!r.ok() || !apply(r)) {
-    SetAside(dir, "its contents do not decode");
+    set_aside("its contents do not decode");
     return LoadOutcome::kSetAside;
   }
   return LoadOutcome::kRestored;
 }
 
-Status WriteFileAtomically(const std::string& dir, std::string_view name,
+Status WriteFileAtomically(const StateDir& dir, std::string_view name,
                            std::string_view bytes) {
-  const std::string path = dir + "/" + std::string(name);
-  const std::string tmp = path + ".tmp";
-  const int fd =
-      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return Status::Error(Errno("cannot create", tmp));
+  const std::string file(name);
+  const std::string tmp = file + ".tmp";
+  const std::string tmp_path = dir.path + "/" + tmp;
+  int dir_fd = -1;
+  if (Status s = OpenStateDir(dir, false, &dir_fd); !s.ok()) {
+    return Status::Error("cannot write " + tmp_path + ": " + s.message());
+  }
+  Fd dir_guard(dir_fd);
+  // Whatever is at the temporary name (a FIFO, a symbolic link, a file a
+  // crash left) goes; O_EXCL then creates a new file or fails, and never
+  // writes through what another process put there in between.
+  if (unlinkat(dir_fd, tmp.c_str(), 0) != 0 && errno != ENOENT) {
+    return Status::Error(Errno("cannot remove", tmp_path));
+  }
+  const int fd = openat(
+      dir_fd, tmp.c_str(),
+      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0640);
+  if (fd < 0) return Status::Error(Errno("cannot create", tmp_path));
+  const auto fail = [&](std::string_view what) {
+    Status s = Status::Error(Errno(what, tmp_path));
+    close(fd);
+    unlinkat(dir_fd, tmp.c_str(), 0);
+    return s;
+  };
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      Status s = Status::Error(Errno("cannot write", tmp));
-      close(fd);
-      unlink(tmp.c_str());
-      return s;
-    }
+    if (n < 0) return fail("cannot write");
     done += size_t(n);
   }
-  if (fsync(fd) != 0) {
-    Status s = Status::Error(Errno("cannot fsync", tmp));
-    close(fd);
-    unlink(tmp.c_str());
-    return s;
-  }
+  if (fsync(fd) != 0) return fail("cannot fsync");
   close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    Status s = Status::Error(Errno("cannot rename " + tmp + " to", path));
-    unlink(tmp.c_str());
+  if (renameat(dir_fd, tmp.c_str(), dir_fd, file.c_str()) != 0) {
+    Status s = Status::Error(
+        Errno("cannot rename " + tmp_path + " to", dir.path + "/" + file));
+    unlinkat(dir_fd, tmp.c_str(), 0);
     return s;
   }
-  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Status::Error(Errno("cannot open", dir));
-  const int rc = fsync(dfd);
-  const int e = errno;
-  close(dfd);
-  errno = e;
-  if (rc != 0) return Status::Error(Errno("cannot fsync", dir));
+  if (fsync(dir_fd) != 0) return Status::Error(Errno("cannot fsync", dir.path));
   return Status::Ok();
 }
 

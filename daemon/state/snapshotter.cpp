@@ -11,7 +11,7 @@ namespace tokenmeter::daemon {
 struct Snapshotter::Write {
   uv_work_t req{};
   Snapshotter* snapshotter = nullptr;
-  std::string dir;
+  StateDir dir;
   std::string bytes;
   Status result = Status::Ok();
 };
@@ -30,7 +30,7 @@ Status Snapshotter::Create(uv_loop_t* loop, const SnapshotterOptions& options,
   }
   Status st = ReadBootId(options.boot_id_file, &s->boot_id_);
   if (!st.ok()) return st;
-  st = PrepareStateDir(options.dir);
+  st = PrepareStateDir(s->state_dir());
   if (!st.ok()) return st;
   *out = std::move(s);
   return Status::Ok();
@@ -42,10 +42,11 @@ LoadOutcome Snapshotter::Restore(const SnapshotFingerprint& fp,
   *applied = false;
   if (!enabled()) return LoadOutcome::kNone;
   const LoadOutcome outcome =
-      LoadSnapshot(options_.dir, boot_id_, fp, [&](StateReader& r) {
-        *applied = true;
-        return apply(r);
-      });
+      LoadSnapshot(state_dir(), options_.max_snapshot_bytes, boot_id_, fp,
+                   [&](StateReader& r) {
+                     *applied = true;
+                     return apply(r);
+                   });
   restored_ = outcome == LoadOutcome::kRestored;
   // Half loaded: the counters start from nothing too.
   if (*applied && !restored_) ok_ = error_ = 0;
@@ -122,10 +123,11 @@ void Snapshotter::StartOne() {
   auto* write = new Write;
   write->snapshotter = this;
   write->bytes.reserve(last_bytes_ + last_bytes_ / 8);
-  write->dir = options_.dir;
+  write->dir = state_dir();
   write->req.data = write;
   Encode(&write->bytes);
   last_bytes_ = write->bytes.size();
+  CheckBound(last_bytes_ + 4);
   in_flight_ = true;
   const int rc = uv_queue_work(
       loop_, &write->req,
@@ -147,6 +149,16 @@ void Snapshotter::StartOne() {
     OnWritten(Status::Error(std::string("uv_queue_work: ") + uv_strerror(rc)));
     delete write;
   }
+}
+
+void Snapshotter::CheckBound(size_t bytes) {
+  if (bytes <= options_.max_snapshot_bytes || over_bound_logged_) return;
+  over_bound_logged_ = true;
+  spdlog::warn(
+      "state: a snapshot of {} bytes, more than the {} the caps allow for "
+      "(docs/operations.md, \"Who can reach what\"): the next start will set "
+      "it aside; logged once",
+      bytes, options_.max_snapshot_bytes);
 }
 
 void Snapshotter::OnWritten(const Status& s) {
@@ -181,7 +193,8 @@ void Snapshotter::WriteFinal(std::string note) {
   std::string bytes;
   Encode(&bytes);
   SealSnapshot(&bytes);
-  const Status s = WriteFileAtomically(options_.dir, kSnapshotName, bytes);
+  CheckBound(bytes.size());
+  const Status s = WriteFileAtomically(state_dir(), kSnapshotName, bytes);
   if (s.ok()) {
     ++ok_;
     spdlog::info("state: wrote {}/{} at stop ({} bytes, {})", options_.dir,

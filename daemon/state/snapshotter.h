@@ -35,14 +35,19 @@ struct SnapshotterOptions {
   std::string dir;                       // --state-dir
   uint64_t interval_ns = 1'000'000'000;  // --snapshot-interval
   std::string boot_id_file;              // --boot-id-file
+  bool dir_unsafe_ok = false;            // --state-dir-unsafe-ok
+  // The largest snapshot Restore() reads (daemon/snapshot_bound.h); a
+  // larger one written is logged once at warning level (the next start
+  // would set it aside).
+  uint64_t max_snapshot_bytes = UINT64_MAX;
 };
 
 class Snapshotter : public Collector {
  public:
   // Reads this boot's id and makes or checks the directory (errors name
-  // the flag and the path). Starts nothing; `loop` outlives it. Without a
-  // directory the snapshotter is inactive: Restore(), Start(), Close() and
-  // WriteFinal() do nothing, and its families read 0.
+  // the flag and the path; PrepareStateDir()). Starts nothing; `loop` outlives
+  // it. Without a directory the snapshotter is inactive: Restore(), Start(),
+  // Close() and WriteFinal() do nothing, and its families read 0.
   static Status Create(uv_loop_t* loop, const SnapshotterOptions& options,
                        std::unique_ptr<Snapshotter>* out);
   Snapshotter(const Snapshotter&) = delete;
@@ -90,6 +95,7 @@ class Snapshotter : public Collector {
   uint64_t written() const { return ok_; }
   uint64_t failed() const { return error_; }
   const std::string& dir() const { return options_.dir; }
+  StateDir state_dir() const { return {options_.dir, options_.dir_unsafe_ok}; }
 
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
@@ -99,6 +105,8 @@ class Snapshotter : public Collector {
   void StartOne();
   void Encode(std::string* out) const;
   void OnWritten(const Status& s);
+  // Logs once when a snapshot of `bytes` is past max_snapshot_bytes.
+  void CheckBound(size_t bytes);
 
   uv_loop_t* const loop_;
   const SnapshotterOptions options_;
@@ -116,8 +124,9 @@ class Snapshotter : public Collector {
   bool in_flight_ = false;
   bool final_due_ = false;  // stopped while a write was in flight
   std::string final_note_;
-  bool failing_ = false;   // the latest write failed (logged)
-  size_t last_bytes_ = 0;  // the latest snapshot's size, to reserve
+  bool failing_ = false;            // the latest write failed (logged)
+  size_t last_bytes_ = 0;           // the latest snapshot's size, to reserve
+  bool over_bound_logged_ = false;  // a snapshot past max_snapshot_bytes
   std::unique_ptr<Registration> registration_;
 };
 

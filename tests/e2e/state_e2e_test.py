@@ -6,7 +6,9 @@ SIGTERM and killed with SIGKILL, real HTTP scrapes.
 Usage: state_e2e_test.py TOKENMETERD [unittest args]
 """
 import glob
+import grp
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -79,12 +81,16 @@ class StateDir(unittest.TestCase):
             d.cleanup()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def start(self, *extra, interval="0.1"):
+    # The daemon's launcher (Trust: setpriv to another user).
+    launcher = ()
+
+    def start(self, *extra, interval="0.1", timeout=tu.READY_TIMEOUT_S):
         d = Daemon("--log-interval", "0", "--state-dir", self.state,
                    "--snapshot-interval", interval, "--boot-id-file",
-                   self.boot, *extra, ingest=self.sock_path)
+                   self.boot, *extra, ingest=self.sock_path,
+                   launcher=self.launcher)
         self.daemons.append(d)
-        return d.start()
+        return d.start(timeout=timeout)
 
     def connect(self, d, session, seq_from=None):
         s = d.connect()
@@ -93,6 +99,28 @@ class StateDir(unittest.TestCase):
 
     def set_aside(self):
         return glob.glob(os.path.join(self.state, "snapshot.set-aside.*"))
+
+    def write_state(self):
+        """A good snapshot (one request arrived), its daemon stopped."""
+        d = self.start()
+        s = self.connect(d, 1)
+        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
+        AckReader(s).wait_for(0)
+        s.close()
+        self.assertEqual(d.stop(), 0)
+        return os.path.join(self.state, "snapshot")
+
+    def assert_set_aside(self, d, reason):
+        """Nothing restored, the file renamed, one warning with `reason`."""
+        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
+        self.assertEqual(d.value("tokenmeter_ingest_events_total",
+                                 kind="arrived"), 0)
+        self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
+        log = d.read_log().decode(errors="replace")
+        lines = [ln for ln in log.splitlines() if "not restored" in ln]
+        self.assertEqual(len(lines), 1, log)
+        self.assertIn(reason, lines[0])
+        self.assertIn("warn", lines[0])
 
 
 class Restart(StateDir):
@@ -318,26 +346,6 @@ class OldFormat(StateDir):
 
 
 class SetAside(StateDir):
-    def write_state(self):
-        d = self.start()
-        s = self.connect(d, 1)
-        s.sendall(batch([[1, time.monotonic_ns(), 1, 5]], seq=0))
-        AckReader(s).wait_for(0)
-        s.close()
-        self.assertEqual(d.stop(), 0)
-        return os.path.join(self.state, "snapshot")
-
-    def assert_set_aside(self, d, reason):
-        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
-        self.assertEqual(d.value("tokenmeter_ingest_events_total",
-                                 kind="arrived"), 0)
-        self.assertEqual(len(self.set_aside()), 1, os.listdir(self.state))
-        log = d.read_log().decode()
-        lines = [ln for ln in log.splitlines() if "not restored" in ln]
-        self.assertEqual(len(lines), 1, log)
-        self.assertIn(reason, lines[0])
-        self.assertIn("warn", lines[0])
-
     def test_another_boot(self):
         self.write_state()
         with open(self.boot, "w") as f:
@@ -403,6 +411,202 @@ class SetAside(StateDir):
                 self.assertNotEqual(r.returncode, 0)
                 err = r.stderr.decode()
                 self.assertIn(needle, err)
+
+
+def daemon_users():
+    """Whom Trust runs the daemon as: the test's own user, and when that is
+    root, also nobody:nogroup through setpriv (as a packaged unit's
+    User= would). (name, uid, gid, launcher)."""
+    users = [("self", os.getuid(), os.getgid(), ())]
+    if os.getuid() == 0:
+        users.append(("nobody", pwd.getpwnam("nobody").pw_uid,
+                      grp.getgrnam("nogroup").gr_gid,
+                      ("setpriv", "--reuid=nobody", "--regid=nogroup",
+                       "--clear-groups")))
+    return users
+
+
+class Trust(StateDir):
+    """What the daemon trusts in its state directory (docs/operations.md,
+    "Who can reach what"): only a directory of its own uid, writable by no
+    one else; in it only a regular file of that uid, writable by no one
+    else, no larger than the caps allow; nothing followed, nothing opened
+    that could block. Each test runs the daemon as the test's user and,
+    under root, also as nobody."""
+
+    def for_each_user(self, body):
+        """Runs body() once per daemon user, as a subtest, with a fresh
+        state directory that user owns (mode 0750) and self.launcher,
+        self.uid and self.gid set."""
+        for name, uid, gid, launcher in daemon_users():
+            with self.subTest(user=name):
+                for d in self.daemons:
+                    d.cleanup()
+                self.daemons = []
+                shutil.rmtree(self.state, ignore_errors=True)
+                os.mkdir(self.state, 0o750)
+                os.chmod(self.state, 0o750)
+                for path in (self.tmp, self.state):
+                    os.chown(path, uid, gid)
+                os.chmod(self.tmp, 0o755)
+                self.uid, self.gid, self.launcher = uid, gid, launcher
+                body()
+
+    def refused(self, *extra):
+        """Runs the daemon to its exit; returns (code, stderr)."""
+        r = subprocess.run([*self.launcher, tu.DAEMON, "--ingest",
+                            self.sock_path, "--listen", "127.0.0.1:0",
+                            "--state-dir", self.state, "--boot-id-file",
+                            self.boot, *extra],
+                           capture_output=True, timeout=20)
+        return r.returncode, r.stderr.decode()
+
+    @staticmethod
+    def error_lines(err):
+        """stderr's lines but the info lines of the start."""
+        return [ln for ln in err.splitlines() if " info " not in ln]
+
+    def test_fifo_at_snapshot_is_set_aside_and_the_daemon_listens(self):
+        """Today: start-up blocks in open() forever, nothing logged."""
+        def body():
+            path = os.path.join(self.state, "snapshot")
+            os.mkfifo(path, 0o600)
+            os.chown(path, self.uid, self.gid)
+            d = self.start(timeout=10)  # ready, or AssertionError
+            self.assert_set_aside(d, "a FIFO")
+            self.assertEqual(d.stop(), 0)
+        self.for_each_user(body)
+
+    def test_fifo_at_snapshot_tmp_neither_blocks_writes_nor_stop(self):
+        """Today: the first write blocks a pool thread in open(); SIGTERM
+        then logs "stopped" and the process never exits."""
+        def body():
+            tmp = os.path.join(self.state, "snapshot.tmp")
+            os.mkfifo(tmp, 0o600)
+            os.chown(tmp, self.uid, self.gid)
+            d = self.start()
+            poll_until(lambda: d.value("tokenmeter_state_snapshots_total",
+                                       result="ok") >= 2,
+                       what="two snapshots written past the FIFO")
+            t0 = time.monotonic()
+            self.assertEqual(d.stop(timeout=10), 0)
+            self.assertLess(time.monotonic() - t0, 5)
+            self.assertFalse(os.path.exists(tmp))
+            self.assertTrue(os.path.isfile(os.path.join(self.state,
+                                                        "snapshot")))
+        self.for_each_user(body)
+
+    def test_symlink_at_snapshot_tmp_is_not_written_through(self):
+        """Today: the snapshot overwrites whatever file the link names."""
+        def body():
+            victim = os.path.join(self.tmp, "victim")
+            with open(victim, "w") as f:
+                f.write("precious\n")
+            os.chown(victim, self.uid, self.gid)
+            os.symlink(victim, os.path.join(self.state, "snapshot.tmp"))
+            d = self.start(interval="3600")  # the one write at stop
+            self.assertEqual(d.stop(), 0)
+            with open(victim, "rb") as f:
+                self.assertEqual(f.read(), b"precious\n")
+            path = os.path.join(self.state, "snapshot")
+            self.assertTrue(os.path.isfile(path) and
+                            not os.path.islink(path))
+            self.assertFalse(os.path.lexists(path + ".tmp"))
+        self.for_each_user(body)
+
+    def test_symlink_to_a_snapshot_elsewhere_is_set_aside(self):
+        """Today: the link is followed and the snapshot restored."""
+        def body():
+            path = self.write_state()
+            elsewhere = os.path.join(self.tmp, "elsewhere")
+            os.rename(path, elsewhere)
+            os.symlink(elsewhere, path)
+            self.assert_set_aside(self.start(), "symbolic link")
+            self.assertTrue(os.path.isfile(elsewhere))  # left alone
+        self.for_each_user(body)
+
+    def test_group_or_other_writable_snapshot_is_set_aside(self):
+        """Today: a mode-0666 snapshot is loaded."""
+        def body():
+            for mode in (0o666, 0o620):
+                with self.subTest(mode=oct(mode)):
+                    for f in self.set_aside():
+                        os.unlink(f)
+                    path = self.write_state()
+                    os.chmod(path, mode)
+                    d = self.start()
+                    self.assert_set_aside(d, "writable by its group or "
+                                          "others")
+                    d.stop()
+        self.for_each_user(body)
+
+    def test_snapshot_of_another_uid_is_set_aside(self):
+        """Today: a snapshot of another uid is loaded."""
+        if os.getuid() != 0:
+            self.skipTest("chown to another uid needs root")
+        def body():
+            path = self.write_state()
+            other = 0 if self.uid != 0 else pwd.getpwnam("nobody").pw_uid
+            os.chown(path, other, self.gid)
+            os.chmod(path, 0o644)
+            self.assert_set_aside(self.start(), f"owned by uid {other}")
+        self.for_each_user(body)
+
+    def test_oversize_sparse_snapshot_is_set_aside_unread(self):
+        """Today: a 2 GiB sparse file is read whole (2 GiB resident)."""
+        def body():
+            path = os.path.join(self.state, "snapshot")
+            with open(path, "wb") as f:
+                f.write(b"TMSTATE\n")
+                f.truncate(2 << 30)
+            os.chown(path, self.uid, self.gid)
+            t0 = time.monotonic()
+            d = self.start()
+            started_s = time.monotonic() - t0
+            with open(f"/proc/{d.proc.pid}/status") as f:
+                hwm_kib = int(next(ln for ln in f
+                                   if ln.startswith("VmHWM:")).split()[1])
+            self.assert_set_aside(d, "more than the")
+            self.assertLess(hwm_kib, 512 * 1024)
+            self.assertLess(started_s, 5)
+        self.for_each_user(body)
+
+    def test_unsafe_state_dir_is_refused_at_start(self):
+        """Today: any directory the daemon can write is used."""
+        def body():
+            for mode in (0o770, 0o757, 0o1777):
+                with self.subTest(mode=oct(mode)):
+                    os.chmod(self.state, mode)
+                    code, err = self.refused()
+                    self.assertEqual(code, 1, err)
+                    lines = self.error_lines(err)
+                    self.assertEqual(len(lines), 1, err)
+                    self.assertIn("--state-dir: " + self.state, lines[0])
+                    self.assertIn("writable by its group or others",
+                                  lines[0])
+                    self.assertIn("--state-dir-unsafe-ok", lines[0])
+            # The operator's word: one warning, then as usual.
+            d = self.start("--state-dir-unsafe-ok")
+            log = d.read_log().decode(errors="replace")
+            self.assertEqual(log.count("--state-dir-unsafe-ok"), 1, log)
+            self.assertEqual(d.stop(), 0)
+            os.chmod(self.state, 0o750)
+        self.for_each_user(body)
+
+    def test_state_dir_of_another_uid_is_refused_at_start(self):
+        """Today: used as long as the daemon can write it."""
+        if os.getuid() != 0:
+            self.skipTest("chown to another uid needs root")
+        def body():
+            other = 0 if self.uid != 0 else pwd.getpwnam("nobody").pw_uid
+            os.chown(self.state, other, self.gid)
+            os.chmod(self.state, 0o777 if self.uid != 0 else 0o750)
+            code, err = self.refused()
+            self.assertEqual(code, 1, err)
+            lines = self.error_lines(err)
+            self.assertEqual(len(lines), 1, err)
+            self.assertIn(f"is owned by uid {other}", lines[0])
+        self.for_each_user(body)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,17 @@
 // tree), plus the file-level helpers.
 #include "daemon/state/snapshot.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -27,6 +31,7 @@
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/parts/moe.h"
 #include "daemon/store/registry.h"
+#include "testutil/temp_dir.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -302,12 +307,13 @@ TEST(StateTest, SnapshotVersionsReadAndRefused) {
     for (int i = 0; i < 4; ++i)
       bytes[8 + i] = char((version >> (8 * i)) & 0xff);
     SealSnapshot(&bytes);
-    ASSERT_TRUE(WriteFileAtomically(d, "snapshot", bytes).ok());
+    ASSERT_TRUE(WriteFileAtomically(StateDir{d}, "snapshot", bytes).ok());
     uint32_t seen = 0;
-    const LoadOutcome got = LoadSnapshot(d, "boot", fp, [&](StateReader& r) {
-      seen = r.version();
-      return r.U64() == 42 && r.at_end();
-    });
+    const LoadOutcome got =
+        LoadSnapshot(StateDir{d}, UINT64_MAX, "boot", fp, [&](StateReader& r) {
+          seen = r.version();
+          return r.U64() == 42 && r.at_end();
+        });
     const bool readable = version >= 1 && version <= kSnapshotVersion;
     EXPECT_EQ(got, readable ? LoadOutcome::kRestored : LoadOutcome::kSetAside);
     EXPECT_EQ(seen, readable ? version : 0u);
@@ -321,12 +327,14 @@ TEST(StateTest, FilesAndBootId) {
   char dir[] = "/tmp/tm-state-test-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string d = dir;
-  EXPECT_TRUE(PrepareStateDir(d + "/sub").ok());
-  EXPECT_TRUE(WriteFileAtomically(d + "/sub", "snapshot", "abc").ok());
+  EXPECT_TRUE(PrepareStateDir(StateDir{d + "/sub"}).ok());
+  EXPECT_TRUE(
+      WriteFileAtomically(StateDir{d + "/sub"}, "snapshot", "abc").ok());
   std::ifstream in(d + "/sub/snapshot");
   std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(text, "abc");
-  const Status s = WriteFileAtomically(d + "/missing", "snapshot", "abc");
+  const Status s =
+      WriteFileAtomically(StateDir{d + "/missing"}, "snapshot", "abc");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find(d + "/missing/snapshot.tmp"), std::string::npos)
       << s.message();
@@ -336,11 +344,238 @@ TEST(StateTest, FilesAndBootId) {
   { std::ofstream f(d + "/empty"); }
   EXPECT_FALSE(ReadBootId(d + "/empty", &id).ok());
   EXPECT_FALSE(ReadBootId(d + "/none", &id).ok());
-  EXPECT_FALSE(PrepareStateDir(d + "/empty").ok());  // a file
+  EXPECT_FALSE(PrepareStateDir(StateDir{d + "/empty"}).ok());  // a file
   std::remove((d + "/sub/snapshot").c_str());
   std::remove((d + "/empty").c_str());
   rmdir((d + "/sub").c_str());
   rmdir(d.c_str());
+}
+
+// ---- what the daemon trusts in its state directory
+
+// A state directory of the test's uid, mode 0750, with helpers to put a
+// snapshot (or something else) at DIR/snapshot and to load it.
+class StateDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(tmp_.path().empty());
+    ASSERT_TRUE(PrepareStateDir(dir_).ok());
+  }
+  std::string Path(const std::string& name) const {
+    return dir_.path + "/" + name;
+  }
+  static std::string Valid() {
+    std::string bytes;
+    EncodeSnapshot(
+        "boot", kFp, [](StateWriter& w) { w.U64(42); }, &bytes);
+    SealSnapshot(&bytes);
+    return bytes;
+  }
+  void Put(const std::string& bytes) {
+    ASSERT_TRUE(WriteFileAtomically(dir_, kSnapshotName, bytes).ok());
+  }
+  // LoadSnapshot() on another thread, at most 5 s: a FIFO opened for
+  // reading would block it (`fifo` is then opened for writing, which
+  // releases it, so the test fails instead of hanging).
+  LoadOutcome Load(uint64_t max_bytes = UINT64_MAX,
+                   const std::string& fifo = "") {
+    applied_ = false;
+    auto done = std::async(std::launch::async, [&] {
+      return LoadSnapshot(dir_, max_bytes, "boot", kFp, [&](StateReader& r) {
+        applied_ = true;
+        return r.U64() == 42 && r.at_end();
+      });
+    });
+    if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << "LoadSnapshot() blocked";
+      if (!fifo.empty()) close(open(fifo.c_str(), O_WRONLY | O_NONBLOCK));
+    }
+    return done.get();
+  }
+  // The one file set aside, or "".
+  std::string SetAsideFile() const {
+    std::string found;
+    for (const auto& e : std::filesystem::directory_iterator(dir_.path)) {
+      const std::string name = e.path().filename();
+      if (name.rfind("snapshot.set-aside.", 0) == 0) {
+        EXPECT_TRUE(found.empty()) << "two set aside";
+        found = e.path();
+      }
+    }
+    return found;
+  }
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+  static inline const SnapshotFingerprint kFp{{"b", "n", "r"}};
+  testutil::TempDir tmp_;
+  StateDir dir_{tmp_.path() + "/state"};
+  bool applied_ = false;
+};
+
+TEST_F(StateDirTest, RestoresItsOwnRegularFileUpToTheBound) {
+  const std::string bytes = Valid();
+  Put(bytes);
+  EXPECT_EQ(Load(bytes.size()), LoadOutcome::kRestored);
+  EXPECT_TRUE(applied_);
+  EXPECT_EQ(SetAsideFile(), "");
+}
+
+TEST_F(StateDirTest, SetsAsideAFileOverTheBoundUnread) {
+  const std::string bytes = Valid();
+  Put(bytes);
+  EXPECT_EQ(Load(bytes.size() - 1), LoadOutcome::kSetAside);
+  EXPECT_FALSE(applied_);
+  EXPECT_EQ(Read(SetAsideFile()), bytes);
+}
+
+// 2 GiB of holes: set aside on its size alone, in far less time than
+// reading it would take.
+TEST_F(StateDirTest, SetsAsideAHugeSparseFileWithoutReadingIt) {
+  const int fd = open(Path("snapshot").c_str(), O_WRONLY | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "TMSTATE\n", 8), 8);
+  ASSERT_EQ(ftruncate(fd, off_t{2} << 30), 0);
+  close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Load(uint64_t{1} << 20), LoadOutcome::kSetAside);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_FALSE(applied_);
+  EXPECT_NE(SetAsideFile(), "");
+}
+
+TEST_F(StateDirTest, SetsAsideAFifoWithoutBlocking) {
+  ASSERT_EQ(mkfifo(Path("snapshot").c_str(), 0600), 0);
+  EXPECT_EQ(Load(UINT64_MAX, Path("snapshot")), LoadOutcome::kSetAside);
+  struct stat st {};
+  ASSERT_EQ(lstat(SetAsideFile().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_FALSE(std::filesystem::exists(Path("snapshot")));
+}
+
+TEST_F(StateDirTest, SetsAsideADirectoryInItsPlace) {
+  ASSERT_EQ(mkdir(Path("snapshot").c_str(), 0700), 0);
+  EXPECT_EQ(Load(), LoadOutcome::kSetAside);
+  EXPECT_TRUE(std::filesystem::is_directory(SetAsideFile()));
+}
+
+// A link to a good snapshot elsewhere is neither followed nor restored;
+// the link is set aside, its target left as it was.
+TEST_F(StateDirTest, SetsAsideASymbolicLinkUnfollowed) {
+  const std::string elsewhere = tmp_.File("elsewhere");
+  std::ofstream(elsewhere) << Valid();
+  ASSERT_EQ(symlink(elsewhere.c_str(), Path("snapshot").c_str()), 0);
+  EXPECT_EQ(Load(), LoadOutcome::kSetAside);
+  EXPECT_FALSE(applied_);
+  EXPECT_TRUE(std::filesystem::is_symlink(SetAsideFile()));
+  EXPECT_EQ(Read(elsewhere), Valid());
+}
+
+TEST_F(StateDirTest, SetsAsideAFileOthersCanWrite) {
+  for (const mode_t mode : {0666, 0620, 0602}) {
+    SCOPED_TRACE(mode);
+    Put(Valid());
+    ASSERT_EQ(chmod(Path("snapshot").c_str(), mode), 0);
+    EXPECT_EQ(Load(), LoadOutcome::kSetAside);
+    EXPECT_FALSE(applied_);
+    std::filesystem::remove(SetAsideFile());
+  }
+}
+
+TEST_F(StateDirTest, SetsAsideAFileOfAnotherUid) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another uid needs root";
+  Put(Valid());
+  ASSERT_EQ(chown(Path("snapshot").c_str(), 65534, 65534), 0);
+  EXPECT_EQ(Load(), LoadOutcome::kSetAside);
+  EXPECT_FALSE(applied_);
+}
+
+// Whatever is at the temporary name goes: the write neither blocks on a
+// FIFO nor writes through a link.
+TEST_F(StateDirTest, WriteReplacesAFifoAtTheTemporaryName) {
+  ASSERT_EQ(mkfifo(Path("snapshot.tmp").c_str(), 0600), 0);
+  auto done = std::async(std::launch::async, [&] {
+    return WriteFileAtomically(dir_, kSnapshotName, "abc");
+  });
+  if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "WriteFileAtomically() blocked";
+    close(open(Path("snapshot.tmp").c_str(), O_RDONLY | O_NONBLOCK));
+  }
+  EXPECT_TRUE(done.get().ok());
+  EXPECT_EQ(Read(Path("snapshot")), "abc");
+  EXPECT_FALSE(std::filesystem::exists(Path("snapshot.tmp")));
+}
+
+TEST_F(StateDirTest, WriteNeverFollowsALinkAtTheTemporaryName) {
+  const std::string victim = tmp_.File("victim");
+  std::ofstream(victim) << "precious";
+  ASSERT_EQ(symlink(victim.c_str(), Path("snapshot.tmp").c_str()), 0);
+  EXPECT_TRUE(WriteFileAtomically(dir_, kSnapshotName, "abc").ok());
+  EXPECT_EQ(Read(victim), "precious");
+  EXPECT_EQ(Read(Path("snapshot")), "abc");
+  EXPECT_FALSE(std::filesystem::is_symlink(Path("snapshot")));
+}
+
+TEST_F(StateDirTest, WriteFailsOnADirectoryAtTheTemporaryName) {
+  ASSERT_EQ(mkdir(Path("snapshot.tmp").c_str(), 0700), 0);
+  const Status s = WriteFileAtomically(dir_, kSnapshotName, "abc");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot remove " + Path("snapshot.tmp")),
+            std::string::npos)
+      << s.message();
+}
+
+TEST_F(StateDirTest, RefusesADirectoryOthersCanWrite) {
+  for (const mode_t mode : {0770, 0730, 0707, 01777}) {
+    SCOPED_TRACE(mode);
+    ASSERT_EQ(chmod(dir_.path.c_str(), mode), 0);
+    const Status s = PrepareStateDir(dir_);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.message().rfind("--state-dir: " + dir_.path, 0), 0u)
+        << s.message();
+    EXPECT_NE(s.message().find("writable by its group or others"),
+              std::string::npos);
+    EXPECT_NE(s.message().find("--state-dir-unsafe-ok"), std::string::npos);
+    // The same on every later write and load, should it change after
+    // the start: nothing written, nothing read.
+    EXPECT_FALSE(WriteFileAtomically(dir_, kSnapshotName, "abc").ok());
+    EXPECT_EQ(Load(), LoadOutcome::kNone);
+    StateDir waived = dir_;
+    waived.unsafe_ok = true;
+    EXPECT_TRUE(PrepareStateDir(waived).ok());
+    EXPECT_TRUE(WriteFileAtomically(waived, kSnapshotName, "abc").ok());
+    EXPECT_TRUE(std::filesystem::remove(Path("snapshot")));
+  }
+}
+
+TEST_F(StateDirTest, RefusesADirectoryOfAnotherUid) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another uid needs root";
+  ASSERT_EQ(chown(dir_.path.c_str(), 65534, 65534), 0);
+  const Status s = PrepareStateDir(dir_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("is owned by uid 65534"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(PrepareStateDir({dir_.path, true}).ok());
+}
+
+// systemd's StateDirectory= with DynamicUser= makes /var/lib/NAME a link
+// to private/NAME: the link is followed, the directory it names checked.
+TEST_F(StateDirTest, FollowsALinkToADirectoryOfItsOwn) {
+  const std::string link = tmp_.File("link");
+  ASSERT_EQ(symlink(dir_.path.c_str(), link.c_str()), 0);
+  EXPECT_TRUE(PrepareStateDir({link}).ok());
+  EXPECT_TRUE(WriteFileAtomically({link}, kSnapshotName, "abc").ok());
+  EXPECT_EQ(Read(Path("snapshot")), "abc");
+}
+
+TEST(StateTest, BootIdFileThatIsAFifoIsAnErrorNotAHang) {
+  testutil::TempDir tmp;
+  const std::string fifo = tmp.File("boot_id");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::string id;
+  EXPECT_FALSE(ReadBootId(fifo, &id).ok());
 }
 
 }  // namespace

@@ -56,10 +56,11 @@ class SnapshotterTest : public ::testing::Test {
   // accepted).
   std::string Payload(const SnapshotFingerprint& fp = kFp) {
     std::string payload;
-    LoadSnapshot(dir_.File("state"), "boot-1", fp, [&](StateReader& r) {
-      payload = r.Str();
-      return r.ok() && r.at_end();
-    });
+    LoadSnapshot(StateDir{dir_.File("state")}, UINT64_MAX, "boot-1", fp,
+                 [&](StateReader& r) {
+                   payload = r.Str();
+                   return r.ok() && r.at_end();
+                 });
     return payload;
   }
   std::string Families(const Snapshotter& s) {
@@ -133,6 +134,35 @@ TEST_F(SnapshotterTest, WritesEveryIntervalAndSaysWhenOneIsOnDisk) {
   const int at_close = encoded;
   uv_run(&loop_, UV_RUN_NOWAIT);
   EXPECT_EQ(encoded, at_close);
+}
+
+// A snapshot past max_snapshot_bytes is still written (logged once): the
+// ACKs do not wait on it; a restart with that bound sets it aside unread,
+// one with a bound that fits restores it.
+TEST_F(SnapshotterTest, ASnapshotPastTheBoundIsWrittenAndSetAsideAtRestart) {
+  SnapshotterOptions o = Options();
+  o.max_snapshot_bytes = 16;
+  auto s = Make(o);
+  int written = 0;
+  s->Start(
+      kFp, [](StateWriter& w) { w.Str(std::string(100, 'x')); },
+      [&] { ++written; });
+  ASSERT_TRUE(PollUntil([&] {
+    uv_run(&loop_, UV_RUN_NOWAIT);
+    return written >= 2;
+  }));
+  EXPECT_EQ(s->failed(), 0u);
+  Close(*s);
+  const auto restore = [&](uint64_t max_bytes) {
+    SnapshotterOptions r = Options();
+    r.max_snapshot_bytes = max_bytes;
+    bool applied = false;
+    return Make(r)->Restore(
+        kFp, [](StateReader& rd) { return rd.Str().size() == 100; }, &applied);
+  };
+  EXPECT_EQ(restore(1 << 20), LoadOutcome::kRestored);
+  EXPECT_EQ(restore(16), LoadOutcome::kSetAside);
+  EXPECT_EQ(restore(1 << 20), LoadOutcome::kNone);
 }
 
 TEST_F(SnapshotterTest, FinalSnapshotWaitsForTheWriteInFlight) {

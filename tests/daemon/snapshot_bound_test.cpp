@@ -1,0 +1,123 @@
+// The snapshot size bound (daemon/snapshot_bound.h): it covers a series
+// filled to what its encoder can write, it grows with each cap, and at the
+// default caps it sets aside the 2 GiB file of issue 28. The figures it
+// prints are the ones docs/operations.md quotes.
+#include "daemon/snapshot_bound.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "daemon/base/state_io.h"
+#include "daemon/store/engine_series.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+const SnapshotFingerprint kFp{{"buckets", "naming", "labels"}};
+
+std::unique_ptr<Registry> MakeRegistry(const Config& config) {
+  std::unique_ptr<Registry> r;
+  EXPECT_TRUE(Registry::Create(config.registry, &r).ok());
+  return r;
+}
+
+SnapshotBound BoundOf(const Config& config) {
+  return MaxSnapshotBytes(config, *MakeRegistry(config), kFp);
+}
+
+TEST(SnapshotBoundTest, DefaultCapsSetAsideATwoGibFile) {
+  const SnapshotBound b = BoundOf(Config{});
+  std::cout << "default caps: per series " << b.per_series << " B, per request "
+            << b.per_request << " B, fixed " << b.fixed << " B, total "
+            << b.total << " B (" << (b.total >> 20) << " MiB)\n";
+  EXPECT_LT(b.total, uint64_t{2} << 30);
+  const Config c;
+  EXPECT_EQ(b.total, b.fixed + c.registry.max_engine_series * b.per_series +
+                         c.tracker.max_requests * b.per_request);
+}
+
+// One series with every string at its longest, every counter and child
+// set, every histogram's native buckets at their most: its encoding (the
+// registry's, with that one series) fits per_series.
+TEST(SnapshotBoundTest, PerSeriesCoversAFullSeries) {
+  Config config;
+  std::unique_ptr<Registry> reg = MakeRegistry(config);
+  const std::string long_string(TM_MAX_STRING_BYTES, 'x');
+  LabelPairs labels;
+  for (char c = 'a'; c < char('a' + TM_MAX_HELLO_LABELS); ++c) {
+    labels.emplace_back(std::string(TM_MAX_STRING_BYTES, c), long_string);
+  }
+  EngineSeries* s =
+      reg->GetOrCreate({long_string, long_string, long_string, labels});
+  ASSERT_NE(s, nullptr);
+  for (size_t m = 0; m < kNumEngineMetrics; ++m) {
+    s->Add(EngineMetric(m), UINT64_MAX);
+    s->Set(EngineMetric(m), 1.5);
+  }
+  for (size_t i = 0; i < config.ingest.limits.max_spec_positions; ++i) {
+    s->AddChild(kSpecDecodeNumAcceptedTokensPerPos, i, 1);
+  }
+  for (size_t i = 0; i < std::size(kFinishedReasonValues); ++i) {
+    s->AddChild(kRequestSuccess, i, 1);
+  }
+  for (int h = 0; h < kNumHistograms; ++h) {
+    Histogram& hist = s->hist(EngineMetric(kFirstHistogram + h));
+    // Values 1e-9 to 1e12 in steps of 2^(1/8): far more native buckets
+    // than kMaxBuckets, which the histogram then keeps to.
+    for (int i = 0; i < 600; ++i) hist.Observe(std::pow(2.0, i / 8.0 - 30));
+  }
+  std::string out;
+  StateWriter w(out);
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  reg->SaveState(w, &index);
+  const SnapshotBound b = MaxSnapshotBytes(config, *reg, kFp);
+  std::cout << "a full series encodes to " << out.size() << " B of "
+            << b.per_series << " B\n";
+  EXPECT_LE(out.size(), b.per_series);
+  // Generous, not absurd: the allowances (parts, client drop counts) are
+  // less than the values themselves.
+  EXPECT_GT(out.size(), b.per_series / 2);
+}
+
+TEST(SnapshotBoundTest, GrowsWithEachCap) {
+  const Config base;
+  const SnapshotBound b = BoundOf(base);
+  Config more_series = base;
+  more_series.registry.max_engine_series *= 2;
+  const SnapshotBound s = BoundOf(more_series);
+  // The shared spaces (4 per series by default) grow with the series too.
+  EXPECT_GE(s.total - b.total, base.registry.max_engine_series * b.per_series);
+  Config more_requests = base;
+  more_requests.tracker.max_requests *= 2;
+  EXPECT_EQ(BoundOf(more_requests).total - b.total,
+            base.tracker.max_requests * b.per_request);
+  Config labelled = base;
+  labelled.registry.request_labels = {"tenant"};
+  const SnapshotBound l = BoundOf(labelled);
+  // One label of 100 values: 101 more cells per series.
+  EXPECT_GT(l.per_series, 100 * b.per_series / 2);
+  Config more_values = labelled;
+  more_values.registry.request_label_values *= 2;
+  EXPECT_GT(BoundOf(more_values).per_series, l.per_series);
+  Config longer = base;
+  longer.ingest.limits.max_spec_positions *= 2;
+  EXPECT_GT(BoundOf(longer).per_series, b.per_series);
+}
+
+// Caps whose product passes 2^64 give 2^64 - 1, not a small number that
+// would set every snapshot aside.
+TEST(SnapshotBoundTest, SaturatesInsteadOfWrapping) {
+  Config huge;
+  huge.registry.request_labels = {"a", "b", "c", "d"};
+  huge.registry.request_label_values = 65533;
+  huge.tracker.max_requests = SIZE_MAX / 2;
+  EXPECT_EQ(BoundOf(huge).total, UINT64_MAX);
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
