@@ -295,6 +295,13 @@ class AckTest : public ClientFixture {
     ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
   }
 
+  // Waits until the client has reconnected and its HELLO has arrived.
+  bool WaitForSecondHello() {
+    return server_->WaitUntil([](const TestServer::Connections& c) {
+      return c.size() >= 2 && !c[1].frames.empty();
+    });
+  }
+
   static std::vector<uint64_t> SeqsOf(const Connection& c) {
     std::vector<uint64_t> seqs;
     for (const Frame* b : BatchesOf(c)) seqs.push_back(b->value.array[1].uint);
@@ -491,9 +498,7 @@ TEST_F(AckTest, AMalformedAckClosesTheConnectionAndTheClientReconnects) {
   ASSERT_TRUE(WaitForEvents(1));
   server_->Send(0, {0x92, 0x03, 0xff});  // [3, -1]
   ASSERT_TRUE(WaitForEof(0));
-  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
-    return c.size() == 2 && !c[1].frames.empty();
-  }));
+  ASSERT_TRUE(WaitForSecondHello());
   PushBatch(1, 2);
   StatsArray s;
   ASSERT_EQ(CloseClient(&s), TM_OK);
@@ -568,9 +573,7 @@ TEST_F(AckTest, KeepsNothingForADaemonThatDoesNotAnswerAndCountsTheDiscarded) {
   PushBatch(3, 3);  // seq 1: not kept
   ASSERT_TRUE(WaitForEvents(5));
   server_->Drop(0);
-  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
-    return c.size() == 2 && !c[1].frames.empty();
-  }));
+  ASSERT_TRUE(WaitForSecondHello());
   PushBatch(1, 6);  // seq 2, on a connection awaiting its answer again
   StatsArray s;
   ASSERT_EQ(CloseClient(&s), TM_OK);
@@ -603,9 +606,7 @@ TEST_F(AckTest, ReplaysOnlyTheBatchesAboveTheAnswersSeqAfterTheAnswer) {
   server_->SetAnswering(false);  // the test answers the next HELLO itself
   server_->SetAcking(true);
   server_->Drop(0);
-  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
-    return c.size() == 2 && !c[1].frames.empty();
-  }));
+  ASSERT_TRUE(WaitForSecondHello());
   ASSERT_EQ(tm_tokens(client_, 1005, 1, 5), TM_OK);  // seq 4, not flushed
   server_->Send(1, AckFrame(1));                     // "I applied up to seq 1"
   ASSERT_TRUE(server_->WaitUntil(
