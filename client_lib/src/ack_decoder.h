@@ -1,7 +1,9 @@
 // Decodes what the daemon sends a client that asked for ACKs (protocol
 // 1.1): back-to-back [3, seq] frames, seq a positive fixint or a uint 8, 16,
-// 32 or 64, split across reads anywhere. Anything else is a protocol
-// violation. Sender thread only; no allocation.
+// 32 or 64, or nil (the answer to HELLO of a daemon that has applied
+// nothing of the session, protocol 1.2 "ACK at HELLO"), split across reads
+// anywhere. Anything else is a protocol violation. Sender thread only; no
+// allocation.
 #ifndef TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
 #define TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
 
@@ -16,10 +18,16 @@ class AckDecoder {
   // continue an ACK frame (the decoder is then in an undefined state:
   // Reset() it with the new connection). Sets *acked to the highest seq of
   // the frames these bytes completed (before a bad byte, if any) and *any
-  // to whether there was one.
+  // to whether there was one; a [3, nil] frame carries none.
   bool Feed(const uint8_t* data, size_t n, uint64_t* acked, bool* any);
-  // Forgets a partial frame (a new connection).
-  void Reset() { have_ = 0; }
+  // Forgets a partial frame and the frames counted (a new connection).
+  void Reset() {
+    have_ = 0;
+    frames_ = 0;
+  }
+  // Complete frames decoded since Reset(), [3, nil] included: the first
+  // one on a connection is the daemon's answer to HELLO.
+  uint64_t frames() const { return frames_; }
 
   // The longest ACK: fixarray, fixint 3, 0xcf and 8 bytes.
   static constexpr size_t kMaxFrameBytes = 11;
@@ -27,6 +35,7 @@ class AckDecoder {
  private:
   uint8_t frame_[kMaxFrameBytes] = {};
   size_t have_ = 0;
+  uint64_t frames_ = 0;
 };
 
 }  // namespace tokenmeter::client

@@ -22,6 +22,9 @@ struct alignas(64) ClientCounters {
   std::atomic<uint64_t> connect_failures{0};
   std::atomic<uint64_t> replayed{0};  // batches written again (ack)
   std::atomic<uint64_t> unacked{0};   // set once, at close
+  // Kept for replay, then discarded unacked: the daemon did not answer
+  // HELLO's `ack` (sender.h, "ACK at HELLO").
+  std::atomic<uint64_t> discarded{0};
   // Written by any producer thread (and, for dropped_extra, by the sender
   // at close). Per-ring drops are counted in the rings themselves.
   std::atomic<uint64_t> rejected{0};

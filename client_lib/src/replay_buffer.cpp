@@ -95,6 +95,18 @@ void ReplayBuffer::Release(uint64_t acked) {
   while (count_ > 0 && At(head_).seq <= acked) PopOldest();
 }
 
+bool ReplayBuffer::FitsWithoutDropping(size_t n) const {
+  const size_t need = sizeof(Header) + RoundUp8(n);
+  size_t at = 0;
+  return need <= cap_ && n <= UINT32_MAX && Fits(need, &at);
+}
+
+uint64_t ReplayBuffer::Clear() {
+  uint64_t events = 0;
+  while (count_ > 0) events += PopOldest();
+  return events;
+}
+
 void ReplayBuffer::Rewind() {
   cursor_ = head_;
   cursor_left_ = count_;

@@ -39,6 +39,11 @@ class ReplayBuffer {
   uint64_t Push(uint64_t seq, uint32_t events, const uint8_t* body, size_t n);
   // Drops every batch with seq <= `acked`.
   void Release(uint64_t acked);
+  // Whether a batch of an `n`-byte body would be kept without dropping
+  // any kept one.
+  bool FitsWithoutDropping(size_t n) const;
+  // Drops every batch; returns their events.
+  uint64_t Clear();
 
   // The replay pass after a reconnect: Rewind() puts the cursor on the
   // oldest batch; Current() is the batch there (false past the newest one

@@ -115,8 +115,11 @@ void Sender::OnConnected(uint64_t now_ns) {
   ever_connected_ = true;
   connected_at_ns_ = now_ns;
   // Without ack, seq counts per connection; with it, per client, and what
-  // the daemon has not acked goes again, first.
+  // the daemon has not acked goes again, first, once its answer to HELLO
+  // says what that is.
   if (!opts_.ack) seq_ = 0;
+  ack_mode_ = opts_.ack ? AckMode::kAwaiting : AckMode::kOff;
+  answer_deadline_ns_ = now_ns + kAnswerWaitNs;
   replay_.Rewind();
   acks_.Reset();
   out_.Clear();
@@ -183,10 +186,23 @@ bool Sender::OnInbound(const uint8_t* data, size_t n) {
   if (!opts_.ack) return false;
   uint64_t acked = 0;
   bool any = false;
+  const uint64_t frames = acks_.frames();
   // The ACKs before a bad byte are the daemon's word all the same.
   const bool ok = acks_.Feed(data, n, &acked, &any);
   if (any) replay_.Release(acked);
+  // The first frame is the answer to HELLO: this daemon acks. An answer
+  // after the deadline changes nothing (nothing was kept since).
+  if (ack_mode_ == AckMode::kAwaiting && acks_.frames() > frames) {
+    ack_mode_ = AckMode::kAcking;
+  }
   return ok;
+}
+
+void Sender::GiveUpOnAnswer() {
+  ack_mode_ = AckMode::kNotAcking;
+  // Replaying them could count them twice; they were written once.
+  const uint64_t events = replay_.Clear();
+  counters_.discarded.fetch_add(events, std::memory_order_relaxed);
 }
 
 // ---- batches
@@ -261,7 +277,7 @@ void Sender::OnBatchWritten() {
   }
   counters_.sent.fetch_add(out_batch_events_, std::memory_order_relaxed);
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
-  if (opts_.ack) {
+  if (ack_mode_ == AckMode::kAwaiting || ack_mode_ == AckMode::kAcking) {
     const uint64_t dropped = replay_.Push(
         seq_, batch_events_, batch_body_.data(), batch_body_.size());
     if (dropped > 0) {
@@ -276,13 +292,25 @@ void Sender::OnBatchWritten() {
 
 bool Sender::SendBatches(uint64_t now_ns) {
   bool more = false;
+  // Before the answer to HELLO: no replay, and a new batch only after the
+  // kept ones and only if it is kept without dropping one (a daemon that
+  // does not ack would make that a loss counted as a drop). HELLO itself
+  // goes out either way.
+  const bool awaiting = ack_mode_ == AckMode::kAwaiting;
   for (;;) {
     if (out_batch_events_ == 0 && replay_.replay_pending()) {
-      PrepareReplayFrame();
-      more = true;
+      if (!awaiting) {
+        PrepareReplayFrame();
+        more = true;
+      }
     } else if (out_batch_events_ == 0) {
       more = FillBatch();
-      if (batch_events_ > 0) PrepareBatchFrame();
+      if (batch_events_ > 0 &&
+          (!awaiting || replay_.FitsWithoutDropping(batch_body_.size()))) {
+        PrepareBatchFrame();
+      } else if (batch_events_ > 0) {
+        more = false;  // held until the answer or the deadline
+      }
     } else {
       // A batch left over from a full transport: once it is written, the
       // rings may hold more than one flush interval's worth.
@@ -350,6 +378,10 @@ void Sender::Run() {
     TakeRequests(now, &closing, &close_deadline_ns, &flush_active);
     registry_.RecycleOrphans();
     if (!connected_ && now >= next_attempt_ns_) TryConnect(now);
+    if (connected_ && ack_mode_ == AckMode::kAwaiting &&
+        now >= answer_deadline_ns_) {
+      GiveUpOnAnswer();
+    }
 
     const bool more = connected_ && SendBatches(now);
 
@@ -370,6 +402,10 @@ void Sender::Run() {
     if (more && out_.size() == 0) wait_ns = 0;
     if (!connected_) {
       wait_ns = next_attempt_ns_ > now ? next_attempt_ns_ - now : 0;
+    } else if (ack_mode_ == AckMode::kAwaiting) {
+      wait_ns = std::min(wait_ns, answer_deadline_ns_ > now
+                                      ? answer_deadline_ns_ - now
+                                      : uint64_t{0});
     }
     if (closing) {
       wait_ns = std::min<uint64_t>(wait_ns, 10 * kMs);

@@ -16,13 +16,28 @@
 // Acknowledged delivery (protocol 1.1, `ack`, the default): seq counts
 // batches per client, across reconnects. A written batch's events stay in
 // the replay buffer (replay_buffer.h, `replay_bytes`) until an ACK covers
-// its seq; past the bound the oldest are dropped and counted. After a
-// reconnect the sender writes HELLO, then every kept batch in order with
-// its original seq (a fresh header: the current dropped_total), then new
-// ones. The inbound side is decoded as ACK frames (ack_decoder.h); bytes
-// that are none close the connection (backoff follows). Without `ack` any
-// inbound byte does. Stop() waits, within close_timeout_ms, for the ACKs
-// of every written batch too.
+// its seq; past the bound the oldest are dropped and counted. The inbound
+// side is decoded as ACK frames (ack_decoder.h); bytes that are none close
+// the connection (backoff follows). Without `ack` any inbound byte does.
+// Stop() waits, within close_timeout_ms, for the ACKs of every written
+// batch too.
+//
+// ACK at HELLO (protocol 1.2, mends 1.1): a daemon that acks answers HELLO
+// at once with [3, seq] (the highest seq it applied of this session) or
+// [3, nil]; a 1.0 daemon ignores `ack` and says nothing, and a batch
+// replayed to it would be applied twice. So on each connection the sender
+// awaits that answer (any ACK frame is one), for at most kAnswerWaitNs:
+//  * meanwhile it replays nothing; with batches kept from an earlier
+//    connection it writes nothing but HELLO (a new batch must not overtake
+//    them); with none, it writes new batches as long as the replay buffer
+//    keeps them without dropping one;
+//  * with the answer, the kept batches at or below its seq are released
+//    and the rest written again, in order, with their original seq (a
+//    fresh header: the current dropped_total), then new ones;
+//  * without it by the deadline, the daemon is taken for one that does not
+//    ack: every kept batch is discarded (counted in counters.discarded, not
+//    as dropped) and nothing is kept for replay on this connection.
+// All of it is the sender thread's; no event call waits for it.
 #ifndef TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
 #define TOKENMETER_CLIENT_LIB_SRC_SENDER_H_
 
@@ -60,6 +75,10 @@ inline constexpr int kMaxReadsPerWake = 16;
 // After a failed write with ack on: how long the sender thread waits for
 // the daemon's last ACKs and close (AwaitFinalAcks()).
 inline constexpr uint64_t kFinalAckWaitNs = 100'000'000;
+// With ack on: how long after connecting the sender waits for the
+// daemon's answer to HELLO before it takes the daemon for one that does
+// not ack (protocol 1.2 "ACK at HELLO": at most 1 s).
+inline constexpr uint64_t kAnswerWaitNs = 1'000'000'000;
 
 struct SenderOptions {
   std::string socket_path;
@@ -134,6 +153,9 @@ class Sender {
   // connection must be closed (EOF, error, or bytes 1.0 forbids).
   bool ReadInbound();
   bool OnInbound(const uint8_t* data, size_t n);
+  // No answer to HELLO by answer_deadline_ns_: discards the kept batches
+  // (counted) and keeps none on this connection.
+  void GiveUpOnAnswer();
   // A write failed. With ack on, a daemon stopping gracefully shuts its
   // read side (the write's EPIPE), acks what it drained, then closes: this
   // reads until that close, at most kFinalAckWaitNs (the sender thread
@@ -163,6 +185,12 @@ class Sender {
 
   // Sender-thread state.
   bool connected_ = false;
+  // This connection's acknowledged delivery: kOff without `ack`; else the
+  // answer to HELLO is awaited until answer_deadline_ns_, then the daemon
+  // acks or it does not (nothing kept for replay).
+  enum class AckMode : uint8_t { kOff, kAwaiting, kAcking, kNotAcking };
+  AckMode ack_mode_ = AckMode::kOff;
+  uint64_t answer_deadline_ns_ = 0;
   uint64_t seq_ = 0;
   uint64_t connected_at_ns_ = 0;
   uint64_t next_attempt_ns_ = 0;

@@ -415,17 +415,30 @@ class IngestServer::Connection : public FrameSink {
 
   // Writes [3, highest applied seq] if an ACK is due and none is being
   // written; what the socket does not take at once goes out with
-  // uv_write, and the next ACK waits for it.
+  // uv_write, and the next ACK waits for it. The first ACK of an `ack`
+  // connection answers its HELLO (protocol 1.2, "ACK at HELLO"), sent after
+  // the read that brought the HELLO: [3, seq] as AckSeq() says (with a
+  // state directory, what a snapshot on disk holds), else [3, nil].
   void SendAck() {
-    if (!ack_due_ || ack_writing_ || closing_) return;
+    const bool answer = !answered_ && session_ != server_.sessions_.end();
+    if ((!ack_due_ && !answer) || ack_writing_ || closing_) return;
     uint64_t seq;
-    if (!session_->second.AckSeq(server_.options_.ack_after_snapshot, &seq)) {
-      return;
-    }
+    const bool any =
+        session_->second.AckSeq(server_.options_.ack_after_snapshot, &seq);
+    if (!any && !answer) return;
+    answered_ = true;
     ack_due_ = false;
-    acked_ = seq;
-    acked_any_ = true;
-    const size_t n = EncodeAck(seq);
+    size_t n = 3;
+    if (any) {
+      acked_ = seq;
+      acked_any_ = true;
+      n = EncodeAck(seq);
+    } else {
+      // [3, nil]: fixarray of 2, the frame type, nil.
+      ack_buf_[0] = char(0x92);
+      ack_buf_[1] = char(TM_FRAME_ACK);
+      ack_buf_[2] = char(0xc0);
+    }
     uv_buf_t buf = uv_buf_init(ack_buf_, unsigned(n));
     auto* stream = reinterpret_cast<uv_stream_t*>(&pipe_);
     const int wrote = uv_try_write(stream, &buf, 1);
@@ -528,7 +541,8 @@ class IngestServer::Connection : public FrameSink {
   // being written (ack_buf_ and ack_req_ in use).
   bool ack_due_ = false;
   bool ack_writing_ = false;
-  uint64_t acked_ = 0;  // the seq of the latest ACK, when acked_any_
+  bool answered_ = false;  // the HELLO answer was sent (the first ACK)
+  uint64_t acked_ = 0;     // the seq of the latest ACK, when acked_any_
   bool acked_any_ = false;
   uv_write_t ack_req_{};
   char ack_buf_[16];

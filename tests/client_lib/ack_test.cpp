@@ -72,6 +72,11 @@ TEST(AckDecoderTest, DecodesAckFramesAndRefusesAnythingElse) {
       {"a str seq", {0x92, 0x03, 0xa1, 0x31}, false, false, 0},
       {"junk", {0xc1}, false, false, 0},
       {"junk after an ACK", {0x92, 0x03, 0x01, 0xc1}, false, true, 1},
+      // The answer to HELLO of a daemon that applied nothing of the
+      // session (protocol 1.2, "ACK at HELLO"): a frame, no seq.
+      {"nil", {0x92, 0x03, 0xc0}, true, false, 0},
+      {"nil, then a seq", {0x92, 0x03, 0xc0, 0x92, 0x03, 0x05}, true, true, 5},
+      {"a bool seq", {0x92, 0x03, 0xc3}, false, false, 0},
   };
   for (const AckCase& tc : kCases) {
     SCOPED_TRACE(tc.name);
@@ -109,6 +114,23 @@ TEST(AckDecoderTest, DecodesFramesSplitAnywhere) {
   ASSERT_TRUE(d.Feed(whole, sizeof whole, &acked, &any));
   EXPECT_TRUE(any);
   EXPECT_EQ(acked, 7u);
+}
+
+TEST(AckDecoderTest, CountsCompleteFramesNilIncludedUntilReset) {
+  AckDecoder d;
+  uint64_t acked = 0;
+  bool any = false;
+  EXPECT_EQ(d.frames(), 0u);
+  const uint8_t nil_half[] = {0x92, 0x03};
+  ASSERT_TRUE(d.Feed(nil_half, sizeof nil_half, &acked, &any));
+  EXPECT_EQ(d.frames(), 0u);  // not a frame yet
+  const uint8_t rest[] = {0xc0, 0x92, 0x03, 0xcc, 0xc8};
+  ASSERT_TRUE(d.Feed(rest, sizeof rest, &acked, &any));
+  EXPECT_EQ(d.frames(), 2u);
+  EXPECT_TRUE(any);
+  EXPECT_EQ(acked, 200u);
+  d.Reset();
+  EXPECT_EQ(d.frames(), 0u);
 }
 
 // ---- ReplayBuffer
@@ -204,6 +226,38 @@ TEST(ReplayBufferTest, DoesNotKeepABatchLargerThanItself) {
   EXPECT_TRUE(r.empty());
 }
 
+TEST(ReplayBufferTest, FitsWithoutDroppingSaysWhetherAPushWouldDrop) {
+  ReplayBuffer r(128);  // two entries of 48 bytes (16 + 32), not three
+  const std::vector<uint8_t> b = Body(1, 32);
+  EXPECT_TRUE(r.FitsWithoutDropping(b.size()));
+  EXPECT_FALSE(r.FitsWithoutDropping(113));  // 16 + 120 > 128
+  ASSERT_EQ(r.Push(0, 1, b.data(), b.size()), 0u);
+  EXPECT_TRUE(r.FitsWithoutDropping(b.size()));
+  ASSERT_EQ(r.Push(1, 1, b.data(), b.size()), 0u);
+  EXPECT_FALSE(r.FitsWithoutDropping(b.size()));
+  EXPECT_TRUE(r.FitsWithoutDropping(16));  // 32 bytes: the rest exactly
+  EXPECT_EQ(r.Push(2, 1, b.data(), b.size()), 1u);  // as it said: one drop
+  ReplayBuffer none(0);
+  EXPECT_FALSE(none.FitsWithoutDropping(0));
+}
+
+TEST(ReplayBufferTest, ClearDropsEveryBatchAndEndsThePass) {
+  ReplayBuffer r(1024);
+  const std::vector<uint8_t> b = Body(1, 8);
+  r.Push(0, 3, b.data(), b.size());
+  r.Push(1, 4, b.data(), b.size());
+  r.Rewind();
+  ASSERT_TRUE(r.replay_pending());
+  EXPECT_EQ(r.Clear(), 7u);
+  EXPECT_TRUE(r.empty());
+  EXPECT_EQ(r.events(), 0u);
+  EXPECT_FALSE(r.replay_pending());
+  EXPECT_EQ(r.Clear(), 0u);
+  // Usable again from the start.
+  r.Push(2, 1, b.data(), b.size());
+  EXPECT_EQ(ReplaySeqs(r), (std::vector<uint64_t>{2}));
+}
+
 TEST(ReplayBufferTest, APushDuringThePassIsNotPartOfIt) {
   ReplayBuffer r(1024);
   const std::vector<uint8_t> b = Body(1, 8);
@@ -239,6 +293,13 @@ class AckTest : public ClientFixture {
       ASSERT_EQ(tm_tokens(client_, 1000 + first + i, 1, first + i), TM_OK);
     }
     ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+
+  // Waits until the client has reconnected and its HELLO has arrived.
+  bool WaitForSecondHello() {
+    return server_->WaitUntil([](const TestServer::Connections& c) {
+      return c.size() >= 2 && !c[1].frames.empty();
+    });
   }
 
   static std::vector<uint64_t> SeqsOf(const Connection& c) {
@@ -437,9 +498,7 @@ TEST_F(AckTest, AMalformedAckClosesTheConnectionAndTheClientReconnects) {
   ASSERT_TRUE(WaitForEvents(1));
   server_->Send(0, {0x92, 0x03, 0xff});  // [3, -1]
   ASSERT_TRUE(WaitForEof(0));
-  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
-    return c.size() == 2 && !c[1].frames.empty();
-  }));
+  ASSERT_TRUE(WaitForSecondHello());
   PushBatch(1, 2);
   StatsArray s;
   ASSERT_EQ(CloseClient(&s), TM_OK);
@@ -449,6 +508,141 @@ TEST_F(AckTest, AMalformedAckClosesTheConnectionAndTheClientReconnects) {
   EXPECT_EQ(SeqsOf(conns[1]), (std::vector<uint64_t>{1}));  // 0 was acked
   EXPECT_EQ(s[TM_STAT_RECONNECTS], 1u);
   EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 0u);
+}
+
+// ---- ACK at HELLO (protocol 1.2): which daemon acks ----------------------
+
+// The case: a daemon of protocol 1.0 (no answer to HELLO, no ACK)
+// drops the first connection after 200 batches. The client must not send
+// any of them again: the daemon applied them, and would apply them twice.
+TEST_F(AckTest, DoesNotReplayToADaemonThatNeverAnswersHello) {
+  StartServer();
+  server_->SetAcking(false);
+  server_->SetAnswering(false);
+  server_->DropAfterBatches(0, 200);
+  NewClient(AckOptions().get());
+  constexpr uint32_t kPerBatch = 10;
+  constexpr uint32_t kBatches = 400;
+  for (uint32_t b = 0; b < kBatches; ++b) {
+    for (uint32_t i = 0; i < kPerBatch; ++i) {
+      ASSERT_EQ(tm_tokens(client_, 1000 + b * kPerBatch + i, b, 1), TM_OK);
+    }
+    // TM_E_DISCONNECTED while the client reconnects: the events wait.
+    const int rc = tm_client_flush(client_, 5000);
+    ASSERT_TRUE(rc == TM_OK || rc == TM_E_DISCONNECTED) << rc;
+  }
+  StatsArray s;
+  EXPECT_EQ(CloseClient(&s), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_GE(conns.size(), 2u);
+  EXPECT_TRUE(conns[0].dropped);
+  for (const Connection& c : conns) EXPECT_FALSE(c.answered);
+  // What the daemon applied is what the engine reported, once.
+  EXPECT_EQ(CountEvents(conns), size_t{kBatches} * kPerBatch);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], uint64_t{kBatches} * kPerBatch);
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+  EXPECT_GE(s[TM_STAT_RECONNECTS], 1u);
+  // Each seq once, in order, across the connections (while the client
+  // reconnects, the events of several flushes make one batch).
+  std::vector<uint64_t> seqs;
+  for (const Connection& c : conns) {
+    ASSERT_TRUE(IsWellFormed(c));
+    for (uint64_t seq : SeqsOf(c)) seqs.push_back(seq);
+  }
+  EXPECT_GE(seqs.size(), 201u);
+  EXPECT_EQ(seqs.size(), s[TM_STAT_BATCHES_SENT]);
+  for (uint64_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(seqs[i], i);
+}
+
+// What was kept for a daemon that turned out not to ack is counted as
+// discarded, not dropped; past the wait nothing more is kept on that
+// connection, and nothing kept reaches the next one.
+TEST_F(AckTest, KeepsNothingForADaemonThatDoesNotAnswerAndCountsTheDiscarded) {
+  StartServer();
+  server_->SetAcking(false);
+  server_->SetAnswering(false);
+  NewClient(AckOptions().get());
+  const Clock::time_point start = Clock::now();
+  PushBatch(2, 1);  // seq 0: kept while the answer is awaited
+  ASSERT_TRUE(
+      PollUntil([this] { return Stats()[TM_STAT_EVENTS_DISCARDED] == 2; }));
+  // The bound: not before 1 s after connecting (it connected after start).
+  EXPECT_GE(Clock::now() - start, milliseconds(990));
+  PushBatch(3, 3);  // seq 1: not kept
+  ASSERT_TRUE(WaitForEvents(5));
+  server_->Drop(0);
+  ASSERT_TRUE(WaitForSecondHello());
+  PushBatch(1, 6);  // seq 2, on a connection awaiting its answer again
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 2u);
+  EXPECT_EQ(SeqsOf(conns[0]), (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(SeqsOf(conns[1]), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(CountEvents(conns), 6u);
+  // Seq 0's two events and seq 2's one (its connection did not answer
+  // either); seq 1 was never kept.
+  EXPECT_EQ(s[TM_STAT_EVENTS_DISCARDED], 3u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 6u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 0u);
+}
+
+// A daemon that acks answers HELLO with the highest seq it applied of the
+// session: the client replays only the batches above it, and only after
+// the answer; a batch made meanwhile waits behind them.
+TEST_F(AckTest, ReplaysOnlyTheBatchesAboveTheAnswersSeqAfterTheAnswer) {
+  StartServer();
+  server_->SetAcking(false);  // applied but not acked (a lost ACK)
+  NewClient(AckOptions().get());
+  PushBatch(1, 1);  // seq 0
+  PushBatch(1, 2);  // seq 1
+  PushBatch(1, 3);  // seq 2
+  PushBatch(1, 4);  // seq 3
+  ASSERT_TRUE(WaitForEvents(4));
+  server_->SetAnswering(false);  // the test answers the next HELLO itself
+  server_->SetAcking(true);
+  server_->Drop(0);
+  ASSERT_TRUE(WaitForSecondHello());
+  ASSERT_EQ(tm_tokens(client_, 1005, 1, 5), TM_OK);  // seq 4, not flushed
+  server_->Send(1, AckFrame(1));                     // "I applied up to seq 1"
+  ASSERT_TRUE(server_->WaitUntil(
+      [](const TestServer::Connections& c) { return c[1].batches >= 3; }));
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[1]));
+  EXPECT_EQ(SeqsOf(conns[0]), (std::vector<uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(SeqsOf(conns[1]), (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 2u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 5u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DISCARDED], 0u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+}
+
+// [3, nil]: the daemon applied nothing of the session; all is replayed.
+TEST_F(AckTest, ReplaysEverythingKeptAfterANilAnswer) {
+  StartServer();
+  server_->SetAcking(false);
+  NewClient(AckOptions().get());
+  PushBatch(2, 1);  // seq 0
+  ASSERT_TRUE(WaitForEvents(2));
+  server_->SetAcking(true);
+  server_->Drop(0);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    return c.size() == 2 && c[1].acked.size() == 1;
+  }));
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  EXPECT_TRUE(conns[1].answered);
+  EXPECT_FALSE(conns[1].answer.has_value());  // it never acked seq 0
+  EXPECT_EQ(SeqsOf(conns[1]), (std::vector<uint64_t>{0}));
+  EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], 1u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DISCARDED], 0u);
 }
 
 }  // namespace

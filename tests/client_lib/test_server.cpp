@@ -128,6 +128,21 @@ void TestServer::SetAcking(bool acking) {
   acking_ = acking;
 }
 
+void TestServer::SetAnswering(bool answering) {
+  std::lock_guard<std::mutex> l(mu_);
+  answering_ = answering;
+}
+
+void TestServer::DropAfterBatches(size_t index, size_t batches) {
+  std::lock_guard<std::mutex> l(mu_);
+  drop_after_[index] = batches;
+}
+
+bool TestServer::SendLocked(size_t index, const std::vector<uint8_t>& bytes) {
+  return send(fds_[index], bytes.data(), bytes.size(),
+              MSG_NOSIGNAL | MSG_DONTWAIT) == ssize_t(bytes.size());
+}
+
 void TestServer::Send(size_t index, const std::vector<uint8_t>& bytes) {
   std::lock_guard<std::mutex> l(mu_);
   if (index < fds_.size() && fds_[index] >= 0) {
@@ -138,20 +153,40 @@ void TestServer::Send(size_t index, const std::vector<uint8_t>& bytes) {
 
 void TestServer::AckNewFrames(size_t index, size_t first) {
   Connection& c = conns_[index];
+  if (session_of_.size() <= index) session_of_.resize(index + 1);
+  std::optional<uint64_t>& session = session_of_[index];
   for (size_t i = first; i < c.frames.size(); ++i) {
     const Value& f = c.frames[i].value;
     if (!f.IsArray() || f.array.size() < 2 || !f.array[0].IsUint()) continue;
+    if (f.array[0].uint == 1) ++c.batches;
     if (f.array[0].uint == 0 && f.array[1].IsMap()) {
       const Value* ack = f.array[1].Find("ack");
       c.ack = ack != nullptr && ack->type == Value::Type::kBool && ack->boolean;
+      const Value* s = f.array[1].Find("session");
+      if (s != nullptr && s->IsUint()) session = s->uint;
+      if (!c.ack || !answering_) continue;
+      const auto it =
+          session ? session_acked_.find(*session) : session_acked_.end();
+      if (it != session_acked_.end()) c.answer = it->second;
+      c.answered =
+          SendLocked(index, c.answer ? AckFrame(*c.answer)
+                                     : std::vector<uint8_t>{0x92, 0x03, 0xc0});
     } else if (f.array[0].uint == 1 && c.ack && acking_ &&
                f.array[1].IsUint()) {
-      const std::vector<uint8_t> a = AckFrame(f.array[1].uint);
-      if (send(fds_[index], a.data(), a.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
-          ssize_t(a.size())) {
-        c.acked.push_back(f.array[1].uint);
+      const uint64_t seq = f.array[1].uint;
+      if (SendLocked(index, AckFrame(seq))) {
+        c.acked.push_back(seq);
+        if (session) {
+          auto [it, added] = session_acked_.emplace(*session, seq);
+          if (!added && it->second < seq) it->second = seq;
+        }
       }
     }
+  }
+  const auto quota = drop_after_.find(index);
+  if (quota != drop_after_.end() && !c.dropped && c.batches >= quota->second) {
+    shutdown(fds_[index], SHUT_RDWR);
+    c.dropped = true;
   }
 }
 

@@ -8,7 +8,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,7 +36,12 @@ struct Connection {
   bool eof = false;             // the peer closed (or the server dropped it)
   bool dropped = false;         // the server closed it (Drop())
   bool ack = false;             // its HELLO asked for ACKs
-  std::vector<uint64_t> acked;  // the seq of every ACK the server wrote
+  size_t batches = 0;           // BATCH frames among `frames`
+  std::vector<uint64_t> acked;  // the seq of every BATCH ACK the server wrote
+  // The answer to an `ack` HELLO the server wrote: [3, *answer] or, with
+  // no value, [3, nil].
+  bool answered = false;
+  std::optional<uint64_t> answer;
 };
 
 // An ACK frame [3, seq] in the smallest msgpack encoding of seq, written by
@@ -80,6 +87,14 @@ class TestServer {
   // directory: it acks every BATCH of a connection whose HELLO had
   // `ack: true` as soon as it has read it.
   void SetAcking(bool acking);
+  // While true (the default), the server answers a HELLO with `ack: true`
+  // as a daemon of protocol 1.2 does ("ACK at HELLO"): [3, the highest seq
+  // it acked of that HELLO's session], or [3, nil] when none. False, with
+  // SetAcking(false): a daemon of protocol 1.0, which never writes.
+  void SetAnswering(bool answering);
+  // Connection `index` is dropped (as Drop()) by the server's thread as
+  // soon as it has read `batches` BATCH frames of it.
+  void DropAfterBatches(size_t index, size_t batches);
   // Writes `bytes` to connection `index` (what the socket takes at once).
   void Send(size_t index, const std::vector<uint8_t>& bytes);
 
@@ -87,9 +102,13 @@ class TestServer {
   void Run();
   void Wake();
   void ReadFrom(size_t index);
-  // Acks the BATCHes among connection `index`'s frames from `first` on
+  // Answers the HELLO and acks the BATCHes among connection `index`'s
+  // frames from `first` on; drops the connection after its BATCH quota
   // (mu_ held).
   void AckNewFrames(size_t index, size_t first);
+  // Writes `bytes` to connection `index` at once; false if the socket did
+  // not take them all (mu_ held).
+  bool SendLocked(size_t index, const std::vector<uint8_t>& bytes);
 
   const std::string path_;
   std::string error_;
@@ -103,6 +122,11 @@ class TestServer {
   bool reading_ = true;
   bool write_junk_ = false;
   bool acking_ = true;
+  bool answering_ = true;
+  std::map<size_t, size_t> drop_after_;  // connection -> BATCHes
+  // The highest seq acked per HELLO session, and each connection's session.
+  std::map<uint64_t, uint64_t> session_acked_;
+  std::vector<std::optional<uint64_t>> session_of_;
   bool stop_ = false;
 
   std::thread thread_;

@@ -170,6 +170,30 @@ class HandWrittenFrames(unittest.TestCase):
         for sock in (b, c):
             sock.close()
 
+    def test_ack_hello_is_answered_at_once(self):
+        """Protocol 1.2, "ACK at HELLO": a HELLO with ack is answered before
+        any BATCH, with [3, nil] while the session has applied nothing and
+        with [3, highest applied seq] after; a client learns from it that
+        this daemon acks (docs/protocol.md)."""
+        t0 = time.monotonic_ns() - 1_000 * MS
+        session = 0x5eed0000abcd
+        a = self.d.connect()
+        a.sendall(hello(instance="h", session=session, ack=True))
+        self.assertEqual(self.read_acks(a, None, timeout=1.0), [None])
+        a.sendall(batch([[1, t0, "h1", 10]], seq=0))
+        a.sendall(batch([[2, t0 + 1 * MS, "h1"]], seq=7))
+        self.read_acks(a, 7)
+        a.close()
+        b = self.d.connect()
+        b.sendall(hello(instance="h", session=session, ack=True))
+        self.assertEqual(self.read_acks(b, 7, timeout=1.0), [7])
+        # Another session has applied nothing.
+        c = self.d.connect()
+        c.sendall(hello(instance="h", session=session + 1, ack=True))
+        self.assertEqual(self.read_acks(c, None, timeout=1.0), [None])
+        for sock in (b, c):
+            sock.close()
+
     def test_no_bytes_without_ack(self):
         """A session without `ack`, and a v1 HELLO, never get a byte; their
         seqs are not deduplicated (per connection, as in v1)."""

@@ -632,8 +632,9 @@ class AckDelivery(DaemonTest):
 class Recorder:
     """A Unix socket that records every byte one client sends (no daemon):
     what the library put on the wire, decoded with msgpack. With ack=True
-    it also plays a daemon without a state directory: every BATCH of a
-    HELLO that asked for ACKs is acked ([3, seq]) as soon as it is read."""
+    it also plays a daemon of protocol 1.2 without a state directory: a
+    HELLO that asked for ACKs is answered with [3, nil] (ACK at HELLO), and
+    each of its BATCHes acked ([3, seq]) as soon as it is read."""
 
     def __init__(self, path, ack=False):
         self.path = path
@@ -662,6 +663,8 @@ class Recorder:
                 for frame in unpacker:
                     if frame[0] == 0:
                         asked = frame[1].get("ack") is True
+                        if asked:
+                            conn.sendall(msgpack.packb([3, None]))
                     elif frame[0] == 1 and asked:
                         conn.sendall(msgpack.packb([3, frame[1]]))
                         self.acked.append(frame[1])

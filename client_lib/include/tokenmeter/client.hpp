@@ -64,6 +64,7 @@ struct Stats {
   uint64_t connect_failures = 0;
   uint64_t batches_replayed = 0;
   uint64_t events_unacked = 0;
+  uint64_t events_discarded = 0;
 };
 
 // One request label of Arrived(): (name, value).
@@ -390,6 +391,7 @@ class Client {
     r.connect_failures = s[TM_STAT_CONNECT_FAILURES];
     r.batches_replayed = s[TM_STAT_BATCHES_REPLAYED];
     r.events_unacked = s[TM_STAT_EVENTS_UNACKED];
+    r.events_discarded = s[TM_STAT_EVENTS_DISCARDED];
     return r;
   }
   tm_client* c_;

@@ -199,14 +199,26 @@ TM_API int tm_options_set_max_threads(tm_options* opts, uint32_t n);
  * tm_client_close() also waits for the ACKs. Past the bound the oldest
  * batches are dropped from the buffer and their events counted as dropped
  * (TM_STAT_EVENTS_DROPPED and dropped_total; they were sent once, so they
- * are also in TM_STAT_EVENTS_SENT). A daemon of protocol 1.0 never acks:
- * against one, turn ack off, else every batch is dropped from the buffer
- * once it is full, and each close waits out its timeout. Off, a client
- * writes each batch once (as protocol 1.0), and any byte the daemon sends
- * makes it close the connection and reconnect with backoff. Either way
- * HELLO carries `session`, a random number picked once per client. The
- * event calls cost the same either way: only the sender thread does the
- * work. Always TM_OK for a non-NULL `opts`. */
+ * are also in TM_STAT_EVENTS_SENT).
+ *
+ * Which daemon acks is learnt on each connection (protocol 1.2, "ACK at
+ * HELLO"): a daemon that acks answers HELLO at once with the highest seq it
+ * applied of this client's session. The sender replays only after that
+ * answer, and only the batches above it; until then it writes new batches
+ * only while nothing is waiting to be replayed and the replay buffer keeps
+ * them without dropping one. With no answer within 1 s (a daemon of
+ * protocol 1.0, or 1.1 before this rule, ignores `ack`) it replays nothing,
+ * keeps nothing for replay on that connection, and counts the events it
+ * discarded from the buffer in TM_STAT_EVENTS_DISCARDED (written once, not
+ * dropped): so a client never sends a batch twice to a daemon that would
+ * apply it twice. Against such a daemon, delivery is that of ack off, after
+ * a wait of up to 1 s per connection when batches were kept.
+ *
+ * Off, a client writes each batch once (as protocol 1.0), and any byte the
+ * daemon sends makes it close the connection and reconnect with backoff.
+ * Either way HELLO carries `session`, a random number picked once per
+ * client. The event calls cost the same either way: only the sender thread
+ * does the work. Always TM_OK for a non-NULL `opts`. */
 TM_API int tm_options_set_ack(tm_options* opts, int on);
 /* The replay buffer's size in bytes (ack on): TM_MIN_REPLAY_BYTES (512 KiB,
  * two of the largest batches) .. TM_MAX_REPLAY_BYTES (1 GiB). Default
@@ -278,22 +290,27 @@ TM_API int tm_thread_attach(tm_client* client);
 
 /* Counters, indexes into the array tm_client_stats() fills. */
 typedef enum tm_stat {
-  TM_STAT_EVENTS_SENT = 0,      /* events written to the socket (once each,
-                                   when first written: not on a replay) */
-  TM_STAT_EVENTS_DROPPED = 1,   /* buffer full, no thread slot, or unsent
-                                   when close gave up */
-  TM_STAT_EVENTS_REJECTED = 2,  /* invalid arguments (e.g. id > 128 bytes) */
-  TM_STAT_RECONNECTS = 3,       /* connections made after the first one */
-  TM_STAT_BATCHES_SENT = 4,     /* BATCH frames written */
-  TM_STAT_BYTES_SENT = 5,       /* bytes written, all frames */
-  TM_STAT_CONNECTED = 6,        /* 1 while connected, else 0 */
-  TM_STAT_CONNECT_FAILURES = 7, /* connection attempts that failed */
-  TM_STAT_BATCHES_REPLAYED = 8, /* BATCH frames written again after a
-                                   reconnect (ack on; not in BATCHES_SENT) */
-  TM_STAT_EVENTS_UNACKED = 9,   /* written but not acked when close gave up
-                                   waiting (ack on): delivered, maybe not
-                                   durable; not counted as dropped */
-  TM_STAT_COUNT = 10
+  TM_STAT_EVENTS_SENT = 0,       /* events written to the socket (once each,
+                                    when first written: not on a replay) */
+  TM_STAT_EVENTS_DROPPED = 1,    /* buffer full, no thread slot, or unsent
+                                    when close gave up */
+  TM_STAT_EVENTS_REJECTED = 2,   /* invalid arguments (e.g. id > 128 bytes) */
+  TM_STAT_RECONNECTS = 3,        /* connections made after the first one */
+  TM_STAT_BATCHES_SENT = 4,      /* BATCH frames written */
+  TM_STAT_BYTES_SENT = 5,        /* bytes written, all frames */
+  TM_STAT_CONNECTED = 6,         /* 1 while connected, else 0 */
+  TM_STAT_CONNECT_FAILURES = 7,  /* connection attempts that failed */
+  TM_STAT_BATCHES_REPLAYED = 8,  /* BATCH frames written again after a
+                                    reconnect (ack on; not in BATCHES_SENT) */
+  TM_STAT_EVENTS_UNACKED = 9,    /* written but not acked when close gave up
+                                    waiting (ack on): delivered, maybe not
+                                    durable; not counted as dropped */
+  TM_STAT_EVENTS_DISCARDED = 10, /* written, kept for replay, and discarded
+                                    unacked because the daemon did not
+                                    answer HELLO's ack within 1 s (ack on;
+                                    a daemon that does not ack): delivered
+                                    at most once; not counted as dropped */
+  TM_STAT_COUNT = 11
 } tm_stat;
 
 /* Copies min(n, TM_STAT_COUNT) counters into out[] (indexed by tm_stat).

@@ -51,6 +51,7 @@ class Stats(NamedTuple):
     connect_failures: int
     batches_replayed: int
     events_unacked: int
+    events_discarded: int
 
 
 class Client:

@@ -72,6 +72,8 @@ Stats = namedtuple("Stats", [
     "connect_failures",  # connection attempts that failed
     "batches_replayed",  # BATCH frames written again after a reconnect (ack)
     "events_unacked",    # written but not acked when close gave up (ack)
+    "events_discarded",  # kept for replay, discarded: the daemon did not
+                         # answer HELLO's ack (ack; not dropped)
 ])
 Stats.__doc__ = "Counters of tm_client_stats(), in tm_stat order."
 

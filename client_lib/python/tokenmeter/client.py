@@ -96,9 +96,11 @@ class Client:
     flush_interval and close_timeout (seconds) and max_threads tune the
     library (tokenmeter.h). ack (default True) asks the daemon for ACKs
     and replays unacked batches after a reconnect, keeping at most
-    replay_bytes (default 4 MiB, 512 KiB .. 1 GiB) of them (tokenmeter.h,
-    tm_options_set_ack()); a HELLO always carries a random session. Bad values raise ValueError or TypeError naming
-    the rule; the daemon need not be running (the library connects in the
+    replay_bytes (default 4 MiB, 512 KiB .. 1 GiB) of them, to a daemon
+    that answered HELLO's ack only (one that does not ack is never sent a
+    batch twice; what was kept for it is counted in events_discarded)
+    (tokenmeter.h, tm_options_set_ack()); a HELLO always carries a random
+    session. Bad values raise ValueError or TypeError naming the rule; the daemon need not be running (the library connects in the
     background and keeps retrying).
 
     Event methods (arrived, queued, scheduled, tokens, tokens_batch,
