@@ -92,7 +92,7 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   b.per_series += 1 + kCount;                                 // own cell, parts
   b.per_series += kNumPartKinds;
   // Parts: cache config, LoRA (max_lora and the allowance), MoE's count
-  // (its layers are in kMoeStateAllowanceBytes).
+  // (its layers are counted once, below).
   b.per_series += kCount + TM_MAX_CACHE_CONFIG * (2 * kString + 8);
   b.per_series += kStr + 64 + kCount + kLoraSetsAllowance * (2 + 16) + 8;
   b.per_series += kCount;
@@ -119,7 +119,10 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
                               : 4 * ro.max_engine_series;
   b.fixed = Add(b.fixed, Mul(spaces, 3 * kString + 2 + 8));      // spaces
   b.fixed = Add(b.fixed, Mul(spaces, 2 * kString + 8 + 8 + 1));  // sessions
-  b.fixed = Add(b.fixed, 16 + kMoeStateAllowanceBytes + 4096);
+  b.fixed = Add(b.fixed, Mul(ro.max_moe_layers, kMoeLayerBytes));
+  if (ro.moe_expert_series)
+    b.fixed = Add(b.fixed, Mul(ro.max_engine_series, 8));
+  b.fixed = Add(b.fixed, 16 + 4096);
 
   b.total = Add(b.fixed, Add(Mul(ro.max_engine_series, b.per_series),
                              Mul(config.tracker.max_requests, b.per_request)));

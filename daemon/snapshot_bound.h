@@ -11,10 +11,10 @@
 // label cells (the combinations --request-label-values allows), its
 // admitted values and parts; per request (--max-requests) one tracker
 // record with the longest request id; the shared spaces and sessions; the
-// request-label tables; the clients' drop counts. Two terms depend on what
-// engines send rather than on a cap, and get a documented allowance
-// instead: MoE expert counts (kMoeStateAllowanceBytes, once for the whole
-// daemon) and LoRA adapter sets (kLoraSetsAllowance per series). A daemon
+// request-label tables; the clients' drop counts; the MoE layers of all
+// series (--max-moe-layers) and their expert counts. One term depends on
+// what engines send rather than on a cap, and gets a documented allowance
+// instead: LoRA adapter sets (kLoraSetsAllowance per series). A daemon
 // whose snapshot passes the bound logs it once (Snapshotter), so an
 // allowance that proves short is seen, not silently set aside.
 #ifndef TOKENMETER_DAEMON_SNAPSHOT_BOUND_H_
@@ -29,11 +29,12 @@
 
 namespace tokenmeter::daemon {
 
-// MoE expert counts across every series: a model at the protocol's maxima
-// (TM_MAX_MOE_LAYERS x TM_MAX_MOE_EXPERTS counters of 8 bytes, 32 MiB),
-// about 270 series of a 61-layer, 256-expert model.
-inline constexpr uint64_t kMoeStateAllowanceBytes =
-    uint64_t{TM_MAX_MOE_LAYERS} * (29 + uint64_t{TM_MAX_MOE_EXPERTS} * 8);
+// One MoE layer as MoePart::SaveState() writes it without its per-expert
+// counts (index, expert count, whether counts follow, routed, imbalance,
+// has_imbalance); --max-moe-layers caps the layers of all series, and with
+// --moe-expert-series each kept expert count (8 bytes) is an engine series
+// toward --max-engine-series.
+inline constexpr uint64_t kMoeLayerBytes = 4 + 4 + 1 + 8 + 8 + 1;
 // LoRA adapters with running or waiting requests, per series.
 inline constexpr uint64_t kLoraSetsAllowance = 256;
 

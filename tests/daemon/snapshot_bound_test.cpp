@@ -14,6 +14,7 @@
 
 #include "daemon/base/state_io.h"
 #include "daemon/store/engine_series.h"
+#include "daemon/store/parts/moe.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -107,6 +108,46 @@ TEST(SnapshotBoundTest, GrowsWithEachCap) {
   Config longer = base;
   longer.ingest.limits.max_spec_positions *= 2;
   EXPECT_GT(BoundOf(longer).per_series, b.per_series);
+  Config more_layers = base;
+  more_layers.registry.max_moe_layers *= 2;
+  EXPECT_EQ(BoundOf(more_layers).total - b.total,
+            base.registry.max_moe_layers * kMoeLayerBytes);
+  Config experts = base;
+  experts.registry.moe_expert_series = true;
+  EXPECT_EQ(BoundOf(experts).total - b.total,
+            base.registry.max_engine_series * 8);
+}
+
+// MoE layers at --max-moe-layers, each with its expert counts kept
+// (--moe-expert-series, every expert an engine series): their encoding
+// fits the bound's MoE terms.
+TEST(SnapshotBoundTest, MoeLayersFitTheirTerms) {
+  Config config;
+  config.registry.max_engine_series = 1 + 64 * 16;
+  config.registry.max_moe_layers = 64;
+  config.registry.moe_expert_series = true;
+  std::unique_ptr<Registry> reg = MakeRegistry(config);
+  EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {}});
+  ASSERT_NE(s, nullptr);
+  std::string empty;
+  {
+    StateWriter w(empty);
+    std::unordered_map<const EngineSeries*, uint32_t> index;
+    reg->SaveState(w, &index);
+  }
+  const uint64_t counts[16] = {UINT32_MAX, 1, 2, 3};
+  for (uint32_t layer = 0; layer < 64; ++layer) {
+    ASSERT_TRUE(s->part<MoePart>().Add(layer * 64, counts, true));
+  }
+  std::string out;
+  StateWriter w(out);
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  reg->SaveState(w, &index);
+  // The part's own header (kind, length, layer count) is in per_series.
+  const uint64_t moe_terms = 64 * kMoeLayerBytes + 64 * 16 * 8 + 32;
+  std::cout << "64 layers x 16 experts encode to " << out.size() - empty.size()
+            << " B of " << moe_terms << " B\n";
+  EXPECT_LE(out.size() - empty.size(), moe_terms);
 }
 
 // Caps whose product passes 2^64 give 2^64 - 1, not a small number that
