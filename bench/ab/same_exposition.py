@@ -31,8 +31,11 @@ SGLang's window gauges) is an hour, so that no window ends in a run.
 
 Usage: bench/ab/same_exposition.py OLD_TOKENMETERD NEW_TOKENMETERD
          [--seed N] [--requests N] [--ignore NAME]...
+         [--ignore-protobuf FAMILY]...
 (--ignore: leave out the lines naming NAME, e.g. a family the new build
-adds.)
+adds. --ignore-protobuf: leave out the protobuf family FAMILY, e.g. one
+that gained a sample such as reason="bad_field"; its text samples are
+still compared, less those --ignore names.)
 Exit 0 when equal (prints the number of lines compared), 1 with a diff.
 """
 import argparse
@@ -295,7 +298,7 @@ def build_stream(seed, n_requests):
     return conns, steps
 
 
-def run(old_bin, new_bin, seed, n_requests, ignore=()):
+def run(old_bin, new_bin, seed, n_requests, ignore=(), ignore_protobuf=()):
     tmp = tempfile.mkdtemp(prefix="tm-same-")
     daemons = []
     try:
@@ -359,7 +362,8 @@ def run(old_bin, new_bin, seed, n_requests, ignore=()):
                 if not k.startswith("process_")
                 and not any(n in k for n in IGNORED_NAMES)
                 and not k.endswith(WALL_TIME_FAMILIES)
-                and not any(n in k for n in ignore)})
+                and not any(n in k for n in ignore)
+                and k not in ignore_protobuf})
         if fams[0] != fams[1]:
             for name in sorted(set(fams[0]) | set(fams[1])):
                 if fams[0].get(name) != fams[1].get(name):
@@ -386,8 +390,13 @@ def main():
                     metavar="NAME",
                     help="leave out lines naming NAME, e.g. a family the "
                     "new build adds (repeatable)")
+    ap.add_argument("--ignore-protobuf", action="append", default=[],
+                    metavar="FAMILY",
+                    help="leave out the protobuf family FAMILY (its text "
+                    "samples are still compared; repeatable)")
     a = ap.parse_args()
-    sys.exit(run(a.old, a.new, a.seed, a.requests, a.ignore))
+    sys.exit(run(a.old, a.new, a.seed, a.requests, a.ignore,
+                 a.ignore_protobuf))
 
 
 if __name__ == "__main__":
