@@ -61,7 +61,8 @@ def wait_acked(sock, seq, timeout=120.0):
             raise AssertionError(f"closed while waiting for ACK {seq}")
         unpacker.feed(data)
         for f in unpacker:
-            if f[0] == 3 and f[1] >= seq:
+            # [3, nil] answers the HELLO before anything is applied.
+            if f[0] == 3 and f[1] is not None and f[1] >= seq:
                 return
 
 
