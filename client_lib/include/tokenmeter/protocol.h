@@ -36,6 +36,13 @@
 #define TM_EV_PREEMPTED 6   /* [6, t, rid] */
 #define TM_EV_STEP 7        /* [7, t, stats] */
 #define TM_EV_EXPERT_LOAD 8 /* 1.1: [8, t, layer, counts] */
+/* 1.2 (protocol-v1.md "Additions in 1.2"). A 1.1 daemon counts these as
+ * unknown_kind. */
+#define TM_EV_ADMISSION_REJECTED 9 /* [9, t, reason(, rid)] */
+#define TM_EV_KV_TRANSFER 10       /* [10, t, rid, info] */
+#define TM_EV_SLEEP 11             /* [11, t, state] */
+/* The highest event kind this header knows. */
+#define TM_EV_LAST TM_EV_SLEEP
 
 /* Default limits (the daemon may be configured to raise or lower them). */
 #define TM_MAX_FRAME_BYTES (1024u * 1024u)
@@ -88,6 +95,52 @@
 #define TM_PARAM_N "n"
 #define TM_PARAM_LORA "lora"     /* 1.1: str, 1..TM_MAX_LORA_BYTES */
 #define TM_PARAM_LABELS "labels" /* 1.1: map str -> str, per-request labels */
+/* 1.2: int, TM_MIN_PRIORITY .. TM_MAX_PRIORITY (lower runs first). */
+#define TM_PARAM_PRIORITY "priority"
+/* 1.2: str, the W3C traceparent (tm_proto_valid_traceparent()). */
+#define TM_PARAM_TRACEPARENT "traceparent"
+/* 1.2: str, the W3C tracestate (tm_proto_valid_tracestate()). */
+#define TM_PARAM_TRACESTATE "tracestate"
+#define TM_MIN_PRIORITY (-2147483647 - 1)
+#define TM_MAX_PRIORITY 2147483647
+#define TM_TRACEPARENT_BYTES 55u
+#define TM_MAX_TRACESTATE_BYTES 256u
+#define TM_MAX_TRACESTATE_MEMBERS 32u
+
+/* 1.2: SCHEDULED info keys ([3, t, rid, info], the first SCHEDULED's):
+ * uints, cached + external at most the request's prompt tokens. */
+#define TM_SCHED_CACHED_TOKENS "cached_tokens"
+#define TM_SCHED_EXTERNAL_TOKENS "external_tokens"
+
+/* 1.2: "label-value syntax" (ADMISSION_REJECTED reason, KV_TRANSFER reason
+ * and connector): 1 to this many bytes of UTF-8 without control characters
+ * (tm_proto_valid_label_value()). */
+#define TM_MAX_LABEL_VALUE_BYTES 64u
+
+/* 1.2: KV_TRANSFER info keys. role and start are required. */
+#define TM_KV_ROLE "role" /* TM_KV_ROLE_SEND or TM_KV_ROLE_RECV */
+#define TM_KV_START "start"         /* uint ns, <= the event's t */
+#define TM_KV_BYTES "bytes"         /* uint */
+#define TM_KV_BLOCKS "blocks"       /* uint */
+#define TM_KV_OK "ok"               /* bool, default true */
+#define TM_KV_REASON "reason"       /* label-value syntax, on failure */
+#define TM_KV_CONNECTOR "connector" /* label-value syntax */
+#define TM_KV_ROLE_SEND "send"      /* the prefill side */
+#define TM_KV_ROLE_RECV "recv"      /* the decode side */
+/* The largest KV_TRANSFER bytes / blocks value (a larger one is dropped as
+ * bad_field): 2^48 - 1, 256 TiB in one transfer. */
+#define TM_MAX_KV_TRANSFER_BYTES 281474976710655ull
+
+/* 1.2: SLEEP state keys and values; a key not given keeps its value. */
+#define TM_SLEEP_SCHEDULER "scheduler" /* "running", "paused" */
+#define TM_SLEEP_WEIGHTS "weights"     /* "resident", "offloaded", "discarded" */
+#define TM_SLEEP_KV_CACHE "kv_cache"   /* "resident", "released" */
+#define TM_SLEEP_RUNNING "running"
+#define TM_SLEEP_PAUSED "paused"
+#define TM_SLEEP_RESIDENT "resident"
+#define TM_SLEEP_OFFLOADED "offloaded"
+#define TM_SLEEP_DISCARDED "discarded"
+#define TM_SLEEP_RELEASED "released"
 
 /* FINISHED reasons. */
 #define TM_REASON_STOP "stop"
@@ -107,6 +160,8 @@
 #define TM_STEP_SPEC_DRAFT_TOKENS "spec_draft_tokens"
 #define TM_STEP_SPEC_ACCEPTED_TOKENS "spec_accepted_tokens"
 #define TM_STEP_SPEC_ACCEPTED_PER_POS "spec_accepted_per_pos"
+/* 1.2: of `waiting`, those waiting for something other than capacity. */
+#define TM_STEP_WAITING_DEFERRED "waiting_deferred"
 
 /* ---- HELLO rules --------------------------------------------------------
  * Label names the daemon sets itself on some series; a HELLO label may not
@@ -116,8 +171,9 @@
   "model_name", "engine", "engine_family", "finished_reason", "position",    \
       "le", "quantile", "interval", "reason", "kind", /* 1.1: */ "max_lora", \
       "running_lora_adapters", "waiting_lora_adapters", "cache_source",      \
-      "layer", "expert"
-#define TM_NUM_RESERVED_LABELS 16
+      "layer", "expert", /* 1.2: */ "source", "role", "sleep_state",         \
+      "resource", "state"
+#define TM_NUM_RESERVED_LABELS 21
 
 /* 1 when s[0, len) is well-formed UTF-8 (no overlong forms, no surrogates,
  * nothing above U+10FFFF), else 0. Every HELLO string must be. O(len). */
@@ -196,6 +252,107 @@ static inline int tm_proto_valid_label(const char* name, size_t name_len,
          tm_proto_valid_name(name, name_len, 0) &&
          !tm_proto_reserved_label(name, name_len) &&
          tm_proto_valid_utf8(value, value_len);
+}
+
+/* ---- 1.2 field rules ---------------------------------------------------
+ * 1 when s[0, len) is in label-value syntax: 1 to TM_MAX_LABEL_VALUE_BYTES
+ * bytes of well-formed UTF-8 with no control character (U+0000..U+001F,
+ * U+007F, U+0080..U+009F). O(len). */
+static inline int tm_proto_valid_label_value(const char* s, size_t len) {
+  size_t i;
+  if (len == 0 || len > TM_MAX_LABEL_VALUE_BYTES) return 0;
+  for (i = 0; i < len; ++i) {
+    const unsigned char c = (unsigned char)s[i];
+    if (c < 0x20 || c == 0x7f) return 0;
+    /* U+0080..U+009F are encoded C2 80 .. C2 9F. */
+    if (c == 0xc2 && i + 1 < len && (unsigned char)s[i + 1] < 0xa0) return 0;
+  }
+  return tm_proto_valid_utf8(s, len);
+}
+
+/* 1 when c is a lowercase hex digit. */
+static inline int tm_proto_lower_hex(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+/* 1 when s[0, len) is a W3C traceparent of version 00:
+ * "00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>", 55 bytes,
+ * lowercase hex, neither id all zeros. O(1). */
+static inline int tm_proto_valid_traceparent(const char* s, size_t len) {
+  size_t i;
+  int trace_nonzero = 0, parent_nonzero = 0;
+  if (len != TM_TRACEPARENT_BYTES || s[0] != '0' || s[1] != '0' ||
+      s[2] != '-' || s[35] != '-' || s[52] != '-') {
+    return 0;
+  }
+  for (i = 3; i < 55; ++i) {
+    if (i == 35 || i == 52) continue;
+    if (!tm_proto_lower_hex(s[i])) return 0;
+    if (s[i] != '0') {
+      if (i < 35) {
+        trace_nonzero = 1;
+      } else if (i < 52) {
+        parent_nonzero = 1;
+      }
+    }
+  }
+  return trace_nonzero && parent_nonzero;
+}
+
+/* 1 when the sampled flag of a valid traceparent is set. */
+static inline int tm_proto_traceparent_sampled(const char* s) {
+  const char c = s[54];
+  const int low = c >= 'a' ? c - 'a' + 10 : c - '0';
+  return low & 1;
+}
+
+/* 1 when s[0, len) is a W3C tracestate: at most TM_MAX_TRACESTATE_BYTES
+ * bytes and TM_MAX_TRACESTATE_MEMBERS list members separated by ',', each
+ * empty (spaces and tabs only) or `key=value` with optional spaces or tabs
+ * around it; key [a-z0-9][a-z0-9_*\/-]* with at most one '@' (tenant@system),
+ * at most 256 bytes; value 1 to 256 printable ASCII characters other than
+ * ',' and '=', not ending in a space. O(len). */
+static inline int tm_proto_valid_tracestate(const char* s, size_t len) {
+  size_t i = 0, members = 0;
+  if (len > TM_MAX_TRACESTATE_BYTES) return 0;
+  while (i <= len) {
+    size_t end = i, b, e, eq;
+    int at = 0;
+    while (end < len && s[end] != ',') ++end;
+    b = i;
+    e = end;
+    while (b < e && (s[b] == ' ' || s[b] == '\t')) ++b;
+    while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) --e;
+    if (b < e) {
+      if (++members > TM_MAX_TRACESTATE_MEMBERS) return 0;
+      for (eq = b; eq < e && s[eq] != '='; ++eq) {
+        const char c = s[eq];
+        if (c == '@') {
+          if (at || eq == b) return 0;
+          at = 1;
+          continue;
+        }
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              (eq > b && (c == '_' || c == '-' || c == '*' || c == '/')))) {
+          return 0;
+        }
+      }
+      if (eq == b || eq == e || eq + 1 == e || s[eq - 1] == '@') return 0;
+      for (eq = eq + 1; eq < e; ++eq) {
+        const char c = s[eq];
+        if (c < 0x20 || c > 0x7e || c == ',' || c == '=') return 0;
+      }
+    } else {
+      /* An empty member; its span holds only OWS (checked above). */
+    }
+    if (end == len) break;
+    i = end + 1;
+  }
+  for (i = 0; i < len; ++i) {
+    if ((unsigned char)s[i] < 0x20 && s[i] != '\t') return 0;
+    if ((unsigned char)s[i] > 0x7e) return 0;
+  }
+  return 1;
 }
 
 #endif /* TOKENMETER_PROTOCOL_H_ */
