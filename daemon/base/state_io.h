@@ -32,8 +32,11 @@ namespace tokenmeter::daemon {
 // can still read the older one (Histogram::LoadState(), MoePart::LoadState(),
 // EngineSeries::LoadState(), IngestStats::LoadState()). 4 also: an MoE
 // layer saves its expert count and its per-expert counts only when it
-// keeps them (MoePart::SaveState()).
-inline constexpr uint32_t kStateFormatVersion = 4;
+// keeps them (MoePart::SaveState()). 5 (protocol 1.2): an engine series'
+// values are saved with their number of metrics and histograms
+// (SeriesValues::LoadState() maps formats 1 to 4 onto the grown catalog with
+// Format4Metric()), and a tracked request saves its 1.2 extras.
+inline constexpr uint32_t kStateFormatVersion = 5;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 
 class StateWriter {

@@ -20,6 +20,12 @@ std::string_view EventKindName(EventKind kind) {
       return "step";
     case EventKind::kExpertLoad:
       return "expert_load";
+    case EventKind::kAdmissionRejected:
+      return "admission_rejected";
+    case EventKind::kKvTransfer:
+      return "kv_transfer";
+    case EventKind::kSleep:
+      return "sleep";
   }
   return "unknown";
 }

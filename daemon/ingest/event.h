@@ -25,8 +25,12 @@ enum class EventKind : uint8_t {
   kPreempted = TM_EV_PREEMPTED,
   kStep = TM_EV_STEP,
   kExpertLoad = TM_EV_EXPERT_LOAD,  // 1.1
+  // 1.2
+  kAdmissionRejected = TM_EV_ADMISSION_REJECTED,
+  kKvTransfer = TM_EV_KV_TRANSFER,
+  kSleep = TM_EV_SLEEP,
 };
-inline constexpr int kNumEventKinds = 8;
+inline constexpr int kNumEventKinds = TM_EV_LAST;
 // "arrived", "queued", ... (the kind label of tokenmeter_ingest_events_total).
 std::string_view EventKindName(EventKind kind);
 
@@ -41,7 +45,8 @@ struct RequestId {
   std::string_view text;  // valid while the frame is
 };
 
-// STEP statistics; `has` bits say which keys were present.
+// STEP statistics; `has` bits say which keys were present. Every count is
+// at most TM_MAX_EVENT_COUNT (the decoder drops larger ones), so 32 bits.
 struct StepStats {
   enum Key : uint32_t {
     kRunning = 1u << 0,
@@ -55,30 +60,99 @@ struct StepStats {
     kSpecDraftTokens = 1u << 8,
     kSpecAcceptedTokens = 1u << 9,
     kSpecAcceptedPerPos = 1u << 10,
+    kWaitingDeferred = 1u << 11,  // 1.2; only with kWaiting, at most waiting
   };
   uint32_t has = 0;
-  uint64_t running = 0;
-  uint64_t waiting = 0;
-  double kv_usage = 0;
-  uint64_t prompt_tokens = 0;
-  uint64_t generation_tokens = 0;
-  uint64_t prefix_queries = 0;
-  uint64_t prefix_hits = 0;
-  uint64_t spec_drafts = 0;
-  uint64_t spec_draft_tokens = 0;
-  uint64_t spec_accepted_tokens = 0;
+  uint32_t running = 0;
+  uint32_t waiting = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t generation_tokens = 0;
+  uint32_t prefix_queries = 0;
+  uint32_t prefix_hits = 0;
+  uint32_t spec_drafts = 0;
+  uint32_t spec_draft_tokens = 0;
+  uint32_t spec_accepted_tokens = 0;
+  uint32_t waiting_deferred = 0;
   // Index into Batch::positions: spec_accepted_per_pos occupies
   // positions[pos_begin, pos_begin + pos_count).
   uint32_t pos_begin = 0;
   uint32_t pos_count = 0;
+  double kv_usage = 0;
+};
+
+// The data of the 1.2 events, in Event's union: plain aggregates (a union
+// member may not have initializers); the decoder sets every field.
+//
+// A string in the decoder's buffer (trivial, unlike std::string_view, so
+// that it may live in Event's union).
+struct TextRef {
+  const char* data;
+  uint32_t size;
+  std::string_view view() const { return {data, size}; }
+  static TextRef Of(std::string_view s) {
+    return {s.data(), uint32_t(s.size())};
+  }
+};
+
+// SCHEDULED info (1.2, [3, t, rid, info]): `has` bits say which keys were
+// given; has 0 and present false: no info map (or one dropped whole).
+struct ScheduledInfo {
+  enum Key : uint8_t { kCached = 1u << 0, kExternal = 1u << 1 };
+  uint32_t cached_tokens;
+  uint32_t external_tokens;
+  uint8_t has;
+  bool present;  // a map was given (possibly with no known key)
+};
+
+// KV_TRANSFER info (1.2, [10, t, rid, info]), validated: role and start
+// (at most t) required; the optional keys dropped when bad.
+enum class KvRole : uint8_t { kSend, kRecv };
+inline constexpr int kNumKvRoles = 2;
+struct KvTransferInfo {
+  uint64_t start_ns;
+  uint64_t bytes;     // valid when has_bytes
+  uint64_t blocks;    // valid when has_blocks
+  TextRef reason;     // empty: none (label-value syntax)
+  TextRef connector;  // empty: none (label-value syntax)
+  KvRole role;
+  bool ok;
+  bool has_bytes;
+  bool has_blocks;
+};
+
+// ADMISSION_REJECTED (1.2, [9, t, reason(, rid)]): the reason (label-value
+// syntax); Event::rid is valid when has_rid.
+struct AdmissionInfo {
+  TextRef reason;
+  bool has_rid;
+};
+
+// SLEEP (1.2, [11, t, state]): each resource's new state, or kKeep.
+enum class SchedulerState : int8_t { kKeep = -1, kRunning, kPaused };
+enum class WeightsState : int8_t {
+  kKeep = -1,
+  kResident,
+  kOffloaded,
+  kDiscarded
+};
+enum class KvCacheState : int8_t { kKeep = -1, kResident, kReleased };
+struct SleepInfo {
+  SchedulerState scheduler;
+  WeightsState weights;
+  KvCacheState kv_cache;
 };
 
 // ARRIVED params of protocol 1.1: the LoRA adapter and per-request labels
-// (validated: label-name rules, UTF-8, the limits of protocol.h).
+// (validated: label-name rules, UTF-8, the limits of protocol.h); of 1.2:
+// priority and the W3C trace context (validated by protocol.h's rules).
 struct ArrivedExtras {
   std::string_view lora;  // empty: none
   uint8_t num_labels = 0;
   std::pair<std::string_view, std::string_view> labels[TM_MAX_REQUEST_LABELS];
+  bool has_priority = false;
+  int32_t priority = 0;
+  std::string_view traceparent;  // empty: none; else 55 bytes
+  std::string_view tracestate;   // empty: none
 };
 
 // EXPERT_LOAD ([8, t, layer, counts]), as Event::expert_load() shows it:
@@ -101,19 +175,24 @@ struct Event {
   static constexpr uint32_t kNoExtras = UINT32_MAX;
   EventKind kind;
   uint64_t t_ns;
-  RequestId rid;            // not for kStep, kExpertLoad
+  RequestId rid;  // not for kStep, kExpertLoad, kSleep; kAdmissionRejected:
+                  // when admission.has_rid
   uint64_t count = 0;       // ARRIVED prompt_tokens; TOKENS n
   uint64_t max_tokens = 0;  // ARRIVED params; valid when has_max_tokens
   uint64_t n = 0;           // ARRIVED params; valid when has_n
   bool has_max_tokens = false;
   bool has_n = false;
   FinishReason reason = FinishReason::kStop;  // FINISHED
-  // ARRIVED with a lora or labels param: index into Batch::arrivals (in
-  // the padding before `step`: Event stays 176 bytes).
+  // ARRIVED with a lora, labels, priority or trace param: index into
+  // Batch::arrivals (in the padding before `step`).
   uint32_t extras = kNoExtras;
   union {
     StepStats step{};               // STEP
     ExpertLoadRef expert_load_ref;  // EXPERT_LOAD: read it with expert_load()
+    ScheduledInfo scheduled;        // SCHEDULED
+    KvTransferInfo kv_transfer;     // KV_TRANSFER
+    AdmissionInfo admission;        // ADMISSION_REJECTED
+    SleepInfo sleep;                // SLEEP
   };
 
   // An EXPERT_LOAD's layer and counts; `positions` is its batch's
@@ -123,7 +202,7 @@ struct Event {
             {positions + expert_load_ref.begin, expert_load_ref.count}};
   }
 };
-static_assert(sizeof(Event) == 176, "Event is copied per event: keep it");
+static_assert(sizeof(Event) <= 176, "Event is copied per event: keep it");
 
 struct Hello {
   int64_t proto = 0;

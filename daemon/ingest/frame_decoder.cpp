@@ -564,12 +564,16 @@ constexpr uint64_t kMinEventElements[] = {
     3,  // PREEMPTED
     3,  // STEP [7, t, stats]
     4,  // EXPERT_LOAD [8, t, layer, counts]
+    3,  // ADMISSION_REJECTED [9, t, reason(, rid)]
+    4,  // KV_TRANSFER [10, t, rid, info]
+    3,  // SLEEP [11, t, state]
 };
+static_assert(std::size(kMinEventElements) == TM_EV_LAST + 1);
 
 struct UintStatKey {
   std::string_view name;
   StepStats::Key bit;
-  uint64_t StepStats::*field;
+  uint32_t StepStats::*field;
 };
 
 constexpr UintStatKey kUintStatKeys[] = {
@@ -587,6 +591,8 @@ constexpr UintStatKey kUintStatKeys[] = {
      &StepStats::spec_draft_tokens},
     {TM_STEP_SPEC_ACCEPTED_TOKENS, StepStats::kSpecAcceptedTokens,
      &StepStats::spec_accepted_tokens},
+    {TM_STEP_WAITING_DEFERRED, StepStats::kWaitingDeferred,
+     &StepStats::waiting_deferred},
 };
 
 // Reads the key of a params/stats entry. Non-string keys are unknown keys:
@@ -630,7 +636,8 @@ bool ParseRequestLabels(Reader& r, const Header& h, ArrivedExtras* x) {
 }
 
 // ARRIVED params: nil, or a map with optional int max_tokens and n, and
-// (1.1) lora and labels, which go to `x`. A nil value is the key absent (a
+// (1.1) lora and labels and (1.2) priority, traceparent and tracestate,
+// which go to `x`. A nil value is the key absent (a
 // client's None). Each of them is an optional field (protocol 1.2,
 // partial acceptance): one with a wrong type or out of its range is
 // dropped and counted in *bad_fields, and so is a params value that is not
@@ -669,6 +676,32 @@ void ParseParams(Reader& r, Event* e, ArrivedExtras* x, bool* has_extras,
         continue;
       }
       *has_extras = *has_extras || x->num_labels > 0;
+    } else if (key == TM_PARAM_PRIORITY) {
+      const int64_t p = static_cast<int64_t>(v.value);
+      if ((v.type != Type::kUint && v.type != Type::kNegInt) ||
+          (v.type == Type::kUint && v.value > uint64_t(TM_MAX_PRIORITY)) ||
+          (v.type == Type::kNegInt && p < TM_MIN_PRIORITY)) {
+        DropField(r, at, bad_fields);
+        continue;
+      }
+      x->priority = int32_t(p);
+      x->has_priority = true;
+      *has_extras = true;
+    } else if (key == TM_PARAM_TRACEPARENT || key == TM_PARAM_TRACESTATE) {
+      if (v.type != Type::kStr) {
+        DropField(r, at, bad_fields);
+        continue;
+      }
+      const std::string_view text = r.Payload(v);
+      const bool parent = key == TM_PARAM_TRACEPARENT;
+      if (parent ? !tm_proto_valid_traceparent(text.data(), text.size())
+                 : !tm_proto_valid_tracestate(text.data(), text.size())) {
+        ++*bad_fields;
+        continue;
+      }
+      if (text.empty()) continue;  // an empty tracestate: none
+      (parent ? x->traceparent : x->tracestate) = text;
+      *has_extras = true;
     } else if (key == TM_PARAM_MAX_TOKENS || key == TM_PARAM_N) {
       if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
         DropField(r, at, bad_fields);
@@ -746,7 +779,7 @@ bool ParseStats(Reader& r, const DecoderLimits& limits,
           DropField(r, at, bad_fields);
           break;
         }
-        st->*k.field = v.value;
+        st->*k.field = uint32_t(v.value);
         st->has |= k.bit;
         break;
       }
@@ -804,6 +837,233 @@ bool ParseStats(Reader& r, const DecoderLimits& limits,
       r.SkipBody(v);
     }
   }
+  // waiting_deferred is a part of waiting: without it, or above it, the
+  // key is dropped (once).
+  if ((st->has & StepStats::kWaitingDeferred) != 0 &&
+      ((st->has & StepStats::kWaiting) == 0 ||
+       st->waiting_deferred > st->waiting)) {
+    st->has &= ~uint32_t(StepStats::kWaitingDeferred);
+    st->waiting_deferred = 0;
+    ++*bad_fields;
+  }
+  return true;
+}
+
+// A str in label-value syntax (protocol.h): the value, or empty.
+std::string_view LabelValue(Reader& r, const Header& h) {
+  if (h.type != Type::kStr) {
+    r.SkipBody(h);
+    return {};
+  }
+  const std::string_view s = r.Payload(h);
+  return tm_proto_valid_label_value(s.data(), s.size()) != 0
+             ? s
+             : std::string_view();
+}
+
+// SCHEDULED info (1.2): a map whose optional keys cached_tokens and
+// external_tokens are uints of at most TM_MAX_EVENT_COUNT; a bad one is
+// dropped (bad_field), a value that is not a map is dropped whole (once).
+// Whether their sum fits the request's prompt is the tracker's to check.
+[[gnu::noinline]] void ParseScheduledInfo(Reader& r, ScheduledInfo* info,
+                                          uint32_t* bad_fields) {
+  const uint8_t* info_at = r.pos();
+  const Header h = r.Next();
+  if (h.type == Type::kNil) return;
+  if (h.type != Type::kMap) {
+    DropField(r, info_at, bad_fields);
+    return;
+  }
+  info->present = true;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const uint8_t* at = r.pos();
+    const Header v = r.Next();
+    if (v.type == Type::kNil) continue;
+    const bool cached = key == TM_SCHED_CACHED_TOKENS;
+    if (!cached && key != TM_SCHED_EXTERNAL_TOKENS) {
+      r.SkipBody(v);
+      continue;
+    }
+    if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
+      DropField(r, at, bad_fields);
+      continue;
+    }
+    if (cached) {
+      info->cached_tokens = uint32_t(v.value);
+      info->has |= ScheduledInfo::kCached;
+    } else {
+      info->external_tokens = uint32_t(v.value);
+      info->has |= ScheduledInfo::kExternal;
+    }
+  }
+}
+
+// KV_TRANSFER info (1.2): role and start are required (false: a bad
+// event); bytes, blocks, ok, reason and connector are optional fields.
+[[gnu::noinline]] bool ParseKvTransfer(Reader& r, uint64_t t_ns,
+                                       KvTransferInfo* x,
+                                       uint32_t* bad_fields) {
+  const Header h = r.Next();
+  if (h.type != Type::kMap) return false;
+  bool has_role = false, has_start = false;
+  uint32_t dropped = 0;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const uint8_t* at = r.pos();
+    const Header v = r.Next();
+    if (key == TM_KV_ROLE) {
+      if (v.type != Type::kStr) return false;
+      const std::string_view role = r.Payload(v);
+      if (role == TM_KV_ROLE_SEND) {
+        x->role = KvRole::kSend;
+      } else if (role == TM_KV_ROLE_RECV) {
+        x->role = KvRole::kRecv;
+      } else {
+        return false;
+      }
+      has_role = true;
+    } else if (key == TM_KV_START) {
+      if (v.type != Type::kUint || v.value > t_ns) return false;
+      x->start_ns = v.value;
+      has_start = true;
+    } else if (v.type == Type::kNil) {
+      continue;  // an optional key absent
+    } else if (key == TM_KV_BYTES || key == TM_KV_BLOCKS) {
+      if (v.type != Type::kUint || v.value > TM_MAX_KV_TRANSFER_BYTES) {
+        DropField(r, at, &dropped);
+        continue;
+      }
+      if (key == TM_KV_BYTES) {
+        x->bytes = v.value;
+        x->has_bytes = true;
+      } else {
+        x->blocks = v.value;
+        x->has_blocks = true;
+      }
+    } else if (key == TM_KV_OK) {
+      if (v.type != Type::kBool) {
+        DropField(r, at, &dropped);
+        continue;
+      }
+      x->ok = v.value != 0;
+    } else if (key == TM_KV_REASON || key == TM_KV_CONNECTOR) {
+      const std::string_view value = LabelValue(r, v);
+      if (value.empty()) {
+        ++dropped;
+        continue;
+      }
+      (key == TM_KV_REASON ? x->reason : x->connector) = TextRef::Of(value);
+    } else {
+      r.SkipBody(v);
+    }
+  }
+  if (!has_role || !has_start) return false;
+  *bad_fields += dropped;
+  return true;
+}
+
+// SLEEP state (1.2): a map (required); each known key whose value is not
+// one of its states is dropped (bad_field).
+[[gnu::noinline]] bool ParseSleep(Reader& r, SleepInfo* x,
+                                  uint32_t* bad_fields) {
+  const Header h = r.Next();
+  if (h.type != Type::kMap) return false;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const Header v = r.Next();
+    if (v.type == Type::kNil) continue;
+    const bool scheduler = key == TM_SLEEP_SCHEDULER;
+    const bool weights = key == TM_SLEEP_WEIGHTS;
+    const bool kv = key == TM_SLEEP_KV_CACHE;
+    if (!scheduler && !weights && !kv) {
+      r.SkipBody(v);
+      continue;
+    }
+    std::string_view value;
+    if (v.type == Type::kStr) {
+      value = r.Payload(v);
+    } else {
+      r.SkipBody(v);
+    }
+    bool ok = true;
+    if (scheduler) {
+      if (value == TM_SLEEP_RUNNING) {
+        x->scheduler = SchedulerState::kRunning;
+      } else if (value == TM_SLEEP_PAUSED) {
+        x->scheduler = SchedulerState::kPaused;
+      } else {
+        ok = false;
+      }
+    } else if (weights) {
+      if (value == TM_SLEEP_RESIDENT) {
+        x->weights = WeightsState::kResident;
+      } else if (value == TM_SLEEP_OFFLOADED) {
+        x->weights = WeightsState::kOffloaded;
+      } else if (value == TM_SLEEP_DISCARDED) {
+        x->weights = WeightsState::kDiscarded;
+      } else {
+        ok = false;
+      }
+    } else {
+      if (value == TM_SLEEP_RESIDENT) {
+        x->kv_cache = KvCacheState::kResident;
+      } else if (value == TM_SLEEP_RELEASED) {
+        x->kv_cache = KvCacheState::kReleased;
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok) ++*bad_fields;
+  }
+  return true;
+}
+
+// A request id at the reader: a uint, or a str of 1 .. max_rid_bytes.
+bool ParseRequestId(Reader& r, const DecoderLimits& limits, RequestId* rid) {
+  const Header id = r.Next();
+  if (id.type == Type::kUint) {
+    rid->is_string = false;
+    rid->number = id.value;
+    return true;
+  }
+  if (id.type == Type::kStr && id.value >= 1 &&
+      id.value <= limits.max_rid_bytes) {
+    rid->is_string = true;
+    rid->text = r.Payload(id);
+    return true;
+  }
+  r.SkipBody(id);
+  return false;
+}
+
+// ADMISSION_REJECTED (1.2): the reason (required, label-value syntax),
+// then an optional request id (one that is not an id is dropped:
+// bad_field).
+[[gnu::noinline]] bool ParseAdmission(Reader& r, uint64_t n,
+                                      const DecoderLimits& limits, Event* e,
+                                      uint32_t* bad_fields) {
+  const Header h = r.Next();
+  const std::string_view reason = LabelValue(r, h);
+  if (reason.empty()) return false;
+  e->admission.reason = TextRef::Of(reason);
+  if (n >= 4) {
+    const uint8_t* at = r.pos();
+    const Header peek = r.Next();
+    r.set_pos(at);
+    if (peek.type != Type::kNil) {
+      if (ParseRequestId(r, limits, &e->rid)) {
+        e->admission.has_rid = true;
+      } else {
+        DropField(r, at, bad_fields);
+      }
+    } else {
+      r.Skip(1);
+    }
+  }
   return true;
 }
 
@@ -828,7 +1088,7 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
     Reader& r, uint64_t n, const DecoderLimits& limits, Batch& batch,
     Event* e) {
   uint64_t used = 3;
-  if (e->kind != EventKind::kStep && e->kind != EventKind::kExpertLoad) {
+  if (e->kind < EventKind::kStep || e->kind == EventKind::kKvTransfer) {
     const Header id = r.Next();
     if (id.type == Type::kUint) {
       e->rid.is_string = false;
@@ -880,8 +1140,36 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
       }
       used = 4;
       break;
-    case EventKind::kQueued:
     case EventKind::kScheduled:
+      e->scheduled = ScheduledInfo{};
+      if (n >= 4) {
+        ParseScheduledInfo(r, &e->scheduled, &batch.bad_fields);
+        used = 4;
+      }
+      break;
+    case EventKind::kKvTransfer:
+      e->kv_transfer = KvTransferInfo{};
+      e->kv_transfer.ok = true;
+      if (!ParseKvTransfer(r, e->t_ns, &e->kv_transfer, &batch.bad_fields)) {
+        return IngestError::kBadEvent;
+      }
+      used = 4;
+      break;
+    case EventKind::kAdmissionRejected:
+      e->admission = AdmissionInfo{};
+      if (!ParseAdmission(r, n, limits, e, &batch.bad_fields)) {
+        return IngestError::kBadEvent;
+      }
+      used = n >= 4 ? 4 : 3;
+      break;
+    case EventKind::kSleep:
+      e->sleep = SleepInfo{SchedulerState::kKeep, WeightsState::kKeep,
+                           KvCacheState::kKeep};
+      if (!ParseSleep(r, &e->sleep, &batch.bad_fields)) {
+        return IngestError::kBadEvent;
+      }
+      break;
+    case EventKind::kQueued:
     case EventKind::kPreempted:
       break;
   }
@@ -898,7 +1186,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
   if (r.ReadArray(&n) && n >= 1) {
     if (!r.ReadUint(&kind)) {
       err = IngestError::kBadEvent;
-    } else if (kind < TM_EV_ARRIVED || kind > TM_EV_EXPERT_LOAD) {
+    } else if (kind < TM_EV_ARRIVED || kind > TM_EV_LAST) {
       err = IngestError::kUnknownKind;
     } else if (n < kMinEventElements[kind]) {
       err = IngestError::kBadEvent;

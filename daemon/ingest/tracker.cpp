@@ -6,9 +6,13 @@
 #include <optional>
 
 #include "daemon/base/state_io.h"
+#include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/chunk_tokens.h"
+#include "daemon/store/parts/kv_transfer.h"
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/parts/moe.h"
+#include "daemon/store/parts/sleep.h"
+#include "daemon/store/parts/waiting_reason.h"
 
 namespace tokenmeter::daemon {
 
@@ -129,7 +133,8 @@ struct Tracker::Request {
   uint8_t known : kNumPoints = 0;  // Bit(Point) of the points set
   bool has_max_tokens : 1 = false;
   bool has_n : 1 = false;
-  Gauge gauge = Gauge::kNone;
+  Gauge gauge : 2 = Gauge::kNone;
+  bool has_extra : 1 = false;  // Tracker::extras_ holds its Extra
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -316,6 +321,7 @@ void Tracker::Remove(Request& r, bool evicted) {
   } else {
     Unlink(r, active_head_, active_tail_);
   }
+  if (r.has_extra) extras_.erase(&r);
   const Key& k = *r.key;
   // Heterogeneous erase() is C++23; find() then erase the node.
   requests_.erase(requests_.find(
@@ -357,7 +363,20 @@ void Tracker::CloseReady(Request& r) {
     SeriesValues& s = CellOf(series, r);
     // Prompt tokens are counted when TTFT closes (the first token and the
     // ARRIVED that carries the count are both in), whatever its sign.
-    if (d.interval == Interval::kTtft) s.Add(kPromptTokens, r.prompt_tokens);
+    if (d.interval == Interval::kTtft) {
+      s.Add(kPromptTokens, r.prompt_tokens);
+      // By source (protocol 1.2 SCHEDULED info; without it all computed).
+      const Extra* x = FindExtra(r);
+      const uint32_t cached =
+          x != nullptr && x->has_info ? x->cached_tokens : 0;
+      const uint32_t external =
+          x != nullptr && x->has_info ? x->external_tokens : 0;
+      s.AddChild(kPromptTokensBySource, kLocalCompute,
+                 r.prompt_tokens - cached - external);
+      s.AddChild(kPromptTokensBySource, kLocalCacheHit, cached);
+      s.AddChild(kPromptTokensBySource, kExternalKv, external);
+      s.Add(kPromptTokensCached, uint64_t(cached) + external);
+    }
     const int64_t delta = int64_t(r.at(d.end) - r.at(d.start));
     if (delta < 0) {
       if (!d.profile_only) ++negative_[size_t(d.interval)];
@@ -375,6 +394,19 @@ void Tracker::CloseReady(Request& r) {
     if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
     f.hist(kRequestGenerationTokens).Observe(r.generation_tokens);
     f.hist(kRequestMaxNumGenerationTokens).Observe(r.generation_tokens);
+    // Protocol 1.2: computed prompt tokens, preemptions, the KV wait.
+    const Extra* x = FindExtra(r);
+    uint32_t computed = r.prompt_tokens;
+    if (x != nullptr && x->has_info) {
+      computed -= x->cached_tokens + x->external_tokens;
+    }
+    f.hist(kRequestPrefillKvComputedTokens).Observe(computed);
+    f.hist(kRequestNumPreemptions).Observe(x != nullptr ? x->preemptions : 0);
+    if (x != nullptr && x->kv_ready && r.has(kScheduled) &&
+        x->kv_ready_ns >= r.t_ns[kScheduled]) {
+      f.hist(kRequestKvWaitTime)
+          .Observe(double(x->kv_ready_ns - r.t_ns[kScheduled]));
+    }
     // SGLang counts a request's tokens when it finishes.
     if (r.finish_series->uses(kPromptTokensAtFinish)) {
       f.Add(kPromptTokensAtFinish, r.prompt_tokens);
@@ -407,9 +439,23 @@ void Tracker::Apply(const Source& src, const Event& ev,
     return;
   }
   ingest_.CountEvent(ev.kind);
-  if (ev.kind == EventKind::kStep) {
-    OnStep(src, ev, positions);
-    return;
+  switch (ev.kind) {
+    case EventKind::kStep:
+      OnStep(src, ev, positions);
+      return;
+    case EventKind::kAdmissionRejected:
+      src.series->part<AdmissionPart>().Reject(ev.admission.reason.view());
+      return;
+    case EventKind::kKvTransfer:
+      OnKvTransfer(src, ev, now_ns);
+      return;
+    case EventKind::kSleep:
+      src.series->part<SleepPart>().Apply(int(ev.sleep.scheduler),
+                                          int(ev.sleep.weights),
+                                          int(ev.sleep.kv_cache));
+      return;
+    default:
+      break;
   }
   Request& r = Find(src, ev.rid, now_ns);
   const uint8_t known_before = r.known;
@@ -422,7 +468,10 @@ void Tracker::Apply(const Source& src, const Event& ev,
       break;
     case EventKind::kScheduled:
       OnScheduled(src, r);
-      if (!r.has(kScheduled)) r.set(kScheduled, ev.t_ns);  // later ones: no
+      if (!r.has(kScheduled)) {  // later ones: no
+        r.set(kScheduled, ev.t_ns);
+        if (ev.scheduled.present) OnScheduledInfo(ev.scheduled, r);
+      }
       break;
     case EventKind::kTokens:
       OnTokens(src, ev, r);
@@ -435,6 +484,9 @@ void Tracker::Apply(const Source& src, const Event& ev,
       break;
     case EventKind::kStep:
     case EventKind::kExpertLoad:
+    case EventKind::kAdmissionRejected:
+    case EventKind::kKvTransfer:
+    case EventKind::kSleep:
       break;
   }
   // Only a new point can make an interval ready.
@@ -478,7 +530,27 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
           LoraOf(r), r.gauge == Gauge::kRunning, 1, clock_.UnixNowS());
     }
   }
+  if (ev.extras != Event::kNoExtras && ev.extras < arrivals.size()) {
+    const ArrivedExtras& x = arrivals[ev.extras];
+    if (x.has_priority || !x.traceparent.empty() || !x.tracestate.empty()) {
+      Extra& e = ExtraOf(r);
+      e.has_priority = x.has_priority;
+      e.priority = x.priority;
+      e.traceparent.assign(x.traceparent);
+      e.tracestate.assign(x.tracestate);
+    }
+  }
   r.prompt_tokens = uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX));
+  // A SCHEDULED info that came first is checked against the prompt now.
+  if (r.has_extra) {
+    Extra& e = ExtraOf(r);
+    if (e.has_info &&
+        uint64_t(e.cached_tokens) + e.external_tokens > r.prompt_tokens) {
+      e.has_info = false;
+      e.cached_tokens = e.external_tokens = 0;
+      ingest_.CountError(IngestError::kBadField);
+    }
+  }
   r.has_max_tokens = ev.has_max_tokens;
   r.max_tokens = uint32_t(std::min<uint64_t>(ev.max_tokens, UINT32_MAX));
   r.has_n = ev.has_n;
@@ -576,8 +648,62 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
 
 void Tracker::OnPreempted(const Source& src, Request& r) {
   src.series->Add(kNumPreemptions, 1);
+  if (!r.finished()) {
+    uint32_t& n = ExtraOf(r).preemptions;
+    if (n != UINT32_MAX) ++n;
+  }
   if (!r.finished())
     SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
+}
+
+Tracker::Extra& Tracker::ExtraOf(Request& r) {
+  r.has_extra = true;
+  return extras_[&r];
+}
+
+const Tracker::Extra* Tracker::FindExtra(const Request& r) const {
+  if (!r.has_extra) return nullptr;
+  auto it = extras_.find(&r);
+  return it == extras_.end() ? nullptr : &it->second;
+}
+
+// The first SCHEDULED's info (protocol 1.2): kept unless cached + external
+// exceed the prompt (checked now if ARRIVED came, else at ARRIVED), which
+// drops the map as one bad_field.
+void Tracker::OnScheduledInfo(const ScheduledInfo& info, Request& r) {
+  const uint32_t cached =
+      (info.has & ScheduledInfo::kCached) != 0 ? info.cached_tokens : 0;
+  const uint32_t external =
+      (info.has & ScheduledInfo::kExternal) != 0 ? info.external_tokens : 0;
+  if (r.has(kArrived) && uint64_t(cached) + external > r.prompt_tokens) {
+    ingest_.CountError(IngestError::kBadField);
+    return;
+  }
+  if (info.has == 0) return;
+  Extra& e = ExtraOf(r);
+  e.has_info = true;
+  e.cached_tokens = cached;
+  e.external_tokens = external;
+}
+
+// KV_TRANSFER (protocol 1.2): the series' KV-transfer part observes every
+// transfer; a successful recv also marks, once, when the request's KV was
+// ready (the request is looked up or made, as any event of it does). A
+// send touches no request: on the prefill side it often ends after its
+// request finished and was retired.
+void Tracker::OnKvTransfer(const Source& src, const Event& ev,
+                           uint64_t now_ns) {
+  const KvTransferInfo& kv = ev.kv_transfer;
+  src.series->part<KvTransferPart>().Add(size_t(kv.role), ev.t_ns - kv.start_ns,
+                                         kv.has_bytes, kv.bytes, kv.ok,
+                                         kv.reason.view());
+  if (kv.role != KvRole::kRecv || !kv.ok) return;
+  Request& r = Find(src, ev.rid, now_ns);
+  Extra& e = ExtraOf(r);
+  if (!e.kv_ready) {
+    e.kv_ready = true;
+    e.kv_ready_ns = ev.t_ns;
+  }
 }
 
 void Tracker::OnExpertLoad(const Source& src, const ExpertLoadView& load) {
@@ -608,6 +734,12 @@ void Tracker::OnStep(const Source& src, const Event& ev,
   }
   if (st.has & StepStats::kWaiting) {
     s.Set(kNumRequestsWaiting, double(st.waiting));
+    // Waiting by reason: from the first STEP with waiting_deferred on.
+    if (st.has & StepStats::kWaitingDeferred) {
+      s.part<WaitingReasonPart>().Set(st.waiting, st.waiting_deferred);
+    } else if (WaitingReasonPart* w = s.find_part<WaitingReasonPart>()) {
+      w->Set(st.waiting, 0);
+    }
   }
   if (st.has & StepStats::kKvUsage) s.Set(kKvCacheUsagePerc, st.kv_usage);
   s.Add(kPrefixCacheQueries, st.prefix_queries);
@@ -657,6 +789,21 @@ void Tracker::SaveState(
       w.Bool(r->has_max_tokens);
       w.Bool(r->has_n);
       w.U8(uint8_t(r->gauge));
+      // Format 5: the 1.2 extras.
+      const Extra* x = FindExtra(*r);
+      w.Bool(x != nullptr);
+      if (x != nullptr) {
+        w.U32(x->cached_tokens);
+        w.U32(x->external_tokens);
+        w.U32(x->preemptions);
+        w.U32(uint32_t(x->priority));
+        w.U64(x->kv_ready_ns);
+        w.Bool(x->has_info);
+        w.Bool(x->kv_ready);
+        w.Bool(x->has_priority);
+        w.Str(x->traceparent);
+        w.Str(x->tracestate);
+      }
     }
   }
 }
@@ -712,6 +859,23 @@ void Tracker::LoadState(StateReader& rd,
     }
     r.known = known & ((1u << kNumPoints) - 1);
     r.gauge = Gauge(gauge);
+    if (rd.version() >= 5 && rd.Bool()) {
+      Extra& x = ExtraOf(r);
+      x.cached_tokens = rd.U32();
+      x.external_tokens = rd.U32();
+      x.preemptions = rd.U32();
+      x.priority = int32_t(rd.U32());
+      x.kv_ready_ns = rd.U64();
+      x.has_info = rd.Bool();
+      x.kv_ready = rd.Bool();
+      x.has_priority = rd.Bool();
+      x.traceparent = rd.Str(TM_TRACEPARENT_BYTES);
+      x.tracestate = rd.Str(TM_MAX_TRACESTATE_BYTES);
+      if (uint64_t(x.cached_tokens) + x.external_tokens > r.prompt_tokens &&
+          x.has_info && (known & Bit(kArrived)) != 0) {
+        rd.Fail();
+      }
+    }
     if (r.finished() != finished) rd.Fail();
     if (finished) {
       Append(r, finished_head_, finished_tail_);

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -87,6 +88,23 @@ class Tracker : public Collector {
   void LoadState(StateReader& r, const std::vector<EngineSeries*>& series);
 
   struct Request;  // defined in tracker.cpp
+
+  // What protocol 1.2 adds to a request, kept beside it (only requests
+  // that have some: a 1.1 stream never makes one): its SCHEDULED info,
+  // preemptions, when its KV arrived (decode side), its priority and W3C
+  // trace context.
+  struct Extra {
+    uint32_t cached_tokens = 0;    // SCHEDULED info cached_tokens
+    uint32_t external_tokens = 0;  // SCHEDULED info external_tokens
+    uint32_t preemptions = 0;      // PREEMPTED events before FINISHED
+    int32_t priority = 0;
+    uint64_t kv_ready_ns = 0;  // t of the first successful recv
+    bool has_info = false;     // the first SCHEDULED's info, accepted
+    bool kv_ready = false;
+    bool has_priority = false;
+    std::string traceparent;  // empty: none
+    std::string tracestate;
+  };
 
  private:
   struct Key {
@@ -147,6 +165,11 @@ class Tracker : public Collector {
   void OnPreempted(const Source& src, Request& r);
   void OnStep(const Source& src, const Event& ev, const uint64_t* positions);
   void OnExpertLoad(const Source& src, const ExpertLoadView& load);
+  void OnScheduledInfo(const ScheduledInfo& info, Request& r);
+  void OnKvTransfer(const Source& src, const Event& ev, uint64_t now_ns);
+  // The request's Extra, made on first use.
+  Extra& ExtraOf(Request& r);
+  const Extra* FindExtra(const Request& r) const;
 
   Registry& registry_;
   RequestLabels& request_labels_;
@@ -155,6 +178,8 @@ class Tracker : public Collector {
   const Clock& clock_;
   const TrackerOptions options_;
   Map requests_;
+  // Extra of the requests whose has_extra bit is set.
+  std::unordered_map<const Request*, Extra> extras_;
   // Intrusive lists through Request::prev/next: active requests by last
   // activity, finished ones by finish time (both oldest first).
   Request* active_head_ = nullptr;

@@ -44,15 +44,24 @@ void Pipeline::LoadState(StateReader& r) {
 
 SnapshotFingerprint Pipeline::Fingerprint() const {
   SnapshotFingerprint fp;
-  std::string& buckets = fp.parts[0];
-  buckets = fmt::format("metrics {} histograms {}", int(kNumEngineMetrics),
-                        kNumHistograms);
-  for (int p = 0; p < kNumProfiles; ++p) {
-    for (const HistogramLayout& l : registry_->layouts(Profile(p))) {
-      buckets += fmt::format(";{}:", l.divisor());
-      for (double b : l.bounds()) buckets += fmt::format("{},", b);
+  // The layouts of the first `histograms` histograms of each profile.
+  const auto buckets = [this](size_t metrics, size_t histograms) {
+    std::string out =
+        fmt::format("metrics {} histograms {}", metrics, histograms);
+    for (int p = 0; p < kNumProfiles; ++p) {
+      const std::vector<HistogramLayout>& layouts =
+          registry_->layouts(Profile(p));
+      for (size_t i = 0; i < histograms && i < layouts.size(); ++i) {
+        const HistogramLayout& l = layouts[i];
+        out += fmt::format(";{}:", l.divisor());
+        for (double b : l.bounds()) out += fmt::format("{},", b);
+      }
     }
-  }
+    return out;
+  };
+  fp.parts[0] = buckets(kNumEngineMetrics, kNumHistograms);
+  // Formats 1 to 4 hold the 1.1 catalog, whose histograms come first.
+  fp.legacy_buckets = buckets(kFormat4Metrics, kFormat4Histograms);
   const IngestOptions& ingest = options_.ingest;
   fp.parts[1] = fmt::format(
       "profile {} namespace {}",

@@ -297,7 +297,10 @@ LoadOutcome LoadSnapshot(const StateDir& dir, uint64_t max_bytes,
     return LoadOutcome::kSetAside;
   }
   for (size_t i = 0; i < fp.parts.size(); ++i) {
-    if (r.Str(1 << 20) != fp.parts[i]) {
+    const std::string& expected =
+        i == 0 && version < 5 && !fp.legacy_buckets.empty() ? fp.legacy_buckets
+                                                            : fp.parts[i];
+    if (r.Str(1 << 20) != expected) {
       set_aside(fmt::format("written with other {} than configured now",
                             SnapshotFingerprint::kPartNames[i]));
       return LoadOutcome::kSetAside;

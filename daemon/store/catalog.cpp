@@ -85,6 +85,24 @@ constinit const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
      "Max / mean of the tokens routed to a layer's experts, one observation "
      "per EXPERT_LOAD with a non-zero sum (1 = balanced).",
      false},
+    {kRequestPrefillKvComputedTokens, "request_prefill_kv_computed_tokens",
+     kHistogram, "", BucketSet::kTokens, false,
+     "Histogram of new KV tokens computed during prefill (excluding cached "
+     "tokens).",
+     true},
+    {kRequestNumPreemptions, "request_num_preemptions", kHistogram, "",
+     BucketSet::kPreemptions, false, "Number of preemptions per request.",
+     true},
+    {kRequestKvWaitTime, "request_kv_wait_time_seconds", kHistogram, "",
+     BucketSet::kPhase, true,
+     "Histogram of the time a decode request waited for its KV cache "
+     "transfer after it was scheduled.",
+     true},
+    {kKvTransferTime, "kv_transfer_time_seconds", kHistogram, "",
+     BucketSet::kItl, true, "Histogram of KV cache transfer time in seconds.",
+     false},
+    {kKvTransferBytes, "kv_transfer_bytes", kHistogram, "", BucketSet::kKvBytes,
+     false, "Histogram of bytes moved by one KV cache transfer.", false},
     {kSpecDecodeNumDrafts, "spec_decode_num_drafts", kCounter, "",
      BucketSet::kNone, false, "Number of spec decoding drafts.", false},
     {kSpecDecodeNumDraftTokens, "spec_decode_num_draft_tokens", kCounter, "",
@@ -113,6 +131,13 @@ constinit const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
     {kWindowSpecAcceptRate, "window_spec_accept_rate", kGauge, "",
      BucketSet::kNone, false,
      "Accepted tokens / draft tokens over the last summary window.", false},
+    {kPromptTokensBySource, "prompt_tokens_by_source", kCounter, "source",
+     BucketSet::kNone, false, "Number of prompt tokens by source.", true},
+    {kPromptTokensCached, "prompt_tokens_cached", kCounter, "",
+     BucketSet::kNone, false,
+     "Number of cached prompt tokens (local prefix cache hits and tokens "
+     "received from an external KV transfer).",
+     true},
 };
 
 constinit const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
@@ -173,6 +198,7 @@ constinit const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
 
 std::span<const std::string_view> FixedLabelValues(EngineMetric m) {
   if (m == kRequestSuccess) return kFinishedReasonValues;
+  if (m == kPromptTokensBySource) return kPromptSourceValues;
   return {};
 }
 
@@ -244,6 +270,13 @@ std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len) {
               200000, 300000, 400000, 600000, 800000, 1000000, 1100000};
     case BucketSet::kMoeImbalance:
       return {1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20};
+    case BucketSet::kPreemptions:
+      return {0, 1, 2, 3, 4, 5, 10, 20};
+    case BucketSet::kKvBytes: {
+      std::vector<double> out;
+      for (int e = 11; e <= 33; e += 2) out.push_back(double(uint64_t(1) << e));
+      return out;
+    }
     case BucketSet::kLmdeployItl:
       return {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4,
               0.5,   0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};

@@ -32,6 +32,8 @@ enum class BucketSet : uint8_t {
   // LMDeploy's time per output token and inter-token latency.
   kLmdeployItl,
   kMoeImbalance,  // 1 1.05 1.1 1.25 1.5 2 3 5 10 20 (max / mean)
+  kPreemptions,   // 0 1 2 3 4 5 10 20 (PREEMPTED events per request)
+  kKvBytes,       // 2^11, 2^13, ..., 2^33 (KV_TRANSFER bytes)
 };
 
 // The engine metrics the daemon measures, by the names of the vLLM
@@ -71,6 +73,15 @@ enum EngineMetric : uint8_t {
   kRequestDecodeToFinish,      // LMDeploy: FINISHED - first TOKENS
   kRequestInferenceToFinish,   // LMDeploy: FINISHED - SCHEDULED
   kMoeImbalance,               // every profile: max / mean per EXPERT_LOAD
+  // Protocol 1.2 (metrics-v1.md "Catalog 1.2 additions"), histograms.
+  kRequestPrefillKvComputedTokens,  // prompt - cached - external, FINISHED
+  kRequestNumPreemptions,           // PREEMPTED events, at FINISHED
+  kRequestKvWaitTime,               // first ok recv - SCHEDULED, FINISHED
+  // KV_TRANSFER t - start and bytes: the layouts of the KV-transfer part's
+  // per-role histograms (store/parts/kv_transfer.h); the series' own
+  // histograms of these two stay empty.
+  kKvTransferTime,
+  kKvTransferBytes,
   kSpecDecodeNumDrafts,
   kSpecDecodeNumDraftTokens,
   kSpecDecodeNumAcceptedTokens,
@@ -86,8 +97,14 @@ enum EngineMetric : uint8_t {
   kWindowCacheHitRate,
   kWindowSpecAcceptLength,
   kWindowSpecAcceptRate,
+  // Protocol 1.2: prompt tokens by where they came from, at the first
+  // TOKENS (SCHEDULED info).
+  kPromptTokensBySource,  // own label source (kPromptSourceValues)
+  kPromptTokensCached,    // local_cache_hit + external_kv_transfer
   kNumEngineMetrics,
 };
+// Histograms are contiguous: kTimeToFirstToken .. kLastHistogram.
+inline constexpr EngineMetric kLastHistogram = kKvTransferBytes;
 
 struct EngineMetricDef {
   EngineMetric id;
@@ -111,6 +128,21 @@ extern const EngineMetricDef kEngineMetrics[kNumEngineMetrics];
 std::span<const std::string_view> FixedLabelValues(EngineMetric m);
 inline constexpr std::string_view kFinishedReasonValues[] = {"stop", "length",
                                                              "abort", "error"};
+// prompt_tokens_by_source's source values, in exposition order.
+inline constexpr std::string_view kPromptSourceValues[] = {
+    "local_compute", "local_cache_hit", "external_kv_transfer"};
+enum PromptSource : uint8_t { kLocalCompute, kLocalCacheHit, kExternalKv };
+
+// Snapshot formats 1 to 4 saved the values of the catalog of 1.1 (43
+// metrics, 20 histograms) without a length: the id now of the metric at
+// index `i` of that catalog.
+inline constexpr size_t kFormat4Metrics = 43;
+inline constexpr size_t kFormat4Histograms = 20;
+inline constexpr EngineMetric Format4Metric(size_t i) {
+  return EngineMetric(i <= size_t(kMoeImbalance)
+                          ? i
+                          : i + size_t(kLastHistogram - kMoeImbalance));
+}
 
 // Daemon series (tokenmeter_* and process_*), in exposition order.
 enum DaemonMetric : uint8_t {

@@ -133,7 +133,11 @@ SeriesValues& EngineSeries::CellForSetSlow(uint32_t set) {
 
 // ---- snapshots
 
+// Format 5 on: each array with its length, in catalog order (a later
+// catalog maps these ids as Format4Metric() maps format 4's). Formats 1 to
+// 4: the arrays of the 1.1 catalog, without a length.
 void SeriesValues::SaveState(StateWriter& w) const {
+  w.U64(counts_.size());
   for (uint64_t c : counts_) w.U64(c);
   for (const GaugeCell& g : gauges_) {
     w.F64(g.set_value);
@@ -141,22 +145,32 @@ void SeriesValues::SaveState(StateWriter& w) const {
     w.Bool(g.has_set);
   }
   for (const std::vector<uint64_t>& c : children_) w.U64s(c);
+  w.U64(hists_.size());
   for (const Histogram& h : hists_) h.SaveState(w);
 }
 
 void SeriesValues::LoadState(StateReader& r) {
-  for (uint64_t& c : counts_) c = r.U64();
-  for (GaugeCell& g : gauges_) {
+  const bool sized = r.version() >= 5;
+  const size_t metrics =
+      sized ? r.Count(kNumEngineMetrics, 8) : kFormat4Metrics;
+  const auto id = [sized](size_t i) {
+    return sized ? EngineMetric(i) : Format4Metric(i);
+  };
+  for (size_t i = 0; i < metrics; ++i) counts_[id(i)] = r.U64();
+  for (size_t i = 0; i < metrics; ++i) {
+    GaugeCell& g = gauges_[id(i)];
     g.set_value = r.F64();
     g.derived = r.I64();
     g.has_set = r.Bool();
   }
-  for (std::vector<uint64_t>& c : children_) {
+  for (size_t i = 0; i < metrics; ++i) {
+    std::vector<uint64_t>& c = children_[id(i)];
     const size_t fixed = c.size();
     r.U64s(kMaxChildren, &c);
     if (fixed > 0 && c.size() != fixed) r.Fail();
   }
-  for (Histogram& h : hists_) h.LoadState(r);
+  const size_t hists = sized ? r.Count(hists_.size(), 8) : kFormat4Histograms;
+  for (size_t i = 0; i < hists; ++i) hists_[i].LoadState(r);
 }
 
 void SaveLabelPairs(StateWriter& w, const LabelPairs& pairs) {

@@ -26,9 +26,9 @@
 namespace tokenmeter::daemon {
 
 // Histograms are contiguous in the catalog, from kTimeToFirstToken to
-// kMoeImbalance (Registry::Create checks it).
+// kLastHistogram (Registry::Create checks it).
 inline constexpr EngineMetric kFirstHistogram = kTimeToFirstToken;
-inline constexpr int kNumHistograms = kMoeImbalance - kTimeToFirstToken + 1;
+inline constexpr int kNumHistograms = kLastHistogram - kTimeToFirstToken + 1;
 
 using LabelPairs = std::vector<std::pair<std::string, std::string>>;
 

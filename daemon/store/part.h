@@ -39,6 +39,11 @@ enum class PartKind : uint8_t {
   kCacheConfig,
   kMoe,
   kChunkTokens,
+  // Protocol 1.2.
+  kAdmission,
+  kWaitingReason,
+  kKvTransfer,
+  kSleep,
   kNone,
 };
 inline constexpr size_t kNumPartKinds = size_t(PartKind::kNone);
@@ -53,6 +58,15 @@ enum class PartFamily : uint8_t {
   kMoeRoutedTokens,    // per layer: the sum of its EXPERT_LOAD counts
   kMoeExpertTokens,    // per layer and expert (--moe-expert-series)
   kMoeLayerImbalance,  // per layer: max / mean of its latest non-zero load
+  // Protocol 1.2.
+  kAdmissionRejections,  // per reason: ADMISSION_REJECTED events
+  kWaitingByReason,      // capacity and deferred: STEP waiting_deferred
+  kKvTransferTime,       // histogram per role: KV_TRANSFER t - start
+  kKvTransferBytes,      // histogram per role: KV_TRANSFER bytes
+  kKvTransferFailures,   // per role and reason: KV_TRANSFER ok false
+  kSleepState,           // vLLM's legacy engine_sleep_state
+  kSleepResourceState,   // 1 for each resource's current state
+  kFullyAwake,           // 1 when nothing sleeps
 };
 
 class Part {

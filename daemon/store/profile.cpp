@@ -77,6 +77,86 @@ constexpr FamilyDef kMoeImbalanceRow{.name = "moe_imbalance",
                                      .buckets = BucketSet::kMoeImbalance,
                                      .part = PartKind::kMoe};
 
+// Protocol 1.2 (metrics-v1.md "Catalog 1.2 additions"): the parts' rows,
+// under the vLLM names (vllm/v1/metrics/loggers.py and the KV connectors'
+// stats), in every profile unless the profile has its own.
+constexpr FamilyDef kAdmissionRejectionsRow{
+    .name = "admission_rejections",
+    .type = kCounter,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kNone,
+    .help = "Requests rejected at admission, by reason.",
+    .part = PartKind::kAdmission,
+    .part_family = PartFamily::kAdmissionRejections};
+constexpr FamilyDef kWaitingByReasonRow{
+    .name = "num_requests_waiting_by_reason",
+    .type = kGauge,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kNone,
+    .help = "Number of requests waiting, by reason (capacity or deferred).",
+    .part = PartKind::kWaitingReason,
+    .part_family = PartFamily::kWaitingByReason};
+constexpr FamilyDef kKvTransferTimeRow{
+    .name = "kv_transfer_time_seconds",
+    .type = kHistogram,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kItl,
+    .help = "Histogram of KV cache transfer time in seconds, by role.",
+    .part = PartKind::kKvTransfer,
+    .part_family = PartFamily::kKvTransferTime};
+constexpr FamilyDef kKvTransferBytesRow{
+    .name = "kv_transfer_bytes",
+    .type = kHistogram,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kKvBytes,
+    .help = "Histogram of bytes moved by one KV cache transfer, by role.",
+    .part = PartKind::kKvTransfer,
+    .part_family = PartFamily::kKvTransferBytes};
+constexpr FamilyDef kKvTransferFailuresRow{
+    .name = "kv_transfer_failures",
+    .type = kCounter,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kNone,
+    .help = "Failed KV cache transfers, by role and reason.",
+    .part = PartKind::kKvTransfer,
+    .part_family = PartFamily::kKvTransferFailures};
+constexpr FamilyDef kSleepStateRow{
+    .name = "engine_sleep_state",
+    .type = kGauge,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kNone,
+    .help =
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 "
+        "means engine is awake; weights_offloaded = 1 means sleep level 1; "
+        "discard_all = 1 means sleep level 2.",
+    .part = PartKind::kSleep,
+    .part_family = PartFamily::kSleepState};
+constexpr FamilyDef kSleepResourceStateRow{
+    .name = "engine_sleep_resource_state",
+    .type = kGauge,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kNone,
+    .help = "1 for the current state of each engine resource, 0 otherwise.",
+    .part = PartKind::kSleep,
+    .part_family = PartFamily::kSleepResourceState};
+constexpr FamilyDef kFullyAwakeRow{
+    .name = "engine_fully_awake",
+    .type = kGauge,
+    .source = kPart,
+    .metric = kNumEngineMetrics,
+    .buckets = BucketSet::kNone,
+    .help =
+        "1 when the scheduler runs and the weights and KV cache are resident.",
+    .part = PartKind::kSleep,
+    .part_family = PartFamily::kFullyAwake};
+
 // vLLM v1 (v0.12), metrics-v1.md's table, then the router series.
 // Dynamically initialized, from kEngineMetrics, which is constinit: it
 // holds its values before any dynamic initializer runs, whatever the link
@@ -147,13 +227,27 @@ const FamilyDef kVllm[] = {
     kMoeExpertTokensRow,
     kMoeLayerImbalanceRow,
     kMoeImbalanceRow,
+    // Protocol 1.2.
+    kAdmissionRejectionsRow,
+    kWaitingByReasonRow,
+    Catalog(kPromptTokensBySource),
+    Catalog(kPromptTokensCached),
+    Catalog(kRequestPrefillKvComputedTokens),
+    Catalog(kRequestNumPreemptions),
+    Catalog(kRequestKvWaitTime),
+    kKvTransferTimeRow,
+    kKvTransferBytesRow,
+    kKvTransferFailuresRow,
+    kSleepStateRow,
+    kSleepResourceStateRow,
+    kFullyAwakeRow,
 };
 
 // SGLang, its metrics collector at v0.5.12 (python/sglang/srt/observability/
 // metrics_collector.py): the scheduler's gauges and the tokenizer's
 // counters and histograms, with SGLang's buckets. docs/metrics.md says
 // where the daemon's numbers come from.
-constexpr FamilyDef kSglang[] = {
+const FamilyDef kSglang[] = {
     {"num_running_reqs", kGauge, kMetric, kNumRequestsRunning, BucketSet::kNone,
      "The number of running requests."},
     {"num_queue_reqs", kGauge, kMetric, kNumRequestsWaiting, BucketSet::kNone,
@@ -239,6 +333,20 @@ constexpr FamilyDef kSglang[] = {
     kMoeExpertTokensRow,
     kMoeLayerImbalanceRow,
     kMoeImbalanceRow,
+    // Protocol 1.2.
+    kAdmissionRejectionsRow,
+    kWaitingByReasonRow,
+    Catalog(kPromptTokensBySource),
+    Catalog(kPromptTokensCached),
+    Catalog(kRequestPrefillKvComputedTokens),
+    Catalog(kRequestNumPreemptions),
+    Catalog(kRequestKvWaitTime),
+    kKvTransferTimeRow,
+    kKvTransferBytesRow,
+    kKvTransferFailuresRow,
+    kSleepStateRow,
+    kSleepResourceStateRow,
+    kFullyAwakeRow,
 };
 
 // LMDeploy's finished_reason values: str() of its ResponseType members.
@@ -250,7 +358,7 @@ constexpr std::string_view kLmdeployReasons[] = {
 
 // LMDeploy, lmdeploy/metrics/loggers.py (v0.10): names, help and buckets
 // as its PrometheusStatLogger declares them.
-constexpr FamilyDef kLmdeploy[] = {
+const FamilyDef kLmdeploy[] = {
     {"num_requests_running", kGauge, kMetric, kNumRequestsRunning,
      BucketSet::kNone, "Number of requests in model execution batches."},
     {"num_requests_waiting", kGauge, kMetric, kNumRequestsWaiting,
@@ -348,6 +456,20 @@ constexpr FamilyDef kLmdeploy[] = {
     kMoeExpertTokensRow,
     kMoeLayerImbalanceRow,
     kMoeImbalanceRow,
+    // Protocol 1.2.
+    kAdmissionRejectionsRow,
+    kWaitingByReasonRow,
+    Catalog(kPromptTokensBySource),
+    Catalog(kPromptTokensCached),
+    Catalog(kRequestPrefillKvComputedTokens),
+    Catalog(kRequestNumPreemptions),
+    Catalog(kRequestKvWaitTime),
+    kKvTransferTimeRow,
+    kKvTransferBytesRow,
+    kKvTransferFailuresRow,
+    kSleepStateRow,
+    kSleepResourceStateRow,
+    kFullyAwakeRow,
 };
 
 }  // namespace

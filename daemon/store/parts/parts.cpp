@@ -2,10 +2,14 @@
 #include "daemon/base/state_io.h"
 #include "daemon/store/engine_series.h"
 #include "daemon/store/part.h"
+#include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/cache_config.h"
 #include "daemon/store/parts/chunk_tokens.h"
+#include "daemon/store/parts/kv_transfer.h"
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/parts/moe.h"
+#include "daemon/store/parts/sleep.h"
+#include "daemon/store/parts/waiting_reason.h"
 
 namespace tokenmeter::daemon {
 
@@ -19,6 +23,14 @@ std::unique_ptr<Part> MakePart(PartKind k, EngineSeries& s) {
       return std::make_unique<MoePart>(s);
     case PartKind::kChunkTokens:
       return std::make_unique<ChunkTokensPart>(s);
+    case PartKind::kAdmission:
+      return std::make_unique<AdmissionPart>(s);
+    case PartKind::kWaitingReason:
+      return std::make_unique<WaitingReasonPart>(s);
+    case PartKind::kKvTransfer:
+      return std::make_unique<KvTransferPart>(s);
+    case PartKind::kSleep:
+      return std::make_unique<SleepPart>(s);
     case PartKind::kNone:
       break;
   }

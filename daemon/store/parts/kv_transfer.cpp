@@ -1,0 +1,100 @@
+#include "daemon/store/parts/kv_transfer.h"
+
+#include <string>
+
+#include "daemon/base/state_io.h"
+#include "daemon/base/text_format.h"
+#include "daemon/store/engine_series.h"
+#include "daemon/store/metric_writer.h"
+#include "daemon/store/profile.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+const HistogramLayout& LayoutOf(const EngineSeries& s, EngineMetric m) {
+  return s.layouts()[size_t(m - kFirstHistogram)];
+}
+
+}  // namespace
+
+KvTransferPart::KvTransferPart(const EngineSeries& series)
+    : time_{Histogram(&LayoutOf(series, kKvTransferTime)),
+            Histogram(&LayoutOf(series, kKvTransferTime))},
+      bytes_{Histogram(&LayoutOf(series, kKvTransferBytes)),
+             Histogram(&LayoutOf(series, kKvTransferBytes))} {}
+
+void KvTransferPart::Add(size_t role, uint64_t time_ns, bool has_bytes,
+                         uint64_t bytes, bool ok, std::string_view reason) {
+  time_[role].Observe(double(time_ns));
+  if (has_bytes) bytes_[role].Observe(double(bytes));
+  if (!ok) failures_[role].Add(reason.empty() ? "error" : reason);
+}
+
+bool KvTransferPart::Shows(const FamilyDef& f,
+                           const RegistryOptions& /*o*/) const {
+  switch (f.part_family) {
+    case PartFamily::kKvTransferTime:
+      return time_[0].count() + time_[1].count() > 0;
+    case PartFamily::kKvTransferBytes:
+      return bytes_[0].count() + bytes_[1].count() > 0;
+    case PartFamily::kKvTransferFailures:
+      return !failures_[0].empty() || !failures_[1].empty();
+    default:
+      return false;
+  }
+}
+
+void KvTransferPart::Write(const FamilyDef& f, const EngineSeries& s,
+                           MetricWriter& w) const {
+  const SampleLabels labels{s.label_text(), s.label_pairs(), {}, {}};
+  for (size_t role = 0; role < kRoleNames.size(); ++role) {
+    switch (f.part_family) {
+      case PartFamily::kKvTransferTime:
+        if (time_[role].count() > 0) {
+          w.HistogramSample(labels.WithOwn("role", kRoleNames[role]),
+                            time_[role]);
+        }
+        break;
+      case PartFamily::kKvTransferBytes:
+        if (bytes_[role].count() > 0) {
+          w.HistogramSample(labels.WithOwn("role", kRoleNames[role]),
+                            bytes_[role]);
+        }
+        break;
+      case PartFamily::kKvTransferFailures: {
+        if (failures_[role].empty()) break;
+        // Two labels of the daemon's: the role goes into the series'
+        // labels, the reason is the own label.
+        std::string text = s.label_text();
+        AppendLabel(text, "role", kRoleNames[role]);
+        LabelPairs pairs = s.label_pairs();
+        pairs.emplace_back("role", kRoleNames[role]);
+        const SampleLabels with_role{text, pairs, {}, {}};
+        failures_[role].ForEach([&](std::string_view reason, uint64_t n) {
+          w.Sample(with_role.WithOwn("reason", reason), n);
+        });
+        break;
+      }
+      default:
+        return;
+    }
+  }
+}
+
+void KvTransferPart::SaveState(StateWriter& w) const {
+  for (size_t role = 0; role < kRoleNames.size(); ++role) {
+    time_[role].SaveState(w);
+    bytes_[role].SaveState(w);
+    failures_[role].SaveState(w);
+  }
+}
+
+void KvTransferPart::LoadState(StateReader& r) {
+  for (size_t role = 0; role < kRoleNames.size(); ++role) {
+    time_[role].LoadState(r);
+    bytes_[role].LoadState(r);
+    failures_[role].LoadState(r);
+  }
+}
+
+}  // namespace tokenmeter::daemon
