@@ -59,6 +59,22 @@ std::string SourceText(const FamilyDef& f) {
           return "EXPERT_LOAD `counts[expert]` (--moe-expert-series)";
         case PartFamily::kMoeLayerImbalance:
           return "max / mean of the latest EXPERT_LOAD with a non-zero sum";
+        case PartFamily::kAdmissionRejections:
+          return "ADMISSION_REJECTED events (16 reasons, then `__other__`)";
+        case PartFamily::kWaitingByReason:
+          return "STEP `waiting` - `waiting_deferred`, `waiting_deferred`";
+        case PartFamily::kKvTransferTime:
+          return "KV_TRANSFER `t` - `start`";
+        case PartFamily::kKvTransferBytes:
+          return "KV_TRANSFER `bytes`";
+        case PartFamily::kKvTransferFailures:
+          return "KV_TRANSFER with `ok` false (`reason` default `error`)";
+        case PartFamily::kSleepState:
+          return "SLEEP: awake, weights offloaded, weights discarded";
+        case PartFamily::kSleepResourceState:
+          return "SLEEP: 1 for each resource's current state";
+        case PartFamily::kFullyAwake:
+          return "SLEEP: scheduler running, weights and KV cache resident";
         case PartFamily::kNone:
           break;
       }
@@ -78,6 +94,18 @@ std::string LabelText(const FamilyDef& f) {
     labels += ", layer, expert";
   } else if (f.part_family == PartFamily::kLoraRequestsInfo) {
     labels += ", max_lora, running_lora_adapters, waiting_lora_adapters";
+  } else if (f.part_family == PartFamily::kAdmissionRejections ||
+             f.part_family == PartFamily::kWaitingByReason) {
+    labels += ", reason";
+  } else if (f.part_family == PartFamily::kKvTransferTime ||
+             f.part_family == PartFamily::kKvTransferBytes) {
+    labels += ", role";
+  } else if (f.part_family == PartFamily::kKvTransferFailures) {
+    labels += ", role, reason";
+  } else if (f.part_family == PartFamily::kSleepState) {
+    labels += ", sleep_state";
+  } else if (f.part_family == PartFamily::kSleepResourceState) {
+    labels += ", resource, state";
   } else if (f.source == FamilySource::kMetric ||
              f.source == FamilySource::kPerPositionRate) {
     const EngineMetricDef& d = kEngineMetrics[f.metric];
