@@ -69,26 +69,33 @@ inline int Done(Ring* r) {
   return TM_OK;
 }
 
-// Events whose layout is hdr, t, rid (+ `extra` words).
-inline int EmitInt(tm_client* c, uint8_t kind, uint64_t t, uint64_t rid,
-                   uint32_t arg) {
+// Events whose layout is hdr, t, rid, and one word more when `extra` is
+// not nullptr (inlined: the nullptr of the plain events folds away).
+[[gnu::always_inline]] inline int EmitInt(tm_client* c, uint8_t kind,
+                                          uint64_t t, uint64_t rid,
+                                          uint32_t arg,
+                                          const uint64_t* extra = nullptr) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
-  uint64_t* w = r->Reserve(3);
+  const uint32_t words = extra != nullptr ? 4 : 3;
+  uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
-  w[0] = MakeHeader(kind, 3, 0, arg);
+  w[0] = MakeHeader(kind, words, 0, arg);
   w[1] = t != 0 ? t : Now();
   w[2] = rid;
+  if (extra != nullptr) w[3] = *extra;
   return Done(r);
 }
 
-inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
-                   size_t len, uint32_t arg) {
+[[gnu::always_inline]] inline int EmitStr(tm_client* c, uint8_t kind,
+                                          uint64_t t, const char* rid,
+                                          size_t len, uint32_t arg,
+                                          const uint64_t* extra = nullptr) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   if (rid == nullptr || len == 0 || len > TM_MAX_RID_BYTES) [[unlikely]] {
@@ -99,14 +106,16 @@ inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
-  const uint32_t words = 2 + RidWords(len);
+  const uint32_t rw = RidWords(len);
+  const uint32_t words = 2 + rw + (extra != nullptr ? 1 : 0);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
   w[0] = MakeHeader(kind, words, uint32_t(len), arg);
   w[1] = t != 0 ? t : Now();
-  w[words - 1] = 0;
+  w[1 + rw] = 0;
   std::memcpy(w + 2, rid, len);
+  if (extra != nullptr) w[2 + rw] = *extra;
   return Done(r);
 }
 
@@ -605,47 +614,18 @@ int tm_scheduled_str(tm_client* c, uint64_t t_ns, const char* rid,
 
 int tm_scheduled_ex(tm_client* c, uint64_t t_ns, uint64_t rid,
                     uint32_t cached_tokens, uint32_t external_tokens) {
-  if (c == nullptr) [[unlikely]]
-    return TM_E_INVALID;
-  Ring* r;
-  const int rc = c->Enter(&r);
-  if (rc != TM_OK) [[unlikely]]
-    return rc;
-  uint64_t* w = r->Reserve(4);
-  if (w == nullptr) [[unlikely]]
-    return Full(r);
-  w[0] = MakeHeader(TM_EV_SCHEDULED, 4, 0, tokenmeter::client::kScheduledInfo);
-  w[1] = t_ns != 0 ? t_ns : Now();
-  w[2] = rid;
-  w[3] = tokenmeter::client::PackLengths(cached_tokens, external_tokens);
-  return Done(r);
+  const uint64_t info =
+      tokenmeter::client::PackLengths(cached_tokens, external_tokens);
+  return EmitInt(c, TM_EV_SCHEDULED, t_ns, rid,
+                 tokenmeter::client::kScheduledInfo, &info);
 }
 int tm_scheduled_ex_str(tm_client* c, uint64_t t_ns, const char* rid,
                         size_t rid_len, uint32_t cached_tokens,
                         uint32_t external_tokens) {
-  if (c == nullptr) [[unlikely]]
-    return TM_E_INVALID;
-  if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
-      [[unlikely]] {
-    c->CountRejected();
-    return TM_E_INVALID;
-  }
-  Ring* r;
-  const int rc = c->Enter(&r);
-  if (rc != TM_OK) [[unlikely]]
-    return rc;
-  const uint32_t rw = RidWords(rid_len);
-  const uint32_t words = 3 + rw;
-  uint64_t* w = r->Reserve(words);
-  if (w == nullptr) [[unlikely]]
-    return Full(r);
-  w[0] = MakeHeader(TM_EV_SCHEDULED, words, uint32_t(rid_len),
-                    tokenmeter::client::kScheduledInfo);
-  w[1] = t_ns != 0 ? t_ns : Now();
-  w[1 + rw] = 0;
-  std::memcpy(w + 2, rid, rid_len);
-  w[2 + rw] = tokenmeter::client::PackLengths(cached_tokens, external_tokens);
-  return Done(r);
+  const uint64_t info =
+      tokenmeter::client::PackLengths(cached_tokens, external_tokens);
+  return EmitStr(c, TM_EV_SCHEDULED, t_ns, rid, rid_len,
+                 tokenmeter::client::kScheduledInfo, &info);
 }
 
 int tm_tokens(tm_client* c, uint64_t t_ns, uint64_t rid, uint32_t n) {

@@ -37,6 +37,21 @@ class CppClientTest : public ::testing::Test {
       return c.size() > index && c[index].eof;
     });
   }
+  // Closes `client`, checks that it sent `sent` events and rejected none,
+  // and returns the events of its only connection as text.
+  std::vector<std::string> CloseAndGetEvents(Client* client, uint64_t sent) {
+    const Stats stats = client->Close();
+    EXPECT_EQ(stats.events_sent, sent);
+    EXPECT_EQ(stats.events_rejected, 0u);
+    EXPECT_TRUE(WaitForEof(0));
+    const TestServer::Connections conns = server_->Snapshot();
+    EXPECT_TRUE(IsWellFormed(conns.at(0)));
+    std::vector<std::string> shapes;
+    for (const Value& ev : EventsOf(conns.at(0))) {
+      shapes.push_back(ev.ToString());
+    }
+    return shapes;
+  }
 
   TempDir dir_;
   std::string socket_path_ = dir_.File("s");
@@ -240,15 +255,7 @@ TEST_F(CppClientTest, ArrivedSendsLoraAndRequestLabels) {
   EXPECT_EQ(client->Arrived("req-6", 60, 0, 0, {}, {}, 105), TM_OK);
   const std::vector<RequestLabel> one = {{"tenant", "b"}};
   EXPECT_EQ(client->Arrived("req-7", 70, 0, 0, "a", one, 106), TM_OK);
-  const Stats stats = client->Close();
-  EXPECT_EQ(stats.events_sent, 7u);
-  EXPECT_EQ(stats.events_rejected, 0u);
-  ASSERT_TRUE(WaitForEof(0));
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  std::vector<std::string> shapes;
-  for (const Value& ev : EventsOf(conns[0])) shapes.push_back(ev.ToString());
-  EXPECT_EQ(shapes,
+  EXPECT_EQ(CloseAndGetEvents(client.get(), 7),
             (std::vector<std::string>{
                 R"([1,100,1,10,{"lora":"sql-lora",)"
                 R"("labels":{"tenant":"acme","tier":""}}])",
@@ -476,15 +483,7 @@ TEST_F(CppClientTest, ArrivedSendsRequestParams) {
   p = RequestParams{};
   p.n = 2;  // nothing of 1.1 or 1.2: tm_arrived()'s event
   EXPECT_EQ(client->Arrived(uint64_t{3}, 30, p, 102), TM_OK);
-  const Stats stats = client->Close();
-  EXPECT_EQ(stats.events_sent, 3u);
-  EXPECT_EQ(stats.events_rejected, 0u);
-  ASSERT_TRUE(WaitForEof(0));
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  std::vector<std::string> shapes;
-  for (const Value& ev : EventsOf(conns[0])) shapes.push_back(ev.ToString());
-  EXPECT_EQ(shapes,
+  EXPECT_EQ(CloseAndGetEvents(client.get(), 3),
             (std::vector<std::string>{
                 R"([1,100,1,10,{"priority":-10}])",
                 R"([1,101,"req-2",20,{"max_tokens":64,)"
@@ -571,16 +570,9 @@ TEST_F(CppClientTest, SendsProtocol12Events) {
   const uint64_t before = NowNs();
   EXPECT_EQ(client->AdmissionRejected("now"), TM_OK);
   const uint64_t after = NowNs();
-  const Stats stats = client->Close();
-  EXPECT_EQ(stats.events_sent, 11u);
-  EXPECT_EQ(stats.events_rejected, 0u);
-  ASSERT_TRUE(WaitForEof(0));
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  std::vector<std::string> shapes;
-  for (const Value& ev : EventsOf(conns[0])) shapes.push_back(ev.ToString());
+  std::vector<std::string> shapes = CloseAndGetEvents(client.get(), 11);
   ASSERT_EQ(shapes.size(), 11u);
-  const uint64_t t = EventsOf(conns[0])[10].array[1].uint;
+  const uint64_t t = EventsOf(server_->Snapshot()[0])[10].array[1].uint;
   EXPECT_GE(t, before);
   EXPECT_LE(t, after);
   shapes.pop_back();

@@ -417,34 +417,60 @@ TEST_F(EventLayoutTest, ArrivedExWithoutNewParamsIsArrived) {
   }
 }
 
-// The largest ARRIVED (a 128-byte id, a 128-byte lora, four labels with
-// 256-byte names and 128-byte values) round after round through the
-// smallest buffer, so that records wrap around its end.
+// The longest strings of a 1.1 ARRIVED: a 128-byte id, a 128-byte lora,
+// four labels with 256-byte names and 128-byte values.
+struct LongestArrivedStrings {
+  LongestArrivedStrings() {
+    for (char ch : {'a', 'b', 'c', 'd'}) {
+      names.push_back(std::string(TM_MAX_STRING_BYTES - 1, ch) + "_");
+      values.push_back(std::string(TM_MAX_REQUEST_LABEL_VALUE_BYTES, ch));
+    }
+    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
+      labels[i] = {names[i].c_str(), values[i].c_str()};
+    }
+  }
+  // Checks that the e-th decoded ARRIVED carries them, with prompt_tokens
+  // `prompt` and `n_params` params in all.
+  void Expect(const Value& ev, size_t e, uint64_t prompt,
+              size_t n_params) const {
+    ASSERT_EQ(ev.array.size(), 5u) << e;
+    EXPECT_EQ(ev.array[2].str, rid) << e;
+    EXPECT_EQ(ev.array[3].uint, prompt) << e;
+    const Value& params = ev.array[4];
+    ASSERT_EQ(params.map.size(), n_params) << e;
+    EXPECT_EQ(params.Find("lora")->str, lora) << e;
+    const Value* l = params.Find("labels");
+    ASSERT_TRUE(l != nullptr && l->IsMap()) << e;
+    ASSERT_EQ(l->map.size(), TM_MAX_REQUEST_LABELS) << e;
+    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
+      EXPECT_EQ(l->map[i].first.str, names[i]) << e;
+      EXPECT_EQ(l->map[i].second.str, values[i]) << e;
+    }
+  }
+
+  std::string rid = std::string(TM_MAX_RID_BYTES, 'r');
+  std::string lora = std::string(TM_MAX_LORA_BYTES, 'l');
+  std::vector<std::string> names, values;
+  tm_label labels[TM_MAX_REQUEST_LABELS];
+};
+
+// The largest ARRIVED (the longest 1.1 strings, 232 words) round after
+// round through the smallest buffer, so that records wrap around its end.
 TEST_F(EventLayoutTest, LargestArrivedRecordsWrapTheBuffer) {
   StartServer();
   OptionsPtr opts = DefaultOptions();
   ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
   NewClient(opts.get());
-  const std::string rid(TM_MAX_RID_BYTES, 'r');
-  const std::string lora(TM_MAX_LORA_BYTES, 'l');
-  std::vector<std::string> names, values;
-  for (char ch : {'a', 'b', 'c', 'd'}) {
-    names.push_back(std::string(TM_MAX_STRING_BYTES - 1, ch) + "_");
-    values.push_back(std::string(TM_MAX_REQUEST_LABEL_VALUE_BYTES, ch));
-  }
-  tm_label labels[TM_MAX_REQUEST_LABELS];
-  for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
-    labels[i] = {names[i].c_str(), values[i].c_str()};
-  }
+  const LongestArrivedStrings x;
   // 17 records of 232 words fill most of the 4096-word ring; each round
   // starts where the last one ended.
   constexpr int kRounds = 5;
   constexpr int kPerRound = 17;
   for (int round = 0; round < kRounds; ++round) {
     for (int i = 0; i < kPerRound; ++i) {
-      ASSERT_EQ(tm_arrived_ex_str(client_, 1 + i, rid.data(), rid.size(),
-                                  uint32_t(round), 1, 1, lora.c_str(), labels,
-                                  TM_MAX_REQUEST_LABELS),
+      ASSERT_EQ(tm_arrived_ex_str(client_, 1 + i, x.rid.data(), x.rid.size(),
+                                  uint32_t(round), 1, 1, x.lora.c_str(),
+                                  x.labels, TM_MAX_REQUEST_LABELS),
                 TM_OK)
           << round << " " << i;
     }
@@ -459,19 +485,7 @@ TEST_F(EventLayoutTest, LargestArrivedRecordsWrapTheBuffer) {
   const std::vector<Value> events = EventsOf(conns[0]);
   ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
   for (size_t e = 0; e < events.size(); ++e) {
-    const Value& ev = events[e];
-    ASSERT_EQ(ev.array.size(), 5u) << e;
-    EXPECT_EQ(ev.array[2].str, rid) << e;
-    EXPECT_EQ(ev.array[3].uint, e / kPerRound) << e;
-    const Value& params = ev.array[4];
-    EXPECT_EQ(params.Find("lora")->str, lora) << e;
-    const Value* l = params.Find("labels");
-    ASSERT_TRUE(l != nullptr && l->IsMap()) << e;
-    ASSERT_EQ(l->map.size(), TM_MAX_REQUEST_LABELS) << e;
-    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
-      EXPECT_EQ(l->map[i].first.str, names[i]) << e;
-      EXPECT_EQ(l->map[i].second.str, values[i]) << e;
-    }
+    x.Expect(events[e], e, e / kPerRound, 4);  // max_tokens, n, lora, labels
   }
 }
 
@@ -752,17 +766,7 @@ TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
   OptionsPtr opts = DefaultOptions();
   ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
   NewClient(opts.get());
-  const std::string rid(TM_MAX_RID_BYTES, 'r');
-  const std::string lora(TM_MAX_LORA_BYTES, 'l');
-  std::vector<std::string> names, values;
-  for (char ch : {'a', 'b', 'c', 'd'}) {
-    names.push_back(std::string(TM_MAX_STRING_BYTES - 1, ch) + "_");
-    values.push_back(std::string(TM_MAX_REQUEST_LABEL_VALUE_BYTES, ch));
-  }
-  tm_label labels[TM_MAX_REQUEST_LABELS];
-  for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
-    labels[i] = {names[i].c_str(), values[i].c_str()};
-  }
+  const LongestArrivedStrings x;
   // 20 members "kNN=" + 6 bytes, then one that fills 256 bytes.
   std::string tracestate;
   for (int i = 0; i < 20; ++i) {
@@ -775,8 +779,8 @@ TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
   tm_request_params p = TM_REQUEST_PARAMS_INIT;
   p.max_tokens = 1;
   p.n = 1;
-  p.lora = lora.c_str();
-  p.labels = labels;
+  p.lora = x.lora.c_str();
+  p.labels = x.labels;
   p.n_labels = TM_MAX_REQUEST_LABELS;
   p.has_priority = 1;
   p.priority = TM_MIN_PRIORITY;
@@ -787,8 +791,8 @@ TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
   constexpr int kPerRound = 14;
   for (int round = 0; round < kRounds; ++round) {
     for (int i = 0; i < kPerRound; ++i) {
-      ASSERT_EQ(tm_arrived_params_str(client_, 1 + i, rid.data(), rid.size(),
-                                      uint32_t(round), &p),
+      ASSERT_EQ(tm_arrived_params_str(client_, 1 + i, x.rid.data(),
+                                      x.rid.size(), uint32_t(round), &p),
                 TM_OK)
           << round << " " << i;
     }
@@ -803,20 +807,8 @@ TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
   const std::vector<Value> events = EventsOf(conns[0]);
   ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
   for (size_t e = 0; e < events.size(); ++e) {
-    const Value& ev = events[e];
-    ASSERT_EQ(ev.array.size(), 5u) << e;
-    EXPECT_EQ(ev.array[2].str, rid) << e;
-    EXPECT_EQ(ev.array[3].uint, e / kPerRound) << e;
-    const Value& params = ev.array[4];
-    ASSERT_EQ(params.map.size(), 7u) << e;
-    EXPECT_EQ(params.Find("lora")->str, lora) << e;
-    const Value* l = params.Find("labels");
-    ASSERT_TRUE(l != nullptr && l->IsMap()) << e;
-    ASSERT_EQ(l->map.size(), TM_MAX_REQUEST_LABELS) << e;
-    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
-      EXPECT_EQ(l->map[i].first.str, names[i]) << e;
-      EXPECT_EQ(l->map[i].second.str, values[i]) << e;
-    }
+    x.Expect(events[e], e, e / kPerRound, 7);
+    const Value& params = events[e].array[4];
     EXPECT_EQ(params.Find("priority")->sint, INT64_C(-2147483648)) << e;
     EXPECT_EQ(params.Find("traceparent")->str, kTraceparent) << e;
     EXPECT_EQ(params.Find("tracestate")->str, tracestate) << e;

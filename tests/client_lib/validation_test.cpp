@@ -449,6 +449,15 @@ TEST_F(EventValidationTest, ExpertLoadOnAClosedClient) {
 constexpr const char* kGoodTraceparent =
     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
+// A struct as a newer header would lay it out: `s` and a field appended,
+// `size` covering both. This library reads `s` only.
+template <typename Struct>
+struct Grown {
+  explicit Grown(const Struct& in) : s(in) { s.size = sizeof *this; }
+  Struct s;
+  uint64_t newer_field = 42;
+};
+
 class Protocol12ValidationTest : public EventValidationTest {
  protected:
   // tm_arrived_params and tm_arrived_params_str with `p`; how many returned
@@ -545,12 +554,8 @@ TEST_F(Protocol12ValidationTest, RejectsRequestParamsSizeTooSmall) {
   }
   EXPECT_EQ(Rejected(), 10u);
   // A larger struct (a newer header's) is read up to this layout's end.
-  struct Grown {
-    tm_request_params p;
-    uint64_t newer_field;
-  } grown = {TM_REQUEST_PARAMS_INIT, 42};
-  grown.p.size = sizeof grown;
-  EXPECT_EQ(InvalidParamsCalls(&grown.p), 0);
+  Grown<tm_request_params> grown{TM_REQUEST_PARAMS_INIT};
+  EXPECT_EQ(InvalidParamsCalls(&grown.s), 0);
   EXPECT_EQ(Rejected(), 10u);
 }
 
@@ -776,12 +781,8 @@ TEST_F(Protocol12ValidationTest, RejectsKvTransferInfoSizeTooSmall) {
     EXPECT_EQ(InvalidKvCalls(&kv), 2) << size;
   }
   EXPECT_EQ(Rejected(), 8u);
-  struct Grown {
-    tm_kv_transfer_info kv;
-    uint64_t newer_field;
-  } grown = {Kv(), 42};
-  grown.kv.size = sizeof grown;
-  EXPECT_EQ(InvalidKvCalls(&grown.kv), 0);
+  Grown<tm_kv_transfer_info> grown{Kv()};
+  EXPECT_EQ(InvalidKvCalls(&grown.s), 0);
   EXPECT_EQ(Rejected(), 8u);
 }
 
