@@ -19,7 +19,7 @@
 // each holds kNumLiveKeys + 1 text rings of at most kPoints entries of at
 // most kMaxEntryBytes bytes, plus its histograms' previous bucket counts.
 // MaxBytesPerSeries() is the bound (about 660 KB); a series of busy values
-// (every latency with six digits) holds about 170 KB once its rings are
+// (every latency with six digits) holds about 165 KB once its rings are
 // full (docs/operations.md, "Live page").
 //
 // Single-threaded: the daemon's loop.

@@ -737,7 +737,7 @@ class LivePrometheus(LiveBase):
         self.assertEqual(n_moe, 5)
         n_12 = sum(names_protocol_12_only(e)
                    for _, _, e in self.dashboard_targets())
-        self.assertEqual(n_12, 10)
+        self.assertEqual(n_12, 12)
         # Every 1.2 target returned data in the other families (evaluate()
         # fails otherwise): the sum of both selections' no-data keys is
         # bounded by the reference engine's gaps alone.
