@@ -52,8 +52,9 @@ it sends no protocol 1.2 event (its client library has no call for them
 yet; its stand-in, like the second vllm engine, is a 1.1 engine too), so
 the panels of admission rejections, waiting by reason, KV transfers and
 sleep are empty for it (all are proven on the other families, whose
-simulated engines send every 1.2 event: sim_engine.py). The MoE panels are also checked
-by value against a simulated engine's own counts: 8 experts in every
+simulated engines send every 1.2 event: sim_engine.py). The MoE panels
+are also checked by value against a simulated engine's own counts: 8
+experts in every
 layer's row of the grid with the engine's hot expert the hottest, the same
 routed tokens in every layer, each layer's imbalance that of the engine's
 latest counts. The 1.2 series are checked by value too: a simulated
@@ -933,8 +934,6 @@ class LivePrometheus(LiveBase):
         panels on Prometheus (Host, Model and Engine selected) show its
         state."""
         env = self.env
-        variables = {v["name"]: v for v in
-                     self.dashboard["templating"]["list"]}
         for sim, ns in ((env.vllm, "vllm"), (env.lmdeploy, "lmdeploy"),
                         (env.sglang, "sglang")):
             daemon = env.daemon_of[sim]
@@ -980,7 +979,7 @@ class LivePrometheus(LiveBase):
                               what=f"{ns} daemon = engine {want} (last "
                                    f"{last})")
                 if sim is env.vllm:
-                    self.check_sleep_panels(sim, variables, want)
+                    self.check_sleep_panels(want)
             finally:
                 sim.resume()
             self.assertTrue(want["rejected"], ns)
@@ -989,17 +988,24 @@ class LivePrometheus(LiveBase):
                   f"transfers {want['kv_failed']}, sleep {state}",
                   file=sys.stderr, end="")
 
-    def check_sleep_panels(self, sim, variables, want):
-        """The dashboard's sleep panels for `sim` alone, once Prometheus
-        has scraped its paused state."""
-        values = {
+    def vllm_selection(self):
+        """The variables as Grafana sends them with the first host's vllm
+        engine alone selected (Host, Model and Engine)."""
+        variables = {v["name"]: v for v in
+                     self.dashboard["templating"]["list"]}
+        return {
             "job": format_var(variables["job"], ["tokenmeter"]),
             "namespace": format_var(variables["namespace"], ["vllm"]),
             "instance": format_var(variables["instance"],
-                                   [self.env.host[sim]]),
+                                   [self.env.host[self.env.vllm]]),
             "model_name": format_var(variables["model_name"], [VLLM_MODEL]),
             "engine": format_var(variables["engine"], ["0"]),
         }
+
+    def check_sleep_panels(self, want):
+        """The dashboard's sleep panels for the first host's vllm engine
+        alone, once Prometheus has scraped its paused state."""
+        values = self.vllm_selection()
         exprs = {(title, ref): interpolate(expr, values)
                  for title, ref, expr in self.dashboard_targets()
                  if "engine_sleep_resource_state" in expr
@@ -1032,16 +1038,7 @@ class LivePrometheus(LiveBase):
         bound above the number of experts; and, with the engine paused, each layer's imbalance is max
         / mean of the counts of the engine's latest EXPERT_LOAD."""
         sim = self.env.vllm
-        variables = {v["name"]: v for v in
-                     self.dashboard["templating"]["list"]}
-        values = {
-            "job": format_var(variables["job"], ["tokenmeter"]),
-            "namespace": format_var(variables["namespace"], ["vllm"]),
-            "instance": format_var(variables["instance"],
-                                   [self.env.host[sim]]),
-            "model_name": format_var(variables["model_name"], [VLLM_MODEL]),
-            "engine": format_var(variables["engine"], ["0"]),
-        }
+        values = self.vllm_selection()
         moe = {}
         for title, ref, expr in self.dashboard_targets():
             if "moe_" in expr:
