@@ -63,14 +63,14 @@ uint64_t SummaryLog::AppendRejections(const EngineSeries& s, double window_s,
   const AdmissionPart* admission = s.find_part<AdmissionPart>();
   if (admission == nullptr) return 0;
   ReasonMarks& marks = rejection_marks_[&s];
-  // The window's count per reason, first-come order (a reason is never
-  // removed, so the marks' order is a prefix of the part's).
+  // The window's count per reason. The part keeps its reasons in
+  // first-come order with __other__ last and never drops one, so the
+  // marks are in the part's order and one forward scan finds each.
   std::vector<std::pair<std::string_view, uint64_t>> window;
   uint64_t total = 0;
   size_t i = 0;
   admission->reasons().ForEach([&](std::string_view reason, uint64_t n) {
     uint64_t before = 0;
-    // __other__ comes last in both; other reasons keep their places.
     for (size_t j = i; j < marks.size(); ++j) {
       if (marks[j].first == reason) {
         before = marks[j].second;
