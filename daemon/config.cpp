@@ -65,6 +65,8 @@ them as Prometheus metrics.
                              labels to request series (repeatable, at most 4)
   --request-label-values N   distinct values per request label per engine
                              series, later ones are __other__ (default 100)
+  --priority-label           request label "priority" from ARRIVED priority,
+                             bucketed as vLLM does (<-1 -1 0 1 >1)
   --max-model-len N          top of the token-count buckets (default 32768)
   --config FILE              key = value file; flags override it
   --log-level LEVEL          trace, debug, info, warn, error (default info)
@@ -287,6 +289,11 @@ const std::vector<Flag>& Flags() {
       {"legacy-names",
        [](std::string_view v, Config* c) {
          return ParseBool("legacy-names", v, &c->registry.legacy_names);
+       },
+       true},
+      {"priority-label",
+       [](std::string_view v, Config* c) {
+         return ParseBool("priority-label", v, &c->registry.priority_label);
        },
        true},
       {"moe-expert-series",

@@ -5,6 +5,7 @@
 
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/store/engine_series.h"
+#include "daemon/store/parts/reason_counts.h"
 #include "daemon/store/native_histogram.h"
 #include "daemon/store/request_labels.h"
 
@@ -38,9 +39,14 @@ uint64_t HistogramBytes(const HistogramLayout& layout) {
   return classic + native;
 }
 
+// ReasonCounts::SaveState() (store/parts/reason_counts.h) at its most.
+constexpr uint64_t kReasonCountsBytes =
+    kCount + ReasonCounts::kMaxReasons * (kStr + TM_MAX_LABEL_VALUE_BYTES + 8) +
+    8;
+
 // SeriesValues::SaveState(): the largest of the profiles' layouts.
 uint64_t CellBytes(const Config& config, const Registry& registry) {
-  uint64_t bytes = 0;
+  uint64_t bytes = 2 * kCount;  // the number of metrics and of histograms
   for (size_t m = 0; m < kNumEngineMetrics; ++m) {
     const EngineMetricDef& def = kEngineMetrics[m];
     bytes += 8 + (8 + 8 + 1) + kCount;  // count, gauge cell, children
@@ -66,7 +72,7 @@ uint64_t CellBytes(const Config& config, const Registry& registry) {
 SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
                                const SnapshotFingerprint& fp) {
   const RegistryOptions& ro = config.registry;
-  const uint64_t labels = ro.request_labels.size();
+  const uint64_t labels = RequestLabelNames(ro).size();
   const uint64_t values = ro.request_label_values;
   // Cells other than the series' own: every combination of the values
   // each label admits, "" and __other__ (at most RequestLabels::kMaxSets).
@@ -96,6 +102,20 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   b.per_series += kCount + TM_MAX_CACHE_CONFIG * (2 * kString + 8);
   b.per_series += kStr + 64 + kCount + kLoraSetsAllowance * (2 + 16) + 8;
   b.per_series += kCount;
+  // Protocol 1.2 parts: admission reasons, waiting by reason, KV transfers
+  // (a time and a bytes histogram and the failures per role, with the
+  // largest of the profiles' layouts), sleep.
+  b.per_series += kReasonCountsBytes + 16;
+  uint64_t kv_hists = 0;
+  for (size_t p = 0; p < kNumProfiles; ++p) {
+    const std::vector<HistogramLayout>& l = registry.layouts(Profile(p));
+    kv_hists = std::max(
+        kv_hists, HistogramBytes(l[size_t(kKvTransferTime - kFirstHistogram)]) +
+                      HistogramBytes(
+                          l[size_t(kKvTransferBytes - kFirstHistogram)]));
+  }
+  b.per_series = Add(b.per_series, 2 * (kv_hists + kReasonCountsBytes));
+  b.per_series += 3 + 8;
   // IngestStats: one identity's drop counts per series.
   b.per_series += 3 * kString + 8 + kCount +
                   IngestStats::kMaxClientsPerIdentity * (8 + 8 + 8);
@@ -103,6 +123,10 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   // Tracker::SaveState(), one request.
   b.per_request = 8 + 8 + kStr + TM_MAX_RID_BYTES + 1 + 3 * 4 +
                   kRequestPoints * 8 + 8 + 5 * 4 + 2 + 1 + 1 + 1 + 1;
+  // Its protocol 1.2 extras (Tracker::Extra): a flag, four counts, the KV
+  // time, three flags, the trace context at its longest.
+  b.per_request += 1 + 4 * 4 + 8 + 3 + kStr + TM_TRACEPARENT_BYTES + kStr +
+                   TM_MAX_TRACESTATE_BYTES;
 
   // Counted once: the header and fingerprint, the request-label tables,
   // the shared spaces and sessions, MoE, and a page for the daemon's own

@@ -155,6 +155,15 @@ struct Tracker::Request {
 
 namespace {
 
+// vLLM's priority label: the priority bucketed to five values.
+std::string_view PriorityBucket(int32_t p) {
+  if (p < -1) return "<-1";
+  if (p == -1) return "-1";
+  if (p == 0) return "0";
+  if (p == 1) return "1";
+  return ">1";
+}
+
 // An interval's existence, per kIntervals (at_finish rows: as of the
 // FINISHED; OnFinished closes the rows that do not exist then).
 bool ShouldExist(const IntervalDef& d, const Tracker::Request& r) {
@@ -183,6 +192,9 @@ Tracker::Tracker(Registry& registry, IngestStats& ingest, const Clock& clock,
     : registry_(registry),
       request_labels_(registry.request_labels()),
       labels_on_(registry.request_labels().enabled()),
+      priority_label_(registry.options().priority_label
+                          ? int(registry.request_labels().names().size()) - 1
+                          : -1),
       ingest_(ingest),
       clock_(clock),
       options_(options),
@@ -402,6 +414,14 @@ void Tracker::CloseReady(Request& r) {
     }
     f.hist(kRequestPrefillKvComputedTokens).Observe(computed);
     f.hist(kRequestNumPreemptions).Observe(x != nullptr ? x->preemptions : 0);
+    if (r.finish_series->uses(kRequestCachedTokens)) {  // LMDeploy's
+      const uint32_t cached = r.prompt_tokens - computed;
+      f.hist(kRequestCachedTokens).Observe(cached);
+      if (r.prompt_tokens > 0) {
+        f.hist(kRequestCacheHitRatio)
+            .Observe(double(cached) / double(r.prompt_tokens));
+      }
+    }
     if (x != nullptr && x->kv_ready && r.has(kScheduled) &&
         x->kv_ready_ns >= r.t_ns[kScheduled]) {
       f.hist(kRequestKvWaitTime)
@@ -497,15 +517,26 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
                         std::span<const ArrivedExtras> arrivals) {
   if (r.has(kArrived)) return;  // a repeated ARRIVED changes nothing
   r.set(kArrived, ev.t_ns);
-  if (ev.extras != Event::kNoExtras && ev.extras < arrivals.size()) {
-    const ArrivedExtras& x = arrivals[ev.extras];
+  const bool has_extras =
+      ev.extras != Event::kNoExtras && ev.extras < arrivals.size();
+  // Every request has a priority label with --priority-label ("0" when
+  // the ARRIVED has none).
+  if (has_extras || priority_label_ >= 0) {
+    static const ArrivedExtras kNone;
+    const ArrivedExtras& x = has_extras ? arrivals[ev.extras] : kNone;
     RequestLabels& labels = request_labels_;
     const uint16_t lora = labels.InternLora(x.lora);
     LabelKey key = 0;
     for (size_t i = 0; i < labels.names().size(); ++i) {
       std::string_view value;
-      for (uint8_t j = 0; j < x.num_labels; ++j) {
-        if (x.labels[j].first == labels.names()[i]) value = x.labels[j].second;
+      if (int(i) == priority_label_) {
+        value = PriorityBucket(x.has_priority ? x.priority : 0);
+      } else {
+        for (uint8_t j = 0; j < x.num_labels; ++j) {
+          if (x.labels[j].first == labels.names()[i]) {
+            value = x.labels[j].second;
+          }
+        }
       }
       if (value.empty()) continue;
       // A value is interned only when a series takes it: values past every
@@ -530,7 +561,7 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
           LoraOf(r), r.gauge == Gauge::kRunning, 1, clock_.UnixNowS());
     }
   }
-  if (ev.extras != Event::kNoExtras && ev.extras < arrivals.size()) {
+  if (has_extras) {
     const ArrivedExtras& x = arrivals[ev.extras];
     if (x.has_priority || !x.traceparent.empty() || !x.tracestate.empty()) {
       Extra& e = ExtraOf(r);

@@ -174,6 +174,8 @@ class Tracker : public Collector {
   Registry& registry_;
   RequestLabels& request_labels_;
   const bool labels_on_;  // some --request-label is configured
+  // The index of the "priority" request label (--priority-label), or -1.
+  const int priority_label_;
   IngestStats& ingest_;
   const Clock& clock_;
   const TrackerOptions options_;

@@ -69,7 +69,7 @@ SnapshotFingerprint Pipeline::Fingerprint() const {
       ingest.namespace_override);
   std::string& labels = fp.parts[2];
   labels = fmt::format("values {}", options_.registry.request_label_values);
-  for (const std::string& n : options_.registry.request_labels) {
+  for (const std::string& n : RequestLabelNames(options_.registry)) {
     labels += ";" + n;
   }
   return fp;

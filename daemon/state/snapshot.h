@@ -60,7 +60,7 @@ struct SnapshotFingerprint {
   // parts[0] as formats 1 to 4 wrote it (the 1.1 catalog's histograms):
   // an older snapshot is compared with this one. Empty: the same as
   // parts[0].
-  std::string legacy_buckets;
+  std::string legacy_buckets = {};
   static constexpr std::array<std::string_view, 3> kPartNames = {
       "histogram buckets", "naming profile or namespace", "request labels"};
 };

@@ -98,6 +98,14 @@ constinit const EngineMetricDef kEngineMetrics[kNumEngineMetrics] = {
      "Histogram of the time a decode request waited for its KV cache "
      "transfer after it was scheduled.",
      true},
+    {kRequestCachedTokens, "request_cached_tokens", kHistogram, "",
+     BucketSet::kTokens, false,
+     "Histogram of prefix-cached (and externally received) prompt tokens "
+     "per request.",
+     true},
+    {kRequestCacheHitRatio, "request_cache_hit_ratio", kHistogram, "",
+     BucketSet::kRatio, false,
+     "Histogram of the cached share of each request's prompt tokens.", true},
     {kKvTransferTime, "kv_transfer_time_seconds", kHistogram, "",
      BucketSet::kItl, true, "Histogram of KV cache transfer time in seconds.",
      false},
@@ -272,6 +280,12 @@ std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len) {
       return {1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20};
     case BucketSet::kPreemptions:
       return {0, 1, 2, 3, 4, 5, 10, 20};
+    case BucketSet::kRatio:
+      return {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
+    case BucketSet::kSglangKvMs:
+      return {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000};
+    case BucketSet::kSglangKvMb:
+      return {1, 5, 10, 50, 100, 500, 1000, 5000, 10000};
     case BucketSet::kKvBytes: {
       std::vector<double> out;
       for (int e = 11; e <= 33; e += 2) out.push_back(double(uint64_t(1) << e));

@@ -34,6 +34,9 @@ enum class BucketSet : uint8_t {
   kMoeImbalance,  // 1 1.05 1.1 1.25 1.5 2 3 5 10 20 (max / mean)
   kPreemptions,   // 0 1 2 3 4 5 10 20 (PREEMPTED events per request)
   kKvBytes,       // 2^11, 2^13, ..., 2^33 (KV_TRANSFER bytes)
+  kRatio,         // 0 0.1 0.2 ... 1 (LMDeploy's cache hit ratio)
+  kSglangKvMs,    // SGLang's KV transfer latency, ms
+  kSglangKvMb,    // SGLang's KV transfer size, MB
 };
 
 // The engine metrics the daemon measures, by the names of the vLLM
@@ -77,6 +80,8 @@ enum EngineMetric : uint8_t {
   kRequestPrefillKvComputedTokens,  // prompt - cached - external, FINISHED
   kRequestNumPreemptions,           // PREEMPTED events, at FINISHED
   kRequestKvWaitTime,               // first ok recv - SCHEDULED, FINISHED
+  kRequestCachedTokens,             // LMDeploy: cached + external, at FINISHED
+  kRequestCacheHitRatio,            // LMDeploy: (cached + external) / prompt
   // KV_TRANSFER t - start and bytes: the layouts of the KV-transfer part's
   // per-role histograms (store/parts/kv_transfer.h); the series' own
   // histograms of these two stay empty.

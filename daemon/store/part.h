@@ -59,14 +59,16 @@ enum class PartFamily : uint8_t {
   kMoeExpertTokens,    // per layer and expert (--moe-expert-series)
   kMoeLayerImbalance,  // per layer: max / mean of its latest non-zero load
   // Protocol 1.2.
-  kAdmissionRejections,  // per reason: ADMISSION_REJECTED events
-  kWaitingByReason,      // capacity and deferred: STEP waiting_deferred
-  kKvTransferTime,       // histogram per role: KV_TRANSFER t - start
-  kKvTransferBytes,      // histogram per role: KV_TRANSFER bytes
-  kKvTransferFailures,   // per role and reason: KV_TRANSFER ok false
-  kSleepState,           // vLLM's legacy engine_sleep_state
-  kSleepResourceState,   // 1 for each resource's current state
-  kFullyAwake,           // 1 when nothing sleeps
+  kAdmissionRejections,    // per reason: ADMISSION_REJECTED events
+  kWaitingByReason,        // capacity and deferred: STEP waiting_deferred
+  kKvTransferTime,         // histogram per role: KV_TRANSFER t - start
+  kKvTransferBytes,        // histogram per role: KV_TRANSFER bytes
+  kKvTransferFailures,     // per role and reason: KV_TRANSFER ok false
+  kKvTransferFailedTotal,  // all failed KV_TRANSFERs (SGLang's)
+  kKvTransferTimeouts,     // failed ones with reason "timeout" (SGLang's)
+  kSleepState,             // vLLM's legacy engine_sleep_state
+  kSleepResourceState,     // 1 for each resource's current state
+  kFullyAwake,             // 1 when nothing sleeps
 };
 
 class Part {

@@ -102,7 +102,7 @@ constexpr FamilyDef kKvTransferTimeRow{
     .name = "kv_transfer_time_seconds",
     .type = kHistogram,
     .source = kPart,
-    .metric = kNumEngineMetrics,
+    .metric = kKvTransferTime,
     .buckets = BucketSet::kItl,
     .help = "Histogram of KV cache transfer time in seconds, by role.",
     .part = PartKind::kKvTransfer,
@@ -111,7 +111,7 @@ constexpr FamilyDef kKvTransferBytesRow{
     .name = "kv_transfer_bytes",
     .type = kHistogram,
     .source = kPart,
-    .metric = kNumEngineMetrics,
+    .metric = kKvTransferBytes,
     .buckets = BucketSet::kKvBytes,
     .help = "Histogram of bytes moved by one KV cache transfer, by role.",
     .part = PartKind::kKvTransfer,
@@ -333,17 +333,62 @@ const FamilyDef kSglang[] = {
     kMoeExpertTokensRow,
     kMoeLayerImbalanceRow,
     kMoeImbalanceRow,
-    // Protocol 1.2.
-    kAdmissionRejectionsRow,
+    // Protocol 1.2: SGLang's own names where its collector has them
+    // (v0.5.19, python/sglang/srt/observability/metrics_collector.py: the
+    // queue rejections of PR #34320, the kv_transfer_* histograms in ms and
+    // MB of PR #19009, the transfer failures; kv_transfer_metrics.py: the
+    // timeouts), the vLLM suffixes for the rest.
+    {.name = "num_queue_rejected_requests",
+     .type = kCounter,
+     .source = kPart,
+     .metric = kNumEngineMetrics,
+     .buckets = BucketSet::kNone,
+     .help = "Number of requests rejected before entering the queue.",
+     .part = PartKind::kAdmission,
+     .part_family = PartFamily::kAdmissionRejections},
     kWaitingByReasonRow,
     Catalog(kPromptTokensBySource),
     Catalog(kPromptTokensCached),
     Catalog(kRequestPrefillKvComputedTokens),
     Catalog(kRequestNumPreemptions),
     Catalog(kRequestKvWaitTime),
-    kKvTransferTimeRow,
-    kKvTransferBytesRow,
-    kKvTransferFailuresRow,
+    {.name = "kv_transfer_latency_ms",
+     .type = kHistogram,
+     .source = kPart,
+     .metric = kKvTransferTime,
+     .buckets = BucketSet::kSglangKvMs,
+     .help = "Histogram of KV cache transfer latency in ms.",
+     .part = PartKind::kKvTransfer,
+     .part_family = PartFamily::kKvTransferTime,
+     .divisor = 1e6},
+    {.name = "kv_transfer_total_mb",
+     .type = kHistogram,
+     .source = kPart,
+     .metric = kKvTransferBytes,
+     .buckets = BucketSet::kSglangKvMb,
+     .help = "Histogram of KV cache transfer size in MB.",
+     .part = PartKind::kKvTransfer,
+     .part_family = PartFamily::kKvTransferBytes,
+     .divisor = 1048576},
+    {.name = "num_transfer_failed_reqs",
+     .type = kCounter,
+     .source = kPart,
+     .metric = kNumEngineMetrics,
+     .buckets = BucketSet::kNone,
+     .help = "Number of requests whose KV transfer failed.",
+     .part = PartKind::kKvTransfer,
+     .part_family = PartFamily::kKvTransferFailedTotal},
+    {.name = "kv_transfer_timeouts",
+     .type = kCounter,
+     .source = kPart,
+     .metric = kNumEngineMetrics,
+     .buckets = BucketSet::kNone,
+     .help = "KV timeout observations per sender/receiver, not unique failed "
+             "requests.",
+     .const_label = "stage",
+     .const_value = "transfer",
+     .part = PartKind::kKvTransfer,
+     .part_family = PartFamily::kKvTransferTimeouts},
     kSleepStateRow,
     kSleepResourceStateRow,
     kFullyAwakeRow,
@@ -456,11 +501,32 @@ const FamilyDef kLmdeploy[] = {
     kMoeExpertTokensRow,
     kMoeLayerImbalanceRow,
     kMoeImbalanceRow,
-    // Protocol 1.2.
+    // Protocol 1.2: LMDeploy's own cached-token series (v0.16.0,
+    // lmdeploy/metrics/loggers.py: cached_tokens_total,
+    // request_cached_tokens, request_cache_hit_ratio), the vLLM suffixes
+    // for the rest (LMDeploy has no admission, KV-transfer, preemption or
+    // sleep series).
     kAdmissionRejectionsRow,
     kWaitingByReasonRow,
     Catalog(kPromptTokensBySource),
-    Catalog(kPromptTokensCached),
+    {.name = "cached_tokens",
+     .type = kCounter,
+     .source = kMetric,
+     .metric = kPromptTokensCached,
+     .buckets = BucketSet::kNone,
+     .help = "Total prefix-cached input tokens served."},
+    {.name = "request_cached_tokens",
+     .type = kHistogram,
+     .source = kMetric,
+     .metric = kRequestCachedTokens,
+     .buckets = BucketSet::kTokens,
+     .help = "Number of prefix-cached input tokens per request."},
+    {.name = "request_cache_hit_ratio",
+     .type = kHistogram,
+     .source = kMetric,
+     .metric = kRequestCacheHitRatio,
+     .buckets = BucketSet::kRatio,
+     .help = "Prefix cache hit ratio per request."},
     Catalog(kRequestPrefillKvComputedTokens),
     Catalog(kRequestNumPreemptions),
     Catalog(kRequestKvWaitTime),
@@ -523,11 +589,22 @@ std::string_view FamilyHelp(const FamilyDef& f) {
 
 BucketSet ProfileBuckets(Profile p, EngineMetric m) {
   for (const FamilyDef& f : ProfileFamilies(p)) {
-    if (f.source == kMetric && f.metric == m && f.type == kHistogram) {
+    if ((f.source == kMetric || f.source == kPart) && f.metric == m &&
+        f.type == kHistogram) {
       return f.buckets;
     }
   }
   return kEngineMetrics[m].buckets;
+}
+
+double ProfileDivisor(Profile p, EngineMetric m) {
+  for (const FamilyDef& f : ProfileFamilies(p)) {
+    if ((f.source == kMetric || f.source == kPart) && f.metric == m &&
+        f.type == kHistogram && f.divisor != 0) {
+      return f.divisor;
+    }
+  }
+  return kEngineMetrics[m].seconds ? 1e9 : 1.0;
 }
 
 bool ProfileUses(Profile p, EngineMetric m) {

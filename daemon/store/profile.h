@@ -63,6 +63,11 @@ struct FamilyDef {
   // EXPERT_LOAD).
   PartKind part = PartKind::kNone;
   PartFamily part_family = PartFamily::kNone;
+  // Histograms: raw units per exposed unit of the profile's layout of
+  // `metric` (a kPart histogram names the catalog histogram whose layout
+  // its part keeps in `metric`); 0: the catalog's (1e9 for seconds, else
+  // 1). SGLang's KV-transfer histograms are in ms and MB.
+  double divisor = 0;
 };
 
 // The families of profile `p`, in exposition order. Within a profile a
@@ -77,6 +82,9 @@ std::string_view FamilyHelp(const FamilyDef& f);
 // The bucket set the series of profile `p` keep for histogram `m` (the
 // catalog's when the profile does not expose it).
 BucketSet ProfileBuckets(Profile p, EngineMetric m);
+// The divisor of the layout the series of profile `p` keep for histogram
+// `m` (FamilyDef::divisor, else the catalog's).
+double ProfileDivisor(Profile p, EngineMetric m);
 
 // Whether the series of profile `p` need metric `m` measured (a metric no
 // row of the profile reads is not computed for them).

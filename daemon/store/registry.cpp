@@ -41,6 +41,20 @@ Status Registry::Create(const RegistryOptions& options,
   if (options.request_labels.size() > TM_MAX_REQUEST_LABELS) {
     return Status::Error("at most 4 --request-label names");
   }
+  if (options.priority_label) {
+    if (RequestLabelNames(options).size() > TM_MAX_REQUEST_LABELS) {
+      return Status::Error(
+          "--priority-label takes one of the 4 request labels: at most 3 "
+          "--request-label names with it");
+    }
+    for (const std::string& n : options.request_labels) {
+      if (n == kPriorityLabel) {
+        return Status::Error(
+            "--request-label priority and --priority-label: the label is "
+            "the priority bucket with --priority-label; drop one");
+      }
+    }
+  }
   if (options.request_label_values < 1 ||
       options.request_label_values > RequestLabels::kMaxValues - 2) {
     return Status::Error("--request-label-values must be 1 to 65533");
@@ -63,7 +77,8 @@ Status Registry::Create(const RegistryOptions& options,
               ? it->second
               : DefaultBuckets(ProfileBuckets(Profile(p), def.id),
                                options.max_model_len);
-      layouts[p].emplace_back(std::move(bounds), def.seconds ? 1e9 : 1.0,
+      layouts[p].emplace_back(std::move(bounds),
+                              ProfileDivisor(Profile(p), def.id),
                               options.native_histogram_schema);
     }
   }
@@ -74,7 +89,8 @@ Status Registry::Create(const RegistryOptions& options,
 Registry::Registry(const RegistryOptions& options, Layouts layouts)
     : options_(options),
       layouts_(std::move(layouts)),
-      request_labels_(options.request_labels, options.request_label_values) {
+      request_labels_(RequestLabelNames(options),
+                      options.request_label_values) {
   static constexpr DaemonMetric kOverflow[] = {kRequestLabelOverflow};
   if (request_labels_.enabled()) {
     request_labels_registration_ =

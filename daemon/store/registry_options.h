@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tokenmeter::daemon {
@@ -27,6 +28,11 @@ struct RegistryOptions {
   // --request-label-values.
   std::vector<std::string> request_labels;
   size_t request_label_values = 100;
+  // --priority-label (protocol 1.2): one more request label, "priority",
+  // whose value is the request's ARRIVED priority bucketed as vLLM does
+  // ("<-1", "-1", "0", "1", ">1"; "0" when absent). Counts toward the four
+  // request labels.
+  bool priority_label = false;
   bool legacy_names = false;  // --legacy-names (vllm profile aliases)
   // --moe-expert-series: moe_expert_tokens{layer,expert}; each expert of a
   // layer counts as one series toward max_engine_series.
@@ -39,6 +45,16 @@ struct RegistryOptions {
   // native buckets (NativeHistogram::kMinSchema..kMaxSchema).
   int native_histogram_schema = kDefaultNativeHistogramSchema;
 };
+
+// The request labels' names: --request-label's, then "priority" with
+// --priority-label (the name it adds).
+inline constexpr std::string_view kPriorityLabel = "priority";
+
+inline std::vector<std::string> RequestLabelNames(const RegistryOptions& o) {
+  std::vector<std::string> names = o.request_labels;
+  if (o.priority_label) names.emplace_back(kPriorityLabel);
+  return names;
+}
 
 }  // namespace tokenmeter::daemon
 

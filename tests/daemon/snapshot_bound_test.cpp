@@ -14,7 +14,11 @@
 
 #include "daemon/base/state_io.h"
 #include "daemon/store/engine_series.h"
+#include "daemon/store/parts/admission.h"
+#include "daemon/store/parts/kv_transfer.h"
 #include "daemon/store/parts/moe.h"
+#include "daemon/store/parts/sleep.h"
+#include "daemon/store/parts/waiting_reason.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -72,6 +76,25 @@ TEST(SnapshotBoundTest, PerSeriesCoversAFullSeries) {
     // than kMaxBuckets, which the histogram then keeps to.
     for (int i = 0; i < 600; ++i) hist.Observe(std::pow(2.0, i / 8.0 - 30));
   }
+  // The protocol 1.2 parts at their most: 16 reasons of 64 bytes and
+  // __other__, both roles' histograms full, sleep and waiting.
+  for (int i = 0; i < 17; ++i) {
+    std::string reason(TM_MAX_LABEL_VALUE_BYTES, 'a');
+    reason[0] = char('a' + i);
+    s->part<AdmissionPart>().Reject(reason);
+    for (size_t role = 0; role < 2; ++role) {
+      s->part<KvTransferPart>().Add(role, 1, false, 0, false, reason);
+    }
+  }
+  for (size_t role = 0; role < 2; ++role) {
+    for (int i = 0; i < 600; ++i) {
+      const double v = std::pow(2.0, i / 8.0 - 30);
+      s->part<KvTransferPart>().Add(role, uint64_t(v * 1e9), true,
+                                    uint64_t(v * 1e6), true, {});
+    }
+  }
+  s->part<SleepPart>().Apply(1, 2, 1);
+  s->part<WaitingReasonPart>().Set(9, 3);
   std::string out;
   StateWriter w(out);
   std::unordered_map<const EngineSeries*, uint32_t> index;

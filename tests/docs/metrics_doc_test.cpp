@@ -69,6 +69,10 @@ std::string SourceText(const FamilyDef& f) {
           return "KV_TRANSFER `bytes`";
         case PartFamily::kKvTransferFailures:
           return "KV_TRANSFER with `ok` false (`reason` default `error`)";
+        case PartFamily::kKvTransferFailedTotal:
+          return "KV_TRANSFER with `ok` false, every role and reason";
+        case PartFamily::kKvTransferTimeouts:
+          return "KV_TRANSFER with `ok` false and `reason` `timeout`";
         case PartFamily::kSleepState:
           return "SLEEP: awake, weights offloaded, weights discarded";
         case PartFamily::kSleepResourceState:
@@ -102,6 +106,9 @@ std::string LabelText(const FamilyDef& f) {
     labels += ", role";
   } else if (f.part_family == PartFamily::kKvTransferFailures) {
     labels += ", role, reason";
+  } else if (f.part_family == PartFamily::kKvTransferTimeouts) {
+    labels += ", " + std::string(f.const_label) + "=\"" +
+              std::string(f.const_value) + "\"";
   } else if (f.part_family == PartFamily::kSleepState) {
     labels += ", sleep_state";
   } else if (f.part_family == PartFamily::kSleepResourceState) {

@@ -23,6 +23,7 @@ BATCH_TOKENS = bytes.fromhex("94 01 00 00 91 94 04 cf 01 02 03 04 05 06 07 08"
 FINISHED_STR = bytes.fromhex("94 05 cf 01 02 03 04 05 06 07 08 a5 72 65 71 2d"
                              " 31 a4 73 74 6f 70")
 GOODBYE = bytes.fromhex("91 02")
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def pack(obj):
@@ -109,6 +110,38 @@ DECODER = {
         [1, T, 3, 1, {"labels": {"a": "1", "b": "2", "c": "3", "d": "4",
                                  "e": "5"}}],
         [1, T, 4, 1, {"lora": "x" * 129}]]),
+    # Protocol 1.2: the new kinds and fields, good and bad.
+    "protocol_1_2": b"\x34" + hello() + batch([
+        [1, T, 1, 100, {"priority": -3, "traceparent": TP,
+                        "tracestate": "rojo=00f067aa0ba902b7,congo=t61"}],
+        [3, T + 1, 1, {"cached_tokens": 30, "external_tokens": 20}],
+        [10, T + 3, 1, {"role": "recv", "start": T + 2, "bytes": 1 << 20,
+                        "blocks": 16, "ok": True, "connector": "nixl"}],
+        [10, T + 4, 1, {"role": "send", "start": T + 2, "ok": False,
+                        "reason": "timeout"}],
+        [4, T + 5, 1, 1], [6, T + 6, 1], [4, T + 7, 1, 2],
+        [5, T + 8, 1, "stop"],
+        [9, T, "queue_full"], [9, T, "token_cap", 7], [9, T, "x", "r-1"],
+        [11, T, {"scheduler": "paused", "weights": "offloaded",
+                 "kv_cache": "released"}],
+        [11, T + 1, {"kv_cache": "resident"}],
+        [7, T, {"waiting": 5, "waiting_deferred": 2}]]),
+    "protocol_1_2_bad": b"\x0b" + hello() + batch([
+        [1, T, 2, 10, {"priority": 2 ** 31, "traceparent": TP.upper(),
+                       "tracestate": "no-equals"}],
+        [1, T, 3, 10, {"priority": "1", "traceparent": 7}],
+        [3, T + 1, 2, {"cached_tokens": 9, "external_tokens": 9}],
+        [3, T + 1, 3, "info"], [3, T + 1, 4, {"cached_tokens": -1}],
+        [10, T + 3, 2, {"role": "both", "start": T}],
+        [10, T + 3, 2, {"start": T}], [10, T + 3, 2, {"role": "send"}],
+        [10, T + 3, 2, {"role": "send", "start": T + 9}],
+        [10, T + 3, 2, {"role": "recv", "start": T, "bytes": 2 ** 48,
+                        "ok": 1, "reason": "a\nb", "connector": "x" * 65}],
+        [10, T + 3, 2, []],
+        [9, T, ""], [9, T, "a\tb"], [9, T, 7], [9, T, "ok", 1.5], [9, T],
+        [11, T, {"scheduler": "asleep", "weights": 1}], [11, T, []],
+        [7, T, {"waiting": 1, "waiting_deferred": 2}],
+        [7, T, {"waiting_deferred": 1}], [12, T, 1]]),
     "wide_ints": b"\x08" + bytes.fromhex(
         "dc 00 02 d3 00 00 00 00 00 00 00 00 de 00 03"
         " d9 05 70 72 6f 74 6f cd 00 01"

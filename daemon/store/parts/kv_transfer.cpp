@@ -39,6 +39,9 @@ bool KvTransferPart::Shows(const FamilyDef& f,
       return bytes_[0].count() + bytes_[1].count() > 0;
     case PartFamily::kKvTransferFailures:
       return !failures_[0].empty() || !failures_[1].empty();
+    case PartFamily::kKvTransferFailedTotal:
+    case PartFamily::kKvTransferTimeouts:
+      return true;  // 0 until the first failure, as SGLang's counters
     default:
       return false;
   }
@@ -47,34 +50,44 @@ bool KvTransferPart::Shows(const FamilyDef& f,
 void KvTransferPart::Write(const FamilyDef& f, const EngineSeries& s,
                            MetricWriter& w) const {
   const SampleLabels labels{s.label_text(), s.label_pairs(), {}, {}};
+  if (f.part_family == PartFamily::kKvTransferFailedTotal ||
+      f.part_family == PartFamily::kKvTransferTimeouts) {
+    const bool timeouts = f.part_family == PartFamily::kKvTransferTimeouts;
+    uint64_t sum = 0;
+    for (const ReasonCounts& c : failures_) {
+      c.ForEach([&](std::string_view reason, uint64_t n) {
+        if (timeouts && reason != "timeout") return;
+        if (__builtin_add_overflow(sum, n, &sum)) sum = UINT64_MAX;
+      });
+    }
+    w.Sample(f.const_label.empty()
+                 ? labels
+                 : labels.WithOwn(f.const_label, f.const_value),
+             sum);
+    return;
+  }
   for (size_t role = 0; role < kRoleNames.size(); ++role) {
+    // The role goes into the series' labels: a histogram's own label is
+    // its `le`, the failures' is the reason.
+    std::string text = s.label_text();
+    AppendLabel(text, "role", kRoleNames[role]);
+    LabelPairs pairs = s.label_pairs();
+    pairs.emplace_back("role", kRoleNames[role]);
+    const SampleLabels with_role{text, pairs, {}, {}};
     switch (f.part_family) {
       case PartFamily::kKvTransferTime:
-        if (time_[role].count() > 0) {
-          w.HistogramSample(labels.WithOwn("role", kRoleNames[role]),
-                            time_[role]);
-        }
+        if (time_[role].count() > 0) w.HistogramSample(with_role, time_[role]);
         break;
       case PartFamily::kKvTransferBytes:
         if (bytes_[role].count() > 0) {
-          w.HistogramSample(labels.WithOwn("role", kRoleNames[role]),
-                            bytes_[role]);
+          w.HistogramSample(with_role, bytes_[role]);
         }
         break;
-      case PartFamily::kKvTransferFailures: {
-        if (failures_[role].empty()) break;
-        // Two labels of the daemon's: the role goes into the series'
-        // labels, the reason is the own label.
-        std::string text = s.label_text();
-        AppendLabel(text, "role", kRoleNames[role]);
-        LabelPairs pairs = s.label_pairs();
-        pairs.emplace_back("role", kRoleNames[role]);
-        const SampleLabels with_role{text, pairs, {}, {}};
+      case PartFamily::kKvTransferFailures:
         failures_[role].ForEach([&](std::string_view reason, uint64_t n) {
           w.Sample(with_role.WithOwn("reason", reason), n);
         });
         break;
-      }
       default:
         return;
     }

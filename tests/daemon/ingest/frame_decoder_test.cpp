@@ -39,6 +39,10 @@ Bytes Repeat(size_t n, uint8_t b) { return Bytes(n, b); }
 struct ArrivalCopy {
   std::string lora;
   std::vector<std::pair<std::string, std::string>> labels;
+  bool has_priority = false;  // 1.2
+  int32_t priority = 0;
+  std::string traceparent = {};
+  std::string tracestate = {};
 };
 
 struct BatchCopy {
@@ -124,7 +128,12 @@ class RecordingSink : public FrameSink {
     copy.positions = batch.positions;
     copy.bad_fields = batch.bad_fields;
     for (const ArrivedExtras& x : batch.arrivals) {
-      ArrivalCopy a{std::string(x.lora), {}};
+      ArrivalCopy a{std::string(x.lora),
+                    {},
+                    x.has_priority,
+                    x.priority,
+                    std::string(x.traceparent),
+                    std::string(x.tracestate)};
       for (uint8_t i = 0; i < x.num_labels; ++i) {
         a.labels.emplace_back(x.labels[i].first, x.labels[i].second);
       }
@@ -1170,7 +1179,7 @@ TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
 TEST(FrameDecoderTest, SkipsUnknownKindAndAppliesTheRest) {
   const Bytes batch =
       BatchOf(5, {kQueued,
-                  {0x93, 0x09, 0x00, 0x07},  // kind 9
+                  {0x93, 0x0c, 0x00, 0x07},  // kind 12
                   {0x91, 0x00},              // kind 0
                   {0x95, 0xcd, 0x01, 0x00, 0x00, 0x80, 0x90, 0xa1, 'x'},  // 256
                   kTokens});
@@ -2401,6 +2410,431 @@ TEST(FrameDecoderTest, SkipsBadExpertLoadAndAppliesTheRest) {
     EXPECT_EQ(load.counts.data(), b.positions.data());
     EXPECT_EQ(b.positions, std::vector<uint64_t>{3});
   }
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
+
+namespace tokenmeter::daemon {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Protocol 1.2: the new event kinds and fields, with partial acceptance.
+
+// A fixstr: the header 0xa0 | length, then the bytes (at most 31).
+Bytes S(std::string_view text) {
+  Bytes out = {static_cast<uint8_t>(0xa0 | text.size())};
+  out.insert(out.end(), text.begin(), text.end());
+  return out;
+}
+
+// One batch of [QUEUED, event, TOKENS] decoded; the middle event.
+struct Middle {
+  bool fed = false;
+  std::vector<IngestError> errors;
+  uint32_t bad_fields = 0;
+  std::vector<Event> events;
+  std::vector<std::string> rid_texts;
+  std::vector<ArrivalCopy> arrivals;
+  std::vector<std::string> text;  // reason, connector of a KV/admission
+};
+
+Middle DecodeMiddle(const Bytes& event) {
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  Middle m;
+  m.fed = Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink);
+  m.errors = sink.event_errors;
+  if (!sink.batches.empty()) {
+    m.bad_fields = sink.batches[0].bad_fields;
+    m.events = sink.batches[0].events;
+    m.rid_texts = sink.batches[0].rid_texts;
+    m.arrivals = sink.batches[0].arrivals;
+  }
+  return m;
+}
+
+// KV_TRANSFER [10, t=1000, 7, info] with `n` info entries.
+Bytes KvOf(uint8_t n, std::initializer_list<Bytes> entries) {
+  Bytes out = {
+      0x94, 0x0a, 0xcd, 0x03, 0xe8, 0x07, static_cast<uint8_t>(0x80 | n)};
+  for (const Bytes& e : entries) out.insert(out.end(), e.begin(), e.end());
+  return out;
+}
+
+TEST(FrameDecoder12Test, DecodesAdmissionRejectedWithAndWithoutAnId) {
+  {
+    const Middle m = DecodeMiddle(Cat({{0x93, 0x09, 0x00}, S("queue_full")}));
+    ASSERT_TRUE(m.fed);
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.events[1].kind, EventKind::kAdmissionRejected);
+    EXPECT_FALSE(m.events[1].admission.has_rid);
+    EXPECT_EQ(m.bad_fields, 0u);
+  }
+  {
+    const Middle m = DecodeMiddle(Cat({{0x94, 0x09, 0x00}, S("x"), {0x07}}));
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_TRUE(m.events[1].admission.has_rid);
+    EXPECT_EQ(m.events[1].rid.number, 7u);
+  }
+  {
+    const Middle m = DecodeMiddle(Cat({{0x94, 0x09, 0x00}, S("x"), S("r-1")}));
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_TRUE(m.events[1].admission.has_rid);
+    EXPECT_EQ(m.rid_texts[1], "r-1");
+  }
+  // An id that is no id (a float, an empty str): dropped, event kept.
+  for (const Bytes& bad_id :
+       {Bytes{0xca, 0x3f, 0x80, 0, 0}, Bytes{0xa0}, Bytes{0x90}}) {
+    const Middle m = DecodeMiddle(Cat({{0x94, 0x09, 0x00}, S("x"), bad_id}));
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.events[1].kind, EventKind::kAdmissionRejected);
+    EXPECT_FALSE(m.events[1].admission.has_rid);
+    EXPECT_EQ(m.bad_fields, 1u);
+  }
+  // nil id: no id, nothing dropped.
+  const Middle nil = DecodeMiddle(Cat({{0x94, 0x09, 0x00}, S("x"), {0xc0}}));
+  ASSERT_EQ(nil.events.size(), 3u);
+  EXPECT_EQ(nil.bad_fields, 0u);
+}
+
+TEST(FrameDecoder12Test, SkipsAdmissionRejectedWithABadReason) {
+  Bytes long_reason = {0xd9, 65};
+  long_reason.insert(long_reason.end(), 65, 'a');
+  Bytes max_reason = {0xd9, 64};
+  max_reason.insert(max_reason.end(), 64, 'a');
+  const Bytes cases[] = {
+      {0x93, 0x09, 0x00, 0xa0},                // empty
+      Cat({{0x93, 0x09, 0x00}, S("a\nb")}),    // control character
+      {0x93, 0x09, 0x00, 0xa2, 0xc2, 0x85},    // U+0085 (C1)
+      {0x93, 0x09, 0x00, 0xa2, 0xc3, 0x28},    // not UTF-8
+      Cat({{0x93, 0x09, 0x00}, long_reason}),  // 65 bytes
+      {0x93, 0x09, 0x00, 0x07},                // an int
+      {0x93, 0x09, 0x00, 0xc0},                // nil
+      {0x92, 0x09, 0x00},                      // no reason
+  };
+  for (const Bytes& c : cases) {
+    const Middle m = DecodeMiddle(c);
+    ASSERT_TRUE(m.fed);
+    EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadEvent});
+    EXPECT_EQ(m.events.size(), 2u);
+  }
+  const Middle ok = DecodeMiddle(Cat({{0x93, 0x09, 0x00}, max_reason}));
+  EXPECT_TRUE(ok.errors.empty());
+  EXPECT_EQ(ok.events.size(), 3u);
+}
+
+TEST(FrameDecoder12Test, DecodesKvTransferWithEveryKey) {
+  const Middle m =
+      DecodeMiddle(KvOf(7, {S("role"),
+                            S("recv"),
+                            S("start"),
+                            {0xcd, 0x03, 0x20},  // 800
+                            S("bytes"),
+                            {0xce, 0x00, 0x10, 0x00, 0x00},  // 2^20
+                            S("blocks"),
+                            {0x10},
+                            S("ok"),
+                            {0xc2},
+                            S("reason"),
+                            S("timeout"),
+                            S("connector"),
+                            S("nixl")}));
+  ASSERT_TRUE(m.fed);
+  ASSERT_EQ(m.events.size(), 3u);
+  const Event& e = m.events[1];
+  ASSERT_EQ(e.kind, EventKind::kKvTransfer);
+  EXPECT_EQ(e.rid.number, 7u);
+  EXPECT_EQ(e.kv_transfer.role, KvRole::kRecv);
+  EXPECT_EQ(e.kv_transfer.start_ns, 800u);
+  EXPECT_TRUE(e.kv_transfer.has_bytes);
+  EXPECT_EQ(e.kv_transfer.bytes, 1u << 20);
+  EXPECT_TRUE(e.kv_transfer.has_blocks);
+  EXPECT_EQ(e.kv_transfer.blocks, 16u);
+  EXPECT_FALSE(e.kv_transfer.ok);
+  EXPECT_EQ(m.bad_fields, 0u);
+
+  const Middle min = DecodeMiddle(
+      KvOf(2, {S("start"), {0xcd, 0x03, 0xe8}, S("role"), S("send")}));
+  ASSERT_EQ(min.events.size(), 3u);
+  const KvTransferInfo& k = min.events[1].kv_transfer;
+  EXPECT_EQ(k.role, KvRole::kSend);
+  EXPECT_EQ(k.start_ns, 1000u);  // start == t is fine
+  EXPECT_TRUE(k.ok);             // the default
+  EXPECT_FALSE(k.has_bytes);
+  EXPECT_FALSE(k.has_blocks);
+  EXPECT_EQ(k.reason.size, 0u);
+  EXPECT_EQ(k.connector.size, 0u);
+}
+
+TEST(FrameDecoder12Test, SkipsKvTransferWithoutItsRequiredKeys) {
+  const Bytes start = Cat({S("start"), {0x00}});
+  const Bytes role = Cat({S("role"), S("send")});
+  const Bytes cases[] = {
+      KvOf(1, {start}),                                 // no role
+      KvOf(1, {role}),                                  // no start
+      KvOf(2, {start, S("role"), S("both")}),           // bad role
+      KvOf(2, {start, S("role"), {0x01}}),              // role an int
+      KvOf(2, {start, S("role"), {0xc0}}),              // role nil
+      KvOf(2, {role, S("start"), {0xcd, 0x03, 0xe9}}),  // start > t
+      KvOf(2, {role, S("start"), {0xff}}),              // start < 0
+      KvOf(2, {role, S("start"), S("0")}),              // start a str
+      {0x94, 0x0a, 0x00, 0x07, 0x90},                   // info an array
+      {0x93, 0x0a, 0x00, 0x07},                         // no info
+      Cat({{0x94, 0x0a, 0x00, 0xca, 0, 0, 0, 0, 0x82}, role, start}),  // rid
+  };
+  for (const Bytes& c : cases) {
+    const Middle m = DecodeMiddle(c);
+    ASSERT_TRUE(m.fed);
+    EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadEvent});
+    EXPECT_EQ(m.events.size(), 2u);
+    EXPECT_EQ(m.bad_fields, 0u);
+  }
+}
+
+TEST(FrameDecoder12Test, DropsABadOptionalKvTransferKey) {
+  const Bytes start = Cat({S("start"), {0x00}});
+  const Bytes role = Cat({S("role"), S("send")});
+  Bytes long_connector = {0xd9, 65};
+  long_connector.insert(long_connector.end(), 65, 'c');
+  const Bytes cases[] = {
+      Cat({S("bytes"), S("1")}),
+      Cat({S("bytes"), {0xff}}),
+      Cat({S("bytes"), {0xcf, 0, 0x01, 0, 0, 0, 0, 0, 0}}),  // 2^48
+      Cat({S("blocks"), {0xca, 0x3f, 0x80, 0, 0}}),
+      Cat({S("ok"), {0x01}}),
+      Cat({S("ok"), S("false")}),
+      Cat({S("reason"), S("")}),
+      Cat({S("reason"), S("a\tb")}),
+      Cat({S("reason"), {0x01}}),
+      Cat({S("connector"), long_connector}),
+      Cat({S("connector"), {0x90}}),
+  };
+  for (const Bytes& bad : cases) {
+    const Middle m = DecodeMiddle(KvOf(3, {role, start, bad}));
+    ASSERT_TRUE(m.fed);
+    EXPECT_TRUE(m.errors.empty());
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.bad_fields, 1u);
+    const KvTransferInfo& k = m.events[1].kv_transfer;
+    EXPECT_FALSE(k.has_bytes);
+    EXPECT_FALSE(k.has_blocks);
+    EXPECT_TRUE(k.ok);
+    EXPECT_EQ(k.reason.size, 0u);
+    EXPECT_EQ(k.connector.size, 0u);
+  }
+  // The largest bytes value, nil optional keys and unknown keys: kept.
+  const Middle m =
+      DecodeMiddle(KvOf(6, {role,
+                            start,
+                            S("bytes"),
+                            {0xcf, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+                            S("ok"),
+                            {0xc0},
+                            S("reason"),
+                            {0xc0},
+                            S("later"),
+                            {0x91, 0x01}}));
+  ASSERT_EQ(m.events.size(), 3u);
+  EXPECT_EQ(m.bad_fields, 0u);
+  EXPECT_EQ(m.events[1].kv_transfer.bytes, TM_MAX_KV_TRANSFER_BYTES);
+}
+
+TEST(FrameDecoder12Test, DecodesSleepStates) {
+  const Middle all = DecodeMiddle(Cat({{0x93, 0x0b, 0x00, 0x83},
+                                       S("scheduler"),
+                                       S("paused"),
+                                       S("weights"),
+                                       S("discarded"),
+                                       S("kv_cache"),
+                                       S("released")}));
+  ASSERT_TRUE(all.fed);
+  ASSERT_EQ(all.events.size(), 3u);
+  const SleepInfo& s1 = all.events[1].sleep;
+  EXPECT_EQ(s1.scheduler, SchedulerState::kPaused);
+  EXPECT_EQ(s1.weights, WeightsState::kDiscarded);
+  EXPECT_EQ(s1.kv_cache, KvCacheState::kReleased);
+  EXPECT_EQ(all.bad_fields, 0u);
+
+  const Middle some = DecodeMiddle(Cat({{0x93, 0x0b, 0x00, 0x82},
+                                        S("weights"),
+                                        S("offloaded"),
+                                        S("kv_cache"),
+                                        S("asleep")}));
+  ASSERT_EQ(some.events.size(), 3u);
+  const SleepInfo& s2 = some.events[1].sleep;
+  EXPECT_EQ(s2.scheduler, SchedulerState::kKeep);
+  EXPECT_EQ(s2.weights, WeightsState::kOffloaded);
+  EXPECT_EQ(s2.kv_cache, KvCacheState::kKeep);  // "asleep": dropped
+  EXPECT_EQ(some.bad_fields, 1u);
+
+  const Middle empty = DecodeMiddle({0x93, 0x0b, 0x00, 0x80});
+  ASSERT_EQ(empty.events.size(), 3u);  // valid: nothing changes
+  for (const Bytes& bad :
+       {Bytes{0x93, 0x0b, 0x00, 0x90}, Bytes{0x93, 0x0b, 0x00, 0xc0},
+        Bytes{0x92, 0x0b, 0x00}}) {
+    const Middle m = DecodeMiddle(bad);
+    EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadEvent});
+  }
+  const Middle wrong =
+      DecodeMiddle(Cat({{0x93, 0x0b, 0x00, 0x81}, S("scheduler"), {0x01}}));
+  ASSERT_EQ(wrong.events.size(), 3u);
+  EXPECT_EQ(wrong.bad_fields, 1u);
+}
+
+TEST(FrameDecoder12Test, DecodesScheduledInfo) {
+  const Bytes head = {0x94, 0x03, 0x00, 0x07};
+  const Middle m = DecodeMiddle(Cat({head,
+                                     {0x82},
+                                     S("cached_tokens"),
+                                     {0x05},
+                                     S("external_tokens"),
+                                     {0xcd, 0x01, 0x00}}));
+  ASSERT_EQ(m.events.size(), 3u);
+  const ScheduledInfo& i = m.events[1].scheduled;
+  EXPECT_TRUE(i.present);
+  EXPECT_EQ(i.has, ScheduledInfo::kCached | ScheduledInfo::kExternal);
+  EXPECT_EQ(i.cached_tokens, 5u);
+  EXPECT_EQ(i.external_tokens, 256u);
+  EXPECT_EQ(m.bad_fields, 0u);
+
+  const Middle plain = DecodeMiddle(kScheduled);
+  EXPECT_FALSE(plain.events[1].scheduled.present);
+  const Middle nil = DecodeMiddle(Cat({head, {0xc0}}));
+  EXPECT_FALSE(nil.events[1].scheduled.present);
+  EXPECT_EQ(nil.bad_fields, 0u);
+
+  const Bytes bad_cases[] = {
+      Cat({head, S("info")}),                             // not a map
+      Cat({head, {0x81}, S("cached_tokens"), S("5")}),    // a str
+      Cat({head, {0x81}, S("cached_tokens"), {0xff}}),    // negative
+      Cat({head, {0x81}, S("external_tokens"), k2To32}),  // 2^32
+  };
+  for (const Bytes& c : bad_cases) {
+    const Middle b = DecodeMiddle(c);
+    ASSERT_TRUE(b.fed);
+    EXPECT_TRUE(b.errors.empty());
+    ASSERT_EQ(b.events.size(), 3u);
+    EXPECT_EQ(b.bad_fields, 1u);
+    EXPECT_EQ(b.events[1].scheduled.has, 0);
+  }
+}
+
+TEST(FrameDecoder12Test, KeepsWaitingDeferredOnlyWithinWaiting) {
+  const Bytes waiting = Cat({S("waiting"), {0x05}});
+  const Bytes deferred2 = Cat({S("waiting_deferred"), {0x02}});
+  const Bytes deferred9 = Cat({S("waiting_deferred"), {0x09}});
+  // In either key order.
+  for (const Bytes& step :
+       {Cat({{0x93, 0x07, 0x00, 0x82}, waiting, deferred2}),
+        Cat({{0x93, 0x07, 0x00, 0x82}, deferred2, waiting})}) {
+    const Middle m = DecodeMiddle(step);
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.bad_fields, 0u);
+    EXPECT_NE(m.events[1].step.has & StepStats::kWaitingDeferred, 0u);
+    EXPECT_EQ(m.events[1].step.waiting_deferred, 2u);
+  }
+  for (const Bytes& step :
+       {Cat({{0x93, 0x07, 0x00, 0x82}, waiting, deferred9}),  // above
+        Cat({{0x93, 0x07, 0x00, 0x81}, deferred2}),           // no waiting
+        Cat({{0x93, 0x07, 0x00, 0x82},
+             waiting,
+             S("waiting_deferred"),
+             S("2")})}) {
+    const Middle m = DecodeMiddle(step);
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.bad_fields, 1u);
+    EXPECT_EQ(m.events[1].step.has & StepStats::kWaitingDeferred, 0u);
+  }
+}
+
+TEST(FrameDecoder12Test, DecodesArrivedPriorityAndTraceContext) {
+  const std::string tp =
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  Bytes traceparent = {0xd9, 55};
+  traceparent.insert(traceparent.end(), tp.begin(), tp.end());
+  const Bytes head = {0x95, 0x01, 0x00, 0x07, 0x0c};
+  const Middle m = DecodeMiddle(Cat({head,
+                                     {0x83},
+                                     S("priority"),
+                                     {0xfb},
+                                     S("traceparent"),
+                                     traceparent,
+                                     S("tracestate"),
+                                     S("rojo=00f067aa0ba902b7")}));
+  ASSERT_EQ(m.events.size(), 3u);
+  EXPECT_EQ(m.bad_fields, 0u);
+  ASSERT_EQ(m.arrivals.size(), 1u);
+  EXPECT_TRUE(m.arrivals[0].has_priority);
+  EXPECT_EQ(m.arrivals[0].priority, -5);
+  EXPECT_EQ(m.arrivals[0].traceparent, tp);
+  EXPECT_EQ(m.arrivals[0].tracestate, "rojo=00f067aa0ba902b7");
+
+  struct Limit {
+    Bytes value;
+    bool ok;
+    int32_t expect;
+  };
+  const Limit limits[] = {
+      {{0xce, 0x7f, 0xff, 0xff, 0xff}, true, INT32_MAX},
+      {{0xd2, 0x80, 0x00, 0x00, 0x00}, true, INT32_MIN},
+      {{0xce, 0x80, 0x00, 0x00, 0x00}, false, 0},  // 2^31
+      {{0xd3, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff}, false, 0},
+      {S("1"), false, 0},
+      {{0xca, 0x3f, 0x80, 0, 0}, false, 0},
+  };
+  for (const Limit& l : limits) {
+    const Middle p = DecodeMiddle(Cat({head, {0x81}, S("priority"), l.value}));
+    ASSERT_EQ(p.events.size(), 3u);
+    EXPECT_EQ(p.bad_fields, l.ok ? 0u : 1u);
+    EXPECT_EQ(p.arrivals.size(), l.ok ? 1u : 0u);
+    if (l.ok) {
+      EXPECT_EQ(p.arrivals[0].priority, l.expect);
+    }
+  }
+  // Malformed trace context: dropped, the request still starts.
+  std::string upper = tp;
+  upper[10] = 'F';
+  std::string version = tp;
+  version[1] = '1';
+  std::string zero_id =
+      "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
+  for (const std::string& bad : {upper, version, zero_id, tp.substr(0, 54)}) {
+    Bytes v = {0xd9, static_cast<uint8_t>(bad.size())};
+    v.insert(v.end(), bad.begin(), bad.end());
+    const Middle b = DecodeMiddle(Cat({head, {0x81}, S("traceparent"), v}));
+    ASSERT_EQ(b.events.size(), 3u);
+    EXPECT_EQ(b.bad_fields, 1u);
+    EXPECT_TRUE(b.arrivals.empty());
+    EXPECT_EQ(b.events[1].count, 12u);
+  }
+  for (const Bytes& bad :
+       {S("no-equals"), S("a=b,,=c"), S("UP=1"), Bytes{0x07}}) {
+    const Middle b = DecodeMiddle(Cat({head, {0x81}, S("tracestate"), bad}));
+    ASSERT_EQ(b.events.size(), 3u);
+    EXPECT_EQ(b.bad_fields, 1u);
+    EXPECT_TRUE(b.arrivals.empty());
+  }
+}
+
+// A tracestate over 256 bytes: under a raised string limit the field rule
+// drops it (under the default limit the frame is string_too_long first).
+TEST(FrameDecoder12Test, DropsATracestateOverItsLimit) {
+  std::string state = "k=";
+  state.append(255, 'v');  // 257 bytes
+  Bytes v = {0xda, 0x01, 0x01};
+  v.insert(v.end(), state.begin(), state.end());
+  const Bytes event =
+      Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, S("tracestate"), v});
+  DecoderLimits limits;
+  limits.max_string_bytes = 1024;
+  RecordingSink sink;
+  FrameDecoder d{limits};
+  ASSERT_TRUE(
+      Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink));
+  ASSERT_EQ(sink.batches.size(), 1u);
+  EXPECT_EQ(sink.batches[0].bad_fields, 1u);
+  EXPECT_EQ(sink.batches[0].events.size(), 3u);
 }
 
 }  // namespace

@@ -403,8 +403,10 @@ TEST(TrackerTest, FrontendArrivedEngineCoreRestLabelsEverythingWithCore) {
   for (int i = 0; i < kNumHistograms; ++i) {
     const auto m = EngineMetric(kFirstHistogram + i);
     // Iterations come with STEP; a profile's own metrics only to its series.
-    const uint64_t want =
-        m == kIterationTokens || m == kMoeImbalance || !h.core->uses(m) ? 0 : 1;
+    const uint64_t want = m == kIterationTokens || m == kMoeImbalance ||
+                                  m == kRequestKvWaitTime || !h.core->uses(m)
+                              ? 0
+                              : 1;
     EXPECT_EQ(h.core->hist(m).count(), want) << MetricName(m);
   }
   EXPECT_EQ(h.core->count(kPromptTokens), 8u);
@@ -1679,6 +1681,288 @@ TEST(TrackerTest, ExpertSeriesCountTowardTheSeriesCap) {
   Harness plain(two, Profile::kVllm);
   SendExpertLoad(plain, plain.Core(), 0, std::vector<uint64_t>(1024, 1));
   EXPECT_EQ(plain.stats->events(EventKind::kExpertLoad), 1u);
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
+
+// ---- protocol 1.2
+// --------------------------------------------------------------
+
+namespace tokenmeter::daemon {
+namespace {
+
+Event ScheduledWithInfo(uint64_t t, RequestId rid, uint32_t cached,
+                        uint32_t external) {
+  Event e = Scheduled(t, rid);
+  e.scheduled =
+      ScheduledInfo{cached, external,
+                    ScheduledInfo::kCached | ScheduledInfo::kExternal, true};
+  return e;
+}
+
+Event KvTransfer(uint64_t t, RequestId rid, KvRole role, uint64_t start,
+                 bool ok = true, std::string_view reason = {},
+                 int64_t bytes = -1) {
+  Event e = Ev(EventKind::kKvTransfer, t, rid);
+  e.kv_transfer = KvTransferInfo{};
+  e.kv_transfer.role = role;
+  e.kv_transfer.start_ns = start;
+  e.kv_transfer.ok = ok;
+  e.kv_transfer.reason = TextRef::Of(reason);
+  if (bytes >= 0) {
+    e.kv_transfer.has_bytes = true;
+    e.kv_transfer.bytes = uint64_t(bytes);
+  }
+  return e;
+}
+
+Event Rejected(uint64_t t, std::string_view reason) {
+  Event e{};
+  e.kind = EventKind::kAdmissionRejected;
+  e.t_ns = t;
+  e.admission = AdmissionInfo{TextRef::Of(reason), false};
+  return e;
+}
+
+Event Sleep(uint64_t t, SchedulerState s, WeightsState w, KvCacheState k) {
+  Event e{};
+  e.kind = EventKind::kSleep;
+  e.t_ns = t;
+  e.sleep = SleepInfo{s, w, k};
+  return e;
+}
+
+const std::string kCoreLabels = "{model_name=\"m\",engine=\"core\"";
+
+std::string BySource(const std::string& source) {
+  return "vllm:prompt_tokens_by_source_total" + kCoreLabels + ",source=\"" +
+         source + "\"} ";
+}
+
+TEST(Tracker12Test, CountsPromptTokensBySourceAtTheFirstToken) {
+  Harness h;
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(1), 100), ScheduledWithInfo(T(5), Rid(1), 30, 20)});
+  // Nothing before the first token.
+  EXPECT_TRUE(HasLine(h.Render(), BySource("local_compute") + "0"));
+  h.Send(h.Core(), {Tokens(T(10), Rid(1), 1), Tokens(T(20), Rid(1), 1)});
+  // Without info every prompt token was computed.
+  h.Send(h.Core(), {Arrived(T(0), Rid(2), 7), Scheduled(T(5), Rid(2)),
+                    Tokens(T(10), Rid(2), 1)});
+  const std::string text = h.Render();
+  EXPECT_TRUE(HasLine(text, BySource("local_compute") + "57"));
+  EXPECT_TRUE(HasLine(text, BySource("local_cache_hit") + "30"));
+  EXPECT_TRUE(HasLine(text, BySource("external_kv_transfer") + "20"));
+  EXPECT_TRUE(
+      HasLine(text, "vllm:prompt_tokens_cached_total" + kCoreLabels + "} 50"));
+  EXPECT_TRUE(
+      HasLine(text, "vllm:prompt_tokens_total" + kCoreLabels + "} 107"));
+  EXPECT_EQ(h.stats->errors(IngestError::kBadField), 0u);
+}
+
+TEST(Tracker12Test, DropsScheduledInfoAboveThePromptInEitherOrder) {
+  Harness h;
+  // Info first, ARRIVED later: checked when ARRIVED comes.
+  h.Send(h.Core(), {ScheduledWithInfo(T(5), Rid(1), 60, 50),
+                    Arrived(T(0), Rid(1), 100), Tokens(T(10), Rid(1), 1)});
+  EXPECT_EQ(h.stats->errors(IngestError::kBadField), 1u);
+  // ARRIVED first.
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(2), 10), ScheduledWithInfo(T(5), Rid(2), 11, 0),
+          Tokens(T(10), Rid(2), 1)});
+  EXPECT_EQ(h.stats->errors(IngestError::kBadField), 2u);
+  // A later SCHEDULED's info is ignored (the first one's counts).
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(3), 10), Scheduled(T(5), Rid(3)),
+          ScheduledWithInfo(T(6), Rid(3), 10, 0), Tokens(T(10), Rid(3), 1)});
+  const std::string text = h.Render();
+  EXPECT_TRUE(HasLine(text, BySource("local_compute") + "120"));
+  EXPECT_TRUE(HasLine(text, BySource("local_cache_hit") + "0"));
+}
+
+TEST(Tracker12Test, ObservesComputedTokensPreemptionsAndKvWaitAtFinish) {
+  Harness h;
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(1), 100), ScheduledWithInfo(T(10), Rid(1), 0, 100),
+          KvTransfer(T(60), Rid(1), KvRole::kRecv, T(20)),
+          KvTransfer(T(90), Rid(1), KvRole::kRecv, T(70)),
+          Tokens(T(100), Rid(1), 1), Preempted(T(110), Rid(1)),
+          Preempted(T(120), Rid(1)), Tokens(T(130), Rid(1), 1),
+          Finished(T(140), Rid(1))});
+  const EngineSeries& s = *h.core;
+  EXPECT_EQ(s.hist(kRequestPrefillKvComputedTokens).count(), 1u);
+  EXPECT_EQ(s.hist(kRequestPrefillKvComputedTokens).sum(), 0.0);
+  EXPECT_EQ(s.hist(kRequestNumPreemptions).count(), 1u);
+  EXPECT_EQ(s.hist(kRequestNumPreemptions).sum(), 2.0);
+  // The first successful recv, 50 ms after SCHEDULED.
+  ASSERT_EQ(s.hist(kRequestKvWaitTime).count(), 1u);
+  EXPECT_DOUBLE_EQ(s.hist(kRequestKvWaitTime).sum(), 0.05);
+
+  // Every recv failed: no KV wait, nothing incomplete.
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(2), 8), Scheduled(T(10), Rid(2)),
+          KvTransfer(T(30), Rid(2), KvRole::kRecv, T(20), false, "timeout"),
+          Tokens(T(40), Rid(2), 1), Finished(T(50), Rid(2))});
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 1u);
+  EXPECT_EQ(s.hist(kRequestNumPreemptions).count(), 2u);
+  EXPECT_EQ(s.hist(kRequestPrefillKvComputedTokens).sum(), 8.0);
+  h.AdvanceAndSweep(3600 * kSecond);
+  EXPECT_EQ(h.Tracked(), 0);
+  EXPECT_EQ(h.Incomplete(), (std::array<uint64_t, size_t(Interval::kCount)>{}));
+}
+
+TEST(Tracker12Test, KeepsKvTransfersPerRoleWithoutTouchingRequestsOnSend) {
+  Harness h;
+  h.Send(h.Core(),
+         {KvTransfer(T(30), Rid(9), KvRole::kSend, T(20), true, {}, 4096),
+          KvTransfer(T(50), Rid(9), KvRole::kSend, T(20), false, {}, 1 << 20),
+          KvTransfer(T(70), Rid(9), KvRole::kSend, T(60), false, "timeout")});
+  // A send names a request the prefill side may have retired: none made.
+  EXPECT_EQ(h.Tracked(), 0);
+  const std::string text = h.Render();
+  const std::string send = kCoreLabels + ",role=\"send\"";
+  EXPECT_TRUE(
+      HasLine(text, "vllm:kv_transfer_time_seconds_count" + send + "} 3"));
+  EXPECT_TRUE(
+      HasLine(text, "vllm:kv_transfer_time_seconds_sum" + send + "} 0.05"));
+  EXPECT_TRUE(HasLine(text, "vllm:kv_transfer_bytes_count" + send + "} 2"));
+  EXPECT_TRUE(HasLine(
+      text, "vllm:kv_transfer_bytes_bucket" + send + ",le=\"8192\"} 1"));
+  EXPECT_TRUE(HasLine(
+      text, "vllm:kv_transfer_failures_total" + send + ",reason=\"error\"} 1"));
+  EXPECT_TRUE(HasLine(text, "vllm:kv_transfer_failures_total" + send +
+                                ",reason=\"timeout\"} 1"));
+  // No recv yet: no recv samples.
+  EXPECT_EQ(text.find("role=\"recv\""), std::string::npos);
+  EXPECT_EQ(h.stats->events(EventKind::kKvTransfer), 3u);
+}
+
+TEST(Tracker12Test, CountsAdmissionRejectionsBySixteenReasonsThenOther) {
+  Harness h;
+  EXPECT_EQ(h.Render().find("admission_rejections"), std::string::npos);
+  for (int i = 0; i < 18; ++i) {
+    h.Send(h.Core(), Rejected(T(i), "r" + std::to_string(i)));
+  }
+  h.Send(h.Core(), Rejected(T(20), "r0"));
+  EXPECT_EQ(h.Tracked(), 0);
+  const std::string text = h.Render();
+  const std::string name = "vllm:admission_rejections_total" + kCoreLabels;
+  EXPECT_TRUE(HasLine(text, name + ",reason=\"r0\"} 2"));
+  EXPECT_TRUE(HasLine(text, name + ",reason=\"r15\"} 1"));
+  EXPECT_FALSE(HasLine(text, name + ",reason=\"r16\"} 1"));
+  EXPECT_TRUE(HasLine(text, name + ",reason=\"__other__\"} 2"));
+  EXPECT_EQ(h.stats->events(EventKind::kAdmissionRejected), 19u);
+}
+
+TEST(Tracker12Test, FollowsSleepStatesKeyByKey) {
+  Harness h;
+  EXPECT_EQ(h.Render().find("engine_sleep_state"), std::string::npos);
+  h.Send(h.Core(), Sleep(T(1), SchedulerState::kPaused,
+                         WeightsState::kOffloaded, KvCacheState::kReleased));
+  std::string text = h.Render();
+  const std::string state = "vllm:engine_sleep_state" + kCoreLabels;
+  EXPECT_TRUE(HasLine(text, state + ",sleep_state=\"awake\"} 0"));
+  EXPECT_TRUE(HasLine(text, state + ",sleep_state=\"weights_offloaded\"} 1"));
+  EXPECT_TRUE(HasLine(text, state + ",sleep_state=\"discard_all\"} 0"));
+  EXPECT_TRUE(HasLine(text, "vllm:engine_fully_awake" + kCoreLabels + "} 0"));
+  const std::string res = "vllm:engine_sleep_resource_state" + kCoreLabels;
+  EXPECT_TRUE(
+      HasLine(text, res + ",resource=\"kv_cache\",state=\"released\"} 1"));
+  EXPECT_TRUE(
+      HasLine(text, res + ",resource=\"scheduler\",state=\"paused\"} 1"));
+  // Weights come back; the KV cache stays released (key not given).
+  h.Send(h.Core(), Sleep(T(2), SchedulerState::kRunning,
+                         WeightsState::kResident, KvCacheState::kKeep));
+  text = h.Render();
+  EXPECT_TRUE(HasLine(text, state + ",sleep_state=\"awake\"} 0"));
+  EXPECT_TRUE(HasLine(text, state + ",sleep_state=\"weights_offloaded\"} 0"));
+  EXPECT_TRUE(
+      HasLine(text, res + ",resource=\"kv_cache\",state=\"released\"} 1"));
+  h.Send(h.Core(), Sleep(T(3), SchedulerState::kKeep, WeightsState::kKeep,
+                         KvCacheState::kResident));
+  text = h.Render();
+  EXPECT_TRUE(HasLine(text, state + ",sleep_state=\"awake\"} 1"));
+  EXPECT_TRUE(HasLine(text, "vllm:engine_fully_awake" + kCoreLabels + "} 1"));
+  // The other series never slept: no sleep series.
+  EXPECT_EQ(text.find("engine_sleep_state{model_name=\"m\",engine=\"front\""),
+            std::string::npos);
+}
+
+TEST(Tracker12Test, SplitsWaitingByReasonOnceAnEngineSendsDeferred) {
+  Harness h;
+  StepStats st{};
+  st.has = StepStats::kWaiting;
+  st.waiting = 5;
+  h.Send(h.Core(), Step(T(1), st));
+  EXPECT_EQ(h.Render().find("num_requests_waiting_by_reason"),
+            std::string::npos);
+  st.has |= StepStats::kWaitingDeferred;
+  st.waiting_deferred = 2;
+  h.Send(h.Core(), Step(T(2), st));
+  const std::string name =
+      "vllm:num_requests_waiting_by_reason" + kCoreLabels + ",reason=";
+  std::string text = h.Render();
+  EXPECT_TRUE(HasLine(text, name + "\"capacity\"} 3"));
+  EXPECT_TRUE(HasLine(text, name + "\"deferred\"} 2"));
+  st.has = StepStats::kWaiting;
+  st.waiting = 4;
+  h.Send(h.Core(), Step(T(3), st));
+  text = h.Render();
+  EXPECT_TRUE(HasLine(text, name + "\"capacity\"} 4"));
+  EXPECT_TRUE(HasLine(text, name + "\"deferred\"} 0"));
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
+
+namespace tokenmeter::daemon {
+namespace {
+
+TEST(Tracker12Test, LabelsRequestsByPriorityBucketWithThePriorityLabel) {
+  RegistryOptions o;
+  o.priority_label = true;
+  Harness h(o, Profile::kVllm);
+  int rid = 0;
+  for (int32_t p : {-7, -1, 0, 1, 2, 1}) {
+    ArrivedExtras x;
+    x.has_priority = true;
+    x.priority = p;
+    h.SendArrived(h.Core(), Arrived(T(0), Rid(++rid), 4), x);
+    h.Send(h.Core(), {Tokens(T(10), Rid(rid), 1), Finished(T(20), Rid(rid))});
+  }
+  // No priority at all: "0".
+  h.Send(h.Core(), {Arrived(T(0), Rid(100), 4), Tokens(T(10), Rid(100), 1),
+                    Finished(T(20), Rid(100))});
+  const std::string text = h.Render();
+  const std::string name =
+      "vllm:request_success_total" + kCoreLabels + ",priority=";
+  EXPECT_TRUE(HasLine(text, name + "\"<-1\",finished_reason=\"stop\"} 1"));
+  EXPECT_TRUE(HasLine(text, name + "\"-1\",finished_reason=\"stop\"} 1"));
+  EXPECT_TRUE(HasLine(text, name + "\"0\",finished_reason=\"stop\"} 2"));
+  EXPECT_TRUE(HasLine(text, name + "\"1\",finished_reason=\"stop\"} 2"));
+  EXPECT_TRUE(HasLine(text, name + "\">1\",finished_reason=\"stop\"} 1"));
+  // Gauges keep the engine labels only.
+  EXPECT_EQ(text.find("num_requests_running{model_name=\"m\",engine=\"core\","
+                      "priority"),
+            std::string::npos);
+}
+
+TEST(Tracker12Test, RefusesAPriorityLabelBeyondFourOrTwice) {
+  FakeClock clock;
+  std::unique_ptr<Pipeline> p;
+  RegistryOptions four;
+  four.priority_label = true;
+  four.request_labels = {"a", "b", "c", "d"};
+  EXPECT_FALSE(Pipeline::Create(nullptr, clock, {four, {}, {}}, &p).ok());
+  RegistryOptions twice;
+  twice.priority_label = true;
+  twice.request_labels = {"priority"};
+  EXPECT_FALSE(Pipeline::Create(nullptr, clock, {twice, {}, {}}, &p).ok());
+  RegistryOptions three;
+  three.priority_label = true;
+  three.request_labels = {"a", "b", "c"};
+  EXPECT_TRUE(Pipeline::Create(nullptr, clock, {three, {}, {}}, &p).ok());
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <span>
 #include <string>
 
 #include "daemon/exposition/exposition.h"
@@ -107,6 +108,110 @@ TEST(PipelineTest, SavesAndLoadsAsOne) {
   }
 }
 
+// Protocol 1.2 state: every part of the new events and a request in
+// flight with its extras (SCHEDULED info, preemptions, a received KV,
+// priority and trace context) survive a save and load.
+void Feed12(Pipeline& p, const FixedClock& clock) {
+  EngineSeries* s = p.registry().GetOrCreate({"vllm", "m", "0", {}});
+  ASSERT_NE(s, nullptr);
+  const Source src{s, 1};
+  const uint64_t t = clock.NowNs() - 1'000'000;
+  const std::string tp =
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  ArrivedExtras x;
+  x.has_priority = true;
+  x.priority = -3;
+  x.traceparent = tp;
+  x.tracestate = "k=v";
+  Event ev{};
+  ev.rid.number = 7;
+  ev.kind = EventKind::kArrived;
+  ev.t_ns = t;
+  ev.count = 100;
+  ev.extras = 0;
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs(), std::span(&x, 1));
+  ev.extras = Event::kNoExtras;
+  ev.kind = EventKind::kScheduled;
+  ev.t_ns = t + 10;
+  ev.scheduled = ScheduledInfo{40, 10, 3, true};
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kKvTransfer;
+  ev.t_ns = t + 30;
+  ev.kv_transfer = KvTransferInfo{};
+  ev.kv_transfer.role = KvRole::kRecv;
+  ev.kv_transfer.start_ns = t + 20;
+  ev.kv_transfer.ok = true;
+  ev.kv_transfer.has_bytes = true;
+  ev.kv_transfer.bytes = 1 << 20;
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kv_transfer.ok = false;
+  ev.kv_transfer.reason = TextRef::Of("timeout");
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kPreempted;
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kAdmissionRejected;
+  ev.admission = AdmissionInfo{TextRef::Of("queue_full"), false};
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kSleep;
+  ev.sleep = SleepInfo{SchedulerState::kPaused, WeightsState::kKeep,
+                       KvCacheState::kReleased};
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kStep;
+  ev.step = StepStats{};
+  ev.step.has = StepStats::kWaiting | StepStats::kWaitingDeferred;
+  ev.step.waiting = 3;
+  ev.step.waiting_deferred = 1;
+  p.tracker().Apply(src, ev, nullptr, clock.NowNs());
+}
+
+TEST(PipelineTest, SavesAndLoadsTheProtocol12State) {
+  FixedClock clock;
+  auto a = Make(clock);
+  Feed12(*a, clock);
+  std::string bytes;
+  StateWriter w(bytes);
+  a->SaveState(w);
+  auto b = Make(clock);
+  StateReader r(bytes.data(), bytes.size());
+  b->LoadState(r);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  const std::string text = Text(*b);
+  EXPECT_EQ(text, Text(*a));
+  for (const char* family :
+       {"admission_rejections_total", "num_requests_waiting_by_reason",
+        "kv_transfer_time_seconds", "kv_transfer_failures_total",
+        "engine_sleep_state"}) {
+    EXPECT_NE(text.find(family), std::string::npos) << family;
+  }
+  std::string again;
+  StateWriter w2(again);
+  b->SaveState(w2);
+  EXPECT_EQ(again, bytes);  // the request's extras included
+  // The request finishes on the loaded side as it would have on the first.
+  for (Pipeline* p : {a.get(), b.get()}) {
+    EngineSeries* s = p->registry().GetOrCreate({"vllm", "m", "0", {}});
+    Event ev{};
+    ev.rid.number = 7;
+    ev.kind = EventKind::kTokens;
+    ev.t_ns = clock.NowNs() - 500'000;
+    ev.count = 1;
+    p->tracker().Apply({s, 1}, ev, nullptr, clock.NowNs());
+    ev.kind = EventKind::kFinished;
+    p->tracker().Apply({s, 1}, ev, nullptr, clock.NowNs());
+  }
+  EXPECT_EQ(Text(*b), Text(*a));
+  EXPECT_NE(Text(*b).find("vllm:prompt_tokens_by_source_total{model_name="
+                          "\"m\",engine=\"0\",source=\"local_cache_hit\"} "
+                          "40\n"),
+            std::string::npos);
+  for (size_t n = 0; n < bytes.size(); n += 5) {
+    auto c = Make(clock);
+    StateReader t(bytes.data(), n);
+    c->LoadState(t);
+    EXPECT_FALSE(t.ok() && t.at_end()) << n;
+  }
+}
+
 TEST(PipelineTest, FingerprintNamesWhatASnapshotDependsOn) {
   FixedClock clock;
   const SnapshotFingerprint base = Make(clock)->Fingerprint();
@@ -121,6 +226,15 @@ TEST(PipelineTest, FingerprintNamesWhatASnapshotDependsOn) {
   PipelineOptions buckets;
   buckets.registry.buckets["time_to_first_token_seconds"] = {0.1, 1};
   EXPECT_EQ(differs_in(buckets), 0);
+  // What formats 1 to 4 were written with: the 1.1 catalog's histograms
+  // only, which the buckets of a 1.2 histogram do not change.
+  EXPECT_EQ(base.legacy_buckets.rfind("metrics 43 histograms 20;", 0), 0u);
+  EXPECT_NE(base.legacy_buckets, base.parts[0]);
+  PipelineOptions new_buckets;
+  new_buckets.registry.buckets["request_num_preemptions"] = {1, 2};
+  const SnapshotFingerprint nb = Make(clock, new_buckets)->Fingerprint();
+  EXPECT_NE(nb.parts[0], base.parts[0]);
+  EXPECT_EQ(nb.legacy_buckets, base.legacy_buckets);
   PipelineOptions profile;
   profile.ingest.profile = Profile::kSglang;
   EXPECT_EQ(differs_in(profile), 1);

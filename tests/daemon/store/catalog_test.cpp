@@ -89,7 +89,7 @@ TEST(CatalogTest, EngineTableIsConsistent) {
   }
   // The histograms are one contiguous run (EngineSeries::hists).
   for (int i = 0; i < kNumEngineMetrics; ++i) {
-    const bool in_run = i >= kTimeToFirstToken && i <= kMoeImbalance;
+    const bool in_run = i >= kTimeToFirstToken && i <= kLastHistogram;
     EXPECT_EQ(kEngineMetrics[i].type == MetricType::kHistogram, in_run)
         << kEngineMetrics[i].suffix;
   }

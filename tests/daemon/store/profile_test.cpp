@@ -23,9 +23,13 @@
 
 #include "daemon/exposition/text_writer.h"
 #include "daemon/store/catalog.h"
+#include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/kv_transfer.h"
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/parts/moe.h"
+#include "daemon/store/parts/sleep.h"
+#include "daemon/store/parts/waiting_reason.h"
 #include "daemon/store/registry.h"
 #include "daemon/store/request_labels.h"
 #include "tests/daemon/exposition/exposition_fixture.h"
@@ -133,6 +137,12 @@ std::string RenderOneSeries(Profile p, bool legacy_names) {
   const uint64_t counts[] = {3, 1};
   EXPECT_TRUE(
       s->part<MoePart>().Add(0, std::span<const uint64_t>(counts, 2), true));
+  // Protocol 1.2 parts.
+  s->part<AdmissionPart>().Reject("queue_full");
+  s->part<WaitingReasonPart>().Set(5, 2);
+  s->part<KvTransferPart>().Add(0, 2'000'000, true, 4096, false, "timeout");
+  s->part<KvTransferPart>().Add(1, 3'000'000, true, 4096, true, {});
+  s->part<SleepPart>().Apply(1, 1, 1);
   return Render(*reg, ExpositionFormat::kText004);
 }
 
