@@ -268,14 +268,18 @@ class Dashboard(unittest.TestCase):
                              r"1 \+ sum|up|tokenmeter_scrape|scrape_duration|"
                              r"rate\(process|process_)", p["title"])
 
-    # The protocol 1.2 series (metrics-v1.md "Catalog 1.2 additions") and
-    # the titles of the panels that show them.
+    # The protocol 1.2 series (metrics-v1.md "Catalog 1.2 additions"; and
+    # SGLang's own names of the same facts, docs/metrics.md "Protocol 1.2
+    # series") and the titles of the panels that show them.
     PROTOCOL_12_SERIES = (
         "admission_rejections_total", "num_requests_waiting_by_reason",
         "prompt_tokens_by_source_total", "prompt_tokens_cached_total",
         "kv_transfer_time_seconds", "kv_transfer_bytes",
         "kv_transfer_failures_total", "engine_sleep_state",
-        "engine_sleep_resource_state", "engine_fully_awake")
+        "engine_sleep_resource_state", "engine_fully_awake",
+        "num_queue_rejected_requests_total", "kv_transfer_latency_ms",
+        "kv_transfer_total_mb", "num_transfer_failed_reqs_total",
+        "kv_transfer_timeouts_total")
     PROTOCOL_12_PANELS = (
         "Admission rejections by reason", "Requests waiting by reason",
         "Prompt tokens by source", "Cached prompt share",

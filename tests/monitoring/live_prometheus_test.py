@@ -120,8 +120,10 @@ MOE_EXPERTS = 8
 # source are not among them: without SCHEDULED info every prompt token is
 # local_compute.)
 PROTOCOL_12_ONLY = ("admission_rejections_total",
+                    "num_queue_rejected_requests_total",
                     "num_requests_waiting_by_reason", "kv_transfer_",
-                    "engine_sleep_", "engine_fully_awake")
+                    "num_transfer_failed_reqs_total", "engine_sleep_",
+                    "engine_fully_awake")
 
 
 def names_protocol_12_only(expr):
@@ -635,7 +637,6 @@ class LivePrometheus(LiveBase):
         "request_inference_time_seconds:": {"sglang"},
         "request_success:": {"sglang"},
         "num_preemptions:": {"sglang", "lmdeploy"},
-        "prefix_cache_hit_ratio:": {"lmdeploy"},
         "spec_decode_": {"tokenmeter_engine"},
     }
 
@@ -944,10 +945,19 @@ class LivePrometheus(LiveBase):
                 awake = state == {"scheduler": "running",
                                   "weights": "resident",
                                   "kv_cache": "resident"}
+                if ns == "sglang":
+                    # SGLang's own counters: every failure, and timeouts.
+                    kv_failed = {
+                        "any": sum(sim.kv_failed.values()),
+                        "timeout": sum(n for (_, reason), n
+                                       in sim.kv_failed.items()
+                                       if reason == "timeout")}
+                else:
+                    kv_failed = {f"{role} {reason}": n for (role, reason), n
+                                 in sim.kv_failed.items()}
                 want = {
                     "rejected": dict(sim.rejected),
-                    "kv_failed": {f"{role} {reason}": n for (role, reason), n
-                                  in sim.kv_failed.items()},
+                    "kv_failed": kv_failed,
                     "fully_awake": 1 if awake else 0,
                     "resources": {f"{res} {st}": 1 for res, st
                                   in state.items()},
@@ -963,11 +973,16 @@ class LivePrometheus(LiveBase):
                                 not n.startswith(ns + ":"):
                             continue
                         n = n.split(":", 1)[1]
-                        if n == "admission_rejections_total":
+                        if n in ("admission_rejections_total",
+                                 "num_queue_rejected_requests_total"):
                             got["rejected"][ls["reason"]] = v
                         elif n == "kv_transfer_failures_total":
                             got["kv_failed"][
                                 f"{ls['role']} {ls['reason']}"] = v
+                        elif n == "num_transfer_failed_reqs_total":
+                            got["kv_failed"]["any"] = v
+                        elif n == "kv_transfer_timeouts_total":
+                            got["kv_failed"]["timeout"] = v
                         elif n == "engine_fully_awake":
                             got["fully_awake"] = v
                         elif n == "engine_sleep_resource_state" and v:
@@ -983,7 +998,8 @@ class LivePrometheus(LiveBase):
             finally:
                 sim.resume()
             self.assertTrue(want["rejected"], ns)
-            self.assertIn("recv timeout", want["kv_failed"], ns)
+            self.assertTrue(want["kv_failed"].get(
+                "timeout" if ns == "sglang" else "recv timeout"), ns)
             print(f"\n{ns} paused: rejected {want['rejected']}, failed KV "
                   f"transfers {want['kv_failed']}, sleep {state}",
                   file=sys.stderr, end="")
