@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <limits>
 
+#include "daemon/store/parts/admission.h"
+#include "daemon/store/parts/waiting_reason.h"
+
 namespace tokenmeter::daemon::live {
 namespace {
 
@@ -13,7 +16,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Decimals each value keeps: gauges and rates to the hundredth, KV usage
 // and the hit rate (fractions) to 1e-4, latencies to the microsecond.
-constexpr int kDecimals[kNumLiveKeys] = {2, 2, 4, 2, 2, 2, 4, 6, 6, 6, 6, 6, 6};
+constexpr int kDecimals[kNumLiveKeys] = {2, 2, 4, 2, 2, 2, 4, 6,
+                                         6, 6, 6, 6, 6, 2, 2, 2};
 
 constexpr uint64_t kPow10[] = {
     1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
@@ -134,7 +138,8 @@ std::string_view TextRing::Last() const {
 // A followed series: its history (what the next point's increases are
 // measured from is in windows_).
 struct History::State {
-  SeriesWindows::Marks marks;  // where the next point's increase starts
+  SeriesWindows::Marks marks;    // where the next point's increase starts
+  uint64_t rejections_mark = 0;  // the admission part's total then
   Series series;
 };
 
@@ -149,7 +154,12 @@ History::State* History::StateFor(const EngineSeries& s, bool baseline) {
       states_.emplace(&s, std::make_unique<State>()).first->second.get();
   // A series there was at Start() (restored from a snapshot) starts at its
   // totals; one made since counts from zero.
-  if (baseline) windows_.Mark(s, st->marks);
+  if (baseline) {
+    windows_.Mark(s, st->marks);
+    if (const AdmissionPart* a = s.find_part<AdmissionPart>()) {
+      st->rejections_mark = a->total();
+    }
+  }
   return st;
 }
 
@@ -194,6 +204,19 @@ void History::Tick(const Registry& registry, uint64_t now_ns, int64_t unix_s) {
       v[kP50Key[h]] = QuantileOf(0.5, bounds, counts, w.observations[h]);
       v[kP50Key[h] + 1] = QuantileOf(0.99, bounds, counts, w.observations[h]);
     }
+    // Protocol 1.2: null until the series has the part.
+    v[kAdmissionRejectionsPerS] = kNaN;
+    if (const AdmissionPart* a = s.find_part<AdmissionPart>()) {
+      const uint64_t total = a->total();
+      v[kAdmissionRejectionsPerS] =
+          total > st->rejections_mark
+              ? double(total - st->rejections_mark) / elapsed_s
+              : 0.0;
+      st->rejections_mark = total;
+    }
+    const WaitingReasonPart* wr = s.find_part<WaitingReasonPart>();
+    v[kWaitingCapacity] = wr != nullptr ? double(wr->capacity()) : kNaN;
+    v[kWaitingDeferred] = wr != nullptr ? double(wr->deferred()) : kNaN;
     st->series.t.Push(t_text);
     for (int k = 0; k < kNumLiveKeys; ++k) {
       TextRing& ring = st->series.values[k];

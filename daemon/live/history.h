@@ -2,9 +2,10 @@
 // second over the last 15 minutes of what the page at `/` charts and
 // `/api/v1/live` serves: running and waiting requests, KV-cache usage,
 // prompt / generation tokens per second, preemptions per second, the
-// prefix-cache hit rate (hits / queries of the second), and the
+// prefix-cache hit rate (hits / queries of the second), the
 // p50 and p99 of TTFT, ITL and e2e latency among the observations of that
-// second.
+// second, and (protocol 1.2, null for a series without them) admission
+// rejections per second and the waiting requests by reason.
 //
 // Quantiles come from the classic histograms' bucket deltas over the second
 // (BucketQuantile(), Prometheus' histogram_quantile() rule), so they are as
@@ -17,8 +18,8 @@
 // Memory: at most kMaxSeries series get a history (the first ones seen);
 // each holds kNumLiveKeys + 1 text rings of at most kPoints entries of at
 // most kMaxEntryBytes bytes, plus its histograms' previous bucket counts.
-// MaxBytesPerSeries() is the bound (about 545 KB); a series of busy values
-// (every latency with six digits) holds about 150 KB once its rings are
+// MaxBytesPerSeries() is the bound (about 660 KB); a series of busy values
+// (every latency with six digits) holds about 165 KB once its rings are
 // full (docs/operations.md, "Live page").
 //
 // Single-threaded: the daemon's loop.
@@ -54,6 +55,9 @@ enum LiveKey : uint8_t {
   kItlP99,
   kE2eP50,
   kE2eP99,
+  kAdmissionRejectionsPerS,  // null until the series' first rejection
+  kWaitingCapacity,          // null until its first STEP waiting_deferred
+  kWaitingDeferred,          // likewise
   kNumLiveKeys,
 };
 inline constexpr std::string_view kLiveKeyNames[kNumLiveKeys] = {
@@ -69,7 +73,10 @@ inline constexpr std::string_view kLiveKeyNames[kNumLiveKeys] = {
     "itl_p50_s",
     "itl_p99_s",
     "e2e_p50_s",
-    "e2e_p99_s"};
+    "e2e_p99_s",
+    "admission_rejections_per_s",
+    "waiting_capacity",
+    "waiting_deferred"};
 
 inline constexpr size_t kPoints = 900;        // 15 minutes at 1 s
 inline constexpr size_t kMaxSeries = 64;      // series with a history
@@ -132,8 +139,9 @@ class History {
   void Start(const Registry& registry, uint64_t now_ns);
 
   // Adds one point to every followed series: the gauges now, the counters'
-  // and histograms' increase since the previous Tick() (or since Start(),
-  // or since the series was created) per second of `now_ns` minus the
+  // and histograms' increase (admission rejections: the admission part's
+  // total) since the previous Tick() (or since Start(), or since the
+  // series was created) per second of `now_ns` minus the
   // previous tick's time, at the wall-clock second `unix_s` (points of one
   // series are strictly increasing in time: a `unix_s` not after the
   // previous one becomes that plus 1). A new series is followed while

@@ -1,5 +1,8 @@
 #include "daemon/logging/summary.h"
 
+#include <algorithm>
+
+#include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/moe.h"
 #include "spdlog/spdlog.h"
 
@@ -42,7 +45,73 @@ std::string SummaryLog::Line(const EngineSeries& s, double window_s,
     line += fmt::format(", MoE worst layer imbalance: {:.2f} (layer {})",
                         worst->imbalance, worst_layer);
   }
+  if (AppendRejections(s, w, line) > 0) *idle = false;
   return line;
+}
+
+void SummaryLog::MarkRejections(const EngineSeries& s, ReasonMarks& marks) {
+  const AdmissionPart* admission = s.find_part<AdmissionPart>();
+  if (admission == nullptr) return;
+  marks.clear();
+  admission->reasons().ForEach([&](std::string_view reason, uint64_t n) {
+    marks.emplace_back(std::string(reason), n);
+  });
+}
+
+uint64_t SummaryLog::AppendRejections(const EngineSeries& s, double window_s,
+                                      std::string& line) {
+  const AdmissionPart* admission = s.find_part<AdmissionPart>();
+  if (admission == nullptr) return 0;
+  ReasonMarks& marks = rejection_marks_[&s];
+  // The window's count per reason. The part keeps its reasons in
+  // first-come order with __other__ last and never drops one, so the
+  // marks are in the part's order and one forward scan finds each.
+  std::vector<std::pair<std::string_view, uint64_t>> window;
+  uint64_t total = 0;
+  size_t i = 0;
+  admission->reasons().ForEach([&](std::string_view reason, uint64_t n) {
+    uint64_t before = 0;
+    for (size_t j = i; j < marks.size(); ++j) {
+      if (marks[j].first == reason) {
+        before = marks[j].second;
+        i = j + 1;
+        break;
+      }
+    }
+    if (n > before) {
+      window.emplace_back(reason, n - before);
+      total += n - before;
+    }
+  });
+  if (total > 0) {
+    std::stable_sort(
+        window.begin(), window.end(),
+        [](const auto& a, const auto& b) { return a.second > b.second; });
+    line +=
+        fmt::format(", Rejected: {:.1f} reqs/s (", double(total) / window_s);
+    uint64_t rest = 0;
+    for (size_t k = 0; k < window.size(); ++k) {
+      if (k < kMaxReasonsShown) {
+        line += fmt::format("{}{} {}", k > 0 ? ", " : "", window[k].first,
+                            window[k].second);
+      } else {
+        rest += window[k].second;
+      }
+    }
+    if (rest > 0) line += fmt::format(", other reasons {}", rest);
+    line += ')';
+  }
+  MarkRejections(s, marks);
+  return total;
+}
+
+void SummaryLog::Restart(const Registry& registry) {
+  windows_.Restart(registry);
+  registry.ForEachSeries([&](const EngineSeries& s) {
+    if (s.find_part<AdmissionPart>() != nullptr) {
+      MarkRejections(s, rejection_marks_[&s]);
+    }
+  });
 }
 
 void SummaryLog::LogAll(const Registry& registry, double window_s) {

@@ -6,8 +6,12 @@
   other methods) and the JSON's shape. No browser needed.
 * LivePage: two reference engines feed one daemon while Debian's headless
   Chromium, driven over the DevTools protocol on a pipe
-  (--remote-debugging-pipe: no extra Python package), shows the page. The
-  DOM must hold a panel per engine series with six drawn charts, and every
+  (--remote-debugging-pipe: no extra Python package), shows the page; a
+  third series (Feed12: a protocol 1.2 gateway that only rejects requests
+  and reports deferred waiting) is fed from here. The DOM must hold a panel
+  per engine series with six drawn charts, eight for the 1.2 series (its
+  waiting-by-reason and rejections charts, which the others do not show),
+  and every
   figure the page shows (the panel's "now" values and the summary table at
   the top) must equal /api/v1/live's history at the point in time the page
   says it shows (data-t): points never change once made, so the comparison
@@ -31,10 +35,12 @@ import json
 import os
 import select
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.error
@@ -52,7 +58,17 @@ PASSWORD = "live-page-pw"
 KEYS = ["running", "waiting", "kv_usage", "prompt_tokens_per_s",
         "generation_tokens_per_s", "preemptions_per_s",
         "prefix_cache_hit_rate", "ttft_p50_s", "ttft_p99_s", "itl_p50_s",
-        "itl_p99_s", "e2e_p50_s", "e2e_p99_s"]
+        "itl_p99_s", "e2e_p50_s", "e2e_p99_s", "admission_rejections_per_s",
+        "waiting_capacity", "waiting_deferred"]
+# The protocol 1.2 keys: null for a series that never sent their events,
+# and their charts (page.html's optional ones) shown only for one that did.
+KEYS_12 = {"admission_rejections_per_s", "waiting_capacity",
+           "waiting_deferred"}
+CHARTS = ["Time to first token", "Inter-token latency", "End-to-end latency",
+          "Tokens/s", "Requests", "KV cache usage"]
+CHARTS_12 = ["Time to first token", "Inter-token latency",
+             "End-to-end latency", "Tokens/s", "Requests", "Waiting by reason",
+             "Admission rejections/s", "KV cache usage"]
 
 
 def stopped_cleanly(d):
@@ -127,6 +143,57 @@ class LiveApi(unittest.TestCase):
         # TTFT 0.5 ms, alone in (0, 0.001]: p50 0.0005, p99 0.00099.
         self.assertIn(0.0005, h["ttft_p50_s"])
         self.assertIn(0.00099, h["ttft_p99_s"])
+        # No protocol 1.2 event: those keys are null throughout.
+        for k in KEYS_12:
+            self.assertEqual(set(h[k]), {None}, k)
+        s.close()
+
+    def test_json_of_rejections_and_waiting_by_reason(self):
+        """ADMISSION_REJECTED and STEP waiting_deferred: the rejections of
+        each second, and the waiting requests by reason at each point; null
+        before the first of them."""
+        s = self.d.connect()
+        s.sendall(tu.hello(instance="gw"))
+        s.sendall(tu.batch([[7, time.monotonic_ns(), {"waiting": 1}]]))
+
+        def doc(n):
+            data = json.loads(self.d.get("/api/v1/live")[2])
+            mine = [x for x in data["series"] if x["engine"] == "gw"]
+            return mine[0] if mine and len(mine[0]["history"]["t"]) >= n \
+                else None
+        x = tu.poll_until(lambda: doc(1), timeout=10, what="a first point")
+        self.assertEqual(x["now"]["waiting"], 1)
+        for k in KEYS_12:
+            self.assertIsNone(x["now"][k], k)
+        n = len(x["history"]["t"])
+        t = time.monotonic_ns()
+        s.sendall(tu.batch([
+            [9, t, "queue_full"], [9, t, "queue_full", 17],
+            [9, t, "token_cap"],
+            [7, t, {"running": 2, "waiting": 5, "waiting_deferred": 2}]],
+            seq=1))
+        def after():
+            # A point after the first one that holds the events (their
+            # STEP's waiting 5 comes with or after their rejections).
+            d = doc(n)
+            w = d["history"]["waiting"] if d else []
+            return d if 5 in w[:-1] else None
+        x = tu.poll_until(after, timeout=10,
+                          what="a point after the 1.2 events")
+        h = x["history"]
+        rejected = [v for v in h["admission_rejections_per_s"] if v]
+        # Three rejections within one tick: one point of 3 over the time
+        # since the tick before (about a second; later on a loaded machine).
+        self.assertEqual(len(rejected), 1, h["admission_rejections_per_s"])
+        self.assertTrue(1 < rejected[0] <= 3.5, rejected)
+        self.assertEqual(x["now"]["admission_rejections_per_s"], 0)
+        self.assertEqual((x["now"]["waiting_capacity"],
+                          x["now"]["waiting_deferred"]), (3, 2))
+        # Null up to the first point after the events, numbers from then on.
+        for k in KEYS_12:
+            first = next(i for i, v in enumerate(h[k]) if v is not None)
+            self.assertGreaterEqual(first, n, k)
+            self.assertNotIn(None, h[k][first:], k)
         s.close()
 
     def test_head_sends_no_body(self):
@@ -286,7 +353,9 @@ SNAPSHOT_JS = r"""
       .map(d => [d.dataset.k, d.dataset.v])),
     texts: Object.fromEntries([...p.querySelectorAll("dd[data-k]")]
       .map(d => [d.dataset.k, d.textContent])),
-    charts: [...p.querySelectorAll("canvas")].map(c => {
+    shown: [...p.querySelectorAll("dd[data-k]")]
+      .filter(d => !d.parentNode.hidden).map(d => d.dataset.k),
+    charts: [...p.querySelectorAll("figure:not([hidden]) canvas")].map(c => {
       const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
       let inked = 0;
       for (let i = 3; i < px.length; i += 4) if (px[i] > 0) inked++;
@@ -334,6 +403,44 @@ def dom_value(text):
     return None if text == "null" else float(text)
 
 
+class Feed12(threading.Thread):
+    """A protocol 1.2 gateway in front of an engine, fed from the test: a
+    STEP with waiting_deferred and a few ADMISSION_REJECTED every 0.2 s,
+    no request. Its series has the 1.2 figures and charts; the reference
+    engines' do not."""
+
+    def __init__(self, sock_path):
+        super().__init__(daemon=True)
+        self.sock_path = sock_path
+        self.halt = threading.Event()
+        self.error = None
+
+    def run(self):
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(self.sock_path)
+            s.sendall(tu.hello(engine="vllm", model="tiny-gw",
+                               instance="gw0"))
+            seq = 0
+            while not self.halt.wait(0.2):
+                t = time.monotonic_ns()
+                events = [[9, t, ("queue_full", "token_cap")[i % 2]]
+                          for i in range(seq % 4)]
+                events.append([7, t, {"running": 0, "waiting": 2 + seq % 3,
+                                      "waiting_deferred": 1 + seq % 2,
+                                      "kv_usage": 0.0}])
+                s.sendall(tu.batch(events, seq=seq))
+                seq += 1
+            s.sendall(tu.frame(2))
+            s.close()
+        except Exception as e:  # reported by the test, not lost in a thread
+            self.error = e
+
+    def stop(self):
+        self.halt.set()
+        self.join(timeout=10)
+
+
 class PageCase(unittest.TestCase):
     """A daemon (with `daemon_args`), two engines feeding it, a browser."""
     daemon_args = ()
@@ -360,6 +467,8 @@ class PageCase(unittest.TestCase):
             # Killed even when the rest of setUpClass fails.
             cls.addClassCleanup(engine.cleanup)
             cls.engines.append(engine.start())
+        cls.feed = Feed12(cls.d.sock)
+        cls.feed.start()
         cls.origin = f"{cls.scheme}://127.0.0.1:{cls.d.port}"
         cls.cdp = Cdp(os.path.join(cls.tmp, "chromium"), cls.on_event)
         cls.urls = []
@@ -412,6 +521,8 @@ class PageCase(unittest.TestCase):
             cls.cdp.close()
         for engine in getattr(cls, "engines", []):
             engine.stop()
+        if getattr(cls, "feed", None):
+            cls.feed.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
         if getattr(cls, "d", None):
             stopped_cleanly(cls.d)
@@ -452,16 +563,34 @@ class PageCase(unittest.TestCase):
             raise AssertionError(f"{what}: last page state {last[0]}; "
                                  f"daemon log: {self.d.read_log()[-2000:]}")
 
+    @staticmethod
+    def chart(panel, title):
+        (c,) = [c for c in panel["charts"] if c["title"] == title]
+        return c
+
+    @staticmethod
+    def is_feed12(panel):
+        return json.loads(panel["series"])[2] == "gw0"
+
     def busy(self, snap):
-        """Both panels show traffic: throughput and an e2e latency drawn."""
-        if len(snap["panels"]) != 2:
+        """The engines' panels show traffic (throughput and an e2e latency
+        drawn), the 1.2 gateway's its rejections."""
+        if len(snap["panels"]) != 3:
             return False
-        return all(p["charts"][2]["drawn"] > 0 and p["charts"][3]["drawn"] > 0
-                   for p in snap["panels"])
+        for p in snap["panels"]:
+            titles = [c["title"] for c in p["charts"]]
+            if self.is_feed12(p):
+                if titles != CHARTS_12 or not self.chart(
+                        p, "Admission rejections/s")["drawn"]:
+                    return False
+            elif not (self.chart(p, "End-to-end latency")["drawn"] > 0 and
+                      self.chart(p, "Tokens/s")["drawn"] > 0):
+                return False
+        return True
 
     def open_page(self):
         self.cdp.send("Page.navigate", {"url": self.origin + "/"})
-        return self.wait_page("two busy panels",
+        return self.wait_page("three busy panels",
                               lambda s: s["updates"] >= 3 and self.busy(s))
 
     def check_against_api(self, snap):
@@ -469,8 +598,9 @@ class PageCase(unittest.TestCase):
         by_id = {json.dumps([s["engine_family"], s["model_name"],
                              s["engine"], s["labels"]]): s
                  for s in data["series"]}
-        self.assertEqual(len(data["series"]), 2)
-        self.assertEqual(len(snap["panels"]), 2)
+        self.assertIsNone(self.feed.error)
+        self.assertEqual(len(data["series"]), 3)
+        self.assertEqual(len(snap["panels"]), 3)
         totals = {"prompt_tokens_per_s": 0, "generation_tokens_per_s": 0,
                   "running": 0, "waiting": 0}
         rows = {r["series"]: r for r in snap["rows"] if not r["total"]}
@@ -486,15 +616,40 @@ class PageCase(unittest.TestCase):
                 want = h[k][i]
                 self.assertEqual(dom_value(p["values"][k]), want, (key, k))
                 self.assertEqual(p["texts"][k], page_text(k, want), (key, k))
-            # Six charts, each over the history up to that point.
-            self.assertEqual(len(p["charts"]), 6)
+            # The 1.2 figures and charts only where the history has them:
+            # the gateway's (numbers since its first STEP, so up to its
+            # first point at most), not the reference engines'.
+            feed12 = self.is_feed12(p)
+            with_12 = {k for k in KEYS_12 if any(v is not None
+                                                 for v in h[k][:i + 1])}
+            self.assertEqual(with_12, KEYS_12 if feed12 else set(), key)
+            self.assertEqual(p["shown"], [k for k in KEYS
+                                          if k not in KEYS_12 or
+                                          k in with_12], key)
+            # Six charts (eight for the gateway), each over the history up
+            # to that point.
+            self.assertEqual([c["title"] for c in p["charts"]],
+                             CHARTS_12 if feed12 else CHARTS, key)
             for c in p["charts"]:
                 self.assertEqual(c["points"], i + 1, c["title"])
                 self.assertGreater(c["inked"], 500, c["title"])
             # Throughput, requests and KV usage are numbers at every point.
-            self.assertEqual(p["charts"][3]["drawn"], 2 * (i + 1))
-            self.assertEqual(p["charts"][4]["drawn"], 2 * (i + 1))
-            self.assertEqual(p["charts"][5]["drawn"], i + 1)
+            self.assertEqual(self.chart(p, "Tokens/s")["drawn"], 2 * (i + 1))
+            self.assertEqual(self.chart(p, "Requests")["drawn"], 2 * (i + 1))
+            self.assertEqual(self.chart(p, "KV cache usage")["drawn"], i + 1)
+            if feed12:
+                # Every point from the first with a value (each STEP has
+                # waiting_deferred; the history's null is before it).
+                for title, keys in (("Waiting by reason",
+                                     ["waiting_capacity",
+                                      "waiting_deferred"]),
+                                    ("Admission rejections/s",
+                                     ["admission_rejections_per_s"])):
+                    want = sum(v is not None for k in keys
+                               for v in h[k][:i + 1])
+                    self.assertEqual(self.chart(p, title)["drawn"], want,
+                                     title)
+                    self.assertGreater(want, 0, title)
             row = rows[p["series"]]
             for k, v in row["values"].items():
                 self.assertEqual(dom_value(v), h[k][i], ("summary", key, k))
@@ -526,7 +681,7 @@ class LivePage(PageCase):
         self.cdp.send("Page.reload", {"ignoreCache": True})
         snap = self.wait_page(
             "the reloaded page",
-            lambda s: s["updates"] >= 1 and len(s["panels"]) == 2 and
+            lambda s: s["updates"] >= 1 and len(s["panels"]) == 3 and
             self.cdp.eval("window.__before_reload") is None)
         self.assertGreaterEqual(snap["panels"][0]["charts"][0]["points"],
                                 before)

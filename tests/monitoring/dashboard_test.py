@@ -241,12 +241,73 @@ class Dashboard(unittest.TestCase):
                       "moe_routed_tokens_total{", exprs)
         self.assertIn("sum by (layer, expert) (rate(${namespace}:"
                       "moe_expert_tokens_total{", exprs)
+        # Protocol 1.2: admission rejections, waiting by reason, prompt
+        # tokens by source and the cached share, KV transfers (latency and
+        # size quantiles by role, bytes/s, failures) and sleep state.
+        self.check_protocol_12_panels(exprs, [
+            "sum by (reason) (rate(${namespace}:admission_rejections_total{",
+            "sum by (reason) (${namespace}:num_requests_waiting_by_reason{",
+            "sum by (source) (rate(${namespace}:"
+            "prompt_tokens_by_source_total{",
+            "sum(rate(${namespace}:prompt_tokens_cached_total{",
+            "sum by (role, reason) (rate(${namespace}:"
+            "kv_transfer_failures_total{",
+            "sum by (role) (rate(${namespace}:kv_transfer_bytes_sum{",
+            "sum by (sleep_state) (${namespace}:engine_sleep_state{",
+            "sum(1 - ${namespace}:engine_fully_awake{",
+            "sum by (resource, state) (${namespace}:"
+            "engine_sleep_resource_state{",
+        ] + [f"histogram_quantile({q}, sum by (role, le) (rate(${{namespace}}:"
+             f"{h}_bucket{{"
+             for q in ("0.5", "0.99")
+             for h in ("kv_transfer_time_seconds", "kv_transfer_bytes")])
         # Aggregation over hosts and engines: no engine series plotted raw.
         for p, t in self.targets:
             self.assertRegex(t["expr"], r"^(histogram_quantile|sum|max|avg|"
                              r"count|time\(\) - max|clamp_min|"
                              r"1 \+ sum|up|tokenmeter_scrape|scrape_duration|"
                              r"rate\(process|process_)", p["title"])
+
+    # The protocol 1.2 series (metrics-v1.md "Catalog 1.2 additions"; and
+    # SGLang's own names of the same facts, docs/metrics.md "Protocol 1.2
+    # series") and the titles of the panels that show them.
+    PROTOCOL_12_SERIES = (
+        "admission_rejections_total", "num_requests_waiting_by_reason",
+        "prompt_tokens_by_source_total", "prompt_tokens_cached_total",
+        "kv_transfer_time_seconds", "kv_transfer_bytes",
+        "kv_transfer_failures_total", "engine_sleep_state",
+        "engine_sleep_resource_state", "engine_fully_awake",
+        "num_queue_rejected_requests_total", "kv_transfer_latency_ms",
+        "kv_transfer_total_mb", "num_transfer_failed_reqs_total",
+        "kv_transfer_timeouts_total")
+    PROTOCOL_12_PANELS = (
+        "Admission rejections by reason", "Requests waiting by reason",
+        "Prompt tokens by source", "Cached prompt share",
+        "KV transfer time by role", "KV transfer failures by reason",
+        "KV transfer bytes/s by role", "KV transfer size by role",
+        "Engines by sleep state", "Engine resources by sleep state")
+
+    def check_protocol_12_panels(self, exprs, wanted):
+        """Each query of `wanted` is in `exprs`; every 1.2 series is shown,
+        in the two rows of 1.2 panels (no other panel names them: the
+        live tests let the reference engine, which sends no 1.2 event,
+        leave exactly these empty)."""
+        for w in wanted:
+            self.assertIn(w, exprs)
+        rows = [p["title"] for p in self.panels if p["type"] == "row"]
+        for title in ("Admission and prompt sources", "KV transfer and sleep"):
+            self.assertIn(title, rows)
+        shown = set()
+        for p, t in self.targets:
+            names = set(re.findall(r"\$\{namespace\}:(\w+?)(?:_bucket|_sum|"
+                                   r"_count)?\{", t["expr"]))
+            if names & set(self.PROTOCOL_12_SERIES):
+                self.assertIn(p["title"], self.PROTOCOL_12_PANELS)
+                shown |= names
+        self.assertLessEqual(set(self.PROTOCOL_12_SERIES), shown)
+        self.assertEqual(
+            {p["title"] for p in self.panels} & set(self.PROTOCOL_12_PANELS),
+            set(self.PROTOCOL_12_PANELS))
 
     def test_moe_expert_grid(self):
         """The layer x expert grid: Grafana's heatmap panel puts time on
@@ -352,6 +413,13 @@ class NativeDashboard(Dashboard):
             for q in ("0.5", "0.99"):
                 self.assertIn(f"histogram_quantile({q}, sum by (tenant) "
                               f"(rate(${{namespace}}:{h}{{", exprs)
+        # The 1.2 KV-transfer histograms, native.
+        self.check_protocol_12_panels(exprs, [
+            f"histogram_quantile({q}, sum by (role) (rate(${{namespace}}:"
+            f"{h}{{" for q in ("0.5", "0.99")
+            for h in ("kv_transfer_time_seconds", "kv_transfer_bytes")] + [
+            "sum by (role) (histogram_sum(rate(${namespace}:"
+            "kv_transfer_bytes{"])
 
     def test_is_what_the_script_writes_from_the_classic_one(self):
         r = subprocess.run([sys.executable, NATIVE_SCRIPT, "--check"],

@@ -47,12 +47,19 @@ Then, through the HTTP API, every query must succeed and return data:
 "Data" means a non-empty result with at least one finite value. The
 exceptions are in the tokenmeter_engine family: the reference engine does
 not speculate, so the speculative-decoding panels are empty or NaN for it,
-and a reference engine without --moe-experts leaves the MoE panels empty
-(both are proven on the other families). The MoE panels are also checked
-by value against a simulated engine's own counts: 8 experts in every
+a reference engine without --moe-experts leaves the MoE panels empty, and
+it sends no protocol 1.2 event (its client library has no call for them
+yet; its stand-in, like the second vllm engine, is a 1.1 engine too), so
+the panels of admission rejections, waiting by reason, KV transfers and
+sleep are empty for it (all are proven on the other families, whose
+simulated engines send every 1.2 event: sim_engine.py). The MoE panels
+are also checked by value against a simulated engine's own counts: 8
+experts in every
 layer's row of the grid with the engine's hot expert the hottest, the same
 routed tokens in every layer, each layer's imbalance that of the engine's
-latest counts.
+latest counts. The 1.2 series are checked by value too: a simulated
+engine's admission rejections per reason, KV-transfer failures per role
+and reason and sleep state, against its own counts while it is paused.
 
 Exits 77 (skipped) when /usr/bin/prometheus is not installed
 (scripts/install-deps.sh installs Debian's prometheus package).
@@ -108,6 +115,19 @@ ENGINE_TENANTS = tuple(f"tenant-{i}" for i in range(3))
 # The simulated engines' MoE model (and the reference engine's experts).
 MOE_LAYERS = 4
 MOE_EXPERTS = 8
+# The series only a protocol 1.2 engine makes (metrics-v1.md "Catalog 1.2
+# additions"): empty for the tokenmeter_engine family. (Prompt tokens by
+# source are not among them: without SCHEDULED info every prompt token is
+# local_compute.)
+PROTOCOL_12_ONLY = ("admission_rejections_total",
+                    "num_queue_rejected_requests_total",
+                    "num_requests_waiting_by_reason", "kv_transfer_",
+                    "num_transfer_failed_reqs_total", "engine_sleep_",
+                    "engine_fully_awake")
+
+
+def names_protocol_12_only(expr):
+    return any(f":{name}" in expr for name in PROTOCOL_12_ONLY)
 
 
 def engine_moe_flags():
@@ -292,7 +312,7 @@ class Env:
                     cache_config={"block_size": 16, "num_gpu_blocks": 256,
                                   "enable_prefix_caching": True},
                     max_lora=2, loras=ENGINE_LORAS, tenants=ENGINE_TENANTS,
-                    **moe))
+                    proto12=False, **moe))
             self.engine_loras = ENGINE_LORAS
             self.engine_tenants = ENGINE_TENANTS
         # The engines whose state the tests read (name -> sim, its host).
@@ -313,9 +333,10 @@ class Env:
         self.sims += [
             self.vllm,
             # No 1.1 HELLO keys: lora_requests_info with max_lora "0" and
-            # empty sets, no cache_config_info.
+            # empty sets, no cache_config_info; and a 1.1 engine: no 1.2
+            # series beside the first vllm engine's.
             SimEngine(b.sock, "vllm", VLLM_MODEL, "0", seed=2,
-                      drops_per_s=5, tenants=TENANTS, **moe),
+                      drops_per_s=5, tenants=TENANTS, proto12=False, **moe),
             self.lmdeploy,
             self.sglang,
             # The sglang profile chosen by HELLO, for an engine of another
@@ -616,7 +637,6 @@ class LivePrometheus(LiveBase):
         "request_inference_time_seconds:": {"sglang"},
         "request_success:": {"sglang"},
         "num_preemptions:": {"sglang", "lmdeploy"},
-        "prefix_cache_hit_ratio:": {"lmdeploy"},
         "spec_decode_": {"tokenmeter_engine"},
     }
 
@@ -696,9 +716,11 @@ class LivePrometheus(LiveBase):
 
         def allowed(key):
             # The reference engine does not speculate (nor does its
-            # stand-in); without --moe-experts it sends no EXPERT_LOAD.
+            # stand-in); without --moe-experts it sends no EXPERT_LOAD; it
+            # sends no protocol 1.2 event.
             return (key.startswith("[tokenmeter_engine")
                     and ("spec_decode" in exprs[key] or
+                         names_protocol_12_only(exprs[key]) or
                          ("moe_" in exprs[key] and not self.env.engine_moe)))
         no_data = self.evaluate(exprs, allowed, expect_empty=empty)
         n_targets = len(list(self.dashboard_targets()))
@@ -709,14 +731,21 @@ class LivePrometheus(LiveBase):
               f" returned data; empty as expected, the family exports no "
               f"such series (profiles.NOT_EXPORTED): {len(empty)}; without "
               f"data as expected (the reference engine does not speculate"
-              f"{'' if self.env.engine_moe else ', nor send EXPERT_LOAD'}): "
-              f"{len(no_data)}", file=sys.stderr)
+              f"{'' if self.env.engine_moe else ', nor send EXPERT_LOAD'}"
+              f", nor send 1.2 events): {len(no_data)}", file=sys.stderr)
         for k in no_data:
             print("  " + k, file=sys.stderr)
         n_moe = sum("moe_" in e for _, _, e in self.dashboard_targets())
         self.assertEqual(n_moe, 5)
-        self.assertLessEqual(len(no_data),
-                             2 * (3 + (0 if self.env.engine_moe else n_moe)))
+        n_12 = sum(names_protocol_12_only(e)
+                   for _, _, e in self.dashboard_targets())
+        self.assertEqual(n_12, 12)
+        # Every 1.2 target returned data in the other families (evaluate()
+        # fails otherwise): the sum of both selections' no-data keys is
+        # bounded by the reference engine's gaps alone.
+        self.assertLessEqual(
+            len(no_data),
+            2 * (3 + n_12 + (0 if self.env.engine_moe else n_moe)))
 
     def test_alerts_fire_on_live_conditions(self):
         env = self.env
@@ -897,6 +926,124 @@ class LivePrometheus(LiveBase):
                   f"{waiting!r}, finished per tenant {want['tenants']}",
                   file=sys.stderr, end="")
 
+    # -- protocol 1.2, by value ---------------------------------------------
+    def test_protocol_12_series_are_the_engines_own(self):
+        """Each 1.2 simulated engine, paused between two steps, against its
+        daemon's /metrics: admission rejections per reason, failed KV
+        transfers per role and reason, and the sleep state are the
+        engine's own; and, for the vllm engine, the dashboard's sleep
+        panels on Prometheus (Host, Model and Engine selected) show its
+        state."""
+        env = self.env
+        for sim, ns in ((env.vllm, "vllm"), (env.lmdeploy, "lmdeploy"),
+                        (env.sglang, "sglang")):
+            daemon = env.daemon_of[sim]
+            model = sim.hello["model"]
+            sim.pause()
+            try:
+                state = dict(sim.sleep_state)
+                awake = state == {"scheduler": "running",
+                                  "weights": "resident",
+                                  "kv_cache": "resident"}
+                if ns == "sglang":
+                    # SGLang's own counters: every failure, and timeouts.
+                    kv_failed = {
+                        "any": sum(sim.kv_failed.values()),
+                        "timeout": sum(n for (_, reason), n
+                                       in sim.kv_failed.items()
+                                       if reason == "timeout")}
+                else:
+                    kv_failed = {f"{role} {reason}": n for (role, reason), n
+                                 in sim.kv_failed.items()}
+                want = {
+                    "rejected": dict(sim.rejected),
+                    "kv_failed": kv_failed,
+                    "fully_awake": 1 if awake else 0,
+                    "resources": {f"{res} {st}": 1 for res, st
+                                  in state.items()},
+                }
+                last = []
+
+                def same():
+                    got = {"rejected": {}, "kv_failed": {}, "resources": {},
+                           "fully_awake": None}
+                    for (n, ls), v in daemon.samples().items():
+                        ls = dict(ls)
+                        if ls.get("model_name") != model or \
+                                not n.startswith(ns + ":"):
+                            continue
+                        n = n.split(":", 1)[1]
+                        if n in ("admission_rejections_total",
+                                 "num_queue_rejected_requests_total"):
+                            got["rejected"][ls["reason"]] = v
+                        elif n == "kv_transfer_failures_total":
+                            got["kv_failed"][
+                                f"{ls['role']} {ls['reason']}"] = v
+                        elif n == "num_transfer_failed_reqs_total":
+                            got["kv_failed"]["any"] = v
+                        elif n == "kv_transfer_timeouts_total":
+                            got["kv_failed"]["timeout"] = v
+                        elif n == "engine_fully_awake":
+                            got["fully_awake"] = v
+                        elif n == "engine_sleep_resource_state" and v:
+                            got["resources"][
+                                f"{ls['resource']} {ls['state']}"] = v
+                    last[:] = [got]
+                    return got == want
+                tu.poll_until(same, timeout=10, interval=0.05,
+                              what=f"{ns} daemon = engine {want} (last "
+                                   f"{last})")
+                if sim is env.vllm:
+                    self.check_sleep_panels(want)
+            finally:
+                sim.resume()
+            self.assertTrue(want["rejected"], ns)
+            self.assertTrue(want["kv_failed"].get(
+                "timeout" if ns == "sglang" else "recv timeout"), ns)
+            print(f"\n{ns} paused: rejected {want['rejected']}, failed KV "
+                  f"transfers {want['kv_failed']}, sleep {state}",
+                  file=sys.stderr, end="")
+
+    def vllm_selection(self):
+        """The variables as Grafana sends them with the first host's vllm
+        engine alone selected (Host, Model and Engine)."""
+        variables = {v["name"]: v for v in
+                     self.dashboard["templating"]["list"]}
+        return {
+            "job": format_var(variables["job"], ["tokenmeter"]),
+            "namespace": format_var(variables["namespace"], ["vllm"]),
+            "instance": format_var(variables["instance"],
+                                   [self.env.host[self.env.vllm]]),
+            "model_name": format_var(variables["model_name"], [VLLM_MODEL]),
+            "engine": format_var(variables["engine"], ["0"]),
+        }
+
+    def check_sleep_panels(self, want):
+        """The dashboard's sleep panels for the first host's vllm engine
+        alone, once Prometheus has scraped its paused state."""
+        values = self.vllm_selection()
+        exprs = {(title, ref): interpolate(expr, values)
+                 for title, ref, expr in self.dashboard_targets()
+                 if "engine_sleep_resource_state" in expr
+                 or "engine_fully_awake" in expr}
+        self.assertEqual(len(exprs), 2, exprs)
+        last = []
+
+        def shown():
+            got = {}
+            for (title, ref), expr in exprs.items():
+                for m, v in self.prom.vector(expr):
+                    if "resource" in m:
+                        if v:
+                            got[f"{m['resource']} {m['state']}"] = v
+                    else:
+                        got["not fully awake"] = v
+            last[:] = [got]
+            return got == dict(want["resources"],
+                               **{"not fully awake": 1 - want["fully_awake"]})
+        tu.poll_until(shown, timeout=10, interval=0.2,
+                      what=f"the sleep panels show {want} (last {last})")
+
     # -- MoE expert load, by value ------------------------------------------
     def test_moe_panels_show_the_engines_layers_and_experts(self):
         """The MoE panels' queries for one simulated engine (vllm on the
@@ -907,16 +1054,7 @@ class LivePrometheus(LiveBase):
         bound above the number of experts; and, with the engine paused, each layer's imbalance is max
         / mean of the counts of the engine's latest EXPERT_LOAD."""
         sim = self.env.vllm
-        variables = {v["name"]: v for v in
-                     self.dashboard["templating"]["list"]}
-        values = {
-            "job": format_var(variables["job"], ["tokenmeter"]),
-            "namespace": format_var(variables["namespace"], ["vllm"]),
-            "instance": format_var(variables["instance"],
-                                   [self.env.host[sim]]),
-            "model_name": format_var(variables["model_name"], [VLLM_MODEL]),
-            "engine": format_var(variables["engine"], ["0"]),
-        }
+        values = self.vllm_selection()
         moe = {}
         for title, ref, expr in self.dashboard_targets():
             if "moe_" in expr:

@@ -23,7 +23,10 @@ format, classic buckets).
   (scripts/native-dashboard.py) on the native server, with the variables
   set as Grafana sets them ("All" for host, model and engine): the native
   dashboard must return data exactly where the classic one does, while the
-  classic dashboard on the native server loses its histogram panels.
+  classic dashboard on the native server loses its histogram panels. The
+  simulated engines send the protocol 1.2 events, so every target of the
+  1.2 panels (admission, waiting by reason, prompt sources, KV transfers,
+  sleep) must return data on both.
 
 Exits 77 (skipped) when /usr/bin/prometheus is not installed.
 """
@@ -279,6 +282,7 @@ class NativeDashboard(Base):
     def test_native_dashboard_has_data_wherever_the_classic_one_has(self):
         checked = 0
         histogram_panels = 0
+        proto12 = 0
         for ns in FAMILIES:
             classic = dashboard_exprs(self.classic_dash, ns)
             native = dashboard_exprs(self.native_dash, ns)
@@ -295,11 +299,17 @@ class NativeDashboard(Base):
                     want = {r: any(c_data.values()) for r in n}
                 with self.subTest(family=ns, panel=title):
                     self.assertEqual(n_data, want, {r: n[r] for r in n})
+                    for r, e in n.items():
+                        if live.names_protocol_12_only(e) or \
+                                "prompt_tokens_by_source" in e:
+                            proto12 += 1
+                            self.assertTrue(n_data[r], e)
                 if any(e != n.get(r) for r, e in c.items()):
                     histogram_panels += 1
                 checked += len(n)
         self.assertGreater(checked, 150)
         self.assertGreater(histogram_panels, 30)
+        self.assertEqual(proto12, 15 * len(FAMILIES))
 
     def test_classic_dashboard_on_the_native_server_loses_the_histograms(self):
         """Why the second dashboard exists: on 2.42 with native histograms

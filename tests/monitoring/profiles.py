@@ -30,7 +30,6 @@ NOT_EXPORTED = {
     },
     "lmdeploy": {
         ("Preemptions", "A"): "no preemption counter",
-        ("Prefix-cache hit rate", "A"): "no prefix-cache series",
         ("Requested max_tokens", "A"): "no max_tokens histogram",
     },
 }

@@ -139,19 +139,33 @@ FINDING = re.compile(r"^(\S+) (.+)$")
 
 def one_request(t, rid, tenant, lora):
     """Events of one request from ARRIVED to FINISHED, and a STEP with
-    every key, so that every family of every profile has samples."""
+    every key, so that every family of every profile has samples; with
+    the protocol 1.2 events whose families show only once sent (an
+    admission rejection, a failed and a successful KV transfer, a SLEEP,
+    STEP waiting_deferred)."""
     ms = 1_000_000
+    kv = {"start": t + ms, "bytes": 100 * 131072, "blocks": 7,
+          "connector": "nixl"}
     return [
+        [9, t, "queue_full"],
         [1, t, rid, 100, {"max_tokens": 8, "n": 1, "lora": lora,
-                          "labels": {"tenant": tenant}}],
-        [2, t, rid], [3, t + ms, rid], [4, t + 2 * ms, rid, 1],
+                          "labels": {"tenant": tenant}, "priority": 0}],
+        [2, t, rid], [3, t + ms, rid, {"cached_tokens": 50,
+                                       "external_tokens": 30}],
+        [10, t + 2 * ms, rid, dict(kv, role="recv", ok=False,
+                                   reason="timeout")],
+        [10, t + 2 * ms, rid, dict(kv, role="recv")],
+        [4, t + 2 * ms, rid, 1],
         [4, t + 3 * ms, rid, 2], [4, t + 4 * ms, rid, 1],
-        [7, t + 4 * ms, {"running": 1, "waiting": 0, "kv_usage": 0.5,
+        [7, t + 4 * ms, {"running": 1, "waiting": 2, "waiting_deferred": 1,
+                         "kv_usage": 0.5,
                          "prompt_tokens": 100, "generation_tokens": 4,
                          "prefix_queries": 100, "prefix_hits": 50,
                          "spec_drafts": 2, "spec_draft_tokens": 4,
                          "spec_accepted_tokens": 3,
                          "spec_accepted_per_pos": [2, 1]}],
+        [11, t + 4 * ms, {"scheduler": "running", "weights": "resident",
+                          "kv_cache": "resident"}],
         [5, t + 5 * ms, rid, "stop"],
     ]
 

@@ -19,6 +19,24 @@ processes (prompt and generated) goes through each MoE layer to top-k of
 its experts, unevenly (one hot expert per layer, hotter in later layers),
 and every few steps EXPERT_LOAD (kind 8) reports each layer's counts since
 the previous one, the last partial ones before GOODBYE.
+
+Protocol 1.2 (docs/protocol.md, "Additions in 1.2"; proto12=True, the
+default): the engine sits behind a server that refuses every fifth
+arrival (ADMISSION_REJECTED, kind 9: `token_cap` for a prompt over 768
+tokens, `rate_limit` otherwise; every other one names its rid). ARRIVED
+params carry `priority` and, for half the requests, a `traceparent`. The
+first SCHEDULED of a request carries `info`: its prefix-cache hits
+(`cached_tokens`) and, for a third of the requests (a disaggregated
+decode instance), the rest of its prompt as `external_tokens`, received
+by a KV_TRANSFER (kind 10) `recv` that ends in the request's prefill
+step (the first one of the run, and one in twenty, fails with `timeout`
+first and is retried); a third of the locally computed prompts are then
+sent on (`send`, one in twenty failing with `peer_unreachable`). STEP
+carries `waiting_deferred`: the waiting requests held back for an
+adapter slot. Every `sleep_every_s` seconds the engine sleeps for
+`sleep_s` (SLEEP, kind 11: scheduler paused, KV cache released, weights
+offloaded or, every other time, discarded), admitting and generating
+nothing meanwhile; it says it is awake at the start.
 """
 import collections
 import random
@@ -35,7 +53,8 @@ def _frame(*items):
 
 class _Request:
     __slots__ = ("rid", "prompt", "max_tokens", "target", "generated",
-                 "prefilled", "lora", "arrived_s", "tenant")
+                 "prefilled", "lora", "arrived_s", "tenant", "scheduled_t",
+                 "cached", "external")
 
     def __init__(self, rid, prompt, max_tokens, target, lora, arrived_s):
         self.rid = rid
@@ -47,6 +66,9 @@ class _Request:
         self.lora = lora
         self.arrived_s = arrived_s
         self.tenant = ""
+        self.scheduled_t = None  # the first SCHEDULED's t (1.2)
+        self.cached = 0  # prompt tokens found in the prefix cache
+        self.external = 0  # prompt tokens received over KV_TRANSFER
 
 
 class SimEngine(threading.Thread):
@@ -63,6 +85,9 @@ class SimEngine(threading.Thread):
     2) of them run at once.
     tenants: values of the ARRIVED label `tenant`, drawn uniformly; with
     untenanted > 0 that share of requests is sent without labels.
+    proto12: send the protocol 1.2 events and keys (module docstring);
+    False: a 1.1 engine, as the reference engine is until its client
+    library has the 1.2 calls.
     """
 
     def __init__(self, sock_path, engine, model, instance="0", *,
@@ -70,7 +95,8 @@ class SimEngine(threading.Thread):
                  spec_tokens=3, kv_floor=0.2, drops_per_s=0.0, seed=1,
                  profile=None, cache_config=None, max_lora=None, loras=(),
                  tenants=(), untenanted=0.0, moe_layers=0, moe_experts=8,
-                 moe_top_k=2, moe_every=4):
+                 moe_top_k=2, moe_every=4, proto12=True, sleep_every_s=12.0,
+                 sleep_s=1.0):
         super().__init__(daemon=True)
         self.sock_path = sock_path
         self.hello = {"proto": 1, "engine": engine, "model": model,
@@ -101,6 +127,14 @@ class SimEngine(threading.Thread):
                         for layer in range(moe_layers)}
         self.moe_routed = 0  # tokens x top-k reported per layer so far
         self.moe_last = {}  # layer -> the counts of its latest EXPERT_LOAD
+        self.proto12 = proto12
+        self.sleep_every_s = sleep_every_s
+        self.sleep_s = sleep_s
+        self.arrivals = 0  # every one the server saw, rejected ones too
+        self.rejected = {}  # ADMISSION_REJECTED reason -> count
+        self.recv_failed = 0  # KV_TRANSFER recv failures sent
+        self.kv_failed = {}  # (role, reason) -> failed KV_TRANSFERs sent
+        self.sleep_state = None  # the latest SLEEP state sent
         self.rng = random.Random(seed)
         self.error = None
         self.finished = 0
@@ -154,7 +188,86 @@ class SimEngine(threading.Thread):
         if self.tenants and self.rng.random() >= self.untenanted:
             r.tenant = self.rng.choice(self.tenants)
             params["labels"] = {"tenant": r.tenant}
+        if self.proto12:
+            rng = self.rng
+            params["priority"] = rng.randint(-2, 2)
+            if rng.random() < 0.5:
+                # W3C trace context, version 00, sampled; ids not zero.
+                params["traceparent"] = (
+                    f"00-{rng.getrandbits(128) | 1:032x}-"
+                    f"{rng.getrandbits(64) | 1:016x}-01")
         return params
+
+    def _rejected(self, t, r):
+        """ADMISSION_REJECTED for arrival r, or None when it is admitted:
+        every fifth arrival is refused."""
+        self.arrivals += 1
+        if not self.proto12 or self.arrivals % 5:
+            return None
+        reason = "token_cap" if r.prompt > 768 else "rate_limit"
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        return [9, t, reason, r.rid] if self.arrivals % 10 else [9, t, reason]
+
+    def _scheduled(self, t, r):
+        """SCHEDULED; the first one of a 1.2 engine carries `info`."""
+        if not self.proto12 or r.scheduled_t is not None:
+            return [3, t, r.rid]
+        r.scheduled_t = t
+        r.cached = r.prompt * self.rng.choice([0, 1, 2]) // 4
+        info = {"cached_tokens": r.cached}
+        if self.rng.random() < 1 / 3:
+            r.external = r.prompt - r.cached
+            info["external_tokens"] = r.external
+        return [3, t, r.rid, info]
+
+    def _kv_transfers(self, t, r):
+        """The KV_TRANSFER events of r's first prefill step: the recv of
+        its external tokens (a failed try first, sometimes), or a send of
+        its computed prompt to a decode instance, now and then."""
+        rng = self.rng
+        size = {"bytes": r.prompt * 131072, "blocks": -(-r.prompt // 16),
+                "connector": "nixl"}
+        if r.external:
+            events = []
+            if self.recv_failed == 0 or rng.random() < 0.05:
+                self.recv_failed += 1
+                self._count_failure("recv", "timeout")
+                events.append([10, max(r.scheduled_t, t - 5_000_000),
+                               r.rid, dict(
+                    size, role="recv", start=r.scheduled_t, ok=False,
+                    reason="timeout")])
+            events.append([10, t, r.rid, dict(size, role="recv",
+                                              start=r.scheduled_t)])
+            return events
+        if rng.random() >= 1 / 3:
+            return []
+        info = dict(size, role="send",
+                    start=t - rng.randint(2_000_000, 40_000_000))
+        if rng.random() < 0.05:
+            info.update(ok=False, reason="peer_unreachable")
+            self._count_failure("send", "peer_unreachable")
+        return [[10, t, r.rid, info]]
+
+    def _count_failure(self, role, reason):
+        self.kv_failed[role, reason] = self.kv_failed.get((role, reason),
+                                                          0) + 1
+
+    def _sleep_state(self, now, start, asleep):
+        """(asleep, the SLEEP state to send or None): the engine sleeps
+        during the last sleep_s of every sleep_every_s seconds, at level 1
+        (weights offloaded) and level 2 (discarded) in turn."""
+        if not self.proto12 or not self.sleep_every_s:
+            return asleep, None
+        cycle = int((now - start) // self.sleep_every_s)
+        due = (now - start) % self.sleep_every_s >= \
+            self.sleep_every_s - self.sleep_s
+        if due == asleep:
+            return asleep, None
+        if due:
+            return True, {"scheduler": "paused", "kv_cache": "released",
+                          "weights": ("offloaded", "discarded")[cycle % 2]}
+        return False, {"scheduler": "running", "weights": "resident",
+                       "kv_cache": "resident"}
 
     def _expert_load(self, t, tokens):
         """EXPERT_LOAD events for `tokens` tokens through every MoE layer:
@@ -181,10 +294,18 @@ class SimEngine(threading.Thread):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(self.sock_path)
         s.sendall(_frame(0, self.hello))
+        seq = 0
+        if self.proto12 and self.sleep_every_s:
+            # Awake from the start: the sleep series exist at once.
+            self.sleep_state = {"scheduler": "running", "weights": "resident",
+                                "kv_cache": "resident"}
+            s.sendall(_frame(1, seq, 0, [[11, time.monotonic_ns(),
+                                          self.sleep_state]]))
+            seq += 1
+        asleep = False
         waiting = collections.deque()
         running = []
         next_rid = 1
-        seq = 0
         dropped = 0.0
         moe_tokens = 0  # processed since the last EXPERT_LOAD
         start = time.monotonic()
@@ -209,6 +330,10 @@ class SimEngine(threading.Thread):
             now = time.monotonic()
             t = time.monotonic_ns()
             events = []
+            asleep, state = self._sleep_state(now, start, asleep)
+            if state is not None:
+                self.sleep_state = state
+                events.append([11, t, state])
             # Arrivals since the last step, at their own instants.
             while next_arrival <= now:
                 prompt = rng.randint(32, 1024)
@@ -220,13 +345,17 @@ class SimEngine(threading.Thread):
                              self._draw_lora(), next_arrival)
                 next_rid += 1
                 at = t - int((now - next_arrival) * 1e9)
+                next_arrival += rng.expovariate(self.arrival_rate)
+                refused = self._rejected(at, r)
+                if refused is not None:
+                    events.append(refused)
+                    continue
                 events.append([1, at, r.rid, prompt,
                                self._arrived_params(r)])
                 events.append([2, at, r.rid])
                 waiting.append(r)
-                next_arrival += rng.expovariate(self.arrival_rate)
             # Now and then the scheduler preempts the newest running request.
-            if running and rng.random() < 0.03:
+            if running and not asleep and rng.random() < 0.03:
                 r = running.pop()
                 r.prefilled = False  # recompute its prompt when rescheduled
                 events.append([6, t, r.rid])
@@ -237,7 +366,7 @@ class SimEngine(threading.Thread):
             # busy adapters drain and its own gets a slot.
             active = {r.lora for r in running if r.lora}
             passed = collections.deque()
-            while waiting and len(running) < self.max_running:
+            while waiting and len(running) < self.max_running and not asleep:
                 r = waiting.popleft()
                 if (r.lora and r.lora not in active
                         and len(active) >= self.lora_slots):
@@ -247,7 +376,7 @@ class SimEngine(threading.Thread):
                     continue
                 if r.lora:
                     active.add(r.lora)
-                events.append([3, t, r.rid])
+                events.append(self._scheduled(t, r))
                 running.append(r)
                 r.prefilled = None  # prefill runs in the next step
             waiting.extendleft(reversed(passed))
@@ -258,15 +387,22 @@ class SimEngine(threading.Thread):
             per_pos = [0] * self.spec_tokens
             still = []
             for r in running:
+                if asleep:  # paused: nothing runs
+                    still.append(r)
+                    continue
                 if r.prefilled is None:  # admitted in this step: wait one
                     r.prefilled = False
                     still.append(r)
                     continue
                 if not r.prefilled:
+                    if self.proto12 and r.generated == 0:  # not a recompute
+                        events += self._kv_transfers(t, r)
                     r.prefilled = True
                     stats["prompt_tokens"] += r.prompt
                     stats["prefix_queries"] += r.prompt
-                    stats["prefix_hits"] += r.prompt * rng.choice([0, 1, 2]) // 4
+                    stats["prefix_hits"] += (
+                        r.cached if self.proto12 else
+                        r.prompt * rng.choice([0, 1, 2]) // 4)
                     n = 1
                 elif self.spec_tokens:
                     accepted = 0
@@ -303,6 +439,12 @@ class SimEngine(threading.Thread):
             held = sum(r.prompt + r.generated for r in running)
             stats["running"] = len(running)
             stats["waiting"] = len(waiting)
+            if self.proto12:
+                # Held back for an adapter slot: not for capacity.
+                busy = {r.lora for r in running if r.lora}
+                stats["waiting_deferred"] = sum(
+                    1 for r in waiting if r.lora and r.lora not in busy
+                    and len(busy) >= self.lora_slots)
             stats["kv_usage"] = min(1.0, self.kv_floor +
                                     (1 - self.kv_floor) * held / 8192)
             if self.spec_tokens:

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <string_view>
 
+#include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/moe.h"
 
 namespace tokenmeter::daemon {
@@ -95,6 +98,65 @@ TEST_F(SummaryTest, WorstMoeLayerOnlyWithExpertLoad) {
       << line;
 }
 
+void Reject(EngineSeries* s, std::string_view reason, int n) {
+  for (int i = 0; i < n; ++i) s->part<AdmissionPart>().Reject(reason);
+}
+
+TEST_F(SummaryTest, RejectionsOnlyInAWindowWithSome) {
+  bool idle = false;
+  EXPECT_EQ(log_.Line(*s_, 10.0, &idle).find("Rejected"), std::string::npos);
+  Reject(s_, "token_cap", 2);
+  Reject(s_, "queue_full", 10);
+  // Nothing else happened, but rejections are not idleness.
+  idle = true;
+  EXPECT_EQ(log_.Line(*s_, 10.0, &idle),
+            "engine=dp0 model=llama: Avg prompt throughput: 0.0 tokens/s, "
+            "Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, "
+            "Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit "
+            "rate: 0.0%, Rejected: 1.2 reqs/s (queue_full 10, token_cap 2)");
+  EXPECT_FALSE(idle);
+  // The next window has none: no figure, and the series is idle again.
+  std::string line = log_.Line(*s_, 10.0, &idle);
+  EXPECT_EQ(line.find("Rejected"), std::string::npos) << line;
+  EXPECT_TRUE(idle);
+  // Then only this window's, counted from where the last one ended.
+  Reject(s_, "token_cap", 5);
+  line = log_.Line(*s_, 5.0, &idle);
+  EXPECT_NE(line.find(", Rejected: 1.0 reqs/s (token_cap 5)"),
+            std::string::npos)
+      << line;
+}
+
+TEST_F(SummaryTest, RejectionsNameTheLargestReasonsAndSumTheRest) {
+  bool idle = false;
+  Reject(s_, "a", 1);
+  Reject(s_, "b", 4);
+  Reject(s_, "c", 1);
+  Reject(s_, "d", 4);
+  Reject(s_, "e", 2);
+  // Most first, ties in first-come order; the two smallest summed.
+  const std::string line = log_.Line(*s_, 10.0, &idle);
+  EXPECT_NE(line.find(", Rejected: 1.2 reqs/s (b 4, d 4, e 2, other reasons "
+                      "2)"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.back(), ')') << line;
+}
+
+TEST_F(SummaryTest, RejectionsPastTheReasonCapShowAsOther) {
+  bool idle = false;
+  for (size_t i = 0; i < ReasonCounts::kMaxReasons; ++i) {
+    Reject(s_, "r" + std::to_string(i), 1);
+  }
+  log_.Line(*s_, 10.0, &idle);
+  Reject(s_, "late", 3);  // the 17th reason
+  Reject(s_, "r7", 1);
+  const std::string line = log_.Line(*s_, 10.0, &idle);
+  EXPECT_NE(line.find(", Rejected: 0.4 reqs/s (__other__ 3, r7 1)"),
+            std::string::npos)
+      << line;
+}
+
 TEST(SummaryLogTest, CountsTheTokensOfRequestsWithPerRequestLabels) {
   // Request labels split the request-level counters into label cells; the
   // line is per series and counts them all.
@@ -124,12 +186,17 @@ TEST(SummaryLogTest, RestartStartsTheWindowAtTheRestoredTotals) {
   ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
   EngineSeries* s = reg->GetOrCreate({"vllm", "llama", "dp0", {}});
   s->Add(kGenerationTokens, 1'000'000);  // restored
+  Reject(s, "queue_full", 5000);         // restored
   SummaryLog log;
   log.Restart(*reg);
   s->Add(kGenerationTokens, 20);
+  Reject(s, "queue_full", 3);
   bool idle = true;
   const std::string line = log.Line(*s, 10.0, &idle);
   EXPECT_NE(line.find("Avg generation throughput: 2.0 tokens/s"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find(", Rejected: 0.3 reqs/s (queue_full 3)"),
             std::string::npos)
       << line;
 }
