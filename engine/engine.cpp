@@ -609,8 +609,9 @@ Status Engine::ServeChannel() {
     }
     if (!s.ok()) return s;
   }
-  // Send what the messages asked for at once.
-  s = channel_->Pump();
+  // Send what the messages asked for at once (reading more would leave
+  // messages unhandled until the next traffic).
+  s = channel_->Pump(false);
   if (!s.ok()) return s;
   if (channel_->closed() && !Done()) {
     return Status::Error(std::string("KV channel: the ") +

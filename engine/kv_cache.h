@@ -17,6 +17,7 @@
 #ifndef TOKENMETER_ENGINE_KV_CACHE_H_
 #define TOKENMETER_ENGINE_KV_CACHE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>

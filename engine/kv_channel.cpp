@@ -168,7 +168,7 @@ void KvChannel::SendReport(std::string_view json) {
   PutString(json);
 }
 
-Status KvChannel::Pump() {
+Status KvChannel::Pump(bool read) {
   while (out_pos_ < out_.size()) {
     const ssize_t n = send(fd_, out_.data() + out_pos_, out_.size() - out_pos_,
                            MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -188,7 +188,7 @@ Status KvChannel::Pump() {
     out_.clear();
     out_pos_ = 0;
   }
-  while (!closed_) {
+  while (read && !closed_) {
     // Compact once the consumed part dominates, so the buffer stays about
     // one frame long.
     if (in_pos_ > 0 && in_pos_ * 2 >= in_.size()) {
@@ -293,7 +293,16 @@ Status KvChannel::Next(KvMessage* m, bool* got) {
   return Status::Ok();
 }
 
+bool KvChannel::HasFrame() const {
+  const size_t avail = in_.size() - in_pos_;
+  if (avail < kHeaderBytes) return false;
+  uint32_t len = 0;
+  std::memcpy(&len, in_.data() + in_pos_, 4);
+  return len < 1 || len > kMaxKvFrameBytes || avail >= 4 + size_t(len);
+}
+
 Status KvChannel::Wait(uint64_t deadline_ns) {
+  if (HasFrame() || closed_) return Status::Ok();
   pollfd p{};
   p.fd = fd_;
   p.events = short(POLLIN | (pending_out() > 0 ? POLLOUT : 0));

@@ -127,15 +127,17 @@ class KvChannel {
   void SendEnd();
   void SendReport(std::string_view json);
 
-  // Writes what the socket takes and reads what it has, without blocking.
-  // Fails for a socket error; the peer closing is not an error (closed()).
-  Status Pump();
+  // Writes what the socket takes and (with `read`) reads what it has,
+  // without blocking. Fails for a socket error; the peer closing is not an
+  // error (closed()).
+  Status Pump(bool read = true);
   // The next complete message, if any (*got false: none yet). Fails for a
   // malformed frame.
   Status Next(KvMessage* m, bool* got);
   // Blocks until the socket is readable, or writable while output is
-  // pending, or CLOCK_MONOTONIC reaches deadline_ns (0: no deadline).
-  // Interrupted by a signal: returns early. Fails only for a poll error.
+  // pending, or CLOCK_MONOTONIC reaches deadline_ns (0: no deadline);
+  // returns at once while a complete message is buffered. Interrupted by a
+  // signal: returns early. Fails only for a poll error.
   Status Wait(uint64_t deadline_ns);
   // Blocks until every queued byte is written. Fails when the peer has
   // gone.
@@ -158,6 +160,8 @@ class KvChannel {
     Put(&v, sizeof v);
   }
   void PutString(std::string_view s);
+  // A whole frame is buffered (Next() has something or an error).
+  bool HasFrame() const;
 
   int fd_;
   std::vector<uint8_t> out_;
