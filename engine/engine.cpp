@@ -413,10 +413,10 @@ void Engine::SendStep(uint64_t t_ns, uint64_t prompt_tokens, uint64_t generated,
       TM_STEP_KEY_KV_USAGE,          TM_STEP_KEY_PROMPT_TOKENS,
       TM_STEP_KEY_GENERATION_TOKENS, TM_STEP_KEY_PREFIX_QUERIES,
       TM_STEP_KEY_PREFIX_HITS,       TM_STEP_KEY_WAITING_DEFERRED};
-  const double values[] = {double(running),        double(waiting),
-                           usage,                  double(prompt_tokens),
-                           double(generated),      double(prefix_queries),
-                           double(prefix_hits),    double(deferred)};
+  const double values[] = {
+      double(running),       double(waiting),   usage,
+      double(prompt_tokens), double(generated), double(prefix_queries),
+      double(prefix_hits),   double(deferred)};
   tm_step(meter_->handle(), t_ns, keys, values, std::size(keys), nullptr, 0);
 }
 
@@ -614,17 +614,17 @@ Status Engine::ServeChannel() {
   s = channel_->Pump(false);
   if (!s.ok()) return s;
   if (channel_->closed() && !Done()) {
-    return Status::Error(std::string("KV channel: the ") +
-                         (role_ == EngineRole::kPrefill ? "decode"
-                                                        : "prefill") +
-                         " process closed it before the end");
+    return Status::Error(
+        std::string("KV channel: the ") +
+        (role_ == EngineRole::kPrefill ? "decode" : "prefill") +
+        " process closed it before the end");
   }
   return Status::Ok();
 }
 
 Status Engine::ServePull(const KvPull& p) {
-  Request* r = p.rid >= 1 && p.rid <= held_.size() ? held_[Index(p.rid)]
-                                                   : nullptr;
+  Request* r =
+      p.rid >= 1 && p.rid <= held_.size() ? held_[Index(p.rid)] : nullptr;
   if (r == nullptr || p.num_blocks == 0 ||
       uint64_t(p.first_block) + p.num_blocks > r->kv.blocks.size()) {
     return Status::Error("KV channel: a PULL for nothing held (request " +
@@ -655,8 +655,8 @@ Status Engine::ServePull(const KvPull& p) {
 }
 
 void Engine::OnAck(const KvAck& a) {
-  Request* r = a.rid >= 1 && a.rid <= held_.size() ? held_[Index(a.rid)]
-                                                   : nullptr;
+  Request* r =
+      a.rid >= 1 && a.rid <= held_.size() ? held_[Index(a.rid)] : nullptr;
   if (r == nullptr) return;  // nothing held: a duplicate, ignored
   // The send ends when the receiver has checked what arrived.
   const uint64_t t = NowNs();
@@ -708,9 +708,8 @@ Status Engine::OnHandoff(KvHandoff& h) {
 }
 
 Status Engine::OnKv(const KvData& k) {
-  const int32_t at = k.rid >= 1 && k.rid <= index_of_.size()
-                         ? index_of_[Index(k.rid)]
-                         : -1;
+  const int32_t at =
+      k.rid >= 1 && k.rid <= index_of_.size() ? index_of_[Index(k.rid)] : -1;
   Request* r = at >= 0 ? &requests_[size_t(at)] : nullptr;
   if (r == nullptr || r->state != RequestState::kDeferred ||
       k.attempt != r->kv_attempts) {

@@ -103,12 +103,12 @@ class Engine {
   Status DriveSleep(uint64_t now_ns);
   // Moves bytes on the KV channel and handles every complete message.
   Status ServeChannel();
-  Status ServePull(const KvPull& p);          // prefill
-  void OnAck(const KvAck& a);                 // prefill
-  Status OnHandoff(KvHandoff& h);             // decode
-  Status OnKv(const KvData& k);               // decode
-  void HandOver(Request* r);                  // prefill
-  void SendPull(Request* r);                  // decode
+  Status ServePull(const KvPull& p);  // prefill
+  void OnAck(const KvAck& a);         // prefill
+  Status OnHandoff(KvHandoff& h);     // decode
+  Status OnKv(const KvData& k);       // decode
+  void HandOver(Request* r);          // prefill
+  void SendPull(Request* r);          // decode
   void SendKvTransfer(const Request& r, bool recv, uint64_t t_ns,
                       uint64_t bytes, bool ok, const std::string& reason);
   // Blocks until the next arrival, the sleep cycle's next deadline, or KV

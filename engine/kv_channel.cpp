@@ -117,8 +117,8 @@ void KvChannel::BeginFrame(KvMsgType type, size_t body_bytes) {
 }
 
 void KvChannel::SendHandoff(const KvHandoff& h) {
-  const size_t body = 8 + 4 + 4 + 1 + 4 + 4 + 8 + 4 + h.traceparent.size() +
-                      4 + h.prompt.size() * sizeof(int32_t);
+  const size_t body = 8 + 4 + 4 + 1 + 4 + 4 + 8 + 4 + h.traceparent.size() + 4 +
+                      h.prompt.size() * sizeof(int32_t);
   BeginFrame(KvMsgType::kHandoff, body);
   PutValue(h.rid);
   PutValue(h.max_tokens);
@@ -224,8 +224,7 @@ Status KvChannel::Next(KvMessage* m, bool* got) {
   uint32_t len = 0;
   std::memcpy(&len, in_.data() + in_pos_, 4);
   if (len < 1 || len > kMaxKvFrameBytes) {
-    return Status::Error("KV channel: bad frame length " +
-                         std::to_string(len));
+    return Status::Error("KV channel: bad frame length " + std::to_string(len));
   }
   if (avail < 4 + size_t(len)) {
     // Room for the whole frame, so that the reads need not regrow it.
@@ -248,7 +247,8 @@ Status KvChannel::Next(KvMessage* m, bool* got) {
       h.sampling_seed = r.Get<uint64_t>();
       h.traceparent = r.String(kMaxKvShortString);
       const auto n = r.Get<uint32_t>();
-      if (n > kMaxKvPromptTokens) return Status::Error("KV channel: bad prompt");
+      if (n > kMaxKvPromptTokens)
+        return Status::Error("KV channel: bad prompt");
       r.Array(&h.prompt, n);
       break;
     }

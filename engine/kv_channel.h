@@ -80,7 +80,7 @@ struct KvData {
   uint32_t attempt = 0;
   uint32_t first_block = 0;
   uint32_t num_blocks = 0;
-  uint64_t checksum = 0;    // KvChecksum() of the records as the sender read them
+  uint64_t checksum = 0;  // KvChecksum() of the records as the sender read them
   std::vector<float> data;  // num_blocks block records
 };
 

@@ -137,8 +137,7 @@ int RunDisaggregated(const EngineOptions& options) {
   const pid_t parent = getpid();
   const pid_t child = fork();
   if (child < 0) {
-    std::fprintf(stderr, "tokenmeter-engine: fork: %s\n",
-                 std::strerror(errno));
+    std::fprintf(stderr, "tokenmeter-engine: fork: %s\n", std::strerror(errno));
     return 1;
   }
   if (child == 0) {

@@ -477,8 +477,8 @@ class CudaModel final : public Model {
     for (size_t i = 0; i < n; ++i) {
       for (const DeviceLayer& dl : layers_) {
         const size_t at = KvSpanOffset(blocks[i]);
-        TM_CUDA_TRY(cudaMemcpy(dst, dl.k_cache.get() + at,
-                               span * sizeof(float), cudaMemcpyDeviceToHost));
+        TM_CUDA_TRY(cudaMemcpy(dst, dl.k_cache.get() + at, span * sizeof(float),
+                               cudaMemcpyDeviceToHost));
         TM_CUDA_TRY(cudaMemcpy(dst + span, dl.v_cache.get() + at,
                                span * sizeof(float), cudaMemcpyDeviceToHost));
         dst += 2 * span;
@@ -493,8 +493,8 @@ class CudaModel final : public Model {
     for (size_t i = 0; i < n; ++i) {
       for (const DeviceLayer& dl : layers_) {
         const size_t at = KvSpanOffset(blocks[i]);
-        TM_CUDA_TRY(cudaMemcpy(dl.k_cache.get() + at, src,
-                               span * sizeof(float), cudaMemcpyHostToDevice));
+        TM_CUDA_TRY(cudaMemcpy(dl.k_cache.get() + at, src, span * sizeof(float),
+                               cudaMemcpyHostToDevice));
         TM_CUDA_TRY(cudaMemcpy(dl.v_cache.get() + at, src + span,
                                span * sizeof(float), cudaMemcpyHostToDevice));
         src += 2 * span;

@@ -344,11 +344,9 @@ void Recorder::Priority(size_t i, int32_t priority) {
 
 void Recorder::Count(std::vector<std::pair<std::string, uint64_t>>& counts,
                      const std::string& key) {
-  auto it = std::lower_bound(
-      counts.begin(), counts.end(), key,
-      [](const std::pair<std::string, uint64_t>& c, const std::string& k) {
-        return c.first < k;
-      });
+  auto it = std::lower_bound(counts.begin(), counts.end(), key,
+                             [](const std::pair<std::string, uint64_t>& c,
+                                const std::string& k) { return c.first < k; });
   if (it == counts.end() || it->first != key) it = counts.insert(it, {key, 0});
   ++it->second;
 }
@@ -375,8 +373,8 @@ void Recorder::KvTransfer(size_t i, bool recv, uint64_t start_ns, uint64_t t_ns,
 
 void Recorder::Sleep(uint64_t t_ns, const char* scheduler, const char* weights,
                      const char* kv_cache, uint64_t preempted) {
-  const bool was_awake = sleep_.kv_cache == "resident" &&
-                         sleep_.scheduler == "running";
+  const bool was_awake =
+      sleep_.kv_cache == "resident" && sleep_.scheduler == "running";
   ++sleep_.transitions;
   sleep_.scheduler = scheduler;
   sleep_.weights = weights;
@@ -441,9 +439,8 @@ Report Recorder::Build(const std::string& backend, bool metrics,
     GroupCounts* groups[3] = {
         t.lora >= 0 ? &r.lora_adapters[size_t(t.lora)] : nullptr,
         t.tenant >= 0 ? &r.tenants[size_t(t.tenant)] : nullptr,
-        priorities_ && t.has_arrived
-            ? &r.priorities[PriorityBucket(t.priority)]
-            : nullptr};
+        priorities_ && t.has_arrived ? &r.priorities[PriorityBucket(t.priority)]
+                                     : nullptr};
     for (GroupCounts* g : groups) {
       if (g == nullptr) continue;
       g->generation_tokens += t.generation_tokens;

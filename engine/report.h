@@ -57,8 +57,8 @@ struct SleepFigures {
   std::string scheduler = "running";
   std::string weights = "resident";
   std::string kv_cache = "resident";
-  double asleep_s = 0;        // from the sleep event to the wake event
-  uint64_t preempted = 0;     // requests preempted by the sleep
+  double asleep_s = 0;     // from the sleep event to the wake event
+  uint64_t preempted = 0;  // requests preempted by the sleep
 };
 
 // The last STEP's values.
@@ -68,8 +68,7 @@ struct LastStepFigures {
 };
 
 // vLLM's priority buckets (the daemon's `priority` label), in order.
-inline constexpr const char* kPriorityBuckets[] = {"<-1", "-1", "0", "1",
-                                                   ">1"};
+inline constexpr const char* kPriorityBuckets[] = {"<-1", "-1", "0", "1", ">1"};
 // The bucket index of a priority.
 inline size_t PriorityBucket(int32_t priority) {
   return priority < -1 ? 0 : priority > 1 ? 4 : size_t(priority + 2);

@@ -89,9 +89,10 @@ void Scheduler::Schedule(SchedulerOutput* out) {
       if (v < i) {
         // It already has a chunk this step (priority scheduling only):
         // take the chunk and its budget back.
-        auto c = std::find_if(
-            out->chunks.begin(), out->chunks.end(),
-            [victim](const ScheduledChunk& ch) { return ch.request == victim; });
+        auto c = std::find_if(out->chunks.begin(), out->chunks.end(),
+                              [victim](const ScheduledChunk& ch) {
+                                return ch.request == victim;
+                              });
         if (c == out->chunks.end()) std::abort();
         budget += c->num_tokens;
         out->chunks.erase(c);
@@ -159,8 +160,7 @@ void Scheduler::Schedule(SchedulerOutput* out) {
     if (remote) {
       r->state = RequestState::kDeferred;
       r->kv_first_block = hit_tokens / kv_.block_size();
-      r->kv_num_blocks =
-          kv_.BlocksFor(r->prompt_len - 1) - r->kv_first_block;
+      r->kv_num_blocks = kv_.BlocksFor(r->prompt_len - 1) - r->kv_first_block;
       deferred_.push_back(r);
       out->kv_pulls.push_back(r);
       continue;

@@ -112,9 +112,8 @@ std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o) {
     }
     if (o.priority_levels > 0) {
       r.has_priority = true;
-      r.priority =
-          int32_t(priorities.UniformInt(0, o.priority_levels - 1)) -
-          int32_t((o.priority_levels - 1) / 2);
+      r.priority = int32_t(priorities.UniformInt(0, o.priority_levels - 1)) -
+                   int32_t((o.priority_levels - 1) / 2);
     }
   }
   return out;

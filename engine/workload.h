@@ -45,9 +45,9 @@ struct WorkloadRequest {
   uint64_t id = 0;                 // 1..N, in arrival order
   uint64_t arrival_offset_ns = 0;  // from the workload's start; first is 0
   std::vector<int32_t> prompt;
-  uint32_t max_tokens = 0;  // the request's output length limit, >= 1
-  int32_t lora = -1;        // adapter 0..N-1, or -1 (base model)
-  int32_t tenant = -1;      // tenant 0..T-1, or -1 (none)
+  uint32_t max_tokens = 0;    // the request's output length limit, >= 1
+  int32_t lora = -1;          // adapter 0..N-1, or -1 (base model)
+  int32_t tenant = -1;        // tenant 0..T-1, or -1 (none)
   bool has_priority = false;  // priority_levels > 0
   int32_t priority = 0;       // lower runs first
 };

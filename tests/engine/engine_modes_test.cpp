@@ -138,7 +138,8 @@ struct Disaggregated {
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::abort();
     to_decode = std::make_unique<KvChannel>(fds[0]);
     to_prefill = std::make_unique<KvChannel>(fds[1]);
-    Status s = Engine::Create(o, EngineRole::kPrefill, to_decode.get(), &prefill);
+    Status s =
+        Engine::Create(o, EngineRole::kPrefill, to_decode.get(), &prefill);
     EXPECT_TRUE(s.ok()) << s.message();
     s = Engine::Create(o, EngineRole::kDecode, to_prefill.get(), &decode);
     EXPECT_TRUE(s.ok()) << s.message();
@@ -210,15 +211,14 @@ TEST(EngineModesTest, DisaggregatedRunComputesWhatOneEngineComputes) {
   EXPECT_EQ(p.kv_recv.count, 0u);
   EXPECT_EQ(d.kv_send.count, 0u);
   // Where the decode side's prompt tokens came from.
-  EXPECT_EQ(d.prompt_local_compute + d.prompt_local_cache_hit +
-                d.prompt_external_kv,
-            d.prompt_tokens);
+  EXPECT_EQ(
+      d.prompt_local_compute + d.prompt_local_cache_hit + d.prompt_external_kv,
+      d.prompt_tokens);
   EXPECT_EQ(d.prompt_local_compute, d.requests);  // the last prompt token
   EXPECT_GT(d.prompt_external_kv, 0u);
   EXPECT_GT(d.prompt_local_cache_hit, 0u);  // the shared prefix
   EXPECT_EQ(p.prompt_external_kv, 0u);
-  EXPECT_EQ(p.prompt_local_compute + p.prompt_local_cache_hit,
-            p.prompt_tokens);
+  EXPECT_EQ(p.prompt_local_compute + p.prompt_local_cache_hit, p.prompt_tokens);
   EXPECT_EQ(d.prefill_kv_computed_tokens.sum, double(d.requests));
   // A block record per transferred block.
   ModelConfig c;

@@ -246,8 +246,7 @@ TEST(KvHandoverTest, MovesTheKvCacheByteForByte) {
   ASSERT_TRUE(b->WriteKvBlocks(blocks_b, pulled, m.kv.data.data()).ok());
   std::vector<float> landed(floats);
   ASSERT_TRUE(b->ReadKvBlocks(blocks_b, pulled, landed.data()).ok());
-  EXPECT_EQ(std::memcmp(landed.data(), sent.data(), floats * sizeof(float)),
-            0);
+  EXPECT_EQ(std::memcmp(landed.data(), sent.data(), floats * sizeof(float)), 0);
 
   // B computes the last prompt token over the received K/V.
   SeqChunk last;
@@ -258,9 +257,9 @@ TEST(KvHandoverTest, MovesTheKvCacheByteForByte) {
   last.num_blocks = 5;
   last.want_logits = true;
   ASSERT_TRUE(b->Forward({last}, logits_b.data()).ok());
-  EXPECT_EQ(std::memcmp(logits_a.data(), logits_b.data(),
-                        c.vocab * sizeof(float)),
-            0);
+  EXPECT_EQ(
+      std::memcmp(logits_a.data(), logits_b.data(), c.vocab * sizeof(float)),
+      0);
 
   // Control: without the transfer (B's blocks hold noise) the logits
   // differ, so the comparison above can fail.
@@ -268,9 +267,9 @@ TEST(KvHandoverTest, MovesTheKvCacheByteForByte) {
   ASSERT_TRUE(fresh->WriteKvBlocks(blocks_b, 5, noise.data()).ok());
   std::vector<float> logits_c(c.vocab);
   ASSERT_TRUE(fresh->Forward({last}, logits_c.data()).ok());
-  EXPECT_NE(std::memcmp(logits_a.data(), logits_c.data(),
-                        c.vocab * sizeof(float)),
-            0);
+  EXPECT_NE(
+      std::memcmp(logits_a.data(), logits_c.data(), c.vocab * sizeof(float)),
+      0);
 }
 
 TEST(KvHandoverTest, ReleasedCacheRefusesWorkUntilRestoredZeroed) {

@@ -247,10 +247,9 @@ TEST(OptionsTest, ProtocolTwelveModesAreOffByDefault) {
 
 TEST(OptionsTest, ParsesTheProtocolTwelveFlags) {
   EngineOptions o;
-  ASSERT_TRUE(Parse({"--disaggregate", "--kv-fail-every", "3",
-                     "--kv-retries=2", "--max-queued", "10",
-                     "--priority-levels", "5", "--sleep-after", "0.5",
-                     "--wake-after=1.25"},
+  ASSERT_TRUE(Parse({"--disaggregate", "--kv-fail-every", "3", "--kv-retries=2",
+                     "--max-queued", "10", "--priority-levels", "5",
+                     "--sleep-after", "0.5", "--wake-after=1.25"},
                     &o)
                   .ok());
   EXPECT_TRUE(o.disaggregate);

@@ -262,11 +262,12 @@ TEST(ReportJsonTest, MoeCountsCloseTheReportAsLists) {
   r.moe_routed_tokens = {10, 12};
   r.moe_expert_tokens = {{5, 0, 5}, {4, 4, 4}};
   const std::string j = ReportJson(r);
-  EXPECT_NE(j.find("\"traceparents\": 0,\n \"moe_experts\": 3, \"moe_top_k\": 2, "
-                   "\"moe_expert_load_events\": 4,\n \"moe_routed_tokens\": "
-                   "[10, 12],\n \"moe_expert_tokens\": [\n  [5, 0, 5],\n  "
-                   "[4, 4, 4]]}\n"),
-            std::string::npos)
+  EXPECT_NE(
+      j.find("\"traceparents\": 0,\n \"moe_experts\": 3, \"moe_top_k\": 2, "
+             "\"moe_expert_load_events\": 4,\n \"moe_routed_tokens\": "
+             "[10, 12],\n \"moe_expert_tokens\": [\n  [5, 0, 5],\n  "
+             "[4, 4, 4]]}\n"),
+      std::string::npos)
       << j;
   // A dense run has none of the keys.
   EXPECT_EQ(ReportJson(Report()).find("moe_"), std::string::npos);

@@ -22,8 +22,8 @@ class SchedulerTest : public ::testing::Test {
   Request* AddPriority(int32_t priority, uint32_t prompt_len = 4) {
     std::vector<int32_t> p(prompt_len);
     std::iota(p.begin(), p.end(), 1000 * int32_t(requests_.size() + 1));
-    requests_.push_back(std::make_unique<Request>(requests_.size() + 1,
-                                                  std::move(p), 100, 1));
+    requests_.push_back(
+        std::make_unique<Request>(requests_.size() + 1, std::move(p), 100, 1));
     requests_.back()->priority = priority;
     sched_->Add(requests_.back().get());
     return requests_.back().get();
@@ -509,7 +509,7 @@ TEST_F(SchedulerTest, RemoteRequestIsDeferredUntilItsKvLands) {
   EXPECT_EQ(r->cached_tokens, 0u);
   EXPECT_EQ(r->external_tokens, 9u);  // all but the last prompt token
   EXPECT_EQ(r->kv_first_block, 0u);
-  EXPECT_EQ(r->kv_num_blocks, 3u);   // positions 0..8
+  EXPECT_EQ(r->kv_num_blocks, 3u);     // positions 0..8
   EXPECT_EQ(r->kv.blocks.size(), 3u);  // the whole prompt: 10 positions
   EXPECT_EQ(sched_->num_deferred(), 1u);
   EXPECT_EQ(sched_->num_running(), 0u);

@@ -43,8 +43,8 @@ TEST(SleepCycleTest, WaitsForThePullsInFlightAndWakesFromTheSleep) {
   SleepCycle c(0, 100, 50);
   EXPECT_EQ(c.Poll(150, true), Action::kNone);
   EXPECT_EQ(c.phase(), Phase::kPausing);
-  EXPECT_TRUE(c.paused());  // admits nobody ...
-  EXPECT_FALSE(c.asleep());  // ... but what runs keeps running
+  EXPECT_TRUE(c.paused());              // admits nobody ...
+  EXPECT_FALSE(c.asleep());             // ... but what runs keeps running
   EXPECT_EQ(c.next_deadline_ns(), 0u);  // waits for the pulls, not a time
   EXPECT_EQ(c.Poll(400, true), Action::kNone);
   EXPECT_EQ(c.Poll(410, false), Action::kSleep);
