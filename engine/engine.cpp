@@ -113,12 +113,12 @@ Status Engine::Create(const EngineOptions& o, EngineRole role,
   std::unique_ptr<Engine> e(new Engine(o, role, channel));
   if (o.workload.priority_levels > 0) e->recorder_.EnablePriorities();
 
-  std::vector<WorkloadRequest> work = GenerateWorkload(o.workload);
   if (role == EngineRole::kDecode) {
-    // Requests come from the prefill process.
-    e->requests_.reserve(work.size());
-    e->index_of_.assign(work.size(), -1);
+    // Requests come from the prefill process: at most the workload's.
+    e->requests_.reserve(o.workload.requests);
+    e->index_of_.assign(o.workload.requests, -1);
   } else {
+    std::vector<WorkloadRequest> work = GenerateWorkload(o.workload);
     e->trace_rng_ = Rng(RandomSeed());
     e->requests_.reserve(work.size());
     e->arrival_offset_ns_.reserve(work.size());
@@ -586,8 +586,8 @@ Status Engine::ServeChannel() {
                     : Status::Error("KV channel: PULL sent to decode");
         break;
       case KvMsgType::kAck:
-        if (!prefill) return Status::Error("KV channel: ACK sent to decode");
-        OnAck(msg_.ack);
+        s = prefill ? OnAck(msg_.ack)
+                    : Status::Error("KV channel: ACK sent to decode");
         break;
       case KvMsgType::kReport:
         if (!prefill) return Status::Error("KV channel: REPORT to decode");
@@ -654,10 +654,13 @@ Status Engine::ServePull(const KvPull& p) {
   return Status::Ok();
 }
 
-void Engine::OnAck(const KvAck& a) {
+Status Engine::OnAck(const KvAck& a) {
   Request* r =
       a.rid >= 1 && a.rid <= held_.size() ? held_[Index(a.rid)] : nullptr;
-  if (r == nullptr) return;  // nothing held: a duplicate, ignored
+  if (r == nullptr || a.attempt != r->kv_attempts) {
+    return Status::Error("KV channel: an ACK for no transfer (request " +
+                         std::to_string(a.rid) + ")");
+  }
   // The send ends when the receiver has checked what arrived.
   const uint64_t t = NowNs();
   SendKvTransfer(*r, false, t,
@@ -668,6 +671,7 @@ void Engine::OnAck(const KvAck& a) {
     held_[Index(a.rid)] = nullptr;
     --num_held_;
   }
+  return Status::Ok();
 }
 
 Status Engine::OnHandoff(KvHandoff& h) {

@@ -104,7 +104,7 @@ class Engine {
   // Moves bytes on the KV channel and handles every complete message.
   Status ServeChannel();
   Status ServePull(const KvPull& p);  // prefill
-  void OnAck(const KvAck& a);         // prefill
+  Status OnAck(const KvAck& a);       // prefill
   Status OnHandoff(KvHandoff& h);     // decode
   Status OnKv(const KvData& k);       // decode
   void HandOver(Request* r);          // prefill
