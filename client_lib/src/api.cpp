@@ -3,6 +3,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -909,6 +910,21 @@ namespace {
 
 using tokenmeter::client::KvArg;
 
+// How many bytes of printable ASCII (0x20 .. 0x7e) `p` starts with, at most
+// TM_MAX_LABEL_VALUE_BYTES. A byte is read only once every byte before it
+// was printable (so not past a string's NUL); eight bytes a round, one
+// bound check a round.
+inline size_t PrintablePrefix(const unsigned char* p) {
+  static_assert(TM_MAX_LABEL_VALUE_BYTES % 8 == 0);
+  for (size_t n = 0; n < TM_MAX_LABEL_VALUE_BYTES; n += 8) {
+#pragma GCC unroll 8
+    for (size_t k = 0; k < 8; ++k) {
+      if (p[n + k] - 0x20u >= 0x5fu) return n + k;
+    }
+  }
+  return TM_MAX_LABEL_VALUE_BYTES;
+}
+
 // The length of the NUL-terminated `s` when it is in label-value syntax
 // (tm_proto_valid_label_value(): the daemon's rule), else 0. Reads at most
 // TM_MAX_LABEL_VALUE_BYTES + 1 bytes. The common case, 1 to 64 bytes of
@@ -916,16 +932,52 @@ using tokenmeter::client::KvArg;
 // LabelValueTest checks it), is settled by one pass here; any other string
 // is decided by the rule itself.
 inline size_t LabelValueLen(const char* s) {
-  size_t n = 0;  // the first byte that is not printable ASCII
-  for (; n <= TM_MAX_LABEL_VALUE_BYTES; ++n) {
-    const unsigned char ch = static_cast<unsigned char>(s[n]);
-    if (ch < 0x20 || ch >= 0x7f) break;
-  }
-  if (n != 0 && n <= TM_MAX_LABEL_VALUE_BYTES && s[n] == '\0') [[likely]]
+  size_t n = PrintablePrefix(reinterpret_cast<const unsigned char*>(s));
+  if (s[n] == '\0' && n != 0) [[likely]]
     return n;
-  const size_t len = strnlen(s, TM_MAX_LABEL_VALUE_BYTES + 1);
-  return tm_proto_valid_label_value(s, len) != 0 ? len : 0;
+  n = strnlen(s, TM_MAX_LABEL_VALUE_BYTES + 1);
+  return tm_proto_valid_label_value(s, n) != 0 ? n : 0;
 }
+
+// The records hold strings as bytes in memory order; the word loads below
+// build those words on a little-endian host.
+static_assert(std::endian::native == std::endian::little);
+
+// Bytes s[at, at + n) (n 1 .. 8) as the low bytes of a word, zero above;
+// reads nothing outside them.
+inline uint64_t LoadBytes(const char* s, size_t at, size_t n) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(s) + at;
+  if (n >= 4) {
+    uint32_t lo, hi;  // two overlapping 4-byte loads cover 4 .. 8 bytes
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + n - 4, 4);
+    return uint64_t{lo} | (uint64_t{hi} << (8 * (n - 4)));
+  }
+  return uint64_t{p[0]} | (uint64_t{p[n / 2]} << (8 * (n / 2))) |
+         (uint64_t{p[n - 1]} << (8 * (n - 1)));
+}
+
+// Stores s[0, len) (len 1 .. 64) at w as ceil(len / 8) words, zero padded,
+// reading only the string. Up to 16 bytes (most reasons and connectors),
+// straight-line word loads; longer, a copy and a load of the last word.
+inline void StoreString(uint64_t* w, const char* s, size_t len) {
+  if (len <= 8) {
+    *w = LoadBytes(s, 0, len);
+    return;
+  }
+  const size_t last = (len - 1) / 8;  // the last word: 1 .. 7
+  if (last == 1) {
+    std::memcpy(w, s, 8);
+  } else {
+    std::memcpy(w, s, 8 * last);
+  }
+  // The 8 bytes that end the string, its last 1 .. 8 bytes shifted down.
+  uint64_t end;
+  std::memcpy(&end, s + len - 8, 8);
+  w[last] = end >> (8 * (8 * (last + 1) - len));
+}
+
+inline uint32_t StringWords(size_t len) { return uint32_t(len + 7) / 8; }
 
 inline int Reject(tm_client* c) {
   c->CountRejected();
@@ -957,8 +1009,7 @@ inline void WriteRid(uint64_t* w, uint32_t rid_words, uint64_t rid,
   if (rc != TM_OK) [[unlikely]]
     return rc;
   const uint32_t rw = !has_rid ? 0 : srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t sw = uint32_t(len + 7) / 8;
-  const uint32_t words = 2 + rw + sw;
+  const uint32_t words = 2 + rw + StringWords(len);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
@@ -968,8 +1019,7 @@ inline void WriteRid(uint64_t* w, uint32_t rid_words, uint64_t rid,
                     uint32_t(len) | int_rid);
   w[1] = t_ns != 0 ? t_ns : Now();
   if (has_rid) WriteRid(w + 2, rw, rid, srid, srid_len);
-  w[words - 1] = 0;
-  std::memcpy(w + 2 + rw, reason, len);
+  StoreString(w + 2 + rw, reason, len);
   return Done(r);
 }
 
@@ -1025,8 +1075,9 @@ constexpr size_t kKvTransferInfoSize =
   if (rc != TM_OK) [[unlikely]]
     return rc;
   const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t sw = uint32_t(reason_len + connector_len + 7) / 8;
-  const uint32_t words = 3 + rw + has_bytes + has_blocks + sw;
+  const uint32_t reason_words = StringWords(reason_len);
+  const uint32_t words = 3 + rw + has_bytes + has_blocks + reason_words +
+                         StringWords(connector_len);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
@@ -1039,13 +1090,9 @@ constexpr size_t kKvTransferInfoSize =
   *p++ = start;
   if (has_bytes) *p++ = bytes;
   if (has_blocks) *p++ = blocks;
-  if (sw != 0) {
-    w[words - 1] = 0;
-    char* b = reinterpret_cast<char*>(p);
-    if (reason_len != 0) std::memcpy(b, reason, reason_len);
-    if (connector_len != 0)
-      std::memcpy(b + reason_len, connector, connector_len);
-  }
+  if (reason_len != 0) StoreString(p, reason, reason_len);
+  if (connector_len != 0)
+    StoreString(p + reason_words, connector, connector_len);
   return Done(r);
 }
 

@@ -354,14 +354,15 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
         pk.Str(TM_KV_OK);
         pk.Bool(false);
       }
-      const char* b = reinterpret_cast<const char*>(p);
+      // Each string starts on a word of its own.
       if (reason_len != 0) {
         pk.Str(TM_KV_REASON);
-        pk.Str(b, reason_len);
+        pk.Str(reinterpret_cast<const char*>(p), reason_len);
+        p += (reason_len + 7) / 8;
       }
       if (connector_len != 0) {
         pk.Str(TM_KV_CONNECTOR);
-        pk.Str(b + reason_len, connector_len);
+        pk.Str(reinterpret_cast<const char*>(p), connector_len);
       }
       return;
     }

@@ -44,7 +44,8 @@ namespace tokenmeter::client {
 //               id length; an integer id: the flag; neither: no id)
 //   KV_TRANSFER hdr(arg=KvArg(): role, failed, has bytes / blocks, reason
 //               and connector lengths) t rid... start [bytes] [blocks]
-//               the bytes of reason, connector, zero padded
+//               the bytes of reason, zero padded to a word, then those of
+//               connector, zero padded
 //   SLEEP       hdr(arg=SleepArg(): each part's state + 1, 0 = keep) t
 // `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
 // string id.

@@ -901,6 +901,56 @@ TEST_F(EventLayoutTest, SendsProtocol12Events) {
             }));
 }
 
+// Reasons and connectors of every length 1 .. 64, printable ASCII and
+// UTF-8 (which take the rule's path), arrive byte for byte: the library
+// packs them into words itself.
+TEST_F(EventLayoutTest, SendsLabelValuesOfEveryLength) {
+  StartServer();
+  NewClient();
+  std::vector<std::string> values;
+  for (size_t len = 1; len <= TM_MAX_LABEL_VALUE_BYTES; ++len) {
+    std::string ascii;
+    for (size_t i = 0; i < len; ++i) ascii += char('!' + (i * 7 + len) % 94);
+    values.push_back(ascii);
+    if (len >= 2) {  // "é" (2 bytes) at the end, then at the start
+      values.push_back(ascii.substr(0, len - 2) + "\xc3\xa9");
+      values.push_back("\xc3\xa9" + ascii.substr(0, len - 2));
+    }
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string& v = values[i];
+    const std::string& other = values[values.size() - 1 - i];
+    ASSERT_EQ(tm_admission_rejected_rid(client_, 10, v.c_str(), i), TM_OK) << v;
+    tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+    kv.start_ns = 1;
+    kv.reason = v.c_str();
+    kv.connector = other.c_str();
+    ASSERT_EQ(tm_kv_transfer(client_, 10, i, &kv), TM_OK) << v;
+    kv.reason = nullptr;
+    kv.connector = v.c_str();
+    ASSERT_EQ(tm_kv_transfer_str(client_, 10, "r", 1, &kv), TM_OK) << v;
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 3 * values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const Value& adm = events[3 * i];
+    EXPECT_EQ(adm.array[2].str, values[i]) << i;
+    EXPECT_EQ(adm.array[3].uint, i) << i;
+    const Value& kv = events[3 * i + 1].array[3];
+    EXPECT_EQ(kv.Find("reason")->str, values[i]) << i;
+    EXPECT_EQ(kv.Find("connector")->str, values[values.size() - 1 - i]) << i;
+    const Value& kv2 = events[3 * i + 2].array[3];
+    EXPECT_EQ(kv2.Find("reason"), nullptr) << i;
+    EXPECT_EQ(kv2.Find("connector")->str, values[i]) << i;
+  }
+}
+
 // The largest KV_TRANSFER (a 128-byte id, bytes, blocks, a 64-byte reason
 // and connector: 296 bytes) and ADMISSION_REJECTED through the smallest
 // buffer, round after round.
