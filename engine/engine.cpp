@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <span>
 #include <string_view>
 
@@ -224,20 +223,19 @@ void Engine::SendArrived(const Request& r, uint64_t arrived_ns,
       !r.traceparent.empty()) {
     // ARRIVED params: the adapter and the tenant label (1.1), the priority
     // and the trace context (1.2).
-    tm_request_params p = TM_REQUEST_PARAMS_INIT;
+    tokenmeter::RequestParams p;
     p.max_tokens = max_tokens;
     p.n = 1;
-    tm_label tenant[1] = {};
+    tokenmeter::RequestLabel tenant;
     if (r.tenant >= 0) {
-      tenant[0] = {"tenant", tenant_names_[size_t(r.tenant)].c_str()};
-      p.labels = tenant;
+      tenant = {"tenant", tenant_names_[size_t(r.tenant)]};
+      p.labels = &tenant;
       p.n_labels = 1;
     }
-    if (r.lora >= 0) p.lora = lora_names_[size_t(r.lora)].c_str();
-    p.has_priority = r.has_priority ? 1 : 0;
-    p.priority = r.priority;
-    if (!r.traceparent.empty()) p.traceparent = r.traceparent.c_str();
-    tm_arrived_params(meter_->handle(), arrived_ns, r.id, r.prompt_len, &p);
+    if (r.lora >= 0) p.lora = lora_names_[size_t(r.lora)];
+    if (r.has_priority) p.priority = r.priority;
+    p.traceparent = r.traceparent;
+    meter_->Arrived(r.id, r.prompt_len, p, arrived_ns);
   } else {
     meter_->Arrived(r.id, r.prompt_len, max_tokens, 1, arrived_ns);
   }
@@ -255,8 +253,7 @@ void Engine::Admit(uint64_t now_ns) {
       // Refused at the front door: never a tracked request.
       recorder_.Rejected("queue_full");
       if (meter_) {
-        tm_admission_rejected_rid(meter_->handle(), arrived_ns, "queue_full",
-                                  r.id);
+        meter_->AdmissionRejected(r.id, "queue_full", arrived_ns);
       }
       r.state = RequestState::kFinished;
       ++resolved_;
@@ -372,8 +369,9 @@ Status Engine::DriveSleep(uint64_t now_ns) {
       recorder_.Sleep(t, "paused", "resident", "released",
                       sleep_out_.preempted.size());
       if (meter_) {
-        tm_sleep_state(meter_->handle(), t, TM_SCHEDULER_PAUSED,
-                       TM_WEIGHTS_RESIDENT, TM_KV_CACHE_RELEASED);
+        meter_->SleepState(tokenmeter::SchedulerState::kPaused,
+                           tokenmeter::WeightsState::kResident,
+                           tokenmeter::KvCacheState::kReleased, t);
       }
       // The iteration that preempted: nothing runs now.
       SendStep(t, 0, 0, 0, 0, 0);
@@ -385,8 +383,9 @@ Status Engine::DriveSleep(uint64_t now_ns) {
       const uint64_t t = NowNs();
       recorder_.Sleep(t, "running", "resident", "resident", 0);
       if (meter_) {
-        tm_sleep_state(meter_->handle(), t, TM_SCHEDULER_RUNNING,
-                       TM_WEIGHTS_RESIDENT, TM_KV_CACHE_RESIDENT);
+        meter_->SleepState(tokenmeter::SchedulerState::kRunning,
+                           tokenmeter::WeightsState::kResident,
+                           tokenmeter::KvCacheState::kResident, t);
       }
       return Status::Ok();
     }
@@ -408,16 +407,16 @@ void Engine::SendStep(uint64_t t_ns, uint64_t prompt_tokens, uint64_t generated,
   recorder_.Step(prefix_queries, prefix_hits, lora_skips);
   recorder_.LastStep(running, waiting, deferred, usage);
   if (!meter_) return;
-  const tm_step_key keys[] = {
-      TM_STEP_KEY_RUNNING,           TM_STEP_KEY_WAITING,
-      TM_STEP_KEY_KV_USAGE,          TM_STEP_KEY_PROMPT_TOKENS,
-      TM_STEP_KEY_GENERATION_TOKENS, TM_STEP_KEY_PREFIX_QUERIES,
-      TM_STEP_KEY_PREFIX_HITS,       TM_STEP_KEY_WAITING_DEFERRED};
-  const double values[] = {
-      double(running),       double(waiting),   usage,
-      double(prompt_tokens), double(generated), double(prefix_queries),
-      double(prefix_hits),   double(deferred)};
-  tm_step(meter_->handle(), t_ns, keys, values, std::size(keys), nullptr, 0);
+  tokenmeter::StepStats st;
+  st.Running(running)
+      .Waiting(waiting)
+      .WaitingDeferred(deferred)
+      .KvUsage(usage)
+      .PromptTokens(prompt_tokens)
+      .GenerationTokens(generated)
+      .PrefixQueries(prefix_queries)
+      .PrefixHits(prefix_hits);
+  meter_->Step(st, t_ns);
 }
 
 Status Engine::Step(bool* acted) {
@@ -440,8 +439,8 @@ Status Engine::Step(bool* acted) {
     recorder_.Scheduled(Index(r->id), sched_ns, r->cached_tokens,
                         r->external_tokens);
     if (meter_) {
-      tm_scheduled_ex(meter_->handle(), sched_ns, r->id, r->cached_tokens,
-                      r->external_tokens);
+      meter_->Scheduled(r->id, {r->cached_tokens, r->external_tokens},
+                        sched_ns);
     }
   }
   for (Request* r : plan_.kv_pulls) {
@@ -560,15 +559,15 @@ void Engine::SendKvTransfer(const Request& r, bool recv, uint64_t t_ns,
   recorder_.KvTransfer(Index(r.id), recv, r.kv_start_ns, t_ns, bytes,
                        r.kv_num_blocks, ok, reason);
   if (!meter_) return;
-  tm_kv_transfer_info info = TM_KV_TRANSFER_INFO_INIT;
-  info.role = recv ? TM_KV_RECV : TM_KV_SEND;
+  tokenmeter::KvTransferInfo info;
+  info.role = recv ? tokenmeter::KvRole::kRecv : tokenmeter::KvRole::kSend;
   info.start_ns = r.kv_start_ns;
   info.bytes = bytes;
   info.blocks = r.kv_num_blocks;
-  info.ok = ok ? 1 : 0;
-  if (!ok) info.reason = reason.c_str();
+  info.ok = ok;
+  if (!ok) info.reason = reason;
   info.connector = kConnector;
-  tm_kv_transfer(meter_->handle(), t_ns, r.id, &info);
+  meter_->KvTransfer(r.id, info, t_ns);
 }
 
 Status Engine::ServeChannel() {
