@@ -412,20 +412,21 @@ class EngineWithoutDaemon(unittest.TestCase):
         self.assertGreater(report["client_dropped_events"], 0)
 
 
-def capture_wire(extra):
-    """Runs the engine against a plain Unix listener that never answers and
-    returns (report, hello meta, ARRIVED events) from the bytes it wrote."""
-    with tempfile.TemporaryDirectory(prefix="tm-wire-", dir="/tmp") as tmp:
+def record_connections(run, expect=2, timeout=60):
+    """Runs run(socket_path, tmp_dir) against a plain Unix listener that
+    records the bytes of `expect` connections and never answers; returns
+    (run's result, [([hello meta, ...], [event, ...]), ...]) in connection
+    order."""
+    with tempfile.TemporaryDirectory(prefix="tm-rec-", dir="/tmp") as tmp:
         path = os.path.join(tmp, "ingest.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
-        listener.listen(1)
-        listener.settimeout(30)
-        chunks = []
+        listener.listen(8)
+        listener.settimeout(timeout)
+        streams = []
 
-        def read_all():
-            conn, _ = listener.accept()
-            conn.settimeout(30)
+        def read(conn, chunks):
+            conn.settimeout(timeout)
             with conn:
                 while True:
                     data = conn.recv(1 << 16)
@@ -433,20 +434,43 @@ def capture_wire(extra):
                         return
                     chunks.append(data)
 
-        reader = threading.Thread(target=read_all)
-        reader.start()
+        def accept():
+            readers = []
+            for _ in range(expect):
+                conn, _ = listener.accept()
+                chunks = []
+                streams.append(chunks)
+                t = threading.Thread(target=read, args=(conn, chunks))
+                t.start()
+                readers.append(t)
+            for t in readers:
+                t.join(timeout)
+
+        acceptor = threading.Thread(target=accept)
+        acceptor.start()
         try:
-            report = run_engine(path, os.path.join(tmp, "report.json"),
-                                extra=extra)
+            result = run(path, tmp)
         finally:
-            reader.join(timeout=30)
+            acceptor.join(timeout)
             listener.close()
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(b"".join(chunks))
-    frames = list(unpacker)
-    hellos = [f[1] for f in frames if f[0] == 0]
-    arrived = [e for f in frames if f[0] == 1 for e in f[3] if e[0] == 1]
-    return report, hellos, arrived
+    connections = []
+    for chunks in streams:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(b"".join(chunks))
+        frames = list(unpacker)
+        hellos = [f[1] for f in frames if f[0] == 0]
+        events = [e for f in frames if f[0] == 1 for e in f[3]]
+        connections.append((hellos, events))
+    return result, connections
+
+
+def capture_wire(extra):
+    """Runs the engine against a plain Unix listener that never answers and
+    returns (report, hello meta, ARRIVED events) from the bytes it wrote."""
+    report, [(hellos, events)] = record_connections(
+        lambda path, tmp: run_engine(path, os.path.join(tmp, "report.json"),
+                                     extra=extra), expect=1, timeout=30)
+    return report, hellos, [e for e in events if e[0] == 1]
 
 
 class EngineWire(unittest.TestCase):
@@ -517,57 +541,6 @@ def priority_bucket(p):
     return "<-1" if p < -1 else ">1" if p > 1 else str(p)
 
 
-def record_connections(run, expect=2, timeout=60):
-    """Runs run(socket_path) against a plain Unix listener that records
-    every connection's bytes and never answers; returns (run's result,
-    [(hello meta, [event, ...]), ...]) in connection order."""
-    with tempfile.TemporaryDirectory(prefix="tm-rec-", dir="/tmp") as tmp:
-        path = os.path.join(tmp, "ingest.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(8)
-        listener.settimeout(timeout)
-        streams = []
-
-        def read(conn, chunks):
-            conn.settimeout(timeout)
-            with conn:
-                while True:
-                    data = conn.recv(1 << 16)
-                    if not data:
-                        return
-                    chunks.append(data)
-
-        def accept():
-            readers = []
-            for _ in range(expect):
-                conn, _ = listener.accept()
-                chunks = []
-                streams.append(chunks)
-                t = threading.Thread(target=read, args=(conn, chunks))
-                t.start()
-                readers.append(t)
-            for t in readers:
-                t.join(timeout)
-
-        acceptor = threading.Thread(target=accept)
-        acceptor.start()
-        try:
-            result = run(path, tmp)
-        finally:
-            acceptor.join(timeout)
-            listener.close()
-    connections = []
-    for chunks in streams:
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-        unpacker.feed(b"".join(chunks))
-        frames = list(unpacker)
-        hellos = [f[1] for f in frames if f[0] == 0]
-        events = [e for f in frames if f[0] == 1 for e in f[3]]
-        connections.append((hellos[0] if hellos else None, events))
-    return result, connections
-
-
 class Side:
     """One process's events, folded the way the daemon folds them."""
 
@@ -623,7 +596,9 @@ class DisaggregatedWire(unittest.TestCase):
         cls.report, conns = record_connections(run)
         cls.hellos = {}
         cls.sides = {}
-        for meta, events in conns:
+        for hellos, events in conns:
+            assert len(hellos) == 1, hellos
+            meta = hellos[0]
             role = meta["labels"]["kv_role"]
             cls.hellos[role] = meta
             cls.sides[role] = Side(events)
