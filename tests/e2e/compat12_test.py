@@ -101,7 +101,12 @@ def feed(d, events):
 
 
 def comparable(text):
-    return [line for line in text.splitlines()
+    """The lines to compare: without the process, the scrapes, the ingest
+    counters (compared apart) and the value of lora_requests_info (the wall
+    time each daemon saw the LoRA sets change)."""
+    return [line.rsplit(" ", 1)[0] if ":lora_requests_info{" in line
+            and not line.startswith("#") else line
+            for line in text.splitlines()
             if not line.startswith(("process_", "# HELP process_",
                                     "# TYPE process_"))
             and "tokenmeter_scrape_duration_seconds" not in line
