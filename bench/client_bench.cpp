@@ -6,6 +6,13 @@
 //       one client); "now" passes t_ns = 0 so the library reads the clock.
 //   tm_expert_load/256/caller_ts   one MoE EXPERT_LOAD of 256 experts
 //       (protocol 1.1) per call: the count check and the 2 KiB copy.
+//   tm_kv_transfer/caller_ts, tm_kv_transfer/now   one protocol 1.2
+//       KV_TRANSFER per call, as a prefill engine reports one (role send,
+//       start, bytes, blocks, connector "nixl"), at 1 and 2 threads.
+//   tm_admission_rejected/caller_ts, tm_admission_rejected/now   one
+//       protocol 1.2 ADMISSION_REJECTED per call (reason "queue_full", no
+//       request id), at 1 and 2 threads. Issue: each of these two costs at
+//       most a tm_tokens of the same timestamp mode.
 //   prometheus_observe   prometheus-cpp Histogram::Observe on a child
 //       resolved once outside the loop (22 TTFT buckets), at 1 and 2 threads
 //       (both threads on the same child, as an engine would share it).
@@ -381,6 +388,42 @@ void ExpertLoad256CallerTs(benchmark::State& state, tm_client* c) {
       kExpertLoadChunk);
 }
 
+// One finished KV transfer of about 1 MiB, as vLLM's NIXL connector
+// reports it on the prefill side.
+tm_kv_transfer_info KvInfo(uint64_t start_ns) {
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.role = TM_KV_SEND;
+  kv.start_ns = start_ns;
+  kv.bytes = 1 << 20;
+  kv.blocks = 64;
+  kv.connector = "nixl";
+  return kv;
+}
+
+void KvTransferCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  const tm_kv_transfer_info kv = KvInfo(t0 - 1000000);
+  RunChunked(state, c,
+             [c, t0, &kv](uint64_t i) { tm_kv_transfer(c, t0 + i, i, &kv); });
+}
+
+void KvTransferNow(benchmark::State& state, tm_client* c) {
+  const tm_kv_transfer_info kv = KvInfo(tm_now_ns());
+  RunChunked(state, c, [c, &kv](uint64_t i) { tm_kv_transfer(c, 0, i, &kv); });
+}
+
+void AdmissionRejectedCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  RunChunked(state, c, [c, t0](uint64_t i) {
+    tm_admission_rejected(c, t0 + i, "queue_full");
+  });
+}
+
+void AdmissionRejectedNow(benchmark::State& state, tm_client* c) {
+  RunChunked(state, c,
+             [c](uint64_t) { tm_admission_rejected(c, 0, "queue_full"); });
+}
+
 void ClockGettimeMonotonic(benchmark::State& state) {
   timespec ts;
   for (auto _ : state) {
@@ -483,6 +526,17 @@ int Main(int argc, char** argv) {
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_arrived/caller_ts/ack_off",
                                  ArrivedCallerTs, c_no_ack)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_kv_transfer/caller_ts", KvTransferCallerTs,
+                                 c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_kv_transfer/now", KvTransferNow, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_admission_rejected/caller_ts",
+                                 AdmissionRejectedCallerTs, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_admission_rejected/now",
+                                 AdmissionRejectedNow, c)
         ->Threads(threads);
   }
   benchmark::RegisterBenchmark("tm_expert_load/256/caller_ts",

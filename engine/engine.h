@@ -11,15 +11,27 @@
 #include <vector>
 
 #include "engine/kv_cache.h"
+#include "engine/kv_channel.h"
 #include "engine/model.h"
 #include "engine/options.h"
 #include "engine/report.h"
 #include "engine/request.h"
+#include "engine/rng.h"
 #include "engine/scheduler.h"
+#include "engine/sleep_cycle.h"
 #include "engine/status.h"
 #include "tokenmeter/client.hpp"
 
 namespace tokenmeter::engine {
+
+// Which part of the engine a process is (docs/engine.md, "Disaggregated
+// prefill and decode"): the whole engine, or with --disaggregate the
+// prefill process (admits the workload, computes each prompt and its first
+// token, hands the request and its KV cache over) or the decode process
+// (receives them and decodes).
+enum class EngineRole : uint8_t { kMonolithic, kPrefill, kDecode };
+
+const char* RoleName(EngineRole role);
 
 class Engine {
  public:
@@ -29,29 +41,81 @@ class Engine {
   // is not an error). Fails for --backend cuda without a device, a CUDA
   // error, or options the client refuses (e.g. --engine-name).
   static Status Create(const EngineOptions& o, std::unique_ptr<Engine>* out);
+  // One process of --disaggregate: the prefill or the decode role, talking
+  // to the other through `channel` (borrowed: it must outlive the engine).
+  // HELLO instance "prefill" / "decode" (or "<--instance>-prefill" ...) and
+  // label kv_role = "kv_producer" / "kv_consumer". kMonolithic with a null
+  // channel is Create(o, out).
+  static Status Create(const EngineOptions& o, EngineRole role,
+                       KvChannel* channel, std::unique_ptr<Engine>* out);
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();
 
   // Runs every request to its end, then closes the client (bounded by the
-  // client's close timeout, 1 s). Fails only for a model backend error.
+  // client's close timeout, 1 s). The prefill role returns once every
+  // workload request is finished or rejected and every hand-over has been
+  // pulled (or given up), after sending END; the decode role once END has
+  // come and every request it received has finished. Fails for a model
+  // backend error, or a KV channel error (the other process gone, a
+  // malformed message).
   Status Run();
 
   // The figures of the run (after Run()).
   Report BuildReport() const;
 
   const char* backend() const { return model_->backend(); }
-  // Request i's output tokens (for tests: runs must be reproducible).
+  EngineRole role() const { return role_; }
+  // Request i's output tokens (for tests: runs must be reproducible); the
+  // decode role holds the requests it received, in arrival order.
   std::vector<int32_t> Output(size_t i) const {
     const Request& r = requests_.at(i);
     return {r.tokens.begin() + r.prompt_len, r.tokens.end()};
   }
+  // The output tokens of the request with id `id`, if this process holds
+  // it (else empty).
+  std::vector<int32_t> OutputById(uint64_t id) const;
   size_t num_requests() const { return requests_.size(); }
 
+  // Prefill role, after Run(): blocks until the decode process's REPORT
+  // message (its --report JSON) has come, and returns its text. Fails when
+  // the decode process closes the channel first.
+  Status ReceivePeerReport(std::string* json);
+
  private:
-  explicit Engine(const EngineOptions& o);
-  Status Step(uint64_t* finished);
+  Engine(const EngineOptions& o, EngineRole role, KvChannel* channel);
+  // Admits the workload's arrivals due by now_ns (not the decode role),
+  // rejecting those the --max-queued cap refuses.
+  void Admit(uint64_t now_ns);
+  // Sends ARRIVED (and QUEUED at queued_ns) for r; `max_tokens` as asked
+  // of this process.
+  void SendArrived(const Request& r, uint64_t arrived_ns, uint64_t queued_ns,
+                   uint32_t max_tokens);
+  // One scheduler iteration; *acted: it changed something (else nothing
+  // could run now).
+  Status Step(bool* acted);
+  // Sends STEP with the scheduler's state after an iteration.
+  void SendStep(uint64_t t_ns, uint64_t prompt_tokens, uint64_t generated,
+                uint64_t lora_skips, uint64_t prefix_queries,
+                uint64_t prefix_hits);
+  // Sleep mode: the transitions SleepCycle asks for.
+  Status DriveSleep(uint64_t now_ns);
+  // Moves bytes on the KV channel and handles every complete message.
+  Status ServeChannel();
+  Status ServePull(const KvPull& p);  // prefill
+  Status OnAck(const KvAck& a);       // prefill
+  Status OnHandoff(KvHandoff& h);     // decode
+  Status OnKv(const KvData& k);       // decode
+  void HandOver(Request* r);          // prefill
+  void SendPull(Request* r);          // decode
+  void SendKvTransfer(const Request& r, bool recv, uint64_t t_ns,
+                      uint64_t bytes, bool ok, const std::string& reason);
+  // Blocks until the next arrival, the sleep cycle's next deadline, or KV
+  // channel traffic.
+  Status Idle();
+  bool Done() const;
+  size_t Index(uint64_t id) const { return size_t(id - 1); }
   // MoE: takes the model's routed-token counts since the last call, adds
   // them to the run's totals and sends one EXPERT_LOAD per layer at t_ns.
   Status SendExpertLoad(uint64_t t_ns);
@@ -60,8 +124,34 @@ class Engine {
   }
 
   const EngineOptions options_;
+  const EngineRole role_;
+  KvChannel* const channel_;  // null for kMonolithic
+  std::string instance_;      // HELLO instance
+  std::vector<std::pair<std::string, std::string>> labels_;  // HELLO labels
+  // Monolithic and prefill: the workload, in id (arrival) order. Decode:
+  // the requests received, in arrival order (capacity reserved for the
+  // workload's size, so that pointers stay valid), and where each id is.
   std::vector<Request> requests_;
+  std::vector<int32_t> index_of_;
   std::vector<uint64_t> arrival_offset_ns_;
+  uint64_t start_ns_ = 0;
+  size_t next_ = 0;        // the next workload request to admit
+  uint64_t resolved_ = 0;  // finished or rejected (monolithic, prefill)
+  uint64_t finished_ = 0;  // decode: finished requests
+  // Prefill: requests whose blocks are held for a pull (by index).
+  std::vector<Request*> held_;
+  uint64_t num_held_ = 0;
+  uint64_t kv_sends_ = 0;  // KV messages sent (--kv-fail-every counts them)
+  bool end_sent_ = false;
+  bool end_received_ = false;  // decode
+  size_t block_floats_ = 0;    // floats of one KV block record
+  std::vector<float> kv_scratch_;
+  KvMessage msg_;
+  std::string peer_report_;  // prefill: the REPORT, if it came during Run()
+  bool has_peer_report_ = false;
+  Rng trace_rng_{0};  // traceparent ids (seeded from getrandom)
+  SleepCycle sleep_;
+  SchedulerOutput sleep_out_;
   std::unique_ptr<BlockManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Model> model_;

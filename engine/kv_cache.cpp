@@ -128,6 +128,19 @@ void BlockManager::Free(KvSeq& seq) {
   seq.last_hash = 0;
 }
 
+void BlockManager::Reset() {
+  if (num_free_ != num_blocks_) std::abort();
+  cached_.clear();
+  head_ = tail_ = kNil;
+  for (uint32_t b = 0; b < num_blocks_; ++b) {
+    hashed_[b] = 0;
+    hash_[b] = 0;
+    prev_[b] = next_[b] = kNil;
+    in_free_list_[b] = 0;
+  }
+  for (uint32_t b = 0; b < num_blocks_; ++b) PushBack(int32_t(b));
+}
+
 void BlockManager::Unlink(int32_t b) {
   const auto i = size_t(b);
   if (!in_free_list_[i]) std::abort();

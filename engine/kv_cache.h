@@ -17,6 +17,7 @@
 #ifndef TOKENMETER_ENGINE_KV_CACHE_H_
 #define TOKENMETER_ENGINE_KV_CACHE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -80,6 +81,14 @@ class BlockManager {
   // Releases every block of `seq` (tail first, so that a sequence's last
   // blocks are evicted before its first) and empties it.
   void Free(KvSeq& seq);
+
+  // Forgets the prefix cache (sleep mode: the K/V values it named are
+  // gone) and puts every block back in the free list in id order. Aborts
+  // while a sequence holds a block. O(num_blocks).
+  void Reset();
+
+  // Blocks registered in the prefix cache (tests).
+  size_t num_cached_blocks() const { return cached_.size(); }
 
   // The hash chain's next link, exposed for tests.
   static uint64_t ChainHash(uint64_t parent, const int32_t* tokens, uint32_t n);

@@ -163,7 +163,33 @@ class Model {
   // near the choice was to a tie. Rows in chunk order, as in Forward().
   virtual Status LastRouting(std::vector<int32_t>* experts,
                              std::vector<float>* margin) = 0;
+
+  // The KV cache's bytes, block by block (the disaggregated hand-over,
+  // docs/engine.md "Disaggregated prefill and decode"). A block's record
+  // is KvBlockBytes() bytes: for each layer in turn, its block_size x
+  // d_model K floats, then its V floats (positions in block order). Read
+  // copies the records of blocks[0..n) to dst in that order; Write copies
+  // them from src into blocks[0..n) (each id < num_blocks; abort
+  // otherwise), overwriting every position of those blocks. Synchronous;
+  // device-to-host and host-to-device copies on CUDA. Fail for a backend
+  // error, or while the cache is released.
+  virtual Status ReadKvBlocks(const int32_t* blocks, size_t n, float* dst) = 0;
+  virtual Status WriteKvBlocks(const int32_t* blocks, size_t n,
+                               const float* src) = 0;
+  // Sleep mode: frees the KV cache's memory (host or device), after which
+  // Forward() and the block copies fail until RestoreKvCache() allocates
+  // it again, zeroed. Weights and adapter slots stay resident. Both are
+  // idempotent. O(cache size).
+  virtual Status ReleaseKvCache() = 0;
+  virtual Status RestoreKvCache() = 0;
+  virtual bool kv_cache_resident() const = 0;
 };
+
+// Bytes of one KV block's record (Model::ReadKvBlocks): 2 x n_layers x
+// block_size x d_model floats.
+inline size_t KvBlockBytes(const ModelConfig& c, const KvLayout& kv) {
+  return size_t(2) * c.n_layers * kv.block_size * c.d_model * sizeof(float);
+}
 
 // The seeded weights (host memory), shared by both backends so that they
 // compute the same function.

@@ -116,9 +116,46 @@ class CpuModel final : public Model {
     return Status::Ok();
   }
 
+  Status ReadKvBlocks(const int32_t* blocks, size_t n, float* dst) override {
+    if (!kv_resident_) return Status::Error("the KV cache is released");
+    const size_t span = size_t(kv_.block_size) * w_.config.d_model;
+    ForEachKvSpan(blocks, n, [&](float* k, float* v) {
+      dst = std::copy_n(v, span, std::copy_n(k, span, dst));
+    });
+    return Status::Ok();
+  }
+  Status WriteKvBlocks(const int32_t* blocks, size_t n,
+                       const float* src) override {
+    if (!kv_resident_) return Status::Error("the KV cache is released");
+    const size_t span = size_t(kv_.block_size) * w_.config.d_model;
+    ForEachKvSpan(blocks, n, [&](float* k, float* v) {
+      std::copy_n(src, span, k);
+      std::copy_n(src + span, span, v);
+      src += 2 * span;
+    });
+    return Status::Ok();
+  }
+  Status ReleaseKvCache() override {
+    // swap with empty vectors: the memory goes back to the allocator now.
+    std::vector<float>().swap(k_cache_);
+    std::vector<float>().swap(v_cache_);
+    kv_resident_ = false;
+    return Status::Ok();
+  }
+  Status RestoreKvCache() override {
+    if (kv_resident_) return Status::Ok();
+    k_cache_.assign(size_t(w_.config.n_layers) * slots_ * w_.config.d_model,
+                    0.0f);
+    v_cache_.assign(k_cache_.size(), 0.0f);
+    kv_resident_ = true;
+    return Status::Ok();
+  }
+  bool kv_cache_resident() const override { return kv_resident_; }
+
   Status Forward(const std::vector<SeqChunk>& chunks, float* logits) override {
     const ModelConfig& c = w_.config;
     const size_t d = c.d_model, ff = c.d_ff, hd = c.head_dim();
+    if (!kv_resident_) return Status::Error("the KV cache is released");
     size_t rows = 0;
     for (const SeqChunk& ch : chunks) rows += ch.num_tokens;
     if (rows == 0) return Status::Ok();
@@ -383,12 +420,29 @@ class CpuModel final : public Model {
     }
   }
 
+  // Calls f(k, v) with the first K and V float of each block's span of
+  // block_size x d_model floats, for blocks[0..n) and, within each, every
+  // layer in turn: the order of a block record (Model::ReadKvBlocks).
+  template <typename F>
+  void ForEachKvSpan(const int32_t* blocks, size_t n, F f) {
+    const size_t d = w_.config.d_model, bs = kv_.block_size;
+    for (size_t i = 0; i < n; ++i) {
+      if (blocks[i] < 0 || uint32_t(blocks[i]) >= kv_.num_blocks) std::abort();
+      const size_t first = size_t(blocks[i]) * bs;
+      for (uint32_t l = 0; l < w_.config.n_layers; ++l) {
+        f(&k_cache_[(size_t(l) * slots_ + first) * d],
+          &v_cache_[(size_t(l) * slots_ + first) * d]);
+      }
+    }
+  }
+
   const Weights w_;
   const KvLayout kv_;
   const LoraLayout lora_;
   const size_t lora_floats_;  // one adapter
   const size_t slots_;
   std::vector<float> k_cache_, v_cache_;  // [layer][slot][d]
+  bool kv_resident_ = true;               // false: released (sleep)
   std::vector<float> lora_weights_;       // [adapter slot][LoraAdapter]
   std::vector<float> lora_scale_;         // per adapter slot
   std::vector<size_t> pos_, slot_;

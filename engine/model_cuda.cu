@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -374,6 +375,12 @@ class DeviceArray {
   Status Upload(const std::vector<T>& host) {
     return Upload(host.data(), host.size());
   }
+  // Frees the memory now (sleep mode); Reserve() allocates it again.
+  void Free() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    cap_ = 0;
+  }
   T* get() const { return ptr_; }
 
  private:
@@ -402,7 +409,6 @@ class CudaModel final : public Model {
   Status Init(const Weights& w) {
     TM_CUBLAS_TRY(cublasCreate(&cublas_));
     TM_CUBLAS_TRY(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
-    const size_t slots = size_t(kv_.num_blocks) * kv_.block_size;
     TM_RETURN_IF_ERROR(embed_.Upload(w.embed));
     TM_RETURN_IF_ERROR(final_norm_.Upload(w.final_norm));
     TM_RETURN_IF_ERROR(lm_head_.Upload(w.lm_head));
@@ -428,9 +434,8 @@ class CudaModel final : public Model {
         TM_RETURN_IF_ERROR(dl.w_up.Upload(hw.w_up));
         TM_RETURN_IF_ERROR(dl.w_down.Upload(hw.w_down));
       }
-      TM_RETURN_IF_ERROR(dl.k_cache.Reserve(slots * config_.d_model));
-      TM_RETURN_IF_ERROR(dl.v_cache.Reserve(slots * config_.d_model));
     }
+    TM_RETURN_IF_ERROR(AllocateKvCache());
     if (config_.moe_experts > 0) {
       const size_t n = size_t(config_.n_layers) * config_.moe_experts;
       TM_RETURN_IF_ERROR(expert_counts_.Reserve(n));
@@ -466,6 +471,54 @@ class CudaModel final : public Model {
   const char* backend() const override { return "cuda"; }
   const ModelConfig& config() const override { return config_; }
 
+  Status ReadKvBlocks(const int32_t* blocks, size_t n, float* dst) override {
+    if (!kv_resident_) return Status::Error("the KV cache is released");
+    const size_t span = size_t(kv_.block_size) * config_.d_model;
+    for (size_t i = 0; i < n; ++i) {
+      for (const DeviceLayer& dl : layers_) {
+        const size_t at = KvSpanOffset(blocks[i]);
+        TM_CUDA_TRY(cudaMemcpy(dst, dl.k_cache.get() + at, span * sizeof(float),
+                               cudaMemcpyDeviceToHost));
+        TM_CUDA_TRY(cudaMemcpy(dst + span, dl.v_cache.get() + at,
+                               span * sizeof(float), cudaMemcpyDeviceToHost));
+        dst += 2 * span;
+      }
+    }
+    return Status::Ok();
+  }
+  Status WriteKvBlocks(const int32_t* blocks, size_t n,
+                       const float* src) override {
+    if (!kv_resident_) return Status::Error("the KV cache is released");
+    const size_t span = size_t(kv_.block_size) * config_.d_model;
+    for (size_t i = 0; i < n; ++i) {
+      for (const DeviceLayer& dl : layers_) {
+        const size_t at = KvSpanOffset(blocks[i]);
+        TM_CUDA_TRY(cudaMemcpy(dl.k_cache.get() + at, src, span * sizeof(float),
+                               cudaMemcpyHostToDevice));
+        TM_CUDA_TRY(cudaMemcpy(dl.v_cache.get() + at, src + span,
+                               span * sizeof(float), cudaMemcpyHostToDevice));
+        src += 2 * span;
+      }
+    }
+    return Status::Ok();
+  }
+  Status ReleaseKvCache() override {
+    TM_CUDA_TRY(cudaDeviceSynchronize());
+    for (DeviceLayer& dl : layers_) {
+      dl.k_cache.Free();
+      dl.v_cache.Free();
+    }
+    kv_resident_ = false;
+    return Status::Ok();
+  }
+  Status RestoreKvCache() override {
+    if (kv_resident_) return Status::Ok();
+    TM_RETURN_IF_ERROR(AllocateKvCache());
+    kv_resident_ = true;
+    return Status::Ok();
+  }
+  bool kv_cache_resident() const override { return kv_resident_; }
+
   void SetExpertCounting(bool on) override { count_experts_ = on; }
 
   Status TakeExpertCounts(uint64_t* counts) override {
@@ -499,6 +552,7 @@ class CudaModel final : public Model {
 
   Status Forward(const std::vector<SeqChunk>& chunks, float* logits) override {
     const ModelConfig& c = config_;
+    if (!kv_resident_) return Status::Error("the KV cache is released");
     const int d = int(c.d_model), ff = int(c.d_ff), hd = int(c.head_dim());
     // Host-side step description.
     int max_blocks = 1;
@@ -641,6 +695,23 @@ class CudaModel final : public Model {
   }
 
  private:
+  // Every layer's K and V cache, zeroed.
+  Status AllocateKvCache() {
+    const size_t n = size_t(kv_.num_blocks) * kv_.block_size * config_.d_model;
+    for (DeviceLayer& dl : layers_) {
+      TM_RETURN_IF_ERROR(dl.k_cache.Reserve(n));
+      TM_RETURN_IF_ERROR(dl.v_cache.Reserve(n));
+      TM_CUDA_TRY(cudaMemset(dl.k_cache.get(), 0, n * sizeof(float)));
+      TM_CUDA_TRY(cudaMemset(dl.v_cache.get(), 0, n * sizeof(float)));
+    }
+    return Status::Ok();
+  }
+  // The first float of block b's span in one layer's K (or V) cache.
+  size_t KvSpanOffset(int32_t b) const {
+    if (b < 0 || uint32_t(b) >= kv_.num_blocks) std::abort();
+    return size_t(b) * kv_.block_size * config_.d_model;
+  }
+
   // q_ and v_ += the adapter deltas of layer l for the rows of h_ that have
   // a slot (lora_rows_).
   void ApplyLora(unsigned grid_rows, size_t l) {
@@ -695,6 +766,7 @@ class CudaModel final : public Model {
   const size_t lora_floats_;  // one adapter
   cublasHandle_t cublas_ = nullptr;
   bool attention_smem_set_ = false;
+  bool kv_resident_ = true;  // false: released (sleep)
   DeviceArray<float> embed_, final_norm_, lm_head_, rope_cos_, rope_sin_;
   std::vector<DeviceLayer> layers_;
   DeviceArray<float> lora_w_;      // [adapter slot][LoraAdapter weights]

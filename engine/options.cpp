@@ -40,6 +40,22 @@ Mixture of experts:
   --moe-top-k K             experts per token, 1..16 and at most E (2)
   --expert-load-every N     send the routed-token counts (EXPERT_LOAD) every
                             N steps and at the end; 0 = do not count (16)
+Protocol 1.2 modes:
+  --disaggregate            run as two processes, prefill and decode, that
+                            hand each request's KV cache over a Unix socket
+  --kv-fail-every N         corrupt every Nth KV transfer (0 = never; needs
+                            --disaggregate)
+  --kv-retries R            retries of a failed KV transfer before the
+                            request ends with `error`, 0..16 (1)
+  --max-queued N            reject an arrival that finds N requests waiting
+                            (ADMISSION_REJECTED queue_full; 0 = no cap)
+  --priority-levels K       each request gets a priority (lower runs first)
+                            from K levels centred on 0 (0 = none)
+  --sleep-after S           sleep S seconds after the start: pause, preempt,
+                            release the KV cache (with --wake-after)
+  --wake-after S            wake S seconds after falling asleep
+  --trace-context           send a W3C traceparent with every ARRIVED
+                            (always with --disaggregate)
 LoRA and tenants:
   --lora-adapters N         LoRA adapters lora-0..lora-N-1; each request uses
                             one, Zipf-skewed (0 = base model only)
@@ -126,6 +142,7 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   uint64_t seed = 1;
   uint32_t moe_experts = 0, moe_top_k = 2;
   bool top_k_set = false;
+  std::string_view kv_flag;  // a --kv-* flag given
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     std::string_view flag = arg, value;
@@ -159,6 +176,14 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
     }
     if (flag == "--quiet") {
       o->quiet = true;
+      continue;
+    }
+    if (flag == "--disaggregate") {
+      o->disaggregate = true;
+      continue;
+    }
+    if (flag == "--trace-context") {
+      o->trace_context = true;
       continue;
     }
     if (!has_value) {
@@ -237,6 +262,23 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       s = u32(&o->expert_load_every);
     } else if (flag == "--tenants") {
       s = u32(&o->workload.tenants);
+    } else if (flag == "--kv-fail-every") {
+      s = u32(&o->kv_fail_every);
+      kv_flag = flag;
+    } else if (flag == "--kv-retries") {
+      s = u32(&o->kv_retries);
+      kv_flag = flag;
+    } else if (flag == "--max-queued") {
+      s = u32(&o->max_queued);
+    } else if (flag == "--priority-levels") {
+      s = u32(&o->workload.priority_levels);
+    } else if (flag == "--sleep-after" || flag == "--wake-after") {
+      double* dst =
+          flag == "--sleep-after" ? &o->sleep_after_s : &o->wake_after_s;
+      s = f64(dst);
+      if (s.ok() && !(*dst >= 0 && *dst <= kMaxSleepSeconds)) {
+        s = Bad(flag, value);
+      }
     } else if (flag == "--metrics-profile") {
       if (value == "vllm" || value == "sglang" || value == "lmdeploy") {
         o->metrics_profile = std::string(value);
@@ -261,6 +303,24 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   if (top_k_set && moe_experts == 0) {
     return Status::Error("--moe-top-k needs --moe-experts");
   }
+  if (!kv_flag.empty() && !o->disaggregate) {
+    return Status::Error(std::string(kv_flag) + " needs --disaggregate");
+  }
+  if (o->kv_retries > kMaxKvRetries) {
+    return Status::Error("--kv-retries must be 0.." +
+                         std::to_string(kMaxKvRetries));
+  }
+  if (o->disaggregate && !o->scope.empty()) {
+    return Status::Error(
+        "--scope cannot be used with --disaggregate (the prefill and the "
+        "decode process keep request-id spaces of their own)");
+  }
+  if ((o->sleep_after_s >= 0) != (o->wake_after_s >= 0)) {
+    return Status::Error(
+        "--sleep-after and --wake-after must be given together");
+  }
+  o->scheduler.priority = o->workload.priority_levels > 0;
+  if (o->disaggregate) o->trace_context = true;
   o->model.moe_experts = moe_experts;
   o->model.moe_top_k = moe_top_k;
   if (o->model_name.empty()) o->model_name = "tokenmeter-" + model_size;

@@ -34,6 +34,24 @@ struct EngineOptions {
   // neither counted nor sent (the MoE metrics off).
   uint32_t expert_load_every = 16;
 
+  // Protocol 1.2 modes (docs/engine.md). --disaggregate: the engine runs
+  // as a prefill and a decode process linked by a KV channel; every
+  // kv_fail_every-th KV message the prefill side sends is corrupted (0:
+  // none), and the decode side retries a failed transfer kv_retries times
+  // before it ends the request with `error`.
+  bool disaggregate = false;
+  uint32_t kv_fail_every = 0;
+  uint32_t kv_retries = 1;
+  // Admission cap: an arrival finding this many requests waiting is
+  // rejected (ADMISSION_REJECTED "queue_full"); 0: no cap.
+  uint32_t max_queued = 0;
+  // One sleep/wake cycle: sleep sleep_after_s after the start, wake
+  // wake_after_s later (both set, or neither: sleep_after_s < 0).
+  double sleep_after_s = -1;
+  double wake_after_s = -1;
+  // ARRIVED carries a W3C traceparent (always with --disaggregate).
+  bool trace_context = false;
+
   bool metrics = true;
   // Acknowledged delivery (the library's default); --no-ack for a
   // protocol 1.0 daemon, which never acks.
@@ -58,7 +76,10 @@ struct EngineOptions {
 // KV cache; LoRA flags in range (--max-lora >= 1 with adapters, --lora-rank
 // 1..64 and at most d_model, the adapters' weights within 4 GiB), MoE flags
 // in range (--moe-experts 0..1024, --moe-top-k 1..16 and at most the
-// experts, the experts' weights within 4 GiB). Errors name the flag.
+// experts, the experts' weights within 4 GiB), the 1.2 modes' (--kv-*
+// only with --disaggregate, --kv-retries at most kMaxKvRetries, --scope
+// not with --disaggregate, --sleep-after and --wake-after together, each
+// 0..kMaxSleepSeconds). Errors name the flag.
 Status ParseOptions(int argc, const char* const* argv, EngineOptions* o);
 
 std::string_view UsageText();
@@ -67,6 +88,8 @@ std::string_view UsageText();
 // --lora-adapters plus the --max-lora slots).
 inline constexpr uint64_t kMaxLoraBytes = uint64_t(4) << 30;
 inline constexpr uint32_t kMaxLoraSlots = 256;
+inline constexpr uint32_t kMaxKvRetries = 16;
+inline constexpr double kMaxSleepSeconds = 86400;
 
 }  // namespace tokenmeter::engine
 

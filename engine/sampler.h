@@ -17,7 +17,9 @@ inline constexpr int32_t kStopToken = 0;
 int32_t SampleToken(const float* logits, uint32_t vocab, float temperature,
                     Rng& rng);
 
-enum class Finish : uint8_t { kNone, kStop, kLength };
+// kError: the engine failed the request (a disaggregated request whose KV
+// never arrived); CheckFinish() never returns it.
+enum class Finish : uint8_t { kNone, kStop, kLength, kError };
 
 // Why a request whose latest output token is `token` and which now has
 // `num_output` output tokens (that one included) ends, if it does: the stop

@@ -20,6 +20,20 @@
 // step's cost with a long queue. The KV cache stays strict: the first
 // request the cache cannot take still stops admission.
 //
+// Priority scheduling (SchedulerOptions::priority, vLLM's "priority"
+// policy): the waiting queue is ordered by (Request::priority, arrival
+// order), lower first; a preempted request goes back to its place in that
+// order; the victim of a preemption is the running request with the
+// highest (priority, arrival order), whose chunk of this step, if it
+// already had one, is taken back.
+//
+// Disaggregated decode (Request::remote_kv): admitting such a request
+// allocates its blocks and counts it as first scheduled, but it computes
+// nothing until its prompt's K/V have arrived: it is deferred (holds its
+// blocks and a place in the batch, counts as waiting) until LandKv()
+// makes it running, or AbortDeferred() drops it. The prefill side keeps a
+// finished request's blocks for the hand-over (FinishHold, ReleaseHeld).
+//
 // Not thread-safe: the engine loop owns it. Requests are borrowed; they must
 // outlive the scheduler.
 #ifndef TOKENMETER_ENGINE_SCHEDULER_H_
@@ -39,6 +53,7 @@ struct SchedulerOptions {
   uint32_t max_batch = 32;             // running requests at most
   uint32_t max_tokens_per_step = 512;  // token budget of one step
   uint32_t max_lora = 0;  // LoRA adapter slots; 0: requests carry none
+  bool priority = false;  // order by Request::priority, not FCFS
 };
 
 // Waiting requests one step passes over for lack of an adapter slot, at most.
@@ -61,7 +76,14 @@ struct SchedulerOutput {
   // Waiting requests passed over because their adapter could not be made
   // resident.
   uint64_t lora_skips = 0;
+  // Remote-KV requests deferred this step: their pulls begin.
+  std::vector<Request*> kv_pulls;
   bool empty() const { return chunks.empty(); }
+  // Whether the step changed anything: computed, scheduled, preempted.
+  bool acted() const {
+    return !chunks.empty() || !preempted.empty() || !first_scheduled.empty() ||
+           !kv_pulls.empty();
+  }
 };
 
 class Scheduler {
@@ -70,8 +92,9 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Appends a request to the waiting queue. Aborts for a request with an
-  // adapter when max_lora is 0.
+  // Appends a request to the waiting queue (at its priority's place with
+  // priority scheduling). Aborts for a request with an adapter when
+  // max_lora is 0.
   void Add(Request* r);
   // Plans one step. The caller runs the model on out->chunks, then calls
   // Advance() for each chunk and Finish() for each finished request.
@@ -81,9 +104,28 @@ class Scheduler {
   void Advance(const ScheduledChunk& c);
   // Removes a finished running request and frees its blocks.
   void Finish(Request* r);
+  // Removes a finished running request but keeps its blocks (kHeld) until
+  // ReleaseHeld(): the prefill side's hand-over.
+  void FinishHold(Request* r);
+  void ReleaseHeld(Request* r);
+  // A deferred request's K/V are in its blocks: it has its first
+  // cached_tokens + external_tokens prompt tokens computed, registers its
+  // full prompt blocks in the prefix cache and joins the running requests
+  // (last in scheduling order). Aborts for a request not deferred.
+  void LandKv(Request* r);
+  // Drops a deferred request (its K/V never arrived): frees its blocks.
+  void AbortDeferred(Request* r);
+  // Whether waiting requests may be admitted (false while the engine
+  // pauses for sleep mode). Running requests keep running.
+  void set_admitting(bool on) { admitting_ = on; }
+  // Preempts every running request (sleep mode: the KV cache is about to
+  // be released), into out->preempted; they keep their scheduling order
+  // at the front of the queue (by priority with priority scheduling).
+  void PreemptAll(SchedulerOutput* out);
 
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
+  size_t num_deferred() const { return deferred_.size(); }
   const std::vector<Request*>& running() const { return running_; }
   const std::deque<Request*>& waiting() const { return waiting_; }
   const AdapterSlots& adapter_slots() const { return lora_; }
@@ -91,12 +133,23 @@ class Scheduler {
  private:
   void Preempt(Request* r, SchedulerOutput* out);
   void ReleaseAdapter(Request* r);
+  // Puts a request into the waiting queue: at the back (FCFS), at the
+  // front (FCFS, preempted), or at its (priority, arrival) place, found by
+  // binary search (an O(waiting) insertion in the deque).
+  void Enqueue(Request* r, bool front);
+  // The running request to preempt: the last scheduled (FCFS) or the
+  // highest (priority, arrival order).
+  size_t VictimIndex() const;
 
   const SchedulerOptions options_;
   BlockManager& kv_;
   AdapterSlots lora_;
-  std::vector<Request*> running_;  // in scheduling order
-  std::deque<Request*> waiting_;   // FCFS; preempted ones at the front
+  std::vector<Request*> running_;   // in scheduling order
+  std::deque<Request*> waiting_;    // FCFS, preempted ones at the front; or
+                                    // by (priority, arrival)
+  std::vector<Request*> deferred_;  // waiting for their K/V
+  uint64_t next_seq_ = 1;           // Request::arrival_seq
+  bool admitting_ = true;
 };
 
 }  // namespace tokenmeter::engine

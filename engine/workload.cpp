@@ -57,6 +57,10 @@ Status ValidateWorkload(const WorkloadOptions& o) {
   if (o.tenants > kMaxTenants) {
     return Status::Error("--tenants must be 0.." + std::to_string(kMaxTenants));
   }
+  if (o.priority_levels > kMaxPriorityLevels) {
+    return Status::Error("--priority-levels must be 0.." +
+                         std::to_string(kMaxPriorityLevels));
+  }
   return Status::Ok();
 }
 
@@ -67,6 +71,7 @@ std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o) {
   Rng tokens(Mix64(o.seed ^ 0x746f6b73ULL));
   Rng adapters(Mix64(o.seed ^ 0x6c6f7261ULL));
   Rng tenants(Mix64(o.seed ^ 0x74656e61ULL));
+  Rng priorities(Mix64(o.seed ^ 0x7072696fULL));
 
   // Zipf's cumulative weights, for inverse-CDF draws.
   std::vector<double> lora_cdf(o.lora_adapters);
@@ -104,6 +109,11 @@ std::vector<WorkloadRequest> GenerateWorkload(const WorkloadOptions& o) {
     }
     if (o.tenants > 0) {
       r.tenant = int32_t(tenants.UniformInt(0, o.tenants - 1));
+    }
+    if (o.priority_levels > 0) {
+      r.has_priority = true;
+      r.priority = int32_t(priorities.UniformInt(0, o.priority_levels - 1)) -
+                   int32_t((o.priority_levels - 1) / 2);
     }
   }
   return out;

@@ -35,15 +35,21 @@ struct WorkloadOptions {
   uint32_t lora_adapters = 0;
   // Tenants 0..T-1, drawn uniformly (0: requests have no tenant).
   uint32_t tenants = 0;
+  // Priority levels K (0: requests carry no priority): each request's
+  // priority is i - (K-1)/2 for i drawn uniformly from 0..K-1, so K = 5
+  // gives -2..2, vLLM's five priority buckets.
+  uint32_t priority_levels = 0;
 };
 
 struct WorkloadRequest {
   uint64_t id = 0;                 // 1..N, in arrival order
   uint64_t arrival_offset_ns = 0;  // from the workload's start; first is 0
   std::vector<int32_t> prompt;
-  uint32_t max_tokens = 0;  // the request's output length limit, >= 1
-  int32_t lora = -1;        // adapter 0..N-1, or -1 (base model)
-  int32_t tenant = -1;      // tenant 0..T-1, or -1 (none)
+  uint32_t max_tokens = 0;    // the request's output length limit, >= 1
+  int32_t lora = -1;          // adapter 0..N-1, or -1 (base model)
+  int32_t tenant = -1;        // tenant 0..T-1, or -1 (none)
+  bool has_priority = false;  // priority_levels > 0
+  int32_t priority = 0;       // lower runs first
 };
 
 // The names the engine reports: "lora-<i>" and "tenant-<i>".
@@ -57,7 +63,8 @@ uint32_t MaxOutputLen(const WorkloadOptions& o);
 
 // Checks the options: requests in 1..kMaxRequests, rate >= 0 and finite,
 // lengths >= 1, shared_prefix in [0, 1], vocab >= 2, at most
-// kMaxLoraAdapters adapters and kMaxTenants tenants.
+// kMaxLoraAdapters adapters, kMaxTenants tenants and kMaxPriorityLevels
+// priority levels.
 Status ValidateWorkload(const WorkloadOptions& o);
 
 // Every request of the workload, in arrival order. `o` must be valid. Costs
@@ -70,6 +77,7 @@ inline constexpr uint32_t kMaxRequests = 1'000'000;
 // and --tenants.
 inline constexpr uint32_t kMaxLoraAdapters = 1024;
 inline constexpr uint32_t kMaxTenants = 1024;
+inline constexpr uint32_t kMaxPriorityLevels = 1024;
 
 }  // namespace tokenmeter::engine
 

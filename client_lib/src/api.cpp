@@ -3,7 +3,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -67,26 +69,33 @@ inline int Done(Ring* r) {
   return TM_OK;
 }
 
-// Events whose layout is hdr, t, rid (+ `extra` words).
-inline int EmitInt(tm_client* c, uint8_t kind, uint64_t t, uint64_t rid,
-                   uint32_t arg) {
+// Events whose layout is hdr, t, rid, and one word more when `extra` is
+// not nullptr (inlined: the nullptr of the plain events folds away).
+[[gnu::always_inline]] inline int EmitInt(tm_client* c, uint8_t kind,
+                                          uint64_t t, uint64_t rid,
+                                          uint32_t arg,
+                                          const uint64_t* extra = nullptr) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
-  uint64_t* w = r->Reserve(3);
+  const uint32_t words = extra != nullptr ? 4 : 3;
+  uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
-  w[0] = MakeHeader(kind, 3, 0, arg);
+  w[0] = MakeHeader(kind, words, 0, arg);
   w[1] = t != 0 ? t : Now();
   w[2] = rid;
+  if (extra != nullptr) w[3] = *extra;
   return Done(r);
 }
 
-inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
-                   size_t len, uint32_t arg) {
+[[gnu::always_inline]] inline int EmitStr(tm_client* c, uint8_t kind,
+                                          uint64_t t, const char* rid,
+                                          size_t len, uint32_t arg,
+                                          const uint64_t* extra = nullptr) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   if (rid == nullptr || len == 0 || len > TM_MAX_RID_BYTES) [[unlikely]] {
@@ -97,14 +106,16 @@ inline int EmitStr(tm_client* c, uint8_t kind, uint64_t t, const char* rid,
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
-  const uint32_t words = 2 + RidWords(len);
+  const uint32_t rw = RidWords(len);
+  const uint32_t words = 2 + rw + (extra != nullptr ? 1 : 0);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
   w[0] = MakeHeader(kind, words, uint32_t(len), arg);
   w[1] = t != 0 ? t : Now();
-  w[words - 1] = 0;
+  w[1 + rw] = 0;
   std::memcpy(w + 2, rid, len);
+  if (extra != nullptr) w[2 + rw] = *extra;
   return Done(r);
 }
 
@@ -326,17 +337,30 @@ int tm_client_stats(const tm_client* client, uint64_t* out, size_t n) {
 
 namespace {
 
-// tm_arrived_ex()'s lora and labels, checked, with their lengths and the
-// words they take in the record (ring.h).
+// tm_arrived_ex()'s lora and labels and tm_arrived_params()'s priority and
+// trace strings, checked, with their lengths and the words they take in the
+// record (ring.h).
 struct ArrivedExtras {
   const char* lora = nullptr;
   const tm_label* labels = nullptr;
+  const char* traceparent = nullptr;
+  const char* tracestate = nullptr;
   uint32_t lora_len = 0;
   uint32_t n_labels = 0;
+  uint32_t tracestate_len = 0;
+  uint64_t flags = 0;  // kExtra*: what of the 1.2 params is given
+  int32_t priority = 0;
   uint32_t name_len[TM_MAX_REQUEST_LABELS] = {};
   uint32_t value_len[TM_MAX_REQUEST_LABELS] = {};
-  uint32_t words = 0;  // 0: neither given; the record is tm_arrived()'s
+  uint32_t bytes = 0;  // of all the strings, back to back
+  uint32_t words = 0;  // 0: nothing given; the record is tm_arrived()'s
 };
+
+inline void CountWords(ArrivedExtras* x) {
+  if (x->lora != nullptr || x->n_labels != 0 || x->flags != 0) {
+    x->words = 1 + x->n_labels + (x->bytes + 7) / 8;
+  }
+}
 
 // True when the 1.1 params follow tokenmeter.h's rules; fills *x. Bounded
 // work: every strnlen stops one byte past its limit.
@@ -375,19 +399,57 @@ bool CheckExtras(const char* lora, const tm_label* labels, size_t n_labels,
   x->lora = lora;
   x->labels = labels;
   x->n_labels = uint32_t(n_labels);
-  if (lora != nullptr || n_labels != 0) {
-    x->words = 1 + x->n_labels + uint32_t((bytes + 7) / 8);
-  }
+  x->bytes = uint32_t(bytes);
+  CountWords(x);
   return true;
 }
 
-// Writes the x->words words of the 1.1 params at w.
+// The size of tm_request_params as protocol 1.2 laid it out: a caller's
+// `size` must cover it. A later header appends fields; this library reads
+// none past it.
+constexpr size_t kRequestParamsSize =
+    offsetof(tm_request_params, tracestate) + sizeof(const char*);
+
+// True when `p` follows tm_arrived_params()'s rules; fills *x. The trace
+// strings are checked by protocol.h, as the daemon checks them.
+bool CheckParams(const tm_request_params* p, ArrivedExtras* x) {
+  if (p == nullptr || p->size < kRequestParamsSize ||
+      !CheckExtras(p->lora, p->labels, p->n_labels, x)) {
+    return false;
+  }
+  if (p->has_priority != 0) {
+    x->flags |= tokenmeter::client::kExtraPriority;
+    x->priority = p->priority;
+  }
+  if (p->traceparent != nullptr) {
+    const size_t len = strnlen(p->traceparent, TM_TRACEPARENT_BYTES + 1);
+    if (tm_proto_valid_traceparent(p->traceparent, len) == 0) return false;
+    x->flags |= tokenmeter::client::kExtraTraceparent;
+    x->traceparent = p->traceparent;
+    x->bytes += TM_TRACEPARENT_BYTES;
+  }
+  if (p->tracestate != nullptr) {
+    const size_t len = strnlen(p->tracestate, TM_MAX_TRACESTATE_BYTES + 1);
+    if (tm_proto_valid_tracestate(p->tracestate, len) == 0) return false;
+    x->flags |= tokenmeter::client::kExtraTracestate;
+    x->tracestate = p->tracestate;
+    x->tracestate_len = uint32_t(len);
+    x->bytes += uint32_t(len);
+  }
+  CountWords(x);
+  return true;
+}
+
+// Writes the x.words words of the extra params at w.
 inline void WriteExtras(uint64_t* w, const ArrivedExtras& x) {
-  w[0] = tokenmeter::client::PackLengths(x.lora_len, x.n_labels);
+  // The padding after the bytes first: with no bytes, the last word is a
+  // lengths word, written below.
+  w[x.words - 1] = 0;
+  w[0] = tokenmeter::client::ArrivedExtrasWord(
+      x.lora_len, x.n_labels, x.tracestate_len, x.flags, x.priority);
   for (uint32_t i = 0; i < x.n_labels; ++i) {
     w[1 + i] = tokenmeter::client::PackLengths(x.name_len[i], x.value_len[i]);
   }
-  w[x.words - 1] = 0;  // the padding after the bytes
   char* p = reinterpret_cast<char*>(w + 1 + x.n_labels);
   if (x.lora != nullptr) {
     std::memcpy(p, x.lora, x.lora_len);
@@ -399,9 +461,14 @@ inline void WriteExtras(uint64_t* w, const ArrivedExtras& x) {
     std::memcpy(p, x.labels[i].value, x.value_len[i]);
     p += x.value_len[i];
   }
+  if (x.traceparent != nullptr) {
+    std::memcpy(p, x.traceparent, TM_TRACEPARENT_BYTES);
+    p += TM_TRACEPARENT_BYTES;
+  }
+  if (x.tracestate != nullptr) std::memcpy(p, x.tracestate, x.tracestate_len);
 }
 
-// `x`: the checked 1.1 params, or nullptr for tm_arrived()'s record.
+// `x`: the checked extra params, or nullptr for tm_arrived()'s record.
 inline int ArrivedInt(tm_client* c, uint64_t t_ns, uint64_t rid,
                       uint32_t prompt_tokens, uint32_t max_tokens, uint32_t n,
                       const ArrivedExtras* x = nullptr) {
@@ -494,6 +561,31 @@ int tm_arrived_ex_str(tm_client* c, uint64_t t_ns, const char* rid,
                     x.words != 0 ? &x : nullptr);
 }
 
+int tm_arrived_params(tm_client* c, uint64_t t_ns, uint64_t rid,
+                      uint32_t prompt_tokens, const tm_request_params* p) {
+  if (c == nullptr) return TM_E_INVALID;
+  ArrivedExtras x;
+  if (!CheckParams(p, &x)) {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return ArrivedInt(c, t_ns, rid, prompt_tokens, p->max_tokens, p->n,
+                    x.words != 0 ? &x : nullptr);
+}
+
+int tm_arrived_params_str(tm_client* c, uint64_t t_ns, const char* rid,
+                          size_t rid_len, uint32_t prompt_tokens,
+                          const tm_request_params* p) {
+  if (c == nullptr) return TM_E_INVALID;
+  ArrivedExtras x;
+  if (!CheckParams(p, &x)) {
+    c->CountRejected();
+    return TM_E_INVALID;
+  }
+  return ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, p->max_tokens, p->n,
+                    x.words != 0 ? &x : nullptr);
+}
+
 int tm_arrived_packed(tm_client* c, uint64_t rid, uint64_t tokens) {
   return ArrivedInt(c, 0, rid, uint32_t(tokens), uint32_t(tokens >> 32), 0);
 }
@@ -518,6 +610,22 @@ int tm_scheduled(tm_client* c, uint64_t t_ns, uint64_t rid) {
 int tm_scheduled_str(tm_client* c, uint64_t t_ns, const char* rid,
                      size_t rid_len) {
   return EmitStr(c, TM_EV_SCHEDULED, t_ns, rid, rid_len, 0);
+}
+
+int tm_scheduled_ex(tm_client* c, uint64_t t_ns, uint64_t rid,
+                    uint32_t cached_tokens, uint32_t external_tokens) {
+  const uint64_t info =
+      tokenmeter::client::PackLengths(cached_tokens, external_tokens);
+  return EmitInt(c, TM_EV_SCHEDULED, t_ns, rid,
+                 tokenmeter::client::kScheduledInfo, &info);
+}
+int tm_scheduled_ex_str(tm_client* c, uint64_t t_ns, const char* rid,
+                        size_t rid_len, uint32_t cached_tokens,
+                        uint32_t external_tokens) {
+  const uint64_t info =
+      tokenmeter::client::PackLengths(cached_tokens, external_tokens);
+  return EmitStr(c, TM_EV_SCHEDULED, t_ns, rid, rid_len,
+                 tokenmeter::client::kScheduledInfo, &info);
 }
 
 int tm_tokens(tm_client* c, uint64_t t_ns, uint64_t rid, uint32_t n) {
@@ -715,6 +823,14 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
   for (size_t i = 0; ok && i < n_pos; ++i) {
     if (accepted_per_pos[i] > TM_MAX_EVENT_COUNT) ok = false;
   }
+  // waiting_deferred counts some of `waiting`: the daemon drops it without
+  // waiting or above it (bad_field), so the client refuses the same.
+  constexpr uint32_t kWaiting = 1u << TM_STEP_KEY_WAITING;
+  constexpr uint32_t kDeferred = 1u << TM_STEP_KEY_WAITING_DEFERRED;
+  if (ok && (mask & kDeferred) != 0) {
+    ok = (mask & kWaiting) != 0 && slot_values[TM_STEP_KEY_WAITING_DEFERRED] <=
+                                       slot_values[TM_STEP_KEY_WAITING];
+  }
   if (!ok) {
     c->CountRejected();
     return TM_E_INVALID;
@@ -765,6 +881,266 @@ int tm_expert_load(tm_client* c, uint64_t t_ns, uint32_t layer,
   w[0] = MakeHeader(TM_EV_EXPERT_LOAD, words, 0, layer);
   w[1] = t_ns != 0 ? t_ns : Now();
   std::memcpy(w + 2, counts, n * sizeof(uint64_t));
+  return Done(r);
+}
+
+// ---- protocol 1.2 events ---------------------------------------------------
+
+namespace {
+
+using tokenmeter::client::KvArg;
+
+// How many bytes of printable ASCII (0x20 .. 0x7e) `p` starts with, at most
+// TM_MAX_LABEL_VALUE_BYTES. A byte is read only once every byte before it
+// was printable (so not past a string's NUL); eight bytes a round, one
+// bound check a round.
+inline size_t PrintablePrefix(const unsigned char* p) {
+  static_assert(TM_MAX_LABEL_VALUE_BYTES % 8 == 0);
+  for (size_t n = 0; n < TM_MAX_LABEL_VALUE_BYTES; n += 8) {
+#pragma GCC unroll 8
+    for (size_t k = 0; k < 8; ++k) {
+      if (p[n + k] - 0x20u >= 0x5fu) return n + k;
+    }
+  }
+  return TM_MAX_LABEL_VALUE_BYTES;
+}
+
+// The length of the NUL-terminated `s` when it is in label-value syntax
+// (tm_proto_valid_label_value(): the daemon's rule), else 0. Reads at most
+// TM_MAX_LABEL_VALUE_BYTES + 1 bytes. The common case, 1 to 64 bytes of
+// printable ASCII (which the rule accepts: tests/client_lib's
+// LabelValueTest checks it), is settled by one pass here; any other string
+// is decided by the rule itself.
+inline size_t LabelValueLen(const char* s) {
+  size_t n = PrintablePrefix(reinterpret_cast<const unsigned char*>(s));
+  if (s[n] == '\0' && n != 0) [[likely]]
+    return n;
+  n = strnlen(s, TM_MAX_LABEL_VALUE_BYTES + 1);
+  return tm_proto_valid_label_value(s, n) != 0 ? n : 0;
+}
+
+// The records hold strings as bytes in memory order; the word loads below
+// build those words on a little-endian host.
+static_assert(std::endian::native == std::endian::little);
+
+// Bytes s[at, at + n) (n 1 .. 8) as the low bytes of a word, zero above;
+// reads nothing outside them.
+inline uint64_t LoadBytes(const char* s, size_t at, size_t n) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(s) + at;
+  if (n >= 4) {
+    uint32_t lo, hi;  // two overlapping 4-byte loads cover 4 .. 8 bytes
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + n - 4, 4);
+    return uint64_t{lo} | (uint64_t{hi} << (8 * (n - 4)));
+  }
+  return uint64_t{p[0]} | (uint64_t{p[n / 2]} << (8 * (n / 2))) |
+         (uint64_t{p[n - 1]} << (8 * (n - 1)));
+}
+
+// Stores s[0, len) (len 1 .. 64) at w as ceil(len / 8) words, zero padded,
+// reading only the string. Up to 16 bytes (most reasons and connectors),
+// straight-line word loads; longer, a copy and a load of the last word.
+inline void StoreString(uint64_t* w, const char* s, size_t len) {
+  if (len <= 8) {
+    *w = LoadBytes(s, 0, len);
+    return;
+  }
+  const size_t last = (len - 1) / 8;  // the last word: 1 .. 7
+  if (last == 1) {
+    std::memcpy(w, s, 8);
+  } else {
+    std::memcpy(w, s, 8 * last);
+  }
+  // The 8 bytes that end the string, its last 1 .. 8 bytes shifted down.
+  uint64_t end;
+  std::memcpy(&end, s + len - 8, 8);
+  w[last] = end >> (8 * (8 * (last + 1) - len));
+}
+
+inline uint32_t StringWords(size_t len) { return uint32_t(len + 7) / 8; }
+
+inline int Reject(tm_client* c) {
+  c->CountRejected();
+  return TM_E_INVALID;
+}
+
+// Writes rid_words words at w: the integer id, or the string id zero padded.
+inline void WriteRid(uint64_t* w, uint32_t rid_words, uint64_t rid,
+                     const char* srid, size_t srid_len) {
+  if (srid == nullptr) {
+    w[0] = rid;
+  } else {
+    w[rid_words - 1] = 0;
+    std::memcpy(w, srid, srid_len);
+  }
+}
+
+// ADMISSION_REJECTED with no id (has_rid false), an integer id (srid
+// nullptr) or a string id (checked by the caller).
+[[gnu::always_inline]] inline int Admission(tm_client* c, uint64_t t_ns,
+                                            const char* reason, bool has_rid,
+                                            uint64_t rid, const char* srid,
+                                            size_t srid_len) {
+  const size_t len = reason != nullptr ? LabelValueLen(reason) : 0;
+  if (len == 0) [[unlikely]]
+    return Reject(c);
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  const uint32_t rw = !has_rid ? 0 : srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t words = 2 + rw + StringWords(len);
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  const uint32_t int_rid =
+      has_rid && srid == nullptr ? tokenmeter::client::kAdmissionIntRid : 0;
+  w[0] = MakeHeader(TM_EV_ADMISSION_REJECTED, words, uint32_t(srid_len),
+                    uint32_t(len) | int_rid);
+  w[1] = t_ns != 0 ? t_ns : Now();
+  if (has_rid) WriteRid(w + 2, rw, rid, srid, srid_len);
+  StoreString(w + 2 + rw, reason, len);
+  return Done(r);
+}
+
+// The size of tm_kv_transfer_info as protocol 1.2 laid it out (see
+// kRequestParamsSize).
+constexpr size_t kKvTransferInfoSize =
+    offsetof(tm_kv_transfer_info, connector) + sizeof(const char*);
+
+// KV_TRANSFER of an integer id (srid nullptr) or a string id (checked).
+[[gnu::always_inline]] inline int KvTransfer(tm_client* c, uint64_t t_ns,
+                                             uint64_t rid, const char* srid,
+                                             size_t srid_len,
+                                             const tm_kv_transfer_info* info) {
+  namespace tc = tokenmeter::client;
+  if (info == nullptr || info->size < kKvTransferInfoSize) [[unlikely]]
+    return Reject(c);
+  const int role = static_cast<int>(info->role);
+  const uint64_t bytes = info->bytes;
+  const uint64_t blocks = info->blocks;
+  if ((role != TM_KV_SEND && role != TM_KV_RECV) ||
+      (bytes != TM_KV_UNKNOWN && bytes > TM_MAX_KV_TRANSFER_BYTES) ||
+      (blocks != TM_KV_UNKNOWN && blocks > TM_MAX_KV_TRANSFER_BYTES))
+      [[unlikely]] {
+    return Reject(c);
+  }
+  const char* reason = info->reason;
+  const char* connector = info->connector;
+  size_t reason_len = 0;
+  size_t connector_len = 0;
+  if (reason != nullptr) {
+    reason_len = LabelValueLen(reason);
+    if (reason_len == 0) [[unlikely]]
+      return Reject(c);
+  }
+  if (connector != nullptr) {
+    connector_len = LabelValueLen(connector);
+    if (connector_len == 0) [[unlikely]]
+      return Reject(c);
+  }
+  // start <= t: the clock is read before the record, not inside it.
+  const uint64_t t = t_ns != 0 ? t_ns : Now();
+  const uint64_t start = info->start_ns;
+  if (start > t) [[unlikely]]
+    return Reject(c);
+  const bool has_bytes = bytes != TM_KV_UNKNOWN;
+  const bool has_blocks = blocks != TM_KV_UNKNOWN;
+  const uint32_t flags = (role == TM_KV_RECV ? tc::kKvRecv : 0) |
+                         (info->ok == 0 ? tc::kKvFailed : 0) |
+                         (has_bytes ? tc::kKvBytes : 0) |
+                         (has_blocks ? tc::kKvBlocks : 0);
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t reason_words = StringWords(reason_len);
+  const uint32_t words = 3 + rw + has_bytes + has_blocks + reason_words +
+                         StringWords(connector_len);
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] =
+      MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
+                 KvArg(flags, uint32_t(reason_len), uint32_t(connector_len)));
+  w[1] = t;
+  WriteRid(w + 2, rw, rid, srid, srid_len);
+  uint64_t* p = w + 2 + rw;
+  *p++ = start;
+  if (has_bytes) *p++ = bytes;
+  if (has_blocks) *p++ = blocks;
+  if (reason_len != 0) StoreString(p, reason, reason_len);
+  if (connector_len != 0)
+    StoreString(p + reason_words, connector, connector_len);
+  return Done(r);
+}
+
+}  // namespace
+
+int tm_admission_rejected(tm_client* c, uint64_t t_ns, const char* reason) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  return Admission(c, t_ns, reason, false, 0, nullptr, 0);
+}
+
+int tm_admission_rejected_rid(tm_client* c, uint64_t t_ns, const char* reason,
+                              uint64_t rid) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  return Admission(c, t_ns, reason, true, rid, nullptr, 0);
+}
+
+int tm_admission_rejected_str(tm_client* c, uint64_t t_ns, const char* reason,
+                              const char* rid, size_t rid_len) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
+      [[unlikely]] {
+    return Reject(c);
+  }
+  return Admission(c, t_ns, reason, true, 0, rid, rid_len);
+}
+
+int tm_kv_transfer(tm_client* c, uint64_t t_ns, uint64_t rid,
+                   const tm_kv_transfer_info* info) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  return KvTransfer(c, t_ns, rid, nullptr, 0, info);
+}
+
+int tm_kv_transfer_str(tm_client* c, uint64_t t_ns, const char* rid,
+                       size_t rid_len, const tm_kv_transfer_info* info) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
+      [[unlikely]] {
+    return Reject(c);
+  }
+  return KvTransfer(c, t_ns, 0, rid, rid_len, info);
+}
+
+int tm_sleep_state(tm_client* c, uint64_t t_ns, tm_scheduler_state scheduler,
+                   tm_weights_state weights, tm_kv_cache_state kv_cache) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  const int s = static_cast<int>(scheduler);
+  const int w = static_cast<int>(weights);
+  const int k = static_cast<int>(kv_cache);
+  if (s < TM_SCHEDULER_KEEP || s > TM_SCHEDULER_PAUSED || w < TM_WEIGHTS_KEEP ||
+      w > TM_WEIGHTS_DISCARDED || k < TM_KV_CACHE_KEEP ||
+      k > TM_KV_CACHE_RELEASED) [[unlikely]] {
+    return Reject(c);
+  }
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  uint64_t* rec = r->Reserve(2);
+  if (rec == nullptr) [[unlikely]]
+    return Full(r);
+  rec[0] = MakeHeader(TM_EV_SLEEP, 2, 0, tokenmeter::client::SleepArg(s, w, k));
+  rec[1] = t_ns != 0 ? t_ns : Now();
   return Done(r);
 }
 

@@ -50,7 +50,17 @@ constexpr const char* kStepKeyNames[TM_STEP_KEY_COUNT] = {
     TM_STEP_GENERATION_TOKENS, TM_STEP_PREFIX_QUERIES,
     TM_STEP_PREFIX_HITS,       TM_STEP_SPEC_DRAFTS,
     TM_STEP_SPEC_DRAFT_TOKENS, TM_STEP_SPEC_ACCEPTED_TOKENS,
+    TM_STEP_WAITING_DEFERRED,
 };
+static_assert(TM_STEP_KEY_COUNT == 11);
+
+// SLEEP values by part, indexed by the record's 2-bit code (0: keep).
+constexpr const char* kSchedulerNames[] = {nullptr, TM_SLEEP_RUNNING,
+                                           TM_SLEEP_PAUSED};
+constexpr const char* kWeightsNames[] = {
+    nullptr, TM_SLEEP_RESIDENT, TM_SLEEP_OFFLOADED, TM_SLEEP_DISCARDED};
+constexpr const char* kKvCacheNames[] = {nullptr, TM_SLEEP_RESIDENT,
+                                         TM_SLEEP_RELEASED};
 
 constexpr const char* kReasonNames[] = {TM_REASON_STOP, TM_REASON_LENGTH,
                                         TM_REASON_ABORT, TM_REASON_ERROR};
@@ -167,20 +177,24 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
       const uint64_t* params = p + rid_words;
       const uint32_t max_tokens = static_cast<uint32_t>(*params >> 32);
       const uint32_t n = static_cast<uint32_t>(*params);
-      // The 1.1 params (lora, labels) follow when the record is longer
-      // than tm_arrived()'s (ring.h).
-      uint32_t lora_len = 0;
-      uint32_t n_labels = 0;
+      // The extra params (lora, labels; priority, traceparent, tracestate)
+      // follow when the record is longer than tm_arrived()'s (ring.h).
+      uint64_t extras = 0;
       const uint64_t* label_lengths = nullptr;
       const char* bytes = nullptr;
       if (HeaderWords(hdr) > 3 + rid_words) {
-        lora_len = static_cast<uint32_t>(params[1]);
-        n_labels = static_cast<uint32_t>(params[1] >> 32);
+        extras = params[1];
         label_lengths = params + 2;
-        bytes = reinterpret_cast<const char*>(label_lengths + n_labels);
+        bytes =
+            reinterpret_cast<const char*>(label_lengths + ExtrasLabels(extras));
       }
-      const uint32_t n_params =
-          (max_tokens != 0) + (n != 0) + (lora_len != 0) + (n_labels != 0);
+      const uint32_t lora_len = ExtrasLoraLen(extras);
+      const uint32_t n_labels = ExtrasLabels(extras);
+      const uint32_t n_params = (max_tokens != 0) + (n != 0) + (lora_len != 0) +
+                                (n_labels != 0) +
+                                ((extras & kExtraPriority) != 0) +
+                                ((extras & kExtraTraceparent) != 0) +
+                                ((extras & kExtraTracestate) != 0);
       pk.Array(n_params != 0 ? 5 : 4);
       pk.Uint(kind);
       pk.Uint(t);
@@ -213,16 +227,43 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
           bytes += value_len;
         }
       }
+      if ((extras & kExtraPriority) != 0) {
+        pk.Str(TM_PARAM_PRIORITY);
+        pk.Int(ExtrasPriority(extras));
+      }
+      if ((extras & kExtraTraceparent) != 0) {
+        pk.Str(TM_PARAM_TRACEPARENT);
+        pk.Str(bytes, TM_TRACEPARENT_BYTES);
+        bytes += TM_TRACEPARENT_BYTES;
+      }
+      if ((extras & kExtraTracestate) != 0) {
+        pk.Str(TM_PARAM_TRACESTATE);
+        pk.Str(bytes, ExtrasTracestateLen(extras));
+      }
       return;
     }
     case TM_EV_QUEUED:
-    case TM_EV_SCHEDULED:
     case TM_EV_PREEMPTED:
       pk.Array(3);
       pk.Uint(kind);
       pk.Uint(t);
       PackRid(pk, rid_len, p);
       return;
+    case TM_EV_SCHEDULED: {
+      const bool info = (arg & kScheduledInfo) != 0;
+      pk.Array(info ? 4 : 3);
+      pk.Uint(kind);
+      pk.Uint(t);
+      const uint32_t rid_words = PackRid(pk, rid_len, p);
+      if (info) {
+        pk.Map(2);
+        pk.Str(TM_SCHED_CACHED_TOKENS);
+        pk.Uint(static_cast<uint32_t>(p[rid_words]));
+        pk.Str(TM_SCHED_EXTERNAL_TOKENS);
+        pk.Uint(static_cast<uint32_t>(p[rid_words] >> 32));
+      }
+      return;
+    }
     case TM_EV_TOKENS:
       pk.Array(4);
       pk.Uint(kind);
@@ -238,7 +279,7 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
       pk.Str(kReasonNames[arg & 3]);
       return;
     case TM_EV_STEP: {
-      const uint32_t mask = arg & 0x3ff;
+      const uint32_t mask = arg & 0x7ff;
       const uint32_t n_pos = arg >> 16;
       pk.Array(3);
       pk.Uint(kind);
@@ -271,6 +312,80 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
       pk.Uint(arg);
       pk.Array(n);
       for (uint32_t i = 0; i < n; ++i) pk.Uint(p[i]);
+      return;
+    }
+    case TM_EV_ADMISSION_REJECTED: {
+      const uint32_t reason_len = arg & 0xff;
+      const bool int_rid = (arg & kAdmissionIntRid) != 0;
+      const bool has_rid = int_rid || rid_len != 0;
+      pk.Array(has_rid ? 4 : 3);
+      pk.Uint(kind);
+      pk.Uint(t);
+      const uint32_t rid_words = !has_rid ? 0 : int_rid ? 1 : (rid_len + 7) / 8;
+      pk.Str(reinterpret_cast<const char*>(p + rid_words), reason_len);
+      if (has_rid) PackRid(pk, rid_len, p);
+      return;
+    }
+    case TM_EV_KV_TRANSFER: {
+      const bool has_bytes = (arg & kKvBytes) != 0;
+      const bool has_blocks = (arg & kKvBlocks) != 0;
+      const bool failed = (arg & kKvFailed) != 0;
+      const uint32_t reason_len = KvReasonLen(arg);
+      const uint32_t connector_len = KvConnectorLen(arg);
+      pk.Array(4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      p += PackRid(pk, rid_len, p);
+      pk.Map(2 + has_bytes + has_blocks + failed + (reason_len != 0) +
+             (connector_len != 0));
+      pk.Str(TM_KV_ROLE);
+      pk.Str((arg & kKvRecv) != 0 ? TM_KV_ROLE_RECV : TM_KV_ROLE_SEND);
+      pk.Str(TM_KV_START);
+      pk.Uint(*p++);
+      if (has_bytes) {
+        pk.Str(TM_KV_BYTES);
+        pk.Uint(*p++);
+      }
+      if (has_blocks) {
+        pk.Str(TM_KV_BLOCKS);
+        pk.Uint(*p++);
+      }
+      if (failed) {
+        pk.Str(TM_KV_OK);
+        pk.Bool(false);
+      }
+      // Each string starts on a word of its own.
+      if (reason_len != 0) {
+        pk.Str(TM_KV_REASON);
+        pk.Str(reinterpret_cast<const char*>(p), reason_len);
+        p += (reason_len + 7) / 8;
+      }
+      if (connector_len != 0) {
+        pk.Str(TM_KV_CONNECTOR);
+        pk.Str(reinterpret_cast<const char*>(p), connector_len);
+      }
+      return;
+    }
+    case TM_EV_SLEEP: {
+      const uint32_t scheduler = arg & 3;
+      const uint32_t weights = (arg >> 2) & 3;
+      const uint32_t kv_cache = (arg >> 4) & 3;
+      pk.Array(3);
+      pk.Uint(kind);
+      pk.Uint(t);
+      pk.Map((scheduler != 0) + (weights != 0) + (kv_cache != 0));
+      if (scheduler != 0) {
+        pk.Str(TM_SLEEP_SCHEDULER);
+        pk.Str(kSchedulerNames[scheduler]);
+      }
+      if (weights != 0) {
+        pk.Str(TM_SLEEP_WEIGHTS);
+        pk.Str(kWeightsNames[weights]);
+      }
+      if (kv_cache != 0) {
+        pk.Str(TM_SLEEP_KV_CACHE);
+        pk.Str(kKvCacheNames[kv_cache]);
+      }
       return;
     }
     default:

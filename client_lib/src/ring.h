@@ -20,20 +20,33 @@ namespace tokenmeter::client {
 
 // Records (words):
 //   ARRIVED     hdr(arg=prompt_tokens) t rid... params(max_tokens<<32 | n)
-//               [with the 1.1 params (tm_arrived_ex), only when it has a
-//               lora or labels:
-//                 PackLengths(lora_len, n_labels)
+//               [with the 1.1 or 1.2 params (tm_arrived_ex,
+//               tm_arrived_params), only when it has a lora, labels, a
+//               priority or a trace string:
+//                 the extras word (ArrivedExtrasWord(): lengths, flags,
+//                 priority)
 //                 PackLengths(name_len, value_len) per label
-//                 the bytes of lora, name 0, value 0, name 1, ... back to
-//                 back, zero padded to a word]
+//                 the bytes of lora, name 0, value 0, name 1, ...,
+//                 traceparent, tracestate back to back, zero padded to a
+//                 word]
 //               The encoder tells the two forms apart by the record length.
-//   QUEUED, SCHEDULED, PREEMPTED   hdr t rid...
+//   QUEUED, PREEMPTED   hdr t rid...
+//   SCHEDULED   hdr(arg=kScheduledInfo when an info word follows) t rid...
+//               [PackLengths(cached_tokens, external_tokens)]
 //   TOKENS      hdr(arg=n) t rid...
 //   FINISHED    hdr(arg=tm_finish_reason) t rid...
-//   STEP        hdr(arg=key mask in bits 0-9 | n_pos << 16) t
+//   STEP        hdr(arg=key mask in bits 0-10 | n_pos << 16) t
 //               value per key in key order (uint64, kv_usage as double bits)
 //               n_pos uint64 positions
 //   EXPERT_LOAD hdr(arg=layer) t counts[n]   (n = record length - 2)
+//   ADMISSION_REJECTED   hdr(arg=reason_len | kAdmissionIntRid) t [rid...]
+//               the reason's bytes, zero padded (a string id: the header's
+//               id length; an integer id: the flag; neither: no id)
+//   KV_TRANSFER hdr(arg=KvArg(): role, failed, has bytes / blocks, reason
+//               and connector lengths) t rid... start [bytes] [blocks]
+//               the bytes of reason, zero padded to a word, then those of
+//               connector, zero padded
+//   SLEEP       hdr(arg=SleepArg(): each part's state + 1, 0 = keep) t
 // `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
 // string id.
 //
@@ -57,26 +70,92 @@ inline constexpr uint64_t PackLengths(uint32_t low, uint32_t high) {
   return uint64_t{low} | (uint64_t{high} << 32);
 }
 
+// The ARRIVED extras word: lora length (bits 0-7), label count (bits
+// 8-15), tracestate length (bits 16-24), flags (tracestate, traceparent,
+// priority given) and the priority's 32 bits (bits 32-63).
+inline constexpr uint64_t kExtraTracestate = uint64_t{1} << 25;
+inline constexpr uint64_t kExtraTraceparent = uint64_t{1} << 26;
+inline constexpr uint64_t kExtraPriority = uint64_t{1} << 27;
+inline constexpr uint64_t ArrivedExtrasWord(uint32_t lora_len,
+                                            uint32_t n_labels,
+                                            uint32_t tracestate_len,
+                                            uint64_t flags, int32_t priority) {
+  return uint64_t{lora_len} | (uint64_t{n_labels} << 8) |
+         (uint64_t{tracestate_len} << 16) | flags |
+         (uint64_t{static_cast<uint32_t>(priority)} << 32);
+}
+inline constexpr uint32_t ExtrasLoraLen(uint64_t w) { return w & 0xff; }
+inline constexpr uint32_t ExtrasLabels(uint64_t w) { return (w >> 8) & 0xff; }
+inline constexpr uint32_t ExtrasTracestateLen(uint64_t w) {
+  return (w >> 16) & 0x1ff;
+}
+inline constexpr int32_t ExtrasPriority(uint64_t w) {
+  return static_cast<int32_t>(static_cast<uint32_t>(w >> 32));
+}
+static_assert(TM_MAX_LORA_BYTES <= 0xff && TM_MAX_REQUEST_LABELS <= 0xff &&
+              TM_MAX_TRACESTATE_BYTES <= 0x1ff);
+
+// SCHEDULED: an info word follows the id.
+inline constexpr uint32_t kScheduledInfo = 1;
+
+// ADMISSION_REJECTED: the reason's length (bits 0-7) and whether an integer
+// id follows the time.
+inline constexpr uint32_t kAdmissionIntRid = 1u << 8;
+
+// KV_TRANSFER header argument.
+inline constexpr uint32_t kKvRecv = 1u << 0;
+inline constexpr uint32_t kKvFailed = 1u << 1;
+inline constexpr uint32_t kKvBytes = 1u << 2;
+inline constexpr uint32_t kKvBlocks = 1u << 3;
+inline constexpr uint32_t KvArg(uint32_t flags, uint32_t reason_len,
+                                uint32_t connector_len) {
+  return flags | (reason_len << 8) | (connector_len << 16);
+}
+inline constexpr uint32_t KvReasonLen(uint32_t arg) {
+  return (arg >> 8) & 0xff;
+}
+inline constexpr uint32_t KvConnectorLen(uint32_t arg) {
+  return (arg >> 16) & 0xff;
+}
+static_assert(TM_MAX_LABEL_VALUE_BYTES <= 0xff);
+
+// SLEEP header argument: 2 bits per part (scheduler, weights, kv_cache),
+// each the tm_*_state value + 1 (0: keep).
+inline constexpr uint32_t SleepArg(int scheduler, int weights, int kv_cache) {
+  return uint32_t(scheduler + 1) | (uint32_t(weights + 1) << 2) |
+         (uint32_t(kv_cache + 1) << 4);
+}
+
 inline constexpr uint8_t kPadKind = 0;
-// The largest STEP: header, time, ten values, 64 positions.
-inline constexpr uint32_t kMaxStepWords = 2 + 10 + 64;
-// The largest ARRIVED: header, time, a TM_MAX_RID_BYTES id, params, the 1.1
-// lengths words, and the longest lora and labels (names up to
-// TM_MAX_STRING_BYTES, values up to TM_MAX_REQUEST_LABEL_VALUE_BYTES).
+// The largest STEP: header, time, eleven values, 64 positions.
+inline constexpr uint32_t kMaxStepWords = 2 + 11 + 64;
+// The largest ARRIVED: header, time, a TM_MAX_RID_BYTES id, params, the
+// extras word and label lengths, and the longest lora, labels (names up to
+// TM_MAX_STRING_BYTES, values up to TM_MAX_REQUEST_LABEL_VALUE_BYTES),
+// traceparent and tracestate (2,168 bytes).
 inline constexpr uint32_t kMaxArrivedWords =
     2 + TM_MAX_RID_BYTES / 8 + 1 + 1 + TM_MAX_REQUEST_LABELS +
     (TM_MAX_LORA_BYTES +
      TM_MAX_REQUEST_LABELS *
          (TM_MAX_STRING_BYTES + TM_MAX_REQUEST_LABEL_VALUE_BYTES) +
-     7) /
+     TM_TRACEPARENT_BYTES + TM_MAX_TRACESTATE_BYTES + 7) /
         8;
+static_assert(kMaxArrivedWords * 8 == 2168);  // tokenmeter.h says so
 // The largest EXPERT_LOAD: header, time, TM_MAX_MOE_EXPERTS counts (8,208
 // bytes).
 inline constexpr uint32_t kMaxExpertLoadWords = 2 + TM_MAX_MOE_EXPERTS;
+// The largest KV_TRANSFER (296 bytes, tokenmeter.h) and ADMISSION_REJECTED.
+inline constexpr uint32_t kMaxKvTransferWords =
+    2 + TM_MAX_RID_BYTES / 8 + 3 + (2 * TM_MAX_LABEL_VALUE_BYTES) / 8;
+static_assert(kMaxKvTransferWords * 8 == 296);
+inline constexpr uint32_t kMaxAdmissionWords =
+    2 + TM_MAX_RID_BYTES / 8 + TM_MAX_LABEL_VALUE_BYTES / 8;
+static_assert(kMaxKvTransferWords <= kMaxArrivedWords &&
+              kMaxAdmissionWords <= kMaxArrivedWords &&
+              kMaxStepWords <= kMaxArrivedWords);
 inline constexpr uint32_t kMaxRecordWords =
-    kMaxExpertLoadWords > kMaxArrivedWords
-        ? kMaxExpertLoadWords
-        : (kMaxArrivedWords > kMaxStepWords ? kMaxArrivedWords : kMaxStepWords);
+    kMaxExpertLoadWords > kMaxArrivedWords ? kMaxExpertLoadWords
+                                           : kMaxArrivedWords;
 // The smallest ring (1024 events of capacity: 4096 words) holds any record,
 // even behind the padding of a wrap (at most kMaxRecordWords - 1 words), and
 // a record's length fits its header's 16 bits.

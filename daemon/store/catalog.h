@@ -138,10 +138,10 @@ inline constexpr std::string_view kPromptSourceValues[] = {
     "local_compute", "local_cache_hit", "external_kv_transfer"};
 enum PromptSource : uint8_t { kLocalCompute, kLocalCacheHit, kExternalKv };
 
-// Snapshot formats 1 to 4 saved the values of the catalog of 1.1 (43
+// Snapshot formats 1 to 4 saved the values of the catalog of 1.1 (41
 // metrics, 20 histograms) without a length: the id now of the metric at
 // index `i` of that catalog.
-inline constexpr size_t kFormat4Metrics = 43;
+inline constexpr size_t kFormat4Metrics = 41;
 inline constexpr size_t kFormat4Histograms = 20;
 inline constexpr EngineMetric Format4Metric(size_t i) {
   return EngineMetric(i <= size_t(kMoeImbalance)

@@ -46,6 +46,12 @@ int main(void) {
   const uint64_t positions[2] = {4, 2};
   const tm_label labels[2] = {{"tenant", "acme"}, {"tier", "gold"}};
   uint64_t experts[TM_MAX_MOE_EXPERTS + 1];
+  tm_request_params params = TM_REQUEST_PARAMS_INIT;
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  const tm_step_key deferred_keys[2] = {TM_STEP_KEY_WAITING,
+                                        TM_STEP_KEY_WAITING_DEFERRED};
+  const double deferred_values[2] = {4.0, 1.0};
+  const double too_many_deferred[2] = {1.0, 2.0};
   uint64_t now;
   size_t i;
 
@@ -125,6 +131,38 @@ int main(void) {
   CHECK_RC(tm_expert_load(client, now, TM_MAX_MOE_LAYERS - 1, experts,
                           TM_MAX_MOE_EXPERTS),
            TM_OK);
+  /* Protocol 1.2. */
+  CHECK(params.size == sizeof params);
+  CHECK(params.lora == NULL && params.traceparent == NULL &&
+        params.has_priority == 0);
+  params.max_tokens = 256;
+  params.labels = labels;
+  params.n_labels = 2;
+  params.has_priority = 1;
+  params.priority = TM_MIN_PRIORITY;
+  params.traceparent =
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  params.tracestate = "congo=t61rcWkgMzE";
+  CHECK_RC(tm_arrived_params(client, 0, 5, 10, &params), TM_OK);
+  CHECK_RC(tm_arrived_params_str(client, 0, "c-5", 3, 10, &params), TM_OK);
+  CHECK_RC(tm_scheduled_ex(client, 0, 5, 8, 2), TM_OK);
+  CHECK_RC(tm_scheduled_ex_str(client, 0, "c-5", 3, 8, 0), TM_OK);
+  CHECK_RC(tm_admission_rejected(client, 0, "queue_full"), TM_OK);
+  CHECK_RC(tm_admission_rejected_rid(client, 0, "queue_full", 6), TM_OK);
+  CHECK_RC(tm_admission_rejected_str(client, 0, "queue_full", "c-6", 3), TM_OK);
+  CHECK(kv.size == sizeof kv && kv.role == TM_KV_SEND && kv.ok != 0);
+  CHECK(kv.bytes == TM_KV_UNKNOWN && kv.blocks == TM_KV_UNKNOWN);
+  kv.role = TM_KV_RECV;
+  kv.start_ns = now;
+  kv.bytes = 1 << 20;
+  kv.connector = "nixl";
+  CHECK_RC(tm_kv_transfer(client, 0, 5, &kv), TM_OK);
+  CHECK_RC(tm_kv_transfer_str(client, 0, "c-5", 3, &kv), TM_OK);
+  CHECK_RC(tm_sleep_state(client, 0, TM_SCHEDULER_PAUSED, TM_WEIGHTS_OFFLOADED,
+                          TM_KV_CACHE_KEEP),
+           TM_OK);
+  CHECK_RC(tm_step(client, 0, deferred_keys, deferred_values, 2, NULL, 0),
+           TM_OK);
   /* Rejected: zero tokens, an empty id, an empty lora, and EXPERT_LOAD with
    * layer 4096, no experts, 1025 experts, NULL counts, a count > 2^32 - 1. */
   CHECK_RC(tm_tokens(client, 0, 1, 0), TM_E_INVALID);
@@ -138,20 +176,40 @@ int main(void) {
   CHECK_RC(tm_expert_load(client, 0, 0, NULL, 1), TM_E_INVALID);
   experts[3] = TM_MAX_EVENT_COUNT + 1;
   CHECK_RC(tm_expert_load(client, 0, 0, experts, 4), TM_E_INVALID);
+  /* Rejected (1.2): uppercase traceparent, a params size too small, an empty
+   * reason, a start after the end, an unknown role, a sleep state outside
+   * its enum, waiting_deferred above waiting. */
+  params.traceparent =
+      "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
+  CHECK_RC(tm_arrived_params(client, 0, 7, 10, &params), TM_E_INVALID);
+  params.traceparent = NULL;
+  params.size = sizeof params - 1;
+  CHECK_RC(tm_arrived_params(client, 0, 7, 10, &params), TM_E_INVALID);
+  CHECK_RC(tm_admission_rejected(client, 0, ""), TM_E_INVALID);
+  kv.start_ns = now + 1;
+  CHECK_RC(tm_kv_transfer(client, now, 7, &kv), TM_E_INVALID);
+  kv.start_ns = now;
+  kv.role = (tm_kv_role)2;
+  CHECK_RC(tm_kv_transfer(client, now, 7, &kv), TM_E_INVALID);
+  CHECK_RC(tm_sleep_state(client, 0, (tm_scheduler_state)2, TM_WEIGHTS_KEEP,
+                          TM_KV_CACHE_KEEP),
+           TM_E_INVALID);
+  CHECK_RC(tm_step(client, 0, deferred_keys, too_many_deferred, 2, NULL, 0),
+           TM_E_INVALID);
 
   CHECK_RC(tm_client_flush(client, 1000), TM_E_DISCONNECTED);
   for (i = 0; i < TM_STAT_COUNT; ++i) stats[i] = 12345;
   CHECK_RC(tm_client_stats(client, stats, TM_STAT_COUNT), TM_OK);
   CHECK(stats[TM_STAT_EVENTS_SENT] == 0);
-  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 8);
+  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 15);
   CHECK(stats[TM_STAT_EVENTS_DROPPED] == 0);
   CHECK(stats[TM_STAT_CONNECTED] == 0);
   CHECK(stats[TM_STAT_RECONNECTS] == 0);
 
-  /* The 17 buffered events cannot be sent: dropped at close. */
+  /* The 28 buffered events cannot be sent: dropped at close. */
   CHECK_RC(tm_client_close(client, final_stats, TM_STAT_COUNT), TM_E_TIMEOUT);
-  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 17);
-  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 8);
+  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 28);
+  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 15);
   CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
   CHECK(final_stats[TM_STAT_BATCHES_REPLAYED] == 0);
   CHECK(final_stats[TM_STAT_EVENTS_UNACKED] == 0);

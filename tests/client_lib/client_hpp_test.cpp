@@ -37,6 +37,21 @@ class CppClientTest : public ::testing::Test {
       return c.size() > index && c[index].eof;
     });
   }
+  // Closes `client`, checks that it sent `sent` events and rejected none,
+  // and returns the events of its only connection as text.
+  std::vector<std::string> CloseAndGetEvents(Client* client, uint64_t sent) {
+    const Stats stats = client->Close();
+    EXPECT_EQ(stats.events_sent, sent);
+    EXPECT_EQ(stats.events_rejected, 0u);
+    EXPECT_TRUE(WaitForEof(0));
+    const TestServer::Connections conns = server_->Snapshot();
+    EXPECT_TRUE(IsWellFormed(conns.at(0)));
+    std::vector<std::string> shapes;
+    for (const Value& ev : EventsOf(conns.at(0))) {
+      shapes.push_back(ev.ToString());
+    }
+    return shapes;
+  }
 
   TempDir dir_;
   std::string socket_path_ = dir_.File("s");
@@ -240,15 +255,7 @@ TEST_F(CppClientTest, ArrivedSendsLoraAndRequestLabels) {
   EXPECT_EQ(client->Arrived("req-6", 60, 0, 0, {}, {}, 105), TM_OK);
   const std::vector<RequestLabel> one = {{"tenant", "b"}};
   EXPECT_EQ(client->Arrived("req-7", 70, 0, 0, "a", one, 106), TM_OK);
-  const Stats stats = client->Close();
-  EXPECT_EQ(stats.events_sent, 7u);
-  EXPECT_EQ(stats.events_rejected, 0u);
-  ASSERT_TRUE(WaitForEof(0));
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  std::vector<std::string> shapes;
-  for (const Value& ev : EventsOf(conns[0])) shapes.push_back(ev.ToString());
-  EXPECT_EQ(shapes,
+  EXPECT_EQ(CloseAndGetEvents(client.get(), 7),
             (std::vector<std::string>{
                 R"([1,100,1,10,{"lora":"sql-lora",)"
                 R"("labels":{"tenant":"acme","tier":""}}])",
@@ -445,6 +452,192 @@ TEST_F(CppClientTest, ExpertLoadRejectsInvalidArguments) {
   EXPECT_EQ(client->ExpertLoad(0, many), TM_E_INVALID);
   EXPECT_EQ(client->ExpertLoad(0, big), TM_E_INVALID);
   EXPECT_EQ(client->GetStats().events_rejected, 4u);
+}
+
+// ---- protocol 1.2
+// ------------------------------------------------------------
+
+constexpr std::string_view kTraceparent =
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+TEST_F(CppClientTest, ArrivedSendsRequestParams) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  // Views into one buffer: the wrapper copies them NUL-terminated.
+  const std::string text = std::string(kTraceparent) + "a=1,b=2tenantacme";
+  const RequestLabel labels[] = {{std::string_view(text.data() + 62, 6),
+                                  std::string_view(text.data() + 68, 4)}};
+  RequestParams p;
+  p.priority = -10;
+  EXPECT_EQ(client->Arrived(uint64_t{1}, 10, p, 100), TM_OK);
+  p = RequestParams{};
+  p.max_tokens = 64;
+  p.lora = "sql-lora";
+  p.labels = labels;
+  p.n_labels = 1;
+  p.priority = 0;
+  p.traceparent = std::string_view(text.data(), 55);
+  p.tracestate = std::string_view(text.data() + 55, 7);
+  EXPECT_EQ(client->Arrived("req-2", 20, p, 101), TM_OK);
+  p = RequestParams{};
+  p.n = 2;  // nothing of 1.1 or 1.2: tm_arrived()'s event
+  EXPECT_EQ(client->Arrived(uint64_t{3}, 30, p, 102), TM_OK);
+  EXPECT_EQ(CloseAndGetEvents(client.get(), 3),
+            (std::vector<std::string>{
+                R"([1,100,1,10,{"priority":-10}])",
+                R"([1,101,"req-2",20,{"max_tokens":64,)"
+                R"("lora":"sql-lora","labels":{"tenant":"acme"},)"
+                R"("priority":0,"traceparent":")" +
+                    std::string(kTraceparent) + R"(","tracestate":"a=1,b=2"}])",
+                R"([1,102,3,30,{"n":2}])",
+            }));
+}
+
+// What the C call refuses, and what cannot reach it (a NUL byte, a string
+// longer than its buffer), is rejected and counted alike; nothing is sent.
+TEST_F(CppClientTest, ArrivedRejectsInvalidRequestParams) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  const std::string long_tp = std::string(kTraceparent) + "0";
+  const std::string nul_tp = std::string(kTraceparent.substr(0, 54)) + '\0';
+  const std::string upper_tp =
+      "00-4BF92F3577B34DA6A3CE929D0E0E4736-"
+      "00F067AA0BA902B7-01";
+  const std::string long_ts = "a=" + std::string(TM_MAX_TRACESTATE_BYTES, 'v');
+  const RequestLabel five[] = {
+      {"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}, {"e", "5"}};
+  std::vector<RequestParams> bad(7);
+  bad[0].traceparent = long_tp;
+  bad[1].traceparent = nul_tp;
+  bad[2].traceparent = upper_tp;
+  bad[3].tracestate = long_ts;
+  bad[4].tracestate = "Bad=1";
+  bad[5].labels = five;
+  bad[5].n_labels = 5;
+  bad[6].lora = std::string_view("a\0b", 3);
+  for (size_t i = 0; i < bad.size(); ++i) {
+    bad[i].priority = 1;
+    EXPECT_EQ(client->Arrived(uint64_t{i}, 1, bad[i]), TM_E_INVALID) << i;
+    EXPECT_EQ(client->Arrived("r", 1, bad[i]), TM_E_INVALID) << i;
+  }
+  EXPECT_EQ(client->GetStats().events_rejected, 2 * bad.size());
+  RequestParams ok;
+  ok.traceparent = kTraceparent;
+  EXPECT_EQ(client->Arrived(uint64_t{99}, 1, ok, 7), TM_OK);
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_sent, 1u);
+  ASSERT_TRUE(WaitForEof(0));
+  const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].array[4].Find("traceparent")->str, kTraceparent);
+  EXPECT_EQ(client->Arrived(uint64_t{1}, 1, ok), TM_E_INVALID);  // closed
+}
+
+TEST_F(CppClientTest, SendsProtocol12Events) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  EXPECT_EQ(client->Scheduled(uint64_t{1}, SchedulingInfo{16, 32}, 100), TM_OK);
+  EXPECT_EQ(client->Scheduled("req-2", SchedulingInfo{}, 101), TM_OK);
+  EXPECT_EQ(client->AdmissionRejected("queue_full", 102), TM_OK);
+  EXPECT_EQ(client->AdmissionRejected(uint64_t{3}, "token_cap", 103), TM_OK);
+  const std::string reasons = "deadlinexyz";
+  EXPECT_EQ(client->AdmissionRejected("req-4",
+                                      std::string_view(reasons.data(), 8), 104),
+            TM_OK);
+  KvTransferInfo kv;
+  kv.role = KvRole::kRecv;
+  kv.start_ns = 50;
+  kv.bytes = 1 << 20;
+  kv.connector = std::string_view(reasons.data(), 4);  // "dead", copied
+  EXPECT_EQ(client->KvTransfer(uint64_t{5}, kv, 105), TM_OK);
+  kv = KvTransferInfo{};
+  kv.start_ns = 106;
+  kv.blocks = 0;
+  kv.ok = false;
+  kv.reason = "timeout";
+  EXPECT_EQ(client->KvTransfer("req-6", kv, 106), TM_OK);
+  EXPECT_EQ(client->SleepState(SchedulerState::kPaused, WeightsState::kKeep,
+                               KvCacheState::kReleased, 107),
+            TM_OK);
+  EXPECT_EQ(client->SleepState(SchedulerState::kKeep, WeightsState::kDiscarded,
+                               KvCacheState::kKeep, 108),
+            TM_OK);
+  EXPECT_EQ(client->Step(StepStats().Waiting(5).WaitingDeferred(2), 109),
+            TM_OK);
+  const uint64_t before = NowNs();
+  EXPECT_EQ(client->AdmissionRejected("now"), TM_OK);
+  const uint64_t after = NowNs();
+  std::vector<std::string> shapes = CloseAndGetEvents(client.get(), 11);
+  ASSERT_EQ(shapes.size(), 11u);
+  const uint64_t t = EventsOf(server_->Snapshot()[0])[10].array[1].uint;
+  EXPECT_GE(t, before);
+  EXPECT_LE(t, after);
+  shapes.pop_back();
+  EXPECT_EQ(shapes,
+            (std::vector<std::string>{
+                R"([3,100,1,{"cached_tokens":16,"external_tokens":32}])",
+                R"([3,101,"req-2",{"cached_tokens":0,"external_tokens":0}])",
+                R"([9,102,"queue_full"])",
+                R"([9,103,"token_cap",3])",
+                R"([9,104,"deadline","req-4"])",
+                R"([10,105,5,{"role":"recv","start":50,"bytes":1048576,)"
+                R"("connector":"dead"}])",
+                R"([10,106,"req-6",{"role":"send","start":106,"blocks":0,)"
+                R"("ok":false,"reason":"timeout"}])",
+                R"([11,107,{"scheduler":"paused","kv_cache":"released"}])",
+                R"([11,108,{"weights":"discarded"}])",
+                R"([7,109,{"waiting":5,"waiting_deferred":2}])",
+            }));
+}
+
+// What the C calls refuse is refused through the wrapper alike, and
+// counted; so is what cannot reach them (a reason with a NUL byte or longer
+// than 64 bytes, bytes of UINT64_MAX, TM_KV_UNKNOWN in C).
+TEST_F(CppClientTest, Protocol12CallsRejectInvalidArguments) {
+  std::unique_ptr<Client> client;
+  Options o = BaseOptions();
+  o.close_timeout_ms = 0;
+  ASSERT_EQ(Client::Create(o, &client), TM_OK);
+  const std::string long_reason(TM_MAX_LABEL_VALUE_BYTES + 1, 'r');
+  const std::string_view nul_reason("a\0b", 3);
+  EXPECT_EQ(client->AdmissionRejected(""), TM_E_INVALID);
+  EXPECT_EQ(client->AdmissionRejected(long_reason), TM_E_INVALID);
+  EXPECT_EQ(client->AdmissionRejected(uint64_t{1}, nul_reason), TM_E_INVALID);
+  EXPECT_EQ(client->AdmissionRejected("r", "tab\t"), TM_E_INVALID);
+  EXPECT_EQ(client->AdmissionRejected("", "ok"), TM_E_INVALID);  // empty id
+  KvTransferInfo kv;
+  kv.start_ns = 11;
+  EXPECT_EQ(client->KvTransfer(uint64_t{1}, kv, 10), TM_E_INVALID);
+  kv.start_ns = 1;
+  kv.bytes = UINT64_MAX;
+  EXPECT_EQ(client->KvTransfer(uint64_t{1}, kv, 10), TM_E_INVALID);
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES + 1;
+  EXPECT_EQ(client->KvTransfer(uint64_t{1}, kv, 10), TM_E_INVALID);
+  kv.bytes.reset();
+  kv.blocks = UINT64_MAX;
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_E_INVALID);
+  kv.blocks.reset();
+  kv.reason = long_reason;
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_E_INVALID);
+  kv.reason = {};
+  kv.connector = nul_reason;
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_E_INVALID);
+  kv.connector = {};
+  kv.role = static_cast<KvRole>(7);
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_E_INVALID);
+  EXPECT_EQ(client->SleepState(static_cast<SchedulerState>(5),
+                               WeightsState::kKeep, KvCacheState::kKeep),
+            TM_E_INVALID);
+  EXPECT_EQ(client->Step(StepStats().WaitingDeferred(1)), TM_E_INVALID);
+  EXPECT_EQ(client->Step(StepStats().Waiting(1).WaitingDeferred(2)),
+            TM_E_INVALID);
+  EXPECT_EQ(client->GetStats().events_rejected, 15u);
+  kv.role = KvRole::kSend;
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_OK);
+  EXPECT_EQ(client->GetStats().events_rejected, 15u);
 }
 
 // Close() flushes, says goodbye, and returns the final counters; the

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client_fixture.h"
@@ -415,34 +417,60 @@ TEST_F(EventLayoutTest, ArrivedExWithoutNewParamsIsArrived) {
   }
 }
 
-// The largest ARRIVED (a 128-byte id, a 128-byte lora, four labels with
-// 256-byte names and 128-byte values) round after round through the
-// smallest buffer, so that records wrap around its end.
+// The longest strings of a 1.1 ARRIVED: a 128-byte id, a 128-byte lora,
+// four labels with 256-byte names and 128-byte values.
+struct LongestArrivedStrings {
+  LongestArrivedStrings() {
+    for (char ch : {'a', 'b', 'c', 'd'}) {
+      names.push_back(std::string(TM_MAX_STRING_BYTES - 1, ch) + "_");
+      values.push_back(std::string(TM_MAX_REQUEST_LABEL_VALUE_BYTES, ch));
+    }
+    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
+      labels[i] = {names[i].c_str(), values[i].c_str()};
+    }
+  }
+  // Checks that the e-th decoded ARRIVED carries them, with prompt_tokens
+  // `prompt` and `n_params` params in all.
+  void Expect(const Value& ev, size_t e, uint64_t prompt,
+              size_t n_params) const {
+    ASSERT_EQ(ev.array.size(), 5u) << e;
+    EXPECT_EQ(ev.array[2].str, rid) << e;
+    EXPECT_EQ(ev.array[3].uint, prompt) << e;
+    const Value& params = ev.array[4];
+    ASSERT_EQ(params.map.size(), n_params) << e;
+    EXPECT_EQ(params.Find("lora")->str, lora) << e;
+    const Value* l = params.Find("labels");
+    ASSERT_TRUE(l != nullptr && l->IsMap()) << e;
+    ASSERT_EQ(l->map.size(), TM_MAX_REQUEST_LABELS) << e;
+    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
+      EXPECT_EQ(l->map[i].first.str, names[i]) << e;
+      EXPECT_EQ(l->map[i].second.str, values[i]) << e;
+    }
+  }
+
+  std::string rid = std::string(TM_MAX_RID_BYTES, 'r');
+  std::string lora = std::string(TM_MAX_LORA_BYTES, 'l');
+  std::vector<std::string> names, values;
+  tm_label labels[TM_MAX_REQUEST_LABELS];
+};
+
+// The largest ARRIVED (the longest 1.1 strings, 232 words) round after
+// round through the smallest buffer, so that records wrap around its end.
 TEST_F(EventLayoutTest, LargestArrivedRecordsWrapTheBuffer) {
   StartServer();
   OptionsPtr opts = DefaultOptions();
   ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
   NewClient(opts.get());
-  const std::string rid(TM_MAX_RID_BYTES, 'r');
-  const std::string lora(TM_MAX_LORA_BYTES, 'l');
-  std::vector<std::string> names, values;
-  for (char ch : {'a', 'b', 'c', 'd'}) {
-    names.push_back(std::string(TM_MAX_STRING_BYTES - 1, ch) + "_");
-    values.push_back(std::string(TM_MAX_REQUEST_LABEL_VALUE_BYTES, ch));
-  }
-  tm_label labels[TM_MAX_REQUEST_LABELS];
-  for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
-    labels[i] = {names[i].c_str(), values[i].c_str()};
-  }
+  const LongestArrivedStrings x;
   // 17 records of 232 words fill most of the 4096-word ring; each round
   // starts where the last one ended.
   constexpr int kRounds = 5;
   constexpr int kPerRound = 17;
   for (int round = 0; round < kRounds; ++round) {
     for (int i = 0; i < kPerRound; ++i) {
-      ASSERT_EQ(tm_arrived_ex_str(client_, 1 + i, rid.data(), rid.size(),
-                                  uint32_t(round), 1, 1, lora.c_str(), labels,
-                                  TM_MAX_REQUEST_LABELS),
+      ASSERT_EQ(tm_arrived_ex_str(client_, 1 + i, x.rid.data(), x.rid.size(),
+                                  uint32_t(round), 1, 1, x.lora.c_str(),
+                                  x.labels, TM_MAX_REQUEST_LABELS),
                 TM_OK)
           << round << " " << i;
     }
@@ -457,19 +485,7 @@ TEST_F(EventLayoutTest, LargestArrivedRecordsWrapTheBuffer) {
   const std::vector<Value> events = EventsOf(conns[0]);
   ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
   for (size_t e = 0; e < events.size(); ++e) {
-    const Value& ev = events[e];
-    ASSERT_EQ(ev.array.size(), 5u) << e;
-    EXPECT_EQ(ev.array[2].str, rid) << e;
-    EXPECT_EQ(ev.array[3].uint, e / kPerRound) << e;
-    const Value& params = ev.array[4];
-    EXPECT_EQ(params.Find("lora")->str, lora) << e;
-    const Value* l = params.Find("labels");
-    ASSERT_TRUE(l != nullptr && l->IsMap()) << e;
-    ASSERT_EQ(l->map.size(), TM_MAX_REQUEST_LABELS) << e;
-    for (size_t i = 0; i < TM_MAX_REQUEST_LABELS; ++i) {
-      EXPECT_EQ(l->map[i].first.str, names[i]) << e;
-      EXPECT_EQ(l->map[i].second.str, values[i]) << e;
-    }
+    x.Expect(events[e], e, e / kPerRound, 4);  // max_tokens, n, lora, labels
   }
 }
 
@@ -648,6 +664,334 @@ TEST_F(EventLayoutTest, ExpertLoadIsDroppedWhenTheBufferIsFull) {
   EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 0u);
 }
 
+// ---- protocol 1.2 -----------------------------------------------------------
+
+constexpr const char* kTraceparent =
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+// ARRIVED with the 1.2 params (priority, traceparent, tracestate), alone and
+// with the 1.1 ones, for integer and string ids, in the order max_tokens, n,
+// lora, labels, priority, traceparent, tracestate.
+TEST_F(EventLayoutTest, SendsArrivedWithProtocol12Params) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const tm_label two[] = {{"tenant", "acme"}, {"tier", ""}};
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.has_priority = 1;
+  p.priority = -7;
+  EXPECT_EQ(tm_arrived_params(c, 1000, 1, 10, &p), TM_OK);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.has_priority = 1;  // priority 0 is a priority
+  p.traceparent = kTraceparent;
+  EXPECT_EQ(tm_arrived_params(c, 1001, 2, 20, &p), TM_OK);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.tracestate = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
+  EXPECT_EQ(tm_arrived_params_str(c, 1002, "req-9", 5, 30, &p), TM_OK);
+  p.tracestate = "";  // given, and valid
+  EXPECT_EQ(tm_arrived_params(c, 1003, 4, 40, &p), TM_OK);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.max_tokens = 64;
+  p.n = 2;
+  p.lora = "sql-lora";
+  p.labels = two;
+  p.n_labels = 2;
+  p.has_priority = 1;
+  p.priority = TM_MAX_PRIORITY;
+  p.traceparent = kTraceparent;
+  p.tracestate = "a=1";
+  EXPECT_EQ(tm_arrived_params_str(c, 1004, "r", 1, 50, &p), TM_OK);
+  p.priority = TM_MIN_PRIORITY;
+  p.has_priority = 0;  // not given: priority not sent, whatever its value
+  EXPECT_EQ(tm_arrived_params(c, 1005, 6, 60, &p), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::string tp = std::string("\"") + kTraceparent + "\"";
+  EXPECT_EQ(ToStrings(EventsOf(conns[0])),
+            (std::vector<std::string>{
+                R"([1,1000,1,10,{"priority":-7}])",
+                R"([1,1001,2,20,{"priority":0,"traceparent":)" + tp + "}]",
+                R"([1,1002,"req-9",30,{"tracestate":)"
+                R"("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"}])",
+                R"([1,1003,4,40,{"tracestate":""}])",
+                R"([1,1004,"r",50,{"max_tokens":64,"n":2,"lora":"sql-lora",)"
+                R"("labels":{"tenant":"acme","tier":""},"priority":2147483647,)"
+                R"("traceparent":)" +
+                    tp + R"(,"tracestate":"a=1"}])",
+                R"([1,1005,6,60,{"max_tokens":64,"n":2,"lora":"sql-lora",)"
+                R"("labels":{"tenant":"acme","tier":""},"traceparent":)" +
+                    tp + R"(,"tracestate":"a=1"}])",
+            }));
+}
+
+// Without the 1.2 params tm_arrived_params(_str) sends tm_arrived_ex(_str)'s
+// event, and tm_arrived(_str)'s without the 1.1 ones (the bytes: the
+// EventBytesTest cases ArrivedParams*).
+TEST_F(EventLayoutTest, ArrivedParamsWithoutNewParamsIsArrivedEx) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const tm_label one[] = {{"tenant", "acme"}};
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  EXPECT_EQ(tm_arrived_params(c, 7, 70, 700, &p), TM_OK);
+  EXPECT_EQ(tm_arrived(c, 7, 70, 700, 0, 0), TM_OK);
+  p.max_tokens = 5;
+  p.n = 6;
+  p.lora = "l";
+  p.labels = one;
+  p.n_labels = 1;
+  EXPECT_EQ(tm_arrived_params(c, 8, 80, 800, &p), TM_OK);
+  EXPECT_EQ(tm_arrived_ex(c, 8, 80, 800, 5, 6, "l", one, 1), TM_OK);
+  EXPECT_EQ(tm_arrived_params_str(c, 9, "r", 1, 900, &p), TM_OK);
+  EXPECT_EQ(tm_arrived_ex_str(c, 9, "r", 1, 900, 5, 6, "l", one, 1), TM_OK);
+  ASSERT_EQ(CloseClient(), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_EQ(events[0].ToString(), "[1,7,70,700]");
+  for (size_t i = 0; i < 6; i += 2) {
+    EXPECT_EQ(events[i].ToString(), events[i + 1].ToString()) << i;
+  }
+}
+
+// The largest ARRIVED of all (every 1.1 and 1.2 param at its longest: 2,168
+// bytes) round after round through the smallest buffer, wrapping its end.
+TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  NewClient(opts.get());
+  const LongestArrivedStrings x;
+  // 20 members "kNN=" + 6 bytes, then one that fills 256 bytes.
+  std::string tracestate;
+  for (int i = 0; i < 20; ++i) {
+    tracestate += "k" + std::to_string(10 + i) + "=vvvvvv,";
+  }
+  tracestate +=
+      "z=" + std::string(TM_MAX_TRACESTATE_BYTES - 2 - tracestate.size(), 'w');
+  ASSERT_EQ(tracestate.size(), TM_MAX_TRACESTATE_BYTES);
+  ASSERT_TRUE(tm_proto_valid_tracestate(tracestate.data(), tracestate.size()));
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.max_tokens = 1;
+  p.n = 1;
+  p.lora = x.lora.c_str();
+  p.labels = x.labels;
+  p.n_labels = TM_MAX_REQUEST_LABELS;
+  p.has_priority = 1;
+  p.priority = TM_MIN_PRIORITY;
+  p.traceparent = kTraceparent;
+  p.tracestate = tracestate.c_str();
+  // 14 records of 271 words fill most of the 4096-word ring.
+  constexpr int kRounds = 5;
+  constexpr int kPerRound = 14;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kPerRound; ++i) {
+      ASSERT_EQ(tm_arrived_params_str(client_, 1 + i, x.rid.data(),
+                                      x.rid.size(), uint32_t(round), &p),
+                TM_OK)
+          << round << " " << i;
+    }
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
+  for (size_t e = 0; e < events.size(); ++e) {
+    x.Expect(events[e], e, e / kPerRound, 7);
+    const Value& params = events[e].array[4];
+    EXPECT_EQ(params.Find("priority")->sint, INT64_C(-2147483648)) << e;
+    EXPECT_EQ(params.Find("traceparent")->str, kTraceparent) << e;
+    EXPECT_EQ(params.Find("tracestate")->str, tracestate) << e;
+  }
+}
+
+// SCHEDULED with its info, ADMISSION_REJECTED in its three forms,
+// KV_TRANSFER and SLEEP, with integer and string ids, as decoded.
+TEST_F(EventLayoutTest, SendsProtocol12Events) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  EXPECT_EQ(tm_scheduled_ex(c, 1000, 1, 512, 0), TM_OK);
+  EXPECT_EQ(tm_scheduled_ex_str(c, 1001, "req-9", 5, 0, 4294967295u), TM_OK);
+  EXPECT_EQ(tm_admission_rejected(c, 1002, "queue_full"), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_rid(c, 1003, "token cap", 77), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_str(c, 1004, "d\xc3\xa9lai", "req-9", 5),
+            TM_OK);
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.start_ns = 900;
+  EXPECT_EQ(tm_kv_transfer(c, 1005, 1, &kv), TM_OK);
+  kv.role = TM_KV_RECV;
+  kv.start_ns = 1006;  // start == t is fine
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES;
+  kv.blocks = 0;
+  kv.connector = "nixl";
+  EXPECT_EQ(tm_kv_transfer_str(c, 1006, "req-9", 5, &kv), TM_OK);
+  kv.ok = 0;
+  kv.bytes = TM_KV_UNKNOWN;
+  kv.reason = "timeout";
+  kv.start_ns = 0;
+  EXPECT_EQ(tm_kv_transfer(c, 1007, 2, &kv), TM_OK);
+  kv.ok = 1;  // a reason with success is sent as given
+  kv.connector = nullptr;
+  EXPECT_EQ(tm_kv_transfer(c, 1008, 3, &kv), TM_OK);
+  EXPECT_EQ(tm_sleep_state(c, 1009, TM_SCHEDULER_PAUSED, TM_WEIGHTS_OFFLOADED,
+                           TM_KV_CACHE_RELEASED),
+            TM_OK);
+  EXPECT_EQ(tm_sleep_state(c, 1010, TM_SCHEDULER_KEEP, TM_WEIGHTS_DISCARDED,
+                           TM_KV_CACHE_KEEP),
+            TM_OK);
+  EXPECT_EQ(tm_sleep_state(c, 1011, TM_SCHEDULER_RUNNING, TM_WEIGHTS_RESIDENT,
+                           TM_KV_CACHE_RESIDENT),
+            TM_OK);
+  EXPECT_EQ(tm_sleep_state(c, 1012, TM_SCHEDULER_KEEP, TM_WEIGHTS_KEEP,
+                           TM_KV_CACHE_KEEP),
+            TM_OK);
+  const tm_step_key keys[] = {TM_STEP_KEY_WAITING_DEFERRED,
+                              TM_STEP_KEY_WAITING};
+  const double values[] = {3, 3};
+  EXPECT_EQ(tm_step(c, 1013, keys, values, 2, nullptr, 0), TM_OK);
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 14u);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  EXPECT_EQ(ToStrings(EventsOf(conns[0])),
+            (std::vector<std::string>{
+                R"([3,1000,1,{"cached_tokens":512,"external_tokens":0}])",
+                R"([3,1001,"req-9",{"cached_tokens":0,)"
+                R"("external_tokens":4294967295}])",
+                R"([9,1002,"queue_full"])",
+                R"([9,1003,"token cap",77])",
+                R"([9,1004,"d\xc3\xa9lai","req-9"])",
+                R"([10,1005,1,{"role":"send","start":900}])",
+                R"([10,1006,"req-9",{"role":"recv","start":1006,)"
+                R"("bytes":281474976710655,"blocks":0,"connector":"nixl"}])",
+                R"([10,1007,2,{"role":"recv","start":0,"blocks":0,"ok":false,)"
+                R"("reason":"timeout","connector":"nixl"}])",
+                R"([10,1008,3,{"role":"recv","start":0,"blocks":0,)"
+                R"("reason":"timeout"}])",
+                R"([11,1009,{"scheduler":"paused","weights":"offloaded",)"
+                R"("kv_cache":"released"}])",
+                R"([11,1010,{"weights":"discarded"}])",
+                R"([11,1011,{"scheduler":"running","weights":"resident",)"
+                R"("kv_cache":"resident"}])",
+                R"([11,1012,{}])",
+                R"([7,1013,{"waiting":3,"waiting_deferred":3}])",
+            }));
+}
+
+// Reasons and connectors of every length 1 .. 64, printable ASCII and
+// UTF-8 (which take the rule's path), arrive byte for byte: the library
+// packs them into words itself.
+TEST_F(EventLayoutTest, SendsLabelValuesOfEveryLength) {
+  StartServer();
+  NewClient();
+  std::vector<std::string> values;
+  for (size_t len = 1; len <= TM_MAX_LABEL_VALUE_BYTES; ++len) {
+    std::string ascii;
+    for (size_t i = 0; i < len; ++i) ascii += char('!' + (i * 7 + len) % 94);
+    values.push_back(ascii);
+    if (len >= 2) {  // "é" (2 bytes) at the end, then at the start
+      values.push_back(ascii.substr(0, len - 2) + "\xc3\xa9");
+      values.push_back("\xc3\xa9" + ascii.substr(0, len - 2));
+    }
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string& v = values[i];
+    const std::string& other = values[values.size() - 1 - i];
+    ASSERT_EQ(tm_admission_rejected_rid(client_, 10, v.c_str(), i), TM_OK) << v;
+    tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+    kv.start_ns = 1;
+    kv.reason = v.c_str();
+    kv.connector = other.c_str();
+    ASSERT_EQ(tm_kv_transfer(client_, 10, i, &kv), TM_OK) << v;
+    kv.reason = nullptr;
+    kv.connector = v.c_str();
+    ASSERT_EQ(tm_kv_transfer_str(client_, 10, "r", 1, &kv), TM_OK) << v;
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), 3 * values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const Value& adm = events[3 * i];
+    EXPECT_EQ(adm.array[2].str, values[i]) << i;
+    EXPECT_EQ(adm.array[3].uint, i) << i;
+    const Value& kv = events[3 * i + 1].array[3];
+    EXPECT_EQ(kv.Find("reason")->str, values[i]) << i;
+    EXPECT_EQ(kv.Find("connector")->str, values[values.size() - 1 - i]) << i;
+    const Value& kv2 = events[3 * i + 2].array[3];
+    EXPECT_EQ(kv2.Find("reason"), nullptr) << i;
+    EXPECT_EQ(kv2.Find("connector")->str, values[i]) << i;
+  }
+}
+
+// The largest KV_TRANSFER (a 128-byte id, bytes, blocks, a 64-byte reason
+// and connector: 296 bytes) and ADMISSION_REJECTED through the smallest
+// buffer, round after round.
+TEST_F(EventLayoutTest, LargestProtocol12RecordsWrapTheBuffer) {
+  StartServer();
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  NewClient(opts.get());
+  const std::string rid(TM_MAX_RID_BYTES, 'r');
+  const std::string reason(TM_MAX_LABEL_VALUE_BYTES, 'e');
+  const std::string connector(TM_MAX_LABEL_VALUE_BYTES, 'c');
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.bytes = 1;
+  kv.blocks = 2;
+  kv.ok = 0;
+  kv.reason = reason.c_str();
+  kv.connector = connector.c_str();
+  constexpr int kRounds = 4;
+  constexpr int kPerRound = 60;  // 60 x (37 + 26) words: most of the ring
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kPerRound; ++i) {
+      kv.start_ns = uint64_t(round);
+      ASSERT_EQ(tm_kv_transfer_str(client_, 100, rid.data(), rid.size(), &kv),
+                TM_OK);
+      ASSERT_EQ(tm_admission_rejected_str(client_, 100, reason.c_str(),
+                                          rid.data(), rid.size()),
+                TM_OK);
+    }
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  const std::vector<Value> events = EventsOf(conns[0]);
+  ASSERT_EQ(events.size(), size_t{2 * kRounds * kPerRound});
+  for (size_t e = 0; e < events.size(); e += 2) {
+    const Value& info = events[e].array[3];
+    EXPECT_EQ(events[e].array[2].str, rid) << e;
+    EXPECT_EQ(info.Find("start")->uint, e / (2 * kPerRound)) << e;
+    EXPECT_EQ(info.Find("reason")->str, reason) << e;
+    EXPECT_EQ(info.Find("connector")->str, connector) << e;
+    EXPECT_EQ(events[e + 1].array[2].str, reason) << e;
+    EXPECT_EQ(events[e + 1].array[3].str, rid) << e;
+  }
+}
+
 // t_ns = 0 means "now" on CLOCK_MONOTONIC, for every event function.
 TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   StartServer();
@@ -672,6 +1016,23 @@ TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   EXPECT_EQ(tm_step(c, 0, &key, &value, 1, nullptr, 0), TM_OK);
   const uint64_t counts[] = {1, 2};
   EXPECT_EQ(tm_expert_load(c, 0, 0, counts, 2), TM_OK);
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.has_priority = 1;
+  EXPECT_EQ(tm_arrived_params(c, 0, 1, 1, &p), TM_OK);
+  EXPECT_EQ(tm_arrived_params_str(c, 0, "a", 1, 1, &p), TM_OK);
+  EXPECT_EQ(tm_scheduled_ex(c, 0, 1, 1, 0), TM_OK);
+  EXPECT_EQ(tm_scheduled_ex_str(c, 0, "a", 1, 1, 0), TM_OK);
+  EXPECT_EQ(tm_admission_rejected(c, 0, "full"), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_rid(c, 0, "full", 1), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_str(c, 0, "full", "a", 1), TM_OK);
+  // With t_ns 0 the start is checked against the clock read for the event.
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.start_ns = tm_now_ns();
+  EXPECT_EQ(tm_kv_transfer(c, 0, 1, &kv), TM_OK);
+  EXPECT_EQ(tm_kv_transfer_str(c, 0, "a", 1, &kv), TM_OK);
+  EXPECT_EQ(tm_sleep_state(c, 0, TM_SCHEDULER_PAUSED, TM_WEIGHTS_KEEP,
+                           TM_KV_CACHE_KEEP),
+            TM_OK);
   const uint64_t now_after = tm_now_ns();
   const uint64_t after = MonotonicNs();
   EXPECT_LE(before, now_before);
@@ -681,7 +1042,7 @@ TEST_F(ClockTest, StampsZeroTimeWithMonotonicNow) {
   ASSERT_TRUE(WaitForEof(0));
 
   const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
-  ASSERT_EQ(events.size(), 14u);
+  ASSERT_EQ(events.size(), 24u);
   uint64_t previous = before;
   for (const Value& ev : events) {
     ASSERT_TRUE(IsValidEvent(ev));
@@ -783,6 +1144,46 @@ std::vector<uint8_t> Repeat(uint8_t byte, size_t n) {
   return std::vector<uint8_t>(n, byte);
 }
 
+// The bytes of `s` (no header), for the strings of the hand-written cases.
+std::vector<uint8_t> B(std::string_view s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+std::vector<uint8_t> Cat(std::initializer_list<std::vector<uint8_t>> parts) {
+  std::vector<uint8_t> out;
+  for (const auto& part : parts)
+    out.insert(out.end(), part.begin(), part.end());
+  return out;
+}
+
+// Events that two calls must encode alike (tm_arrived_params without the
+// 1.2 params and tm_arrived_ex / tm_arrived).
+// [1, 0xffffffff (uint32), 200 (uint8), 65536 (uint32), {"n": 2}]
+const std::vector<uint8_t> kArrivedOneParam = {
+    0x95, 0x01, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcc, 0xc8,
+    0xce, 0x00, 0x01, 0x00, 0x00, 0x81, 0xa1, 'n',  0x02};
+// [1, 2, 3, 4, {"lora": "ab", "labels": {"t": "", "u": "v"}}]
+const std::vector<uint8_t> kArrivedLoraAndLabels = {
+    0x95, 0x01, 0x02, 0x03, 0x04, 0x82, 0xa4, 'l',  'o', 'r',
+    'a',  0xa2, 'a',  'b',  0xa6, 'l',  'a',  'b',  'e', 'l',
+    's',  0x82, 0xa1, 't',  0xa0, 0xa1, 'u',  0xa1, 'v'};
+// [1, 1, "r", 0]
+const std::vector<uint8_t> kArrivedStringIdNoParams = {0x94, 0x01, 0x01,
+                                                       0xa1, 'r',  0x00};
+const std::string kTraceparentText =
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+// [1, 1, 2, 3, {"priority": <priority>}] from tm_arrived_params().
+int ArrivedWithPriority(tm_client* c, int32_t priority) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.has_priority = 1;
+  p.priority = priority;
+  return tm_arrived_params(c, 1, 2, 3, &p);
+}
+std::vector<uint8_t> ArrivedPriorityBytes(std::vector<uint8_t> priority) {
+  return Cat(
+      {{0x95, 0x01, 0x01, 0x02, 0x03, 0x81, 0xa8}, B("priority"), priority});
+}
+
 const std::string kRid31(31, 'x');
 const std::string kRid32(32, 'y');
 const std::string kRid128(128, 'z');
@@ -804,20 +1205,15 @@ const BytesCase kBytesCases[] = {
     {"FinishedIntId",
      [](tm_client* c) { return tm_finished(c, 1, 0, TM_FINISH_STOP); },
      {0x94, 0x05, 0x01, 0x00, 0xa4, 's', 't', 'o', 'p'}},
-    // [1, 0xffffffff (uint32), 200 (uint8), 65536 (uint32), {"n": 2}]
     {"ArrivedWithOneParam",
      [](tm_client* c) { return tm_arrived(c, 0xffffffffu, 200, 65536, 0, 2); },
-     {0x95, 0x01, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcc, 0xc8, 0xce, 0x00, 0x01,
-      0x00, 0x00, 0x81, 0xa1, 'n', 0x02}},
-    // [1, 2, 3, 4, {"lora": "ab", "labels": {"t": "", "u": "v"}}]
+     kArrivedOneParam},
     {"ArrivedExLoraAndLabels",
      [](tm_client* c) {
        const tm_label labels[] = {{"t", ""}, {"u", "v"}};
        return tm_arrived_ex(c, 2, 3, 4, 0, 0, "ab", labels, 2);
      },
-     {0x95, 0x01, 0x02, 0x03, 0x04, 0x82, 0xa4, 'l', 'o', 'r', 'a', 0xa2, 'a',
-      'b', 0xa6, 'l', 'a', 'b', 'e', 'l', 's', 0x82, 0xa1, 't', 0xa0, 0xa1, 'u',
-      0xa1, 'v'}},
+     kArrivedLoraAndLabels},
     // [1, 1, "r", 0, {"n": 1, "lora": 32 x "y" (str8)}]
     {"ArrivedExStr8Lora",
      [](tm_client* c) {
@@ -827,16 +1223,199 @@ const BytesCase kBytesCases[] = {
      Concat({0x95, 0x01, 0x01, 0xa1, 'r', 0x00, 0x82, 0xa1, 'n', 0x01, 0xa4,
              'l', 'o', 'r', 'a', 0xd9, 0x20},
             Repeat('y', 32))},
-    // [1, 1, "r", 0]: tm_arrived_ex_str without the 1.1 params
+    // tm_arrived_ex_str without the 1.1 params
     {"ArrivedExStringIdNoParams",
      [](tm_client* c) {
        return tm_arrived_ex_str(c, 1, "r", 1, 0, 0, 0, nullptr, nullptr, 0);
      },
-     {0x94, 0x01, 0x01, 0xa1, 'r', 0x00}},
-    // [1, 1, "r", 0]
+     kArrivedStringIdNoParams},
     {"ArrivedStringIdNoParams",
      [](tm_client* c) { return tm_arrived_str(c, 1, "r", 1, 0, 0, 0); },
-     {0x94, 0x01, 0x01, 0xa1, 'r', 0x00}},
+     kArrivedStringIdNoParams},
+    // ---- protocol 1.2 ----
+    // tm_arrived_params without the 1.2 params: tm_arrived(_ex)'s bytes.
+    {"ArrivedParamsStringIdNoParams",
+     [](tm_client* c) {
+       const tm_request_params p = TM_REQUEST_PARAMS_INIT;
+       return tm_arrived_params_str(c, 1, "r", 1, 0, &p);
+     },
+     kArrivedStringIdNoParams},
+    {"ArrivedParamsOneParam",
+     [](tm_client* c) {
+       tm_request_params p = TM_REQUEST_PARAMS_INIT;
+       p.n = 2;
+       return tm_arrived_params(c, 0xffffffffu, 200, 65536, &p);
+     },
+     kArrivedOneParam},
+    {"ArrivedParamsLoraAndLabels",
+     [](tm_client* c) {
+       const tm_label labels[] = {{"t", ""}, {"u", "v"}};
+       tm_request_params p = TM_REQUEST_PARAMS_INIT;
+       p.lora = "ab";
+       p.labels = labels;
+       p.n_labels = 2;
+       return tm_arrived_params(c, 2, 3, 4, &p);
+     },
+     kArrivedLoraAndLabels},
+    // priority: a msgpack int in its smallest encoding
+    {"ArrivedParamsPriorityNegativeFixint",
+     [](tm_client* c) { return ArrivedWithPriority(c, -7); },
+     ArrivedPriorityBytes({0xf9})},
+    {"ArrivedParamsPriorityZero",
+     [](tm_client* c) { return ArrivedWithPriority(c, 0); },
+     ArrivedPriorityBytes({0x00})},
+    {"ArrivedParamsPriorityInt8",
+     [](tm_client* c) { return ArrivedWithPriority(c, -33); },
+     ArrivedPriorityBytes({0xd0, 0xdf})},
+    {"ArrivedParamsPriorityInt16",
+     [](tm_client* c) { return ArrivedWithPriority(c, -129); },
+     ArrivedPriorityBytes({0xd1, 0xff, 0x7f})},
+    {"ArrivedParamsPriorityUint8",
+     [](tm_client* c) { return ArrivedWithPriority(c, 200); },
+     ArrivedPriorityBytes({0xcc, 0xc8})},
+    {"ArrivedParamsPriorityMin",
+     [](tm_client* c) { return ArrivedWithPriority(c, TM_MIN_PRIORITY); },
+     ArrivedPriorityBytes({0xd2, 0x80, 0x00, 0x00, 0x00})},
+    {"ArrivedParamsPriorityMax",
+     [](tm_client* c) { return ArrivedWithPriority(c, TM_MAX_PRIORITY); },
+     ArrivedPriorityBytes({0xce, 0x7f, 0xff, 0xff, 0xff})},
+    // [1, 1, "r", 0, {"traceparent": 55 bytes (str8), "tracestate": "a=1"}]
+    {"ArrivedParamsTraceContext",
+     [](tm_client* c) {
+       tm_request_params p = TM_REQUEST_PARAMS_INIT;
+       p.traceparent = kTraceparentText.c_str();
+       p.tracestate = "a=1";
+       return tm_arrived_params_str(c, 1, "r", 1, 0, &p);
+     },
+     Cat({{0x95, 0x01, 0x01, 0xa1, 'r', 0x00, 0x82, 0xab},
+          B("traceparent"),
+          {0xd9, 0x37},
+          B(kTraceparentText),
+          {0xaa},
+          B("tracestate"),
+          {0xa3, 'a', '=', '1'}})},
+    // [3, 1, 2, {"cached_tokens": 0, "external_tokens": 2^32 - 1}]
+    {"ScheduledExIntId",
+     [](tm_client* c) { return tm_scheduled_ex(c, 1, 2, 0, 4294967295u); },
+     Cat({{0x94, 0x03, 0x01, 0x02, 0x82, 0xad},
+          B("cached_tokens"),
+          {0x00, 0xaf},
+          B("external_tokens"),
+          {0xce, 0xff, 0xff, 0xff, 0xff}})},
+    // [3, 1, "ab", {"cached_tokens": 300, "external_tokens": 5}]
+    {"ScheduledExStringId",
+     [](tm_client* c) { return tm_scheduled_ex_str(c, 1, "ab", 2, 300, 5); },
+     Cat({{0x94, 0x03, 0x01, 0xa2, 'a', 'b', 0x82, 0xad},
+          B("cached_tokens"),
+          {0xcd, 0x01, 0x2c, 0xaf},
+          B("external_tokens"),
+          {0x05}})},
+    // [9, 5, "queue_full"]
+    {"AdmissionRejectedNoId",
+     [](tm_client* c) { return tm_admission_rejected(c, 5, "queue_full"); },
+     Cat({{0x93, 0x09, 0x05, 0xaa}, B("queue_full")})},
+    // [9, 5, "x", 300 (uint16)]
+    {"AdmissionRejectedIntId",
+     [](tm_client* c) { return tm_admission_rejected_rid(c, 5, "x", 300); },
+     {0x94, 0x09, 0x05, 0xa1, 'x', 0xcd, 0x01, 0x2c}},
+    // [9, 5, "x", "req-1"]
+    {"AdmissionRejectedStringId",
+     [](tm_client* c) {
+       return tm_admission_rejected_str(c, 5, "x", "req-1xyz", 5);
+     },
+     Cat({{0x94, 0x09, 0x05, 0xa1, 'x', 0xa5}, B("req-1")})},
+    // [9, 5, 64 x "e" (str8)]: the longest reason
+    {"AdmissionRejectedLongestReason",
+     [](tm_client* c) {
+       return tm_admission_rejected(c, 5, std::string(64, 'e').c_str());
+     },
+     Concat({0x93, 0x09, 0x05, 0xd9, 0x40}, Repeat('e', 64))},
+    // [10, 2, 7, {"role": "send", "start": 1}]
+    {"KvTransferRequiredKeysOnly",
+     [](tm_client* c) {
+       tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+       kv.start_ns = 1;
+       return tm_kv_transfer(c, 2, 7, &kv);
+     },
+     Cat({{0x94, 0x0a, 0x02, 0x07, 0x82, 0xa4},
+          B("role"),
+          {0xa4},
+          B("send"),
+          {0xa5},
+          B("start"),
+          {0x01}})},
+    // [10, 65536 (uint32), "r", {"role": "recv", "start": 65535 (uint16),
+    //  "bytes": 2^48 - 1 (uint64), "blocks": 1000 (uint16), "ok": false,
+    //  "reason": "timeout", "connector": "nixl"}]
+    {"KvTransferEveryKey",
+     [](tm_client* c) {
+       tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+       kv.role = TM_KV_RECV;
+       kv.start_ns = 65535;
+       kv.bytes = TM_MAX_KV_TRANSFER_BYTES;
+       kv.blocks = 1000;
+       kv.ok = 0;
+       kv.reason = "timeout";
+       kv.connector = "nixl";
+       return tm_kv_transfer_str(c, 65536, "r", 1, &kv);
+     },
+     Cat({{0x94, 0x0a, 0xce, 0x00, 0x01, 0x00, 0x00, 0xa1, 'r', 0x87, 0xa4},
+          B("role"),
+          {0xa4},
+          B("recv"),
+          {0xa5},
+          B("start"),
+          {0xcd, 0xff, 0xff, 0xa5},
+          B("bytes"),
+          {0xcf, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xa6},
+          B("blocks"),
+          {0xcd, 0x03, 0xe8, 0xa2, 'o', 'k', 0xc2, 0xa6},
+          B("reason"),
+          {0xa7},
+          B("timeout"),
+          {0xa9},
+          B("connector"),
+          {0xa4},
+          B("nixl")})},
+    // [11, 5, {}]
+    {"SleepNothingChanged",
+     [](tm_client* c) {
+       return tm_sleep_state(c, 5, TM_SCHEDULER_KEEP, TM_WEIGHTS_KEEP,
+                             TM_KV_CACHE_KEEP);
+     },
+     {0x93, 0x0b, 0x05, 0x80}},
+    // [11, 5, {"scheduler": "paused", "weights": "discarded",
+    //  "kv_cache": "released"}]
+    {"SleepEveryPart",
+     [](tm_client* c) {
+       return tm_sleep_state(c, 5, TM_SCHEDULER_PAUSED, TM_WEIGHTS_DISCARDED,
+                             TM_KV_CACHE_RELEASED);
+     },
+     Cat({{0x93, 0x0b, 0x05, 0x83, 0xa9},
+          B("scheduler"),
+          {0xa6},
+          B("paused"),
+          {0xa7},
+          B("weights"),
+          {0xa9},
+          B("discarded"),
+          {0xa8},
+          B("kv_cache"),
+          {0xa8},
+          B("released")})},
+    // [7, 5, {"waiting": 3, "waiting_deferred": 2}]
+    {"StepWaitingDeferred",
+     [](tm_client* c) {
+       const tm_step_key k[] = {TM_STEP_KEY_WAITING_DEFERRED,
+                                TM_STEP_KEY_WAITING};
+       const double v[] = {2, 3};
+       return tm_step(c, 5, k, v, 2, nullptr, 0);
+     },
+     Cat({{0x93, 0x07, 0x05, 0x82, 0xa7},
+          B("waiting"),
+          {0x03, 0xb0},
+          B("waiting_deferred"),
+          {0x02}})},
     // [2, 127 (fixint), 128 (uint8)]
     {"QueuedFixintAndUint8",
      [](tm_client* c) { return tm_queued(c, 127, 128); },

@@ -1,5 +1,6 @@
 #include "protocol_checks.h"
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <string_view>
@@ -55,6 +56,46 @@ bool IsLabelName(const std::string& s) {
          kReserved.count(s) == 0;
 }
 
+// An int of msgpack, read as int64 (positive ones are decoded as uints).
+bool IntValue(const Value& v, int64_t* out) {
+  if (v.IsUint() && v.uint <= uint64_t{INT64_MAX}) {
+    *out = int64_t(v.uint);
+    return true;
+  }
+  if (v.type == Value::Type::kInt) {
+    *out = v.sint;
+    return true;
+  }
+  return false;
+}
+
+bool IsLowerHex(const std::string& s, size_t from, size_t n) {
+  bool nonzero = false;
+  for (size_t i = from; i < from + n; ++i) {
+    const char c = s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    nonzero = nonzero || c != '0';
+  }
+  return nonzero || n == 2;  // the flags may be 00, the ids may not
+}
+
+// The W3C traceparent of version 00, as protocol-v1.md 1.2 states it.
+bool IsTraceparent(const std::string& s) {
+  return s.size() == 55 && s.compare(0, 3, "00-") == 0 && s[35] == '-' &&
+         s[52] == '-' && IsLowerHex(s, 3, 32) && IsLowerHex(s, 36, 16) &&
+         IsLowerHex(s, 53, 2);
+}
+
+// Label-value syntax (1.2): 1..64 bytes, no C0 control character nor DEL.
+// (UTF-8 well-formedness and the C1 range are the library's own tests.)
+bool IsLabelValue(const Value& v) {
+  if (!v.IsStr() || v.str.empty() || v.str.size() > 64) return false;
+  for (const char c : v.str) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+  }
+  return true;
+}
+
 AssertionResult CheckArrivedParams(const Value& ev, const Value& params) {
   if (!params.IsMap() || params.map.empty() || !HasUniqueStringKeys(params)) {
     return Bad(ev, "ARRIVED params must be a non-empty map with unique keys");
@@ -79,6 +120,19 @@ AssertionResult CheckArrivedParams(const Value& ev, const Value& params) {
           return Bad(ev, "ARRIVED label name or value invalid");
         }
       }
+    } else if (k.str == "priority") {  // 1.2
+      int64_t prio;
+      if (!IntValue(v, &prio) || prio < INT32_MIN || prio > INT32_MAX) {
+        return Bad(ev, "ARRIVED priority must be an int32");
+      }
+    } else if (k.str == "traceparent") {  // 1.2
+      if (!v.IsStr() || !IsTraceparent(v.str)) {
+        return Bad(ev, "ARRIVED traceparent must be a W3C traceparent 00");
+      }
+    } else if (k.str == "tracestate") {  // 1.2
+      if (!v.IsStr() || v.str.size() > 256) {
+        return Bad(ev, "ARRIVED tracestate must be a str of 0..256 bytes");
+      }
     } else {
       return Bad(ev, "unexpected ARRIVED param");
     }
@@ -90,7 +144,8 @@ AssertionResult CheckStepStats(const Value& ev, const Value& stats) {
   static const std::set<std::string> kIntKeys = {
       "running",           "waiting",           "prompt_tokens",
       "generation_tokens", "prefix_queries",    "prefix_hits",
-      "spec_drafts",       "spec_draft_tokens", "spec_accepted_tokens"};
+      "spec_drafts",       "spec_draft_tokens", "spec_accepted_tokens",
+      "waiting_deferred"};
   if (!stats.IsMap() || !HasUniqueStringKeys(stats)) {
     return Bad(ev, "STEP stats must be a map with unique string keys");
   }
@@ -113,6 +168,66 @@ AssertionResult CheckStepStats(const Value& ev, const Value& stats) {
     } else {
       return Bad(ev, "unknown STEP key");
     }
+  }
+  // 1.2: waiting_deferred is part of waiting.
+  if (const Value* d = stats.Find("waiting_deferred"); d != nullptr) {
+    const Value* w = stats.Find("waiting");
+    if (w == nullptr || d->uint > w->uint) {
+      return Bad(ev, "STEP waiting_deferred without waiting or above it");
+    }
+  }
+  return AssertionSuccess();
+}
+
+// 1.2 KV_TRANSFER info: role and start required, the rest optional.
+AssertionResult CheckKvInfo(const Value& ev, uint64_t t, const Value& info) {
+  if (!info.IsMap() || !HasUniqueStringKeys(info)) {
+    return Bad(ev, "KV_TRANSFER info must be a map with unique string keys");
+  }
+  const Value* role = info.Find("role");
+  if (role == nullptr || !role->IsStr() ||
+      (role->str != "send" && role->str != "recv")) {
+    return Bad(ev, "KV_TRANSFER role must be send or recv");
+  }
+  const Value* start = info.Find("start");
+  if (start == nullptr || !start->IsUint() || start->uint > t) {
+    return Bad(ev, "KV_TRANSFER start must be a uint <= t");
+  }
+  for (const auto& [k, v] : info.map) {
+    if (k.str == "role" || k.str == "start") continue;
+    if (k.str == "bytes" || k.str == "blocks") {
+      if (!v.IsUint() || v.uint > (uint64_t{1} << 48) - 1) {
+        return Bad(ev, "KV_TRANSFER bytes / blocks: uint below 2^48");
+      }
+    } else if (k.str == "ok") {
+      if (v.type != Value::Type::kBool) return Bad(ev, "KV_TRANSFER ok: bool");
+    } else if (k.str == "reason" || k.str == "connector") {
+      if (!IsLabelValue(v)) {
+        return Bad(ev, "KV_TRANSFER reason / connector: label-value syntax");
+      }
+    } else {
+      return Bad(ev, "unexpected KV_TRANSFER key");
+    }
+  }
+  return AssertionSuccess();
+}
+
+// 1.2 SLEEP state: each key optional, each with its own values.
+AssertionResult CheckSleepState(const Value& ev, const Value& state) {
+  if (!state.IsMap() || !HasUniqueStringKeys(state)) {
+    return Bad(ev, "SLEEP state must be a map with unique string keys");
+  }
+  for (const auto& [k, v] : state.map) {
+    const std::string& s = v.str;
+    bool ok = false;
+    if (k.str == "scheduler") {
+      ok = s == "running" || s == "paused";
+    } else if (k.str == "weights") {
+      ok = s == "resident" || s == "offloaded" || s == "discarded";
+    } else if (k.str == "kv_cache") {
+      ok = s == "resident" || s == "released";
+    }
+    if (!v.IsStr() || !ok) return Bad(ev, "SLEEP key or value unknown");
   }
   return AssertionSuccess();
 }
@@ -206,10 +321,25 @@ AssertionResult IsValidEvent(const Value& ev) {
       if (a.size() == 5) return CheckArrivedParams(ev, a[4]);
       return AssertionSuccess();
     case 2:  // QUEUED
-    case 3:  // SCHEDULED
     case 6:  // PREEMPTED
       if (a.size() != 3) return Bad(ev, "[kind, t, rid] size");
       if (!IsRid(a[2])) return Bad(ev, "rid");
+      return AssertionSuccess();
+    case 3:  // SCHEDULED [3, t, rid(, info)] (info: 1.2)
+      if (a.size() != 3 && a.size() != 4) return Bad(ev, "SCHEDULED size");
+      if (!IsRid(a[2])) return Bad(ev, "SCHEDULED rid");
+      if (a.size() == 4) {
+        const Value& info = a[3];
+        if (!info.IsMap() || !HasUniqueStringKeys(info)) {
+          return Bad(ev, "SCHEDULED info must be a map");
+        }
+        for (const auto& [k, v] : info.map) {
+          if ((k.str != "cached_tokens" && k.str != "external_tokens") ||
+              !v.IsUint() || v.uint > TM_MAX_EVENT_COUNT) {
+            return Bad(ev, "SCHEDULED info key or value");
+          }
+        }
+      }
       return AssertionSuccess();
     case 4:  // TOKENS [4, t, rid, n]
       if (a.size() != 4) return Bad(ev, "TOKENS size");
@@ -245,6 +375,18 @@ AssertionResult IsValidEvent(const Value& ev) {
       }
       return AssertionSuccess();
     }
+    case 9:  // ADMISSION_REJECTED [9, t, reason(, rid)] (1.2)
+      if (a.size() != 3 && a.size() != 4) return Bad(ev, "ADMISSION size");
+      if (!IsLabelValue(a[2])) return Bad(ev, "ADMISSION_REJECTED reason");
+      if (a.size() == 4 && !IsRid(a[3])) return Bad(ev, "ADMISSION rid");
+      return AssertionSuccess();
+    case 10:  // KV_TRANSFER [10, t, rid, info] (1.2)
+      if (a.size() != 4) return Bad(ev, "KV_TRANSFER size");
+      if (!IsRid(a[2])) return Bad(ev, "KV_TRANSFER rid");
+      return CheckKvInfo(ev, a[1].uint, a[3]);
+    case 11:  // SLEEP [11, t, state] (1.2)
+      if (a.size() != 3) return Bad(ev, "SLEEP size");
+      return CheckSleepState(ev, a[2]);
     default:
       return Bad(ev, "unknown event kind");
   }

@@ -25,8 +25,10 @@ namespace tokenmeter::testing {
 // no extra elements, an integer or 1..128-byte string request id, and the
 // kind's argument rules (TOKENS n >= 1, FINISHED reason, ARRIVED params
 // present only when given: max_tokens, n, and the 1.1 lora (1..128 bytes)
-// and labels (at most 4, valid names, values at most 128 bytes); STEP keys
-// and types).
+// and labels (at most 4, valid names, values at most 128 bytes), the 1.2
+// priority (int32), traceparent (W3C, version 00) and tracestate (at most
+// 256 bytes); STEP keys and types, waiting_deferred at most waiting; the
+// 1.2 SCHEDULED info, ADMISSION_REJECTED, KV_TRANSFER and SLEEP layouts).
 ::testing::AssertionResult IsValidEvent(const Value& event);
 
 // A whole connection: no undecodable or trailing bytes, HELLO first and

@@ -3,6 +3,7 @@
 // handles. One test per error mode.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -442,6 +443,562 @@ TEST_F(EventValidationTest, ExpertLoadOnAClosedClient) {
   EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 0u);
 }
 
+// ---- protocol 1.2
+// -------------------------------------------------------------
+
+constexpr const char* kGoodTraceparent =
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+// A struct as a newer header would lay it out: `s` and a field appended,
+// `size` covering both. This library reads `s` only.
+template <typename Struct>
+struct Grown {
+  explicit Grown(const Struct& in) : s(in) { s.size = sizeof *this; }
+  Struct s;
+  uint64_t newer_field = 42;
+};
+
+class Protocol12ValidationTest : public EventValidationTest {
+ protected:
+  // tm_arrived_params and tm_arrived_params_str with `p`; how many returned
+  // TM_E_INVALID.
+  int InvalidParamsCalls(const tm_request_params* p) {
+    int invalid = 0;
+    invalid += tm_arrived_params(client_, 1, 1, 1, p) == TM_E_INVALID;
+    invalid += tm_arrived_params_str(client_, 1, "r", 1, 1, p) == TM_E_INVALID;
+    return invalid;
+  }
+  int InvalidTraceparentCalls(const std::string& tp) {
+    tm_request_params p = TM_REQUEST_PARAMS_INIT;
+    p.traceparent = tp.c_str();
+    return InvalidParamsCalls(&p);
+  }
+  int InvalidTracestateCalls(const std::string& ts) {
+    tm_request_params p = TM_REQUEST_PARAMS_INIT;
+    p.tracestate = ts.c_str();
+    return InvalidParamsCalls(&p);
+  }
+  // The three tm_admission_rejected calls with `reason`.
+  int InvalidReasonCalls(const char* reason) {
+    int invalid = 0;
+    invalid += tm_admission_rejected(client_, 1, reason) == TM_E_INVALID;
+    invalid += tm_admission_rejected_rid(client_, 1, reason, 1) == TM_E_INVALID;
+    invalid +=
+        tm_admission_rejected_str(client_, 1, reason, "r", 1) == TM_E_INVALID;
+    return invalid;
+  }
+  // tm_kv_transfer and tm_kv_transfer_str at t = 1000 with `kv`.
+  int InvalidKvCalls(const tm_kv_transfer_info* kv, uint64_t t = 1000) {
+    int invalid = 0;
+    invalid += tm_kv_transfer(client_, t, 1, kv) == TM_E_INVALID;
+    invalid += tm_kv_transfer_str(client_, t, "r", 1, kv) == TM_E_INVALID;
+    return invalid;
+  }
+  static tm_kv_transfer_info Kv() {
+    tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+    kv.start_ns = 500;
+    return kv;
+  }
+  int InvalidKvStringCalls(const char* reason, const char* connector) {
+    tm_kv_transfer_info kv = Kv();
+    kv.ok = 0;
+    kv.reason = reason;
+    kv.connector = connector;
+    return InvalidKvCalls(&kv);
+  }
+};
+
+// Strings that break label-value syntax (tm_proto_valid_label_value): the
+// empty string, 65 bytes, C0 and C1 control characters, DEL, malformed UTF-8.
+std::vector<std::string> BadLabelValues() {
+  return {"",
+          std::string(TM_MAX_LABEL_VALUE_BYTES + 1, 'r'),
+          std::string(100000, 'r'),
+          "queue\x01full",
+          "tab\there",
+          "line\n",
+          "\x1f",
+          "del\x7f",
+          "c1 \xc2\x80",
+          "c1 \xc2\x9f",
+          "\xff",
+          "trunc\xc3",
+          "\xc0\x80",
+          "\xed\xa0\x80"};
+}
+
+// What the rule accepts passes: 1 and 64 bytes, UTF-8 letters, a no-break
+// space (U+00A0, just past the C1 controls), spaces and punctuation.
+std::vector<std::string> GoodLabelValues() {
+  return {"x",
+          std::string(TM_MAX_LABEL_VALUE_BYTES, 'r'),
+          "d\xc3\xa9lai d\xc3\xa9pass\xc3\xa9",
+          "nbsp\xc2\xa0",
+          "token cap (8192)",
+          "~!@#$%^&*()_+{}|:\"<>?`-=[]\\;',./",
+          std::string(TM_MAX_LABEL_VALUE_BYTES - 2, 'a') + "\xc3\xa9"};
+}
+
+TEST_F(Protocol12ValidationTest, RejectsNullRequestParams) {
+  EXPECT_EQ(InvalidParamsCalls(nullptr), 2);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsRequestParamsSizeTooSmall) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  for (const size_t size :
+       {size_t{0}, size_t{1}, offsetof(tm_request_params, traceparent),
+        offsetof(tm_request_params, tracestate), sizeof p - 1}) {
+    p.size = size;
+    EXPECT_EQ(InvalidParamsCalls(&p), 2) << size;
+  }
+  EXPECT_EQ(Rejected(), 10u);
+  // A larger struct (a newer header's) is read up to this layout's end.
+  Grown<tm_request_params> grown{TM_REQUEST_PARAMS_INIT};
+  EXPECT_EQ(InvalidParamsCalls(&grown.s), 0);
+  EXPECT_EQ(Rejected(), 10u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsTraceparentWithUppercaseHex) {
+  std::string tp = kGoodTraceparent;
+  tp[3] = 'A';
+  EXPECT_EQ(InvalidTraceparentCalls(tp), 2);
+  tp = kGoodTraceparent;
+  tp[40] = 'F';  // in the parent id
+  EXPECT_EQ(InvalidTraceparentCalls(tp), 2);
+  tp = kGoodTraceparent;
+  tp[54] = 'B';  // in the flags
+  EXPECT_EQ(InvalidTraceparentCalls(tp), 2);
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsTraceparentOfAnotherVersion) {
+  for (const char* version : {"01", "ff", "0a", "10"}) {
+    std::string tp = kGoodTraceparent;
+    tp.replace(0, 2, version);
+    EXPECT_EQ(InvalidTraceparentCalls(tp), 2) << version;
+  }
+  EXPECT_EQ(Rejected(), 8u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsTraceparentWithAllZeroIds) {
+  EXPECT_EQ(InvalidTraceparentCalls("00-00000000000000000000000000000000-"
+                                    "00f067aa0ba902b7-01"),
+            2);
+  EXPECT_EQ(InvalidTraceparentCalls("00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                                    "0000000000000000-01"),
+            2);
+  EXPECT_EQ(Rejected(), 4u);
+  // Flags 00 (not sampled) are fine.
+  EXPECT_EQ(InvalidTraceparentCalls("00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                                    "00f067aa0ba902b7-00"),
+            0);
+  EXPECT_EQ(Rejected(), 4u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsTraceparentOfTheWrongLength) {
+  const std::string good = kGoodTraceparent;
+  EXPECT_EQ(InvalidTraceparentCalls(""), 2);
+  EXPECT_EQ(InvalidTraceparentCalls(good.substr(0, 54)), 2);
+  EXPECT_EQ(InvalidTraceparentCalls(good + "0"), 2);
+  EXPECT_EQ(InvalidTraceparentCalls(good + "-00"), 2);  // a future version's
+  EXPECT_EQ(InvalidTraceparentCalls(good + std::string(10000, 'f')), 2);
+  EXPECT_EQ(Rejected(), 10u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsMalformedTraceparent) {
+  std::vector<std::string> bad;
+  for (const size_t dash : {size_t{2}, size_t{35}, size_t{52}}) {
+    std::string tp = kGoodTraceparent;
+    tp[dash] = '_';
+    bad.push_back(tp);
+  }
+  std::string tp = kGoodTraceparent;
+  tp[10] = 'g';
+  bad.push_back(tp);
+  tp = kGoodTraceparent;
+  tp[20] = ' ';
+  bad.push_back(tp);
+  for (const std::string& b : bad) {
+    EXPECT_EQ(InvalidTraceparentCalls(b), 2) << b;
+  }
+  EXPECT_EQ(Rejected(), 2 * bad.size());
+}
+
+TEST_F(Protocol12ValidationTest, RejectsTracestateLongerThan256Bytes) {
+  const std::string ts = "a=" + std::string(TM_MAX_TRACESTATE_BYTES - 1, 'v');
+  EXPECT_EQ(InvalidTracestateCalls(ts), 2);
+  EXPECT_EQ(InvalidTracestateCalls("a=" + std::string(100000, 'v')), 2);
+  EXPECT_EQ(Rejected(), 4u);
+  EXPECT_EQ(InvalidTracestateCalls(ts.substr(0, TM_MAX_TRACESTATE_BYTES)), 0);
+  EXPECT_EQ(Rejected(), 4u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsTracestateWithTooManyMembers) {
+  std::string ts;
+  for (unsigned i = 0; i < TM_MAX_TRACESTATE_MEMBERS; ++i) {
+    ts += (i == 0 ? "k" : ",k") + std::to_string(i) + "=v";
+  }
+  EXPECT_EQ(InvalidTracestateCalls(ts), 0);
+  EXPECT_EQ(InvalidTracestateCalls(ts + ",z=v"), 2);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsMalformedTracestate) {
+  for (const char* bad :
+       {"Rojo=00f067aa0ba902b7", "rojo", "rojo=", "=value", "ro jo=1",
+        "rojo=a=b", "rojo=1,congo", "_x=1", "a@=1", "@a=1", "a@b@c=1",
+        "rojo=caf\xc3\xa9", "rojo=line\nbreak", "rojo=\x01"}) {
+    EXPECT_EQ(InvalidTracestateCalls(bad), 2) << bad;
+  }
+  EXPECT_EQ(Rejected(), 28u);
+  // The W3C forms that are valid pass: empty, empty members, spaces and
+  // tabs around members, multi-tenant keys, spaces inside a value.
+  for (const char* good :
+       {"", "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE", " a=1 ,\tb=2",
+        "a=1,,b=2", "fw529a3039@dt=x", "a=b c", "k_-*/9=v"}) {
+    EXPECT_EQ(InvalidTracestateCalls(good), 0) << good;
+  }
+  EXPECT_EQ(Rejected(), 28u);
+}
+
+// priority is an int32_t: every value is in range, the limits included;
+// any nonzero has_priority sends it.
+TEST_F(Protocol12ValidationTest, AcceptsPriorityLimits) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  for (const int32_t prio : {TM_MIN_PRIORITY, -1, 0, 1, TM_MAX_PRIORITY}) {
+    p.has_priority = 7;
+    p.priority = prio;
+    EXPECT_EQ(InvalidParamsCalls(&p), 0) << prio;
+  }
+  EXPECT_EQ(Rejected(), 0u);
+}
+
+// The 1.1 params keep tm_arrived_ex()'s rules inside the struct, and a
+// string id its rules.
+TEST_F(Protocol12ValidationTest, RejectsBadLoraLabelsAndIdInRequestParams) {
+  const tm_label reserved = {"engine", "x"};
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.lora = "";
+  EXPECT_EQ(InvalidParamsCalls(&p), 2);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.labels = &reserved;
+  p.n_labels = 1;
+  EXPECT_EQ(InvalidParamsCalls(&p), 2);
+  p.labels = nullptr;
+  EXPECT_EQ(InvalidParamsCalls(&p), 2);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.n_labels = TM_MAX_REQUEST_LABELS + 1;
+  EXPECT_EQ(InvalidParamsCalls(&p), 2);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.has_priority = 1;
+  EXPECT_EQ(tm_arrived_params_str(client_, 1, "r", 0, 1, &p), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_params_str(client_, 1, nullptr, 1, 1, &p), TM_E_INVALID);
+  const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
+  EXPECT_EQ(tm_arrived_params_str(client_, 1, long_rid.data(), long_rid.size(),
+                                  1, &p),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 11u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectedArrivedParamsAreNotSent) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.traceparent = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
+  EXPECT_EQ(tm_arrived_params(client_, 1, 1, 1, &p), TM_E_INVALID);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.tracestate = "Bad=1";
+  p.has_priority = 1;
+  EXPECT_EQ(tm_arrived_params(client_, 1, 2, 1, &p), TM_E_INVALID);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.size = 8;
+  EXPECT_EQ(tm_arrived_params(client_, 1, 3, 1, &p), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_params(client_, 1, 4, 1, nullptr), TM_E_INVALID);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.has_priority = 1;
+  p.priority = -3;
+  EXPECT_EQ(tm_arrived_params(client_, 5, 5, 9, &p), TM_OK);
+  ExpectOnlySent(R"([1,5,5,9,{"priority":-3}])", 4);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsScheduledExWithBadStringId) {
+  const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
+  EXPECT_EQ(
+      tm_scheduled_ex_str(client_, 1, long_rid.data(), long_rid.size(), 1, 1),
+      TM_E_INVALID);
+  EXPECT_EQ(tm_scheduled_ex_str(client_, 1, "r", 0, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_scheduled_ex_str(client_, 1, nullptr, 1, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+  EXPECT_EQ(tm_scheduled_ex_str(client_, 1, long_rid.data(), TM_MAX_RID_BYTES,
+                                UINT32_MAX, UINT32_MAX),
+            TM_OK);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsAdmissionReasonOutsideLabelValues) {
+  EXPECT_EQ(InvalidReasonCalls(nullptr), 3);
+  const std::vector<std::string> bad = BadLabelValues();
+  for (const std::string& reason : bad) {
+    EXPECT_EQ(InvalidReasonCalls(reason.c_str()), 3) << reason;
+  }
+  EXPECT_EQ(Rejected(), 3 + 3 * bad.size());
+  for (const std::string& reason : GoodLabelValues()) {
+    EXPECT_EQ(InvalidReasonCalls(reason.c_str()), 0) << reason;
+  }
+  EXPECT_EQ(Rejected(), 3 + 3 * bad.size());
+}
+
+TEST_F(Protocol12ValidationTest, RejectsAdmissionRejectedWithBadStringId) {
+  const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
+  EXPECT_EQ(tm_admission_rejected_str(client_, 1, "full", long_rid.data(),
+                                      long_rid.size()),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_str(client_, 1, "full", "r", 0),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_str(client_, 1, "full", nullptr, 1),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectedAdmissionIsNotSent) {
+  EXPECT_EQ(tm_admission_rejected(client_, 1, ""), TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_rid(client_, 1, "a\nb", 3), TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_str(client_, 1, "ok", "", 0), TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_rid(client_, 5, "queue_full", 9), TM_OK);
+  ExpectOnlySent(R"([9,5,"queue_full",9])", 3);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsNullKvTransferInfo) {
+  EXPECT_EQ(InvalidKvCalls(nullptr), 2);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsKvTransferInfoSizeTooSmall) {
+  tm_kv_transfer_info kv = Kv();
+  for (const size_t size :
+       {size_t{0}, offsetof(tm_kv_transfer_info, reason),
+        offsetof(tm_kv_transfer_info, connector), sizeof kv - 1}) {
+    kv.size = size;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << size;
+  }
+  EXPECT_EQ(Rejected(), 8u);
+  Grown<tm_kv_transfer_info> grown{Kv()};
+  EXPECT_EQ(InvalidKvCalls(&grown.s), 0);
+  EXPECT_EQ(Rejected(), 8u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsUnknownKvRole) {
+  tm_kv_transfer_info kv = Kv();
+  for (const int role : {-1, 2, 100}) {
+    kv.role = static_cast<tm_kv_role>(role);
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << role;
+  }
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsKvTransferStartAfterItsEnd) {
+  tm_kv_transfer_info kv = Kv();
+  kv.start_ns = 1001;
+  EXPECT_EQ(InvalidKvCalls(&kv, 1000), 2);
+  kv.start_ns = UINT64_MAX;
+  EXPECT_EQ(InvalidKvCalls(&kv, 1000), 2);
+  // t_ns 0: the start is checked against the clock the event is stamped
+  // with; one a minute from now is after it.
+  kv.start_ns = tm_now_ns() + 60000000000ull;
+  EXPECT_EQ(InvalidKvCalls(&kv, 0), 2);
+  EXPECT_EQ(Rejected(), 6u);
+  kv.start_ns = 1000;  // the end itself is fine, and so is 0
+  EXPECT_EQ(InvalidKvCalls(&kv, 1000), 0);
+  kv.start_ns = 0;
+  EXPECT_EQ(InvalidKvCalls(&kv, 1000), 0);
+  kv.start_ns = tm_now_ns();
+  EXPECT_EQ(InvalidKvCalls(&kv, 0), 0);
+  EXPECT_EQ(Rejected(), 6u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsKvBytesAndBlocksOverTheLimit) {
+  for (const uint64_t bad : {uint64_t{TM_MAX_KV_TRANSFER_BYTES} + 1,
+                             uint64_t{1} << 63, UINT64_MAX - 1}) {
+    tm_kv_transfer_info kv = Kv();
+    kv.bytes = bad;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bad;
+    kv = Kv();
+    kv.blocks = bad;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bad;
+  }
+  EXPECT_EQ(Rejected(), 12u);
+  tm_kv_transfer_info kv = Kv();
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES;
+  kv.blocks = TM_MAX_KV_TRANSFER_BYTES;
+  EXPECT_EQ(InvalidKvCalls(&kv), 0);
+  kv.bytes = kv.blocks = TM_KV_UNKNOWN;  // not given
+  EXPECT_EQ(InvalidKvCalls(&kv), 0);
+  EXPECT_EQ(Rejected(), 12u);
+}
+
+TEST_F(Protocol12ValidationTest,
+       RejectsKvReasonAndConnectorOutsideLabelValues) {
+  const std::vector<std::string> bad = BadLabelValues();
+  for (const std::string& s : bad) {
+    EXPECT_EQ(InvalidKvStringCalls(s.c_str(), nullptr), 2) << s;
+    EXPECT_EQ(InvalidKvStringCalls(nullptr, s.c_str()), 2) << s;
+    EXPECT_EQ(InvalidKvStringCalls("timeout", s.c_str()), 2) << s;
+  }
+  EXPECT_EQ(Rejected(), 6 * bad.size());
+  for (const std::string& s : GoodLabelValues()) {
+    EXPECT_EQ(InvalidKvStringCalls(s.c_str(), s.c_str()), 0) << s;
+  }
+  EXPECT_EQ(InvalidKvStringCalls(nullptr, nullptr), 0);
+  EXPECT_EQ(Rejected(), 6 * bad.size());
+}
+
+TEST_F(Protocol12ValidationTest, RejectsKvTransferWithBadStringId) {
+  const tm_kv_transfer_info kv = Kv();
+  const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
+  EXPECT_EQ(
+      tm_kv_transfer_str(client_, 1000, long_rid.data(), long_rid.size(), &kv),
+      TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer_str(client_, 1000, "r", 0, &kv), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer_str(client_, 1000, nullptr, 1, &kv), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectedKvTransferIsNotSent) {
+  tm_kv_transfer_info kv = Kv();
+  kv.role = static_cast<tm_kv_role>(5);
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 1, &kv), TM_E_INVALID);
+  kv = Kv();
+  kv.start_ns = 2000;
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 2, &kv), TM_E_INVALID);
+  kv = Kv();
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES + 1;
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 3, &kv), TM_E_INVALID);
+  kv = Kv();
+  kv.connector = "";
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 4, &kv), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 5, nullptr), TM_E_INVALID);
+  kv = Kv();
+  kv.blocks = 16;
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 6, &kv), TM_OK);
+  ExpectOnlySent(R"([10,1000,6,{"role":"send","start":500,"blocks":16}])", 5);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsSleepStatesOutsideTheirEnums) {
+  const auto s = [](int v) { return static_cast<tm_scheduler_state>(v); };
+  const auto w = [](int v) { return static_cast<tm_weights_state>(v); };
+  const auto k = [](int v) { return static_cast<tm_kv_cache_state>(v); };
+  for (const int bad : {-2, 2, 100}) {
+    EXPECT_EQ(tm_sleep_state(client_, 1, s(bad), w(-1), k(-1)), TM_E_INVALID)
+        << bad;
+    EXPECT_EQ(tm_sleep_state(client_, 1, s(-1), w(-1), k(bad)), TM_E_INVALID)
+        << bad;
+  }
+  for (const int bad : {-2, 3, 100}) {
+    EXPECT_EQ(tm_sleep_state(client_, 1, s(-1), w(bad), k(-1)), TM_E_INVALID)
+        << bad;
+  }
+  EXPECT_EQ(Rejected(), 9u);
+  for (int sv = -1; sv <= 1; ++sv) {
+    for (int wv = -1; wv <= 2; ++wv) {
+      for (int kv = -1; kv <= 1; ++kv) {
+        EXPECT_EQ(tm_sleep_state(client_, 1, s(sv), w(wv), k(kv)), TM_OK);
+      }
+    }
+  }
+  EXPECT_EQ(Rejected(), 9u);
+}
+
+// waiting_deferred counts some of the waiting requests: without waiting, or
+// above it, the daemon drops it, and the client refuses the STEP.
+TEST_F(Protocol12ValidationTest, RejectsWaitingDeferredWithoutWaiting) {
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING_DEFERRED, 0), TM_E_INVALID);
+  EXPECT_EQ(Step({TM_STEP_KEY_RUNNING, TM_STEP_KEY_WAITING_DEFERRED}, {4, 1}),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 2u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectsWaitingDeferredAboveWaiting) {
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING, TM_STEP_KEY_WAITING_DEFERRED}, {3, 4}),
+            TM_E_INVALID);
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING_DEFERRED, TM_STEP_KEY_WAITING}, {1, 0}),
+            TM_E_INVALID);
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING_DEFERRED, TM_STEP_KEY_WAITING},
+                 {double(TM_MAX_EVENT_COUNT), double(TM_MAX_EVENT_COUNT) - 1}),
+            TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 3u);
+  // Equal, zero, and every key at once are fine, in any order.
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING_DEFERRED, TM_STEP_KEY_WAITING}, {3, 3}),
+            TM_OK);
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING, TM_STEP_KEY_WAITING_DEFERRED}, {0, 0}),
+            TM_OK);
+  std::vector<tm_step_key> keys;
+  for (int k = 0; k < TM_STEP_KEY_COUNT; ++k) {
+    keys.push_back(static_cast<tm_step_key>(k));
+  }
+  EXPECT_EQ(Step(keys, std::vector<double>(keys.size(), 1.0)), TM_OK);
+  EXPECT_EQ(Rejected(), 3u);
+}
+
+TEST_F(Protocol12ValidationTest, RejectedStepWithWaitingDeferredIsNotSent) {
+  EXPECT_EQ(StepOne(TM_STEP_KEY_WAITING_DEFERRED, 1), TM_E_INVALID);
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING, TM_STEP_KEY_WAITING_DEFERRED}, {1, 2}),
+            TM_E_INVALID);
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING, TM_STEP_KEY_WAITING_DEFERRED}, {1, 0.5}),
+            TM_E_INVALID);
+  EXPECT_EQ(Step({TM_STEP_KEY_WAITING, TM_STEP_KEY_WAITING_DEFERRED}, {2, 1}),
+            TM_OK);
+  ExpectOnlySent(R"([7,1,{"waiting":2,"waiting_deferred":1}])", 3);
+}
+
+// On a closed client the 1.2 calls are refused and counted like the other
+// event calls; bad arguments are still TM_E_INVALID.
+TEST_F(Protocol12ValidationTest, Protocol12CallsOnAClosedClient) {
+  tm_client* c = client_;
+  ASSERT_EQ(CloseClient(), TM_OK);  // c stays valid: a tombstone
+  const tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  const tm_kv_transfer_info kv = Kv();
+  EXPECT_EQ(tm_arrived_params(c, 1, 1, 1, &p), TM_E_CLOSED);
+  EXPECT_EQ(tm_arrived_params_str(c, 1, "r", 1, 1, &p), TM_E_CLOSED);
+  EXPECT_EQ(tm_scheduled_ex(c, 1, 1, 1, 1), TM_E_CLOSED);
+  EXPECT_EQ(tm_scheduled_ex_str(c, 1, "r", 1, 1, 1), TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected(c, 1, "x"), TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected_rid(c, 1, "x", 1), TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected_str(c, 1, "x", "r", 1), TM_E_CLOSED);
+  EXPECT_EQ(tm_kv_transfer(c, 1000, 1, &kv), TM_E_CLOSED);
+  EXPECT_EQ(tm_kv_transfer_str(c, 1000, "r", 1, &kv), TM_E_CLOSED);
+  EXPECT_EQ(tm_sleep_state(c, 1, TM_SCHEDULER_PAUSED, TM_WEIGHTS_KEEP,
+                           TM_KV_CACHE_KEEP),
+            TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected(c, 1, ""), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer(c, 1, 1, nullptr), TM_E_INVALID);
+  uint64_t stats[TM_STAT_COUNT] = {};
+  ASSERT_EQ(tm_client_stats(c, stats, TM_STAT_COUNT), TM_OK);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 12u);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 0u);
+}
+
+// LabelValueLen() (api.cpp) settles 1..64 bytes of printable ASCII without
+// calling tm_proto_valid_label_value(): that is sound only while the rule
+// accepts every such string. If protocol.h ever narrows the rule, this
+// fails, and the fast path must follow.
+TEST(LabelValueTest, RuleAcceptsEveryPrintableAsciiString) {
+  for (int ch = 0x20; ch < 0x7f; ++ch) {
+    for (const size_t len :
+         {size_t{1}, size_t{2}, size_t{63}, size_t{TM_MAX_LABEL_VALUE_BYTES}}) {
+      const std::string s(len, char(ch));
+      EXPECT_EQ(tm_proto_valid_label_value(s.data(), s.size()), 1)
+          << ch << " x " << len;
+    }
+  }
+  std::string all;
+  for (int ch = 0x20; ch < 0x7f; ++ch) all += char(ch);
+  for (size_t at = 0; at + TM_MAX_LABEL_VALUE_BYTES <= all.size(); ++at) {
+    EXPECT_EQ(
+        tm_proto_valid_label_value(all.data() + at, TM_MAX_LABEL_VALUE_BYTES),
+        1)
+        << at;
+  }
+}
+
 // ---- options ---------------------------------------------------------------
 
 class OptionsTest : public ::testing::Test {
@@ -754,6 +1311,21 @@ TEST(NullHandleTest, EventFunctionsRejectNullClient) {
   const uint64_t counts[] = {1};
   EXPECT_EQ(tm_expert_load(nullptr, 1, 0, counts, 1), TM_E_INVALID);
   EXPECT_EQ(tm_expert_load(nullptr, 1, TM_MAX_MOE_LAYERS, counts, 1),
+            TM_E_INVALID);
+  const tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  EXPECT_EQ(tm_arrived_params(nullptr, 1, 1, 1, &p), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_params(nullptr, 1, 1, 1, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_arrived_params_str(nullptr, 1, "a", 1, 1, &p), TM_E_INVALID);
+  EXPECT_EQ(tm_scheduled_ex(nullptr, 1, 1, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_scheduled_ex_str(nullptr, 1, "a", 1, 1, 1), TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected(nullptr, 1, "x"), TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_rid(nullptr, 1, "x", 1), TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_str(nullptr, 1, "x", "a", 1), TM_E_INVALID);
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  EXPECT_EQ(tm_kv_transfer(nullptr, 1, 1, &kv), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer_str(nullptr, 1, "a", 1, &kv), TM_E_INVALID);
+  EXPECT_EQ(tm_sleep_state(nullptr, 1, TM_SCHEDULER_KEEP, TM_WEIGHTS_KEEP,
+                           TM_KV_CACHE_KEEP),
             TM_E_INVALID);
 }
 

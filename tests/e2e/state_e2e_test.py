@@ -306,18 +306,33 @@ class OldFormat(StateDir):
     """A snapshot of format 2, written by tokenmeterd of commit 162d07b
     (tests/e2e/make_old_snapshot.py made tests/data/snapshot_v2/), loads
     in this daemon: the exposition is the one that daemon served, and the
-    snapshot this one writes at stop (format 4) loads again.
-    Series added since (ADDED_SINCE_V2) read 0 and are left out of the
+    snapshot this one writes at stop (format 5) loads again.
+    Series added since (ADDED_SINCE_V2: a sample, or a family of protocol
+    1.2 shown for every series) read 0 and are left out of the
     comparison."""
 
     ADDED_SINCE_V2 = ('tokenmeter_ingest_errors_total{reason="bad_field"} ',)
+    FAMILIES_SINCE_V2 = (
+        ":prompt_tokens_by_source_total", ":prompt_tokens_cached_total",
+        ":request_prefill_kv_computed_tokens", ":request_num_preemptions",
+        ":request_kv_wait_time_seconds", "lmdeploy:cached_tokens_total",
+        ":request_cached_tokens", ":request_cache_hit_ratio",
+        'tokenmeter_ingest_events_total{kind="admission_rejected"}',
+        'tokenmeter_ingest_events_total{kind="kv_transfer"}',
+        'tokenmeter_ingest_events_total{kind="sleep"}')
 
     def stable_old_lines(self, text):
         lines = stable_lines(text)
         added = [l for l in lines if l.startswith(self.ADDED_SINCE_V2)]
         self.assertEqual([l.rsplit(" ", 1)[1] for l in added],
                          ["0"] * len(self.ADDED_SINCE_V2), added)
-        return [l for l in lines if l not in added]
+        new = [l for l in lines if any(f in l.split(" ")[2 if l.startswith(
+            "#") else 0] for f in self.FAMILIES_SINCE_V2)]
+        for line in new:
+            if not line.startswith("#"):
+                self.assertEqual(line.rsplit(" ", 1)[1], "0", line)
+        self.assertGreater(len(new), 0)
+        return [l for l in lines if l not in added and l not in new]
 
     def test_format_2_loads_with_the_same_exposition(self):
         os.makedirs(self.state)
@@ -339,7 +354,7 @@ class OldFormat(StateDir):
         self.assertGreater(len(want), 1000)
         self.assertEqual(d.stop(), 0)
         with open(os.path.join(self.state, "snapshot"), "rb") as f:
-            self.assertEqual(f.read(12)[8:], b"\x04\0\0\0")  # format 4
+            self.assertEqual(f.read(12)[8:], b"\x05\0\0\0")  # format 5
         d2 = self.start(*args)
         self.assertEqual(d2.value("tokenmeter_state_restored"), 1)
         self.assertEqual(self.stable_old_lines(d2.metrics_text()), want)

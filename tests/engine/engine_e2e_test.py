@@ -9,6 +9,7 @@ same run with no daemon: the engine finishes and reports drops.
 Environment: TOKENMETERD, TOKENMETER_ENGINE (paths of the built binaries).
 """
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -411,20 +412,21 @@ class EngineWithoutDaemon(unittest.TestCase):
         self.assertGreater(report["client_dropped_events"], 0)
 
 
-def capture_wire(extra):
-    """Runs the engine against a plain Unix listener that never answers and
-    returns (report, hello meta, ARRIVED events) from the bytes it wrote."""
-    with tempfile.TemporaryDirectory(prefix="tm-wire-", dir="/tmp") as tmp:
+def record_connections(run, expect=2, timeout=60):
+    """Runs run(socket_path, tmp_dir) against a plain Unix listener that
+    records the bytes of `expect` connections and never answers; returns
+    (run's result, [([hello meta, ...], [event, ...]), ...]) in connection
+    order."""
+    with tempfile.TemporaryDirectory(prefix="tm-rec-", dir="/tmp") as tmp:
         path = os.path.join(tmp, "ingest.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
-        listener.listen(1)
-        listener.settimeout(30)
-        chunks = []
+        listener.listen(8)
+        listener.settimeout(timeout)
+        streams = []
 
-        def read_all():
-            conn, _ = listener.accept()
-            conn.settimeout(30)
+        def read(conn, chunks):
+            conn.settimeout(timeout)
             with conn:
                 while True:
                     data = conn.recv(1 << 16)
@@ -432,20 +434,43 @@ def capture_wire(extra):
                         return
                     chunks.append(data)
 
-        reader = threading.Thread(target=read_all)
-        reader.start()
+        def accept():
+            readers = []
+            for _ in range(expect):
+                conn, _ = listener.accept()
+                chunks = []
+                streams.append(chunks)
+                t = threading.Thread(target=read, args=(conn, chunks))
+                t.start()
+                readers.append(t)
+            for t in readers:
+                t.join(timeout)
+
+        acceptor = threading.Thread(target=accept)
+        acceptor.start()
         try:
-            report = run_engine(path, os.path.join(tmp, "report.json"),
-                                extra=extra)
+            result = run(path, tmp)
         finally:
-            reader.join(timeout=30)
+            acceptor.join(timeout)
             listener.close()
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(b"".join(chunks))
-    frames = list(unpacker)
-    hellos = [f[1] for f in frames if f[0] == 0]
-    arrived = [e for f in frames if f[0] == 1 for e in f[3] if e[0] == 1]
-    return report, hellos, arrived
+    connections = []
+    for chunks in streams:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(b"".join(chunks))
+        frames = list(unpacker)
+        hellos = [f[1] for f in frames if f[0] == 0]
+        events = [e for f in frames if f[0] == 1 for e in f[3]]
+        connections.append((hellos, events))
+    return result, connections
+
+
+def capture_wire(extra):
+    """Runs the engine against a plain Unix listener that never answers and
+    returns (report, hello meta, ARRIVED events) from the bytes it wrote."""
+    report, [(hellos, events)] = record_connections(
+        lambda path, tmp: run_engine(path, os.path.join(tmp, "report.json"),
+                                     extra=extra), expect=1, timeout=30)
+    return report, hellos, [e for e in events if e[0] == 1]
 
 
 class EngineWire(unittest.TestCase):
@@ -492,6 +517,364 @@ class EngineWire(unittest.TestCase):
                 _, hellos, _ = capture_wire(["--metrics-profile", profile])
                 self.assertEqual(hellos[0]["profile"], profile)
                 self.assertIn("num_gpu_blocks", hellos[0]["cache_config"])
+
+
+# --disaggregate: a prefill and a decode process, each with its own
+# connection. The decode side sleeps from 0.05 s to 0.55 s; meanwhile the
+# prefill side's small cache fills with K/V waiting to be pulled, its queue
+# reaches --max-queued and arrivals are rejected. Every fifth KV transfer
+# arrives damaged and is retried once. Priorities from 5 levels.
+DISAGGREGATED = [
+    "--requests", "150", "--rate", "300", "--prompt-len", "48",
+    "--output-len", "24", "--max-batch", "16", "--max-tokens-per-step", "256",
+    "--kv-blocks", "48", "--block-size", "8", "--shared-prefix", "0.35",
+    "--seed", "7", "--backend", "cpu", "--model", "e2e-tiny",
+    "--instance", "e2e", "--quiet", "--disaggregate", "--max-queued", "8",
+    "--priority-levels", "5", "--kv-fail-every", "5", "--kv-retries", "1",
+    "--sleep-after", "0.05", "--wake-after", "0.5",
+]
+TRACEPARENT = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-01$")
+PRIORITY_BUCKETS = ["<-1", "-1", "0", "1", ">1"]
+
+
+def priority_bucket(p):
+    return "<-1" if p < -1 else ">1" if p > 1 else str(p)
+
+
+class Side:
+    """One process's events, folded the way the daemon folds them."""
+
+    def __init__(self, events):
+        self.events = events
+        self.kinds = Counter(e[0] for e in events)
+        self.arrived = {}    # rid -> event
+        self.scheduled = {}  # rid -> first SCHEDULED
+        self.first_token = {}
+        self.finished = {}   # rid -> (t, reason)
+        self.preempted = Counter()
+        self.transfers = []  # KV_TRANSFER events
+        self.rejected = []
+        self.sleeps = []
+        self.steps = []
+        for e in events:
+            kind, rid = e[0], e[2] if len(e) > 2 else None
+            if kind == 1:
+                self.arrived[rid] = e
+            elif kind == 3:
+                self.scheduled.setdefault(rid, e)
+            elif kind == 4:
+                self.first_token.setdefault(rid, e[1])
+            elif kind == 5:
+                self.finished[rid] = (e[1], e[3])
+            elif kind == 6:
+                self.preempted[rid] += 1
+            elif kind == 7:
+                self.steps.append(e[2])
+            elif kind == 9:
+                self.rejected.append(e)
+            elif kind == 10:
+                self.transfers.append(e)
+            elif kind == 11:
+                self.sleeps.append(e[2])
+
+    def info(self, rid):
+        e = self.scheduled[rid]
+        return e[3] if len(e) > 3 else {}
+
+
+class DisaggregatedWire(unittest.TestCase):
+    """The two processes' events as a recording socket receives them,
+    against the merged --report: every 1.2 figure the report gives is what
+    the daemon computes from the same events."""
+
+    @classmethod
+    def setUpClass(cls):
+        def run(path, tmp):
+            with tu.Engine(*DISAGGREGATED, "--no-ack", socket=path,
+                           report=os.path.join(tmp, "report.json")) as e:
+                return e.report(timeout=90)
+        cls.report, conns = record_connections(run)
+        cls.hellos = {}
+        cls.sides = {}
+        for hellos, events in conns:
+            assert len(hellos) == 1, hellos
+            meta = hellos[0]
+            role = meta["labels"]["kv_role"]
+            cls.hellos[role] = meta
+            cls.sides[role] = Side(events)
+
+    def near(self, got, want, what):
+        self.assertLessEqual(abs(got - want), 1e-9 * abs(want) + 1e-12,
+                             f"{what}: {got} vs {want}")
+
+    def test_each_process_has_its_own_identity(self):
+        self.assertEqual(set(self.sides), {"kv_producer", "kv_consumer"})
+        for role, part in (("kv_producer", "prefill"),
+                           ("kv_consumer", "decode")):
+            meta = self.hellos[role]
+            r = self.report[part]
+            self.assertEqual(meta["engine"], "tokenmeter-engine")
+            self.assertEqual(meta["model"], "e2e-tiny")
+            self.assertEqual(meta["instance"], f"e2e-{part}")
+            self.assertEqual(meta["labels"], {"kv_role": role})
+            self.assertNotIn("scope", meta)
+            self.assertEqual(r["role"], part)
+            self.assertEqual(r["identity"],
+                             {"engine": "tokenmeter-engine",
+                              "model": "e2e-tiny",
+                              "instance": f"e2e-{part}",
+                              "labels": {"kv_role": role}})
+            # Everything the client wrote was recorded; nothing refused.
+            self.assertEqual(r["client_events_sent"],
+                             len(self.sides[role].events))
+            self.assertEqual(r["client_events_rejected"], 0)
+            self.assertEqual(r["client_dropped_events"], 0)
+
+    def test_both_sides_carry_the_same_trace_context(self):
+        p = self.sides["kv_producer"]
+        d = self.sides["kv_consumer"]
+        self.assertGreater(len(d.arrived), 0)
+        for rid, e in p.arrived.items():
+            self.assertRegex(e[4]["traceparent"], TRACEPARENT)
+        self.assertEqual(len({e[4]["traceparent"]
+                              for e in p.arrived.values()}), len(p.arrived))
+        for rid, e in d.arrived.items():
+            self.assertIn(rid, p.arrived)
+            theirs = p.arrived[rid][4]
+            self.assertEqual(e[4]["traceparent"], theirs["traceparent"], rid)
+            self.assertEqual(e[4]["priority"], theirs["priority"], rid)
+            self.assertEqual(e[4]["labels"], theirs["labels"], rid)
+            # The prefill side is asked for one token, the decode side for
+            # the rest; only requests the prefill side ended by length go on.
+            self.assertEqual(theirs["max_tokens"], 1)
+            self.assertGreater(e[4]["max_tokens"], 1)
+            self.assertEqual(p.finished[rid][1], "length")
+        self.assertEqual(self.report["prefill"]["traceparents"],
+                         len(p.arrived))
+        self.assertEqual(self.report["decode"]["traceparents"],
+                         len(d.arrived))
+
+    def test_admission_rejections_equal_the_report(self):
+        p = self.sides["kv_producer"]
+        r = self.report["prefill"]
+        reasons = Counter(e[2] for e in p.rejected)
+        self.assertGreater(sum(reasons.values()), 0, "no rejection")
+        self.assertEqual(dict(reasons), r["admission_rejections"])
+        rejected = {e[3] for e in p.rejected}
+        self.assertFalse(rejected & set(p.arrived), "a rejected one arrived")
+        self.assertEqual(len(rejected) + len(p.arrived), 150)
+        self.assertEqual(len(p.finished), r["requests"])
+        # The decode side rejects nothing.
+        self.assertEqual(self.sides["kv_consumer"].rejected, [])
+        self.assertEqual(self.report["decode"]["admission_rejections"], {})
+
+    def check_transfers(self, side, role, fig):
+        transfers = side.transfers
+        self.assertTrue(all(e[3]["role"] == role for e in transfers))
+        self.assertTrue(all(e[3]["connector"] == "uds" for e in transfers))
+        self.assertTrue(all(e[3]["start"] <= e[1] for e in transfers))
+        self.assertEqual(len(transfers), fig["count"])
+        failures = Counter(e[3].get("reason", "error") for e in transfers
+                           if e[3].get("ok", True) is False)
+        self.assertEqual(dict(failures), fig["failures"])
+        self.assertEqual(sum(e[3]["bytes"] for e in transfers), fig["bytes"])
+        self.assertEqual(sum(e[3]["blocks"] for e in transfers),
+                         fig["blocks"])
+        self.near(sum(e[1] - e[3]["start"] for e in transfers) / 1e9,
+                  fig["time_s"]["sum"], f"{role} time_s sum")
+        self.assertEqual(fig["time_s"]["count"], len(transfers))
+
+    def test_kv_transfers_equal_the_report(self):
+        p = self.sides["kv_producer"]
+        d = self.sides["kv_consumer"]
+        send = self.report["prefill"]["kv_transfer"]["send"]
+        recv = self.report["decode"]["kv_transfer"]["recv"]
+        self.check_transfers(p, "send", send)
+        self.check_transfers(d, "recv", recv)
+        self.assertEqual(self.report["prefill"]["kv_transfer"]["recv"]
+                         ["count"], 0)
+        self.assertEqual(self.report["decode"]["kv_transfer"]["send"]
+                         ["count"], 0)
+        # One transfer each way, the damaged ones seen on both sides.
+        self.assertGreater(recv["count"], 0)
+        self.assertEqual(send["count"], recv["count"])
+        self.assertEqual(send["bytes"], recv["bytes"])
+        self.assertEqual(send["failures"], recv["failures"])
+        self.assertEqual(list(recv["failures"]), ["checksum"])
+        self.assertEqual(recv["failures"]["checksum"], recv["count"] // 5)
+
+    def test_decode_side_waits_for_its_kv(self):
+        d = self.sides["kv_consumer"]
+        r = self.report["decode"]
+        # kv wait: the first successful recv's end - SCHEDULED, per
+        # finished request that had one.
+        waits = []
+        for rid in d.finished:
+            ok = [e[1] for e in d.transfers
+                  if e[2] == rid and e[3].get("ok", True)]
+            if ok:
+                waits.append((min(ok) - d.scheduled[rid][1]) / 1e9)
+        self.assertGreater(len(waits), 0)
+        self.assertTrue(all(w >= 0 for w in waits))
+        self.assertEqual(len(waits), r["kv_wait_s"]["count"])
+        self.near(sum(waits), r["kv_wait_s"]["sum"], "kv_wait_s sum")
+        # A request that errs had no successful transfer and no token.
+        errors = [rid for rid, (_, reason) in d.finished.items()
+                  if reason == "error"]
+        self.assertEqual(len(errors), r["finished"]["error"])
+        for rid in errors:
+            self.assertNotIn(rid, d.first_token)
+        # While K/V were in flight, STEP said so; never above waiting.
+        for st in d.steps:
+            self.assertLessEqual(st["waiting_deferred"], st["waiting"])
+        self.assertGreater(max(st["waiting_deferred"] for st in d.steps), 0)
+        for part, side in (("prefill", self.sides["kv_producer"]),
+                           ("decode", d)):
+            last = side.steps[-1]
+            rep = self.report[part]["last_step"]
+            self.assertEqual(last["waiting_deferred"], rep["waiting_deferred"])
+            self.assertEqual(last["waiting"], rep["waiting"])
+            self.assertEqual(last["running"], rep["running"])
+            self.assertEqual(len(side.steps), self.report[part]["steps"])
+
+    def test_prompt_tokens_by_source_equal_the_report(self):
+        for part, role in (("prefill", "kv_producer"),
+                           ("decode", "kv_consumer")):
+            side = self.sides[role]
+            r = self.report[part]
+            got = Counter()
+            computed = []
+            for rid, e in side.arrived.items():
+                prompt = e[3]
+                info = side.info(rid)
+                cached = info.get("cached_tokens", 0)
+                external = info.get("external_tokens", 0)
+                self.assertLessEqual(cached + external, prompt)
+                if rid in side.first_token:
+                    got["local_cache_hit"] += cached
+                    got["external_kv_transfer"] += external
+                    got["local_compute"] += prompt - cached - external
+                if rid in side.finished:
+                    computed.append(prompt - cached - external)
+            with self.subTest(part=part):
+                self.assertEqual(
+                    {k: got[k] for k in r["prompt_tokens_by_source"]},
+                    r["prompt_tokens_by_source"])
+                self.assertEqual(sum(got.values()), r["prompt_tokens"])
+                self.assertEqual(r["prompt_tokens_cached"],
+                                 got["local_cache_hit"]
+                                 + got["external_kv_transfer"])
+                fig = r["request_prefill_kv_computed_tokens"]
+                self.assertEqual(fig["count"], len(computed))
+                self.assertEqual(fig["sum"], sum(computed))
+        self.assertGreater(self.report["decode"]["prompt_tokens_by_source"]
+                           ["external_kv_transfer"], 0)
+        self.assertEqual(self.report["prefill"]["prompt_tokens_by_source"]
+                         ["external_kv_transfer"], 0)
+
+    def test_preemptions_and_priorities_equal_the_report(self):
+        for part, role in (("prefill", "kv_producer"),
+                           ("decode", "kv_consumer")):
+            side = self.sides[role]
+            r = self.report[part]
+            with self.subTest(part=part):
+                fig = r["request_num_preemptions"]
+                self.assertEqual(fig["count"], len(side.finished))
+                self.assertEqual(fig["sum"], sum(side.preempted[rid]
+                                                 for rid in side.finished))
+                self.assertEqual(sum(side.preempted.values()),
+                                 r["preemptions"])
+                buckets = Counter(
+                    priority_bucket(side.arrived[rid][4]["priority"])
+                    for rid in side.finished)
+                self.assertEqual(list(r["priorities"]), PRIORITY_BUCKETS)
+                self.assertEqual({b: buckets[b] for b in PRIORITY_BUCKETS},
+                                 {b: g["requests"] for b, g
+                                  in r["priorities"].items()})
+                for e in side.arrived.values():
+                    self.assertIn(e[4]["priority"], range(-2, 3))
+
+    def test_decode_side_sleeps_once(self):
+        d = self.sides["kv_consumer"]
+        r = self.report["decode"]
+        self.assertEqual(d.sleeps, [
+            {"scheduler": "paused", "weights": "resident",
+             "kv_cache": "released"},
+            {"scheduler": "running", "weights": "resident",
+             "kv_cache": "resident"}])
+        self.assertEqual(r["sleep"]["transitions"], 2)
+        self.assertEqual(r["sleep"]["kv_cache"], "resident")
+        slept = [e[1] for e in d.events if e[0] == 11]
+        self.near((slept[1] - slept[0]) / 1e9, r["sleep"]["asleep_s"],
+                  "asleep_s")
+        self.assertGreaterEqual(r["sleep"]["asleep_s"], 0.5)
+        self.assertEqual(self.sides["kv_producer"].sleeps, [])
+        # Requests arriving meanwhile waited: nothing ran while asleep.
+        for e in d.events:
+            if e[0] == 4:
+                self.assertFalse(slept[0] < e[1] < slept[1], e)
+
+
+class DisaggregatedAgainstDaemon(unittest.TestCase):
+    """--disaggregate against the real daemon: one engine series per
+    process (instance e2e-prefill / e2e-decode), each equal to its own part
+    of the report in the 1.0 and 1.1 figures."""
+
+    def test_each_process_is_a_series_equal_to_its_report(self):
+        d = Daemon("--log-interval", "0").start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        with tu.Engine(*DISAGGREGATED, socket=d.sock,
+                       report=os.path.join(d.dir, "report.json")) as e:
+            report = e.report(timeout=90)
+        sent = sum(report[p]["client_events_sent"]
+                   for p in ("prefill", "decode"))
+        # The 1.2 kinds, if this daemon predates them, are counted as
+        # unknown and skipped; everything else is applied.
+        new_kinds = 0
+        for part in ("prefill", "decode"):
+            r = report[part]
+            new_kinds += (sum(r["admission_rejections"].values())
+                          + r["kv_transfer"]["send"]["count"]
+                          + r["kv_transfer"]["recv"]["count"]
+                          + r["sleep"]["transitions"])
+
+        def unknown():
+            return d.value("tokenmeter_ingest_errors_total",
+                           reason="unknown_kind") or 0
+
+        poll_until(lambda: d.samples().sum("tokenmeter_ingest_events_total")
+                   + unknown() == sent, what="every event applied")
+        self.assertIn(unknown(), (0, new_kinds))
+        samples = d.samples()
+        self.assertEqual(samples.sum("tokenmeter_ingest_errors_total"),
+                         unknown())
+        for part in ("prefill", "decode"):
+            r = report[part]
+            labels = {"model_name": "e2e-tiny", "engine": f"e2e-{part}",
+                      "kv_role": r["identity"]["labels"]["kv_role"]}
+            key = frozenset(labels.items())
+            with self.subTest(part=part):
+                for reason in ("stop", "length", "error"):
+                    self.assertEqual(
+                        samples.value(f"{NS}:request_success_total",
+                                      finished_reason=reason, **labels) or 0,
+                        r["finished"][reason], reason)
+                self.assertEqual(samples.get(
+                    (f"{NS}:prompt_tokens_total", key)), r["prompt_tokens"])
+                self.assertEqual(samples.get(
+                    (f"{NS}:generation_tokens_total", key)) or 0,
+                    r["generation_tokens"])
+                self.assertEqual(samples.get(
+                    (f"{NS}:num_preemptions_total", key)) or 0,
+                    r["preemptions"])
+                for rkey, hist in HISTOGRAMS.items():
+                    count = samples.get((f"{NS}:{hist}_count", key)) or 0
+                    self.assertEqual(count, r[rkey]["count"], hist)
+                    got = samples.get((f"{NS}:{hist}_sum", key)) or 0
+                    self.assertLessEqual(
+                        abs(got - r[rkey]["sum"]),
+                        1e-6 * abs(r[rkey]["sum"]) + 1e-12, hist)
 
 
 if __name__ == "__main__":

@@ -5,33 +5,10 @@
 
 #include <memory>
 
+#include "tests/engine/engine_runs.h"
+
 namespace tokenmeter::engine {
 namespace {
-
-EngineOptions SmallRun() {
-  EngineOptions o;
-  o.workload.requests = 24;
-  o.workload.prompt_len = 40;
-  o.workload.output_len = 24;
-  o.workload.seed = 5;
-  o.model.seed = 5;
-  o.scheduler.max_batch = 8;
-  o.scheduler.max_tokens_per_step = 64;
-  o.kv.num_blocks = 256;
-  o.kv.block_size = 8;
-  o.backend = Backend::kCpu;
-  o.metrics = false;
-  return o;
-}
-
-std::unique_ptr<Engine> RunEngine(const EngineOptions& o) {
-  std::unique_ptr<Engine> e;
-  Status s = Engine::Create(o, &e);
-  EXPECT_TRUE(s.ok()) << s.message();
-  s = e->Run();
-  EXPECT_TRUE(s.ok()) << s.message();
-  return e;
-}
 
 TEST(EngineTest, EveryRequestFinishesAndTheFiguresAddUp) {
   auto e = RunEngine(SmallRun());

@@ -176,5 +176,33 @@ TEST(BlockManagerTest, DisabledPrefixCacheNeverHits) {
   EXPECT_TRUE(kv.FindCachedPrefix(prompt.data(), 8, 9).empty());
 }
 
+// Sleep mode releases the K/V: the prefix cache must forget them too.
+TEST(BlockManagerTest, ResetForgetsThePrefixCache) {
+  BlockManager kv({8, 4, true});
+  const auto prompt = Tokens(9);
+  KvSeq a;
+  ASSERT_TRUE(kv.Allocate(a, nullptr, 9));
+  kv.CommitPrompt(a, prompt.data(), 9, 9);
+  kv.Free(a);
+  EXPECT_EQ(kv.num_cached_blocks(), 2u);
+  EXPECT_EQ(kv.FindCachedPrefix(prompt.data(), 9, 9).size(), 2u);
+  kv.Reset();
+  EXPECT_EQ(kv.num_cached_blocks(), 0u);
+  EXPECT_TRUE(kv.FindCachedPrefix(prompt.data(), 9, 9).empty());
+  EXPECT_EQ(kv.num_free_blocks(), 8u);
+  // Every block can be handed out again, each once.
+  KvSeq b;
+  ASSERT_TRUE(kv.Allocate(b, nullptr, 32));
+  EXPECT_EQ(std::set<int32_t>(b.blocks.begin(), b.blocks.end()).size(), 8u);
+  EXPECT_EQ(kv.num_free_blocks(), 0u);
+}
+
+TEST(BlockManagerDeathTest, ResetWhileABlockIsHeldAborts) {
+  BlockManager kv({8, 4, true});
+  KvSeq a;
+  ASSERT_TRUE(kv.Allocate(a, nullptr, 4));
+  EXPECT_DEATH(kv.Reset(), "");
+}
+
 }  // namespace
 }  // namespace tokenmeter::engine

@@ -231,5 +231,78 @@ TEST(OptionsTest, RejectsBadLoraValuesNamingTheFlag) {
   EXPECT_TRUE(Parse({"--lora-adapters", "2", "--lora-rank", "64"}, &o).ok());
 }
 
+TEST(OptionsTest, ProtocolTwelveModesAreOffByDefault) {
+  EngineOptions o;
+  ASSERT_TRUE(Parse({}, &o).ok());
+  EXPECT_FALSE(o.disaggregate);
+  EXPECT_EQ(o.kv_fail_every, 0u);
+  EXPECT_EQ(o.kv_retries, 1u);
+  EXPECT_EQ(o.max_queued, 0u);
+  EXPECT_EQ(o.workload.priority_levels, 0u);
+  EXPECT_FALSE(o.scheduler.priority);
+  EXPECT_LT(o.sleep_after_s, 0);
+  EXPECT_LT(o.wake_after_s, 0);
+  EXPECT_FALSE(o.trace_context);
+}
+
+TEST(OptionsTest, ParsesTheProtocolTwelveFlags) {
+  EngineOptions o;
+  ASSERT_TRUE(Parse({"--disaggregate", "--kv-fail-every", "3", "--kv-retries=2",
+                     "--max-queued", "10", "--priority-levels", "5",
+                     "--sleep-after", "0.5", "--wake-after=1.25"},
+                    &o)
+                  .ok());
+  EXPECT_TRUE(o.disaggregate);
+  EXPECT_EQ(o.kv_fail_every, 3u);
+  EXPECT_EQ(o.kv_retries, 2u);
+  EXPECT_EQ(o.max_queued, 10u);
+  EXPECT_EQ(o.workload.priority_levels, 5u);
+  EXPECT_TRUE(o.scheduler.priority);  // priorities turn on the policy
+  EXPECT_EQ(o.sleep_after_s, 0.5);
+  EXPECT_EQ(o.wake_after_s, 1.25);
+  EXPECT_TRUE(o.trace_context);  // always with --disaggregate
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--trace-context", "--sleep-after", "0", "--wake-after",
+                     "0", "--kv-retries", "0", "--disaggregate"},
+                    &o)
+                  .ok());
+  EXPECT_TRUE(o.trace_context);
+  EXPECT_EQ(o.sleep_after_s, 0.0);
+  EXPECT_EQ(o.kv_retries, 0u);
+}
+
+TEST(OptionsTest, RejectsBadProtocolTwelveValuesNamingTheFlag) {
+  struct Case {
+    std::vector<const char*> args;
+    const char* names;
+  };
+  const Case cases[] = {
+      {{"--kv-fail-every", "2"}, "--kv-fail-every needs --disaggregate"},
+      {{"--kv-retries", "1"}, "--kv-retries needs --disaggregate"},
+      {{"--disaggregate", "--kv-fail-every", "-1"}, "--kv-fail-every"},
+      {{"--disaggregate", "--kv-fail-every", "x"}, "--kv-fail-every"},
+      {{"--disaggregate", "--kv-retries", "17"}, "--kv-retries"},
+      {{"--disaggregate", "--scope", "s"}, "--scope"},
+      {{"--max-queued", "-5"}, "--max-queued"},
+      {{"--max-queued", "1.5"}, "--max-queued"},
+      {{"--priority-levels", "1025"}, "--priority-levels"},
+      {{"--priority-levels", "many"}, "--priority-levels"},
+      {{"--sleep-after", "1"}, "--sleep-after and --wake-after"},
+      {{"--wake-after", "1"}, "--sleep-after and --wake-after"},
+      {{"--sleep-after", "-1", "--wake-after", "1"}, "--sleep-after"},
+      {{"--sleep-after", "nan", "--wake-after", "1"}, "--sleep-after"},
+      {{"--sleep-after", "1", "--wake-after", "inf"}, "--wake-after"},
+      {{"--sleep-after", "1", "--wake-after", "86401"}, "--wake-after"},
+      {{"--sleep-after", "", "--wake-after", "1"}, "--sleep-after"},
+  };
+  for (const Case& c : cases) {
+    EngineOptions o;
+    const Status s = Parse(c.args, &o);
+    ASSERT_FALSE(s.ok()) << c.args[0] << " " << c.args[1];
+    EXPECT_NE(s.message().find(c.names), std::string::npos)
+        << s.message() << " should name " << c.names;
+  }
+}
+
 }  // namespace
 }  // namespace tokenmeter::engine

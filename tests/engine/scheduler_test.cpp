@@ -11,11 +11,28 @@ namespace {
 class SchedulerTest : public ::testing::Test {
  protected:
   void Make(uint32_t max_batch, uint32_t budget, uint32_t blocks,
-            uint32_t block_size = 4, uint32_t max_lora = 0) {
+            uint32_t block_size = 4, uint32_t max_lora = 0,
+            bool priority = false) {
     kv_ = std::make_unique<BlockManager>(
         KvCacheOptions{blocks, block_size, true});
     sched_ = std::make_unique<Scheduler>(
-        SchedulerOptions{max_batch, budget, max_lora}, *kv_);
+        SchedulerOptions{max_batch, budget, max_lora, priority}, *kv_);
+  }
+  // A request with a priority (priority scheduling).
+  Request* AddPriority(int32_t priority, uint32_t prompt_len = 4) {
+    std::vector<int32_t> p(prompt_len);
+    std::iota(p.begin(), p.end(), 1000 * int32_t(requests_.size() + 1));
+    requests_.push_back(
+        std::make_unique<Request>(requests_.size() + 1, std::move(p), 100, 1));
+    requests_.back()->priority = priority;
+    sched_->Add(requests_.back().get());
+    return requests_.back().get();
+  }
+  // A disaggregated decode request: its prompt's K/V come from elsewhere.
+  Request* AddRemote(uint32_t prompt_len, int32_t first_token = 1) {
+    Request* r = Add(prompt_len, 100, first_token);
+    r->remote_kv = true;
+    return r;
   }
   Request* Add(uint32_t prompt_len, uint32_t max_tokens = 100,
                int32_t first_token = 1, int32_t lora = -1) {
@@ -389,6 +406,220 @@ TEST_F(SchedulerTest, PassesOverAtMostkMaxLoraSkipsRequestsPerStep) {
   sched_->Schedule(&out_);
   EXPECT_EQ(out_.lora_skips, uint64_t(kMaxLoraSkips));
   EXPECT_EQ(TokensFor(out_, base), 0u);
+}
+
+TEST_F(SchedulerTest, PriorityOrdersTheQueueByPriorityThenArrival) {
+  Make(8, 1000, 100, 4, 0, true);
+  Request* a = AddPriority(1);
+  Request* b = AddPriority(-1);
+  Request* c = AddPriority(1);
+  Request* d = AddPriority(0);
+  ASSERT_EQ(sched_->num_waiting(), 4u);
+  EXPECT_EQ(sched_->waiting()[0], b);
+  EXPECT_EQ(sched_->waiting()[1], d);
+  EXPECT_EQ(sched_->waiting()[2], a);
+  EXPECT_EQ(sched_->waiting()[3], c);
+  sched_->Schedule(&out_);
+  ASSERT_EQ(out_.chunks.size(), 4u);
+  EXPECT_EQ(out_.chunks[0].request, b);
+  EXPECT_EQ(out_.chunks[1].request, d);
+  EXPECT_EQ(out_.chunks[2].request, a);
+  EXPECT_EQ(out_.chunks[3].request, c);
+}
+
+TEST_F(SchedulerTest, FcfsIgnoresPriorities) {
+  Make(8, 1000, 100);
+  Request* a = AddPriority(1);
+  Request* b = AddPriority(-1);
+  EXPECT_EQ(sched_->waiting()[0], a);
+  EXPECT_EQ(sched_->waiting()[1], b);
+}
+
+TEST_F(SchedulerTest, PriorityFillsAFullBatchWithTheLowestValuesFirst) {
+  Make(1, 1000, 100, 4, 0, true);
+  AddPriority(3);
+  Request* best = AddPriority(-7);
+  AddPriority(0);
+  sched_->Schedule(&out_);
+  ASSERT_EQ(out_.chunks.size(), 1u);
+  EXPECT_EQ(out_.chunks[0].request, best);
+}
+
+// a (priority 5) runs first; b (priority 0) joins later. When the cache runs
+// out, FCFS preempts the last scheduled (b), priority scheduling the worst
+// priority (a), taking back the chunk a already had in that step.
+TEST_F(SchedulerTest, PriorityPreemptsTheWorstRunningRequest) {
+  for (bool priority : {false, true}) {
+    SCOPED_TRACE(priority ? "priority" : "fcfs");
+    requests_.clear();
+    Make(8, 1000, 5, 4, 0, priority);
+    Request* a = AddPriority(5);
+    sched_->Schedule(&out_);
+    Execute(out_);
+    Request* b = AddPriority(0);
+    bool preempted = false;
+    for (int step = 0; step < 20 && !preempted; ++step) {
+      sched_->Schedule(&out_);
+      preempted = !out_.preempted.empty();
+      if (!preempted) Execute(out_);
+    }
+    ASSERT_TRUE(preempted);
+    ASSERT_EQ(out_.preempted.size(), 1u);
+    Request* victim = priority ? a : b;
+    Request* kept = priority ? b : a;
+    EXPECT_EQ(out_.preempted[0], victim);
+    EXPECT_EQ(victim->num_computed, 0u);
+    EXPECT_EQ(victim->preemptions, 1u);
+    EXPECT_EQ(TokensFor(out_, victim), 0u);  // its chunk was taken back
+    EXPECT_EQ(TokensFor(out_, kept), 1u);
+    ASSERT_EQ(sched_->num_running(), 1u);
+    EXPECT_EQ(sched_->running()[0], kept);
+    // Only the chunks that stay are paid for by blocks.
+    EXPECT_EQ(kv_->num_free_blocks(), 5u - kept->kv.blocks.size());
+  }
+}
+
+TEST_F(SchedulerTest, PriorityPutsAPreemptedRequestBackInItsPlace) {
+  Make(8, 1000, 100, 4, 0, true);
+  Request* a = AddPriority(2);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->PreemptAll(&out_);
+  ASSERT_EQ(sched_->num_waiting(), 1u);
+  Request* c = AddPriority(10);
+  Request* d = AddPriority(-3);
+  Request* e = AddPriority(2);  // same priority, later arrival: after a
+  ASSERT_EQ(sched_->num_waiting(), 4u);
+  EXPECT_EQ(sched_->waiting()[0], d);
+  EXPECT_EQ(sched_->waiting()[1], a);
+  EXPECT_EQ(sched_->waiting()[2], e);
+  EXPECT_EQ(sched_->waiting()[3], c);
+}
+
+TEST_F(SchedulerTest, RemoteRequestIsDeferredUntilItsKvLands) {
+  Make(8, 1000, 100);
+  Request* r = AddRemote(10);
+  sched_->Schedule(&out_);
+  EXPECT_TRUE(out_.chunks.empty());
+  EXPECT_TRUE(out_.acted());
+  ASSERT_EQ(out_.first_scheduled.size(), 1u);
+  ASSERT_EQ(out_.kv_pulls.size(), 1u);
+  EXPECT_EQ(out_.kv_pulls[0], r);
+  EXPECT_EQ(r->state, RequestState::kDeferred);
+  EXPECT_EQ(r->cached_tokens, 0u);
+  EXPECT_EQ(r->external_tokens, 9u);  // all but the last prompt token
+  EXPECT_EQ(r->kv_first_block, 0u);
+  EXPECT_EQ(r->kv_num_blocks, 3u);     // positions 0..8
+  EXPECT_EQ(r->kv.blocks.size(), 3u);  // the whole prompt: 10 positions
+  EXPECT_EQ(sched_->num_deferred(), 1u);
+  EXPECT_EQ(sched_->num_running(), 0u);
+  EXPECT_EQ(sched_->num_waiting(), 0u);
+  // Nothing to do until it lands.
+  sched_->Schedule(&out_);
+  EXPECT_FALSE(out_.acted());
+  sched_->LandKv(r);
+  EXPECT_EQ(r->state, RequestState::kRunning);
+  EXPECT_EQ(r->num_computed, 9u);
+  EXPECT_EQ(sched_->num_deferred(), 0u);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, r), 1u);  // the last prompt token: the logits
+  EXPECT_TRUE(out_.first_scheduled.empty());
+  Execute(out_);
+  EXPECT_EQ(r->num_output(), 1u);
+  // Its prompt's full blocks are in the prefix cache now.
+  EXPECT_EQ(kv_->num_cached_blocks(), 2u);
+}
+
+TEST_F(SchedulerTest, RemoteRequestTakesTheLocalPrefixCacheFirst) {
+  Make(8, 1000, 100);
+  Request* x = Add(12);  // tokens 1..12: three full blocks once computed
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->Finish(x);
+  Request* r = AddRemote(14);  // tokens 1..14
+  sched_->Schedule(&out_);
+  ASSERT_EQ(out_.kv_pulls.size(), 1u);
+  EXPECT_EQ(r->cached_tokens, 12u);
+  EXPECT_EQ(r->external_tokens, 1u);  // position 12; 13 is computed here
+  EXPECT_EQ(r->kv_first_block, 3u);
+  EXPECT_EQ(r->kv_num_blocks, 1u);
+  EXPECT_EQ(out_.prefix_hits, 12u);
+  // With every pulled position cached, nothing is pulled.
+  Request* q = AddRemote(13);  // tokens 1..13
+  sched_->Schedule(&out_);
+  EXPECT_TRUE(out_.kv_pulls.empty());
+  EXPECT_EQ(q->state, RequestState::kRunning);
+  EXPECT_EQ(q->cached_tokens, 12u);
+  EXPECT_EQ(q->external_tokens, 0u);
+  EXPECT_EQ(TokensFor(out_, q), 1u);
+}
+
+TEST_F(SchedulerTest, DeferredRequestsHoldTheirBatchSeats) {
+  Make(1, 1000, 100);
+  Request* r = AddRemote(10);
+  Request* q = Add(4);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.kv_pulls.size(), 1u);
+  EXPECT_TRUE(out_.chunks.empty());
+  sched_->Schedule(&out_);
+  EXPECT_FALSE(out_.acted());  // q waits for the seat
+  EXPECT_EQ(sched_->num_waiting(), 1u);
+  sched_->LandKv(r);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(TokensFor(out_, q), 0u);
+  EXPECT_EQ(TokensFor(out_, r), 1u);
+}
+
+TEST_F(SchedulerTest, AbortDeferredFreesItsBlocks) {
+  Make(8, 1000, 20);
+  Request* r = AddRemote(10);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(kv_->num_free_blocks(), 17u);
+  sched_->AbortDeferred(r);
+  EXPECT_EQ(kv_->num_free_blocks(), 20u);
+  EXPECT_EQ(r->state, RequestState::kFinished);
+  EXPECT_EQ(sched_->num_deferred(), 0u);
+}
+
+TEST_F(SchedulerTest, FinishHoldKeepsTheBlocksUntilReleased) {
+  Make(8, 1000, 20);
+  Request* a = Add(10);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  sched_->FinishHold(a);
+  EXPECT_EQ(a->state, RequestState::kHeld);
+  EXPECT_EQ(sched_->num_running(), 0u);
+  EXPECT_EQ(kv_->num_free_blocks(), 17u);
+  sched_->ReleaseHeld(a);
+  EXPECT_EQ(a->state, RequestState::kFinished);
+  EXPECT_EQ(kv_->num_free_blocks(), 20u);
+}
+
+TEST_F(SchedulerTest, PreemptAllEmptiesTheBatchAndPausingAdmitsNobody) {
+  Make(8, 1000, 100);
+  Request* a = AddPriority(0);  // FCFS: the priority plays no part
+  Request* b = AddPriority(0);
+  sched_->Schedule(&out_);
+  Execute(out_);
+  Request* c = AddPriority(0);  // arrives: waits behind the preempted ones
+  sched_->PreemptAll(&out_);
+  ASSERT_EQ(out_.preempted.size(), 2u);
+  EXPECT_EQ(sched_->num_running(), 0u);
+  EXPECT_EQ(kv_->num_free_blocks(), 100u);
+  ASSERT_EQ(sched_->num_waiting(), 3u);
+  EXPECT_EQ(sched_->waiting()[0], a);  // scheduling order kept
+  EXPECT_EQ(sched_->waiting()[1], b);
+  EXPECT_EQ(sched_->waiting()[2], c);
+  sched_->set_admitting(false);
+  sched_->Schedule(&out_);
+  EXPECT_FALSE(out_.acted());
+  sched_->set_admitting(true);
+  sched_->Schedule(&out_);
+  EXPECT_EQ(out_.chunks.size(), 3u);
+  // Recompute: prompt + its token, the full prompt block from the cache.
+  EXPECT_EQ(TokensFor(out_, a), 1u);
+  EXPECT_EQ(TokensFor(out_, c), 4u);
+  EXPECT_EQ(out_.prefix_hits, 8u);
 }
 
 }  // namespace

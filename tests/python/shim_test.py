@@ -5,8 +5,8 @@ nanosecond where the test sets the times; bad arguments raise before
 anything is sent; transport trouble never raises; the two-process example's
 time to first token is joined across its processes; a missing library gives
 an error naming every place tried; the protocol 1.1 HELLO keys and ARRIVED
-params reach the socket as the protocol says (decoded from the bytes a
-recording socket read).
+params, and the protocol 1.2 calls, reach the socket as the protocol says
+(decoded from the bytes a recording socket read).
 
 Every suite runs against both implementations of the package
 (tests/python/meson.build): the ctypes binding (PYTHONPATH=client_lib/python,
@@ -961,6 +961,332 @@ class ExpertLoad(RecordedClient):
         self.assertEqual(self.c.expert_load(0, array("Q", [1])), INVALID)
 
 
+class Protocol12(RecordedClient):
+    """The protocol 1.2 calls (arrived priority / traceparent / tracestate,
+    scheduled with its info, admission_rejected, kv_transfer, sleep_state,
+    step waiting_deferred), as the bytes on the socket show them, and their
+    argument checks: what the binding refuses raises before the library;
+    what only protocol.h's rules refuse is counted as rejected by the
+    library, then raises naming the rule. Nothing refused is sent."""
+
+    TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def rejected(self):
+        return self.c.stats().events_rejected
+
+    def test_arrived_carries_the_12_params(self):
+        class S(str):
+            pass
+        c, tp = self.c, self.TP
+        self.assertEqual(c.arrived(1, 10, priority=-7, t_ns=5), OK)
+        self.assertEqual(c.arrived("r-2", 20, 64, 2, 6, "a", {"t": "v"},
+                                   tokenmeter.MAX_PRIORITY, tp, "a=1,b=2"),
+                         OK)
+        self.assertEqual(c.arrived(3, 30, priority=tokenmeter.MIN_PRIORITY,
+                                   tracestate="", t_ns=7), OK)
+        self.assertEqual(c.arrived(4, 40, traceparent=S(tp), priority=0,
+                                   t_ns=8), OK)  # a str subclass: slow path
+        self.assertEqual(c.arrived(5, 50, priority=None, traceparent=None,
+                                   tracestate=None, t_ns=9), OK)
+        self.assertEqual(self.rejected(), 0)
+        self.assertEqual(self.events(), [
+            [1, 5, 1, 10, {"priority": -7}],
+            [1, 6, "r-2", 20, {"max_tokens": 64, "n": 2, "lora": "a",
+                               "labels": {"t": "v"},
+                               "priority": 2**31 - 1, "traceparent": tp,
+                               "tracestate": "a=1,b=2"}],
+            [1, 7, 3, 30, {"priority": -2**31, "tracestate": ""}],
+            [1, 8, 4, 40, {"priority": 0, "traceparent": tp}],
+            [1, 9, 5, 50],
+        ])
+
+    def test_arrived_params_the_binding_refuses(self):
+        c, tp = self.c, self.TP
+        cases = [
+            (ValueError, r"priority = 2147483648 is outside "
+                         r"-2147483648 \.\. 2147483647",
+             lambda: c.arrived(1, 1, priority=2**31)),
+            (ValueError, r"priority = -2147483649",
+             lambda: c.arrived(1, 1, priority=-2**31 - 1)),
+            (TypeError, r"priority must be an int, not float",
+             lambda: c.arrived(1, 1, priority=1.0)),
+            (TypeError, r"priority must be an int, not bool",
+             lambda: c.arrived("r", 1, priority=True)),
+            (TypeError, r"traceparent must be a str, not bytes",
+             lambda: c.arrived(1, 1, traceparent=tp.encode())),
+            (ValueError, r"traceparent .* contains a NUL",
+             lambda: c.arrived(1, 1, traceparent=tp[:54] + "\0")),
+            (ValueError, r"tracestate 'a=v+' is 257 bytes of UTF-8; the "
+                         r"limit is 256",
+             lambda: c.arrived(1, 1, tracestate="a=" + "v" * 255)),
+            (TypeError, r"tracestate must be a str, not int",
+             lambda: c.arrived("r", 1, tracestate=1)),
+            (ValueError, r"prompt_tokens = -1",
+             lambda: c.arrived(1, -1, priority=1)),
+        ]
+        for exc, pattern, call in cases:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        self.assertEqual(self.events(), [])
+
+    def test_arrived_params_the_library_refuses(self):
+        c, tp = self.c, self.TP
+        zero_trace = "00-" + "0" * 32 + tp[35:]
+        zero_parent = tp[:36] + "0" * 16 + tp[52:]
+        bad_traceparents = [tp.upper(), "01" + tp[2:], "ff" + tp[2:],
+                            zero_trace, zero_parent, tp[:54], tp + "0", "",
+                            tp.replace("-", "_"), "é" * 28]
+        for bad in bad_traceparents:
+            with self.subTest(traceparent=bad):
+                with self.assertRaisesRegex(
+                        ValueError, r"traceparent .* must be a W3C "
+                                    r"traceparent of version 00.* counted "
+                                    r"as rejected"):
+                    c.arrived("r", 1, traceparent=bad)
+        bad_tracestates = ["Rojo=1", "rojo", "=v", "a=b=c", "a@=1",
+                           ",".join(f"k{i}=v" for i in range(33)), "a=é",
+                           "a=\x01"]
+        for bad in bad_tracestates:
+            with self.subTest(tracestate=bad):
+                with self.assertRaisesRegex(
+                        ValueError, r"tracestate .* must be a W3C "
+                                    r"tracestate.* counted as rejected"):
+                    c.arrived(1, 1, tracestate=bad, priority=3)
+        with self.assertRaisesRegex(ValueError, r"request labels \['le'\]"):
+            c.arrived(1, 1, labels={"le": "x"}, traceparent=tp)
+        n = len(bad_traceparents) + len(bad_tracestates) + 1
+        self.assertEqual(self.rejected(), n)
+        self.assertEqual(c.arrived(9, 1, traceparent=tp, t_ns=3), OK)
+        self.assertEqual(self.events(),
+                         [[1, 3, 9, 1, {"traceparent": tp}]])
+
+    def test_scheduled_with_its_info(self):
+        c = self.c
+        self.assertEqual(c.scheduled(1, 5, 512, 0), OK)
+        self.assertEqual(c.scheduled("r", t_ns=6, cached_tokens=0,
+                                     external_tokens=2**32 - 1), OK)
+        self.assertEqual(c.scheduled(2, t_ns=7), OK)
+        self.assertEqual(c.scheduled(3, t_ns=8, cached_tokens=None,
+                                     external_tokens=None), OK)
+        for exc, pattern, call in [
+                (TypeError, r"cached_tokens and external_tokens together",
+                 lambda: c.scheduled(1, cached_tokens=1)),
+                (TypeError, r"together \(both or neither\)",
+                 lambda: c.scheduled(1, external_tokens=1)),
+                (ValueError, r"cached_tokens = -1 is outside",
+                 lambda: c.scheduled(1, cached_tokens=-1, external_tokens=0)),
+                (ValueError, r"external_tokens = 4294967296",
+                 lambda: c.scheduled(1, 0, 0, 2**32)),
+                (TypeError, r"cached_tokens must be an int, not str",
+                 lambda: c.scheduled(1, 0, "1", 2)),
+                (ValueError, r"0 bytes", lambda: c.scheduled("", 0, 1, 1))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        self.assertEqual(self.events(), [
+            [3, 5, 1, {"cached_tokens": 512, "external_tokens": 0}],
+            [3, 6, "r", {"cached_tokens": 0, "external_tokens": 2**32 - 1}],
+            [3, 7, 2], [3, 8, 3],
+        ])
+
+    def test_admission_rejected(self):
+        class S(str):
+            pass
+        c = self.c
+        t = time.monotonic_ns()
+        self.assertEqual(c.admission_rejected("queue_full"), OK)  # now
+        self.assertEqual(c.admission_rejected("token cap", 7, t_ns=5), OK)
+        self.assertEqual(c.admission_rejected("délai", rid="r-1", t_ns=6),
+                         OK)
+        self.assertEqual(c.admission_rejected(S("x" * 64), b"r", 7), OK)
+        self.assertEqual(c.admission_rejected(reason="e", rid=None, t_ns=8),
+                         OK)
+        for exc, pattern, call in [
+                (ValueError, r"reason must not be empty",
+                 lambda: c.admission_rejected("")),
+                (ValueError, r"65 bytes of UTF-8; the limit is 64",
+                 lambda: c.admission_rejected("x" * 65)),
+                (ValueError, r"65 bytes", lambda: c.admission_rejected(
+                    "é" * 32 + "x")),
+                (TypeError, r"reason must be a str, not bytes",
+                 lambda: c.admission_rejected(b"full")),
+                (TypeError, r"reason must be a str, not NoneType",
+                 lambda: c.admission_rejected(None)),
+                (ValueError, r"reason .* contains a NUL",
+                 lambda: c.admission_rejected("a\0b")),
+                (ValueError, r"0 bytes", lambda: c.admission_rejected("x",
+                                                                     "")),
+                (ValueError, r"outside 0 \.\. 2\*\*64-1",
+                 lambda: c.admission_rejected("x", -1)),
+                (ValueError, r"t_ns", lambda: c.admission_rejected(
+                    "x", t_ns=-1))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        # Control characters: protocol.h's rule, applied by the library.
+        for bad in ("tab\there", "new\nline", "\x7f", "c1 \x85"):
+            with self.subTest(reason=bad):
+                with self.assertRaisesRegex(
+                        ValueError, r"contains the control character U\+00"
+                                    r".*counted as rejected"):
+                    c.admission_rejected(bad, rid=1)
+        self.assertEqual(self.rejected(), 4)
+        events = self.events()
+        self.assertGreaterEqual(events[0][1], t)
+        events[0][1] = 0
+        self.assertEqual(events, [
+            [9, 0, "queue_full"], [9, 5, "token cap", 7],
+            [9, 6, "délai", "r-1"], [9, 7, "x" * 64, "r"], [9, 8, "e"],
+        ])
+
+    def test_kv_transfer(self):
+        class S(str):
+            pass
+        c = self.c
+        self.assertEqual(c.kv_transfer(1, "send", 100, t_ns=200), OK)
+        self.assertEqual(c.kv_transfer("r", "recv", 200, 200, 2**48 - 1, 0,
+                                       False, "timeout", "nixl"), OK)
+        self.assertEqual(c.kv_transfer(2, S("send"), start_ns=0, t_ns=300,
+                                       bytes=5, connector=S("mooncake")), OK)
+        now = time.monotonic_ns()
+        self.assertEqual(c.kv_transfer(3, "recv", now, ok=True,
+                                       reason="é"), OK)
+        for exc, pattern, call in [
+                (ValueError, r"role 'sned' is not one of 'send', 'recv'",
+                 lambda: c.kv_transfer(1, "sned", 1)),
+                (TypeError, r"role must be 'send' or 'recv', not int",
+                 lambda: c.kv_transfer(1, 0, 1)),
+                (ValueError, r"start_ns = 11 is after the event time "
+                             r"t_ns = 10",
+                 lambda: c.kv_transfer(1, "send", 11, t_ns=10)),
+                (ValueError, r"start_ns .* = -1 is outside",
+                 lambda: c.kv_transfer(1, "send", -1)),
+                (ValueError, r"bytes = 281474976710656 is outside "
+                             r"0 \.\. 281474976710655",
+                 lambda: c.kv_transfer(1, "send", 1, bytes=2**48)),
+                (ValueError, r"blocks = -1",
+                 lambda: c.kv_transfer(1, "send", 1, blocks=-1)),
+                (TypeError, r"bytes must be an int, not float",
+                 lambda: c.kv_transfer(1, "send", 1, bytes=1.0)),
+                (TypeError, r"ok must be a bool, not int",
+                 lambda: c.kv_transfer(1, "send", 1, ok=0)),
+                (ValueError, r"reason must not be empty",
+                 lambda: c.kv_transfer(1, "send", 1, reason="")),
+                (ValueError, r"connector 'x+' is 65 bytes",
+                 lambda: c.kv_transfer(1, "send", 1, connector="x" * 65)),
+                (TypeError, r"connector must be a str",
+                 lambda: c.kv_transfer(1, "send", 1, connector=b"nixl")),
+                (ValueError, r"129 bytes",
+                 lambda: c.kv_transfer("x" * 129, "send", 1)),
+                (TypeError, r"missing 1 required positional argument: "
+                            r"'start_ns'",
+                 lambda: c.kv_transfer(1, "send"))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        # What only the library finds: a start after now (t_ns 0), a
+        # control character.
+        with self.assertRaisesRegex(ValueError, r"is after now .*counted"):
+            c.kv_transfer(1, "send", time.monotonic_ns() + 60 * 10**9)
+        with self.assertRaisesRegex(ValueError, r"connector .* control "
+                                                r"character U\+0009"):
+            c.kv_transfer(1, "send", 1, reason="ok", connector="a\tb")
+        with self.assertRaisesRegex(ValueError, r"reason .* U\+001B"):
+            c.kv_transfer("r", "recv", 1, t_ns=2, reason="\x1b[0m")
+        self.assertEqual(self.rejected(), 3)
+        events = self.events()
+        self.assertGreaterEqual(events[3][1], now)
+        events[3][1] = 0
+        self.assertEqual(events, [
+            [10, 200, 1, {"role": "send", "start": 100}],
+            [10, 200, "r", {"role": "recv", "start": 200,
+                            "bytes": 2**48 - 1, "blocks": 0, "ok": False,
+                            "reason": "timeout", "connector": "nixl"}],
+            [10, 300, 2, {"role": "send", "start": 0, "bytes": 5,
+                          "connector": "mooncake"}],
+            [10, 0, 3, {"role": "recv", "start": now, "reason": "é"}],
+        ])
+
+    def test_sleep_state(self):
+        class S(str):
+            pass
+        c = self.c
+        self.assertEqual(c.sleep_state("paused", "offloaded", "released",
+                                       t_ns=1), OK)
+        self.assertEqual(c.sleep_state(weights="discarded", t_ns=2), OK)
+        self.assertEqual(c.sleep_state(scheduler=S("running"),
+                                       kv_cache="resident", t_ns=3), OK)
+        self.assertEqual(c.sleep_state(weights="resident", t_ns=4), OK)
+        self.assertEqual(c.sleep_state(t_ns=5), OK)  # nothing: an empty map
+        for exc, pattern, call in [
+                (ValueError, r"scheduler 'asleep' is not one of 'running', "
+                             r"'paused'",
+                 lambda: c.sleep_state("asleep")),
+                (ValueError, r"weights 'released' is not one of 'resident', "
+                             r"'offloaded', 'discarded'",
+                 lambda: c.sleep_state(weights="released")),
+                (ValueError, r"kv_cache 'offloaded' is not one of",
+                 lambda: c.sleep_state(kv_cache="offloaded")),
+                (TypeError, r"kv_cache must be None or a str, not int",
+                 lambda: c.sleep_state(kv_cache=1)),
+                (TypeError, r"unexpected keyword argument 'state'",
+                 lambda: c.sleep_state(state="paused")),
+                (ValueError, r"t_ns", lambda: c.sleep_state(t_ns=-1))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        self.assertEqual(self.events(), [
+            [11, 1, {"scheduler": "paused", "weights": "offloaded",
+                     "kv_cache": "released"}],
+            [11, 2, {"weights": "discarded"}],
+            [11, 3, {"scheduler": "running", "kv_cache": "resident"}],
+            [11, 4, {"weights": "resident"}],
+            [11, 5, {}],
+        ])
+
+    def test_step_waiting_deferred(self):
+        c = self.c
+        self.assertEqual(c.step(waiting=3, waiting_deferred=3, t_ns=1), OK)
+        self.assertEqual(c.step(running=1, waiting=0, waiting_deferred=0,
+                                t_ns=2), OK)
+        for exc, pattern, call in [
+                (ValueError, r"waiting_deferred needs waiting",
+                 lambda: c.step(waiting_deferred=1)),
+                (ValueError, r"waiting_deferred = 4 is above waiting = 3",
+                 lambda: c.step(waiting=3, waiting_deferred=4)),
+                (ValueError, r"waiting_deferred = -1 is outside",
+                 lambda: c.step(waiting=3, waiting_deferred=-1)),
+                (TypeError, r"waiting_deferred must be an int",
+                 lambda: c.step(waiting=3, waiting_deferred=1.5))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        self.assertEqual(self.events(), [
+            [7, 1, {"waiting": 3, "waiting_deferred": 3}],
+            [7, 2, {"running": 1, "waiting": 0, "waiting_deferred": 0}],
+        ])
+
+    def test_after_close_does_nothing(self):
+        c = self.c
+        c.close()
+        self.assertEqual(c.arrived(1, 1, priority=1, traceparent=self.TP),
+                         INVALID)
+        self.assertEqual(c.scheduled(1, cached_tokens=1, external_tokens=1),
+                         INVALID)
+        self.assertEqual(c.admission_rejected("x"), INVALID)
+        self.assertEqual(c.admission_rejected("x\t"), INVALID)
+        self.assertEqual(c.kv_transfer(1, "send", 1), INVALID)
+        self.assertEqual(c.sleep_state("paused"), INVALID)
+        self.assertEqual(c.step(waiting=1, waiting_deferred=1), INVALID)
+
+
 class Buffers(RecordedClient):
     """tokens_batch() and expert_load() read buffers of integers (array,
     numpy, memoryview, bytes of native uint64s, ctypes arrays) in place or
@@ -1086,6 +1412,7 @@ class Buffers(RecordedClient):
         self.addCleanup(c.close)
         big = list(range(1000))  # past the stack buffer: PyMem
         big_str = [f"r{i}" for i in range(700)]  # past 8 KiB packed
+        tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
         def rounds(k):
             for i in range(k):
@@ -1098,10 +1425,24 @@ class Buffers(RecordedClient):
                 c.tokens_batch(big_str)
                 c.tokens_batch(array("Q", big), n=array("I", big))
                 c.expert_load(1, big[:256])
+                c.arrived(i, 3, priority=-1, traceparent=tp, tracestate="a=1")
+                c.scheduled(i, cached_tokens=1, external_tokens=2)
+                c.admission_rejected("queue_full", rid=f"r{i % 5}")
+                c.kv_transfer(i, "send", 1, t_ns=2, bytes=3, ok=False,
+                              reason="timeout", connector="nixl")
+                c.sleep_state("paused", weights="offloaded")
+                c.step(waiting=2, waiting_deferred=1)
                 for bad in (lambda: c.tokens_batch(array("d", [1.0])),
                             lambda: c.tokens(-1),
                             lambda: c.tokens_batch(["", "x"]),
-                            lambda: c.arrived(1, 1, labels={"le": "x"})):
+                            lambda: c.arrived(1, 1, labels={"le": "x"}),
+                            lambda: c.arrived(1, 1, traceparent="00-x"),
+                            lambda: c.admission_rejected("a\tb", rid=1),
+                            lambda: c.kv_transfer(1, "send", 1,
+                                                  connector="\x01"),
+                            lambda: c.kv_transfer(1, "sned", 1),
+                            lambda: c.sleep_state("asleep"),
+                            lambda: c.step(waiting_deferred=1)):
                     try:
                         bad()
                     except (TypeError, ValueError):

@@ -2,7 +2,7 @@
 // default "now" timestamps. Header-only; every call forwards to one C call
 // and has that call's cost, thread rules and failure behaviour (see
 // tokenmeter.h). Nothing here throws. C++17; the Arrived() overloads with
-// request labels and ExpertLoad() (std::span) need C++20.
+// request labels as a std::span and ExpertLoad() need C++20.
 #ifndef TOKENMETER_CLIENT_HPP_
 #define TOKENMETER_CLIENT_HPP_
 
@@ -77,6 +77,59 @@ enum class FinishReason : int {
   kError = TM_FINISH_ERROR,
 };
 
+// ARRIVED params for Arrived(rid, prompt_tokens, params): tm_arrived_params()
+// (protocol 1.1 and 1.2). An empty string_view means "none" (an empty
+// tracestate, which the C call can send, says nothing a missing one does
+// not); `labels` points at n_labels (name, value) pairs. The rules are the C
+// call's.
+struct RequestParams {
+  uint32_t max_tokens = 0;  // 0: not given
+  uint32_t n = 0;           // 0: not given
+  std::string_view lora;
+  const RequestLabel* labels = nullptr;
+  size_t n_labels = 0;
+  std::optional<int32_t> priority;  // nullopt: not sent; lower runs first
+  std::string_view traceparent;     // W3C traceparent, version 00
+  std::string_view tracestate;      // W3C tracestate, at most 256 bytes
+};
+
+// The first SCHEDULED's info (protocol 1.2): tm_scheduled_ex().
+struct SchedulingInfo {
+  uint32_t cached_tokens = 0;    // found in the local prefix cache
+  uint32_t external_tokens = 0;  // received instead of computed
+};
+
+// One KV-cache transfer (protocol 1.2): tm_kv_transfer().
+enum class KvRole : int { kSend = TM_KV_SEND, kRecv = TM_KV_RECV };
+struct KvTransferInfo {
+  KvRole role = KvRole::kSend;
+  uint64_t start_ns = 0;          // required: when the transfer began
+  std::optional<uint64_t> bytes;  // nullopt: not sent
+  std::optional<uint64_t> blocks;
+  bool ok = true;
+  std::string_view reason;     // empty: none; label-value syntax
+  std::string_view connector;  // empty: none; label-value syntax
+};
+
+// The engine's sleep state (protocol 1.2): tm_sleep_state(). kKeep leaves a
+// part out of the event (the daemon keeps its previous value).
+enum class SchedulerState : int {
+  kKeep = TM_SCHEDULER_KEEP,
+  kRunning = TM_SCHEDULER_RUNNING,
+  kPaused = TM_SCHEDULER_PAUSED,
+};
+enum class WeightsState : int {
+  kKeep = TM_WEIGHTS_KEEP,
+  kResident = TM_WEIGHTS_RESIDENT,
+  kOffloaded = TM_WEIGHTS_OFFLOADED,
+  kDiscarded = TM_WEIGHTS_DISCARDED,
+};
+enum class KvCacheState : int {
+  kKeep = TM_KV_CACHE_KEEP,
+  kResident = TM_KV_CACHE_RESIDENT,
+  kReleased = TM_KV_CACHE_RELEASED,
+};
+
 // One STEP's statistics; set only what the engine knows.
 class StepStats {
  public:
@@ -105,6 +158,11 @@ class StepStats {
   }
   StepStats& SpecAcceptedTokens(uint64_t v) {
     return Set(TM_STEP_KEY_SPEC_ACCEPTED_TOKENS, double(v));
+  }
+  // Protocol 1.2: of Waiting(), those waiting for something other than
+  // capacity; needs Waiting() and at most its value, else Step() fails.
+  StepStats& WaitingDeferred(uint64_t v) {
+    return Set(TM_STEP_KEY_WAITING_DEFERRED, double(v));
   }
   // Copies at most TM_MAX_SPEC_POSITIONS entries; more makes Step() fail.
   StepStats& SpecAcceptedPerPos(const uint64_t* counts, size_t n) {
@@ -230,7 +288,7 @@ class Client {
               std::span<const RequestLabel> labels = {},
               uint64_t t_ns = 0) noexcept {
     ArrivedStrings a;
-    if (!a.Copy(lora, labels)) {
+    if (!a.Copy(lora, labels.data(), labels.size())) {
       return tm_arrived_ex(c_, t_ns, rid, prompt_tokens, max_tokens, n, nullptr,
                            nullptr, kRefusedLabels);
     }
@@ -242,7 +300,7 @@ class Client {
               std::span<const RequestLabel> labels = {},
               uint64_t t_ns = 0) noexcept {
     ArrivedStrings a;
-    if (!a.Copy(lora, labels)) {
+    if (!a.Copy(lora, labels.data(), labels.size())) {
       return tm_arrived_ex_str(c_, t_ns, rid.data(), rid.size(), prompt_tokens,
                                max_tokens, n, nullptr, nullptr, kRefusedLabels);
     }
@@ -250,6 +308,26 @@ class Client {
                              max_tokens, n, a.lora_arg, a.labels, a.n_labels);
   }
 #endif
+  // ARRIVED with the protocol 1.1 and 1.2 params: tm_arrived_params(_str).
+  // The strings are copied once more, NUL-terminated, into buffers on the
+  // stack (about 2 KB; no allocation); one holding a NUL byte, or longer
+  // than its limit, makes the call TM_E_INVALID, counted as rejected like
+  // any the C call refuses.
+  int Arrived(uint64_t rid, uint32_t prompt_tokens, const RequestParams& p,
+              uint64_t t_ns = 0) noexcept {
+    ArrivedStrings a;
+    tm_request_params cp = TM_REQUEST_PARAMS_INIT;
+    a.Fill(p, &cp);
+    return tm_arrived_params(c_, t_ns, rid, prompt_tokens, &cp);
+  }
+  int Arrived(std::string_view rid, uint32_t prompt_tokens,
+              const RequestParams& p, uint64_t t_ns = 0) noexcept {
+    ArrivedStrings a;
+    tm_request_params cp = TM_REQUEST_PARAMS_INIT;
+    a.Fill(p, &cp);
+    return tm_arrived_params_str(c_, t_ns, rid.data(), rid.size(),
+                                 prompt_tokens, &cp);
+  }
   int Queued(uint64_t rid, uint64_t t_ns = 0) noexcept {
     return tm_queued(c_, t_ns, rid);
   }
@@ -261,6 +339,18 @@ class Client {
   }
   int Scheduled(std::string_view rid, uint64_t t_ns = 0) noexcept {
     return tm_scheduled_str(c_, t_ns, rid.data(), rid.size());
+  }
+  // The first SCHEDULED with where the prompt tokens came from (protocol
+  // 1.2): tm_scheduled_ex(_str).
+  int Scheduled(uint64_t rid, const SchedulingInfo& info,
+                uint64_t t_ns = 0) noexcept {
+    return tm_scheduled_ex(c_, t_ns, rid, info.cached_tokens,
+                           info.external_tokens);
+  }
+  int Scheduled(std::string_view rid, const SchedulingInfo& info,
+                uint64_t t_ns = 0) noexcept {
+    return tm_scheduled_ex_str(c_, t_ns, rid.data(), rid.size(),
+                               info.cached_tokens, info.external_tokens);
   }
   int Tokens(uint64_t rid, uint32_t n, uint64_t t_ns = 0) noexcept {
     return tm_tokens(c_, t_ns, rid, n);
@@ -303,6 +393,51 @@ class Client {
   }
 #endif
 
+  // Protocol 1.2: a request refused before it entered the engine,
+  // tm_admission_rejected(_rid, _str): without an id, or with the request's
+  // integer or string id (first, as in the other calls). `reason` in
+  // label-value syntax (1 to 64 bytes of UTF-8, no control characters); it
+  // is copied NUL-terminated onto the stack, and one holding a NUL byte or
+  // longer than 64 bytes makes the call TM_E_INVALID, counted as rejected.
+  int AdmissionRejected(std::string_view reason, uint64_t t_ns = 0) noexcept {
+    LabelValue r(reason);
+    return tm_admission_rejected(c_, t_ns, r.c_str());
+  }
+  int AdmissionRejected(uint64_t rid, std::string_view reason,
+                        uint64_t t_ns = 0) noexcept {
+    LabelValue r(reason);
+    return tm_admission_rejected_rid(c_, t_ns, r.c_str(), rid);
+  }
+  int AdmissionRejected(std::string_view rid, std::string_view reason,
+                        uint64_t t_ns = 0) noexcept {
+    LabelValue r(reason);
+    return tm_admission_rejected_str(c_, t_ns, r.c_str(), rid.data(),
+                                     rid.size());
+  }
+  // Protocol 1.2: one KV-cache transfer of the request ended at t_ns (0:
+  // now), tm_kv_transfer(_str). reason and connector are copied as
+  // AdmissionRejected()'s reason is; a `bytes` or `blocks` of UINT64_MAX
+  // (TM_KV_UNKNOWN in C) is refused like any value over the limit.
+  int KvTransfer(uint64_t rid, const KvTransferInfo& info,
+                 uint64_t t_ns = 0) noexcept {
+    LabelValue reason(info.reason), connector(info.connector);
+    const tm_kv_transfer_info kv = ToC(info, reason, connector);
+    return tm_kv_transfer(c_, t_ns, rid, &kv);
+  }
+  int KvTransfer(std::string_view rid, const KvTransferInfo& info,
+                 uint64_t t_ns = 0) noexcept {
+    LabelValue reason(info.reason), connector(info.connector);
+    const tm_kv_transfer_info kv = ToC(info, reason, connector);
+    return tm_kv_transfer_str(c_, t_ns, rid.data(), rid.size(), &kv);
+  }
+  // Protocol 1.2: the engine's sleep state changed, tm_sleep_state().
+  int SleepState(SchedulerState scheduler, WeightsState weights,
+                 KvCacheState kv_cache, uint64_t t_ns = 0) noexcept {
+    return tm_sleep_state(c_, t_ns, static_cast<tm_scheduler_state>(scheduler),
+                          static_cast<tm_weights_state>(weights),
+                          static_cast<tm_kv_cache_state>(kv_cache));
+  }
+
   int Flush(uint32_t timeout_ms) noexcept {
     return tm_client_flush(c_, timeout_ms);
   }
@@ -332,25 +467,37 @@ class Client {
     return tm_options_add_cache_config_bool(opts, key, std::get<bool>(v));
   }
 
-#if __cplusplus >= 202002L
   // An n_labels the C call always refuses (and counts): what Arrived()
   // passes when its strings cannot be handed over.
   static constexpr size_t kRefusedLabels = TM_MAX_REQUEST_LABELS + 1;
 
-  // NUL-terminated copies of Arrived()'s lora and labels. The buffers are
-  // left uninitialized (1.7 KB not cleared per call); Copy() writes what
+  // Copies `s` NUL-terminated into out[cap]; false when it holds a NUL byte
+  // or does not fit (then longer than the C call takes).
+  static bool CopyOne(std::string_view s, char* out, size_t cap) noexcept {
+    if (s.size() >= cap) return false;
+    if (!s.empty()) {
+      if (std::memchr(s.data(), 0, s.size()) != nullptr) return false;
+      std::memcpy(out, s.data(), s.size());
+    }
+    out[s.size()] = '\0';
+    return true;
+  }
+
+  // NUL-terminated copies of Arrived()'s strings. The buffers are left
+  // uninitialized (2 KB not cleared per call); Copy() and Fill() write what
   // the C call reads.
   struct ArrivedStrings {  // NOLINT(cppcoreguidelines-pro-type-member-init)
-    // False when a string holds a NUL byte or does not fit (then longer
-    // than the C call takes), or there are too many labels.
-    bool Copy(std::string_view lora_in,
-              std::span<const RequestLabel> labels_in) noexcept {
-      if (labels_in.size() > TM_MAX_REQUEST_LABELS) return false;
+    // False when a string holds a NUL byte or does not fit, or there are
+    // too many labels.
+    bool Copy(std::string_view lora_in, const RequestLabel* labels_in,
+              size_t n_in) noexcept {
+      if (n_in > TM_MAX_REQUEST_LABELS) return false;
       if (!lora_in.empty()) {
         if (!CopyOne(lora_in, lora, sizeof lora)) return false;
         lora_arg = lora;
       }
-      for (const auto& [name, value] : labels_in) {
+      for (size_t i = 0; i < n_in; ++i) {
+        const auto& [name, value] = labels_in[i];
         if (!CopyOne(name, names[n_labels], sizeof names[n_labels]) ||
             !CopyOne(value, values[n_labels], sizeof values[n_labels])) {
           return false;
@@ -360,24 +507,80 @@ class Client {
       }
       return true;
     }
-    static bool CopyOne(std::string_view s, char* out, size_t cap) noexcept {
-      if (s.size() >= cap) return false;
-      if (!s.empty()) {
-        if (std::memchr(s.data(), 0, s.size()) != nullptr) return false;
-        std::memcpy(out, s.data(), s.size());
+    // `out` from `p`; a string that cannot be handed over makes `out` one
+    // the C call refuses.
+    void Fill(const RequestParams& p, tm_request_params* out) noexcept {
+      out->max_tokens = p.max_tokens;
+      out->n = p.n;
+      if (p.priority.has_value()) {
+        out->has_priority = 1;
+        out->priority = *p.priority;
       }
-      out[s.size()] = '\0';
-      return true;
+      bool ok = Copy(p.lora, p.labels, p.n_labels);
+      if (ok && !p.traceparent.empty()) {
+        ok = CopyOne(p.traceparent, traceparent, sizeof traceparent);
+        if (ok) out->traceparent = traceparent;
+      }
+      if (ok && !p.tracestate.empty()) {
+        ok = CopyOne(p.tracestate, tracestate, sizeof tracestate);
+        if (ok) out->tracestate = tracestate;
+      }
+      out->lora = lora_arg;
+      out->labels = labels;
+      out->n_labels = ok ? n_labels : kRefusedLabels;
     }
 
     char lora[TM_MAX_LORA_BYTES + 1];
     char names[TM_MAX_REQUEST_LABELS][TM_MAX_STRING_BYTES + 1];
     char values[TM_MAX_REQUEST_LABELS][TM_MAX_REQUEST_LABEL_VALUE_BYTES + 1];
+    char traceparent[TM_TRACEPARENT_BYTES + 1];
+    char tracestate[TM_MAX_TRACESTATE_BYTES + 1];
     tm_label labels[TM_MAX_REQUEST_LABELS];
     const char* lora_arg = nullptr;  // nullptr: no lora
     size_t n_labels = 0;
   };
-#endif
+
+  // A NUL-terminated copy of a label-value string on the stack: c_str() is
+  // nullptr for an empty one (none), "" (which the C calls refuse and count)
+  // for one that cannot be handed over.
+  class LabelValue {
+   public:
+    explicit LabelValue(std::string_view s) noexcept {
+      if (s.empty()) {
+        p_ = nullptr;
+      } else if (!CopyOne(s, buf_, sizeof buf_)) {
+        buf_[0] = '\0';
+      }
+    }
+    LabelValue(const LabelValue&) = delete;
+    LabelValue& operator=(const LabelValue&) = delete;
+    const char* c_str() const noexcept { return p_; }
+
+   private:
+    char buf_[TM_MAX_LABEL_VALUE_BYTES + 1];
+    const char* p_ = buf_;
+  };
+
+  static tm_kv_transfer_info ToC(const KvTransferInfo& info,
+                                 const LabelValue& reason,
+                                 const LabelValue& connector) noexcept {
+    // TM_KV_UNKNOWN means "not given" in C; given here, it is over the
+    // limit: passed as the smallest value the C call refuses.
+    constexpr uint64_t kRefused = TM_MAX_KV_TRANSFER_BYTES + 1;
+    const auto amount = [](const std::optional<uint64_t>& v) {
+      if (!v.has_value()) return uint64_t{TM_KV_UNKNOWN};
+      return *v == TM_KV_UNKNOWN ? kRefused : *v;
+    };
+    tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+    kv.role = static_cast<tm_kv_role>(info.role);
+    kv.start_ns = info.start_ns;
+    kv.bytes = amount(info.bytes);
+    kv.blocks = amount(info.blocks);
+    kv.ok = info.ok ? 1 : 0;
+    kv.reason = reason.c_str();
+    kv.connector = connector.c_str();
+    return kv;
+  }
 
   static Stats ToStats(const uint64_t* s) {
     Stats r;

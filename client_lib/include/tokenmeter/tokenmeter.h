@@ -178,9 +178,11 @@ TM_API int tm_options_set_max_lora(tm_options* opts, int64_t max_lora);
  * of 8), a STEP 16 bytes plus 8 per key and per position, a tm_arrived_ex()
  * with a lora or labels 8 bytes more plus 8 per label plus the bytes of the
  * lora and of every label name and value, rounded up to 8 in all (at most
- * 1,856 bytes), a tm_expert_load() 16 bytes plus 8 per expert (at most
- * 8,208 bytes). 1024 .. 16 Mi, rounded up to a power of two. Default
- * 65536. */
+ * 1,856 bytes; a tm_arrived_params() with the 1.2 params the same plus the
+ * traceparent's and tracestate's bytes, at most 2,168 bytes), a
+ * tm_expert_load() 16 bytes plus 8 per expert (at most 8,208 bytes); the
+ * 1.2 events as their calls say (at most 296 bytes). 1024 .. 16 Mi,
+ * rounded up to a power of two. Default 65536. */
 TM_API int tm_options_set_buffer_capacity(tm_options* opts, size_t events);
 /* How often the sender drains the buffers when they are not filling up.
  * 1 .. 10000 ms. Default 20. */
@@ -379,6 +381,73 @@ TM_API int tm_arrived_packed(tm_client* client, uint64_t rid, uint64_t tokens);
 TM_API int tm_arrived_packed_str(tm_client* client, const char* rid,
                                  size_t rid_len, uint64_t tokens);
 
+/* ARRIVED with the protocol 1.2 params (protocol.md "Additions in 1.2"; a
+ * 1.1 daemon ignores the new keys) in one struct, so that later params can
+ * be added without another call. Initialize it with TM_REQUEST_PARAMS_INIT
+ * (which sets `size`; every param "not given"), then set what the request
+ * has:
+ *
+ *   tm_request_params p = TM_REQUEST_PARAMS_INIT;
+ *   p.max_tokens = 256;
+ *   p.has_priority = 1;
+ *   p.priority = -5;
+ *   p.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+ *   tm_arrived_params(client, 0, rid, 812, &p);
+ *
+ * `size` is sizeof(tm_request_params) as the caller was compiled: at least
+ * the size of this (1.2) layout, else TM_E_INVALID; fields a newer header
+ * appends past it are not read by this library (not sent). `max_tokens`,
+ * `n`: as tm_arrived(), 0 means not given. `lora`, `labels`, `n_labels`:
+ * the rules of tm_arrived_ex(). `priority` (TM_MIN_PRIORITY ..
+ * TM_MAX_PRIORITY, every int32_t; lower runs first, as vLLM's priority
+ * scheduling) is sent only when `has_priority` is nonzero. `traceparent`:
+ * NULL for none, else a NUL-terminated W3C traceparent of version 00 that
+ * tm_proto_valid_traceparent() accepts (exactly TM_TRACEPARENT_BYTES, 55,
+ * bytes of lowercase hex and dashes, neither id all zeros). `tracestate`:
+ * NULL for none, else a NUL-terminated W3C tracestate that
+ * tm_proto_valid_tracestate() accepts (at most TM_MAX_TRACESTATE_BYTES,
+ * 256, bytes and TM_MAX_TRACESTATE_MEMBERS list members; "" is one, and
+ * sent). These are the checks the daemon applies (protocol.h), so what the
+ * library sends the daemon keeps. NULL `p`, a short `size` or any param
+ * breaking its rule is TM_E_INVALID: counted as rejected, nothing appended.
+ * The strings are copied into the buffer and may be reused once the call
+ * returns.
+ *
+ * Wire form: [1, t, rid, prompt_tokens, params], the params map holding, in
+ * this order, max_tokens and n (when nonzero), lora, labels (a map),
+ * priority (a msgpack int in its smallest encoding, negative ones as
+ * negative fixint / int8 .. int32), traceparent and tracestate (strs), each
+ * only when given; with nothing given the event is [1, t, rid,
+ * prompt_tokens]. With none of the 1.2 params (priority, traceparent,
+ * tracestate) the bytes are exactly tm_arrived_ex()'s. Buffer space:
+ * tm_arrived_ex()'s plus 8 bytes for a priority and the bytes of the trace
+ * strings (tm_options_set_buffer_capacity()). Cost: tm_arrived_ex()'s plus
+ * one bounded pass over each trace string (a traceparent is 55 bytes, a
+ * tracestate at most 256) and its copy. Wait-free, any thread, the same
+ * rules and results as the other event calls. */
+typedef struct tm_request_params {
+  size_t size;            /* sizeof(tm_request_params); set by
+                             TM_REQUEST_PARAMS_INIT (lets the struct grow) */
+  uint32_t max_tokens;    /* 0: not given */
+  uint32_t n;             /* 0: not given */
+  const char* lora;       /* NULL: none (rules of tm_arrived_ex) */
+  const tm_label* labels; /* rules of tm_arrived_ex; NULL when n_labels 0 */
+  size_t n_labels;
+  int has_priority;        /* nonzero: `priority` is sent */
+  int32_t priority;        /* TM_MIN_PRIORITY .. TM_MAX_PRIORITY */
+  const char* traceparent; /* NULL: none; tm_proto_valid_traceparent() */
+  const char* tracestate;  /* NULL: none; tm_proto_valid_tracestate() */
+} tm_request_params;
+#define TM_REQUEST_PARAMS_INIT \
+  { sizeof(tm_request_params), 0, 0, NULL, NULL, 0, 0, 0, NULL, NULL }
+TM_API int tm_arrived_params(tm_client* client, uint64_t t_ns, uint64_t rid,
+                             uint32_t prompt_tokens,
+                             const tm_request_params* p);
+TM_API int tm_arrived_params_str(tm_client* client, uint64_t t_ns,
+                                 const char* rid, size_t rid_len,
+                                 uint32_t prompt_tokens,
+                                 const tm_request_params* p);
+
 /* The request entered the engine core's waiting queue (optional). */
 TM_API int tm_queued(tm_client* client, uint64_t t_ns, uint64_t rid);
 TM_API int tm_queued_str(tm_client* client, uint64_t t_ns, const char* rid,
@@ -388,6 +457,24 @@ TM_API int tm_queued_str(tm_client* client, uint64_t t_ns, const char* rid,
 TM_API int tm_scheduled(tm_client* client, uint64_t t_ns, uint64_t rid);
 TM_API int tm_scheduled_str(tm_client* client, uint64_t t_ns, const char* rid,
                             size_t rid_len);
+/* The first SCHEDULED with where the request's prompt tokens came from
+ * (protocol 1.2, [3, t, rid, {"cached_tokens": c, "external_tokens": e}],
+ * both keys always; a 1.1 daemon ignores the map): `cached_tokens` were
+ * found in the local prefix cache, `external_tokens` received from another
+ * instance or an external KV store instead of computed; the rest of the
+ * prompt was computed. The daemon reads the map only on a request's first
+ * SCHEDULED, and drops it (bad_field) when cached + external exceed the
+ * request's prompt tokens, which the library does not know: the caller
+ * keeps that sum within the ARRIVED prompt_tokens. Any uint32_t values are
+ * valid here; the request id follows the rules above. Buffer space and
+ * cost: tm_scheduled()'s plus one word (8 bytes) and one store. Wait-free,
+ * any thread, the same rules and results as the other event calls. */
+TM_API int tm_scheduled_ex(tm_client* client, uint64_t t_ns, uint64_t rid,
+                           uint32_t cached_tokens, uint32_t external_tokens);
+TM_API int tm_scheduled_ex_str(tm_client* client, uint64_t t_ns,
+                               const char* rid, size_t rid_len,
+                               uint32_t cached_tokens,
+                               uint32_t external_tokens);
 
 /* `n` >= 1 output tokens were produced for the request in one step. */
 TM_API int tm_tokens(tm_client* client, uint64_t t_ns, uint64_t rid,
@@ -458,7 +545,12 @@ typedef enum tm_step_key {
   TM_STEP_KEY_SPEC_DRAFTS = 7,
   TM_STEP_KEY_SPEC_DRAFT_TOKENS = 8,
   TM_STEP_KEY_SPEC_ACCEPTED_TOKENS = 9,
-  TM_STEP_KEY_COUNT = 10
+  /* 1.2: of `waiting`, the requests waiting for something other than
+   * capacity (a LoRA slot, a KV transfer in flight, a grammar compile).
+   * Only with TM_STEP_KEY_WAITING in the same call and at most its value
+   * (the daemon drops it otherwise): else the call is TM_E_INVALID. */
+  TM_STEP_KEY_WAITING_DEFERRED = 10,
+  TM_STEP_KEY_COUNT = 11
 } tm_step_key;
 
 /* Most entries of spec_accepted_per_pos one STEP may carry. */
@@ -470,8 +562,10 @@ typedef enum tm_step_key {
  * bad events); kv_usage a value in 0..1. `accepted_per_pos` (may be NULL
  * when n_pos is 0) holds the accepted tokens per draft position, at most
  * TM_MAX_SPEC_POSITIONS entries of at most TM_MAX_EVENT_COUNT each; it is
- * sent as spec_accepted_per_pos only when n_pos > 0. Anything else is
- * rejected (TM_E_INVALID, counted as rejected, nothing sent). */
+ * sent as spec_accepted_per_pos only when n_pos > 0. waiting_deferred
+ * (protocol 1.2; a 1.1 daemon ignores it) only with waiting and at most
+ * waiting's value. Anything else is rejected (TM_E_INVALID, counted as
+ * rejected, nothing sent). */
 TM_API int tm_step(tm_client* client, uint64_t t_ns, const tm_step_key* keys,
                    const double* values, size_t n_keys,
                    const uint64_t* accepted_per_pos, size_t n_pos);
@@ -496,6 +590,116 @@ TM_API int tm_step(tm_client* client, uint64_t t_ns, const tm_step_key* keys,
  * TM_E_FORKED). */
 TM_API int tm_expert_load(tm_client* client, uint64_t t_ns, uint32_t layer,
                           const uint64_t* counts, size_t n);
+
+/* ---- protocol 1.2 events ------------------------------------------------
+ * Event kinds a 1.1 daemon counts as unknown_kind and skips (the rest of
+ * the batch is applied). "Label-value syntax" is the rule of
+ * tm_proto_valid_label_value() in protocol.h, the check the daemon applies
+ * too: 1 to TM_MAX_LABEL_VALUE_BYTES (64) bytes of well-formed UTF-8
+ * without control characters (U+0000..U+001F, U+007F..U+009F); such strings
+ * are NUL-terminated here and copied into the buffer (they may be reused
+ * once the call returns). Each call is wait-free, may be made from any
+ * thread, and has the results of the other event calls: TM_OK,
+ * TM_E_INVALID (a rule broken: counted as rejected, nothing appended),
+ * TM_E_DROPPED (buffer full, counted), TM_E_CLOSED / TM_E_FORKED. */
+
+/* The server refused a request before it entered the engine (a queue cap,
+ * a token cap, an expired deadline): [9, t, reason], or with the request's
+ * id [9, t, reason, rid] (_rid: an integer id; _str: a string id, the id
+ * rules above). `reason` in label-value syntax, e.g. "queue_full". The
+ * request never becomes a tracked request; the id only names it in traces
+ * and logs. Buffer space: 16 bytes plus the id's (8 for an integer) plus
+ * the reason's bytes rounded up to 8 (32 bytes for "queue_full" without an
+ * id). Cost: a tm_tokens() plus one pass over the reason that checks and
+ * copies it (docs/performance.md, "Protocol 1.2 client calls"). */
+TM_API int tm_admission_rejected(tm_client* client, uint64_t t_ns,
+                                 const char* reason);
+TM_API int tm_admission_rejected_rid(tm_client* client, uint64_t t_ns,
+                                     const char* reason, uint64_t rid);
+TM_API int tm_admission_rejected_str(tm_client* client, uint64_t t_ns,
+                                     const char* reason, const char* rid,
+                                     size_t rid_len);
+
+/* One KV-cache transfer of a request ended (disaggregated prefill/decode):
+ * [10, t, rid, info], t the time it ended. */
+typedef enum tm_kv_role {
+  TM_KV_SEND = 0, /* the prefill side sent the KV cache: "send" */
+  TM_KV_RECV = 1  /* the decode side received it: "recv" */
+} tm_kv_role;
+/* bytes / blocks not given (not sent). */
+#define TM_KV_UNKNOWN UINT64_MAX
+typedef struct tm_kv_transfer_info {
+  size_t size;           /* sizeof(tm_kv_transfer_info); set by
+                            TM_KV_TRANSFER_INFO_INIT (lets the struct grow) */
+  tm_kv_role role;       /* TM_KV_SEND or TM_KV_RECV */
+  uint64_t start_ns;     /* CLOCK_MONOTONIC ns the transfer began; required:
+                            at most the event time (t_ns, or now for 0) */
+  uint64_t bytes;        /* TM_KV_UNKNOWN, or <= TM_MAX_KV_TRANSFER_BYTES */
+  uint64_t blocks;       /* TM_KV_UNKNOWN, or <= TM_MAX_KV_TRANSFER_BYTES */
+  int ok;                /* nonzero: the transfer succeeded (the default) */
+  const char* reason;    /* NULL: none; label-value syntax, e.g. "timeout" */
+  const char* connector; /* NULL: none; label-value syntax, e.g. "nixl" */
+} tm_kv_transfer_info;
+/* clang-format off */
+#define TM_KV_TRANSFER_INFO_INIT \
+  {sizeof(tm_kv_transfer_info), TM_KV_SEND, 0, TM_KV_UNKNOWN, TM_KV_UNKNOWN, \
+   1, NULL, NULL}
+/* clang-format on */
+/* Initialize `info` with TM_KV_TRANSFER_INFO_INIT, then set role and
+ * start_ns (both required; start_ns has no "not given") and what else is
+ * known. `size` is sizeof(tm_kv_transfer_info) as the caller was compiled:
+ * at least this (1.2) layout's, else TM_E_INVALID; fields a newer header
+ * appends are not read. The rules, each the daemon's: `role` one of the
+ * two; `start_ns` at most the event time (t_ns, or the clock read for
+ * t_ns = 0); `bytes` and `blocks` TM_KV_UNKNOWN or at most
+ * TM_MAX_KV_TRANSFER_BYTES (2^48 - 1); `reason` and `connector` NULL or in
+ * label-value syntax. NULL `info` or any rule broken is TM_E_INVALID:
+ * counted as rejected, nothing appended.
+ *
+ * Wire form: [10, t, rid, info], the info map holding, in this order,
+ * "role" ("send" or "recv"), "start" (uint), "bytes" and "blocks" (uints,
+ * when not TM_KV_UNKNOWN), "ok": false only when the transfer failed (the
+ * protocol's default is true, so a success sends no "ok"), "reason" and
+ * "connector" (strs, when given; a reason is sent as given, also with ok,
+ * though the daemon uses it only on failure). Buffer space: 40 bytes
+ * (integer id) plus 8 for each of bytes and blocks given plus the reason
+ * and connector bytes together rounded up to 8 (64 bytes for a
+ * "nixl" transfer with bytes and blocks). Cost: a few stores more than a
+ * tm_tokens() plus one pass over each string (docs/performance.md,
+ * "Protocol 1.2 client calls"). */
+TM_API int tm_kv_transfer(tm_client* client, uint64_t t_ns, uint64_t rid,
+                          const tm_kv_transfer_info* info);
+TM_API int tm_kv_transfer_str(tm_client* client, uint64_t t_ns, const char* rid,
+                              size_t rid_len, const tm_kv_transfer_info* info);
+
+/* The engine's sleep state changed (vLLM's sleep mode, SGLang's memory
+ * release): [11, t, state], the state map holding, in this order,
+ * "scheduler" ("running" / "paused"), "weights" ("resident" / "offloaded"
+ * / "discarded") and "kv_cache" ("resident" / "released"), each only when
+ * not *_KEEP: the daemon keeps a part not given at its previous value (an
+ * engine that never sends SLEEP is awake). All three KEEP sends an empty
+ * map, a valid event that changes nothing. A value outside its enum is
+ * TM_E_INVALID (counted as rejected, nothing appended). Buffer space: 16
+ * bytes. Cost: a tm_tokens()'s. */
+typedef enum tm_scheduler_state {
+  TM_SCHEDULER_KEEP = -1,
+  TM_SCHEDULER_RUNNING = 0,
+  TM_SCHEDULER_PAUSED = 1
+} tm_scheduler_state;
+typedef enum tm_weights_state {
+  TM_WEIGHTS_KEEP = -1,
+  TM_WEIGHTS_RESIDENT = 0,
+  TM_WEIGHTS_OFFLOADED = 1,
+  TM_WEIGHTS_DISCARDED = 2
+} tm_weights_state;
+typedef enum tm_kv_cache_state {
+  TM_KV_CACHE_KEEP = -1,
+  TM_KV_CACHE_RESIDENT = 0,
+  TM_KV_CACHE_RELEASED = 1
+} tm_kv_cache_state;
+TM_API int tm_sleep_state(tm_client* client, uint64_t t_ns,
+                          tm_scheduler_state scheduler,
+                          tm_weights_state weights, tm_kv_cache_state kv_cache);
 
 #ifdef __cplusplus
 } /* extern "C" */

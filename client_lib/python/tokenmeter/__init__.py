@@ -29,6 +29,14 @@ ctypes, naming every place tried):
     meter.finished("req-1", "stop")
     meter.step(running=2, waiting=0, kv_usage=0.31)
     meter.expert_load(0, [512, 3, 77, 1])  # MoE layer 0, protocol 1.1
+    # Protocol 1.2:
+    meter.arrived("req-3", 40, priority=-1, traceparent=(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+    meter.scheduled("req-3", cached_tokens=32, external_tokens=0)
+    meter.admission_rejected("queue_full", rid="req-4")
+    meter.kv_transfer("req-3", "send", tokenmeter.now_ns() - 2_000_000,
+                      bytes=1 << 20, connector="nixl")
+    meter.sleep_state(scheduler="paused", weights="offloaded")
     meter.close()
 
 docs/user-guide.md ("Python integration") has the whole story.
@@ -36,11 +44,14 @@ docs/user-guide.md ("Python integration") has the whole story.
 import os
 import time
 
-from ._common import (DROPPED, ENV_VAR, INVALID, MAX_CACHE_CONFIG,
-                      MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
+from ._common import (DROPPED, ENV_VAR, INVALID, KV_CACHE_STATES, KV_ROLES,
+                      MAX_CACHE_CONFIG, MAX_KV_TRANSFER_BYTES,
+                      MAX_LABEL_VALUE_BYTES, MAX_LORA_BYTES, MAX_MOE_EXPERTS,
+                      MAX_MOE_LAYERS, MAX_PRIORITY,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
-                      MAX_RID_BYTES, OK, PROFILES, FinishReason,
-                      LibraryNotFoundError, Stats)
+                      MAX_RID_BYTES, MAX_TRACESTATE_BYTES, MIN_PRIORITY, OK,
+                      PROFILES, SCHEDULER_STATES, WEIGHTS_STATES,
+                      FinishReason, LibraryNotFoundError, Stats)
 
 BACKEND_VAR = "TOKENMETER_BACKEND"
 
@@ -90,8 +101,12 @@ __all__ = ["Client", "FinishReason", "Stats", "LibraryNotFoundError",
            "OK", "INVALID", "DROPPED", "MAX_RID_BYTES", "MAX_CACHE_CONFIG",
            "MAX_LORA_BYTES", "MAX_REQUEST_LABELS",
            "MAX_REQUEST_LABEL_VALUE_BYTES", "MAX_MOE_LAYERS",
-           "MAX_MOE_EXPERTS", "PROFILES", "ENV_VAR", "BACKEND_VAR", "backend",
-           "now_ns", "library_path", "library_version"]
+           "MAX_MOE_EXPERTS", "MIN_PRIORITY", "MAX_PRIORITY",
+           "MAX_LABEL_VALUE_BYTES", "MAX_TRACESTATE_BYTES",
+           "MAX_KV_TRANSFER_BYTES", "KV_ROLES", "SCHEDULER_STATES",
+           "WEIGHTS_STATES", "KV_CACHE_STATES", "PROFILES", "ENV_VAR",
+           "BACKEND_VAR", "backend", "now_ns", "library_path",
+           "library_version"]
 
 # CLOCK_MONOTONIC nanoseconds: the clock of every event (on Linux,
 # time.monotonic_ns() reads CLOCK_MONOTONIC, as the library does).

@@ -19,6 +19,15 @@ MAX_REQUEST_LABELS: int
 MAX_REQUEST_LABEL_VALUE_BYTES: int
 MAX_MOE_LAYERS: int
 MAX_MOE_EXPERTS: int
+MIN_PRIORITY: int
+MAX_PRIORITY: int
+MAX_LABEL_VALUE_BYTES: int
+MAX_TRACESTATE_BYTES: int
+MAX_KV_TRANSFER_BYTES: int
+KV_ROLES: tuple[str, ...]
+SCHEDULER_STATES: tuple[str, ...]
+WEIGHTS_STATES: tuple[str, ...]
+KV_CACHE_STATES: tuple[str, ...]
 PROFILES: tuple[str, ...]
 ENV_VAR: str
 BACKEND_VAR: str
@@ -81,9 +90,14 @@ class Client:
     def arrived(self, rid: RequestId, prompt_tokens: int,
                 max_tokens: int = ..., n: int = ..., t_ns: int = ...,
                 lora: Optional[str] = ...,
-                labels: Optional[Mapping[str, str]] = ...) -> int: ...
+                labels: Optional[Mapping[str, str]] = ...,
+                priority: Optional[int] = ...,
+                traceparent: Optional[str] = ...,
+                tracestate: Optional[str] = ...) -> int: ...
     def queued(self, rid: RequestId, t_ns: int = ...) -> int: ...
-    def scheduled(self, rid: RequestId, t_ns: int = ...) -> int: ...
+    def scheduled(self, rid: RequestId, t_ns: int = ...,
+                  cached_tokens: Optional[int] = ...,
+                  external_tokens: Optional[int] = ...) -> int: ...
     def tokens(self, rid: RequestId, n: int = ..., t_ns: int = ...) -> int:
         ...
     def tokens_batch(self, rids: Union[Sequence[int], Sequence[str],
@@ -105,7 +119,23 @@ class Client:
              spec_draft_tokens: Optional[int] = ...,
              spec_accepted_tokens: Optional[int] = ...,
              spec_accepted_per_pos: Optional[Sequence[int]] = ...,
-             t_ns: int = ...) -> int: ...
+             t_ns: int = ...,
+             waiting_deferred: Optional[int] = ...) -> int: ...
     def expert_load(self, layer: int,
                     counts: Union[Sequence[int], IntBuffer],
+                    t_ns: int = ...) -> int: ...
+    def admission_rejected(self, reason: str,
+                           rid: Optional[RequestId] = ...,
+                           t_ns: int = ...) -> int: ...
+    def kv_transfer(self, rid: RequestId, role: Literal["send", "recv"],
+                    start_ns: int, t_ns: int = ...,
+                    bytes: Optional[int] = ..., blocks: Optional[int] = ...,
+                    ok: bool = ..., reason: Optional[str] = ...,
+                    connector: Optional[str] = ...) -> int: ...
+    def sleep_state(self,
+                    scheduler: Optional[Literal["running", "paused"]] = ...,
+                    weights: Optional[Literal["resident", "offloaded",
+                                              "discarded"]] = ...,
+                    kv_cache: Optional[Literal["resident",
+                                               "released"]] = ...,
                     t_ns: int = ...) -> int: ...

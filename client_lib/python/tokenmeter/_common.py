@@ -9,7 +9,9 @@ tokenmeter._native.Options in C or client._CtypesOptions over ctypes.
 import math
 import operator
 import os
+import re
 import sys
+import time
 import weakref
 from array import array
 from collections import namedtuple
@@ -40,6 +42,17 @@ MAX_REQUEST_LABELS = 4   # TM_MAX_REQUEST_LABELS
 MAX_REQUEST_LABEL_VALUE_BYTES = 128  # TM_MAX_REQUEST_LABEL_VALUE_BYTES
 MAX_MOE_LAYERS = 4096    # TM_MAX_MOE_LAYERS: expert_load() layer < this
 MAX_MOE_EXPERTS = 1024   # TM_MAX_MOE_EXPERTS: counts per expert_load()
+# Protocol 1.2.
+MIN_PRIORITY = -(1 << 31)    # TM_MIN_PRIORITY: arrived() priority
+MAX_PRIORITY = (1 << 31) - 1  # TM_MAX_PRIORITY
+MAX_LABEL_VALUE_BYTES = 64   # TM_MAX_LABEL_VALUE_BYTES: reasons, connectors
+MAX_TRACESTATE_BYTES = 256   # TM_MAX_TRACESTATE_BYTES
+MAX_KV_TRANSFER_BYTES = (1 << 48) - 1  # TM_MAX_KV_TRANSFER_BYTES
+KV_ROLES = ("send", "recv")  # tm_kv_role: TM_KV_SEND, TM_KV_RECV
+# sleep_state() values, each in its tm_*_state order (0, 1, ...).
+SCHEDULER_STATES = ("running", "paused")
+WEIGHTS_STATES = ("resident", "offloaded", "discarded")
+KV_CACHE_STATES = ("resident", "released")
 PROFILES = ("vllm", "sglang", "lmdeploy")  # TM_PROFILE_*
 _MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
 _U32 = 0xFFFFFFFF
@@ -80,8 +93,11 @@ Stats.__doc__ = "Counters of tm_client_stats(), in tm_stat order."
 # STEP keys, in tm_step_key order.
 _STEP_KEYS = ("running", "waiting", "kv_usage", "prompt_tokens",
               "generation_tokens", "prefix_queries", "prefix_hits",
-              "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+              "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
+              "waiting_deferred")
+_WAITING = 1
 _KV_USAGE = 2
+_WAITING_DEFERRED = 10
 
 
 # ---- argument checks (the slow paths; the fast paths are inline) -----------
@@ -388,6 +404,16 @@ def _step_figures(given, spec_accepted_per_pos):
         else:
             figures.append((key, _uint(_STEP_KEYS[key], v, 0,
                                        _STEP_INT_MAX)))
+    if given[_WAITING_DEFERRED] is not None:
+        # 1.2: a part of `waiting` (the daemon drops it otherwise).
+        deferred = dict(figures)[_WAITING_DEFERRED]
+        waiting = dict(figures).get(_WAITING)
+        if waiting is None:
+            raise ValueError("waiting_deferred needs waiting in the same "
+                             "step (it counts some of the waiting requests)")
+        if deferred > waiting:
+            raise ValueError(f"waiting_deferred = {deferred} is above "
+                             f"waiting = {waiting}")
     if spec_accepted_per_pos is None:
         return figures, array("Q")
     try:
@@ -446,3 +472,167 @@ def _batch_ids(rids, t_ns):
     if type(t_ns) is not int or not 0 <= t_ns <= _U64:
         t_ns = _t(t_ns)
     return rids, count, t_ns
+
+
+# ---- protocol 1.2 ------------------------------------------------------------
+#
+# The string rules (label-value syntax, traceparent, tracestate) are
+# protocol.h's, applied by the library (as the daemon applies them): the
+# binding checks types, NUL bytes and lengths, passes the rest on, and when
+# the library refuses (and counts) the event, says why with the helpers
+# below, which only word the message.
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_TRACEPARENT = re.compile("00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT_RULE = ("a W3C traceparent of version 00, "
+                     "00-<32 hex>-<16 hex>-<2 hex> in lowercase, neither id "
+                     "all zeros (tm_proto_valid_traceparent in "
+                     "tokenmeter/protocol.h)")
+_TRACESTATE_RULE = ("a W3C tracestate: at most 32 comma-separated members "
+                    "key=value, keys [a-z0-9][a-z0-9_*/-]* with at most one "
+                    "@, values printable ASCII without , and = "
+                    "(tm_proto_valid_tracestate in tokenmeter/protocol.h)")
+_LABEL_VALUE_RULE = (f"1 .. {MAX_LABEL_VALUE_BYTES} bytes of UTF-8 without "
+                     "control characters (label-value syntax, "
+                     "tm_proto_valid_label_value in tokenmeter/protocol.h)")
+_REFUSED = "the event was counted as rejected"
+
+
+def _label_value(what, v):
+    """A reason or connector as UTF-8 bytes: a str of 1 .. 64 bytes without
+    NUL (the library checks the rest); raises otherwise."""
+    b = _option_str(what, v, 1, MAX_LABEL_VALUE_BYTES)
+    return b
+
+
+def _label_value_message(what, v):
+    """Why the library refused the label-value `v` (a str that passed
+    _label_value())."""
+    m = _CONTROL.search(v)
+    if m:
+        return (f"{what} {v!r} contains the control character "
+                f"U+{ord(m.group()):04X}; it must be {_LABEL_VALUE_RULE}")
+    return f"{what} {v!r} must be {_LABEL_VALUE_RULE}"
+
+
+def _label_value_refused(what, v):
+    raise ValueError(f"{_label_value_message(what, v)} ({_REFUSED})")
+
+
+def _priority(v):
+    return _uint("priority", v, MIN_PRIORITY, MAX_PRIORITY)
+
+
+def _trace_str(what, v, lo, hi):
+    """traceparent / tracestate as ASCII bytes of lo .. hi bytes."""
+    return _option_str(what, v, lo, hi)
+
+
+def _traceparent(v):
+    return _trace_str("traceparent", v, 0, sys.maxsize)
+
+
+def _tracestate(v):
+    return _trace_str("tracestate", v, 0, MAX_TRACESTATE_BYTES)
+
+
+def _arrived_refused(labels, traceparent, tracestate):
+    """The library refused an arrived() whose params the binding checked
+    (types, lengths, NUL bytes): raise naming the rule of protocol.h that
+    the request labels, traceparent or tracestate broke."""
+    labels_rule = (f"request labels {list(labels or ())!r}: names match "
+                   "[a-zA-Z_][a-zA-Z0-9_]*, do not start with __ nor are a "
+                   "label the daemon sets (TM_RESERVED_LABEL_NAMES in "
+                   "tokenmeter/protocol.h)")
+    if traceparent is not None and (
+            not _TRACEPARENT.fullmatch(traceparent)
+            or traceparent[3:35] == "0" * 32
+            or traceparent[36:52] == "0" * 16):
+        why = f"traceparent {traceparent!r} must be {_TRACEPARENT_RULE}"
+    elif tracestate is None:
+        why = labels_rule
+    elif not labels:
+        why = f"tracestate {tracestate!r} must be {_TRACESTATE_RULE}"
+    else:  # one of the two
+        why = (f"{labels_rule}; or tracestate {tracestate!r} must be "
+               f"{_TRACESTATE_RULE}")
+    raise ValueError(f"{why} ({_REFUSED})")
+
+
+def _scheduled_info(cached_tokens, external_tokens):
+    """scheduled()'s info: None, or (cached, external) checked."""
+    if cached_tokens is None and external_tokens is None:
+        return None
+    if cached_tokens is None or external_tokens is None:
+        raise TypeError("scheduled() takes cached_tokens and external_tokens "
+                        "together (both or neither)")
+    return (_uint("cached_tokens", cached_tokens, 0, _U32),
+            _uint("external_tokens", external_tokens, 0, _U32))
+
+
+def _kv_role(role):
+    if type(role) is str or isinstance(role, str):
+        if role in KV_ROLES:
+            return KV_ROLES.index(role)
+        raise ValueError(f"role {role!r} is not one of 'send', 'recv'")
+    raise TypeError(f"role must be 'send' or 'recv', not "
+                    f"{type(role).__name__}")
+
+
+def _kv_amount(what, v):
+    """bytes / blocks: None (not sent) or an int 0 .. 2**48-1."""
+    if v is None:
+        return None
+    return _uint(what, v, 0, MAX_KV_TRANSFER_BYTES)
+
+
+def _kv_transfer_args(role, start_ns, t_ns, nbytes, blocks, ok, reason,
+                      connector):
+    """kv_transfer()'s arguments checked and converted: (role index,
+    start_ns, t_ns, bytes or None, blocks or None, ok, reason bytes or
+    None, connector bytes or None)."""
+    r = _kv_role(role)
+    start = _uint("start_ns (CLOCK_MONOTONIC ns)", start_ns, 0, _U64)
+    t = _t(t_ns)
+    if t != 0 and start > t:
+        raise ValueError(f"start_ns = {start} is after the event time "
+                         f"t_ns = {t}: a transfer ends after it began")
+    if not isinstance(ok, bool):
+        raise TypeError(f"ok must be a bool, not {type(ok).__name__}")
+    return (r, start, t, _kv_amount("bytes", nbytes),
+            _kv_amount("blocks", blocks), ok,
+            None if reason is None else _label_value("reason", reason),
+            None if connector is None else _label_value("connector",
+                                                        connector))
+
+
+def _kv_transfer_refused(start_ns, t_ns, reason, connector):
+    """The library refused a kv_transfer() the binding checked: with t_ns
+    0 the start was after now, else a string broke label-value syntax."""
+    if t_ns == 0 and start_ns > time.monotonic_ns():
+        raise ValueError(f"start_ns = {start_ns} is after now (t_ns = 0): a "
+                         f"transfer ends after it began ({_REFUSED})")
+    for what, v in (("reason", reason), ("connector", connector)):
+        if v is not None and _CONTROL.search(v):
+            _label_value_refused(what, v)
+    raise ValueError(f"kv_transfer refused: start_ns must be at most the "
+                     f"event time, reason and connector {_LABEL_VALUE_RULE} "
+                     f"({_REFUSED})")
+
+
+def _sleep_part(what, v, values):
+    """A sleep_state() part: None (keep, -1) or its value's index."""
+    if v is None:
+        return -1
+    if isinstance(v, str):
+        if v in values:
+            return values.index(v)
+        raise ValueError(f"{what} {v!r} is not one of "
+                         + ", ".join(repr(x) for x in values))
+    raise TypeError(f"{what} must be None or a str, not {type(v).__name__}")
+
+
+def _sleep_state_args(scheduler, weights, kv_cache):
+    return (_sleep_part("scheduler", scheduler, SCHEDULER_STATES),
+            _sleep_part("weights", weights, WEIGHTS_STATES),
+            _sleep_part("kv_cache", kv_cache, KV_CACHE_STATES))

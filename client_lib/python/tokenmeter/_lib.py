@@ -27,7 +27,8 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
              "tm_arrived_ex_str", "tm_options_set_profile",
              "tm_options_add_cache_config_str", "tm_options_set_max_lora",
-             "tm_expert_load", "tm_options_set_ack")
+             "tm_expert_load", "tm_options_set_ack", "tm_arrived_params",
+             "tm_kv_transfer", "tm_sleep_state")
 
 
 def _try_load(path):
@@ -167,6 +168,22 @@ _SIGNATURES = {
     "tm_step": (_int, [_client_p, _u64, _ptr, _ptr, _size, _ptr, _size]),
     # counts: an address, or a bytes object (passed as its char*).
     "tm_expert_load": (_int, [_client_p, _u64, _u32, _ptr, _size]),
+    # Protocol 1.2. params / info: the address of a RequestParams /
+    # KvTransferInfo (below).
+    "tm_arrived_params": (_int, [_client_p, _u64, _u64, _u32, _ptr]),
+    "tm_arrived_params_str": (_int, [_client_p, _u64, _str, _size, _u32,
+                                     _ptr]),
+    "tm_scheduled_ex": (_int, [_client_p, _u64, _u64, _u32, _u32]),
+    "tm_scheduled_ex_str": (_int, [_client_p, _u64, _str, _size, _u32,
+                                   _u32]),
+    "tm_admission_rejected": (_int, [_client_p, _u64, _str]),
+    "tm_admission_rejected_rid": (_int, [_client_p, _u64, _str, _u64]),
+    "tm_admission_rejected_str": (_int, [_client_p, _u64, _str, _str,
+                                         _size]),
+    "tm_kv_transfer": (_int, [_client_p, _u64, _u64, _ptr]),
+    "tm_kv_transfer_str": (_int, [_client_p, _u64, _str, _size, _ptr]),
+    # tm_scheduler_state, tm_weights_state, tm_kv_cache_state: C enums.
+    "tm_sleep_state": (_int, [_client_p, _u64, _int, _int, _int]),
 }
 
 # Called from Python hot paths and never blocking: loaded through PyDLL.
@@ -177,12 +194,43 @@ _EVENT_FUNCTIONS = frozenset({
     "tm_scheduled", "tm_scheduled_str", "tm_tokens", "tm_tokens_str",
     "tm_tokens_batch", "tm_tokens_batch_str", "tm_finished",
     "tm_finished_str", "tm_preempted", "tm_preempted_str", "tm_step",
-    "tm_expert_load", "tm_client_stats", "tm_now_ns"})
+    "tm_expert_load", "tm_arrived_params", "tm_arrived_params_str",
+    "tm_scheduled_ex", "tm_scheduled_ex_str", "tm_admission_rejected",
+    "tm_admission_rejected_rid", "tm_admission_rejected_str",
+    "tm_kv_transfer", "tm_kv_transfer_str", "tm_sleep_state",
+    "tm_client_stats", "tm_now_ns"})
 
 
 class Label(_c.Structure):
     """tm_label: one request label of tm_arrived_ex()."""
     _fields_ = [("name", _c.c_char_p), ("value", _c.c_char_p)]
+
+
+class RequestParams(_c.Structure):
+    """tm_request_params (protocol 1.2), for tm_arrived_params(); `size`
+    set by the constructor, as TM_REQUEST_PARAMS_INIT sets it."""
+    _fields_ = [("size", _size), ("max_tokens", _u32), ("n", _u32),
+                ("lora", _c.c_char_p), ("labels", _ptr),
+                ("n_labels", _size), ("has_priority", _int),
+                ("priority", _c.c_int32), ("traceparent", _c.c_char_p),
+                ("tracestate", _c.c_char_p)]
+
+    def __init__(self, **kw):
+        super().__init__(size=_c.sizeof(RequestParams), **kw)
+
+
+class KvTransferInfo(_c.Structure):
+    """tm_kv_transfer_info (protocol 1.2), for tm_kv_transfer(); `size`
+    set by the constructor. bytes / blocks: KV_UNKNOWN when not given."""
+    _fields_ = [("size", _size), ("role", _int), ("start_ns", _u64),
+                ("bytes", _u64), ("blocks", _u64), ("ok", _int),
+                ("reason", _c.c_char_p), ("connector", _c.c_char_p)]
+
+    def __init__(self, **kw):
+        super().__init__(size=_c.sizeof(KvTransferInfo), **kw)
+
+
+KV_UNKNOWN = (1 << 64) - 1  # TM_KV_UNKNOWN
 
 
 class Lib:

@@ -181,6 +181,28 @@ static PyObject* s_preempted_slow;
 static PyObject* s_finished_slow;
 static PyObject* s_step_slow;
 static PyObject* s_expert_load_slow;
+/* Protocol 1.2. */
+static PyObject* s_priority;
+static PyObject* s_traceparent;
+static PyObject* s_tracestate;
+static PyObject* s_cached_tokens;
+static PyObject* s_external_tokens;
+static PyObject* s_role;
+static PyObject* s_start_ns;
+static PyObject* s_bytes;
+static PyObject* s_blocks;
+static PyObject* s_ok;
+static PyObject* s_connector;
+static PyObject* s_scheduler;
+static PyObject* s_weights;
+static PyObject* s_kv_cache;
+static PyObject* s_admission_rejected_slow;
+static PyObject* s_kv_transfer_slow;
+static PyObject* s_sleep_state_slow;
+static PyObject* s_arrived_refused;
+static PyObject* s_label_value_refused;
+static PyObject* s_kv_transfer_refused;
+static PyObject* s_reason_name; /* "reason", as _label_value_refused's what */
 static PyObject* s_stop;
 static PyObject* s_length;
 static PyObject* s_abort;
@@ -191,7 +213,8 @@ static const char* const kStepKeyNames[TM_STEP_KEY_COUNT] = {
     "kv_usage",          "prompt_tokens",
     "generation_tokens", "prefix_queries",
     "prefix_hits",       "spec_drafts",
-    "spec_draft_tokens", "spec_accepted_tokens"};
+    "spec_draft_tokens", "spec_accepted_tokens",
+    "waiting_deferred"};
 
 static int InternAll(void) {
   struct {
@@ -220,6 +243,27 @@ static int InternAll(void) {
       {&s_finished_slow, "_finished_slow"},
       {&s_step_slow, "_step_slow"},
       {&s_expert_load_slow, "_expert_load_slow"},
+      {&s_priority, "priority"},
+      {&s_traceparent, "traceparent"},
+      {&s_tracestate, "tracestate"},
+      {&s_cached_tokens, "cached_tokens"},
+      {&s_external_tokens, "external_tokens"},
+      {&s_role, "role"},
+      {&s_start_ns, "start_ns"},
+      {&s_bytes, "bytes"},
+      {&s_blocks, "blocks"},
+      {&s_ok, "ok"},
+      {&s_connector, "connector"},
+      {&s_scheduler, "scheduler"},
+      {&s_weights, "weights"},
+      {&s_kv_cache, "kv_cache"},
+      {&s_admission_rejected_slow, "_admission_rejected_slow"},
+      {&s_kv_transfer_slow, "_kv_transfer_slow"},
+      {&s_sleep_state_slow, "_sleep_state_slow"},
+      {&s_arrived_refused, "_arrived_refused"},
+      {&s_label_value_refused, "_label_value_refused"},
+      {&s_kv_transfer_refused, "_kv_transfer_refused"},
+      {&s_reason_name, "reason"},
       {&s_stop, "stop"},
       {&s_length, "length"},
       {&s_abort, "abort"},
@@ -829,10 +873,39 @@ static PyObject* Client_queued(ClientObject* self, PyObject* const* args,
                   s_queued_slow);
 }
 
+/* scheduled(rid, t_ns=0, cached_tokens=None, external_tokens=None): with
+ * both counts, the 1.2 form (tm_scheduled_ex); one without the other is
+ * the slow path's TypeError. */
 static PyObject* Client_scheduled(ClientObject* self, PyObject* const* args,
                                   size_t nargsf, PyObject* kwnames) {
-  return RidEvent(self, args, nargsf, kwnames, tm_scheduled, tm_scheduled_str,
-                  s_scheduled_slow);
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* a[4];
+  PyObject* const names[4] = {s_rid, s_t_ns, s_cached_tokens,
+                              s_external_tokens};
+  Rid r;
+  uint64_t t;
+  if (Bind(args, nargs, kwnames, names, 4, 4, a) != 0 || a[0] == NULL ||
+      RidOf(a[0], &r) != 0 || TimeOf(a[1], &t) != 0) {
+    goto slow;
+  }
+  PyObject* cached = a[2] == Py_None ? NULL : a[2];
+  PyObject* external = a[3] == Py_None ? NULL : a[3];
+  int rc;
+  if (cached == NULL && external == NULL) {
+    rc = r.s ? tm_scheduled_str(self->h, t, r.s, (size_t)r.len)
+             : tm_scheduled(self->h, t, r.v);
+    return PyLong_FromLong(rc);
+  }
+  uint32_t c, e;
+  if (cached == NULL || external == NULL || U32Of(cached, 0, &c) != 0 ||
+      U32Of(external, 0, &e) != 0) {
+    goto slow;
+  }
+  rc = r.s ? tm_scheduled_ex_str(self->h, t, r.s, (size_t)r.len, c, e)
+           : tm_scheduled_ex(self->h, t, r.v, c, e);
+  return PyLong_FromLong(rc);
+slow:
+  return Slow((PyObject*)self, s_scheduled_slow, args, nargsf, kwnames);
 }
 
 static PyObject* Client_preempted(ClientObject* self, PyObject* const* args,
@@ -904,18 +977,32 @@ static const char* CStrOf(PyObject* o, Py_ssize_t lo, Py_ssize_t hi) {
   return s;
 }
 
+/* An exact int in int32_t's range, into *out; -1 for the slow path. */
+static int I32Of(PyObject* o, int32_t* out) {
+  if (!PyLong_CheckExact(o)) return -1;
+  int overflow;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+    PyErr_Clear();
+    return -1;
+  }
+  *out = (int32_t)v;
+  return 0;
+}
+
 /* arrived(rid, prompt_tokens, max_tokens=0, n=0, t_ns=0, lora=None,
- *         labels=None) */
+ *         labels=None, priority=None, traceparent=None, tracestate=None) */
 static PyObject* Client_arrived(ClientObject* self, PyObject* const* args,
                                 size_t nargsf, PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  PyObject* a[7];
-  PyObject* const names[7] = {s_rid,  s_prompt_tokens, s_max_tokens, s_n,
-                              s_t_ns, s_lora,          s_labels};
+  PyObject* a[10];
+  PyObject* const names[10] = {
+      s_rid,  s_prompt_tokens, s_max_tokens, s_n,           s_t_ns,
+      s_lora, s_labels,        s_priority,   s_traceparent, s_tracestate};
   Rid r;
   uint32_t prompt, max_tokens = 0, n = 0;
   uint64_t t;
-  if (Bind(args, nargs, kwnames, names, 7, 7, a) != 0 || a[0] == NULL ||
+  if (Bind(args, nargs, kwnames, names, 10, 10, a) != 0 || a[0] == NULL ||
       a[1] == NULL || RidOf(a[0], &r) != 0 || U32Of(a[1], 0, &prompt) != 0 ||
       (a[2] != NULL && U32Of(a[2], 0, &max_tokens) != 0) ||
       (a[3] != NULL && U32Of(a[3], 0, &n) != 0) || TimeOf(a[4], &t) != 0) {
@@ -923,8 +1010,12 @@ static PyObject* Client_arrived(ClientObject* self, PyObject* const* args,
   }
   PyObject* lora_o = a[5] == Py_None ? NULL : a[5];
   PyObject* labels_o = a[6] == Py_None ? NULL : a[6];
+  PyObject* priority_o = a[7] == Py_None ? NULL : a[7];
+  PyObject* traceparent_o = a[8] == Py_None ? NULL : a[8];
+  PyObject* tracestate_o = a[9] == Py_None ? NULL : a[9];
   int rc;
-  if (lora_o == NULL && labels_o == NULL) {
+  if (lora_o == NULL && labels_o == NULL && priority_o == NULL &&
+      traceparent_o == NULL && tracestate_o == NULL) {
     rc = r.s ? tm_arrived_str(self->h, t, r.s, (size_t)r.len, prompt,
                               max_tokens, n)
              : tm_arrived(self->h, t, r.v, prompt, max_tokens, n);
@@ -955,22 +1046,36 @@ static PyObject* Client_arrived(ClientObject* self, PyObject* const* args,
       ++n_labels;
     }
   }
-  rc = r.s ? tm_arrived_ex_str(self->h, t, r.s, (size_t)r.len, prompt,
-                               max_tokens, n, lora, labels, n_labels)
-           : tm_arrived_ex(self->h, t, r.v, prompt, max_tokens, n, lora, labels,
-                           n_labels);
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.max_tokens = max_tokens;
+  p.n = n;
+  p.lora = lora;
+  p.labels = labels;
+  p.n_labels = n_labels;
+  if (priority_o != NULL) {
+    if (I32Of(priority_o, &p.priority) != 0) goto slow;
+    p.has_priority = 1;
+  }
+  /* Any length: the library applies protocol.h's rules (55 bytes for a
+   * traceparent); the slow path only refuses what is no str. */
+  if (traceparent_o != NULL) {
+    p.traceparent = CStrOf(traceparent_o, 0, PY_SSIZE_T_MAX);
+    if (p.traceparent == NULL) goto slow;
+  }
+  if (tracestate_o != NULL) {
+    p.tracestate = CStrOf(tracestate_o, 0, TM_MAX_TRACESTATE_BYTES);
+    if (p.tracestate == NULL) goto slow;
+  }
+  rc = r.s ? tm_arrived_params_str(self->h, t, r.s, (size_t)r.len, prompt, &p)
+           : tm_arrived_params(self->h, t, r.v, prompt, &p);
   if (rc == TM_E_INVALID && self->h != NULL) {
     /* What is left for the library (which counted it as rejected): the
-     * label-name rules of protocol.h. */
-    PyObject* list = labels_o ? PySequence_List(labels_o) : PyList_New(0);
-    if (list == NULL) return NULL;
-    PyErr_Format(PyExc_ValueError,
-                 "request labels %R: names match [a-zA-Z_][a-zA-Z0-9_]*, do "
-                 "not start with __ nor are a label the daemon sets "
-                 "(TM_RESERVED_LABEL_NAMES in tokenmeter/protocol.h)",
-                 list);
-    Py_DECREF(list);
-    return NULL;
+     * label-name and trace-context rules of protocol.h. */
+    PyObject* none = Py_None;
+    PyObject* call[4] = {(PyObject*)self, labels_o ? labels_o : none,
+                         traceparent_o ? traceparent_o : none,
+                         tracestate_o ? tracestate_o : none};
+    return PyObject_VectorcallMethod(s_arrived_refused, call, 4, NULL);
   }
   return PyLong_FromLong(rc);
 slow:
@@ -1156,6 +1261,19 @@ static PyObject* Client_step(ClientObject* self, PyObject* const* args,
     values[n_keys] = d;
     ++n_keys;
   }
+  {
+    /* 1.2: waiting_deferred, a part of waiting; the slow path says why
+     * when it is not. */
+    PyObject* d = a[TM_STEP_KEY_WAITING_DEFERRED];
+    if (d != NULL && d != Py_None) {
+      PyObject* w = a[TM_STEP_KEY_WAITING];
+      uint64_t dv, wv;
+      if (w == NULL || w == Py_None || U64Of(d, &dv) != 0 ||
+          U64Of(w, &wv) != 0 || dv > wv) {
+        goto slow;
+      }
+    }
+  }
   PyObject* p = a[kPos];
   if (p != NULL && p != Py_None) {
     if (!PyList_CheckExact(p) && !PyTuple_CheckExact(p)) goto slow;
@@ -1216,6 +1334,166 @@ static PyObject* Client_expert_load(ClientObject* self, PyObject* const* args,
   return PyLong_FromLong(rc);
 }
 
+/* ---- protocol 1.2 events --------------------------------------------------
+ * A string the library refuses (protocol.h's label-value rule) is counted
+ * there; the subclass's _*_refused helpers then raise naming the rule. */
+
+/* admission_rejected(reason, rid=None, t_ns=0) */
+static PyObject* Client_admission_rejected(ClientObject* self,
+                                           PyObject* const* args,
+                                           size_t nargsf, PyObject* kwnames) {
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* a[3];
+  PyObject* const names[3] = {s_reason, s_rid, s_t_ns};
+  Rid r = {.s = NULL};
+  uint64_t t;
+  const char* reason;
+  if (Bind(args, nargs, kwnames, names, 3, 3, a) != 0 || a[0] == NULL ||
+      (reason = CStrOf(a[0], 1, TM_MAX_LABEL_VALUE_BYTES)) == NULL ||
+      TimeOf(a[2], &t) != 0) {
+    goto slow;
+  }
+  PyObject* rid_o = a[1] == Py_None ? NULL : a[1];
+  if (rid_o != NULL && RidOf(rid_o, &r) != 0) goto slow;
+  int rc;
+  if (rid_o == NULL) {
+    rc = tm_admission_rejected(self->h, t, reason);
+  } else if (r.s != NULL) {
+    rc = tm_admission_rejected_str(self->h, t, reason, r.s, (size_t)r.len);
+  } else {
+    rc = tm_admission_rejected_rid(self->h, t, reason, r.v);
+  }
+  if (rc == TM_E_INVALID && self->h != NULL) {
+    PyObject* call[3] = {(PyObject*)self, s_reason_name, a[0]};
+    return PyObject_VectorcallMethod(s_label_value_refused, call, 3, NULL);
+  }
+  return PyLong_FromLong(rc);
+slow:
+  return Slow((PyObject*)self, s_admission_rejected_slow, args, nargsf,
+              kwnames);
+}
+
+/* bytes / blocks: absent or None (TM_KV_UNKNOWN), or an exact int in range.
+ * -1 for the slow path. */
+static int KvAmountOf(PyObject* o, uint64_t* out) {
+  if (o == NULL || o == Py_None) {
+    *out = TM_KV_UNKNOWN;
+    return 0;
+  }
+  return U64Of(o, out) != 0 || *out > TM_MAX_KV_TRANSFER_BYTES ? -1 : 0;
+}
+
+/* A label-value argument: absent or None (NULL, none), or an exact str of
+ * 1 .. 64 bytes; -1 for the slow path. */
+static int LabelValueOf(PyObject* o, const char** out) {
+  if (o == NULL || o == Py_None) {
+    *out = NULL;
+    return 0;
+  }
+  *out = CStrOf(o, 1, TM_MAX_LABEL_VALUE_BYTES);
+  return *out == NULL ? -1 : 0;
+}
+
+/* kv_transfer(rid, role, start_ns, t_ns=0, bytes=None, blocks=None,
+ *             ok=True, reason=None, connector=None) */
+static PyObject* Client_kv_transfer(ClientObject* self, PyObject* const* args,
+                                    size_t nargsf, PyObject* kwnames) {
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  enum { kRid, kRole, kStart, kTime, kBytes, kBlocks, kOk, kReason, kConn };
+  PyObject* a[9];
+  PyObject* const names[9] = {s_rid,   s_role,   s_start_ns,
+                              s_t_ns,  s_bytes,  s_blocks,
+                              s_ok,    s_reason, s_connector};
+  Rid r;
+  uint64_t t;
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  if (Bind(args, nargs, kwnames, names, 9, 9, a) != 0 || a[kRid] == NULL ||
+      a[kRole] == NULL || a[kStart] == NULL || RidOf(a[kRid], &r) != 0 ||
+      U64Of(a[kStart], &kv.start_ns) != 0 || TimeOf(a[kTime], &t) != 0 ||
+      (t != 0 && kv.start_ns > t) || KvAmountOf(a[kBytes], &kv.bytes) != 0 ||
+      KvAmountOf(a[kBlocks], &kv.blocks) != 0 ||
+      LabelValueOf(a[kReason], &kv.reason) != 0 ||
+      LabelValueOf(a[kConn], &kv.connector) != 0) {
+    goto slow;
+  }
+  PyObject* role = a[kRole];
+  if (PyUnicode_CheckExact(role) &&
+      PyUnicode_CompareWithASCIIString(role, TM_KV_ROLE_SEND) == 0) {
+    kv.role = TM_KV_SEND;
+  } else if (PyUnicode_CheckExact(role) &&
+             PyUnicode_CompareWithASCIIString(role, TM_KV_ROLE_RECV) == 0) {
+    kv.role = TM_KV_RECV;
+  } else {
+    goto slow;
+  }
+  if (a[kOk] == NULL || a[kOk] == Py_True) {
+    kv.ok = 1;
+  } else if (a[kOk] == Py_False) {
+    kv.ok = 0;
+  } else {
+    goto slow;
+  }
+  int rc = r.s ? tm_kv_transfer_str(self->h, t, r.s, (size_t)r.len, &kv)
+               : tm_kv_transfer(self->h, t, r.v, &kv);
+  if (rc == TM_E_INVALID && self->h != NULL) {
+    PyObject* none = Py_None;
+    PyObject* call[5] = {(PyObject*)self, a[kStart],
+                         a[kTime] ? a[kTime] : PyLong_FromLong(0),
+                         a[kReason] ? a[kReason] : none,
+                         a[kConn] ? a[kConn] : none};
+    if (call[2] == NULL) return NULL;
+    PyObject* result =
+        PyObject_VectorcallMethod(s_kv_transfer_refused, call, 5, NULL);
+    if (a[kTime] == NULL) Py_DECREF(call[2]);
+    return result;
+  }
+  return PyLong_FromLong(rc);
+slow:
+  return Slow((PyObject*)self, s_kv_transfer_slow, args, nargsf, kwnames);
+}
+
+/* One sleep_state() part: absent or None (keep, -1), or an exact str equal
+ * to one of `values` (its index). -1 for the slow path. */
+static int SleepPartOf(PyObject* o, const char* const* values, int n,
+                       int* out) {
+  if (o == NULL || o == Py_None) {
+    *out = -1;
+    return 0;
+  }
+  if (!PyUnicode_CheckExact(o)) return -1;
+  for (int i = 0; i < n; ++i) {
+    if (PyUnicode_CompareWithASCIIString(o, values[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* sleep_state(scheduler=None, weights=None, kv_cache=None, t_ns=0) */
+static PyObject* Client_sleep_state(ClientObject* self, PyObject* const* args,
+                                    size_t nargsf, PyObject* kwnames) {
+  static const char* const kScheduler[] = {TM_SLEEP_RUNNING, TM_SLEEP_PAUSED};
+  static const char* const kWeights[] = {TM_SLEEP_RESIDENT, TM_SLEEP_OFFLOADED,
+                                         TM_SLEEP_DISCARDED};
+  static const char* const kKvCache[] = {TM_SLEEP_RESIDENT, TM_SLEEP_RELEASED};
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* a[4];
+  PyObject* const names[4] = {s_scheduler, s_weights, s_kv_cache, s_t_ns};
+  int sched, weights, kv_cache;
+  uint64_t t;
+  if (Bind(args, nargs, kwnames, names, 4, 4, a) != 0 ||
+      SleepPartOf(a[0], kScheduler, 2, &sched) != 0 ||
+      SleepPartOf(a[1], kWeights, 3, &weights) != 0 ||
+      SleepPartOf(a[2], kKvCache, 2, &kv_cache) != 0 ||
+      TimeOf(a[3], &t) != 0) {
+    return Slow((PyObject*)self, s_sleep_state_slow, args, nargsf, kwnames);
+  }
+  return PyLong_FromLong(tm_sleep_state(self->h, t, (tm_scheduler_state)sched,
+                                        (tm_weights_state)weights,
+                                        (tm_kv_cache_state)kv_cache));
+}
+
 #define TM_FASTCALL(f) \
   (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 
@@ -1235,12 +1513,14 @@ static PyMethodDef Client_methods[] = {
      "output tokens in one call."},
     {"arrived", TM_FASTCALL(Client_arrived),
      "arrived($self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0, lora=None, "
-     "labels=None)\n--\n\nThe request entered the server."},
+     "labels=None, priority=None, traceparent=None, tracestate=None)\n--\n\n"
+     "The request entered the server."},
     {"queued", TM_FASTCALL(Client_queued),
      "queued($self, rid, t_ns=0)\n--\n\nThe request entered the waiting "
      "queue."},
     {"scheduled", TM_FASTCALL(Client_scheduled),
-     "scheduled($self, rid, t_ns=0)\n--\n\nThe request was scheduled."},
+     "scheduled($self, rid, t_ns=0, cached_tokens=None, "
+     "external_tokens=None)\n--\n\nThe request was scheduled."},
     {"preempted", TM_FASTCALL(Client_preempted),
      "preempted($self, rid, t_ns=0)\n--\n\nThe request lost its KV cache."},
     {"finished", TM_FASTCALL(Client_finished),
@@ -1251,10 +1531,20 @@ static PyMethodDef Client_methods[] = {
      "prompt_tokens=None, generation_tokens=None, prefix_queries=None, "
      "prefix_hits=None, spec_drafts=None, spec_draft_tokens=None, "
      "spec_accepted_tokens=None, spec_accepted_per_pos=None, "
-     "t_ns=0)\n--\n\nOne scheduler iteration."},
+     "t_ns=0, waiting_deferred=None)\n--\n\nOne scheduler iteration."},
     {"expert_load", TM_FASTCALL(Client_expert_load),
      "expert_load($self, layer, counts, t_ns=0)\n--\n\nMoE expert load of one "
      "layer."},
+    {"admission_rejected", TM_FASTCALL(Client_admission_rejected),
+     "admission_rejected($self, reason, rid=None, t_ns=0)\n--\n\nThe server "
+     "refused a request before it entered the engine."},
+    {"kv_transfer", TM_FASTCALL(Client_kv_transfer),
+     "kv_transfer($self, rid, role, start_ns, t_ns=0, bytes=None, blocks=None, "
+     "ok=True, reason=None, connector=None)\n--\n\nOne KV-cache transfer "
+     "ended."},
+    {"sleep_state", TM_FASTCALL(Client_sleep_state),
+     "sleep_state($self, scheduler=None, weights=None, kv_cache=None, "
+     "t_ns=0)\n--\n\nThe engine's sleep state changed."},
     {NULL, NULL, 0, NULL},
 };
 #undef TM_FASTCALL

@@ -13,12 +13,17 @@ from array import array
 
 from . import _native
 from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _STEP_KEYS, _U32,
-                      MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
+                      KV_CACHE_STATES, KV_ROLES, MAX_LORA_BYTES,
+                      MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS, OK,
-                      Stats, _batch_counts, _counts_array, _diagnose_str_ids,
-                      _batch_ids, _index_array, _live, _option_str, _rid,
-                      _seconds_to_ms, _step_figures, _t, _uint,
-                      apply_options)
+                      SCHEDULER_STATES, WEIGHTS_STATES, Stats,
+                      _arrived_refused, _batch_counts, _counts_array,
+                      _diagnose_str_ids, _batch_ids, _index_array,
+                      _kv_transfer_args, _kv_transfer_refused, _label_value,
+                      _label_value_refused, _live, _option_str, _priority,
+                      _rid, _scheduled_info, _seconds_to_ms,
+                      _sleep_state_args, _step_figures, _t, _tracestate,
+                      _traceparent, _uint, apply_options)
 
 _C = _native.Client
 _ZERO_STATS = Stats(*([0] * len(Stats._fields)))
@@ -135,9 +140,13 @@ class Client(_C):
         t = _t(t_ns)
         return _C.queued(self, _id(rid), t)
 
-    def _scheduled_slow(self, rid, t_ns=0):
+    def _scheduled_slow(self, rid, t_ns=0, cached_tokens=None,
+                        external_tokens=None):
+        info = _scheduled_info(cached_tokens, external_tokens)
         t = _t(t_ns)
-        return _C.scheduled(self, _id(rid), t)
+        if info is None:
+            return _C.scheduled(self, _id(rid), t)
+        return _C.scheduled(self, _id(rid), t, *info)
 
     def _preempted_slow(self, rid, t_ns=0):
         t = _t(t_ns)
@@ -155,8 +164,10 @@ class Client(_C):
         return _C.finished(self, _id(rid), int(r), t)
 
     def _arrived_slow(self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0,
-                      lora=None, labels=None):
-        if lora is None and labels is None:
+                      lora=None, labels=None, priority=None, traceparent=None,
+                      tracestate=None):
+        if (lora is None and labels is None and priority is None
+                and traceparent is None and tracestate is None):
             counts = (_uint("prompt_tokens", prompt_tokens, 0, _U32),
                       _uint("max_tokens", max_tokens, 0, _U32),
                       _uint("n", n, 0, _U32))
@@ -184,7 +195,16 @@ class Client(_C):
             _option_str(f"request label {name!r} value", value, 0,
                         MAX_REQUEST_LABEL_VALUE_BYTES)
             exact[_exact_str(name)] = _exact_str(value)
-        return _C.arrived(self, r, *counts, t, lora, exact)
+        if priority is not None:
+            priority = _priority(priority)
+        if traceparent is not None:
+            _traceparent(traceparent)
+            traceparent = _exact_str(traceparent)
+        if tracestate is not None:
+            _tracestate(tracestate)
+            tracestate = _exact_str(tracestate)
+        return _C.arrived(self, r, *counts, t, lora, exact or None, priority,
+                          traceparent, tracestate)
 
     def _tokens_batch_slow(self, rids, n=None, t_ns=0):
         rids, count, t_ns = _batch_ids(rids, t_ns)
@@ -223,11 +243,11 @@ class Client(_C):
                    prompt_tokens=None, generation_tokens=None,
                    prefix_queries=None, prefix_hits=None, spec_drafts=None,
                    spec_draft_tokens=None, spec_accepted_tokens=None,
-                   spec_accepted_per_pos=None, t_ns=0):
+                   spec_accepted_per_pos=None, t_ns=0, waiting_deferred=None):
         figures, pos = _step_figures(
             (running, waiting, kv_usage, prompt_tokens, generation_tokens,
              prefix_queries, prefix_hits, spec_drafts, spec_draft_tokens,
-             spec_accepted_tokens), spec_accepted_per_pos)
+             spec_accepted_tokens, waiting_deferred), spec_accepted_per_pos)
         kw = {_STEP_KEYS[k]: v for k, v in figures}
         if spec_accepted_per_pos is not None:
             kw["spec_accepted_per_pos"] = pos.tolist()
@@ -243,11 +263,52 @@ class Client(_C):
         return _C.expert_load(self, layer, a, t)
 
 
+    # ---- protocol 1.2 -----------------------------------------------------
+
+    def _admission_rejected_slow(self, reason, rid=None, t_ns=0):
+        _label_value("reason", reason)
+        t = _t(t_ns)
+        r = None if rid is None else _id(rid)
+        return _C.admission_rejected(self, _exact_str(reason), r, t)
+
+    def _kv_transfer_slow(self, rid, role, start_ns, t_ns=0, bytes=None,
+                          blocks=None, ok=True, reason=None, connector=None):
+        role_i, start, t, nbytes, nblocks, ok, _, _ = _kv_transfer_args(
+            role, start_ns, t_ns, bytes, blocks, ok, reason, connector)
+        return _C.kv_transfer(
+            self, _id(rid), KV_ROLES[role_i], start, t, nbytes, nblocks, ok,
+            None if reason is None else _exact_str(reason),
+            None if connector is None else _exact_str(connector))
+
+    def _sleep_state_slow(self, scheduler=None, weights=None, kv_cache=None,
+                          t_ns=0):
+        s, w, k = _sleep_state_args(scheduler, weights, kv_cache)
+        return _C.sleep_state(
+            self, None if s < 0 else SCHEDULER_STATES[s],
+            None if w < 0 else WEIGHTS_STATES[w],
+            None if k < 0 else KV_CACHE_STATES[k], _t(t_ns))
+
+    # The library refused a call the fast path made (and counted it): the
+    # C methods call these to raise naming the rule.
+    @staticmethod
+    def _arrived_refused(labels, traceparent, tracestate):
+        _arrived_refused(labels, traceparent, tracestate)
+
+    @staticmethod
+    def _label_value_refused(what, value):
+        _label_value_refused(what, value)
+
+    @staticmethod
+    def _kv_transfer_refused(start_ns, t_ns, reason, connector):
+        _kv_transfer_refused(start_ns, t_ns, reason, connector)
+
+
 # A slow path's TypeError (an unknown keyword, a missing argument) names the
 # public method, as the ctypes binding's does: "tokens() got an unexpected
 # keyword argument 'x'", not "_tokens_slow() ...".
 for _name in ("tokens", "queued", "scheduled", "preempted", "finished",
-              "arrived", "tokens_batch", "step", "expert_load"):
+              "arrived", "tokens_batch", "step", "expert_load",
+              "admission_rejected", "kv_transfer", "sleep_state"):
     _fn = getattr(Client, f"_{_name}_slow")
     _fn.__code__ = _fn.__code__.replace(co_name=_name)
     _fn.__name__, _fn.__qualname__ = _name, f"Client.{_name}"

@@ -14,11 +14,15 @@ from array import array
 from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
                       MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
-                      MAX_RID_BYTES, OK, Stats, _batch_counts, _counts_array,
-                      _diagnose_str_ids, _batch_ids, _index_array, _live, _option_str,
-                      _rid, _seconds_to_ms, _step_figures, _t, _uint,
-                      apply_options)
-from ._lib import Label, lib
+                      MAX_RID_BYTES, OK, Stats, _arrived_refused,
+                      _batch_counts, _counts_array, _diagnose_str_ids,
+                      _batch_ids, _index_array, _kv_transfer_args,
+                      _kv_transfer_refused, _label_value,
+                      _label_value_refused, _live, _option_str, _priority,
+                      _rid, _scheduled_info, _seconds_to_ms,
+                      _sleep_state_args, _step_figures, _t, _tracestate,
+                      _traceparent, _uint, apply_options)
+from ._lib import KV_UNKNOWN, KvTransferInfo, Label, RequestParams, lib
 
 
 # Bound once: a global lookup is cheaper than an attribute lookup per call.
@@ -34,6 +38,14 @@ _finished, _finished_str = lib.tm_finished, lib.tm_finished_str
 _preempted, _preempted_str = lib.tm_preempted, lib.tm_preempted_str
 _step = lib.tm_step
 _expert_load = lib.tm_expert_load
+_arrived_params = lib.tm_arrived_params
+_arrived_params_str = lib.tm_arrived_params_str
+_scheduled_ex, _scheduled_ex_str = lib.tm_scheduled_ex, lib.tm_scheduled_ex_str
+_admission_rejected = lib.tm_admission_rejected
+_admission_rejected_rid = lib.tm_admission_rejected_rid
+_admission_rejected_str = lib.tm_admission_rejected_str
+_kv_transfer, _kv_transfer_str = lib.tm_kv_transfer, lib.tm_kv_transfer_str
+_sleep_state = lib.tm_sleep_state
 
 # Prebuilt ctypes arguments for the fast paths (see "events" below).
 _ZERO, _ONE = 0, 1
@@ -104,8 +116,9 @@ class Client:
     background and keeps retrying).
 
     Event methods (arrived, queued, scheduled, tokens, tokens_batch,
-    finished, preempted, step, expert_load) may be called from any number
-    of threads at once. They raise TypeError or ValueError for bad
+    finished, preempted, step, expert_load, and the protocol 1.2
+    admission_rejected, kv_transfer, sleep_state) may be called from any
+    number of threads at once. They raise TypeError or ValueError for bad
     arguments, before anything is sent, and never for transport trouble: a
     missing daemon or a full buffer is counted in stats(). They return OK
     (0), or DROPPED (-2) when the event was dropped (counted); after close()
@@ -234,14 +247,23 @@ class Client:
         return fn_str(self._h, t_ns, b, ln, *args)
 
     def arrived(self, rid, prompt_tokens, max_tokens=0, n=0, t_ns=0,
-                lora=None, labels=None):
+                lora=None, labels=None, priority=None, traceparent=None,
+                tracestate=None):
         """The request entered the server (ARRIVED). max_tokens and n are
         its sampling parameters; 0 means not given. Protocol 1.1 (a 1.0
         daemon ignores them): lora, the LoRA adapter serving the request
         (a str of 1 .. 128 bytes of UTF-8; None: none); labels, a dict of at
         most 4 request labels, names as label names (as HELLO labels),
         values strs of at most 128 bytes of UTF-8 (the daemon uses those it
-        enables with --request-label)."""
+        enables with --request-label). Protocol 1.2 (a 1.1 daemon ignores
+        them): priority, an int -2**31 .. 2**31-1 (lower runs first, as
+        vLLM's priority scheduling; None: not sent); traceparent and
+        tracestate, the W3C trace context headers as the frontend received
+        them (strs; None: none): a traceparent of version 00 (55 bytes,
+        lowercase hex, neither id all zeros), a tracestate of at most 256
+        bytes and 32 members ("" is one, and is sent). The library checks
+        them by protocol.h's rules, as the daemon does; one it refuses is
+        counted as rejected and raises ValueError naming the rule."""
         # The fast path, for ints in range and a str or int id. Anything
         # else takes the checking path below, which says what is wrong: a
         # float count raises TypeError at `|` (a negative one shifts to -1),
@@ -251,7 +273,8 @@ class Client:
         # their own (_arrived_ex) after it.
         try:
             if (t_ns is _ZERO and n is _ZERO and lora is None
-                    and labels is None):
+                    and labels is None and priority is None
+                    and traceparent is None and tracestate is None):
                 # The common form (now, no n): both counts in one argument
                 # to a 3- or 4-argument entry, each argument fewer saving
                 # ctypes 40 to 90 ns.
@@ -271,6 +294,8 @@ class Client:
             else:
                 t = None
             if (t is not None and lora is None and labels is None
+                    and priority is None and traceparent is None
+                    and tracestate is None
                     and not (prompt_tokens | max_tokens | n) >> 32):
                 n_arg = _N_ZERO if n is _ZERO else n
                 kind = type(rid)
@@ -284,25 +309,28 @@ class Client:
                                     max_tokens, n_arg)
         except (TypeError, IndexError, ctypes.ArgumentError):
             pass
-        if lora is not None or labels is not None:
-            return self._arrived_ex(rid, prompt_tokens, max_tokens, n, t_ns,
-                                    lora, labels)
+        if (lora is not None or labels is not None or priority is not None
+                or traceparent is not None or tracestate is not None):
+            return self._arrived_params(rid, prompt_tokens, max_tokens, n,
+                                        t_ns, lora, labels, priority,
+                                        traceparent, tracestate)
         return self._checked(
             _arrived, _arrived_str, rid, t_ns,
             _uint("prompt_tokens", prompt_tokens, 0, _U32),
             _uint("max_tokens", max_tokens, 0, _U32), _uint("n", n, 0, _U32))
 
-    def _arrived_ex(self, rid, prompt_tokens, max_tokens, n, t_ns, lora,
-                    labels):
-        """arrived() with lora or labels: checks them, then one
-        tm_arrived_ex(_str) call."""
+    def _arrived_params(self, rid, prompt_tokens, max_tokens, n, t_ns, lora,
+                        labels, priority, traceparent, tracestate):
+        """arrived() with any of the 1.1 or 1.2 params: checks them, then
+        one tm_arrived_params(_str) call."""
         t_ns = _t(t_ns)
         v, b = _rid(rid)
-        counts = (_uint("prompt_tokens", prompt_tokens, 0, _U32),
-                  _uint("max_tokens", max_tokens, 0, _U32),
-                  _uint("n", n, 0, _U32))
-        lora_b = None if lora is None else _option_str(
-            "lora", lora, 1, MAX_LORA_BYTES)
+        p = RequestParams(
+            max_tokens=_uint("max_tokens", max_tokens, 0, _U32),
+            n=_uint("n", n, 0, _U32))
+        prompt = _uint("prompt_tokens", prompt_tokens, 0, _U32)
+        if lora is not None:
+            p.lora = _option_str("lora", lora, 1, MAX_LORA_BYTES)
         if labels is None:
             labels = {}
         elif not hasattr(labels, "items"):
@@ -318,20 +346,24 @@ class Client:
             arr[i].value = _option_str(f"request label {name!r} value",
                                        value, 0,
                                        MAX_REQUEST_LABEL_VALUE_BYTES)
-        addr = ctypes.addressof(arr)
+        p.labels = ctypes.addressof(arr)
+        p.n_labels = count
+        if priority is not None:
+            p.has_priority = 1
+            p.priority = _priority(priority)
+        if traceparent is not None:
+            p.traceparent = _traceparent(traceparent)
+        if tracestate is not None:
+            p.tracestate = _tracestate(tracestate)
+        addr = ctypes.addressof(p)
         if b is None:
-            rc = _arrived_ex(self._h, t_ns, v, *counts, lora_b, addr, count)
+            rc = _arrived_params(self._h, t_ns, v, prompt, addr)
         else:
-            rc = _arrived_ex_str(self._h, t_ns, b, len(b), *counts, lora_b,
-                                 addr, count)
+            rc = _arrived_params_str(self._h, t_ns, b, len(b), prompt, addr)
         if rc == INVALID and self._h is not None:
             # What is left for the library (which counted it as rejected):
-            # the label-name rules of protocol.h.
-            raise ValueError(
-                f"request labels {list(labels)!r}: names match "
-                "[a-zA-Z_][a-zA-Z0-9_]*, do not start with __ nor are a "
-                "label the daemon sets (TM_RESERVED_LABEL_NAMES in "
-                "tokenmeter/protocol.h)")
+            # the label-name and trace-context rules of protocol.h.
+            _arrived_refused(labels, traceparent, tracestate)
         return rc
 
     def queued(self, rid, t_ns=0):
@@ -346,8 +378,21 @@ class Client:
                     return _queued_str(self._h, _T_NOW, b, _RID_LEN[ln])
         return self._checked(_queued, _queued_str, rid, t_ns)
 
-    def scheduled(self, rid, t_ns=0):
-        """The request was scheduled (the first time counts)."""
+    def scheduled(self, rid, t_ns=0, cached_tokens=None,
+                  external_tokens=None):
+        """The request was scheduled (the first time counts). Protocol 1.2:
+        with cached_tokens (prompt tokens found in the local prefix cache)
+        and external_tokens (received from another instance or a KV store
+        instead of computed), both or neither, ints 0 .. 2**32-1: the
+        daemon reads them on the first SCHEDULED, and drops them when their
+        sum exceeds the request's prompt_tokens."""
+        if cached_tokens is not None or external_tokens is not None:
+            info = _scheduled_info(cached_tokens, external_tokens)
+            t_ns = _t(t_ns)
+            v, b = _rid(rid)
+            if b is None:
+                return _scheduled_ex(self._h, t_ns, v, *info)
+            return _scheduled_ex_str(self._h, t_ns, b, len(b), *info)
         if t_ns is _ZERO:
             if type(rid) is int and 0 <= rid <= _U64:
                 return _scheduled(self._h, _T_NOW, rid)
@@ -477,14 +522,19 @@ class Client:
     def step(self, *, running=None, waiting=None, kv_usage=None,
              prompt_tokens=None, generation_tokens=None, prefix_queries=None,
              prefix_hits=None, spec_drafts=None, spec_draft_tokens=None,
-             spec_accepted_tokens=None, spec_accepted_per_pos=None, t_ns=0):
+             spec_accepted_tokens=None, spec_accepted_per_pos=None, t_ns=0,
+             waiting_deferred=None):
         """One scheduler iteration (STEP). Every figure is optional; None
         leaves it out. Counts are ints 0 .. 2**32-1; kv_usage a fraction
-        0 .. 1; spec_accepted_per_pos at most 64 ints 0 .. 2**32-1."""
+        0 .. 1; spec_accepted_per_pos at most 64 ints 0 .. 2**32-1.
+        waiting_deferred (protocol 1.2): of waiting, the requests waiting
+        for something other than capacity (a LoRA slot, a KV transfer, a
+        grammar); only with waiting and at most it (ValueError otherwise:
+        the daemon would drop it)."""
         figures, pos = _step_figures(
             (running, waiting, kv_usage, prompt_tokens, generation_tokens,
              prefix_queries, prefix_hits, spec_drafts, spec_draft_tokens,
-             spec_accepted_tokens), spec_accepted_per_pos)
+             spec_accepted_tokens, waiting_deferred), spec_accepted_per_pos)
         keys = array("i", [k for k, _ in figures])
         values = array("d", [v for _, v in figures])
         t_ns = _t(t_ns)
@@ -536,6 +586,70 @@ class Client:
             raise ValueError("expert counts must be ints 0 .. 2**32-1 (the "
                              "event was counted as rejected)")
         return rc
+
+
+    # ---- protocol 1.2 events --------------------------------------------
+
+    def admission_rejected(self, reason, rid=None, t_ns=0):
+        """The server refused a request before it entered the engine
+        (ADMISSION_REJECTED): reason, a str of 1 .. 64 bytes of UTF-8
+        without control characters (e.g. "queue_full"); rid, the request's
+        id (an int or a str, as elsewhere) or None. The request is not
+        tracked; the id only names it. A reason the library refuses (a
+        control character) is counted as rejected and raises ValueError."""
+        r = _label_value("reason", reason)
+        t = _t(t_ns)
+        h = self._h
+        if rid is None:
+            rc = _admission_rejected(h, t, r)
+        else:
+            v, b = _rid(rid)
+            if b is None:
+                rc = _admission_rejected_rid(h, t, r, v)
+            else:
+                rc = _admission_rejected_str(h, t, r, b, len(b))
+        if rc == INVALID and h is not None:
+            _label_value_refused("reason", reason)
+        return rc
+
+    def kv_transfer(self, rid, role, start_ns, t_ns=0, bytes=None,
+                    blocks=None, ok=True, reason=None, connector=None):
+        """One KV-cache transfer of request rid ended at t_ns (0: now)
+        (KV_TRANSFER, disaggregated prefill/decode): role "send" (the
+        prefill side) or "recv" (the decode side); start_ns, when it began
+        (time.monotonic_ns(), at most the end); bytes and blocks, ints
+        0 .. 2**48-1 or None (not sent); ok, a bool (False: it failed; sent
+        only then); reason (on failure, e.g. "timeout") and connector (e.g.
+        "nixl"), strs of 1 .. 64 bytes of UTF-8 without control characters,
+        or None. A start after now (t_ns 0) or a string the library refuses
+        is counted as rejected and raises ValueError."""
+        role_i, start, t, nbytes, nblocks, ok, r, conn = _kv_transfer_args(
+            role, start_ns, t_ns, bytes, blocks, ok, reason, connector)
+        info = KvTransferInfo(
+            role=role_i, start_ns=start,
+            bytes=KV_UNKNOWN if nbytes is None else nbytes,
+            blocks=KV_UNKNOWN if nblocks is None else nblocks,
+            ok=int(ok), reason=r, connector=conn)
+        addr = ctypes.addressof(info)
+        v, b = _rid(rid)
+        h = self._h
+        if b is None:
+            rc = _kv_transfer(h, t, v, addr)
+        else:
+            rc = _kv_transfer_str(h, t, b, len(b), addr)
+        if rc == INVALID and h is not None:
+            _kv_transfer_refused(start, t, reason, connector)
+        return rc
+
+    def sleep_state(self, scheduler=None, weights=None, kv_cache=None,
+                    t_ns=0):
+        """The engine's sleep state changed (SLEEP; vLLM's sleep mode,
+        SGLang's memory release): scheduler "running" or "paused"; weights
+        "resident", "offloaded" or "discarded"; kv_cache "resident" or
+        "released"; None leaves a part as it was (all None sends an empty
+        state, which changes nothing)."""
+        parts = _sleep_state_args(scheduler, weights, kv_cache)
+        return _sleep_state(self._h, _t(t_ns), *parts)
 
 
 # memoryview formats of a native uint64 (array('Q'): "Q"; numpy uint64: "L"
