@@ -9,9 +9,9 @@
   (--remote-debugging-pipe: no extra Python package), shows the page; a
   third series (Feed12: a protocol 1.2 gateway that only rejects requests
   and reports deferred waiting) is fed from here. The DOM must hold a panel
-  per engine series with six drawn charts, eight for the 1.2 series (its
-  waiting-by-reason and rejections charts, which the others do not show),
-  and every
+  per engine series with six drawn charts and the 1.2 charts its history
+  has data for (eight for the gateway: waiting by reason and rejections;
+  a reference engine's STEP waiting_deferred, when it sends it), and every
   figure the page shows (the panel's "now" values and the summary table at
   the top) must equal /api/v1/live's history at the point in time the page
   says it shows (data-t): points never change once made, so the comparison
@@ -69,6 +69,9 @@ CHARTS = ["Time to first token", "Inter-token latency", "End-to-end latency",
 CHARTS_12 = ["Time to first token", "Inter-token latency",
              "End-to-end latency", "Tokens/s", "Requests", "Waiting by reason",
              "Admission rejections/s", "KV cache usage"]
+OPTIONAL_CHARTS = {"Waiting by reason": ["waiting_capacity",
+                                         "waiting_deferred"],
+                   "Admission rejections/s": ["admission_rejections_per_s"]}
 
 
 def stopped_cleanly(d):
@@ -617,19 +620,25 @@ class PageCase(unittest.TestCase):
                 self.assertEqual(dom_value(p["values"][k]), want, (key, k))
                 self.assertEqual(p["texts"][k], page_text(k, want), (key, k))
             # The 1.2 figures and charts only where the history has them:
-            # the gateway's (numbers since its first STEP, so up to its
-            # first point at most), not the reference engines'.
+            # all of them for the gateway (numbers since its first STEP);
+            # for a reference engine, what it sends (a 1.2 one its STEP
+            # waiting_deferred, no rejection without --max-queued).
             feed12 = self.is_feed12(p)
             with_12 = {k for k in KEYS_12 if any(v is not None
                                                  for v in h[k][:i + 1])}
-            self.assertEqual(with_12, KEYS_12 if feed12 else set(), key)
+            if feed12:
+                self.assertEqual(with_12, KEYS_12, key)
+            else:
+                self.assertNotIn("admission_rejections_per_s", with_12, key)
             self.assertEqual(p["shown"], [k for k in KEYS
                                           if k not in KEYS_12 or
                                           k in with_12], key)
-            # Six charts (eight for the gateway), each over the history up
-            # to that point.
-            self.assertEqual([c["title"] for c in p["charts"]],
-                             CHARTS_12 if feed12 else CHARTS, key)
+            # Six charts and the 1.2 ones that have data (all eight for
+            # the gateway), each over the history up to that point.
+            self.assertEqual(
+                [c["title"] for c in p["charts"]],
+                [c for c in CHARTS_12 if c in CHARTS or
+                 set(OPTIONAL_CHARTS[c]) & with_12], key)
             for c in p["charts"]:
                 self.assertEqual(c["points"], i + 1, c["title"])
                 self.assertGreater(c["inked"], 500, c["title"])
@@ -637,19 +646,16 @@ class PageCase(unittest.TestCase):
             self.assertEqual(self.chart(p, "Tokens/s")["drawn"], 2 * (i + 1))
             self.assertEqual(self.chart(p, "Requests")["drawn"], 2 * (i + 1))
             self.assertEqual(self.chart(p, "KV cache usage")["drawn"], i + 1)
-            if feed12:
-                # Every point from the first with a value (each STEP has
-                # waiting_deferred; the history's null is before it).
-                for title, keys in (("Waiting by reason",
-                                     ["waiting_capacity",
-                                      "waiting_deferred"]),
-                                    ("Admission rejections/s",
-                                     ["admission_rejections_per_s"])):
-                    want = sum(v is not None for k in keys
-                               for v in h[k][:i + 1])
+            # An optional chart draws every point from the first with a
+            # value (each STEP has waiting_deferred; the history's null is
+            # before it).
+            for title, keys in OPTIONAL_CHARTS.items():
+                want = sum(v is not None for k in keys for v in h[k][:i + 1])
+                if want:
                     self.assertEqual(self.chart(p, title)["drawn"], want,
                                      title)
-                    self.assertGreater(want, 0, title)
+                else:
+                    self.assertFalse(feed12, title)
             row = rows[p["series"]]
             for k, v in row["values"].items():
                 self.assertEqual(dom_value(v), h[k][i], ("summary", key, k))

@@ -124,10 +124,15 @@ class Promtool(unittest.TestCase):
 COLON = "metric names should not contain ':'"
 TOTAL = 'non-counter metrics should not have "_total" suffix'
 HISTOGRAM = "metric name should not include type 'histogram'"
+UNITS = "metric names should not contain abbreviated units"
 REQUIRED = {
     "vllm": {("vllm:iteration_tokens_total", TOTAL)},
     "sglang": {("sglang:prompt_tokens_histogram", HISTOGRAM),
-               ("sglang:generation_tokens_histogram", HISTOGRAM)},
+               ("sglang:generation_tokens_histogram", HISTOGRAM),
+               # SGLang's KV-transfer histograms in ms and MB (protocol
+               # 1.2; the feed sends KV_TRANSFER).
+               ("sglang:kv_transfer_latency_ms", UNITS),
+               ("sglang:kv_transfer_total_mb", UNITS)},
     "lmdeploy": {("lmdeploy:iteration_tokens_total", TOTAL)},
 }
 # LMDeploy's iter_token_latency, a histogram of seconds without a unit
