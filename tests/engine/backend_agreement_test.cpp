@@ -8,7 +8,8 @@
 // token of every layer to the same experts, in the same order, except at
 // a near tie of the router's k-th and (k+1)-th scores (a sequence whose
 // routing differed is not compared after that), and count on the device
-// exactly what they routed.
+// exactly what they routed. Last, the disaggregated KV hand-over between
+// the backends (CompareKvHandover).
 //
 // Exits 77 (meson's "skipped") when this build has no CUDA backend or no
 // CUDA device answers.
@@ -222,6 +223,94 @@ double Compare(const char* size, bool lora, uint32_t experts = 0,
 }
 
 }  // namespace
+// The disaggregated hand-over across backends: one backend computes a
+// prompt; the K/V of all but its last position are read as block records
+// (ReadKvBlocks) and written into other blocks of the other backend
+// (WriteKvBlocks), which computes the last prompt token. Its logits must
+// agree with the first backend's; the device round trip of the records is
+// exact; a released device cache refuses work and comes back zeroed.
+// Returns the largest relative error, or -1 for a failure.
+double CompareKvHandover(const char* size) {
+  ModelConfig cfg;
+  if (!ModelConfigForSize(size, &cfg)) return -1;
+  cfg.seed = 11;
+  const KvLayout layout{64, 16};
+  std::unique_ptr<Weights> w = MakeWeights(cfg);
+  std::unique_ptr<Model> cpu = MakeCpuModel(*w, layout), gpu;
+  Status s = MakeCudaModel(*w, layout, &gpu);
+  if (!s.ok()) {
+    std::fprintf(stderr, "MakeCudaModel: %s\n", s.message().c_str());
+    return -1;
+  }
+  std::vector<int32_t> prompt(50);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    prompt[i] = int32_t(1 + (i * 131) % (cfg.vocab - 1));
+  }
+  const uint32_t n = uint32_t(prompt.size());
+  const int32_t from[] = {3, 7, 11, 19}, to[] = {40, 2, 63, 9};
+  const uint32_t pulled = (n - 1 + layout.block_size - 1) / layout.block_size;
+  const size_t floats = pulled * KvBlockBytes(cfg, layout) / sizeof(float);
+  auto run = [&](Model& m, const int32_t* table, uint32_t start,
+                 std::vector<float>* logits) {
+    SeqChunk ch;
+    ch.tokens = prompt.data() + start;
+    ch.num_tokens = n - start;
+    ch.start_pos = start;
+    ch.block_table = table;
+    ch.num_blocks = 4;
+    ch.want_logits = true;
+    logits->resize(cfg.vocab);
+    return m.Forward({ch}, logits->data());
+  };
+  double worst = 0;
+  Model* models[] = {cpu.get(), gpu.get()};
+  for (int dir = 0; dir < 2; ++dir) {
+    Model& a = *models[dir];
+    std::unique_ptr<Model> fresh;
+    if (dir == 0) {
+      s = MakeCudaModel(*w, layout, &fresh);
+      if (!s.ok()) return -1;
+    } else {
+      fresh = MakeCpuModel(*w, layout);
+    }
+    std::vector<float> la, lb, records(floats);
+    s = run(a, from, 0, &la);
+    if (s.ok()) s = a.ReadKvBlocks(from, pulled, records.data());
+    if (s.ok()) s = fresh->WriteKvBlocks(to, pulled, records.data());
+    if (s.ok()) s = run(*fresh, to, n - 1, &lb);
+    if (!s.ok()) {
+      std::fprintf(stderr, "hand-over: %s\n", s.message().c_str());
+      return -1;
+    }
+    const double e = RelativeError(la.data(), lb.data(), cfg.vocab);
+    std::printf("%s KV hand-over %s: max relative error %.3g\n", size,
+                dir == 0 ? "cpu -> cuda" : "cuda -> cpu", e);
+    worst = std::max(worst, e);
+  }
+  // The device round trip is exact.
+  std::vector<float> in(floats), out(floats);
+  for (size_t i = 0; i < floats; ++i) in[i] = float(i % 977) * 0.25f - 3.0f;
+  s = gpu->WriteKvBlocks(to, pulled, in.data());
+  if (s.ok()) s = gpu->ReadKvBlocks(to, pulled, out.data());
+  if (!s.ok() || in != out) {
+    std::fprintf(stderr, "device KV round trip differs\n");
+    return -1;
+  }
+  // Sleep mode on the device.
+  std::vector<float> logits;
+  if (!gpu->ReleaseKvCache().ok() || gpu->kv_cache_resident() ||
+      run(*gpu, to, 0, &logits).ok() ||
+      gpu->ReadKvBlocks(to, pulled, out.data()).ok() ||
+      !gpu->RestoreKvCache().ok() ||
+      !gpu->ReadKvBlocks(to, pulled, out.data()).ok() ||
+      out != std::vector<float>(floats, 0.0f) ||
+      !run(*gpu, to, 0, &logits).ok()) {
+    std::fprintf(stderr, "device KV release/restore misbehaves\n");
+    return -1;
+  }
+  return worst;
+}
+
 }  // namespace tokenmeter::engine
 
 int main() {
@@ -254,6 +343,14 @@ int main() {
     if (e < 0 || e > kMaxRelativeError) {
       std::printf("FAIL: %s with %u experts top-%u (limit %g)\n", m.size,
                   m.experts, m.top_k, kMaxRelativeError);
+      ++failures;
+    }
+  }
+  for (const char* size : {"tiny", "small"}) {
+    const double e = CompareKvHandover(size);
+    if (e < 0 || e > kMaxRelativeError) {
+      std::printf("FAIL: %s KV hand-over (limit %g)\n", size,
+                  kMaxRelativeError);
       ++failures;
     }
   }

@@ -818,7 +818,67 @@ class DisaggregatedWire(unittest.TestCase):
 class DisaggregatedAgainstDaemon(unittest.TestCase):
     """--disaggregate against the real daemon: one engine series per
     process (instance e2e-prefill / e2e-decode), each equal to its own part
-    of the report in the 1.0 and 1.1 figures."""
+    of the report in the 1.0 and 1.1 figures and, from a daemon that reads
+    protocol 1.2, in every 1.2 figure."""
+
+    def check_12_series(self, samples, r, labels):
+        def v(name, **extra):
+            return samples.value(f"{NS}:{name}", **labels, **extra) or 0
+
+        def near(got, want, what):
+            self.assertLessEqual(abs(got - want), 1e-6 * abs(want) + 1e-12,
+                                 f"{what}: {got} vs {want}")
+
+        for reason, n in r["admission_rejections"].items():
+            self.assertEqual(v("admission_rejections_total", reason=reason),
+                             n, reason)
+        self.assertEqual(samples.sum(f"{NS}:admission_rejections_total",
+                                     **labels),
+                         sum(r["admission_rejections"].values()))
+        for source, n in r["prompt_tokens_by_source"].items():
+            self.assertEqual(v("prompt_tokens_by_source_total",
+                               source=source), n, source)
+        self.assertEqual(v("prompt_tokens_cached_total"),
+                         r["prompt_tokens_cached"])
+        for rkey, hist in (("request_prefill_kv_computed_tokens",
+                            "request_prefill_kv_computed_tokens"),
+                           ("request_num_preemptions",
+                            "request_num_preemptions"),
+                           ("kv_wait_s", "request_kv_wait_time_seconds")):
+            self.assertEqual(v(hist + "_count"), r[rkey]["count"], hist)
+            near(v(hist + "_sum"), r[rkey]["sum"], hist)
+        for role in ("send", "recv"):
+            fig = r["kv_transfer"][role]
+            self.assertEqual(v("kv_transfer_time_seconds_count", role=role),
+                             fig["count"], role)
+            near(v("kv_transfer_time_seconds_sum", role=role),
+                 fig["time_s"]["sum"], f"{role} time")
+            self.assertEqual(v("kv_transfer_bytes_count", role=role),
+                             fig["count"], role)
+            self.assertEqual(v("kv_transfer_bytes_sum", role=role),
+                             fig["bytes"], role)
+            for reason, n in fig["failures"].items():
+                self.assertEqual(v("kv_transfer_failures_total", role=role,
+                                   reason=reason), n, f"{role} {reason}")
+        last = r["last_step"]
+        self.assertEqual(v("num_requests_waiting_by_reason",
+                           reason="deferred"), last["waiting_deferred"])
+        self.assertEqual(v("num_requests_waiting_by_reason",
+                           reason="capacity"),
+                         last["waiting"] - last["waiting_deferred"])
+        sleep = r["sleep"]
+        if sleep["transitions"] > 0:
+            awake = (sleep["scheduler"] == "running"
+                     and sleep["kv_cache"] == "resident"
+                     and sleep["weights"] == "resident")
+            self.assertEqual(v("engine_fully_awake"), int(awake))
+            for resource in ("scheduler", "weights", "kv_cache"):
+                self.assertEqual(v("engine_sleep_resource_state",
+                                   resource=resource,
+                                   state=sleep[resource]), 1, resource)
+        else:
+            self.assertIsNone(samples.value(f"{NS}:engine_fully_awake",
+                                            **labels))
 
     def test_each_process_is_a_series_equal_to_its_report(self):
         d = Daemon("--log-interval", "0").start()
@@ -875,6 +935,8 @@ class DisaggregatedAgainstDaemon(unittest.TestCase):
                     self.assertLessEqual(
                         abs(got - r[rkey]["sum"]),
                         1e-6 * abs(r[rkey]["sum"]) + 1e-12, hist)
+                if unknown() == 0:
+                    self.check_12_series(samples, r, labels)
 
 
 if __name__ == "__main__":
