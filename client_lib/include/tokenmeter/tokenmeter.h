@@ -661,9 +661,9 @@ typedef struct tm_kv_transfer_info {
  * when not TM_KV_UNKNOWN), "ok": false only when the transfer failed (the
  * protocol's default is true, so a success sends no "ok"), "reason" and
  * "connector" (strs, when given; a reason is sent as given, also with ok,
- * though the daemon uses it only on failure). Buffer space: 40 bytes
- * (integer id) plus 8 for each of bytes and blocks given plus the reason
- * and connector bytes together rounded up to 8 (64 bytes for a
+ * though the daemon uses it only on failure). Buffer space: 32 bytes
+ * (integer id) plus 8 for each of bytes and blocks given plus the bytes of
+ * the reason and of the connector, each rounded up to 8 (56 bytes for a
  * "nixl" transfer with bytes and blocks). Cost: a few stores more than a
  * tm_tokens() plus one pass over each string (docs/performance.md,
  * "Protocol 1.2 client calls"). */
