@@ -29,6 +29,10 @@ ROWS = [
     ("tm_arrived/now", "tm_arrived, t_ns = 0 (now)"),
     ("tm_tokens/caller_ts/ack_off", "tm_tokens, caller t_ns, ack off"),
     ("tm_arrived/caller_ts/ack_off", "tm_arrived, caller t_ns, ack off"),
+    ("tm_kv_transfer/caller_ts", "tm_kv_transfer, caller t_ns"),
+    ("tm_kv_transfer/now", "tm_kv_transfer, t_ns = 0 (now)"),
+    ("tm_admission_rejected/caller_ts", "tm_admission_rejected, caller t_ns"),
+    ("tm_admission_rejected/now", "tm_admission_rejected, t_ns = 0"),
     ("prometheus_observe", "prometheus-cpp Histogram::Observe"),
     ("clock_gettime_monotonic", "clock_gettime(CLOCK_MONOTONIC)"),
     ("mutex_lock_unlock", "std::mutex lock+unlock, uncontended"),
@@ -98,7 +102,7 @@ def main(argv):
     print()
     print("Medians over repetitions, then over %d run(s); ns per call." %
           len(run_paths))
-    header = "%-38s %7s %9s %9s  %s" % ("case", "threads", "ns/call",
+    header = "%-40s %7s %9s %9s  %s" % ("case", "threads", "ns/call",
                                          "wall", "ns/call in each run")
     print(header)
     print("-" * len(header))
@@ -112,7 +116,7 @@ def main(argv):
                 c, per_run = figure(medians[name], "cpu")
                 w, _ = figure(medians[name], "wall")
                 cpu[(prefix, threads)] = c
-                print("%-38s %7d %9.1f %9.1f  %s" %
+                print("%-40s %7d %9.1f %9.1f  %s" %
                       (label, threads, c, w,
                        " ".join("%.1f" % v for v in per_run)))
                 break
@@ -134,7 +138,7 @@ def main(argv):
                 shared = cpu.get((prefix, threads))
                 delta = ("  (shared library: %+.1f ns)" % (shared - c)
                          if shared is not None else "")
-                print("%-38s %7d %9.1f%s" % (label, threads, c, delta))
+                print("%-40s %7d %9.1f%s" % (label, threads, c, delta))
 
     print()
     print("Checks: %d repetitions of tm_* cases, each with dropped=0, "
@@ -159,6 +163,18 @@ def main(argv):
                 print("  %-24s %d thread(s): %5.1f ns (goal <= %.0f ns) %s" %
                       (prefix, threads, v, NOW_GOAL_NS,
                        verdict(v <= NOW_GOAL_NS)))
+    # Protocol 1.2: each of these at most what a TOKENS costs, same
+    # timestamp mode, same threads.
+    for call in ("tm_kv_transfer", "tm_admission_rejected"):
+        for mode in ("caller_ts", "now"):
+            for threads in (1, 2):
+                v = cpu.get(("%s/%s" % (call, mode), threads))
+                t = cpu.get(("tm_tokens/%s" % mode, threads))
+                if v is None or t is None:
+                    continue
+                print("  %-34s %d thread(s): %5.1f ns (goal <= tm_tokens "
+                      "%.1f ns) %s" % ("%s/%s" % (call, mode), threads, v, t,
+                                       verdict(v <= t)))
     clock = cpu.get(("clock_gettime_monotonic", 1))
     if clock is not None:
         print("  (clock_gettime(CLOCK_MONOTONIC) alone: %.1f ns)" % clock)

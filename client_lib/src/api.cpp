@@ -119,6 +119,17 @@ inline int Done(Ring* r) {
   return Done(r);
 }
 
+// The int a C caller stored in an enum object, read without loading the
+// enum: a value outside the enum is what the checks are for, and loading it
+// as the enum type is undefined in C++ (UBSan's -fsanitize=enum).
+template <typename Enum>
+inline int EnumValue(const Enum& e) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 inline uint64_t Params(uint32_t max_tokens, uint32_t n) {
   return (uint64_t{max_tokens} << 32) | n;
 }
@@ -802,7 +813,7 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
             (n_keys == 0 || (keys != nullptr && values != nullptr)) &&
             (n_pos == 0 || accepted_per_pos != nullptr);
   for (size_t i = 0; ok && i < n_keys; ++i) {
-    const int key = static_cast<int>(keys[i]);
+    const int key = EnumValue(keys[i]);
     const double v = values[i];
     if (key < 0 || key >= TM_STEP_KEY_COUNT || (mask & (1u << key)) != 0) {
       ok = false;
@@ -1016,7 +1027,7 @@ constexpr size_t kKvTransferInfoSize =
   namespace tc = tokenmeter::client;
   if (info == nullptr || info->size < kKvTransferInfoSize) [[unlikely]]
     return Reject(c);
-  const int role = static_cast<int>(info->role);
+  const int role = EnumValue(info->role);
   const uint64_t bytes = info->bytes;
   const uint64_t blocks = info->blocks;
   if ((role != TM_KV_SEND && role != TM_KV_RECV) ||

@@ -266,7 +266,53 @@ TEST_F(HelloTest, ClientKeepsItsOwnCopyOfOptions) {
   EXPECT_EQ(hello.array[1].Find("instance")->str, "copy");
 }
 
-using EventLayoutTest = ClientFixture;
+class EventLayoutTest : public ClientFixture {
+ protected:
+  // Closes the client, checks that it sent `sent` events, rejected none,
+  // over one well-formed connection, and returns the events as decoded.
+  std::vector<Value> CloseAndGetEvents(uint64_t sent) {
+    StatsArray stats{};
+    EXPECT_EQ(CloseClient(&stats), TM_OK);
+    EXPECT_TRUE(WaitForEof(0));
+    EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], sent);
+    EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+    const TestServer::Connections conns = server_->Snapshot();
+    EXPECT_EQ(conns.size(), 1u);
+    EXPECT_TRUE(IsWellFormed(conns.at(0)));
+    return EventsOf(conns.at(0));
+  }
+
+  // Makes `rounds` rounds of `per_round` event calls, emit(round, i), each
+  // TM_OK, through the smallest buffer (1024 events: 4096 words), flushing
+  // after each round so that records wrap around its end and each round
+  // starts where the last one ended; closes the client and returns every
+  // event the daemon decoded, once it checked that none was dropped.
+  std::vector<Value> ThroughSmallestBuffer(
+      int rounds, int per_round, const std::function<int(int, int)>& emit) {
+    StartServer();
+    OptionsPtr opts = DefaultOptions();
+    EXPECT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+    NewClient(opts.get());
+    if (HasFatalFailure()) return {};
+    for (int round = 0; round < rounds; ++round) {
+      for (int i = 0; i < per_round; ++i) {
+        const int rc = emit(round, i);
+        if (rc != TM_OK) {
+          ADD_FAILURE() << "round " << round << " call " << i << ": " << rc;
+          return {};
+        }
+      }
+      EXPECT_EQ(tm_client_flush(client_, 5000), TM_OK);
+    }
+    StatsArray stats{};
+    EXPECT_EQ(CloseClient(&stats), TM_OK);
+    EXPECT_TRUE(WaitForEof(0));
+    EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
+    const TestServer::Connections conns = server_->Snapshot();
+    EXPECT_TRUE(IsWellFormed(conns.at(0)));
+    return EventsOf(conns.at(0));
+  }
+};
 using ClockTest = ClientFixture;
 using GoodbyeTest = ClientFixture;
 
@@ -457,33 +503,16 @@ struct LongestArrivedStrings {
 // The largest ARRIVED (the longest 1.1 strings, 232 words) round after
 // round through the smallest buffer, so that records wrap around its end.
 TEST_F(EventLayoutTest, LargestArrivedRecordsWrapTheBuffer) {
-  StartServer();
-  OptionsPtr opts = DefaultOptions();
-  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
-  NewClient(opts.get());
   const LongestArrivedStrings x;
-  // 17 records of 232 words fill most of the 4096-word ring; each round
-  // starts where the last one ended.
-  constexpr int kRounds = 5;
+  // 17 records of 232 words fill most of the 4096-word ring.
   constexpr int kPerRound = 17;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int i = 0; i < kPerRound; ++i) {
-      ASSERT_EQ(tm_arrived_ex_str(client_, 1 + i, x.rid.data(), x.rid.size(),
-                                  uint32_t(round), 1, 1, x.lora.c_str(),
-                                  x.labels, TM_MAX_REQUEST_LABELS),
-                TM_OK)
-          << round << " " << i;
-    }
-    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
-  }
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
-  ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
+  const std::vector<Value> events =
+      ThroughSmallestBuffer(5, kPerRound, [&](int round, int i) {
+        return tm_arrived_ex_str(client_, 1 + i, x.rid.data(), x.rid.size(),
+                                 uint32_t(round), 1, 1, x.lora.c_str(),
+                                 x.labels, TM_MAX_REQUEST_LABELS);
+      });
+  ASSERT_EQ(events.size(), size_t{5 * kPerRound});
   for (size_t e = 0; e < events.size(); ++e) {
     x.Expect(events[e], e, e / kPerRound, 4);  // max_tokens, n, lora, labels
   }
@@ -565,15 +594,7 @@ TEST_F(EventLayoutTest, SendsExpertLoad) {
                            c1024.size()),
             TM_OK);
   ASSERT_EQ(tm_expert_load(client_, 14, TM_MAX_MOE_LAYERS - 1, one, 1), TM_OK);
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 4u);
-  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_EQ(conns.size(), 1u);
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
+  const std::vector<Value> events = CloseAndGetEvents(4);
   ASSERT_EQ(events.size(), 4u);
   EXPECT_EQ(events[0].ToString(), "[8,11,0,[42]]");
   EXPECT_EQ(events[3].ToString(), "[8,14,4095,[42]]");
@@ -602,33 +623,17 @@ TEST_F(EventLayoutTest, SendsExpertLoad) {
 // through the smallest buffer (4096 words), so that records wrap around
 // its end; none is dropped.
 TEST_F(EventLayoutTest, LargestExpertLoadRecordsWrapTheBuffer) {
-  StartServer();
-  OptionsPtr opts = DefaultOptions();
-  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
-  NewClient(opts.get());
   std::vector<uint64_t> counts(TM_MAX_MOE_EXPERTS);
-  constexpr int kRounds = 7;
   constexpr int kPerRound = 3;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int i = 0; i < kPerRound; ++i) {
-      for (size_t k = 0; k < counts.size(); ++k) {
-        counts[k] = k + uint64_t(round * kPerRound + i);
-      }
-      ASSERT_EQ(tm_expert_load(client_, 1 + i, uint32_t(round), counts.data(),
-                               counts.size()),
-                TM_OK)
-          << round << " " << i;
-    }
-    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
-  }
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
-  ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
+  const std::vector<Value> events =
+      ThroughSmallestBuffer(7, kPerRound, [&](int round, int i) {
+        for (size_t k = 0; k < counts.size(); ++k) {
+          counts[k] = k + uint64_t(round * kPerRound + i);
+        }
+        return tm_expert_load(client_, 1 + i, uint32_t(round), counts.data(),
+                              counts.size());
+      });
+  ASSERT_EQ(events.size(), size_t{7 * kPerRound});
   for (size_t e = 0; e < events.size(); ++e) {
     const Value& ev = events[e];
     ASSERT_EQ(ev.array.size(), 4u) << e;
@@ -704,13 +709,8 @@ TEST_F(EventLayoutTest, SendsArrivedWithProtocol12Params) {
   p.priority = TM_MIN_PRIORITY;
   p.has_priority = 0;  // not given: priority not sent, whatever its value
   EXPECT_EQ(tm_arrived_params(c, 1005, 6, 60, &p), TM_OK);
-  ASSERT_EQ(CloseClient(), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_EQ(conns.size(), 1u);
-  ASSERT_TRUE(IsWellFormed(conns[0]));
   const std::string tp = std::string("\"") + kTraceparent + "\"";
-  EXPECT_EQ(ToStrings(EventsOf(conns[0])),
+  EXPECT_EQ(ToStrings(CloseAndGetEvents(6)),
             (std::vector<std::string>{
                 R"([1,1000,1,10,{"priority":-7}])",
                 R"([1,1001,2,20,{"priority":0,"traceparent":)" + tp + "}]",
@@ -747,11 +747,7 @@ TEST_F(EventLayoutTest, ArrivedParamsWithoutNewParamsIsArrivedEx) {
   EXPECT_EQ(tm_arrived_ex(c, 8, 80, 800, 5, 6, "l", one, 1), TM_OK);
   EXPECT_EQ(tm_arrived_params_str(c, 9, "r", 1, 900, &p), TM_OK);
   EXPECT_EQ(tm_arrived_ex_str(c, 9, "r", 1, 900, 5, 6, "l", one, 1), TM_OK);
-  ASSERT_EQ(CloseClient(), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
+  const std::vector<Value> events = CloseAndGetEvents(6);
   ASSERT_EQ(events.size(), 6u);
   EXPECT_EQ(events[0].ToString(), "[1,7,70,700]");
   for (size_t i = 0; i < 6; i += 2) {
@@ -762,10 +758,6 @@ TEST_F(EventLayoutTest, ArrivedParamsWithoutNewParamsIsArrivedEx) {
 // The largest ARRIVED of all (every 1.1 and 1.2 param at its longest: 2,168
 // bytes) round after round through the smallest buffer, wrapping its end.
 TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
-  StartServer();
-  OptionsPtr opts = DefaultOptions();
-  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
-  NewClient(opts.get());
   const LongestArrivedStrings x;
   // 20 members "kNN=" + 6 bytes, then one that fills 256 bytes.
   std::string tracestate;
@@ -787,25 +779,13 @@ TEST_F(EventLayoutTest, LargestArrivedParamsRecordsWrapTheBuffer) {
   p.traceparent = kTraceparent;
   p.tracestate = tracestate.c_str();
   // 14 records of 271 words fill most of the 4096-word ring.
-  constexpr int kRounds = 5;
   constexpr int kPerRound = 14;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int i = 0; i < kPerRound; ++i) {
-      ASSERT_EQ(tm_arrived_params_str(client_, 1 + i, x.rid.data(),
-                                      x.rid.size(), uint32_t(round), &p),
-                TM_OK)
-          << round << " " << i;
-    }
-    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
-  }
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
-  ASSERT_EQ(events.size(), size_t{kRounds * kPerRound});
+  const std::vector<Value> events =
+      ThroughSmallestBuffer(5, kPerRound, [&](int round, int i) {
+        return tm_arrived_params_str(client_, 1 + i, x.rid.data(), x.rid.size(),
+                                     uint32_t(round), &p);
+      });
+  ASSERT_EQ(events.size(), size_t{5 * kPerRound});
   for (size_t e = 0; e < events.size(); ++e) {
     x.Expect(events[e], e, e / kPerRound, 7);
     const Value& params = events[e].array[4];
@@ -860,15 +840,7 @@ TEST_F(EventLayoutTest, SendsProtocol12Events) {
                               TM_STEP_KEY_WAITING};
   const double values[] = {3, 3};
   EXPECT_EQ(tm_step(c, 1013, keys, values, 2, nullptr, 0), TM_OK);
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 14u);
-  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_EQ(conns.size(), 1u);
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  EXPECT_EQ(ToStrings(EventsOf(conns[0])),
+  EXPECT_EQ(ToStrings(CloseAndGetEvents(14)),
             (std::vector<std::string>{
                 R"([3,1000,1,{"cached_tokens":512,"external_tokens":0}])",
                 R"([3,1001,"req-9",{"cached_tokens":0,)"
@@ -922,13 +894,7 @@ TEST_F(EventLayoutTest, SendsLabelValuesOfEveryLength) {
     kv.connector = v.c_str();
     ASSERT_EQ(tm_kv_transfer_str(client_, 10, "r", 1, &kv), TM_OK) << v;
   }
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
+  const std::vector<Value> events = CloseAndGetEvents(3 * values.size());
   ASSERT_EQ(events.size(), 3 * values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     const Value& adm = events[3 * i];
@@ -947,10 +913,6 @@ TEST_F(EventLayoutTest, SendsLabelValuesOfEveryLength) {
 // and connector: 296 bytes) and ADMISSION_REJECTED through the smallest
 // buffer, round after round.
 TEST_F(EventLayoutTest, LargestProtocol12RecordsWrapTheBuffer) {
-  StartServer();
-  OptionsPtr opts = DefaultOptions();
-  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
-  NewClient(opts.get());
   const std::string rid(TM_MAX_RID_BYTES, 'r');
   const std::string reason(TM_MAX_LABEL_VALUE_BYTES, 'e');
   const std::string connector(TM_MAX_LABEL_VALUE_BYTES, 'c');
@@ -960,27 +922,19 @@ TEST_F(EventLayoutTest, LargestProtocol12RecordsWrapTheBuffer) {
   kv.ok = 0;
   kv.reason = reason.c_str();
   kv.connector = connector.c_str();
-  constexpr int kRounds = 4;
-  constexpr int kPerRound = 60;  // 60 x (37 + 26) words: most of the ring
-  for (int round = 0; round < kRounds; ++round) {
-    for (int i = 0; i < kPerRound; ++i) {
-      kv.start_ns = uint64_t(round);
-      ASSERT_EQ(tm_kv_transfer_str(client_, 100, rid.data(), rid.size(), &kv),
-                TM_OK);
-      ASSERT_EQ(tm_admission_rejected_str(client_, 100, reason.c_str(),
-                                          rid.data(), rid.size()),
-                TM_OK);
-    }
-    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
-  }
-  StatsArray stats{};
-  ASSERT_EQ(CloseClient(&stats), TM_OK);
-  ASSERT_TRUE(WaitForEof(0));
-  EXPECT_EQ(stats[TM_STAT_EVENTS_DROPPED], 0u);
-  const TestServer::Connections conns = server_->Snapshot();
-  ASSERT_TRUE(IsWellFormed(conns[0]));
-  const std::vector<Value> events = EventsOf(conns[0]);
-  ASSERT_EQ(events.size(), size_t{2 * kRounds * kPerRound});
+  // Each call a KV_TRANSFER (37 words) then an ADMISSION_REJECTED (26):
+  // 60 a round fill most of the ring.
+  constexpr int kPerRound = 60;
+  const std::vector<Value> events =
+      ThroughSmallestBuffer(4, kPerRound, [&](int round, int) {
+        kv.start_ns = uint64_t(round);
+        const int rc =
+            tm_kv_transfer_str(client_, 100, rid.data(), rid.size(), &kv);
+        if (rc != TM_OK) return rc;
+        return tm_admission_rejected_str(client_, 100, reason.c_str(),
+                                         rid.data(), rid.size());
+      });
+  ASSERT_EQ(events.size(), size_t{2 * 4 * kPerRound});
   for (size_t e = 0; e < events.size(); e += 2) {
     const Value& info = events[e].array[3];
     EXPECT_EQ(events[e].array[2].str, rid) << e;

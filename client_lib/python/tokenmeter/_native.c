@@ -1340,8 +1340,8 @@ static PyObject* Client_expert_load(ClientObject* self, PyObject* const* args,
 
 /* admission_rejected(reason, rid=None, t_ns=0) */
 static PyObject* Client_admission_rejected(ClientObject* self,
-                                           PyObject* const* args,
-                                           size_t nargsf, PyObject* kwnames) {
+                                           PyObject* const* args, size_t nargsf,
+                                           PyObject* kwnames) {
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   PyObject* a[3];
   PyObject* const names[3] = {s_reason, s_rid, s_t_ns};
@@ -1401,9 +1401,8 @@ static PyObject* Client_kv_transfer(ClientObject* self, PyObject* const* args,
   Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   enum { kRid, kRole, kStart, kTime, kBytes, kBlocks, kOk, kReason, kConn };
   PyObject* a[9];
-  PyObject* const names[9] = {s_rid,   s_role,   s_start_ns,
-                              s_t_ns,  s_bytes,  s_blocks,
-                              s_ok,    s_reason, s_connector};
+  PyObject* const names[9] = {s_rid,    s_role, s_start_ns, s_t_ns,     s_bytes,
+                              s_blocks, s_ok,   s_reason,   s_connector};
   Rid r;
   uint64_t t;
   tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
@@ -1437,10 +1436,9 @@ static PyObject* Client_kv_transfer(ClientObject* self, PyObject* const* args,
                : tm_kv_transfer(self->h, t, r.v, &kv);
   if (rc == TM_E_INVALID && self->h != NULL) {
     PyObject* none = Py_None;
-    PyObject* call[5] = {(PyObject*)self, a[kStart],
-                         a[kTime] ? a[kTime] : PyLong_FromLong(0),
-                         a[kReason] ? a[kReason] : none,
-                         a[kConn] ? a[kConn] : none};
+    PyObject* call[5] = {
+        (PyObject*)self, a[kStart], a[kTime] ? a[kTime] : PyLong_FromLong(0),
+        a[kReason] ? a[kReason] : none, a[kConn] ? a[kConn] : none};
     if (call[2] == NULL) return NULL;
     PyObject* result =
         PyObject_VectorcallMethod(s_kv_transfer_refused, call, 5, NULL);
@@ -1485,8 +1483,7 @@ static PyObject* Client_sleep_state(ClientObject* self, PyObject* const* args,
   if (Bind(args, nargs, kwnames, names, 4, 4, a) != 0 ||
       SleepPartOf(a[0], kScheduler, 2, &sched) != 0 ||
       SleepPartOf(a[1], kWeights, 3, &weights) != 0 ||
-      SleepPartOf(a[2], kKvCache, 2, &kv_cache) != 0 ||
-      TimeOf(a[3], &t) != 0) {
+      SleepPartOf(a[2], kKvCache, 2, &kv_cache) != 0 || TimeOf(a[3], &t) != 0) {
     return Slow((PyObject*)self, s_sleep_state_slow, args, nargsf, kwnames);
   }
   return PyLong_FromLong(tm_sleep_state(self->h, t, (tm_scheduler_state)sched,
