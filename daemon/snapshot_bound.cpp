@@ -5,8 +5,8 @@
 
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/store/engine_series.h"
-#include "daemon/store/parts/reason_counts.h"
 #include "daemon/store/native_histogram.h"
+#include "daemon/store/parts/reason_counts.h"
 #include "daemon/store/request_labels.h"
 
 namespace tokenmeter::daemon {
@@ -110,9 +110,9 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   for (size_t p = 0; p < kNumProfiles; ++p) {
     const std::vector<HistogramLayout>& l = registry.layouts(Profile(p));
     kv_hists = std::max(
-        kv_hists, HistogramBytes(l[size_t(kKvTransferTime - kFirstHistogram)]) +
-                      HistogramBytes(
-                          l[size_t(kKvTransferBytes - kFirstHistogram)]));
+        kv_hists,
+        HistogramBytes(l[size_t(kKvTransferTime - kFirstHistogram)]) +
+            HistogramBytes(l[size_t(kKvTransferBytes - kFirstHistogram)]));
   }
   b.per_series = Add(b.per_series, 2 * (kv_hists + kReasonCountsBytes));
   b.per_series += 3 + 8;

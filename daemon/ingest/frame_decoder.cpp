@@ -1183,14 +1183,12 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
   const uint8_t* start = r.pos();
   IngestError err = IngestError::kBadEvent;
   uint64_t n, kind, t;
-  if (r.ReadArray(&n) && n >= 1) {
-    if (!r.ReadUint(&kind)) {
-      err = IngestError::kBadEvent;
-    } else if (kind < TM_EV_ARRIVED || kind > TM_EV_LAST) {
+  // Not an array, a kind that is no uint, too few elements or a t that is
+  // no uint: kBadEvent.
+  if (r.ReadArray(&n) && n >= 1 && r.ReadUint(&kind)) {
+    if (kind < TM_EV_ARRIVED || kind > TM_EV_LAST) {
       err = IngestError::kUnknownKind;
-    } else if (n < kMinEventElements[kind]) {
-      err = IngestError::kBadEvent;
-    } else if (r.ReadUint(&t)) {
+    } else if (n >= kMinEventElements[kind] && r.ReadUint(&t)) {
       const size_t positions = batch.positions.size();
       const size_t arrivals = batch.arrivals.size();
       const uint32_t bad_fields = batch.bad_fields;

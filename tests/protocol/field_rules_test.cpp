@@ -40,8 +40,8 @@ void Uint64(Bytes& b, uint64_t v) {
 }
 
 // [0, {"proto":1,"engine":"e","model":"m"}]
-const Bytes kHello = {0x92, 0x00, 0x83, 0xa5, 'p', 'r', 'o', 't', 'o',
-                      0x01, 0xa6, 'e',  'n',  'g', 'i', 'n', 'e', 0xa1,
+const Bytes kHello = {0x92, 0x00, 0x83, 0xa5, 'p', 'r', 'o', 't',  'o',
+                      0x01, 0xa6, 'e',  'n',  'g', 'i', 'n', 'e',  0xa1,
                       'e',  0xa5, 'm',  'o',  'd', 'e', 'l', 0xa1, 'm'};
 
 struct Sink : FrameSink {
@@ -140,12 +140,21 @@ Bytes ArrivedWithTrace(const std::string& parent, const std::string& state) {
 }
 
 std::vector<std::string> LabelValueCandidates() {
-  std::vector<std::string> c = {
-      "a",          "queue_full",  std::string(64, 'x'),
-      std::string(65, 'x'),        "a b",         "a\tb",
-      "a\nb",       "\x7f",        "\xc2\x85",    "\xc2\xa0",
-      "\xc3\x28",   "\xe2\x80\xa8", "\xf0\x9f\x98\x80",
-      "\xed\xa0\x80", "caf\xc3\xa9"};
+  std::vector<std::string> c = {"a",
+                                "queue_full",
+                                std::string(64, 'x'),
+                                std::string(65, 'x'),
+                                "a b",
+                                "a\tb",
+                                "a\nb",
+                                "\x7f",
+                                "\xc2\x85",
+                                "\xc2\xa0",
+                                "\xc3\x28",
+                                "\xe2\x80\xa8",
+                                "\xf0\x9f\x98\x80",
+                                "\xed\xa0\x80",
+                                "caf\xc3\xa9"};
   std::mt19937 rng(29);
   const std::string alphabet = std::string("az09_- \t\n\x01\x7f") +
                                "\xc2\x80\x9f\xa0\xc3\xe2\xed\xf0\xff";
@@ -176,10 +185,9 @@ TEST_F(FieldRules, KvConnectorsAgree) {
 }
 
 TEST_F(FieldRules, KvBytesAgree) {
-  for (uint64_t b : {uint64_t{0}, uint64_t{1} << 20,
-                     uint64_t{TM_MAX_KV_TRANSFER_BYTES},
-                     uint64_t{TM_MAX_KV_TRANSFER_BYTES} + 1,
-                     uint64_t{1} << 60}) {
+  for (uint64_t b :
+       {uint64_t{0}, uint64_t{1} << 20, uint64_t{TM_MAX_KV_TRANSFER_BYTES},
+        uint64_t{TM_MAX_KV_TRANSFER_BYTES} + 1, uint64_t{1} << 60}) {
     Bytes v;
     Uint64(v, b);
     EXPECT_EQ(ClientAcceptsBytes(b), DaemonKeeps(KvWith("bytes", v))) << b;
@@ -195,18 +203,27 @@ TEST_F(FieldRules, TraceContextAgrees) {
   for (int i = 0; i < 3000; ++i) {
     std::string p = good;
     const int edits = 1 + int(rng() % 2);
-    for (int e = 0; e < edits; ++e) p[rng() % p.size()] = hex[rng() % hex.size()];
+    for (int e = 0; e < edits; ++e)
+      p[rng() % p.size()] = hex[rng() % hex.size()];
     if (rng() % 10 == 0) p.pop_back();
     parents.push_back(p);
   }
   parents.push_back("00-00000000000000000000000000000000-00f067aa0ba902b7-01");
   parents.push_back("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01");
   for (const std::string& p : parents) {
-    EXPECT_EQ(ClientAcceptsTrace(p, "k=v"), DaemonKeeps(ArrivedWithTrace(p, "k=v")))
+    EXPECT_EQ(ClientAcceptsTrace(p, "k=v"),
+              DaemonKeeps(ArrivedWithTrace(p, "k=v")))
         << p;
   }
-  std::vector<std::string> states = {"k=v", "a=1,b=2", "a@b=1", " a=1 , b=2 ",
-                                     ",,", "=v", "k=", "K=v", "a@=1",
+  std::vector<std::string> states = {"k=v",
+                                     "a=1,b=2",
+                                     "a@b=1",
+                                     " a=1 , b=2 ",
+                                     ",,",
+                                     "=v",
+                                     "k=",
+                                     "K=v",
+                                     "a@=1",
                                      std::string(256 - 2, 'v').insert(0, "k="),
                                      std::string(257 - 2, 'v').insert(0, "k=")};
   const std::string alphabet = "az09=,@ \t_-*/A!~\x01";

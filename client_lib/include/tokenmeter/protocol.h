@@ -118,7 +118,7 @@
 #define TM_MAX_LABEL_VALUE_BYTES 64u
 
 /* 1.2: KV_TRANSFER info keys. role and start are required. */
-#define TM_KV_ROLE "role" /* TM_KV_ROLE_SEND or TM_KV_ROLE_RECV */
+#define TM_KV_ROLE "role"           /* TM_KV_ROLE_SEND or TM_KV_ROLE_RECV */
 #define TM_KV_START "start"         /* uint ns, <= the event's t */
 #define TM_KV_BYTES "bytes"         /* uint */
 #define TM_KV_BLOCKS "blocks"       /* uint */
@@ -133,8 +133,8 @@
 
 /* 1.2: SLEEP state keys and values; a key not given keeps its value. */
 #define TM_SLEEP_SCHEDULER "scheduler" /* "running", "paused" */
-#define TM_SLEEP_WEIGHTS "weights"     /* "resident", "offloaded", "discarded" */
-#define TM_SLEEP_KV_CACHE "kv_cache"   /* "resident", "released" */
+#define TM_SLEEP_WEIGHTS "weights"   /* "resident", "offloaded", "discarded" */
+#define TM_SLEEP_KV_CACHE "kv_cache" /* "resident", "released" */
 #define TM_SLEEP_RUNNING "running"
 #define TM_SLEEP_PAUSED "paused"
 #define TM_SLEEP_RESIDENT "resident"
