@@ -20,7 +20,6 @@ Usage: compat12_test.py SRC_DIR CACHE_DIR TOKENMETERD [unittest args]
   (about 150 s of CPU) and kept. Exits 77 (skipped) without git history.
 """
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -51,30 +50,7 @@ NEW_IN_12 = [
 def old_daemon():
     if os.environ.get("TOKENMETERD_OLD12"):
         return os.environ["TOKENMETERD_OLD12"]
-    binary = os.path.join(CACHE, "build", "daemon", "tokenmeterd")
-    if os.path.exists(binary):
-        return binary
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
-    tree = os.path.join(CACHE, "src")
-    shutil.rmtree(CACHE, ignore_errors=True)
-    os.makedirs(tree)
-    archive = subprocess.run(["git", "-C", SRC, "archive", OLD_COMMIT],
-                             capture_output=True, env=env)
-    if archive.returncode != 0:
-        sys.stderr.write(archive.stderr.decode())
-        return None
-    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout,
-                   check=True)
-    subprocess.run(["meson", "setup", os.path.join(CACHE, "build"), tree,
-                    "--buildtype=debugoptimized", "-Dtests=disabled",
-                    "-Dcuda=disabled", "-Dman=disabled"],
-                   check=True, stdout=subprocess.DEVNULL, env=env)
-    subprocess.run(["ninja", "-C", os.path.join(CACHE, "build"), "-j2",
-                    "daemon/tokenmeterd"], check=True,
-                   stdout=subprocess.DEVNULL, env=env)
-    return binary
-
+    return tu.build_old_daemon(SRC, CACHE, OLD_COMMIT)
 
 def strip_12(ev):
     """The 1.1 event of a 1.2 one (None: a 1.2 kind)."""

@@ -12,27 +12,12 @@
 #include <vector>
 
 #include "daemon/ingest/frame_decoder.h"
+#include "tests/protocol/hand_bytes.h"
 #include "tokenmeter/protocol.h"
 #include "tokenmeter/tokenmeter.h"
 
 namespace tokenmeter::daemon {
 namespace {
-
-using Bytes = std::vector<uint8_t>;
-
-void Str(Bytes& b, const std::string& s) {
-  if (s.size() < 32) {
-    b.push_back(uint8_t(0xa0 | s.size()));
-  } else if (s.size() < 256) {
-    b.push_back(0xd9);
-    b.push_back(uint8_t(s.size()));
-  } else {
-    b.push_back(0xda);
-    b.push_back(uint8_t(s.size() >> 8));
-    b.push_back(uint8_t(s.size()));
-  }
-  b.insert(b.end(), s.begin(), s.end());
-}
 
 void Uint64(Bytes& b, uint64_t v) {
   b.push_back(0xcf);

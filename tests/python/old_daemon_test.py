@@ -21,7 +21,6 @@ PYTHONPATH (client_lib/python), as for tests/python/shim_test.py.
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,31 +43,7 @@ def old_daemon(src, cache):
     be; None when it cannot be had (no git history)."""
     if os.environ.get("TOKENMETERD_OLD"):
         return os.environ["TOKENMETERD_OLD"]
-    binary = os.path.join(cache, "build", "daemon", "tokenmeterd")
-    if os.path.exists(binary):
-        return binary
-    tree = os.path.join(cache, "src")
-    # Not the sanitizer runtime the tests may preload into python3.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
-    shutil.rmtree(cache, ignore_errors=True)
-    os.makedirs(tree)
-    archive = subprocess.run(["git", "-C", src, "archive", OLD_COMMIT],
-                             capture_output=True, env=env)
-    if archive.returncode != 0:
-        sys.stderr.write(archive.stderr.decode())
-        return None
-    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout,
-                   check=True)
-    subprocess.run(["meson", "setup", os.path.join(cache, "build"), tree,
-                    "--buildtype=debugoptimized", "-Dtests=disabled",
-                    "-Dcuda=disabled", "-Dman=disabled"],
-                   check=True, stdout=subprocess.DEVNULL, env=env)
-    subprocess.run(["ninja", "-C", os.path.join(cache, "build"), "-j2",
-                    "daemon/tokenmeterd"], check=True,
-                   stdout=subprocess.DEVNULL, env=env)
-    return binary
-
+    return tu.build_old_daemon(src, cache, OLD_COMMIT)
 
 class CuttingProxy:
     """A Unix socket in front of the daemon's: forwards every connection's
