@@ -424,6 +424,52 @@ void AdmissionRejectedNow(benchmark::State& state, tm_client* c) {
              [c](uint64_t) { tm_admission_rejected(c, 0, "queue_full"); });
 }
 
+// The same two events with the reason and connector registered once
+// (tm_register_value()): the path an engine reporting them often takes.
+uint32_t Registered(tm_client* c, const char* value) {
+  const int id = tm_register_value(c, value);
+  return id > 0 ? uint32_t(id) : 0;  // 0: every call is rejected, and seen
+}
+
+void KvTransferIdCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  tm_kv_transfer_info kv = KvInfo(t0 - 1000000);
+  kv.connector = nullptr;
+  kv.connector_id = Registered(c, "nixl");
+  RunChunked(state, c,
+             [c, t0, &kv](uint64_t i) { tm_kv_transfer(c, t0 + i, i, &kv); });
+}
+
+void KvTransferIdNow(benchmark::State& state, tm_client* c) {
+  tm_kv_transfer_info kv = KvInfo(tm_now_ns());
+  kv.connector = nullptr;
+  kv.connector_id = Registered(c, "nixl");
+  RunChunked(state, c, [c, &kv](uint64_t i) { tm_kv_transfer(c, 0, i, &kv); });
+}
+
+void AdmissionRejectedIdCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  const uint32_t reason = Registered(c, "queue_full");
+  RunChunked(state, c, [c, t0, reason](uint64_t i) {
+    tm_admission_rejected_id(c, t0 + i, reason);
+  });
+}
+
+void AdmissionRejectedIdNow(benchmark::State& state, tm_client* c) {
+  const uint32_t reason = Registered(c, "queue_full");
+  RunChunked(state, c,
+             [c, reason](uint64_t) { tm_admission_rejected_id(c, 0, reason); });
+}
+
+// With the request's integer id: the record of a tm_tokens() (3 words).
+void AdmissionRejectedIdRidCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  const uint32_t reason = Registered(c, "queue_full");
+  RunChunked(state, c, [c, t0, reason](uint64_t i) {
+    tm_admission_rejected_id_rid(c, t0 + i, reason, i);
+  });
+}
+
 void ClockGettimeMonotonic(benchmark::State& state) {
   timespec ts;
   for (auto _ : state) {
@@ -537,6 +583,20 @@ int Main(int argc, char** argv) {
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_admission_rejected/now",
                                  AdmissionRejectedNow, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_kv_transfer_id/caller_ts",
+                                 KvTransferIdCallerTs, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_kv_transfer_id/now", KvTransferIdNow, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_admission_rejected_id/caller_ts",
+                                 AdmissionRejectedIdCallerTs, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_admission_rejected_id/now",
+                                 AdmissionRejectedIdNow, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_admission_rejected_id_rid/caller_ts",
+                                 AdmissionRejectedIdRidCallerTs, c)
         ->Threads(threads);
   }
   benchmark::RegisterBenchmark("tm_expert_load/256/caller_ts",

@@ -33,6 +33,12 @@ ROWS = [
     ("tm_kv_transfer/now", "tm_kv_transfer, t_ns = 0 (now)"),
     ("tm_admission_rejected/caller_ts", "tm_admission_rejected, caller t_ns"),
     ("tm_admission_rejected/now", "tm_admission_rejected, t_ns = 0"),
+    ("tm_kv_transfer_id/caller_ts", "tm_kv_transfer, ids, caller t_ns"),
+    ("tm_kv_transfer_id/now", "tm_kv_transfer, ids, t_ns = 0"),
+    ("tm_admission_rejected_id/caller_ts", "tm_admission_rejected_id, caller"),
+    ("tm_admission_rejected_id/now", "tm_admission_rejected_id, t_ns = 0"),
+    ("tm_admission_rejected_id_rid/caller_ts",
+     "tm_admission_rejected_id_rid, caller"),
     ("prometheus_observe", "prometheus-cpp Histogram::Observe"),
     ("clock_gettime_monotonic", "clock_gettime(CLOCK_MONOTONIC)"),
     ("mutex_lock_unlock", "std::mutex lock+unlock, uncontended"),
@@ -164,17 +170,27 @@ def main(argv):
                       (prefix, threads, v, NOW_GOAL_NS,
                        verdict(v <= NOW_GOAL_NS)))
     # Protocol 1.2: each of these at most what a TOKENS costs, same
-    # timestamp mode, same threads.
-    for call in ("tm_kv_transfer", "tm_admission_rejected"):
-        for mode in ("caller_ts", "now"):
-            for threads in (1, 2):
-                v = cpu.get(("%s/%s" % (call, mode), threads))
-                t = cpu.get(("tm_tokens/%s" % mode, threads))
-                if v is None or t is None:
-                    continue
-                print("  %-34s %d thread(s): %5.1f ns (goal <= tm_tokens "
-                      "%.1f ns) %s" % ("%s/%s" % (call, mode), threads, v, t,
-                                       verdict(v <= t)))
+    # timestamp mode, same threads, with the reason and connector
+    # registered (the goal); with a string per call for comparison (a pass
+    # over each string: informational).
+    for calls, goal in (
+            (("tm_kv_transfer_id", "tm_admission_rejected_id",
+              "tm_admission_rejected_id_rid"), True),
+            (("tm_kv_transfer", "tm_admission_rejected"), False)):
+        if not goal:
+            print("  Informational, a string per call:")
+        for call in calls:
+            for mode in ("caller_ts", "now"):
+                for threads in (1, 2):
+                    v = cpu.get(("%s/%s" % (call, mode), threads))
+                    t = cpu.get(("tm_tokens/%s" % mode, threads))
+                    if v is None or t is None:
+                        continue
+                    print("  %-38s %d thread(s): %5.1f ns (%s tm_tokens "
+                          "%.1f ns)%s" %
+                          ("%s/%s" % (call, mode), threads, v,
+                           "goal <=" if goal else "vs", t,
+                           " " + verdict(v <= t) if goal else ""))
     clock = cpu.get(("clock_gettime_monotonic", 1))
     if clock is not None:
         print("  (clock_gettime(CLOCK_MONOTONIC) alone: %.1f ns)" % clock)

@@ -198,12 +198,20 @@ Status Engine::Create(const EngineOptions& o, EngineRole role,
                          {"enable_prefix_caching", o.kv.prefix_caching}};
     }
     if (o.workload.lora_adapters > 0) co.max_lora = o.scheduler.max_lora;
-    const int rc = tokenmeter::Client::Create(co, &e->meter_);
+    int rc = tokenmeter::Client::Create(co, &e->meter_);
     if (rc != TM_OK) {
       return Status::Error(
           std::string("metrics client (check --metrics-socket, "
                       "--engine-name, --model, --instance, --scope): ") +
           tm_strerror(rc));
+    }
+    rc = e->meter_->RegisterValue("queue_full", &e->queue_full_id_);
+    if (rc == TM_OK) {
+      rc = e->meter_->RegisterValue(kConnector, &e->connector_id_);
+    }
+    if (rc != TM_OK) {
+      return Status::Error(std::string("metrics client: registering values: ") +
+                           tm_strerror(rc));
     }
   }
   *out = std::move(e);
@@ -253,7 +261,7 @@ void Engine::Admit(uint64_t now_ns) {
       // Refused at the front door: never a tracked request.
       recorder_.Rejected("queue_full");
       if (meter_) {
-        meter_->AdmissionRejected(r.id, "queue_full", arrived_ns);
+        meter_->AdmissionRejected(r.id, queue_full_id_, arrived_ns);
       }
       r.state = RequestState::kFinished;
       ++resolved_;
@@ -566,7 +574,7 @@ void Engine::SendKvTransfer(const Request& r, bool recv, uint64_t t_ns,
   info.blocks = r.kv_num_blocks;
   info.ok = ok;
   if (!ok) info.reason = reason;
-  info.connector = kConnector;
+  info.connector_id = connector_id_;
   meter_->KvTransfer(r.id, info, t_ns);
 }
 

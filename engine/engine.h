@@ -161,6 +161,9 @@ class Engine {
   // "lora-<i>" and "tenant-<i>", for ARRIVED.
   std::vector<std::string> lora_names_, tenant_names_;
   std::unique_ptr<tokenmeter::Client> meter_;  // null with --no-metrics
+  // The admission reason and the KV connector, registered once with the
+  // client (tm_register_value()): sent by id, no string pass per event.
+  tokenmeter::ValueId queue_full_id_, connector_id_;
   Recorder recorder_;
   uint64_t client_dropped_ = 0;
   tokenmeter::Stats client_stats_;  // final, after Close()

@@ -987,14 +987,25 @@ inline void WriteRid(uint64_t* w, uint32_t rid_words, uint64_t rid,
 }
 
 // ADMISSION_REJECTED with no id (has_rid false), an integer id (srid
-// nullptr) or a string id (checked by the caller).
+// nullptr) or a string id (checked by the caller); the reason as a string
+// (reason_id 0) or a registered value's id.
 [[gnu::always_inline]] inline int Admission(tm_client* c, uint64_t t_ns,
-                                            const char* reason, bool has_rid,
+                                            const char* reason,
+                                            uint32_t reason_id, bool has_rid,
                                             uint64_t rid, const char* srid,
                                             size_t srid_len) {
-  const size_t len = reason != nullptr ? LabelValueLen(reason) : 0;
-  if (len == 0) [[unlikely]]
-    return Reject(c);
+  namespace tc = tokenmeter::client;
+  size_t len = 0;
+  uint32_t reason_arg = reason_id | tc::kAdmissionValueId;
+  if (reason_id != 0) {
+    if (!c->ValidValueId(reason_id)) [[unlikely]]
+      return Reject(c);
+  } else {
+    len = reason != nullptr ? LabelValueLen(reason) : 0;
+    if (len == 0) [[unlikely]]
+      return Reject(c);
+    reason_arg = uint32_t(len);
+  }
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
@@ -1005,24 +1016,50 @@ inline void WriteRid(uint64_t* w, uint32_t rid_words, uint64_t rid,
   if (w == nullptr) [[unlikely]]
     return Full(r);
   const uint32_t int_rid =
-      has_rid && srid == nullptr ? tokenmeter::client::kAdmissionIntRid : 0;
+      has_rid && srid == nullptr ? tc::kAdmissionIntRid : 0;
   w[0] = MakeHeader(TM_EV_ADMISSION_REJECTED, words, uint32_t(srid_len),
-                    uint32_t(len) | int_rid);
+                    reason_arg | int_rid);
   w[1] = t_ns != 0 ? t_ns : Now();
   if (has_rid) WriteRid(w + 2, rw, rid, srid, srid_len);
-  StoreString(w + 2 + rw, reason, len);
+  if (len != 0) StoreString(w + 2 + rw, reason, len);
   return Done(r);
 }
 
 // The size of tm_kv_transfer_info as protocol 1.2 laid it out (see
 // kRequestParamsSize).
 constexpr size_t kKvTransferInfoSize =
-    offsetof(tm_kv_transfer_info, connector) + sizeof(const char*);
+    offsetof(tm_kv_transfer_info, connector_id) + sizeof(uint32_t);
+
+// A KV_TRANSFER string field: its header field (length or registered id),
+// its flag and its words in the record; false when it breaks a rule (a
+// string not in label-value syntax, an unknown id, both given).
+struct KvString {
+  uint32_t field = 0;
+  uint32_t flag = 0;
+  uint32_t words = 0;
+};
+[[gnu::always_inline]] inline bool CheckKvString(const tm_client* c,
+                                                 const char* s, uint32_t id,
+                                                 uint32_t id_flag,
+                                                 KvString* out) {
+  if (id != 0) {
+    out->field = id;
+    out->flag = id_flag;
+    return s == nullptr && c->ValidValueId(id);
+  }
+  if (s == nullptr) return true;
+  const size_t len = LabelValueLen(s);
+  out->field = uint32_t(len);
+  out->words = StringWords(len);
+  return len != 0;
+}
 
 // KV_TRANSFER of an integer id (srid nullptr) or a string id (checked).
-[[gnu::always_inline]] inline int KvTransfer(tm_client* c, uint64_t t_ns,
-                                             uint64_t rid, const char* srid,
-                                             size_t srid_len,
+// strings false: the caller saw reason and connector NULL (ids or none),
+// and the string code is left out (a constant: the call is inlined).
+[[gnu::always_inline]] inline int KvTransfer(bool strings, tm_client* c,
+                                             uint64_t t_ns, uint64_t rid,
+                                             const char* srid, size_t srid_len,
                                              const tm_kv_transfer_info* info) {
   namespace tc = tokenmeter::client;
   if (info == nullptr || info->size < kKvTransferInfoSize) [[unlikely]]
@@ -1036,19 +1073,13 @@ constexpr size_t kKvTransferInfoSize =
       [[unlikely]] {
     return Reject(c);
   }
-  const char* reason = info->reason;
-  const char* connector = info->connector;
-  size_t reason_len = 0;
-  size_t connector_len = 0;
-  if (reason != nullptr) {
-    reason_len = LabelValueLen(reason);
-    if (reason_len == 0) [[unlikely]]
-      return Reject(c);
-  }
-  if (connector != nullptr) {
-    connector_len = LabelValueLen(connector);
-    if (connector_len == 0) [[unlikely]]
-      return Reject(c);
+  const char* reason = strings ? info->reason : nullptr;
+  const char* connector = strings ? info->connector : nullptr;
+  KvString rs, cs;
+  if (!CheckKvString(c, reason, info->reason_id, tc::kKvReasonId, &rs) ||
+      !CheckKvString(c, connector, info->connector_id, tc::kKvConnectorId, &cs))
+      [[unlikely]] {
+    return Reject(c);
   }
   // start <= t: the clock is read before the record, not inside it.
   const uint64_t t = t_ns != 0 ? t_ns : Now();
@@ -1060,31 +1091,99 @@ constexpr size_t kKvTransferInfoSize =
   const uint32_t flags = (role == TM_KV_RECV ? tc::kKvRecv : 0) |
                          (info->ok == 0 ? tc::kKvFailed : 0) |
                          (has_bytes ? tc::kKvBytes : 0) |
-                         (has_blocks ? tc::kKvBlocks : 0);
+                         (has_blocks ? tc::kKvBlocks : 0) | rs.flag | cs.flag;
+  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t words = 3 + rw + has_bytes + has_blocks + rs.words + cs.words;
+  // The header is made before Enter() and the amounts read again after it
+  // (from the caller's struct, in L1): fewer values live across the call.
+  const uint64_t hdr = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
+                                  KvArg(flags, rs.field, cs.field));
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
-  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t reason_words = StringWords(reason_len);
-  const uint32_t words = 3 + rw + has_bytes + has_blocks + reason_words +
-                         StringWords(connector_len);
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
-  w[0] =
-      MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
-                 KvArg(flags, uint32_t(reason_len), uint32_t(connector_len)));
+  w[0] = hdr;
   w[1] = t;
   WriteRid(w + 2, rw, rid, srid, srid_len);
   uint64_t* p = w + 2 + rw;
-  *p++ = start;
-  if (has_bytes) *p++ = bytes;
-  if (has_blocks) *p++ = blocks;
-  if (reason_len != 0) StoreString(p, reason, reason_len);
-  if (connector_len != 0)
-    StoreString(p + reason_words, connector, connector_len);
+  *p++ = info->start_ns;
+  if ((hdr & (uint64_t{tc::kKvBytes} << 32)) != 0) *p++ = info->bytes;
+  if ((hdr & (uint64_t{tc::kKvBlocks} << 32)) != 0) *p++ = info->blocks;
+  if (rs.words != 0) StoreString(p, reason, rs.field);
+  if (cs.words != 0) StoreString(p + rs.words, connector, cs.field);
   return Done(r);
+}
+
+// A transfer with a string reason or connector, out of line so that the
+// common call (ids, or no strings) runs only the lean code.
+[[gnu::noinline]] int KvTransferStrings(tm_client* c, uint64_t t_ns,
+                                        uint64_t rid, const char* srid,
+                                        size_t srid_len,
+                                        const tm_kv_transfer_info* info) {
+  return KvTransfer(true, c, t_ns, rid, srid, srid_len, info);
+}
+
+// A transfer whose reason and connector are ids or none (the struct's size
+// checked): every rule in one branch, the record's header made before
+// Enter() and the amounts read again after it (from the caller's struct,
+// in L1) so that few values live across the call.
+[[gnu::always_inline]] inline int KvTransferIds(
+    tm_client* c, uint64_t t_ns, uint64_t rid, const char* srid,
+    size_t srid_len, const tm_kv_transfer_info* info) {
+  namespace tc = tokenmeter::client;
+  const uint32_t role = uint32_t(EnumValue(info->role));
+  const uint64_t bytes = info->bytes;
+  const uint64_t blocks = info->blocks;
+  const uint32_t reason_id = info->reason_id;
+  const uint32_t connector_id = info->connector_id;
+  const uint64_t t = t_ns != 0 ? t_ns : Now();
+  // An amount is TM_KV_UNKNOWN (+ 1 wraps to 0) or at most the bound; an
+  // id is 0 or registered (1 .. the count), i.e. at most the count.
+  constexpr uint64_t kAmountEnd = uint64_t{TM_MAX_KV_TRANSFER_BYTES} + 1;
+  const uint32_t ids = c->ValueIds();
+  const bool bad = (role > TM_KV_RECV) | (bytes + 1 > kAmountEnd) |
+                   (blocks + 1 > kAmountEnd) | (reason_id > ids) |
+                   (connector_id > ids) | (info->start_ns > t);
+  if (bad) [[unlikely]]
+    return Reject(c);
+  static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
+  // Both amounts always stored (TM_KV_UNKNOWN for one not given: the
+  // encoder leaves it out), both id flags always set (an id field of 0 is
+  // "none" for the encoder): no per-field branches here.
+  const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
+                         tc::kKvAmounts | tc::kKvReasonId | tc::kKvConnectorId;
+  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t words = 5 + rw;
+  const uint64_t hdr = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
+                                  KvArg(flags, reason_id, connector_id));
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = hdr;
+  w[1] = t;
+  WriteRid(w + 2, rw, rid, srid, srid_len);
+  uint64_t* p = w + 2 + rw;
+  p[0] = info->start_ns;
+  p[1] = info->bytes;
+  p[2] = info->blocks;
+  return Done(r);
+}
+
+[[gnu::always_inline]] inline int KvTransferAny(
+    tm_client* c, uint64_t t_ns, uint64_t rid, const char* srid,
+    size_t srid_len, const tm_kv_transfer_info* info) {
+  if (info != nullptr && info->size >= kKvTransferInfoSize &&
+      info->reason == nullptr && info->connector == nullptr) [[likely]] {
+    return KvTransferIds(c, t_ns, rid, srid, srid_len, info);
+  }
+  return KvTransferStrings(c, t_ns, rid, srid, srid_len, info);
 }
 
 }  // namespace
@@ -1092,14 +1191,14 @@ constexpr size_t kKvTransferInfoSize =
 int tm_admission_rejected(tm_client* c, uint64_t t_ns, const char* reason) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
-  return Admission(c, t_ns, reason, false, 0, nullptr, 0);
+  return Admission(c, t_ns, reason, 0, false, 0, nullptr, 0);
 }
 
 int tm_admission_rejected_rid(tm_client* c, uint64_t t_ns, const char* reason,
                               uint64_t rid) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
-  return Admission(c, t_ns, reason, true, rid, nullptr, 0);
+  return Admission(c, t_ns, reason, 0, true, rid, nullptr, 0);
 }
 
 int tm_admission_rejected_str(tm_client* c, uint64_t t_ns, const char* reason,
@@ -1110,14 +1209,48 @@ int tm_admission_rejected_str(tm_client* c, uint64_t t_ns, const char* reason,
       [[unlikely]] {
     return Reject(c);
   }
-  return Admission(c, t_ns, reason, true, 0, rid, rid_len);
+  return Admission(c, t_ns, reason, 0, true, 0, rid, rid_len);
+}
+
+int tm_admission_rejected_id(tm_client* c, uint64_t t_ns, uint32_t reason_id) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (reason_id == 0) [[unlikely]]
+    return Reject(c);
+  return Admission(c, t_ns, nullptr, reason_id, false, 0, nullptr, 0);
+}
+
+int tm_admission_rejected_id_rid(tm_client* c, uint64_t t_ns,
+                                 uint32_t reason_id, uint64_t rid) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (reason_id == 0) [[unlikely]]
+    return Reject(c);
+  return Admission(c, t_ns, nullptr, reason_id, true, rid, nullptr, 0);
+}
+
+int tm_admission_rejected_id_str(tm_client* c, uint64_t t_ns,
+                                 uint32_t reason_id, const char* rid,
+                                 size_t rid_len) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (reason_id == 0 || rid == nullptr || rid_len == 0 ||
+      rid_len > TM_MAX_RID_BYTES) [[unlikely]] {
+    return Reject(c);
+  }
+  return Admission(c, t_ns, nullptr, reason_id, true, 0, rid, rid_len);
+}
+
+int tm_register_value(tm_client* c, const char* value) {
+  if (c == nullptr) return TM_E_INVALID;
+  return c->RegisterValue(value);
 }
 
 int tm_kv_transfer(tm_client* c, uint64_t t_ns, uint64_t rid,
                    const tm_kv_transfer_info* info) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
-  return KvTransfer(c, t_ns, rid, nullptr, 0, info);
+  return KvTransferAny(c, t_ns, rid, nullptr, 0, info);
 }
 
 int tm_kv_transfer_str(tm_client* c, uint64_t t_ns, const char* rid,
@@ -1128,7 +1261,7 @@ int tm_kv_transfer_str(tm_client* c, uint64_t t_ns, const char* rid,
       [[unlikely]] {
     return Reject(c);
   }
-  return KvTransfer(c, t_ns, 0, rid, rid_len, info);
+  return KvTransferAny(c, t_ns, 0, rid, rid_len, info);
 }
 
 int tm_sleep_state(tm_client* c, uint64_t t_ns, tm_scheduler_state scheduler,

@@ -176,7 +176,8 @@ namespace tokenmeter::client {
 
 ClientParts::ClientParts(const tm_options& opts, ClientCounters& counters)
     : registry(opts.buffer_capacity, opts.max_threads, counters),
-      sender(SenderOptionsOf(opts), TransportOf(opts), registry, counters) {}
+      sender(SenderOptionsOf(opts), TransportOf(opts), registry, values,
+             counters) {}
 
 }  // namespace tokenmeter::client
 
@@ -265,6 +266,18 @@ int tm_client::Flush(uint32_t timeout_ms) {
   int rc = state == kForked ? TM_E_FORKED : TM_E_CLOSED;
   ClientParts* parts = Parts();
   if (state == kOpen && parts != nullptr) rc = parts->sender.Flush(timeout_ms);
+  callers_.fetch_sub(1, std::memory_order_release);
+  return rc;
+}
+
+int tm_client::RegisterValue(const char* value) {
+  callers_.fetch_add(1);
+  const int state = state_.load();
+  int rc = state == kForked ? TM_E_FORKED : TM_E_CLOSED;
+  ClientParts* parts = Parts();
+  if (state == kOpen && parts != nullptr) {
+    rc = parts->values.Register(value, &value_ids_);
+  }
   callers_.fetch_sub(1, std::memory_order_release);
   return rc;
 }

@@ -39,6 +39,7 @@
 #include "thread_registry.h"
 #include "tokenmeter/tokenmeter.h"
 #include "transport.h"
+#include "value_table.h"
 
 struct tm_options {
   std::string socket_path = TM_DEFAULT_SOCKET_PATH;
@@ -62,6 +63,7 @@ namespace tokenmeter::client {
 struct ClientParts {
   ClientParts(const tm_options& opts, ClientCounters& counters);
   ThreadRegistry registry;
+  ValueTable values;  // the sender reads it
   Sender sender;
 };
 
@@ -91,6 +93,9 @@ struct tm_client {
   int Flush(uint32_t timeout_ms);
   int Stats(uint64_t* out, size_t n) const;
   int Attach();
+  // tm_register_value(): see tokenmeter.h. Any thread; TM_E_CLOSED /
+  // TM_E_FORKED once the client is closed or inherited.
+  int RegisterValue(const char* value);
 
   // ---- hot path (producer threads) -----------------------------------------
   // An event call brackets its ring access with Enter() and Leave():
@@ -126,6 +131,13 @@ struct tm_client {
     return state == kOpen ? TM_OK : Refuse(state, events);
   }
 
+  // True when `id` is one tm_register_value() returned on this client (0
+  // is not). One relaxed load of the line Enter() reads: an id a thread
+  // holds was published (release) before that thread could learn it.
+  bool ValidValueId(uint32_t id) const { return id - 1 < ValueIds(); }
+  uint32_t ValueIds() const {
+    return value_ids_.load(std::memory_order_relaxed);
+  }
   void CountRejected(uint64_t n = 1) {
     counters_.rejected.fetch_add(n, std::memory_order_relaxed);
   }
@@ -160,6 +172,9 @@ struct tm_client {
   // Line 1, read by every event call: written once at close or fork.
   alignas(64) std::atomic<int> state_{kOpen};
   uint64_t registry_id_ = 0;  // set by the constructor, then read-only
+  // The number of registered values (ids 1 .. value_ids_), stored by the
+  // value table under its mutex.
+  std::atomic<uint32_t> value_ids_{0};
   // Line 2: the slow paths' guards and the parts.
   alignas(64) mutable std::atomic<uint32_t> callers_{0};  // flush, stats
   std::atomic<uint32_t> attaching_{0};                    // AttachRing()

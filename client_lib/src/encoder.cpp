@@ -163,7 +163,8 @@ void EncodeBatchHeader(uint64_t seq, uint64_t dropped_total, uint32_t n_events,
   pk.Array(n_events);
 }
 
-void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
+void EncodeEvent(const uint64_t* record, const ValueTable& values,
+                 ByteBuffer* out) {
   Packer pk(out);
   const uint64_t hdr = record[0];
   const uint8_t kind = HeaderKind(hdr);
@@ -322,13 +323,23 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
       pk.Uint(kind);
       pk.Uint(t);
       const uint32_t rid_words = !has_rid ? 0 : int_rid ? 1 : (rid_len + 7) / 8;
-      pk.Str(reinterpret_cast<const char*>(p + rid_words), reason_len);
+      if ((arg & kAdmissionValueId) != 0) {
+        const std::string_view reason = values.Get(reason_len);
+        pk.Str(reason.data(), reason.size());
+      } else {
+        pk.Str(reinterpret_cast<const char*>(p + rid_words), reason_len);
+      }
       if (has_rid) PackRid(pk, rid_len, p);
       return;
     }
     case TM_EV_KV_TRANSFER: {
-      const bool has_bytes = (arg & kKvBytes) != 0;
-      const bool has_blocks = (arg & kKvBlocks) != 0;
+      // With kKvAmounts both words are there, TM_KV_UNKNOWN when not given.
+      const bool amounts = (arg & kKvAmounts) != 0;
+      const uint32_t rid_words = rid_len == 0 ? 1 : (rid_len + 7) / 8;
+      const bool has_bytes =
+          amounts ? p[rid_words + 1] != TM_KV_UNKNOWN : (arg & kKvBytes) != 0;
+      const bool has_blocks =
+          amounts ? p[rid_words + 2] != TM_KV_UNKNOWN : (arg & kKvBlocks) != 0;
       const bool failed = (arg & kKvFailed) != 0;
       const uint32_t reason_len = KvReasonLen(arg);
       const uint32_t connector_len = KvConnectorLen(arg);
@@ -344,25 +355,38 @@ void EncodeEvent(const uint64_t* record, ByteBuffer* out) {
       pk.Uint(*p++);
       if (has_bytes) {
         pk.Str(TM_KV_BYTES);
-        pk.Uint(*p++);
+        pk.Uint(*p);
       }
+      p += has_bytes || amounts;
       if (has_blocks) {
         pk.Str(TM_KV_BLOCKS);
-        pk.Uint(*p++);
+        pk.Uint(*p);
       }
+      p += has_blocks || amounts;
       if (failed) {
         pk.Str(TM_KV_OK);
         pk.Bool(false);
       }
-      // Each string starts on a word of its own.
+      // Each string starts on a word of its own; a registered one is only
+      // its id in the header.
       if (reason_len != 0) {
         pk.Str(TM_KV_REASON);
-        pk.Str(reinterpret_cast<const char*>(p), reason_len);
-        p += (reason_len + 7) / 8;
+        if ((arg & kKvReasonId) != 0) {
+          const std::string_view reason = values.Get(reason_len);
+          pk.Str(reason.data(), reason.size());
+        } else {
+          pk.Str(reinterpret_cast<const char*>(p), reason_len);
+          p += (reason_len + 7) / 8;
+        }
       }
       if (connector_len != 0) {
         pk.Str(TM_KV_CONNECTOR);
-        pk.Str(reinterpret_cast<const char*>(p), connector_len);
+        if ((arg & kKvConnectorId) != 0) {
+          const std::string_view connector = values.Get(connector_len);
+          pk.Str(connector.data(), connector.size());
+        } else {
+          pk.Str(reinterpret_cast<const char*>(p), connector_len);
+        }
       }
       return;
     }

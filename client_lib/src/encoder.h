@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include "value_table.h"
+
 namespace tokenmeter::client {
 
 // One HELLO cache_config value (protocol 1.1): str, int, float64 or bool.
@@ -55,8 +57,10 @@ void EncodeGoodbye(ByteBuffer* out);
 void EncodeBatchHeader(uint64_t seq, uint64_t dropped_total, uint32_t n_events,
                        ByteBuffer* out);
 // Appends one event encoded from the record starting at `record` (a
-// non-padding record written by the event functions).
-void EncodeEvent(const uint64_t* record, ByteBuffer* out);
+// non-padding record written by the event functions); a registered value's
+// id in the record is written as its string from `values`.
+void EncodeEvent(const uint64_t* record, const ValueTable& values,
+                 ByteBuffer* out);
 
 }  // namespace tokenmeter::client
 

@@ -41,11 +41,16 @@ namespace tokenmeter::client {
 //   EXPERT_LOAD hdr(arg=layer) t counts[n]   (n = record length - 2)
 //   ADMISSION_REJECTED   hdr(arg=reason_len | kAdmissionIntRid) t [rid...]
 //               the reason's bytes, zero padded (a string id: the header's
-//               id length; an integer id: the flag; neither: no id)
+//               id length; an integer id: the flag; neither: no id); with
+//               kAdmissionValueId, arg's low byte is the reason's registered
+//               id (value_table.h) and no bytes follow
 //   KV_TRANSFER hdr(arg=KvArg(): role, failed, has bytes / blocks, reason
 //               and connector lengths) t rid... start [bytes] [blocks]
 //               the bytes of reason, zero padded to a word, then those of
-//               connector, zero padded
+//               connector, zero padded (kKvReasonId / kKvConnectorId: that
+//               field's length is its registered id and it has no bytes;
+//               kKvAmounts: both bytes and blocks words, TM_KV_UNKNOWN
+//               when not given)
 //   SLEEP       hdr(arg=SleepArg(): each part's state + 1, 0 = keep) t
 // `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
 // string id.
@@ -101,12 +106,19 @@ inline constexpr uint32_t kScheduledInfo = 1;
 // ADMISSION_REJECTED: the reason's length (bits 0-7) and whether an integer
 // id follows the time.
 inline constexpr uint32_t kAdmissionIntRid = 1u << 8;
+// ADMISSION_REJECTED: bits 0-7 are the reason's registered id, not a length.
+inline constexpr uint32_t kAdmissionValueId = 1u << 9;
 
 // KV_TRANSFER header argument.
 inline constexpr uint32_t kKvRecv = 1u << 0;
 inline constexpr uint32_t kKvFailed = 1u << 1;
 inline constexpr uint32_t kKvBytes = 1u << 2;
 inline constexpr uint32_t kKvBlocks = 1u << 3;
+inline constexpr uint32_t kKvReasonId = 1u << 4;  // reason: an id, no bytes
+inline constexpr uint32_t kKvConnectorId = 1u << 5;
+// Both amount words follow start, TM_KV_UNKNOWN for one not given (instead
+// of kKvBytes / kKvBlocks and only the given ones).
+inline constexpr uint32_t kKvAmounts = 1u << 6;
 inline constexpr uint32_t KvArg(uint32_t flags, uint32_t reason_len,
                                 uint32_t connector_len) {
   return flags | (reason_len << 8) | (connector_len << 16);

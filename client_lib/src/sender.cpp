@@ -20,10 +20,12 @@ uint64_t NowNs() { return MonotonicNowNs(); }
 }  // namespace
 
 Sender::Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
-               ThreadRegistry& registry, ClientCounters& counters)
+               ThreadRegistry& registry, const ValueTable& values,
+               ClientCounters& counters)
     : opts_(std::move(opts)),
       transport_(std::move(transport)),
       registry_(registry),
+      values_(values),
       counters_(counters),
       replay_(opts_.ack ? opts_.replay_bytes : 0),
       inbound_(kInboundReadBytes) {
@@ -223,7 +225,7 @@ bool Sender::FillBatch() {
       const uint64_t* rec = r.At(head);
       head += HeaderWords(*rec);
       if (HeaderKind(*rec) == kPadKind) continue;
-      EncodeEvent(rec, &batch_body_);
+      EncodeEvent(rec, values_, &batch_body_);
       ++batch_events_;
     }
     r.Release(head);

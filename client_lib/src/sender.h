@@ -56,6 +56,7 @@
 #include "thread_registry.h"
 #include "tokenmeter/tokenmeter.h"
 #include "transport.h"
+#include "value_table.h"
 
 namespace tokenmeter::client {
 
@@ -93,11 +94,12 @@ struct SenderOptions {
 
 class Sender {
  public:
-  // Borrows `registry` and `counters` for its whole life; owns `transport`
-  // (non-null). Starts nothing. Reserves opts.replay_bytes when opts.ack
-  // (throws std::bad_alloc).
+  // Borrows `registry`, `values` and `counters` for its whole life; owns
+  // `transport` (non-null). Starts nothing. Reserves opts.replay_bytes when
+  // opts.ack (throws std::bad_alloc).
   Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
-         ThreadRegistry& registry, ClientCounters& counters);
+         ThreadRegistry& registry, const ValueTable& values,
+         ClientCounters& counters);
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
   // Stop() if it was not called.
@@ -169,6 +171,7 @@ class Sender {
   const SenderOptions opts_;
   const std::unique_ptr<Transport> transport_;
   ThreadRegistry& registry_;
+  const ValueTable& values_;
   ClientCounters& counters_;
 
   // Flush and close requests (mu_ guards the non-atomic members).

@@ -593,6 +593,56 @@ TEST_F(CppClientTest, SendsProtocol12Events) {
             }));
 }
 
+// Registered values through the wrapper: RegisterValue(), the ValueId
+// overloads of AdmissionRejected() and KvTransferInfo's ids, sent as the
+// strings.
+TEST_F(CppClientTest, SendsRegisteredValues) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  ValueId queue_full, nixl, again;
+  const std::string values = "queue_fullnixl";
+  ASSERT_EQ(
+      client->RegisterValue(std::string_view(values.data(), 10), &queue_full),
+      TM_OK);
+  ASSERT_EQ(
+      client->RegisterValue(std::string_view(values.data() + 10, 4), &nixl),
+      TM_OK);
+  ASSERT_EQ(client->RegisterValue("queue_full", &again), TM_OK);
+  EXPECT_EQ(queue_full.id, 1u);
+  EXPECT_EQ(nixl.id, 2u);
+  EXPECT_EQ(again.id, 1u);
+  ValueId untouched{42};
+  EXPECT_EQ(client->RegisterValue("", &untouched), TM_E_INVALID);
+  EXPECT_EQ(client->RegisterValue("tab\t", &untouched), TM_E_INVALID);
+  EXPECT_EQ(client->RegisterValue(std::string(65, 'r'), &untouched),
+            TM_E_INVALID);
+  EXPECT_EQ(client->RegisterValue("x", nullptr), TM_E_INVALID);
+  EXPECT_EQ(untouched.id, 42u);
+  EXPECT_EQ(client->AdmissionRejected(queue_full, 100), TM_OK);
+  EXPECT_EQ(client->AdmissionRejected(uint64_t{3}, queue_full, 101), TM_OK);
+  EXPECT_EQ(client->AdmissionRejected("req-4", nixl, 102), TM_OK);
+  KvTransferInfo kv;
+  kv.start_ns = 50;
+  kv.bytes = 1 << 20;
+  kv.connector_id = nixl;
+  EXPECT_EQ(client->KvTransfer(uint64_t{5}, kv, 104), TM_OK);
+  kv.ok = false;
+  kv.reason_id = queue_full;
+  EXPECT_EQ(client->KvTransfer("req-6", kv, 105), TM_OK);
+  EXPECT_EQ(CloseAndGetEvents(client.get(), 5),
+            (std::vector<std::string>{
+                R"([9,100,"queue_full"])",
+                R"([9,101,"queue_full",3])",
+                R"([9,102,"nixl","req-4"])",
+                R"([10,104,5,{"role":"send","start":50,"bytes":1048576,)"
+                R"("connector":"nixl"}])",
+                R"([10,105,"req-6",{"role":"send","start":50,)"
+                R"("bytes":1048576,"ok":false,"reason":"queue_full",)"
+                R"("connector":"nixl"}])",
+            }));
+}
+
 // What the C calls refuse is refused through the wrapper alike, and
 // counted; so is what cannot reach them (a reason with a NUL byte or longer
 // than 64 bytes, bytes of UINT64_MAX, TM_KV_UNKNOWN in C).
@@ -628,16 +678,28 @@ TEST_F(CppClientTest, Protocol12CallsRejectInvalidArguments) {
   kv.connector = {};
   kv.role = static_cast<KvRole>(7);
   EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_E_INVALID);
+  // Ids not registered, and a string with the id of its field.
+  EXPECT_EQ(client->AdmissionRejected(ValueId{}, 10), TM_E_INVALID);
+  EXPECT_EQ(client->AdmissionRejected(uint64_t{1}, ValueId{1}, 10),
+            TM_E_INVALID);
+  ValueId timeout;
+  ASSERT_EQ(client->RegisterValue("timeout", &timeout), TM_OK);
+  kv.role = KvRole::kSend;
+  kv.reason = "timeout";
+  kv.reason_id = timeout;
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_E_INVALID);
+  kv.reason = {};
+  EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_OK);
   EXPECT_EQ(client->SleepState(static_cast<SchedulerState>(5),
                                WeightsState::kKeep, KvCacheState::kKeep),
             TM_E_INVALID);
   EXPECT_EQ(client->Step(StepStats().WaitingDeferred(1)), TM_E_INVALID);
   EXPECT_EQ(client->Step(StepStats().Waiting(1).WaitingDeferred(2)),
             TM_E_INVALID);
-  EXPECT_EQ(client->GetStats().events_rejected, 15u);
+  EXPECT_EQ(client->GetStats().events_rejected, 18u);
   kv.role = KvRole::kSend;
   EXPECT_EQ(client->KvTransfer("r", kv, 10), TM_OK);
-  EXPECT_EQ(client->GetStats().events_rejected, 15u);
+  EXPECT_EQ(client->GetStats().events_rejected, 18u);
 }
 
 // Close() flushes, says goodbye, and returns the final counters; the

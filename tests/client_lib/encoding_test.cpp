@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "client_fixture.h"
@@ -863,6 +865,104 @@ TEST_F(EventLayoutTest, SendsProtocol12Events) {
                 R"([11,1012,{}])",
                 R"([7,1013,{"waiting":3,"waiting_deferred":3}])",
             }));
+}
+
+// A registered reason or connector (tm_register_value()) is sent as its
+// string: the same events as with the strings, ids mixed with strings too.
+TEST_F(EventLayoutTest, SendsRegisteredValuesAsTheirStrings) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const int queue_full = tm_register_value(c, "queue_full");
+  const int nixl = tm_register_value(c, "nixl");
+  const int timeout = tm_register_value(c, "d\xc3\xa9lai");
+  ASSERT_EQ(queue_full, 1);
+  ASSERT_EQ(nixl, 2);
+  ASSERT_EQ(timeout, 3);
+  EXPECT_EQ(tm_admission_rejected_id(c, 1002, queue_full), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_id_rid(c, 1003, timeout, 77), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_id_str(c, 1004, nixl, "req-9", 5), TM_OK);
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.start_ns = 900;
+  kv.connector_id = uint32_t(nixl);
+  EXPECT_EQ(tm_kv_transfer(c, 1005, 1, &kv), TM_OK);
+  kv.role = TM_KV_RECV;
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES;
+  kv.blocks = 0;
+  kv.ok = 0;
+  kv.reason_id = uint32_t(timeout);
+  EXPECT_EQ(tm_kv_transfer_str(c, 1006, "req-9", 5, &kv), TM_OK);
+  kv.bytes = TM_KV_UNKNOWN;  // blocks only
+  kv.ok = 1;
+  kv.reason_id = 0;
+  kv.connector_id = 0;
+  EXPECT_EQ(tm_kv_transfer(c, 1007, 2, &kv), TM_OK);
+  kv.blocks = TM_KV_UNKNOWN;  // bytes only, a string reason, an id connector
+  kv.bytes = 4096;
+  kv.ok = 0;
+  kv.reason = "timeout";
+  kv.connector_id = uint32_t(nixl);
+  EXPECT_EQ(tm_kv_transfer(c, 1008, 3, &kv), TM_OK);
+  kv.reason = nullptr;  // an id reason, a string connector
+  kv.reason_id = uint32_t(queue_full);
+  kv.connector_id = 0;
+  kv.connector = "mooncake";
+  EXPECT_EQ(tm_kv_transfer(c, 1009, 4, &kv), TM_OK);
+  EXPECT_EQ(ToStrings(CloseAndGetEvents(8)),
+            (std::vector<std::string>{
+                R"([9,1002,"queue_full"])",
+                R"([9,1003,"d\xc3\xa9lai",77])",
+                R"([9,1004,"nixl","req-9"])",
+                R"([10,1005,1,{"role":"send","start":900,"connector":"nixl"}])",
+                R"([10,1006,"req-9",{"role":"recv","start":900,)"
+                R"("bytes":281474976710655,"blocks":0,"ok":false,)"
+                R"("reason":"d\xc3\xa9lai","connector":"nixl"}])",
+                R"([10,1007,2,{"role":"recv","start":900,"blocks":0}])",
+                R"([10,1008,3,{"role":"recv","start":900,"bytes":4096,)"
+                R"("ok":false,"reason":"timeout","connector":"nixl"}])",
+                R"([10,1009,4,{"role":"recv","start":900,"bytes":4096,)"
+                R"("ok":false,"reason":"queue_full","connector":"mooncake"}])",
+            }));
+}
+
+// One thread registers values while another sends events naming the newest
+// one, and the sender thread encodes them: each event carries the string of
+// its id (the table's publication order; TSan checks it in the tsan build).
+TEST_F(EventLayoutTest, RegistersWhileAnotherThreadSends) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  constexpr int kValues = 200;
+  std::atomic<int> newest{0};
+  std::thread registrar([c, &newest] {
+    for (int i = 0; i < kValues; ++i) {
+      const int id =
+          tm_register_value(c, ("reason-" + std::to_string(i)).c_str());
+      ASSERT_EQ(id, i + 1);
+      newest.store(id, std::memory_order_release);
+    }
+  });
+  uint64_t sent = 0;
+  std::vector<int> ids;
+  // At most 5,000 events (well within the buffer) while the values come.
+  while (newest.load(std::memory_order_acquire) < kValues && sent < 5000) {
+    const int id = newest.load(std::memory_order_acquire);
+    if (id == 0) continue;
+    ASSERT_EQ(tm_admission_rejected_id_rid(c, 10, uint32_t(id), sent), TM_OK);
+    ids.push_back(id);
+    ++sent;
+  }
+  registrar.join();
+  ASSERT_EQ(tm_admission_rejected_id_rid(c, 10, kValues, sent), TM_OK);
+  ids.push_back(kValues);
+  ++sent;
+  const std::vector<Value> events = CloseAndGetEvents(sent);
+  ASSERT_EQ(events.size(), ids.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].array.size(), 4u);
+    EXPECT_EQ(events[i].array[2].str, "reason-" + std::to_string(ids[i] - 1));
+    EXPECT_EQ(events[i].array[3].uint, i);
+  }
 }
 
 // Reasons and connectors of every length 1 .. 64, printable ASCII and

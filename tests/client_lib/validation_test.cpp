@@ -776,14 +776,15 @@ TEST_F(Protocol12ValidationTest, RejectsKvTransferInfoSizeTooSmall) {
   tm_kv_transfer_info kv = Kv();
   for (const size_t size :
        {size_t{0}, offsetof(tm_kv_transfer_info, reason),
-        offsetof(tm_kv_transfer_info, connector), sizeof kv - 1}) {
+        offsetof(tm_kv_transfer_info, connector),
+        offsetof(tm_kv_transfer_info, reason_id), sizeof kv - 1}) {
     kv.size = size;
     EXPECT_EQ(InvalidKvCalls(&kv), 2) << size;
   }
-  EXPECT_EQ(Rejected(), 8u);
+  EXPECT_EQ(Rejected(), 10u);
   Grown<tm_kv_transfer_info> grown{Kv()};
   EXPECT_EQ(InvalidKvCalls(&grown.s), 0);
-  EXPECT_EQ(Rejected(), 8u);
+  EXPECT_EQ(Rejected(), 10u);
 }
 
 TEST_F(Protocol12ValidationTest, RejectsUnknownKvRole) {
@@ -974,6 +975,134 @@ TEST_F(Protocol12ValidationTest, Protocol12CallsOnAClosedClient) {
   ASSERT_EQ(tm_client_stats(c, stats, TM_STAT_COUNT), TM_OK);
   EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 12u);
   EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 0u);
+}
+
+// tm_register_value(): label-value syntax, the same id for the same string,
+// ids 1 .. TM_MAX_VALUE_IDS then TM_E_NOMEM; a refused registration is not
+// a rejected event (no event was made).
+TEST_F(Protocol12ValidationTest, RegistersValuesOnce) {
+  EXPECT_EQ(tm_register_value(nullptr, "x"), TM_E_INVALID);
+  EXPECT_EQ(tm_register_value(client_, nullptr), TM_E_INVALID);
+  for (const std::string& v : BadLabelValues()) {
+    EXPECT_EQ(tm_register_value(client_, v.c_str()), TM_E_INVALID) << v;
+  }
+  const int queue_full = tm_register_value(client_, "queue_full");
+  EXPECT_EQ(queue_full, 1);
+  EXPECT_EQ(tm_register_value(client_, "nixl"), 2);
+  EXPECT_EQ(tm_register_value(client_, "queue_full"), queue_full);
+  for (const std::string& v : GoodLabelValues()) {
+    const int id = tm_register_value(client_, v.c_str());
+    EXPECT_GT(id, 2) << v;
+    EXPECT_EQ(tm_register_value(client_, v.c_str()), id) << v;
+  }
+  int last = 0;
+  for (int i = 0; last >= 0; ++i) {
+    last = tm_register_value(client_, ("v" + std::to_string(i)).c_str());
+    if (last >= 0) {
+      EXPECT_LE(last, TM_MAX_VALUE_IDS);
+    }
+  }
+  EXPECT_EQ(last, TM_E_NOMEM);
+  EXPECT_EQ(tm_register_value(client_,
+                              ("v" + std::to_string(TM_MAX_VALUE_IDS)).c_str()),
+            TM_E_NOMEM);
+  EXPECT_EQ(tm_register_value(client_, "nixl"), 2);  // still there
+  EXPECT_EQ(tm_admission_rejected_id(client_, 1, TM_MAX_VALUE_IDS), TM_OK);
+  EXPECT_EQ(Rejected(), 0u);
+}
+
+// An id the client did not hand out, 0 where one is required, and a string
+// given with the id of the same field are TM_E_INVALID, counted.
+TEST_F(Protocol12ValidationTest, RejectsUnknownValueIds) {
+  const uint32_t id = uint32_t(tm_register_value(client_, "queue_full"));
+  ASSERT_EQ(id, 1u);
+  for (const uint32_t bad : {0u, 2u, 255u, 256u, 0xffffffffu}) {
+    EXPECT_EQ(tm_admission_rejected_id(client_, 1, bad), TM_E_INVALID) << bad;
+    EXPECT_EQ(tm_admission_rejected_id_rid(client_, 1, bad, 7), TM_E_INVALID);
+    EXPECT_EQ(tm_admission_rejected_id_str(client_, 1, bad, "r", 1),
+              TM_E_INVALID);
+  }
+  EXPECT_EQ(Rejected(), 15u);
+  EXPECT_EQ(tm_admission_rejected_id_str(client_, 1, id, nullptr, 1),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_admission_rejected_id_str(client_, 1, id, "r", 0), TM_E_INVALID);
+  EXPECT_EQ(
+      tm_admission_rejected_id_str(client_, 1, id, "r", TM_MAX_RID_BYTES + 1),
+      TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 18u);
+  tm_kv_transfer_info kv = Kv();
+  for (const uint32_t bad : {2u, 255u, 0xffffffffu}) {
+    kv.reason_id = bad;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bad;
+    kv.reason_id = 0;
+    kv.connector_id = bad;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bad;
+    kv.connector_id = 0;
+  }
+  EXPECT_EQ(Rejected(), 30u);
+  kv.reason = "timeout";  // a string and an id for one field
+  kv.reason_id = id;
+  EXPECT_EQ(InvalidKvCalls(&kv), 2);
+  kv.reason = nullptr;
+  kv.reason_id = 0;
+  kv.connector = "nixl";
+  kv.connector_id = id;
+  EXPECT_EQ(InvalidKvCalls(&kv), 2);
+  EXPECT_EQ(Rejected(), 34u);
+  // The same id on another client is unknown there.
+  tm_client* other = nullptr;
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 0), TM_OK);
+  ASSERT_EQ(tm_client_new(opts.get(), &other), TM_OK);
+  EXPECT_EQ(tm_admission_rejected_id(other, 1, id), TM_E_INVALID);
+  EXPECT_EQ(tm_register_value(other, "other"), 1);
+  EXPECT_EQ(tm_admission_rejected_id(other, 1, id), TM_OK);
+  tm_client_close(other, nullptr, 0);
+  // Ids that are valid pass every rule of both calls.
+  kv = Kv();
+  kv.reason_id = id;
+  kv.connector_id = id;
+  EXPECT_EQ(InvalidKvCalls(&kv), 0);
+  EXPECT_EQ(tm_admission_rejected_id(client_, 1, id), TM_OK);
+  EXPECT_EQ(Rejected(), 34u);
+}
+
+// The other rules hold on the ids' path as on the strings' (the call takes
+// a leaner path when reason and connector are NULL).
+TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRule) {
+  const uint32_t id = uint32_t(tm_register_value(client_, "nixl"));
+  tm_kv_transfer_info kv = Kv();
+  kv.connector_id = id;
+  kv.role = static_cast<tm_kv_role>(2);
+  EXPECT_EQ(InvalidKvCalls(&kv), 2);
+  kv.role = TM_KV_RECV;
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES + 1;
+  EXPECT_EQ(InvalidKvCalls(&kv), 2);
+  kv.bytes = TM_MAX_KV_TRANSFER_BYTES;
+  kv.blocks = TM_KV_UNKNOWN - 1;
+  EXPECT_EQ(InvalidKvCalls(&kv), 2);
+  kv.blocks = TM_KV_UNKNOWN;
+  kv.start_ns = 1001;
+  EXPECT_EQ(InvalidKvCalls(&kv, 1000), 2);
+  kv.start_ns = 1000;
+  EXPECT_EQ(InvalidKvCalls(&kv, 1000), 0);
+  kv.size = offsetof(tm_kv_transfer_info, connector_id);
+  EXPECT_EQ(InvalidKvCalls(&kv), 2);
+  EXPECT_EQ(Rejected(), 10u);
+}
+
+// On a closed or never-registered client: refused like the other calls.
+TEST_F(Protocol12ValidationTest, ValueIdsOnAClosedClient) {
+  tm_client* c = client_;
+  const uint32_t id = uint32_t(tm_register_value(c, "queue_full"));
+  ASSERT_EQ(CloseClient(), TM_OK);
+  EXPECT_EQ(tm_register_value(c, "x"), TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected_id(c, 1, id), TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected_id_rid(c, 1, id, 1), TM_E_CLOSED);
+  EXPECT_EQ(tm_admission_rejected_id_str(c, 1, id, "r", 1), TM_E_CLOSED);
+  tm_kv_transfer_info kv = Kv();
+  kv.connector_id = id;
+  EXPECT_EQ(tm_kv_transfer(c, 1000, 1, &kv), TM_E_CLOSED);
 }
 
 // LabelValueLen() (api.cpp) settles 1..64 bytes of printable ASCII without

@@ -99,6 +99,13 @@ struct SchedulingInfo {
   uint32_t external_tokens = 0;  // received instead of computed
 };
 
+// A value registered with Client::RegisterValue() (tm_register_value()):
+// passed in place of its string, it costs no pass over the string per call.
+// id 0: none.
+struct ValueId {
+  uint32_t id = 0;
+};
+
 // One KV-cache transfer (protocol 1.2): tm_kv_transfer().
 enum class KvRole : int { kSend = TM_KV_SEND, kRecv = TM_KV_RECV };
 struct KvTransferInfo {
@@ -109,6 +116,8 @@ struct KvTransferInfo {
   bool ok = true;
   std::string_view reason;     // empty: none; label-value syntax
   std::string_view connector;  // empty: none; label-value syntax
+  ValueId reason_id;           // in place of reason (then empty)
+  ValueId connector_id;        // in place of connector (then empty)
 };
 
 // The engine's sleep state (protocol 1.2): tm_sleep_state(). kKeep leaves a
@@ -414,6 +423,32 @@ class Client {
     return tm_admission_rejected_str(c_, t_ns, r.c_str(), rid.data(),
                                      rid.size());
   }
+  // Registers a reason or connector once (tm_register_value()): TM_OK and
+  // *id, or TM_E_INVALID (not label-value syntax, or longer than 64 bytes;
+  // NULL id), TM_E_NOMEM (TM_MAX_VALUE_IDS values registered), TM_E_CLOSED
+  // / TM_E_FORKED, *id untouched. Takes a mutex and allocates: at start-up,
+  // not per request. The string is copied NUL-terminated onto the stack.
+  int RegisterValue(std::string_view value, ValueId* id) noexcept {
+    if (id == nullptr) return TM_E_INVALID;
+    LabelValue v(value);
+    const int rc = tm_register_value(c_, v.c_str());
+    if (rc < 0) return rc;
+    id->id = uint32_t(rc);
+    return TM_OK;
+  }
+  // AdmissionRejected() with a registered reason: a tm_tokens()'s cost.
+  int AdmissionRejected(ValueId reason, uint64_t t_ns = 0) noexcept {
+    return tm_admission_rejected_id(c_, t_ns, reason.id);
+  }
+  int AdmissionRejected(uint64_t rid, ValueId reason,
+                        uint64_t t_ns = 0) noexcept {
+    return tm_admission_rejected_id_rid(c_, t_ns, reason.id, rid);
+  }
+  int AdmissionRejected(std::string_view rid, ValueId reason,
+                        uint64_t t_ns = 0) noexcept {
+    return tm_admission_rejected_id_str(c_, t_ns, reason.id, rid.data(),
+                                        rid.size());
+  }
   // Protocol 1.2: one KV-cache transfer of the request ended at t_ns (0:
   // now), tm_kv_transfer(_str). reason and connector are copied as
   // AdmissionRejected()'s reason is; a `bytes` or `blocks` of UINT64_MAX
@@ -577,8 +612,10 @@ class Client {
     kv.bytes = amount(info.bytes);
     kv.blocks = amount(info.blocks);
     kv.ok = info.ok ? 1 : 0;
-    kv.reason = reason.c_str();
+    kv.reason = reason.c_str();  // NULL when empty: an id may stand in
     kv.connector = connector.c_str();
+    kv.reason_id = info.reason_id.id;
+    kv.connector_id = info.connector_id.id;
     return kv;
   }
 

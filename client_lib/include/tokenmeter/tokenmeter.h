@@ -603,6 +603,29 @@ TM_API int tm_expert_load(tm_client* client, uint64_t t_ns, uint32_t layer,
  * TM_E_INVALID (a rule broken: counted as rejected, nothing appended),
  * TM_E_DROPPED (buffer full, counted), TM_E_CLOSED / TM_E_FORKED. */
 
+/* Registered values. A reason or connector sent often can be registered
+ * once, checked and copied once, and then passed by id:
+ * tm_admission_rejected_id*() and tm_kv_transfer_info's reason_id /
+ * connector_id take it instead of the string and cost a tm_tokens()'s (no
+ * pass over a string: docs/performance.md, "Protocol 1.2 client calls").
+ * The wire is the same: the sender thread writes the id's string into the
+ * event, so the daemon cannot tell the two apart.
+ *
+ * tm_register_value() registers `value` (label-value syntax) with the
+ * client and returns its id, 1 .. TM_MAX_VALUE_IDS (255); registering the
+ * same string again returns the same id. An id stays valid, for this client
+ * only, until tm_client_close(). Errors (nothing registered): TM_E_INVALID
+ * (NULL client or value, or not label-value syntax; not counted as a
+ * rejected event: no event was made), TM_E_NOMEM (TM_MAX_VALUE_IDS distinct
+ * values are registered, or the copy could not be allocated), TM_E_CLOSED
+ * / TM_E_FORKED. Any thread; takes a mutex, allocates and compares with
+ * the values already registered (linear): call it when the engine starts,
+ * not per request. Passing an id that was not returned by this client's
+ * tm_register_value() (0 included, where an id is required) makes an event
+ * call TM_E_INVALID, counted as rejected, nothing appended. */
+#define TM_MAX_VALUE_IDS 255
+TM_API int tm_register_value(tm_client* client, const char* value);
+
 /* The server refused a request before it entered the engine (a queue cap,
  * a token cap, an expired deadline): [9, t, reason], or with the request's
  * id [9, t, reason, rid] (_rid: an integer id; _str: a string id, the id
@@ -620,6 +643,17 @@ TM_API int tm_admission_rejected_rid(tm_client* client, uint64_t t_ns,
 TM_API int tm_admission_rejected_str(tm_client* client, uint64_t t_ns,
                                      const char* reason, const char* rid,
                                      size_t rid_len);
+/* The same three with the reason registered (tm_register_value()):
+ * `reason_id` instead of the string. Buffer space: 16 bytes plus the id's
+ * (8 for an integer). Cost: a tm_tokens()'s (about 8 ns with a caller
+ * timestamp on a 2-core VM; docs/performance.md). */
+TM_API int tm_admission_rejected_id(tm_client* client, uint64_t t_ns,
+                                    uint32_t reason_id);
+TM_API int tm_admission_rejected_id_rid(tm_client* client, uint64_t t_ns,
+                                        uint32_t reason_id, uint64_t rid);
+TM_API int tm_admission_rejected_id_str(tm_client* client, uint64_t t_ns,
+                                        uint32_t reason_id, const char* rid,
+                                        size_t rid_len);
 
 /* One KV-cache transfer of a request ended (disaggregated prefill/decode):
  * [10, t, rid, info], t the time it ended. */
@@ -640,11 +674,14 @@ typedef struct tm_kv_transfer_info {
   int ok;                /* nonzero: the transfer succeeded (the default) */
   const char* reason;    /* NULL: none; label-value syntax, e.g. "timeout" */
   const char* connector; /* NULL: none; label-value syntax, e.g. "nixl" */
+  uint32_t reason_id;    /* 0: none; else a tm_register_value() id, in
+                            place of `reason` (then NULL) */
+  uint32_t connector_id; /* 0: none; else an id in place of `connector` */
 } tm_kv_transfer_info;
 /* clang-format off */
 #define TM_KV_TRANSFER_INFO_INIT \
   {sizeof(tm_kv_transfer_info), TM_KV_SEND, 0, TM_KV_UNKNOWN, TM_KV_UNKNOWN, \
-   1, NULL, NULL}
+   1, NULL, NULL, 0, 0}
 /* clang-format on */
 /* Initialize `info` with TM_KV_TRANSFER_INFO_INIT, then set role and
  * start_ns (both required; start_ns has no "not given") and what else is
@@ -654,8 +691,10 @@ typedef struct tm_kv_transfer_info {
  * two; `start_ns` at most the event time (t_ns, or the clock read for
  * t_ns = 0); `bytes` and `blocks` TM_KV_UNKNOWN or at most
  * TM_MAX_KV_TRANSFER_BYTES (2^48 - 1); `reason` and `connector` NULL or in
- * label-value syntax. NULL `info` or any rule broken is TM_E_INVALID:
- * counted as rejected, nothing appended.
+ * label-value syntax; `reason_id` and `connector_id` 0 or an id this
+ * client's tm_register_value() returned, and not given together with the
+ * string of the same field. NULL `info` or any rule broken is
+ * TM_E_INVALID: counted as rejected, nothing appended.
  *
  * Wire form: [10, t, rid, info], the info map holding, in this order,
  * "role" ("send" or "recv"), "start" (uint), "bytes" and "blocks" (uints,

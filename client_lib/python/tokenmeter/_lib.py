@@ -28,7 +28,7 @@ _REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
              "tm_arrived_ex_str", "tm_options_set_profile",
              "tm_options_add_cache_config_str", "tm_options_set_max_lora",
              "tm_expert_load", "tm_options_set_ack", "tm_arrived_params",
-             "tm_kv_transfer", "tm_sleep_state")
+             "tm_kv_transfer", "tm_sleep_state", "tm_register_value")
 
 
 def _try_load(path):
@@ -180,6 +180,11 @@ _SIGNATURES = {
     "tm_admission_rejected_rid": (_int, [_client_p, _u64, _str, _u64]),
     "tm_admission_rejected_str": (_int, [_client_p, _u64, _str, _str,
                                          _size]),
+    "tm_register_value": (_int, [_client_p, _str]),
+    "tm_admission_rejected_id": (_int, [_client_p, _u64, _u32]),
+    "tm_admission_rejected_id_rid": (_int, [_client_p, _u64, _u32, _u64]),
+    "tm_admission_rejected_id_str": (_int, [_client_p, _u64, _u32, _str,
+                                            _size]),
     "tm_kv_transfer": (_int, [_client_p, _u64, _u64, _ptr]),
     "tm_kv_transfer_str": (_int, [_client_p, _u64, _str, _size, _ptr]),
     # tm_scheduler_state, tm_weights_state, tm_kv_cache_state: C enums.
@@ -197,6 +202,8 @@ _EVENT_FUNCTIONS = frozenset({
     "tm_expert_load", "tm_arrived_params", "tm_arrived_params_str",
     "tm_scheduled_ex", "tm_scheduled_ex_str", "tm_admission_rejected",
     "tm_admission_rejected_rid", "tm_admission_rejected_str",
+    "tm_admission_rejected_id", "tm_admission_rejected_id_rid",
+    "tm_admission_rejected_id_str",
     "tm_kv_transfer", "tm_kv_transfer_str", "tm_sleep_state",
     "tm_client_stats", "tm_now_ns"})
 
@@ -224,7 +231,8 @@ class KvTransferInfo(_c.Structure):
     set by the constructor. bytes / blocks: KV_UNKNOWN when not given."""
     _fields_ = [("size", _size), ("role", _int), ("start_ns", _u64),
                 ("bytes", _u64), ("blocks", _u64), ("ok", _int),
-                ("reason", _c.c_char_p), ("connector", _c.c_char_p)]
+                ("reason", _c.c_char_p), ("connector", _c.c_char_p),
+                ("reason_id", _u32), ("connector_id", _u32)]
 
     def __init__(self, **kw):
         super().__init__(size=_c.sizeof(KvTransferInfo), **kw)
