@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // An OTLP/HTTP receiver for tokenmeter's tests, decoding with OpenTelemetry's
-// code (docs/development.md, "OpenTelemetry test tooling").
+// code (docs/testing.md, "OpenTelemetry (OTLP) test tooling").
 //
 //   node tests/otel/receiver.mjs [--out FILE] [--port N] [fault flags]
 //
