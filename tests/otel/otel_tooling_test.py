@@ -351,7 +351,8 @@ class OtelToolingTest(unittest.TestCase):
             first, second = r.wait_requests(2)
         self.assertEqual((first["status"], second["status"]), (503, 200))
         self.assertEqual(first["message"], second["message"])
-        gap_s = (int(second["monotonic_ns"]) - int(first["monotonic_ns"])) / 1e9
+        gap_ns = int(second["monotonic_ns"]) - int(first["monotonic_ns"])
+        gap_s = gap_ns / 1e9
         # Its own backoff would wait 0.8 to 1.2 s.
         self.assertGreaterEqual(gap_s, 1.9, "Retry-After: 2 not honoured")
         self.assertLess(elapsed, 30)
@@ -445,6 +446,19 @@ class OtelToolingTest(unittest.TestCase):
         self.assertEqual(junk, 400)
         self.assertIsNone(garbled["message"])
         self.assertTrue(garbled["errors"][0].startswith("protobuf:"))
+
+    def test_client_gone_before_the_body_ended_is_recorded(self):
+        with otel.Receiver() as r:
+            with socket.create_connection(("127.0.0.1", r.port)) as c:
+                c.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\n"
+                          b"Content-Length: 100\r\n\r\n{\"resource")
+            record = r.wait_requests(1)[0]
+            counts = r.stop()
+        self.assertEqual((record["status"], record["message"]), (None, None))
+        self.assertEqual(record["body_bytes"], 10)
+        self.assertIn("before the body ended", record["errors"][0])
+        self.assertEqual((counts["received"], counts["bad"]), (1, 1))
 
     @unittest.skipUnless(shutil.which("openssl"), "openssl not found")
     def test_https_requires_a_client_certificate(self):

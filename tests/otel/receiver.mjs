@@ -58,7 +58,8 @@ import { Normalizer, countItems } from './otlp_normalize.mjs';
 
 const require = createRequire(import.meta.url);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const ROOT_MODULE = '@opentelemetry/otlp-transformer/build/src/generated/root.js';
+const ROOT_MODULE =
+  '@opentelemetry/otlp-transformer/build/src/generated/root.js';
 const root = require(ROOT_MODULE);
 const protobuf = require(require.resolve('protobufjs/minimal',
   { paths: [path.dirname(require.resolve(ROOT_MODULE))] }));
@@ -403,10 +404,31 @@ async function handle(req, res, raw, tooLarge) {
   res.end(body);
 }
 
+// A request whose client went away before its body ended: recorded (no
+// message, status null), counted as bad.
+function recordAborted(req, size) {
+  counts.received++;
+  counts.bad++;
+  writeRecord({ seq: counts.received - 1, method: req.method, path: req.url,
+    signal: SIGNALS[req.url]?.name ?? null,
+    content_type: req.headers['content-type'] ?? null,
+    content_encoding: req.headers['content-encoding'] ?? null,
+    headers: headersOfInterest(req.headers), body_bytes: size,
+    decoded_bytes: null, received_unix_nano: unixNanoNow(),
+    monotonic_ns: process.hrtime.bigint().toString(), tls: null,
+    fault: null, status: null, decoder: null,
+    errors: ['the client closed the connection before the body ended'],
+    unknown_fields: [], items: null, test_collector: null, message: null });
+}
+
 function onRequest(req, res) {
   const chunks = [];
   let size = 0;
   let tooLarge = false;
+  req.on('error', () => {});  // an abort; 'close' below records it
+  req.on('close', () => {
+    if (!req.complete) recordAborted(req, size);
+  });
   req.on('data', chunk => {
     size += chunk.length;
     if (size > MAX_BODY_BYTES) {
