@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages tokenmeter needs to build, test and run its
-# demo. Idempotent: when everything is present it prints nothing and makes no
-# network call. Needs root (or sudo) only when something is missing.
+# demo, then OpenTelemetry's npm packages for the OTLP tests (tests/otel,
+# pinned by its package-lock.json). Idempotent: when everything is present it
+# prints nothing and makes no network call. Needs root (or sudo) only when a
+# Debian package is missing.
 set -euo pipefail
 
 packages=(
@@ -22,11 +24,28 @@ for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
   [ "$status" = "installed" ] || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+    --no-install-recommends "${missing[@]}" >/dev/null
+fi
 
-echo "install-deps: installing ${missing[*]}" >&2
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
-  --no-install-recommends "${missing[@]}" >/dev/null
+# OpenTelemetry's receiver, protobuf decoder and JS SDK for the OTLP tests:
+# `npm ci` when tests/otel/node_modules is missing or older than the
+# lockfile (npm ci leaves node_modules/.package-lock.json as its stamp);
+# install scripts off, none of these packages needs one. Without npm, or
+# when npm ci fails, those tests skip (exit 77) and say why.
+otel_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/otel"
+stamp="$otel_dir/node_modules/.package-lock.json"
+if ! command -v npm >/dev/null 2>&1; then
+  echo "install-deps: npm not found: the OpenTelemetry (OTLP) tests will be skipped" >&2
+elif [ ! -e "$stamp" ] || [ "$otel_dir/package-lock.json" -nt "$stamp" ]; then
+  echo "install-deps: npm ci in tests/otel (OpenTelemetry test tooling)" >&2
+  if ! (cd "$otel_dir" && npm ci --ignore-scripts --no-audit --no-fund \
+          --loglevel=error >/dev/null); then
+    echo "install-deps: npm ci failed: the OpenTelemetry (OTLP) tests will be skipped" >&2
+  fi
+fi
