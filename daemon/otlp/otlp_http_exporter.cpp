@@ -112,6 +112,7 @@ struct OtlpHttpExporter::Slot {
   uint64_t attempt_start_ns = 0;
   bool in_curl = false;  // added to the multi handle
   bool waiting = false;  // retry_timer running
+  uint64_t retry_at_ns = 0;  // when it fires
   // The current attempt's response.
   std::string response;
   std::string retry_after;
@@ -516,6 +517,7 @@ void OtlpHttpExporter::Complete(Slot* slot, int curl_code) {
                          BudgetNs());
     if (delay.has_value()) {
       slot->waiting = true;
+      slot->retry_at_ns = now + *delay;
       // Rounded up: a Retry-After of 1 s never retries after 999 ms.
       uv_timer_start(&slot->retry_timer, OnRetryTimer,
                      (*delay + 999'999) / 1'000'000, 0);
@@ -598,6 +600,16 @@ void OtlpHttpExporter::Shutdown(uint64_t deadline_ns,
   const uint64_t wait_ms =
       deadline_ns > now ? (deadline_ns - now + 999'999) / 1'000'000 : 0;
   uv_timer_start(&deadline_timer_, OnDeadline, wait_ms, 0);
+  // A body waiting for a retry that would start after the deadline fails
+  // now rather than at the deadline.
+  for (auto& slot : slots_) {
+    if (slot->waiting && slot->retry_at_ns > deadline_ns) {
+      uv_timer_stop(&slot->retry_timer);
+      Finish(slot.get(), ExportResult::Kind::kFailed, 0, 0,
+             "shutdown deadline before the next attempt");
+    }
+  }
+  if (dispatch_depth_ == 0) Pump();
   AfterEvent();
 }
 
