@@ -518,9 +518,7 @@ void OtlpHttpExporter::Complete(Slot* slot, int curl_code) {
     if (delay.has_value()) {
       slot->waiting = true;
       slot->retry_at_ns = now + *delay;
-      // Rounded up: a Retry-After of 1 s never retries after 999 ms.
-      uv_timer_start(&slot->retry_timer, OnRetryTimer,
-                     (*delay + 999'999) / 1'000'000, 0);
+      StartRetryTimer(slot);
       return;
     }
     detail = "gave up after " + std::to_string(slot->attempts) +
@@ -596,10 +594,7 @@ void OtlpHttpExporter::Shutdown(uint64_t deadline_ns,
   shutting_down_ = true;
   deadline_ns_ = deadline_ns;
   done_ = std::move(done);
-  const uint64_t now = NowNs();
-  const uint64_t wait_ms =
-      deadline_ns > now ? (deadline_ns - now + 999'999) / 1'000'000 : 0;
-  uv_timer_start(&deadline_timer_, OnDeadline, wait_ms, 0);
+  StartDeadlineTimer();
   // A body waiting for a retry that would start after the deadline fails
   // now rather than at the deadline.
   for (auto& slot : slots_) {
@@ -609,8 +604,28 @@ void OtlpHttpExporter::Shutdown(uint64_t deadline_ns,
              "shutdown deadline before the next attempt");
     }
   }
-  if (dispatch_depth_ == 0) Pump();
+  Pump();
   AfterEvent();
+}
+
+// Rounded up, from the current time (the loop's cached time may be
+// behind); OnRetryTimer re-arms if libuv's coarser clock still fires it
+// early, so that a Retry-After of 1 s never retries after 999 ms.
+void OtlpHttpExporter::StartRetryTimer(Slot* slot) {
+  const uint64_t now = NowNs();
+  const uint64_t wait_ms = slot->retry_at_ns > now
+                               ? (slot->retry_at_ns - now + 999'999) / 1'000'000
+                               : 0;
+  uv_update_time(loop_);
+  uv_timer_start(&slot->retry_timer, OnRetryTimer, wait_ms, 0);
+}
+
+void OtlpHttpExporter::StartDeadlineTimer() {
+  const uint64_t now = NowNs();
+  const uint64_t wait_ms =
+      deadline_ns_ > now ? (deadline_ns_ - now + 999'999) / 1'000'000 : 0;
+  uv_update_time(loop_);
+  uv_timer_start(&deadline_timer_, OnDeadline, wait_ms, 0);
 }
 
 void OtlpHttpExporter::AfterEvent() {
@@ -765,6 +780,10 @@ void OtlpHttpExporter::OnPoll(uv_poll_t* poll, int status, int events) {
 void OtlpHttpExporter::OnRetryTimer(uv_timer_t* timer) {
   auto* slot = static_cast<Slot*>(timer->data);
   OtlpHttpExporter* self = slot->owner;
+  if (self->NowNs() < slot->retry_at_ns) {
+    self->StartRetryTimer(slot);
+    return;
+  }
   slot->waiting = false;
   ++self->dispatch_depth_;
   self->StartAttempt(slot);
@@ -775,6 +794,12 @@ void OtlpHttpExporter::OnRetryTimer(uv_timer_t* timer) {
 
 void OtlpHttpExporter::OnDeadline(uv_timer_t* timer) {
   auto* self = static_cast<OtlpHttpExporter*>(timer->data);
+  // libuv timers count whole milliseconds of the loop's clock; the
+  // deadline is the options' clock's.
+  if (self->NowNs() < self->deadline_ns_) {
+    self->StartDeadlineTimer();
+    return;
+  }
   ++self->dispatch_depth_;
   self->Abandon("shutdown deadline");
   --self->dispatch_depth_;

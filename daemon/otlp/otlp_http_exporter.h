@@ -179,6 +179,8 @@ class OtlpHttpExporter {
   void Finish(Slot* slot, ExportResult::Kind kind, uint32_t rejected,
               long http_status, std::string_view detail);
   void Abandon(std::string_view why);
+  void StartRetryTimer(Slot* slot);
+  void StartDeadlineTimer();
   void AfterEvent();
   void BeginClose();
   void CloseHandle(uv_handle_t* handle);
