@@ -136,11 +136,11 @@ Status CheckUrl(const std::string& name, std::string_view url) {
   }
   char* scheme = nullptr;
   char* host = nullptr;
-  bool ok = curl_url_get(u.get(), CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
-            curl_url_get(u.get(), CURLUPART_HOST, &host, 0) == CURLUE_OK &&
-            host != nullptr && host[0] != '\0' &&
-            (std::strcmp(scheme, "http") == 0 ||
-             std::strcmp(scheme, "https") == 0);
+  bool ok =
+      curl_url_get(u.get(), CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+      curl_url_get(u.get(), CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+      host != nullptr && host[0] != '\0' &&
+      (std::strcmp(scheme, "http") == 0 || std::strcmp(scheme, "https") == 0);
   curl_free(scheme);
   curl_free(host);
   // The scheme must also be written out: curl guesses "http" for
@@ -168,11 +168,10 @@ Status SplitPairs(const std::string& name, std::string_view list,
     if (eq == item.npos) {
       // A header item without '=' may be a secret pasted whole: name only
       // its position.
-      return quote_items
-                 ? Bad(name, item, "is not key=value")
-                 : Status::Error(name + ": item " +
-                                 std::to_string(out->size() + 1) +
-                                 " is not key=value");
+      return quote_items ? Bad(name, item, "is not key=value")
+                         : Status::Error(name + ": item " +
+                                         std::to_string(out->size() + 1) +
+                                         " is not key=value");
     }
     out->emplace_back(std::string(Trim(item.substr(0, eq))),
                       std::string(Trim(item.substr(eq + 1))));
@@ -288,11 +287,10 @@ bool PercentDecode(std::string_view in, std::string* out) {
 Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
                        const Environment& env, OtlpConfig* out) {
   OtlpConfig c;
-  const Lookup endpoint =
-      Find(overrides.endpoint,
-           signal == Signal::kTraces ? kTracesEndpointFlag
-                                     : kMetricsEndpointFlag,
-           env, signal, "ENDPOINT");
+  const Lookup endpoint = Find(
+      overrides.endpoint,
+      signal == Signal::kTraces ? kTracesEndpointFlag : kMetricsEndpointFlag,
+      env, signal, "ENDPOINT");
   if (!endpoint.value.has_value()) {
     *out = OtlpConfig();
     return Status::Ok();
@@ -329,8 +327,8 @@ Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
     if (!s.ok()) return s;
   }
 
-  const Lookup compression = Find(overrides.compression, kCompressionFlag, env,
-                                  signal, "COMPRESSION");
+  const Lookup compression =
+      Find(overrides.compression, kCompressionFlag, env, signal, "COMPRESSION");
   if (compression.value.has_value()) {
     if (*compression.value == "gzip") {
       c.compression = Compression::kGzip;

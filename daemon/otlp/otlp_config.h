@@ -82,13 +82,13 @@ struct OtlpConfig {
 // milliseconds, headers as "k=v,k2=v2"). The flag names below are used in
 // error messages.
 struct OtlpOverrides {
-  std::optional<std::string> endpoint;     // kTracesEndpointFlag or
-                                           // kMetricsEndpointFlag
-  std::optional<std::string> protocol;     // --otlp-protocol
-  std::optional<std::string> headers;      // --otlp-headers
-  std::optional<std::string> compression;  // --otlp-compression
-  std::optional<std::string> timeout_ms;   // --otlp-timeout
-  std::optional<std::string> certificate;  // --otlp-certificate
+  std::optional<std::string> endpoint;            // kTracesEndpointFlag or
+                                                  // kMetricsEndpointFlag
+  std::optional<std::string> protocol;            // --otlp-protocol
+  std::optional<std::string> headers;             // --otlp-headers
+  std::optional<std::string> compression;         // --otlp-compression
+  std::optional<std::string> timeout_ms;          // --otlp-timeout
+  std::optional<std::string> certificate;         // --otlp-certificate
   std::optional<std::string> client_certificate;  // --otlp-client-certificate
   std::optional<std::string> client_key;          // --otlp-client-key
   // service.name when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES

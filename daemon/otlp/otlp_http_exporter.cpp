@@ -110,8 +110,8 @@ struct OtlpHttpExporter::Slot {
   uint32_t attempts = 0;
   uint64_t first_start_ns = 0;
   uint64_t attempt_start_ns = 0;
-  bool in_curl = false;  // added to the multi handle
-  bool waiting = false;  // retry_timer running
+  bool in_curl = false;      // added to the multi handle
+  bool waiting = false;      // retry_timer running
   uint64_t retry_at_ns = 0;  // when it fires
   // The current attempt's response.
   std::string response;
@@ -207,12 +207,11 @@ Status OtlpHttpExporter::Init() {
                           return OnCurlSocket(easy, s, what, userp, socketp);
                         }));
   curl_multi_setopt(multi, CURLMOPT_SOCKETDATA, this);
-  curl_multi_setopt(
-      multi, CURLMOPT_TIMERFUNCTION,
-      static_cast<curl_multi_timer_callback>(
-          [](CURLM* m, long timeout_ms, void* userp) {
-            return OnCurlTimer(m, timeout_ms, userp);
-          }));
+  curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION,
+                    static_cast<curl_multi_timer_callback>(
+                        [](CURLM* m, long timeout_ms, void* userp) {
+                          return OnCurlTimer(m, timeout_ms, userp);
+                        }));
   curl_multi_setopt(multi, CURLMOPT_TIMERDATA, this);
   // Idle connections kept for reuse: one per slot.
   curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS,
@@ -507,14 +506,13 @@ void OtlpHttpExporter::Complete(Slot* slot, int curl_code) {
   if (outcome == Outcome::kRetry) {
     std::optional<uint64_t> retry_after;
     if (status > 0 && !slot->retry_after.empty()) {
-      retry_after = ParseRetryAfterNs(
-          slot->retry_after, static_cast<int64_t>(clock_.UnixNowS()));
+      retry_after = ParseRetryAfterNs(slot->retry_after,
+                                      static_cast<int64_t>(clock_.UnixNowS()));
     }
     const double unit = std::uniform_real_distribution<double>(0, 1)(random_);
-    const std::optional<uint64_t> delay =
-        NextRetryDelayNs(options_.retry, slot->attempts,
-                         now - slot->first_start_ns, retry_after, unit,
-                         BudgetNs());
+    const std::optional<uint64_t> delay = NextRetryDelayNs(
+        options_.retry, slot->attempts, now - slot->first_start_ns, retry_after,
+        unit, BudgetNs());
     if (delay.has_value()) {
       slot->waiting = true;
       slot->retry_at_ns = now + *delay;
@@ -683,8 +681,8 @@ void OtlpHttpExporter::HandleClosed() {
   if (done) done();
 }
 
-int OtlpHttpExporter::OnCurlSocket(void* /*easy*/, int s, int what,
-                                   void* userp, void* socketp) {
+int OtlpHttpExporter::OnCurlSocket(void* /*easy*/, int s, int what, void* userp,
+                                   void* socketp) {
   auto* self = static_cast<OtlpHttpExporter*>(userp);
   auto* watch = static_cast<SocketWatch*>(socketp);
   if (what == CURL_POLL_REMOVE) {

@@ -104,17 +104,17 @@ struct OtlpExporterOptions {
 struct OtlpExporterStats {
   uint64_t submitted_items = 0;
   uint64_t exported_items = 0;
-  uint64_t dropped_items = 0;   // queue full, or submitted after Shutdown
-  uint64_t failed_items = 0;    // gave up, permanent error, or rejected
-  uint64_t rejected_items = 0;  // of failed: a partial_success's count
-  uint64_t queued_items = 0;    // now
-  uint64_t queued_bytes = 0;    // now (bodies as they will be sent)
-  uint64_t in_flight_items = 0;  // now: sending or waiting to retry
-  uint64_t requests_sent = 0;    // attempts started (retries included)
-  uint64_t retries = 0;          // attempts after a body's first
-  uint64_t bytes_sent = 0;       // request body bytes put on the wire
-  uint64_t responses_2xx = 0;    // attempts answered 2xx
-  uint64_t responses_error = 0;  // attempts answered with another status
+  uint64_t dropped_items = 0;     // queue full, or submitted after Shutdown
+  uint64_t failed_items = 0;      // gave up, permanent error, or rejected
+  uint64_t rejected_items = 0;    // of failed: a partial_success's count
+  uint64_t queued_items = 0;      // now
+  uint64_t queued_bytes = 0;      // now (bodies as they will be sent)
+  uint64_t in_flight_items = 0;   // now: sending or waiting to retry
+  uint64_t requests_sent = 0;     // attempts started (retries included)
+  uint64_t retries = 0;           // attempts after a body's first
+  uint64_t bytes_sent = 0;        // request body bytes put on the wire
+  uint64_t responses_2xx = 0;     // attempts answered 2xx
+  uint64_t responses_error = 0;   // attempts answered with another status
   uint64_t transport_errors = 0;  // attempts that got no response
 };
 
@@ -139,10 +139,13 @@ class OtlpHttpExporter {
   ~OtlpHttpExporter();
 
   // Queues one encoded export request of `items` items and starts sending
-  // it if a slot is free. Takes the body. Cost: with gzip, one deflate of
-  // the body (zlib level 6); else a move. Never blocks, never fails
-  // loudly: false when the body was dropped (queue full, or after
-  // Shutdown), its items counted as dropped. Loop thread.
+  // it if a slot is free (then also the cost of starting a request: curl
+  // setup, no I/O wait). Takes the body. Cost: with gzip, one deflate of
+  // the body (zlib level 6); else a move. Never blocks, never throws:
+  // false when the body was not queued, its items counted as dropped
+  // (the queue would pass max_queue_items, a body larger than that
+  // included, or Shutdown was called) or, if zlib fails (out of memory),
+  // as failed. on_result is not called for such a body. Loop thread.
   bool Submit(std::string body, uint32_t items);
 
   // Stops taking bodies and sends what is queued and in flight until
@@ -214,7 +217,7 @@ class OtlpHttpExporter {
 
   bool shutting_down_ = false;
   bool closing_ = false;
-  bool pumping_ = false;   // inside Pump()
+  bool pumping_ = false;    // inside Pump()
   int dispatch_depth_ = 0;  // > 0 inside our own callbacks
   int open_handles_ = 0;    // initialised and not yet closed
   uint64_t deadline_ns_ = 0;

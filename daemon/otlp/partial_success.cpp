@@ -157,8 +157,8 @@ std::optional<PartialSuccess> ParseProtobufPartialSuccess(
 
 std::optional<PartialSuccess> ParseJsonPartialSuccess(std::string_view body) {
   static constexpr std::string_view kKeys[] = {
-      "rejectedSpans",        "rejectedDataPoints",   "rejectedLogRecords",
-      "rejected_spans",       "rejected_data_points", "rejected_log_records",
+      "rejectedSpans",  "rejectedDataPoints",   "rejectedLogRecords",
+      "rejected_spans", "rejected_data_points", "rejected_log_records",
   };
   for (std::string_view key : kKeys) {
     const std::string_view v = ValueAfter(body, key);

@@ -59,10 +59,13 @@ std::optional<uint64_t> ParseRetryAfterNs(std::string_view value,
   if (value.empty()) return std::nullopt;
   if (value.front() >= '0' && value.front() <= '9') {
     uint64_t s = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), s);
+    auto [end, ec] =
+        std::from_chars(value.data(), value.data() + value.size(), s);
     if (end != value.data() + value.size()) return std::nullopt;
-    if (ec == std::errc::result_out_of_range) s = kMaxRetryAfterS;
-    else if (ec != std::errc()) return std::nullopt;
+    if (ec == std::errc::result_out_of_range)
+      s = kMaxRetryAfterS;
+    else if (ec != std::errc())
+      return std::nullopt;
     return std::min(s, kMaxRetryAfterS) * kNsPerS;
   }
   // curl_getdate: RFC 1123, RFC 850 and asctime forms; -1 when unparsable.
@@ -83,14 +86,15 @@ uint64_t BackoffNs(const RetryPolicy& policy, uint32_t retry,
   d = std::min(d, policy.max_backoff_ns);
   unit_random = std::clamp(unit_random, 0.0, 1.0);
   const uint64_t half = d / 2;
-  return half + static_cast<uint64_t>(static_cast<double>(d - half) *
-                                      unit_random);
+  return half +
+         static_cast<uint64_t>(static_cast<double>(d - half) * unit_random);
 }
 
-std::optional<uint64_t> NextRetryDelayNs(
-    const RetryPolicy& policy, uint32_t attempts, uint64_t elapsed_ns,
-    std::optional<uint64_t> retry_after_ns, double unit_random,
-    uint64_t budget_ns) {
+std::optional<uint64_t> NextRetryDelayNs(const RetryPolicy& policy,
+                                         uint32_t attempts, uint64_t elapsed_ns,
+                                         std::optional<uint64_t> retry_after_ns,
+                                         double unit_random,
+                                         uint64_t budget_ns) {
   if (attempts >= std::max<uint32_t>(policy.max_attempts, 1)) {
     return std::nullopt;
   }

@@ -60,10 +60,11 @@ uint64_t BackoffNs(const RetryPolicy& policy, uint32_t retry,
 // or nullopt to give up, because `attempts` reached max_attempts or
 // elapsed + delay would pass max_elapsed_ns or `budget_ns` (the time
 // left before a shutdown deadline; UINT64_MAX when none).
-std::optional<uint64_t> NextRetryDelayNs(
-    const RetryPolicy& policy, uint32_t attempts, uint64_t elapsed_ns,
-    std::optional<uint64_t> retry_after_ns, double unit_random,
-    uint64_t budget_ns);
+std::optional<uint64_t> NextRetryDelayNs(const RetryPolicy& policy,
+                                         uint32_t attempts, uint64_t elapsed_ns,
+                                         std::optional<uint64_t> retry_after_ns,
+                                         double unit_random,
+                                         uint64_t budget_ns);
 
 }  // namespace tokenmeter::daemon::otlp
 

@@ -60,35 +60,69 @@ TEST(OtlpConfigTest, EndpointPrecedenceAndPaths) {
     EndpointSource source;
   };
   const std::vector<Case> cases = {
-      {"general + /v1/traces", Signal::kTraces, {}, kBase,
-       "http://c:4318/v1/traces", EndpointSource::kGeneralEnv},
-      {"general + /v1/metrics", Signal::kMetrics, {}, kBase,
-       "http://c:4318/v1/metrics", EndpointSource::kGeneralEnv},
-      {"general with a trailing slash", Signal::kTraces, {},
+      {"general + /v1/traces",
+       Signal::kTraces,
+       {},
+       kBase,
+       "http://c:4318/v1/traces",
+       EndpointSource::kGeneralEnv},
+      {"general + /v1/metrics",
+       Signal::kMetrics,
+       {},
+       kBase,
+       "http://c:4318/v1/metrics",
+       EndpointSource::kGeneralEnv},
+      {"general with a trailing slash",
+       Signal::kTraces,
+       {},
        {{"OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318/"}},
-       "https://c:4318/v1/traces", EndpointSource::kGeneralEnv},
-      {"general with a path", Signal::kTraces, {},
+       "https://c:4318/v1/traces",
+       EndpointSource::kGeneralEnv},
+      {"general with a path",
+       Signal::kTraces,
+       {},
        {{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/otlp"}},
-       "http://c:4318/otlp/v1/traces", EndpointSource::kGeneralEnv},
-      {"signal-specific used as is", Signal::kTraces, {},
+       "http://c:4318/otlp/v1/traces",
+       EndpointSource::kGeneralEnv},
+      {"signal-specific used as is",
+       Signal::kTraces,
+       {},
        With(kBase, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
-       "http://t:1/x", EndpointSource::kSignalEnv},
-      {"signal-specific without a path", Signal::kMetrics, {},
+       "http://t:1/x",
+       EndpointSource::kSignalEnv},
+      {"signal-specific without a path",
+       Signal::kMetrics,
+       {},
        With(kBase, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:2"),
-       "http://m:2", EndpointSource::kSignalEnv},
-      {"the other signal's variable is ignored", Signal::kMetrics, {},
+       "http://m:2",
+       EndpointSource::kSignalEnv},
+      {"the other signal's variable is ignored",
+       Signal::kMetrics,
+       {},
        With(kBase, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
-       "http://c:4318/v1/metrics", EndpointSource::kGeneralEnv},
+       "http://c:4318/v1/metrics",
+       EndpointSource::kGeneralEnv},
       {"flag over both", Signal::kTraces, "https://f:9/p",
        With(kBase, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
        "https://f:9/p", EndpointSource::kFlag},
-      {"empty signal variable counts as unset", Signal::kTraces, {},
+      {"empty signal variable counts as unset",
+       Signal::kTraces,
+       {},
        With(kBase, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""),
-       "http://c:4318/v1/traces", EndpointSource::kGeneralEnv},
-      {"IPv6 literal", Signal::kTraces, "http://[::1]:4318/v1/traces", {},
-       "http://[::1]:4318/v1/traces", EndpointSource::kFlag},
-      {"upper-case scheme", Signal::kTraces, "HTTP://c:1/v1/traces", {},
-       "HTTP://c:1/v1/traces", EndpointSource::kFlag},
+       "http://c:4318/v1/traces",
+       EndpointSource::kGeneralEnv},
+      {"IPv6 literal",
+       Signal::kTraces,
+       "http://[::1]:4318/v1/traces",
+       {},
+       "http://[::1]:4318/v1/traces",
+       EndpointSource::kFlag},
+      {"upper-case scheme",
+       Signal::kTraces,
+       "HTTP://c:1/v1/traces",
+       {},
+       "HTTP://c:1/v1/traces",
+       EndpointSource::kFlag},
   };
   for (const Case& t : cases) {
     SCOPED_TRACE(t.name);
@@ -140,7 +174,8 @@ TEST(OtlpConfigTest, SettingPrecedence) {
   EXPECT_EQ(t.compression, Compression::kGzip);
   EXPECT_EQ(t.timeout_ns, 2'000'000'000u);
   ASSERT_EQ(t.headers.size(), 1u);  // Replaced, not merged.
-  EXPECT_EQ(t.headers[0], std::make_pair(std::string("b"), std::string("traces")));
+  EXPECT_EQ(t.headers[0],
+            std::make_pair(std::string("b"), std::string("traces")));
   EXPECT_EQ(t.certificate_file, "/t/ca.pem");
   EXPECT_EQ(t.client_certificate_file, "/t/c.pem");
   EXPECT_EQ(t.client_key_file, "/t/k.pem");
@@ -266,8 +301,8 @@ TEST(OtlpConfigTest, RejectsBadEndpoints) {
   }
   OtlpOverrides o;
   o.endpoint = "nope";
-  EXPECT_EQ(ErrorOf(Signal::kMetrics, o, {}).rfind("--otlp-metrics-endpoint", 0),
-            0u);
+  EXPECT_EQ(
+      ErrorOf(Signal::kMetrics, o, {}).rfind("--otlp-metrics-endpoint", 0), 0u);
 }
 
 TEST(OtlpConfigTest, RejectsBadProtocol) {
@@ -294,8 +329,8 @@ TEST(OtlpConfigTest, RejectsBadCompression) {
 }
 
 TEST(OtlpConfigTest, RejectsBadTimeouts) {
-  for (const char* v : {"0", "-1", "10s", "1.5", " 10", "3600001",
-                        "99999999999999999999999"}) {
+  for (const char* v :
+       {"0", "-1", "10s", "1.5", " 10", "3600001", "99999999999999999999999"}) {
     SCOPED_TRACE(v);
     EXPECT_EQ(ErrorOf(Signal::kTraces, {},
                       With(kBase, "OTEL_EXPORTER_OTLP_TIMEOUT", v)),
@@ -329,8 +364,8 @@ TEST(OtlpConfigTest, RejectsHeaderNameThatIsNoToken) {
 TEST(OtlpConfigTest, RejectsBadPercentEscapeInHeaderWithoutTheValue) {
   for (const char* v : {"key=sec%zzret", "key=secret%", "key=secret%4"}) {
     SCOPED_TRACE(v);
-    const std::string e = ErrorOf(
-        Signal::kTraces, {}, With(kBase, "OTEL_EXPORTER_OTLP_HEADERS", v));
+    const std::string e = ErrorOf(Signal::kTraces, {},
+                                  With(kBase, "OTEL_EXPORTER_OTLP_HEADERS", v));
     EXPECT_EQ(e,
               "OTEL_EXPORTER_OTLP_HEADERS: the value of header \"key\" has a "
               "'%' not followed by two hex digits");
@@ -375,11 +410,11 @@ TEST(OtlpConfigTest, RejectsClientCertificateWithoutKeyAndTheReverse) {
   EXPECT_EQ(ErrorOf(Signal::kTraces, o, kBase),
             "--otlp-client-certificate: \"/c.pem\" is a client certificate "
             "without a client key");
-  EXPECT_EQ(ErrorOf(Signal::kTraces, {},
-                    With(kBase, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
-                         "/k.pem")),
-            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY: \"/k.pem\" is a client key "
-            "without a client certificate");
+  EXPECT_EQ(
+      ErrorOf(Signal::kTraces, {},
+              With(kBase, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/k.pem")),
+      "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY: \"/k.pem\" is a client key "
+      "without a client certificate");
 }
 
 TEST(OtlpConfigTest, PercentDecode) {

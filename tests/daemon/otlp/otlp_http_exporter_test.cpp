@@ -35,7 +35,8 @@ constexpr uint64_t kS = 1'000'000'000;
 // A body with every byte value, NULs included.
 std::string BinaryBody(size_t n) {
   std::string s;
-  for (size_t i = 0; i < n; ++i) s += static_cast<char>((i * 7 + i / 256) % 256);
+  for (size_t i = 0; i < n; ++i)
+    s += static_cast<char>((i * 7 + i / 256) % 256);
   return s;
 }
 
@@ -149,9 +150,9 @@ class OtlpHttpExporterTest : public ::testing::Test {
   }
 
   // Steps the loop until `cond` holds.
-  ::testing::AssertionResult RunUntil(const std::function<bool()>& cond,
-                                      milliseconds timeout = milliseconds(
-                                          10000)) {
+  ::testing::AssertionResult RunUntil(
+      const std::function<bool()>& cond,
+      milliseconds timeout = milliseconds(10000)) {
     return testutil::PollUntil(
         [&] {
           uv_run(&loop_, UV_RUN_NOWAIT);
@@ -188,7 +189,8 @@ class OtlpHttpExporterTest : public ::testing::Test {
         [](uv_timer_t* t) {
           auto* self = static_cast<OtlpHttpExporterTest*>(t->data);
           const auto now = SteadyClock::now();
-          self->max_tick_gap_ = std::max(self->max_tick_gap_, now - self->last_tick_);
+          self->max_tick_gap_ =
+              std::max(self->max_tick_gap_, now - self->last_tick_);
           self->last_tick_ = now;
           ++self->ticks_;
         },
@@ -207,9 +209,8 @@ class OtlpHttpExporterTest : public ::testing::Test {
 };
 
 TEST_F(OtlpHttpExporterTest, PostsTheBodyAndHeadersExactly) {
-  TestServer* server = Serve([](const ReceivedRequest&, int) {
-    return Reply::Status(200);
-  });
+  TestServer* server =
+      Serve([](const ReceivedRequest&, int) { return Reply::Status(200); });
   OtlpConfig c = Config(server->Url("/v1/traces"));
   c.headers = {{"x-api-key", "s3cr3t"}, {"X-Tenant", "a b,c"}, {"x-empty", ""}};
   Make(c, Options());
@@ -251,9 +252,8 @@ TEST_F(OtlpHttpExporterTest, PostsTheBodyAndHeadersExactly) {
 }
 
 TEST_F(OtlpHttpExporterTest, JsonProtocolSendsJsonAndReusesTheConnection) {
-  TestServer* server = Serve([](const ReceivedRequest&, int) {
-    return Reply::Status(200, "{}");
-  });
+  TestServer* server = Serve(
+      [](const ReceivedRequest&, int) { return Reply::Status(200, "{}"); });
   OtlpConfig c = Config(server->Url("/v1/metrics"));
   c.protocol = Protocol::kHttpJson;
   Make(c, Options());
@@ -271,9 +271,8 @@ TEST_F(OtlpHttpExporterTest, JsonProtocolSendsJsonAndReusesTheConnection) {
 }
 
 TEST_F(OtlpHttpExporterTest, GzipBodyInflatesToTheOriginal) {
-  TestServer* server = Serve([](const ReceivedRequest&, int) {
-    return Reply::Status(200);
-  });
+  TestServer* server =
+      Serve([](const ReceivedRequest&, int) { return Reply::Status(200); });
   OtlpConfig c = Config(server->Url("/v1/traces"));
   c.compression = Compression::kGzip;
   Make(c, Options());
@@ -331,8 +330,8 @@ TEST_F(OtlpHttpExporterTest, RetriesEachRetryableStatusWithBackoff) {
   ASSERT_EQ(got.size(), 4u);
   // Backoff 10, 20, 40 ms with jitter in [d/2, d].
   for (size_t i = 1; i < got.size(); ++i) {
-    const auto gap = std::chrono::duration_cast<milliseconds>(got[i].at -
-                                                              got[i - 1].at);
+    const auto gap =
+        std::chrono::duration_cast<milliseconds>(got[i].at - got[i - 1].at);
     EXPECT_GE(gap.count(), 5 << (i - 1)) << "retry " << i;
   }
   EXPECT_EQ(Stats().retries, 3u);
@@ -372,10 +371,10 @@ TEST_F(OtlpHttpExporterTest, RetriesARefusedConnectionThenFails) {
   ShutdownAndWait(NowNs() + kS);
 }
 
-TEST_F(OtlpHttpExporterTest, SilentServerTimesOutRetriesAndFailsLoopNotBlocked) {
-  TestServer* server = Serve([](const ReceivedRequest&, int) {
-    return Reply::Of(Kind::kStall);
-  });
+TEST_F(OtlpHttpExporterTest,
+       SilentServerTimesOutRetriesAndFailsLoopNotBlocked) {
+  TestServer* server = Serve(
+      [](const ReceivedRequest&, int) { return Reply::Of(Kind::kStall); });
   OtlpConfig c = Config(server->Url("/v1/traces"));
   c.timeout_ns = 200 * kMs;
   OtlpExporterOptions o = Options();
@@ -402,9 +401,8 @@ TEST_F(OtlpHttpExporterTest, SilentServerTimesOutRetriesAndFailsLoopNotBlocked) 
 }
 
 TEST_F(OtlpHttpExporterTest, QueueBoundHoldsWhileTheServerStalls) {
-  TestServer* server = Serve([](const ReceivedRequest&, int) {
-    return Reply::Of(Kind::kStall);
-  });
+  TestServer* server = Serve(
+      [](const ReceivedRequest&, int) { return Reply::Of(Kind::kStall); });
   OtlpExporterOptions o = Options();
   o.max_queue_items = 100;
   Make(Config(server->Url("/v1/traces")), o);
@@ -474,7 +472,8 @@ TEST_F(OtlpHttpExporterTest, PartialSuccessCountsRejectedItemsAsFailed) {
       r.headers = {{"Content-Type", "application/x-protobuf"}};
     } else if (index == 1) {
       r = Reply::Status(
-          200, R"({"partialSuccess":{"rejectedSpans":"2","errorMessage":"x"}})");
+          200,
+          R"({"partialSuccess":{"rejectedSpans":"2","errorMessage":"x"}})");
       r.headers = {{"Content-Type", "application/json"}};
     } else {
       // More rejected than sent: clamped.
@@ -593,9 +592,8 @@ TEST_F(OtlpHttpExporterTest, ShutdownDuringAnAttemptGivesUpItsLateRetry) {
 }
 
 TEST_F(OtlpHttpExporterTest, ShutdownWithNothingToSendClosesAtOnce) {
-  TestServer* server = Serve([](const ReceivedRequest&, int) {
-    return Reply::Status(200);
-  });
+  TestServer* server =
+      Serve([](const ReceivedRequest&, int) { return Reply::Status(200); });
   Make(Config(server->Url("/v1/traces")), Options());
   const auto start = SteadyClock::now();
   ShutdownAndWait(NowNs() + 60 * kS);
@@ -619,9 +617,9 @@ class OtlpHttpExporterTlsTest : public OtlpHttpExporterTest {
 };
 
 TEST_F(OtlpHttpExporterTlsTest, CustomCaAndClientCertificate) {
-  TestServer* server = Serve(
-      [](const ReceivedRequest&, int) { return Reply::Status(200); },
-      ServerTls(/*require_client=*/true));
+  TestServer* server =
+      Serve([](const ReceivedRequest&, int) { return Reply::Status(200); },
+            ServerTls(/*require_client=*/true));
   OtlpConfig c = Config(server->Url("/v1/traces"));
   c.certificate_file = pki_.ca_file;
   c.client_certificate_file = pki_.client_cert;
@@ -638,9 +636,9 @@ TEST_F(OtlpHttpExporterTlsTest, CustomCaAndClientCertificate) {
 }
 
 TEST_F(OtlpHttpExporterTlsTest, UnknownCaFailsWithoutRetry) {
-  TestServer* server = Serve(
-      [](const ReceivedRequest&, int) { return Reply::Status(200); },
-      ServerTls(/*require_client=*/false));
+  TestServer* server =
+      Serve([](const ReceivedRequest&, int) { return Reply::Status(200); },
+            ServerTls(/*require_client=*/false));
   // No certificate: the system's trust store, which does not know our CA.
   Make(Config(server->Url("/v1/traces")), Options());
   ASSERT_TRUE(exporter_->Submit("x", 3));
@@ -652,9 +650,9 @@ TEST_F(OtlpHttpExporterTlsTest, UnknownCaFailsWithoutRetry) {
 }
 
 TEST_F(OtlpHttpExporterTlsTest, MissingClientCertificateIsRefused) {
-  TestServer* server = Serve(
-      [](const ReceivedRequest&, int) { return Reply::Status(200); },
-      ServerTls(/*require_client=*/true));
+  TestServer* server =
+      Serve([](const ReceivedRequest&, int) { return Reply::Status(200); },
+            ServerTls(/*require_client=*/true));
   OtlpConfig c = Config(server->Url("/v1/traces"));
   c.certificate_file = pki_.ca_file;
   OtlpExporterOptions o = Options();

@@ -33,9 +33,9 @@ TEST(PartialSuccessTest, ProtobufRejectedAndMessage) {
 TEST(PartialSuccessTest, ProtobufMultiByteVarintAndUnknownFields) {
   // Unknown outer field 2 (varint), then partial_success with an unknown
   // fixed64 field 9 and rejected 300 (ac 02).
-  const auto p = ParseProtobufPartialSuccess(Bytes(
-      {0x10, 0x05, 0x0a, 0x0c, 0x49, 1, 2, 3, 4, 5, 6, 7, 8, 0x08, 0xac,
-       0x02}));
+  const auto p =
+      ParseProtobufPartialSuccess(Bytes({0x10, 0x05, 0x0a, 0x0c, 0x49, 1, 2, 3,
+                                         4, 5, 6, 7, 8, 0x08, 0xac, 0x02}));
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->rejected, 300);
   EXPECT_EQ(p->error_message, "");

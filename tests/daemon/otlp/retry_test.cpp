@@ -30,16 +30,16 @@ TEST(RetryTest, HttpStatusClasses) {
 }
 
 TEST(RetryTest, TransportErrorClasses) {
-  for (CURLcode c : {CURLE_COULDNT_CONNECT, CURLE_OPERATION_TIMEDOUT,
-                     CURLE_RECV_ERROR, CURLE_SEND_ERROR, CURLE_GOT_NOTHING,
-                     CURLE_COULDNT_RESOLVE_HOST, CURLE_PARTIAL_FILE,
-                     CURLE_SSL_CONNECT_ERROR, CURLE_HTTP2_STREAM}) {
+  for (CURLcode c :
+       {CURLE_COULDNT_CONNECT, CURLE_OPERATION_TIMEDOUT, CURLE_RECV_ERROR,
+        CURLE_SEND_ERROR, CURLE_GOT_NOTHING, CURLE_COULDNT_RESOLVE_HOST,
+        CURLE_PARTIAL_FILE, CURLE_SSL_CONNECT_ERROR, CURLE_HTTP2_STREAM}) {
     EXPECT_EQ(ClassifyTransportError(c), Outcome::kRetry) << c;
   }
-  for (CURLcode c :
-       {CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM,
-        CURLE_SSL_CACERT_BADFILE, CURLE_URL_MALFORMAT,
-        CURLE_UNSUPPORTED_PROTOCOL, CURLE_OUT_OF_MEMORY, CURLE_ABORTED_BY_CALLBACK}) {
+  for (CURLcode c : {CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM,
+                     CURLE_SSL_CACERT_BADFILE, CURLE_URL_MALFORMAT,
+                     CURLE_UNSUPPORTED_PROTOCOL, CURLE_OUT_OF_MEMORY,
+                     CURLE_ABORTED_BY_CALLBACK}) {
     EXPECT_EQ(ClassifyTransportError(c), Outcome::kFailed) << c;
   }
 }
@@ -54,8 +54,7 @@ TEST(RetryTest, RetryAfterDeltaSeconds) {
 
 TEST(RetryTest, RetryAfterHttpDates) {
   // The three forms RFC 9110 requires a recipient to read.
-  EXPECT_EQ(ParseRetryAfterNs("Wed, 21 Oct 2015 07:28:30 GMT", kDate),
-            30 * kS);
+  EXPECT_EQ(ParseRetryAfterNs("Wed, 21 Oct 2015 07:28:30 GMT", kDate), 30 * kS);
   EXPECT_EQ(ParseRetryAfterNs("Wednesday, 21-Oct-15 07:28:05 GMT", kDate),
             5 * kS);
   EXPECT_EQ(ParseRetryAfterNs("Wed Oct 21 07:29:00 2015", kDate), 60 * kS);
@@ -123,8 +122,7 @@ TEST(RetryTest, GivesUpPastMaxElapsed) {
 TEST(RetryTest, GivesUpPastTheShutdownBudget) {
   const RetryPolicy p;
   EXPECT_EQ(NextRetryDelayNs(p, 1, 0, std::nullopt, 1.0, kS), kS);
-  EXPECT_EQ(NextRetryDelayNs(p, 1, 0, std::nullopt, 1.0, kS - 1),
-            std::nullopt);
+  EXPECT_EQ(NextRetryDelayNs(p, 1, 0, std::nullopt, 1.0, kS - 1), std::nullopt);
   EXPECT_EQ(NextRetryDelayNs(p, 1, 0, std::nullopt, 0.0, 0), std::nullopt);
 }
 

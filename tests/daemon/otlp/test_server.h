@@ -191,9 +191,8 @@ class TestServer {
         error_ = "TLS context: cannot load the client CA";
         return false;
       }
-      SSL_CTX_set_verify(ctx_,
-                         SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                         nullptr);
+      SSL_CTX_set_verify(
+          ctx_, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
     }
     return true;
   }
@@ -226,9 +225,10 @@ class TestServer {
     }
     bool Write(std::string_view data) {
       while (!data.empty()) {
-        ssize_t n = ssl != nullptr
-                        ? SSL_write(ssl, data.data(), static_cast<int>(data.size()))
-                        : send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+        ssize_t n =
+            ssl != nullptr
+                ? SSL_write(ssl, data.data(), static_cast<int>(data.size()))
+                : send(fd, data.data(), data.size(), MSG_NOSIGNAL);
         if (n <= 0) return false;
         data.remove_prefix(static_cast<size_t>(n));
       }
@@ -251,8 +251,8 @@ class TestServer {
         X509* peer = SSL_get1_peer_certificate(c.ssl);
         if (peer != nullptr) {
           char cn[256] = {};
-          X509_NAME_get_text_by_NID(X509_get_subject_name(peer),
-                                    NID_commonName, cn, sizeof(cn));
+          X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName,
+                                    cn, sizeof(cn));
           client_cn = cn;
           X509_free(peer);
         }
@@ -302,7 +302,8 @@ class TestServer {
         r.headers.emplace_back(line.substr(0, colon),
                                v == std::string::npos ? "" : line.substr(v));
       }
-      const size_t length = std::stoul(r.Header("content-length").value_or("0"));
+      const size_t length =
+          std::stoul(r.Header("content-length").value_or("0"));
       while (buffer.size() < length) {
         const ssize_t n = c->Read(chunk, sizeof(chunk));
         if (n <= 0) return false;
@@ -342,9 +343,9 @@ class TestServer {
           break;
       }
       lock.unlock();
-      std::string out = "HTTP/1.1 " + std::to_string(reply.status) +
-                        " X\r\nContent-Length: " +
-                        std::to_string(reply.body.size()) + "\r\n";
+      std::string out =
+          "HTTP/1.1 " + std::to_string(reply.status) +
+          " X\r\nContent-Length: " + std::to_string(reply.body.size()) + "\r\n";
       for (const auto& [n, v] : reply.headers) out += n + ": " + v + "\r\n";
       out += "\r\n" + reply.body;
       if (!c->Write(out)) return false;
@@ -391,14 +392,13 @@ class TestPki {
                     nullptr, nullptr, 1);
     X509* s = Cert(s_key, "localhost", ca, ca_key, false,
                    "DNS:localhost,IP:127.0.0.1", "serverAuth", 2);
-    X509* c = Cert(c_key, "tokenmeter-test-client", ca, ca_key, false,
-                   nullptr, "clientAuth", 3);
-    const bool ok = ca != nullptr && s != nullptr && c != nullptr &&
-                    Write(ca_file, ca, nullptr) &&
-                    Write(server_cert, s, nullptr) &&
-                    Write(server_key, nullptr, s_key) &&
-                    Write(client_cert, c, nullptr) &&
-                    Write(client_key, nullptr, c_key);
+    X509* c = Cert(c_key, "tokenmeter-test-client", ca, ca_key, false, nullptr,
+                   "clientAuth", 3);
+    const bool ok =
+        ca != nullptr && s != nullptr && c != nullptr &&
+        Write(ca_file, ca, nullptr) && Write(server_cert, s, nullptr) &&
+        Write(server_key, nullptr, s_key) && Write(client_cert, c, nullptr) &&
+        Write(client_key, nullptr, c_key);
     X509_free(ca);
     X509_free(s);
     X509_free(c);
@@ -442,20 +442,18 @@ class TestPki {
     X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
                                reinterpret_cast<const unsigned char*>(cn), -1,
                                -1, 0);
-    X509_set_issuer_name(cert, issuer != nullptr
-                                   ? X509_get_subject_name(issuer)
-                                   : name);
+    X509_set_issuer_name(
+        cert, issuer != nullptr ? X509_get_subject_name(issuer) : name);
     X509V3_CTX ctx;
     X509V3_set_ctx(&ctx, issuer != nullptr ? issuer : cert, cert, nullptr,
                    nullptr, 0);
-    bool ok =
-        AddExt(cert, &ctx, NID_basic_constraints,
-               is_ca ? "critical,CA:TRUE" : "critical,CA:FALSE") &&
-        AddExt(cert, &ctx, NID_key_usage,
-               is_ca ? "critical,keyCertSign,cRLSign"
-                     : "critical,digitalSignature") &&
-        AddExt(cert, &ctx, NID_subject_key_identifier, "hash") &&
-        AddExt(cert, &ctx, NID_authority_key_identifier, "keyid:always");
+    bool ok = AddExt(cert, &ctx, NID_basic_constraints,
+                     is_ca ? "critical,CA:TRUE" : "critical,CA:FALSE") &&
+              AddExt(cert, &ctx, NID_key_usage,
+                     is_ca ? "critical,keyCertSign,cRLSign"
+                           : "critical,digitalSignature") &&
+              AddExt(cert, &ctx, NID_subject_key_identifier, "hash") &&
+              AddExt(cert, &ctx, NID_authority_key_identifier, "keyid:always");
     if (ok && san != nullptr) {
       ok = AddExt(cert, &ctx, NID_subject_alt_name, san);
     }
@@ -472,11 +470,10 @@ class TestPki {
   static bool Write(const std::string& path, X509* cert, EVP_PKEY* key) {
     FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) return false;
-    const bool ok =
-        cert != nullptr
-            ? PEM_write_X509(f, cert) == 1
-            : PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr,
-                                   nullptr) == 1;
+    const bool ok = cert != nullptr
+                        ? PEM_write_X509(f, cert) == 1
+                        : PEM_write_PrivateKey(f, key, nullptr, nullptr, 0,
+                                               nullptr, nullptr) == 1;
     return std::fclose(f) == 0 && ok;
   }
 };
