@@ -26,6 +26,12 @@
 // verification) fail the body at once. A body is sent as one request;
 // bodies are never merged or split.
 //
+// libcurl's defaults that stay: the proxy variables (https_proxy,
+// http_proxy, no_proxy) are honoured as the OpenTelemetry SDKs do; no
+// redirects are followed (a 3xx fails the body); HTTP/2 is used over TLS
+// where the receiver offers it. A client key with a passphrase is not
+// supported.
+//
 // Counting: every item submitted ends in exactly one of exported, dropped
 // or failed, and until then is queued or in flight, so at every moment on
 // the loop thread

@@ -143,6 +143,7 @@ class OtlpHttpExporterTest : public ::testing::Test {
                           r.http_status, r.elapsed_ns, std::string(r.detail)});
       // Exact here: this runs on the loop thread.
       ExpectBalanced(exporter_->stats());
+      if (then_) then_(r);
     };
     Status s = OtlpHttpExporter::Create(&loop_, std::move(config),
                                         std::move(options), &exporter_);
@@ -200,6 +201,8 @@ class OtlpHttpExporterTest : public ::testing::Test {
   uv_loop_t loop_;
   std::unique_ptr<OtlpHttpExporter> exporter_;
   std::vector<Result> results_;
+  // Also called from on_result, after the recording.
+  std::function<void(const ExportResult&)> then_;
   std::vector<std::unique_ptr<TestServer>> servers_;
   uv_timer_t ticker_;
   bool ticker_started_ = false;
@@ -589,6 +592,32 @@ TEST_F(OtlpHttpExporterTest, ShutdownDuringAnAttemptGivesUpItsLateRetry) {
             0u)
       << results_[0].detail;
   EXPECT_EQ(server->request_count(), 1u);
+}
+
+TEST_F(OtlpHttpExporterTest, OnResultMayCallSubmitAndShutdown) {
+  TestServer* server = Serve([](const ReceivedRequest& r, int) {
+    return Reply::Status(r.body == "second" ? 400 : 200);
+  });
+  Make(Config(server->Url("/v1/traces")), Options());
+  bool done = false;
+  then_ = [&](const ExportResult& r) {
+    if (results_.size() == 1) {
+      EXPECT_TRUE(exporter_->Submit("second", 2));
+    } else if (results_.size() == 2) {
+      EXPECT_EQ(r.kind, ExportResult::Kind::kFailed);
+      exporter_->Shutdown(NowNs() + kS, [&] { done = true; });
+      EXPECT_FALSE(exporter_->Submit("third", 4));
+    }
+  };
+  ASSERT_TRUE(exporter_->Submit("first", 1));
+  ASSERT_TRUE(RunUntil([&] { return done; }));
+  const OtlpExporterStats s = Stats();
+  EXPECT_EQ(s.exported_items, 1u);
+  EXPECT_EQ(s.failed_items, 2u);
+  EXPECT_EQ(s.dropped_items, 4u);
+  ExpectBalanced(s);
+  EXPECT_EQ(server->request_count(), 2u);
+  exporter_.reset();
 }
 
 TEST_F(OtlpHttpExporterTest, ShutdownWithNothingToSendClosesAtOnce) {
