@@ -14,7 +14,7 @@ packages=(
   curl clang-format-14 clang-tidy-14 libssl-dev libcrypt-dev libyaml-cpp-dev
   apache2-utils openssl debhelper devscripts lintian dh-python scdoc
   python3-mesonpy python3-pyproject-metadata python3-venv python3-pip
-  python3-dev python3-numpy chromium
+  python3-dev python3-numpy chromium libcurl4-openssl-dev
   protobuf-compiler libprotobuf-dev golang-github-prometheus-client-model-dev
   protobuf-compiler libprotobuf-dev golang-github-prometheus-client-model-dev
 )

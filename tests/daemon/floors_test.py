@@ -29,6 +29,7 @@ FLOORS = {
     "store": 1,
     "net": 1,
     "service": 1,
+    "otlp": 1,
     "exposition": 2,
     "http": 2,
     "state": 2,

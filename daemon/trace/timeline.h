@@ -1,0 +1,92 @@
+// A retired request's timeline: what the tracker saw of one request, handed
+// over at retirement to whoever keeps or exports it (OTLP spans, the
+// requests API). Plain data, no behaviour; times are the engine's
+// CLOCK_MONOTONIC nanoseconds as the events carried them (0: not seen).
+#ifndef TOKENMETER_DAEMON_TRACE_TIMELINE_H_
+#define TOKENMETER_DAEMON_TRACE_TIMELINE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tokenmeter::daemon::trace {
+
+// One KV_TRANSFER event of the request (protocol 1.2).
+struct KvTransfer {
+  uint64_t start_ns = 0;
+  uint64_t end_ns = 0;  // the event's t
+  bool recv = false;    // role: false "send" (prefill side), true "recv"
+  bool ok = true;
+  uint64_t bytes = UINT64_MAX;  // UINT64_MAX: not given
+  uint64_t blocks = UINT64_MAX;
+  std::string reason;     // empty: none
+  std::string connector;  // empty: none
+};
+
+// One PREEMPTED event and the SCHEDULED that resumed the request (0 when
+// none did before FINISHED).
+struct Preemption {
+  uint64_t preempted_ns = 0;
+  uint64_t resumed_ns = 0;
+};
+
+// One TOKENS event.
+struct TokenTick {
+  uint64_t t_ns = 0;
+  uint32_t n = 0;
+};
+
+struct RequestTimeline {
+  // The tracked request's id: decimal for an integer id, else the string.
+  std::string request_id;
+  bool string_id = false;
+  // The engine series the request was finished on (or, failing that, the
+  // one it arrived on): its label pairs in exposition order (model_name,
+  // engine, instance, scope and the HELLO labels) and its profile's name.
+  std::vector<std::pair<std::string, std::string>> engine_labels;
+  std::string profile;  // "vllm", "sglang", "lmdeploy"
+  // The engine's HELLO "engine" field (e.g. "vllm"), for gen_ai.system.
+  std::string engine;
+  // Per-request labels (ARRIVED labels) and LoRA adapter; empty: none.
+  std::vector<std::pair<std::string, std::string>> request_labels;
+  std::string lora;
+
+  // Time points (0: not seen). scheduled_ns is the first SCHEDULED.
+  uint64_t arrived_ns = 0;
+  uint64_t queued_ns = 0;
+  uint64_t scheduled_ns = 0;
+  uint64_t first_token_ns = 0;
+  uint64_t last_token_ns = 0;
+  uint64_t finished_ns = 0;
+  // FINISHED reason as on the wire ("stop", "length", "abort", "error");
+  // empty when the request was retired without FINISHED (evicted).
+  std::string finish_reason;
+
+  uint32_t prompt_tokens = 0;
+  uint32_t generation_tokens = 0;
+  uint32_t max_tokens = 0;  // 0: not given
+  uint32_t n = 0;           // 0: not given
+  // The first SCHEDULED's info (protocol 1.2).
+  bool has_info = false;
+  uint32_t cached_tokens = 0;
+  uint32_t external_tokens = 0;
+  bool has_priority = false;
+  int32_t priority = 0;
+
+  std::vector<Preemption> preemptions;
+  std::vector<KvTransfer> kv_transfers;
+  // Every TOKENS event in arrival order, at most kMaxTokenTicks; the ones
+  // past that are counted in token_ticks_dropped.
+  static constexpr size_t kMaxTokenTicks = 4096;
+  std::vector<TokenTick> tokens;
+  uint32_t token_ticks_dropped = 0;
+
+  // ARRIVED's W3C trace context; empty: none.
+  std::string traceparent;
+  std::string tracestate;
+};
+
+}  // namespace tokenmeter::daemon::trace
+
+#endif  // TOKENMETER_DAEMON_TRACE_TIMELINE_H_
