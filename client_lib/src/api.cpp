@@ -1117,8 +1117,9 @@ struct KvString {
   return Done(r);
 }
 
-// A transfer with a string reason or connector, out of line so that the
-// common call (ids, or no strings) runs only the lean code.
+// A transfer with a string reason or connector. Each path is a function of
+// its own, the public calls a test and a jump to one: neither pays for the
+// other's registers.
 [[gnu::noinline]] int KvTransferStrings(tm_client* c, uint64_t t_ns,
                                         uint64_t rid, const char* srid,
                                         size_t srid_len,
@@ -1130,9 +1131,9 @@ struct KvString {
 // checked): every rule in one branch, the record's header made before
 // Enter() and the amounts read again after it (from the caller's struct,
 // in L1) so that few values live across the call.
-[[gnu::always_inline]] inline int KvTransferIds(
-    tm_client* c, uint64_t t_ns, uint64_t rid, const char* srid,
-    size_t srid_len, const tm_kv_transfer_info* info) {
+[[gnu::noinline]] int KvTransferIds(tm_client* c, uint64_t t_ns, uint64_t rid,
+                                    const char* srid, size_t srid_len,
+                                    const tm_kv_transfer_info* info) {
   namespace tc = tokenmeter::client;
   const uint32_t role = uint32_t(EnumValue(info->role));
   const uint64_t bytes = info->bytes;
