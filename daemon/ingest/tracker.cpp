@@ -135,6 +135,9 @@ struct Tracker::Request {
   bool has_n : 1 = false;
   Gauge gauge : 2 = Gauge::kNone;
   bool has_extra : 1 = false;  // Tracker::extras_ holds its Extra
+  // With a timeline sink: what the time points do not hold (tokens,
+  // preemptions, KV transfers, strings), handed over at removal.
+  std::unique_ptr<trace::RequestTimeline> timeline;
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -152,6 +155,8 @@ struct Tracker::Request {
   }
   bool finished() const { return has(kFinished); }
 };
+// 128 bytes of state and the timeline's pointer (null without a sink).
+static_assert(sizeof(Tracker::Request) == 136);
 
 namespace {
 
@@ -287,6 +292,9 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
   Request& r = pos->second;
   r.key = &pos->first;
   r.activity_ns = now_ns;
+  if (sink_ != nullptr) [[unlikely]] {
+    r.timeline = std::make_unique<trace::RequestTimeline>();
+  }
   Append(r, active_head_, active_tail_);
   return r;
 }
@@ -333,6 +341,7 @@ void Tracker::Remove(Request& r, bool evicted) {
   } else {
     Unlink(r, active_head_, active_tail_);
   }
+  if (r.timeline) HandOver(r, evicted);
   if (r.has_extra) extras_.erase(&r);
   const Key& k = *r.key;
   // Heterogeneous erase() is C++23; find() then erase the node.
@@ -487,6 +496,10 @@ void Tracker::Apply(const Source& src, const Event& ev,
       if (!r.has(kQueued)) r.set(kQueued, ev.t_ns);
       break;
     case EventKind::kScheduled:
+      if (r.timeline && !r.timeline->preemptions.empty() &&
+          r.timeline->preemptions.back().resumed_ns == 0) {
+        r.timeline->preemptions.back().resumed_ns = ev.t_ns;
+      }
       OnScheduled(src, r);
       if (!r.has(kScheduled)) {  // later ones: no
         r.set(kScheduled, ev.t_ns);
@@ -497,10 +510,16 @@ void Tracker::Apply(const Source& src, const Event& ev,
       OnTokens(src, ev, r);
       break;
     case EventKind::kFinished:
+      if (r.timeline && !r.finished()) {
+        r.timeline->finish_reason = FinishReasonName(ev.reason);
+      }
       OnFinished(src, ev, r, now_ns);
       break;
     case EventKind::kPreempted:
       OnPreempted(src, r);
+      if (r.timeline && !r.finished()) {
+        r.timeline->preemptions.push_back({ev.t_ns, 0});
+      }
       break;
     case EventKind::kStep:
     case EventKind::kExpertLoad:
@@ -561,6 +580,16 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
           LoraOf(r), r.gauge == Gauge::kRunning, 1, clock_.UnixNowS());
     }
   }
+  if (has_extras && r.timeline) {
+    const ArrivedExtras& x = arrivals[ev.extras];
+    trace::RequestTimeline& tl = *r.timeline;
+    tl.lora.assign(x.lora);
+    for (uint8_t j = 0; j < x.num_labels; ++j) {
+      tl.request_labels.emplace_back(x.labels[j].first, x.labels[j].second);
+    }
+    tl.traceparent.assign(x.traceparent);
+    tl.tracestate.assign(x.tracestate);
+  }
   if (has_extras) {
     const ArrivedExtras& x = arrivals[ev.extras];
     if (x.has_priority || !x.traceparent.empty() || !x.tracestate.empty()) {
@@ -599,6 +628,15 @@ void Tracker::OnScheduled(const Source& src, Request& r) {
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
+  if (r.timeline) [[unlikely]] {
+    trace::RequestTimeline& tl = *r.timeline;
+    if (tl.tokens.size() < trace::RequestTimeline::kMaxTokenTicks) {
+      tl.tokens.push_back(
+          {ev.t_ns, uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX))});
+    } else if (tl.token_ticks_dropped != UINT32_MAX) {
+      ++tl.token_ticks_dropped;
+    }
+  }
   EngineSeries& s = *src.series;
   SeriesValues& cell = CellOf(s, r);
   cell.Add(kGenerationTokens, ev.count);
@@ -687,6 +725,47 @@ void Tracker::OnPreempted(const Source& src, Request& r) {
     SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
 }
 
+void Tracker::HandOver(Request& r, bool evicted) {
+  std::unique_ptr<trace::RequestTimeline> tl = std::move(r.timeline);
+  const Key& k = *r.key;
+  if (k.len != 0) {
+    tl->request_id.assign(k.str.get(), k.len);
+    tl->string_id = true;
+  } else {
+    tl->request_id = std::to_string(k.num);
+  }
+  const auto point = [&r](Point p) { return r.has(p) ? r.t_ns[p] : 0; };
+  tl->arrived_ns = point(kArrived);
+  tl->queued_ns = point(kQueued);
+  tl->scheduled_ns = point(kScheduled);
+  tl->first_token_ns = point(kFirstToken);
+  tl->last_token_ns = point(kLastToken);
+  tl->finished_ns = point(kFinished);
+  if (!r.finished()) tl->finish_reason.clear();
+  tl->prompt_tokens = r.prompt_tokens;
+  tl->generation_tokens = r.generation_tokens;
+  tl->max_tokens = r.has_max_tokens ? r.max_tokens : 0;
+  tl->n = r.has_n ? r.n : 0;
+  if (const Extra* e = FindExtra(r)) {
+    tl->has_info = e->has_info;
+    tl->cached_tokens = e->cached_tokens;
+    tl->external_tokens = e->external_tokens;
+    tl->has_priority = e->has_priority;
+    tl->priority = e->priority;
+  }
+  const EngineSeries* s = r.finish_series != nullptr ? r.finish_series
+                          : r.first_token_series != nullptr
+                              ? r.first_token_series
+                              : r.gauge_series;
+  if (s != nullptr) {
+    tl->engine_labels = s->label_pairs();
+    tl->profile = ProfileName(s->profile());
+    tl->engine = s->identity().ns;
+  }
+  ++timelines_handed_;
+  sink_->OnRetired(std::move(tl), evicted);
+}
+
 Tracker::Extra& Tracker::ExtraOf(Request& r) {
   r.has_extra = true;
   return extras_[&r];
@@ -728,6 +807,35 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
   src.series->part<KvTransferPart>().Add(size_t(kv.role), ev.t_ns - kv.start_ns,
                                          kv.has_bytes, kv.bytes, kv.ok,
                                          kv.reason.view());
+  if (sink_ != nullptr) [[unlikely]] {
+    // The transfer joins its request's timeline: a recv finds (or makes)
+    // the request below; a send only one still tracked (it often ends
+    // after its request was retired, and must not make a new one).
+    Request* tracked = nullptr;
+    if (kv.role == KvRole::kRecv && kv.ok) {
+      tracked = &Find(src, ev.rid, now_ns);
+    } else {
+      KeyView view{src.space, ev.rid.number, {}};
+      if (ev.rid.is_string) {
+        view.num = HashBytes(ev.rid.text);
+        view.str = ev.rid.text;
+      }
+      auto it = requests_.find(view);
+      if (it != requests_.end()) tracked = &it->second;
+    }
+    if (tracked != nullptr && tracked->timeline) {
+      trace::KvTransfer t;
+      t.start_ns = kv.start_ns;
+      t.end_ns = ev.t_ns;
+      t.recv = kv.role == KvRole::kRecv;
+      t.ok = kv.ok;
+      if (kv.has_bytes) t.bytes = kv.bytes;
+      if (kv.has_blocks) t.blocks = kv.blocks;
+      t.reason.assign(kv.reason.view());
+      t.connector.assign(kv.connector.view());
+      tracked->timeline->kv_transfers.push_back(std::move(t));
+    }
+  }
   if (kv.role != KvRole::kRecv || !kv.ok) return;
   Request& r = Find(src, ev.rid, now_ns);
   Extra& e = ExtraOf(r);

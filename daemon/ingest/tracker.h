@@ -19,8 +19,9 @@
 // (registered with the registry while it lives); events applied and
 // bad timestamps are counted in the IngestStats it is given.
 //
-// Memory: one Request per tracked request (about 190 bytes with an integer
-// id, see docs/performance.md), at most TrackerOptions::max_requests.
+// Memory: one Request per tracked request (about 197 bytes with an integer
+// id, see docs/performance.md; with a timeline sink, a RequestTimeline
+// beside it), at most TrackerOptions::max_requests.
 // Single-threaded (the daemon's loop).
 #ifndef TOKENMETER_DAEMON_INGEST_TRACKER_H_
 #define TOKENMETER_DAEMON_INGEST_TRACKER_H_
@@ -40,6 +41,7 @@
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/ingest/tracker_options.h"
 #include "daemon/store/registry.h"
+#include "daemon/trace/timeline.h"
 
 namespace tokenmeter::daemon {
 
@@ -68,6 +70,16 @@ class Tracker : public Collector {
   // Retires finished requests past the grace period and evicts idle ones.
   // Cheap when there is nothing to do; the daemon calls it every 100 ms.
   void Sweep();
+
+  // With a sink, every request the tracker makes from now on keeps its
+  // timeline (trace/timeline.h: its TOKENS times, preemptions, KV
+  // transfers, trace context; a heap block beside the Request, and a push
+  // per TOKENS event), handed to the sink when the request leaves.
+  // Requests restored from a snapshot have none. Null (the default):
+  // nothing is kept, one untaken branch per event. Set before events flow.
+  void SetTimelineSink(trace::TimelineSink* sink) { sink_ = sink; }
+  // Requests retired and evicted with a timeline (all of them with a sink).
+  uint64_t timelines_handed() const { return timelines_handed_; }
 
   size_t size() const { return requests_.size(); }
   const Clock& clock() const { return clock_; }
@@ -167,6 +179,9 @@ class Tracker : public Collector {
   void OnExpertLoad(const Source& src, const ExpertLoadView& load);
   void OnScheduledInfo(const ScheduledInfo& info, Request& r);
   void OnKvTransfer(const Source& src, const Event& ev, uint64_t now_ns);
+  // Fills the time points, tokens, identity and labels of r's timeline
+  // and hands it to the sink.
+  void HandOver(Request& r, bool evicted);
   // The request's Extra, made on first use.
   Extra& ExtraOf(Request& r);
   const Extra* FindExtra(const Request& r) const;
@@ -191,6 +206,8 @@ class Tracker : public Collector {
   uint64_t evicted_ = 0;
   std::array<uint64_t, size_t(Interval::kCount)> incomplete_{};
   std::array<uint64_t, size_t(Interval::kCount)> negative_{};
+  trace::TimelineSink* sink_ = nullptr;
+  uint64_t timelines_handed_ = 0;
   Registration registration_;  // last: unregisters first
 };
 

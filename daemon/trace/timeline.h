@@ -6,6 +6,7 @@
 #define TOKENMETER_DAEMON_TRACE_TIMELINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,17 @@ struct RequestTimeline {
   // ARRIVED's W3C trace context; empty: none.
   std::string traceparent;
   std::string tracestate;
+};
+
+// Who receives the timelines: the tracker calls OnRetired() once per
+// request it captured, when the request leaves it (retired after its grace
+// period, evicted idle, or dropped to make room: `evicted` says which of
+// the last two). On the daemon's loop; must not call back into the tracker.
+class TimelineSink {
+ public:
+  virtual ~TimelineSink() = default;
+  virtual void OnRetired(std::unique_ptr<RequestTimeline> timeline,
+                         bool evicted) = 0;
 };
 
 }  // namespace tokenmeter::daemon::trace

@@ -1838,6 +1838,130 @@ TEST(Tracker12Test, KeepsKvTransfersPerRoleWithoutTouchingRequestsOnSend) {
   EXPECT_EQ(h.stats->events(EventKind::kKvTransfer), 3u);
 }
 
+// Timelines (issue 30): with a sink, every request keeps its TOKENS times,
+// preemptions, KV transfers and trace context, handed over when it leaves.
+struct TimelineCollector : trace::TimelineSink {
+  void OnRetired(std::unique_ptr<trace::RequestTimeline> t,
+                 bool evicted) override {
+    got.push_back(std::move(t));
+    evicted_flags.push_back(evicted);
+  }
+  std::vector<std::unique_ptr<trace::RequestTimeline>> got;
+  std::vector<bool> evicted_flags;
+};
+
+TEST(TrackerTimelineTest, HandsOverTheWholeTimelineAtRetirement) {
+  Harness h;
+  TimelineCollector sink;
+  h.tracker->SetTimelineSink(&sink);
+  ArrivedExtras x;
+  x.lora = "ad-1";
+  x.num_labels = 1;
+  x.labels[0] = {"tenant", "a"};
+  x.has_priority = true;
+  x.priority = -3;
+  x.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  x.tracestate = "k=v";
+  h.SendArrived(h.Core(), ArrivedWithParams(T(0), Rid("req-1"), 100, 64, 1), x);
+  h.Send(
+      h.Core(),
+      {Queued(T(1), Rid("req-1")),
+       ScheduledWithInfo(T(10), Rid("req-1"), 40, 0),
+       KvTransfer(T(60), Rid("req-1"), KvRole::kRecv, T(20), false, "timeout"),
+       KvTransfer(T(90), Rid("req-1"), KvRole::kRecv, T(70), true, {}, 4096),
+       Tokens(T(100), Rid("req-1"), 1), Tokens(T(105), Rid("req-1"), 2),
+       Preempted(T(110), Rid("req-1")), Scheduled(T(120), Rid("req-1")),
+       Preempted(T(125), Rid("req-1")), Tokens(T(130), Rid("req-1"), 1),
+       Finished(T(140), Rid("req-1"), FinishReason::kLength)});
+  // A send after the request finished joins it while it is still tracked;
+  // one for a request never seen makes nothing.
+  h.Send(h.Front(), KvTransfer(T(150), Rid("req-1"), KvRole::kSend, T(141)));
+  h.Send(h.Front(), KvTransfer(T(150), Rid("other"), KvRole::kSend, T(141)));
+  EXPECT_EQ(h.Tracked(), 1);
+  EXPECT_TRUE(sink.got.empty());
+  h.AdvanceAndSweep(3600 * kSecond);
+  ASSERT_EQ(sink.got.size(), 1u);
+  EXPECT_FALSE(sink.evicted_flags[0]);
+  EXPECT_EQ(h.tracker->timelines_handed(), 1u);
+  const trace::RequestTimeline& t = *sink.got[0];
+  EXPECT_EQ(t.request_id, "req-1");
+  EXPECT_TRUE(t.string_id);
+  EXPECT_EQ(t.profile, "vllm");
+  ASSERT_FALSE(t.engine_labels.empty());
+  EXPECT_EQ(t.engine_labels[0],
+            std::make_pair(std::string("model_name"), std::string("m")));
+  EXPECT_EQ(t.arrived_ns, T(0));
+  EXPECT_EQ(t.queued_ns, T(1));
+  EXPECT_EQ(t.scheduled_ns, T(10));
+  EXPECT_EQ(t.first_token_ns, T(100));
+  EXPECT_EQ(t.last_token_ns, T(130));
+  EXPECT_EQ(t.finished_ns, T(140));
+  EXPECT_EQ(t.finish_reason, "length");
+  EXPECT_EQ(t.prompt_tokens, 100u);
+  EXPECT_EQ(t.generation_tokens, 4u);
+  EXPECT_EQ(t.max_tokens, 64u);
+  EXPECT_EQ(t.n, 1u);
+  EXPECT_TRUE(t.has_info);
+  EXPECT_EQ(t.cached_tokens, 40u);
+  EXPECT_TRUE(t.has_priority);
+  EXPECT_EQ(t.priority, -3);
+  EXPECT_EQ(t.lora, "ad-1");
+  ASSERT_EQ(t.request_labels.size(), 1u);
+  EXPECT_EQ(t.request_labels[0].second, "a");
+  EXPECT_EQ(t.traceparent, x.traceparent);
+  EXPECT_EQ(t.tracestate, "k=v");
+  ASSERT_EQ(t.tokens.size(), 3u);
+  EXPECT_EQ(t.tokens[1].t_ns, T(105));
+  EXPECT_EQ(t.tokens[1].n, 2u);
+  ASSERT_EQ(t.preemptions.size(), 2u);
+  EXPECT_EQ(t.preemptions[0].preempted_ns, T(110));
+  EXPECT_EQ(t.preemptions[0].resumed_ns, T(120));
+  EXPECT_EQ(t.preemptions[1].preempted_ns, T(125));
+  EXPECT_EQ(t.preemptions[1].resumed_ns, 0u);  // never rescheduled
+  ASSERT_EQ(t.kv_transfers.size(), 3u);
+  EXPECT_TRUE(t.kv_transfers[0].recv);
+  EXPECT_FALSE(t.kv_transfers[0].ok);
+  EXPECT_EQ(t.kv_transfers[0].reason, "timeout");
+  EXPECT_EQ(t.kv_transfers[0].start_ns, T(20));
+  EXPECT_EQ(t.kv_transfers[0].end_ns, T(60));
+  EXPECT_EQ(t.kv_transfers[1].bytes, 4096u);
+  EXPECT_EQ(t.kv_transfers[1].blocks, UINT64_MAX);
+  EXPECT_FALSE(t.kv_transfers[2].recv);
+  EXPECT_EQ(t.kv_transfers[2].end_ns, T(150));
+}
+
+TEST(TrackerTimelineTest, CapsTokenTicksAndHandsOverEvictedRequests) {
+  TrackerOptions o;
+  o.idle_timeout_ns = 10 * kSecond;
+  Harness h(o);
+  TimelineCollector sink;
+  h.tracker->SetTimelineSink(&sink);
+  h.Send(h.Core(), Arrived(T(0), Rid(7), 5));
+  const size_t n = trace::RequestTimeline::kMaxTokenTicks + 10;
+  for (size_t i = 0; i < n; ++i) {
+    h.Send(h.Core(), Tokens(T(1) + i, Rid(7), 1));
+  }
+  h.AdvanceAndSweep(3600 * kSecond);  // never finished: evicted idle
+  ASSERT_EQ(sink.got.size(), 1u);
+  EXPECT_TRUE(sink.evicted_flags[0]);
+  const trace::RequestTimeline& t = *sink.got[0];
+  EXPECT_EQ(t.request_id, "7");
+  EXPECT_FALSE(t.string_id);
+  EXPECT_EQ(t.tokens.size(), trace::RequestTimeline::kMaxTokenTicks);
+  EXPECT_EQ(t.token_ticks_dropped, 10u);
+  EXPECT_EQ(t.generation_tokens, n);
+  EXPECT_EQ(t.finished_ns, 0u);
+  EXPECT_TRUE(t.finish_reason.empty());
+}
+
+TEST(TrackerTimelineTest, KeepsNothingWithoutASink) {
+  Harness h;
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Tokens(T(1), Rid(1), 1),
+                    Finished(T(2), Rid(1))});
+  h.AdvanceAndSweep(3600 * kSecond);
+  EXPECT_EQ(h.tracker->timelines_handed(), 0u);
+}
+
 TEST(Tracker12Test, CountsAdmissionRejectionsBySixteenReasonsThenOther) {
   Harness h;
   EXPECT_EQ(h.Render().find("admission_rejections"), std::string::npos);
