@@ -93,6 +93,23 @@ them as Prometheus metrics.
                              open the socket)
   --allow-gids LIST          comma-separated gids allowed to send; a peer
                              passes if its uid or its gid is listed
+  --otlp-endpoint URL        export request traces over OTLP/HTTP to URL
+                             (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+                             else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces;
+                             none: no traces)
+  --otlp-protocol P          http/protobuf (default) or http/json
+  --otlp-headers K=V,...     request headers (OTEL_EXPORTER_OTLP_HEADERS)
+  --otlp-compression C       gzip or none (default none)
+  --otlp-timeout MS          per request attempt (default 10000)
+  --otlp-certificate FILE    CA bundle verifying the receiver
+  --otlp-client-certificate FILE, --otlp-client-key FILE
+                             client certificate and key (mutual TLS)
+  --otlp-queue-spans N       spans waiting for export at most; more are
+                             dropped and counted (default 65536)
+  --trace-ratio R            share of requests without a parent context
+                             traced, 0 to 1 (default 0.01)
+  --trace-slower-than S      also trace every request whose end-to-end
+                             time is at least S seconds (default: off)
   --ready-fd N               once both listeners are live, write one line
                              "ready http=HOST:PORT ingest=PATH" to file
                              descriptor N and close it (default: none)
@@ -416,6 +433,73 @@ const std::vector<Flag>& Flags() {
       {"allow-uids",
        [](std::string_view v, Config* c) {
          return ParseIdList("allow-uids", v, &c->ingest.allow_uids);
+       }},
+      {"otlp-endpoint",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.endpoint = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-protocol",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.protocol = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-headers",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.headers = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-compression",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.compression = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-timeout",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.timeout_ms = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-certificate",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.certificate = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-client-certificate",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.client_certificate = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-client-key",
+       [](std::string_view v, Config* c) {
+         c->otlp_traces.client_key = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-queue-spans",
+       [](std::string_view v, Config* c) {
+         return SetUint("otlp-queue-spans", v, 1, 1 << 24,
+                        &c->otlp_queue_spans);
+       }},
+      {"trace-ratio",
+       [](std::string_view v, Config* c) {
+         double x = 0;
+         auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+         if (ec != std::errc() || end != v.data() + v.size() ||
+             !(x >= 0 && x <= 1)) {
+           return Status::Error("--trace-ratio: \"" + std::string(v) +
+                                "\" is not a number from 0 to 1");
+         }
+         c->trace_ratio = x;
+         return Status::Ok();
+       }},
+      {"trace-slower-than",
+       [](std::string_view v, Config* c) {
+         Status s = ParseSecondsNs("trace-slower-than", v, 0,
+                                   &c->trace_slower_than_ns);
+         if (s.ok() && c->trace_slower_than_ns == 0) {
+           return Status::Error("--trace-slower-than: \"" + std::string(v) +
+                                "\" is not a number of seconds > 0");
+         }
+         return s;
        }},
       {"ready-fd",
        [](std::string_view v, Config* c) {

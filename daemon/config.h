@@ -13,6 +13,7 @@
 #include "daemon/base/status.h"
 #include "daemon/ingest/ingest_options.h"
 #include "daemon/ingest/tracker_options.h"
+#include "daemon/otlp/otlp_config.h"
 #include "daemon/store/registry_options.h"
 
 namespace tokenmeter::daemon {
@@ -45,6 +46,13 @@ struct Config {
   // --boot-id-file: the file whose contents name this boot (a snapshot of
   // another boot is set aside).
   std::string boot_id_file = "/proc/sys/kernel/random/boot_id";
+  // Request traces over OTLP (docs/traces.md): the --otlp-* flags as given
+  // (the environment is read, and everything checked, at start:
+  // otlp::ParseOtlpConfig()); sampling; the exporter's queue bound.
+  otlp::OtlpOverrides otlp_traces;
+  double trace_ratio = 0.01;          // --trace-ratio, 0 .. 1
+  uint64_t trace_slower_than_ns = 0;  // --trace-slower-than; 0: off
+  uint64_t otlp_queue_spans = 65536;  // --otlp-queue-spans
   bool show_version = false;
   bool show_help = false;
 };
