@@ -30,6 +30,7 @@ FLOORS = {
     "net": 1,
     "service": 1,
     "otlp": 1,
+    "trace": 1,
     "exposition": 2,
     "http": 2,
     "state": 2,
