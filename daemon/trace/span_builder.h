@@ -138,6 +138,13 @@ size_t BuildSpans(const RequestTimeline& timeline, const TraceContext& context,
 size_t BuildSpans(const RequestTimeline& timeline, const SpanOptions& options,
                   IdSource& ids, SpanBatch* out);
 
+// The spans would point into a temporary timeline: refused at compile time.
+size_t BuildSpans(RequestTimeline&& timeline, const TraceContext& context,
+                  const SpanOptions& options, IdSource& ids,
+                  SpanBatch* out) = delete;
+size_t BuildSpans(RequestTimeline&& timeline, const SpanOptions& options,
+                  IdSource& ids, SpanBatch* out) = delete;
+
 // monotonic_ns + offset, or 0 when that is below 0.
 uint64_t ToUnixNs(uint64_t monotonic_ns, int64_t unix_minus_monotonic_ns);
 
