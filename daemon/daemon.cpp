@@ -142,7 +142,35 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   d->process_ = std::make_unique<ProcessCollector>(d->registry());
   d->self_ = std::make_unique<SelfCollector>(*d);
   d->snapshotter_->Expose(d->registry());
+  s = d->StartTracing();
+  if (!s.ok()) return s;
   *out = std::move(d);
+  return Status::Ok();
+}
+
+Status Daemon::StartTracing() {
+  otlp::OtlpConfig otlp;
+  Status s = otlp::ParseOtlpConfig(otlp::Signal::kTraces, config_.otlp_traces,
+                                   otlp::ProcessOtlpEnvironment(), &otlp);
+  if (!s.ok()) return s;
+  if (!otlp.enabled()) return Status::Ok();
+  TracerOptions options;
+  options.sampling.ratio = config_.trace_ratio;
+  if (config_.trace_slower_than_ns != 0) {
+    options.sampling.slower_than_ns = config_.trace_slower_than_ns;
+  }
+  options.max_queue_spans = config_.otlp_queue_spans;
+  options.version = TOKENMETER_VERSION;
+  const std::string endpoint = otlp.endpoint;
+  s = Tracer::Create(&loop_, registry(), std::move(otlp), std::move(options),
+                     &tracer_);
+  if (!s.ok()) return s;
+  pipeline_->tracker().SetTimelineSink(tracer_.get());
+  spdlog::info("tracing: OTLP spans to {} (ratio {}, slower than {})", endpoint,
+               config_.trace_ratio,
+               config_.trace_slower_than_ns == 0
+                   ? std::string("off")
+                   : fmt::format("{} s", config_.trace_slower_than_ns / 1e9));
   return Status::Ok();
 }
 
@@ -399,6 +427,12 @@ void Daemon::Stop() {
   if (http_ != nullptr) {
     ++pending_closes_;
     http_->Close(closed);
+  }
+  if (tracer_ != nullptr) {
+    // What is pending goes out, for at most kTraceDrainNs; then the rest is
+    // counted failed.
+    ++pending_closes_;
+    tracer_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
   }
   closed();
 }

@@ -24,6 +24,7 @@
 #include "daemon/state/snapshotter.h"
 #include "daemon/store/registry.h"
 #include "daemon/store/window_gauges.h"
+#include "daemon/tracing/tracer.h"
 
 namespace tokenmeter::daemon {
 
@@ -85,6 +86,11 @@ class Daemon {
   void EndWindow();
   void UpdateStatus();
   void OnStopped();
+  // --otlp-endpoint (or the OTEL_* variables): the tracer, as the
+  // tracker's timeline sink. A bad value is a start-up error.
+  Status StartTracing();
+  // How long a stopping daemon keeps sending its pending spans.
+  static constexpr uint64_t kTraceDrainNs = 3'000'000'000;
 
   const Config config_;
   uv_loop_t loop_{};
@@ -97,6 +103,9 @@ class Daemon {
   std::unique_ptr<Snapshotter> snapshotter_;  // inactive without --state-dir
   std::unique_ptr<ProcessCollector> process_;
   std::unique_ptr<SelfCollector> self_;
+  // Request traces over OTLP (--otlp-endpoint); null when off. The
+  // tracker's timeline sink.
+  std::unique_ptr<Tracer> tracer_;
   SummaryLog summary_;
   WindowGauges window_gauges_;
   // The live page's history (`/`, /api/v1/live), one point a second.

@@ -190,6 +190,13 @@ constinit const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics] = {
      "State snapshots written (--state-dir), by result."},
     {kStateRestored, "tokenmeter_state_restored", kGauge, "",
      "1 when this process started from a state snapshot."},
+    {kOtlpSpans, "tokenmeter_otlp_spans", kCounter, "result",
+     "Request trace spans built for OTLP export (--otlp-endpoint), by "
+     "result: exported, dropped (the export queue was full), failed."},
+    {kOtlpExportSeconds, "tokenmeter_otlp_export_seconds", kHistogram, "",
+     "Time to export one OTLP request of spans, retries included."},
+    {kOtlpQueueSpans, "tokenmeter_otlp_queue_spans", kGauge, "",
+     "Spans waiting for export (queued, in flight or being batched)."},
     {kProcessCpuSeconds, "process_cpu_seconds", kCounter, "",
      "Total user and system CPU time spent in seconds."},
     {kProcessResidentMemory, "process_resident_memory_bytes", kGauge, "",

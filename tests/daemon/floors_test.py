@@ -34,6 +34,7 @@ FLOORS = {
     "exposition": 2,
     "http": 2,
     "state": 2,
+    "tracing": 2,
     "ingest": 3,
     "logging": 3,
     "live": 3,

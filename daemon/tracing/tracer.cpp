@@ -1,0 +1,188 @@
+#include "daemon/tracing/tracer.h"
+
+#include <time.h>
+
+#include <random>
+#include <utility>
+
+#include "daemon/trace/span_builder.h"
+#include "daemon/trace/trace_context.h"
+
+namespace tokenmeter::daemon {
+namespace {
+
+constexpr DaemonMetric kOwned[] = {kOtlpSpans, kOtlpExportSeconds,
+                                   kOtlpQueueSpans};
+
+int64_t SystemOffsetNs() {
+  timespec real{}, mono{};
+  clock_gettime(CLOCK_REALTIME, &real);
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  const uint64_t unix_ns =
+      uint64_t(real.tv_sec) * 1'000'000'000 + uint64_t(real.tv_nsec);
+  const uint64_t mono_ns =
+      uint64_t(mono.tv_sec) * 1'000'000'000 + uint64_t(mono.tv_nsec);
+  return trace::UnixMinusMonotonicNs(unix_ns, mono_ns);
+}
+
+uint64_t SeedOf(uint64_t seed) {
+  if (seed != 0) return seed;
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+// The export time histogram's bounds, seconds: 1 ms to a minute.
+std::vector<double> ExportBounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+          0.5,   1,      2.5,   5,    10,    30,   60};
+}
+
+}  // namespace
+
+Tracer::Tracer(uv_loop_t* loop, Registry& registry, TracerOptions options,
+               trace::OtlpEncoding encoding,
+               const trace::TraceResource& resource)
+    : loop_(loop),
+      options_(std::move(options)),
+      ids_(SeedOf(options_.seed)),
+      encoder_(encoding, resource),
+      export_layout_(ExportBounds(), 1e9),
+      export_seconds_(&export_layout_),
+      registration_(registry, this, kOwned) {
+  if (!options_.clock_offset) options_.clock_offset = SystemOffsetNs;
+  if (options_.max_batch_spans == 0) options_.max_batch_spans = 1;
+}
+
+Tracer::~Tracer() = default;
+
+Status Tracer::Create(uv_loop_t* loop, Registry& registry,
+                      otlp::OtlpConfig config, TracerOptions options,
+                      std::unique_ptr<Tracer>* out) {
+  trace::TraceResource resource;
+  resource.attributes = config.resource_attributes;
+  resource.scope_version = options.version;
+  const trace::OtlpEncoding encoding =
+      config.protocol == otlp::Protocol::kHttpJson
+          ? trace::OtlpEncoding::kJson
+          : trace::OtlpEncoding::kProtobuf;
+  otlp::OtlpExporterOptions eo;
+  eo.max_queue_items = options.max_queue_spans;
+  eo.user_agent = "tokenmeterd/" + options.version;
+  std::unique_ptr<Tracer> t(
+      new Tracer(loop, registry, std::move(options), encoding, resource));
+  Tracer* self = t.get();
+  eo.on_result = [self](const otlp::ExportResult& r) { self->OnResult(r); };
+  Status s = otlp::OtlpHttpExporter::Create(loop, std::move(config), eo,
+                                            &t->exporter_);
+  if (!s.ok()) return s;
+  uv_timer_init(loop, &t->timer_);
+  t->timer_.data = self;
+  const uint64_t ms =
+      std::max<uint64_t>(1, self->options_.flush_interval_ns / 1'000'000);
+  uv_timer_start(&t->timer_, OnTimer, ms, ms);
+  uv_unref(reinterpret_cast<uv_handle_t*>(&t->timer_));
+  *out = std::move(t);
+  return Status::Ok();
+}
+
+void Tracer::OnRetired(std::unique_ptr<trace::RequestTimeline> timeline,
+                       bool /*evicted*/) {
+  ++stats_.requests_seen;
+  const trace::TraceContext context =
+      trace::ResolveTraceContext(*timeline, ids_);
+  if (!trace::KeepTrace(*timeline, options_.sampling,
+                        trace::TraceRandomness(context.trace_id))) {
+    return;
+  }
+  if (encoder_.pending_spans() == 0) offset_ns_ = options_.clock_offset();
+  batch_.Clear();
+  const size_t n =
+      trace::BuildSpans(*timeline, context, {offset_ns_}, ids_, &batch_);
+  if (n == 0) return;
+  ++stats_.requests_traced;
+  stats_.spans_built += n;
+  if (shut_down_) {
+    stats_.spans_dropped += n;
+    return;
+  }
+  encoder_.Add(batch_);
+  if (encoder_.pending_spans() >= options_.max_batch_spans) Flush();
+}
+
+void Tracer::Flush() {
+  if (encoder_.pending_spans() == 0 || exporter_ == nullptr) return;
+  std::string body;
+  body.reserve(encoder_.pending_bytes() + encoder_.overhead_bytes());
+  const size_t n = encoder_.Finish(&body);
+  // Refused bodies (queue full) are counted by the exporter as dropped.
+  exporter_->Submit(std::move(body), uint32_t(n));
+}
+
+void Tracer::OnTimer(uv_timer_t* t) { static_cast<Tracer*>(t->data)->Flush(); }
+
+void Tracer::OnResult(const otlp::ExportResult& r) {
+  export_seconds_.Observe(double(r.elapsed_ns));
+}
+
+void Tracer::Shutdown(uint64_t deadline_ns, std::function<void()> done) {
+  Flush();
+  shut_down_ = true;
+  done_ = std::move(done);
+  const auto maybe_done = [this] {
+    if (timer_closed_ && exporter_closed_ && done_) {
+      std::function<void()> d = std::move(done_);
+      done_ = nullptr;
+      d();
+    }
+  };
+  uv_timer_stop(&timer_);
+  uv_close(reinterpret_cast<uv_handle_t*>(&timer_), [](uv_handle_t* h) {
+    Tracer* self = static_cast<Tracer*>(h->data);
+    self->timer_closed_ = true;
+    if (self->exporter_closed_ && self->done_) {
+      std::function<void()> d = std::move(self->done_);
+      self->done_ = nullptr;
+      d();
+    }
+  });
+  exporter_->Shutdown(deadline_ns, [this, maybe_done] {
+    exporter_closed_ = true;
+    maybe_done();
+  });
+}
+
+TracerStats Tracer::stats() const {
+  TracerStats s = stats_;
+  const otlp::OtlpExporterStats e = exporter_->stats();
+  s.spans_exported = e.exported_items;
+  s.spans_dropped += e.dropped_items;
+  s.spans_failed = e.failed_items;
+  s.spans_pending = encoder_.pending_spans();
+  return s;
+}
+
+void Tracer::Collect(DaemonMetric id, MetricWriter& w) const {
+  const SampleLabels none;
+  switch (id) {
+    case kOtlpSpans: {
+      const TracerStats s = stats();
+      w.Sample(none.WithOwn("result", "exported"), s.spans_exported);
+      w.Sample(none.WithOwn("result", "dropped"), s.spans_dropped);
+      w.Sample(none.WithOwn("result", "failed"), s.spans_failed);
+      return;
+    }
+    case kOtlpExportSeconds:
+      w.HistogramSample(none, export_seconds_);
+      return;
+    case kOtlpQueueSpans: {
+      const otlp::OtlpExporterStats e = exporter_->stats();
+      w.Sample(none, e.queued_items + e.in_flight_items +
+                         uint64_t(encoder_.pending_spans()));
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+}  // namespace tokenmeter::daemon
