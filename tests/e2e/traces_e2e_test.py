@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""Request traces over OTLP, end to end (issue 30).
+
+Hand-written protocol frames with known CLOCK_MONOTONIC times go through a
+real Unix socket into a real tokenmeterd started with --otlp-endpoint; its
+spans go over OTLP/HTTP to OpenTelemetry's receiver (tests/otel, decoded
+by OpenTelemetry's generated protobuf code, or by TestCollector for JSON).
+Checked: the span tree (names, parents, the caller's trace and parent from
+traceparent), every span's start and end equal to its events' times plus
+one offset per request (the documented clock conversion), the offset
+within the time the test took of Unix - CLOCK_MONOTONIC, attributes, the
+ERROR status of an "error" request, sampling (ratio 0 keeps only the
+failed, slow and parent-sampled requests), and that
+tokenmeter_otlp_spans_total{result="exported"} counts what arrived.
+
+Usage: traces_e2e_test.py TOKENMETERD [unittest args]
+Skips (exit 77) without node and tests/otel/node_modules.
+"""
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "testutil"))
+import otel  # noqa: E402
+import tokenmeter_testutil as tu  # noqa: E402
+from tokenmeter_testutil import Daemon, batch, hello, poll_until  # noqa: E402
+
+MS = 1_000_000
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT_ID = "b7ad6b7169203331"
+
+
+def unix_minus_mono():
+    return time.time_ns() - time.monotonic_ns()
+
+
+class Traces(unittest.TestCase):
+    def run_daemon(self, receiver, *flags):
+        d = Daemon("--otlp-endpoint", receiver.traces_url,
+                   "--finished-grace", "0", "--log-interval", "0", *flags)
+        d.start()
+        self.addCleanup(d.cleanup)
+        return d
+
+    def send(self, d, events):
+        s = d.connect()
+        s.sendall(hello(engine="vllm", model="m"))
+        s.sendall(batch(events))
+        return s
+
+    def spans(self, receiver, n, timeout=15):
+        def enough():
+            return len(otel.spans_of(receiver.requests())) >= n
+        poll_until(enough, timeout=timeout, what="%d spans" % n)
+        reqs = receiver.requests()
+        for r in reqs:
+            self.assertEqual(r["errors"], [], r)
+            self.assertEqual(r["status"], 200)
+        return otel.spans_of(reqs)
+
+    def test_span_tree_and_times(self, protocol="http/protobuf"):
+        with otel.Receiver() as rx:
+            d = self.run_daemon(rx, "--trace-ratio", "1", "--otlp-protocol",
+                                protocol)
+            off_before = unix_minus_mono()
+            t0 = time.monotonic_ns() - 5_000 * MS
+            tp = "00-%s-%s-01" % (TRACE_ID, PARENT_ID)
+            ev = [
+                [1, t0, "req-1", 100, {"max_tokens": 64,
+                                       "traceparent": tp}],
+                [2, t0 + 1 * MS, "req-1"],
+                [3, t0 + 10 * MS, "req-1", {"cached_tokens": 40}],
+                [10, t0 + 60 * MS, "req-1",
+                 {"role": "recv", "start": t0 + 20 * MS, "bytes": 4096}],
+                [4, t0 + 100 * MS, "req-1", 1],
+                [6, t0 + 110 * MS, "req-1"],
+                [3, t0 + 120 * MS, "req-1"],
+                [4, t0 + 130 * MS, "req-1", 2],
+                [5, t0 + 140 * MS, "req-1", "length"],
+                # An error request, no trace context.
+                [1, t0, 7, 10],
+                [3, t0 + 2 * MS, 7],
+                [5, t0 + 3 * MS, 7, "error"],
+            ]
+            s = self.send(d, ev)
+            spans = self.spans(rx, 1)
+            off_after = unix_minus_mono()
+            s.close()
+            poll_until(lambda: len(otel.spans_of(rx.requests())) >= 8,
+                       what="8 spans")
+            spans = otel.spans_of(rx.requests())
+            by_trace = {}
+            for sp in spans:
+                by_trace.setdefault(sp["trace_id"], []).append(sp)
+            self.assertIn(TRACE_ID, by_trace)
+            r1 = {sp["name"]: sp for sp in by_trace[TRACE_ID]}
+            self.assertEqual(
+                sorted(r1), sorted(["llm_request", "queue", "prefill",
+                                    "kv_transfer.recv", "preempted",
+                                    "decode"]))
+            root = r1["llm_request"]
+            self.assertEqual(root["parent_span_id"], PARENT_ID)
+            for name, sp in r1.items():
+                if name != "llm_request":
+                    self.assertEqual(sp["parent_span_id"], root["span_id"],
+                                     name)
+            # One offset per request: every span's times are its events'
+            # times plus it, to the nanosecond.
+            offset = int(root["start_time_unix_nano"]) - t0
+            expect = {
+                "llm_request": (0, 140), "queue": (1, 10),
+                "prefill": (10, 100), "kv_transfer.recv": (20, 60),
+                "preempted": (110, 120), "decode": (100, 140),
+            }
+            for name, (a, b) in expect.items():
+                sp = r1[name]
+                self.assertEqual(int(sp["start_time_unix_nano"]),
+                                 t0 + a * MS + offset, name)
+                self.assertEqual(int(sp["end_time_unix_nano"]),
+                                 t0 + b * MS + offset, name)
+            # The offset is Unix - CLOCK_MONOTONIC as read around the run
+            # (the clocks may be slewed apart by at most that drift).
+            lo, hi = sorted([off_before, off_after])
+            self.assertLessEqual(lo - 5 * MS, offset)
+            self.assertLessEqual(offset, hi + 5 * MS)
+            attrs = root["attributes"]
+            self.assertEqual(attrs["gen_ai.usage.input_tokens"]["value"],
+                             "100")
+            self.assertEqual(attrs["gen_ai.usage.output_tokens"]["value"],
+                             "3")
+            self.assertEqual(attrs["gen_ai.request.max_tokens"]["value"],
+                             "64")
+            # The error request: its own trace, status ERROR.
+            others = [sps for tid, sps in by_trace.items() if tid != TRACE_ID]
+            self.assertEqual(len(others), 1)
+            root7 = [sp for sp in others[0] if sp["name"] == "llm_request"][0]
+            self.assertEqual(root7["parent_span_id"], "")
+            self.assertEqual(root7["status"]["code"], 2)
+            # What the daemon counts is what arrived.
+            n = len(spans)
+            d.wait_value("tokenmeter_otlp_spans_total", n, result="exported")
+            self.assertEqual(d.value("tokenmeter_otlp_spans_total",
+                                     result="dropped"), 0)
+            self.assertEqual(d.value("tokenmeter_otlp_spans_total",
+                                     result="failed"), 0)
+            self.assertEqual(d.value("tokenmeter_otlp_export_seconds_count"),
+                             len(rx.requests()))
+
+    def test_json_encoding(self):
+        self.test_span_tree_and_times(protocol="http/json")
+
+    def test_tail_sampling_with_ratio_zero(self):
+        with otel.Receiver() as rx:
+            d = self.run_daemon(rx, "--trace-ratio", "0",
+                                "--trace-slower-than", "1")
+            t0 = time.monotonic_ns() - 5_000 * MS
+            unsampled = "00-%s-%s-00" % (TRACE_ID, PARENT_ID)
+            sampled = "00-%s-%s-01" % ("1" * 32, PARENT_ID)
+            ev = []
+            # 1: fast, stop: dropped. 2: slow (2 s): kept. 3: abort: kept.
+            # 4: parent not sampled, fast: dropped. 5: parent sampled: kept.
+            for rid, end, reason, params in [
+                    (1, 10, "stop", None), (2, 2000, "stop", None),
+                    (3, 10, "abort", None),
+                    (4, 10, "stop", {"traceparent": unsampled}),
+                    (5, 10, "stop", {"traceparent": sampled})]:
+                arrived = [1, t0, rid, 10]
+                if params:
+                    arrived.append(params)
+                ev += [arrived, [3, t0 + MS, rid], [4, t0 + 5 * MS, rid, 1],
+                       [5, t0 + end * MS, rid, reason]]
+            self.send(d, ev)
+            poll_until(lambda: len({sp["trace_id"] for sp in
+                                    otel.spans_of(rx.requests())}) >= 3,
+                       what="3 traces")
+            time.sleep(1.5)  # a flush period: nothing more comes
+            roots = [sp for sp in otel.spans_of(rx.requests())
+                     if sp["name"] == "llm_request"]
+            ids = sorted(sp["attributes"]["tokenmeter.request_id"]["value"]
+                         for sp in roots)
+            self.assertEqual(ids, ["2", "3", "5"])
+
+
+if __name__ == "__main__":
+    tu.DAEMON = os.path.abspath(sys.argv.pop(1))
+    otel.skip_unless_otel()
+    tu.main()
