@@ -139,8 +139,8 @@ BENCHMARK(BM_DecideTrace);
 void BM_UnixMinusMonotonicRead(benchmark::State& state) {
   int64_t sink = 0;
   for (auto _ : state) {
-    timespec real;
-    timespec mono;
+    timespec real{};
+    timespec mono{};
     clock_gettime(CLOCK_REALTIME, &real);
     clock_gettime(CLOCK_MONOTONIC, &mono);
     sink += tr::UnixMinusMonotonicNs(
