@@ -58,7 +58,7 @@
 //   gen_ai.request.model               string  the series' model_name
 //   gen_ai.request.max_tokens          int     ARRIVED max_tokens (> 0)
 //   gen_ai.request.choice.count        int     ARRIVED n (when not 1)
-//   gen_ai.usage.input_tokens          int     prompt tokens (always)
+//   gen_ai.usage.input_tokens          int     prompt tokens (with ARRIVED)
 //   gen_ai.usage.output_tokens         int     generation tokens (always)
 //   gen_ai.usage.cache_read.input_tokens int   SCHEDULED cached_tokens
 //   gen_ai.response.finish_reasons     string[1] the FINISHED reason
