@@ -38,7 +38,7 @@ class RandomIdSource final : public IdSource {
   uint64_t Next();
 
  private:
-  uint64_t s_[4];
+  uint64_t s_[4] = {};
 };
 
 // Predictable ids for tests and tools: the n-th trace id (n from 1) holds

@@ -1,7 +1,9 @@
 #include "daemon/trace/otlp_trace_encoder.h"
 
+#include <bit>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "daemon/trace/trace_context.h"
@@ -58,187 +60,289 @@ constexpr uint32_t kAnyArray = 5;
 // ArrayValue
 constexpr uint32_t kArrayValues = 1;
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
+// Every tag here fits one byte except Span.flags' (field 16): two.
+constexpr uint8_t Tag1(uint32_t field, uint32_t wire) {
+  return uint8_t(field << 3 | wire);
+}
+static_assert(kSpanStatus < 16 && kSpanFlags == 16);
+
+size_t VarintSize(uint64_t v) { return size_t(std::bit_width(v | 1) + 6) / 7; }
+
+// A length-delimited field of a one-byte tag holding n bytes.
+size_t LenFieldSize(size_t n) { return 1 + VarintSize(n) + n; }
+
+// The writers below write at p, into room the caller made from the exact
+// sizes (the *Size() functions), and return the end of what they wrote:
+// no bounds check, no allocation, one pass.
+char* PutVarint(char* p, uint64_t v) {
   while (v >= 0x80) {
+    *p++ = char(v | 0x80);
     v >>= 7;
-    ++n;
   }
+  *p++ = char(v);
+  return p;
+}
+
+char* PutRaw(char* p, const void* data, size_t n) {
+  if (n) std::memcpy(p, data, n);
+  return p + n;
+}
+
+char* PutVarintField(char* p, uint32_t field, uint64_t v) {
+  *p++ = char(Tag1(field, kVarint));
+  return PutVarint(p, v);
+}
+
+char* PutFixed64Field(char* p, uint32_t field, uint64_t v) {
+  *p++ = char(Tag1(field, kFixed64));
+  for (int i = 0; i < 8; ++i) *p++ = char(v >> (8 * i));
+  return p;
+}
+
+// A length-delimited field holding a followed by b.
+char* PutLenField(char* p, uint32_t field, std::string_view a,
+                  std::string_view b = {}) {
+  *p++ = char(Tag1(field, kLen));
+  p = PutVarint(p, a.size() + b.size());
+  p = PutRaw(p, a.data(), a.size());
+  return PutRaw(p, b.data(), b.size());
+}
+
+char* PutLenField(char* p, uint32_t field, const uint8_t* data, size_t n) {
+  return PutLenField(p, field,
+                     std::string_view(reinterpret_cast<const char*>(data), n));
+}
+
+// A nested message's tag and length; its body follows.
+char* PutMessageHeader(char* p, uint32_t field, size_t body) {
+  *p++ = char(Tag1(field, kLen));
+  return PutVarint(p, body);
+}
+
+size_t AnyValueSize(const Attribute& a) {
+  switch (a.type) {
+    case Attribute::Type::kString:
+      return LenFieldSize(a.str.size());
+    case Attribute::Type::kBool:
+      return 2;
+    case Attribute::Type::kInt:
+      return 1 + VarintSize(uint64_t(a.int_value));
+    case Attribute::Type::kDouble:
+      return 9;
+    case Attribute::Type::kStringArray1:
+      // AnyValue { array_value { values { string_value } } }
+      return LenFieldSize(LenFieldSize(LenFieldSize(a.str.size())));
+  }
+  return 0;
+}
+
+size_t KeyValueSize(const Attribute& a) {
+  return LenFieldSize(a.key_prefix.size() + a.key.size()) +
+         LenFieldSize(AnyValueSize(a));
+}
+
+// One KeyValue body (key, value).
+char* PutKeyValue(char* p, const Attribute& a) {
+  p = PutLenField(p, kKeyValueKey, a.key_prefix, a.key);
+  const size_t any = AnyValueSize(a);
+  p = PutMessageHeader(p, kKeyValueValue, any);
+  switch (a.type) {
+    case Attribute::Type::kString:
+      return PutLenField(p, kAnyString, a.str);
+    case Attribute::Type::kBool:
+      return PutVarintField(p, kAnyBool, a.bool_value ? 1 : 0);
+    case Attribute::Type::kInt:
+      return PutVarintField(p, kAnyInt, uint64_t(a.int_value));
+    case Attribute::Type::kDouble: {
+      uint64_t bits;
+      std::memcpy(&bits, &a.double_value, sizeof bits);
+      return PutFixed64Field(p, kAnyDouble, bits);
+    }
+    case Attribute::Type::kStringArray1: {
+      const size_t element = LenFieldSize(a.str.size());
+      p = PutMessageHeader(p, kAnyArray, LenFieldSize(element));
+      p = PutMessageHeader(p, kArrayValues, element);
+      return PutLenField(p, kAnyString, a.str);
+    }
+  }
+  return p;
+}
+
+bool HasStatus(const Span& s) {
+  return s.status_code != StatusCode::kUnset || !s.status_message.empty();
+}
+
+size_t StatusSize(const Span& s) {
+  size_t n = 0;
+  if (!s.status_message.empty()) n += LenFieldSize(s.status_message.size());
+  if (s.status_code != StatusCode::kUnset) n += 2;
   return n;
 }
 
-// The varint at p (room for 10 bytes); returns its size.
-size_t PutVarintAt(char* p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = char(v | 0x80);
-    v >>= 7;
+// The Span's size; each attribute's KeyValue size into kv_sizes.
+size_t SpanSize(const SpanBatch& batch, const Span& s,
+                std::vector<uint32_t>* kv_sizes) {
+  kv_sizes->clear();
+  size_t n = LenFieldSize(16) + LenFieldSize(8);
+  if (!s.trace_state.empty()) n += LenFieldSize(s.trace_state.size());
+  if (!IsZero(s.parent_span_id)) n += LenFieldSize(8);
+  if (!s.name.empty()) n += LenFieldSize(s.name.size());
+  if (s.kind != SpanKind::kUnspecified) n += 2;
+  if (s.start_unix_ns) n += 9;
+  if (s.end_unix_ns) n += 9;
+  for (const Attribute& a : batch.AttributesOf(s)) {
+    const size_t kv = KeyValueSize(a);
+    kv_sizes->push_back(uint32_t(kv));
+    n += LenFieldSize(kv);
   }
-  p[n++] = char(v);
+  if (HasStatus(s)) n += LenFieldSize(StatusSize(s));
+  if (s.flags) n += 2 + 4;
   return n;
+}
+
+// One Span body (SpanSize() bytes, kv_sizes from it).
+char* PutSpan(char* p, const SpanBatch& batch, const Span& s,
+              const uint32_t* kv_sizes) {
+  p = PutLenField(p, kSpanTraceId, s.trace_id.data(), s.trace_id.size());
+  p = PutLenField(p, kSpanSpanId, s.span_id.data(), s.span_id.size());
+  if (!s.trace_state.empty())
+    p = PutLenField(p, kSpanTraceState, s.trace_state);
+  if (!IsZero(s.parent_span_id)) {
+    p = PutLenField(p, kSpanParentSpanId, s.parent_span_id.data(),
+                    s.parent_span_id.size());
+  }
+  if (!s.name.empty()) p = PutLenField(p, kSpanName, s.name);
+  if (s.kind != SpanKind::kUnspecified) {
+    p = PutVarintField(p, kSpanKind, uint64_t(s.kind));
+  }
+  if (s.start_unix_ns) p = PutFixed64Field(p, kSpanStartTime, s.start_unix_ns);
+  if (s.end_unix_ns) p = PutFixed64Field(p, kSpanEndTime, s.end_unix_ns);
+  for (const Attribute& a : batch.AttributesOf(s)) {
+    p = PutMessageHeader(p, kSpanAttributes, *kv_sizes++);
+    p = PutKeyValue(p, a);
+  }
+  if (HasStatus(s)) {
+    p = PutMessageHeader(p, kSpanStatus, StatusSize(s));
+    if (!s.status_message.empty()) {
+      p = PutLenField(p, kStatusMessage, s.status_message);
+    }
+    if (s.status_code != StatusCode::kUnset) {
+      p = PutVarintField(p, kStatusCode, uint64_t(s.status_code));
+    }
+  }
+  if (s.flags) {
+    p = PutVarint(p, kSpanFlags << 3 | kFixed32);  // two bytes
+    for (int i = 0; i < 4; ++i) *p++ = char(s.flags >> (8 * i));
+  }
+  return p;
+}
+
+// Appends bytes made by `put`, exactly `n` of them, to *out.
+template <typename Put>
+void AppendExact(std::string* out, size_t n, Put put) {
+  const size_t old = out->size();
+  out->resize(old + n);
+  char* const begin = out->data() + old;
+  [[maybe_unused]] char* const end = put(begin);
+  // The sizes and the writers agree, or the output is garbage: abort.
+  if (size_t(end - begin) != n) std::abort();
+}
+
+void ProtoAttribute(std::string* out, uint32_t field, const Attribute& a) {
+  const size_t kv = KeyValueSize(a);
+  AppendExact(out, LenFieldSize(kv), [&](char* p) {
+    return PutKeyValue(PutMessageHeader(p, field, kv), a);
+  });
+}
+
+void ProtoSpan(std::string* out, const SpanBatch& batch, const Span& s,
+               std::vector<uint32_t>* scratch) {
+  const size_t size = SpanSize(batch, s, scratch);
+  AppendExact(out, LenFieldSize(size), [&](char* p) {
+    return PutSpan(PutMessageHeader(p, kScopeSpansSpans, size), batch, s,
+                   scratch->data());
+  });
 }
 
 void Varint(std::string* out, uint64_t v) {
   char buf[10];
-  out->append(buf, PutVarintAt(buf, v));
+  out->append(buf, size_t(PutVarint(buf, v) - buf));
 }
 
-void Tag(std::string* out, uint32_t field, uint32_t wire) {
-  Varint(out, uint64_t(field) << 3 | wire);
-}
-
-void VarintField(std::string* out, uint32_t field, uint64_t v) {
-  Tag(out, field, kVarint);
-  Varint(out, v);
-}
-
-void Fixed64Field(std::string* out, uint32_t field, uint64_t v) {
-  Tag(out, field, kFixed64);
-  char buf[8];
-  for (int i = 0; i < 8; ++i) buf[i] = char(v >> (8 * i));
-  out->append(buf, 8);
-}
-
-void Fixed32Field(std::string* out, uint32_t field, uint32_t v) {
-  Tag(out, field, kFixed32);
-  char buf[4];
-  for (int i = 0; i < 4; ++i) buf[i] = char(v >> (8 * i));
-  out->append(buf, 4);
-}
-
-// A length-delimited field holding a followed by b.
-void BytesField(std::string* out, uint32_t field, std::string_view a,
-                std::string_view b = {}) {
-  Tag(out, field, kLen);
-  Varint(out, a.size() + b.size());
-  out->append(a);
-  out->append(b);
-}
-
-void BytesField(std::string* out, uint32_t field, const uint8_t* p, size_t n) {
-  BytesField(out, field, std::string_view(reinterpret_cast<const char*>(p), n));
-}
-
-// A nested message: Open() writes the tag and a one-byte length
-// placeholder and returns where the body starts; Close() writes the
-// body's length there, moving the body when it needs more than one byte
-// (a body of 128 bytes or more: the root span, a long attribute).
-size_t Open(std::string* out, uint32_t field) {
-  Tag(out, field, kLen);
-  out->push_back('\0');
-  return out->size();
-}
-
-void Close(std::string* out, size_t body) {
-  const size_t len = out->size() - body;
-  const size_t n = VarintSize(len);
-  if (n > 1) out->insert(body, n - 1, '\0');
-  PutVarintAt(out->data() + body - 1, len);
-}
-
-void ProtoAttribute(std::string* out, uint32_t field, const Attribute& a) {
-  const size_t kv = Open(out, field);
-  BytesField(out, kKeyValueKey, a.key_prefix, a.key);
-  const size_t any = Open(out, kKeyValueValue);
-  switch (a.type) {
-    case Attribute::Type::kString:
-      BytesField(out, kAnyString, a.str);
-      break;
-    case Attribute::Type::kBool:
-      VarintField(out, kAnyBool, a.bool_value ? 1 : 0);
-      break;
-    case Attribute::Type::kInt:
-      VarintField(out, kAnyInt, uint64_t(a.int_value));
-      break;
-    case Attribute::Type::kDouble: {
-      uint64_t bits;
-      std::memcpy(&bits, &a.double_value, sizeof bits);
-      Fixed64Field(out, kAnyDouble, bits);
-      break;
-    }
-    case Attribute::Type::kStringArray1: {
-      const size_t array = Open(out, kAnyArray);
-      const size_t element = Open(out, kArrayValues);
-      BytesField(out, kAnyString, a.str);
-      Close(out, element);
-      Close(out, array);
-      break;
-    }
-  }
-  Close(out, any);
-  Close(out, kv);
-}
-
-void ProtoSpan(std::string* out, const SpanBatch& batch, const Span& s) {
-  const size_t span = Open(out, kScopeSpansSpans);
-  BytesField(out, kSpanTraceId, s.trace_id.data(), s.trace_id.size());
-  BytesField(out, kSpanSpanId, s.span_id.data(), s.span_id.size());
-  if (!s.trace_state.empty()) BytesField(out, kSpanTraceState, s.trace_state);
-  if (!IsZero(s.parent_span_id)) {
-    BytesField(out, kSpanParentSpanId, s.parent_span_id.data(),
-               s.parent_span_id.size());
-  }
-  if (!s.name.empty()) BytesField(out, kSpanName, s.name);
-  if (s.kind != SpanKind::kUnspecified) {
-    VarintField(out, kSpanKind, uint64_t(s.kind));
-  }
-  if (s.start_unix_ns) Fixed64Field(out, kSpanStartTime, s.start_unix_ns);
-  if (s.end_unix_ns) Fixed64Field(out, kSpanEndTime, s.end_unix_ns);
-  for (const Attribute& a : batch.AttributesOf(s)) {
-    ProtoAttribute(out, kSpanAttributes, a);
-  }
-  if (s.status_code != StatusCode::kUnset || !s.status_message.empty()) {
-    const size_t status = Open(out, kSpanStatus);
-    if (!s.status_message.empty()) {
-      BytesField(out, kStatusMessage, s.status_message);
-    }
-    if (s.status_code != StatusCode::kUnset) {
-      VarintField(out, kStatusCode, uint64_t(s.status_code));
-    }
-    Close(out, status);
-  }
-  if (s.flags) Fixed32Field(out, kSpanFlags, s.flags);
-  Close(out, span);
+void BytesField(std::string* out, uint32_t field, std::string_view v) {
+  out->push_back(char(Tag1(field, kLen)));
+  Varint(out, v.size());
+  out->append(v);
 }
 
 // ---------------------------------------------------------------------------
 // OTLP/JSON.
 
-void JsonString(std::string* out, std::string_view a, std::string_view b = {}) {
+// The index of the first byte of [p, p + n) that JSON must escape (a
+// control character, '"' or '\\'), or n. Eight bytes at a time: each test
+// below is exact as a yes/no for the whole word (Anderson's "bit twiddling
+// hacks", hasless() and haszero()); bytes of 0x80 and up never match.
+size_t FirstToEscape(const char* p, size_t n) {
+  constexpr uint64_t k01 = 0x0101010101010101ULL;
+  constexpr uint64_t k80 = 0x8080808080808080ULL;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    const uint64_t quote = v ^ (k01 * '"');
+    const uint64_t backslash = v ^ (k01 * '\\');
+    const uint64_t hit = ((v - k01 * 0x20) & ~v & k80) |
+                         ((quote - k01) & ~quote & k80) |
+                         ((backslash - k01) & ~backslash & k80);
+    if (hit) break;
+  }
+  for (; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(p[i]);
+    if (c < 0x20 || c == '"' || c == '\\') return i;
+  }
+  return n;
+}
+
+void JsonEscaped(std::string* out, std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  for (std::string_view part : {a, b}) {
-    size_t start = 0;
-    for (size_t i = 0; i < part.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(part[i]);
-      if (c >= 0x20 && c != '"' && c != '\\') continue;
-      out->append(part.data() + start, i - start);
-      start = i + 1;
-      switch (c) {
-        case '"':
-          out->append("\\\"");
-          break;
-        case '\\':
-          out->append("\\\\");
-          break;
-        case '\n':
-          out->append("\\n");
-          break;
-        case '\r':
-          out->append("\\r");
-          break;
-        case '\t':
-          out->append("\\t");
-          break;
-        default: {
-          const char esc[6] = {'\\', 'u',          '0',
-                               '0',  kHex[c >> 4], kHex[c & 0xf]};
-          out->append(esc, 6);
-        }
+  const char* p = s.data();
+  size_t n = s.size();
+  while (true) {
+    const size_t plain = FirstToEscape(p, n);
+    out->append(p, plain);
+    if (plain == n) return;
+    const unsigned char c = static_cast<unsigned char>(p[plain]);
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      default: {
+        const char esc[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 0xf]};
+        out->append(esc, 6);
       }
     }
-    out->append(part.data() + start, part.size() - start);
+    p += plain + 1;
+    n -= plain + 1;
   }
+}
+
+// A JSON string holding a followed by b.
+void JsonString(std::string* out, std::string_view a, std::string_view b = {}) {
+  out->push_back('"');
+  JsonEscaped(out, a);
+  JsonEscaped(out, b);
   out->push_back('"');
 }
 
@@ -377,11 +481,13 @@ std::string_view ContentType(OtlpEncoding encoding) {
                                              : "application/json";
 }
 
+namespace {
+
 void AppendSpans(OtlpEncoding encoding, const SpanBatch& batch,
-                 std::string* out) {
+                 std::string* out, std::vector<uint32_t>* scratch) {
   for (const Span& s : batch.spans) {
     if (encoding == OtlpEncoding::kProtobuf) {
-      ProtoSpan(out, batch, s);
+      ProtoSpan(out, batch, s, scratch);
     } else {
       if (!out->empty()) out->push_back(',');
       JsonSpan(out, batch, s);
@@ -389,27 +495,35 @@ void AppendSpans(OtlpEncoding encoding, const SpanBatch& batch,
   }
 }
 
+}  // namespace
+
+void AppendSpans(OtlpEncoding encoding, const SpanBatch& batch,
+                 std::string* out) {
+  std::vector<uint32_t> scratch;
+  AppendSpans(encoding, batch, out, &scratch);
+}
+
 OtlpTraceEncoder::OtlpTraceEncoder(OtlpEncoding encoding,
                                    const TraceResource& resource)
     : encoding_(encoding) {
   if (encoding == OtlpEncoding::kProtobuf) {
     // prefix_: ResourceSpans.resource; suffix_: ScopeSpans.scope.
-    const size_t r = Open(&prefix_, kResourceSpansResource);
+    std::string resource_body;
     for (const auto& [key, value] : resource.attributes) {
       Attribute a;
       a.key = key;
       a.str = value;
-      ProtoAttribute(&prefix_, kResourceAttributes, a);
+      ProtoAttribute(&resource_body, kResourceAttributes, a);
     }
-    Close(&prefix_, r);
-    const size_t s = Open(&suffix_, kScopeSpansScope);
+    BytesField(&prefix_, kResourceSpansResource, resource_body);
+    std::string scope_body;
     if (!resource.scope_name.empty()) {
-      BytesField(&suffix_, kScopeName, resource.scope_name);
+      BytesField(&scope_body, kScopeName, resource.scope_name);
     }
     if (!resource.scope_version.empty()) {
-      BytesField(&suffix_, kScopeVersion, resource.scope_version);
+      BytesField(&scope_body, kScopeVersion, resource.scope_version);
     }
-    Close(&suffix_, s);
+    BytesField(&suffix_, kScopeSpansScope, scope_body);
     return;
   }
   prefix_ = "{\"resourceSpans\":[{\"resource\":{\"attributes\":[";
@@ -439,7 +553,7 @@ OtlpTraceEncoder::OtlpTraceEncoder(OtlpEncoding encoding,
 }
 
 void OtlpTraceEncoder::Add(const SpanBatch& batch) {
-  AppendSpans(encoding_, batch, &spans_);
+  AppendSpans(encoding_, batch, &spans_, &scratch_);
   pending_spans_ += batch.spans.size();
 }
 
@@ -453,10 +567,10 @@ size_t OtlpTraceEncoder::Finish(std::string* out) {
     const size_t resource_spans =
         prefix_.size() + 1 + VarintSize(scope_spans) + scope_spans;
     out->reserve(out->size() + 2 + 2 * 10 + resource_spans);
-    Tag(out, kRequestResourceSpans, kLen);
+    out->push_back(char(Tag1(kRequestResourceSpans, kLen)));
     Varint(out, resource_spans);
     out->append(prefix_);
-    Tag(out, kResourceSpansScopeSpans, kLen);
+    out->push_back(char(Tag1(kResourceSpansScopeSpans, kLen)));
     Varint(out, scope_spans);
     out->append(suffix_);
     out->append(spans_);

@@ -52,7 +52,9 @@ struct TraceResource {
 // protobuf, one length-delimited field 2 per span (so that encoded spans
 // of several calls concatenate); JSON, one object per span, with a comma
 // before each when *out is not empty. Cost: proportional to the bytes
-// written; no allocation beyond *out's growth.
+// written (protobuf: each span's exact size first, then one pass of
+// writes); besides *out's growth, one scratch vector per call
+// (OtlpTraceEncoder::Add() reuses its own).
 void AppendSpans(OtlpEncoding encoding, const SpanBatch& batch,
                  std::string* out);
 
@@ -93,6 +95,7 @@ class OtlpTraceEncoder {
   std::string suffix_;
   std::string spans_;
   size_t pending_spans_ = 0;
+  std::vector<uint32_t> scratch_;  // a span's attribute sizes
 };
 
 // One request of `batch`'s spans, appended to *out (an empty batch gives

@@ -20,6 +20,16 @@
 // names a parent span that the backend does not have. No `th` is written
 // to tracestate: the kept traces mix ratio and tail decisions, and a
 // threshold would make a backend extrapolate counts from tail-kept ones.
+//
+// At retirement, so that a kept request's spans carry the trace id the
+// decision was made on:
+//
+//   const TraceContext ctx = ResolveTraceContext(timeline, ids);
+//   if (KeepTrace(timeline, sampling, TraceRandomness(ctx.trace_id))) {
+//     BuildSpans(timeline, ctx, span_options, ids, &batch);
+//     encoder.Add(batch);
+//     batch.Clear();
+//   }
 #ifndef TOKENMETER_DAEMON_TRACE_SAMPLING_H_
 #define TOKENMETER_DAEMON_TRACE_SAMPLING_H_
 

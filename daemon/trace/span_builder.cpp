@@ -139,7 +139,8 @@ void RootAttributes(const RequestTimeline& tl, Builder& b) {
   }
   if (tl.max_tokens > 0) b.Int("gen_ai.request.max_tokens", tl.max_tokens);
   if (tl.n != 0 && tl.n != 1) b.Int("gen_ai.request.choice.count", tl.n);
-  b.Int("gen_ai.usage.input_tokens", tl.prompt_tokens);
+  // The prompt's size comes with ARRIVED: without it, unknown (not 0).
+  if (tl.arrived_ns) b.Int("gen_ai.usage.input_tokens", tl.prompt_tokens);
   b.Int("gen_ai.usage.output_tokens", tl.generation_tokens);
   if (tl.has_info) {
     b.Int("gen_ai.usage.cache_read.input_tokens", tl.cached_tokens);

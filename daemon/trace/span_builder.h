@@ -23,8 +23,8 @@
 // FINISHED, else the latest. If the end would precede the start, the end
 // is the start (the root is kept: it holds the attributes). A timeline
 // without any time point gives no span at all. Children keep their
-// events' exact times, even where they reach outside the root (a send
-// that ends after the prefill side's FINISHED does).
+// events' exact times, even where they reach outside the root (a KV
+// transfer the timeline holds with an end past FINISHED).
 //
 // A child is left out when one of its ends is missing (0) or when its end
 // precedes its start (never a negative duration, nor a clamped made-up
@@ -35,7 +35,7 @@
 // span id from the IdSource; children's parent is the root. Flags: sampled
 // (0x01, every built span is exported) and "has is-remote" (0x100), plus
 // "is remote" (0x200) on a root whose parent is the traceparent's, as the
-// OpenTelemetry SDKs write them. Every span carries the tracestate.
+// OpenTelemetry JS SDK writes them. Every span carries the tracestate.
 //
 // Times: a span's Unix time is its CLOCK_MONOTONIC time plus
 // SpanOptions::unix_minus_monotonic_ns, one offset for the whole export.
@@ -58,7 +58,7 @@
 //   gen_ai.request.model               string  the series' model_name
 //   gen_ai.request.max_tokens          int     ARRIVED max_tokens (> 0)
 //   gen_ai.request.choice.count        int     ARRIVED n (when not 1)
-//   gen_ai.usage.input_tokens          int     prompt tokens (always)
+//   gen_ai.usage.input_tokens          int     prompt tokens (with ARRIVED)
 //   gen_ai.usage.output_tokens         int     generation tokens (always)
 //   gen_ai.usage.cache_read.input_tokens int   SCHEDULED cached_tokens
 //   gen_ai.response.finish_reasons     string[1] the FINISHED reason

@@ -219,6 +219,53 @@ TEST(OtlpTraceEncoderTest, EveryValueTypeAndEscapingInJson) {
                  R"("status":{"message":"x\"","code":2}})");
 }
 
+// The escaping of every byte value at every position of a short string
+// (the encoder scans eight bytes at a time), against a byte-by-byte rule.
+TEST(OtlpTraceEncoderTest, JsonEscapesEveryByteAtEveryPosition) {
+  auto reference = [](std::string_view s) {
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (unsigned char c : s) {
+      if (c == '"') {
+        out += "\\\"";
+      } else if (c == '\\') {
+        out += "\\\\";
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\r') {
+        out += "\\r";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (c < 0x20) {
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 0xf];
+      } else {
+        out += char(c);
+      }
+    }
+    return out;
+  };
+  for (int byte = 1; byte < 256; ++byte) {
+    for (size_t len : {1u, 7u, 8u, 9u, 17u}) {
+      for (size_t pos = 0; pos < len; ++pos) {
+        std::string value(len, 'a');
+        value[pos] = char(byte);
+        Attribute a;
+        a.key = "k";
+        a.str = value;
+        SpanBatch b = OneSpan({a});
+        std::string out;
+        AppendSpans(OtlpEncoding::kJson, b, &out);
+        const std::string want = R"({"key":"k","value":{"stringValue":")" +
+                                 reference(value) + R"("}})";
+        ASSERT_NE(out.find(want), std::string::npos)
+            << "byte " << byte << " at " << pos << " of " << len;
+      }
+    }
+  }
+}
+
 // A protobuf reader for the checks below: the fields of one message.
 struct Field {
   uint32_t number;

@@ -293,7 +293,6 @@ TEST(SpanBuilderTest, EvictedRequestSpansItsKnownPoints) {
   EXPECT_EQ(Attrs(b, 0),
             (std::vector<std::string>{
                 "gen_ai.provider.name=s:lmdeploy",
-                "gen_ai.usage.input_tokens=i:0",
                 "gen_ai.usage.output_tokens=i:3",
                 "gen_ai.latency.time_in_model_prefill=d:0.000300006",
                 "gen_ai.latency.time_in_model_decode=d:0.00060001",
