@@ -634,8 +634,9 @@ TM_API int tm_register_value(tm_client* client, const char* value);
  * and logs. Buffer space: 16 bytes plus the id's (8 for an integer) plus
  * the reason's bytes rounded up to 8 (32 bytes for "queue_full" without an
  * id). Cost: a tm_tokens() plus one pass over the reason that checks and
- * copies it: about 13 ns with a caller timestamp where tm_tokens() takes 8
- * (docs/performance.md, "Protocol 1.2 client calls", a 2-core VM). */
+ * copies it: about 11 to 14 ns with a caller timestamp where tm_tokens()
+ * takes 9 to 10 (docs/performance.md, "Protocol 1.2 client calls", a 2-core
+ * VM); tm_admission_rejected_id*() below cost a tm_tokens()'s. */
 TM_API int tm_admission_rejected(tm_client* client, uint64_t t_ns,
                                  const char* reason);
 TM_API int tm_admission_rejected_rid(tm_client* client, uint64_t t_ns,
@@ -645,7 +646,7 @@ TM_API int tm_admission_rejected_str(tm_client* client, uint64_t t_ns,
                                      size_t rid_len);
 /* The same three with the reason registered (tm_register_value()):
  * `reason_id` instead of the string. Buffer space: 16 bytes plus the id's
- * (8 for an integer). Cost: a tm_tokens()'s (about 8 ns with a caller
+ * (8 for an integer). Cost: a tm_tokens()'s (about 9 ns with a caller
  * timestamp on a 2-core VM; docs/performance.md). */
 TM_API int tm_admission_rejected_id(tm_client* client, uint64_t t_ns,
                                     uint32_t reason_id);
@@ -705,9 +706,12 @@ typedef struct tm_kv_transfer_info {
  * (integer id) plus 8 for each of bytes and blocks given plus the bytes of
  * the reason and of the connector, each rounded up to 8 (56 bytes for a
  * "nixl" transfer with bytes and blocks). Cost: the checks, a few stores
- * more than a tm_tokens() and one pass over each string: about 14 ns with a
- * caller timestamp where tm_tokens() takes 8 (docs/performance.md,
- * "Protocol 1.2 client calls"). */
+ * more than a tm_tokens() and one pass over each string: about 17 to 22 ns
+ * with a caller timestamp where tm_tokens() takes 9 to 10. With reason and
+ * connector registered (reason_id / connector_id, the strings NULL) the
+ * record is always 48 bytes (integer id) and the call takes a lean path:
+ * about 10 to 13 ns (docs/performance.md, "Protocol 1.2 client calls",
+ * a 2-core VM). */
 TM_API int tm_kv_transfer(tm_client* client, uint64_t t_ns, uint64_t rid,
                           const tm_kv_transfer_info* info);
 TM_API int tm_kv_transfer_str(tm_client* client, uint64_t t_ns, const char* rid,
