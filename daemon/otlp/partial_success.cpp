@@ -90,7 +90,13 @@ std::optional<PartialSuccess> ParseInner(std::string_view bytes) {
 // The value after `"key"`, skipping blanks and the colon; empty view when
 // the key is absent.
 std::string_view ValueAfter(std::string_view body, std::string_view key) {
-  const std::string quoted = "\"" + std::string(key) + "\"";
+  // Appended piece by piece: GCC 12's -Wrestrict misreads the operator+
+  // chain at -O3 (a false positive in libstdc++'s char_traits).
+  std::string quoted;
+  quoted.reserve(key.size() + 2);
+  quoted += '"';
+  quoted += key;
+  quoted += '"';
   size_t pos = body.find(quoted);
   if (pos == body.npos) return {};
   pos += quoted.size();
