@@ -50,6 +50,10 @@
 // profile's names); --label-values N gives each ARRIVED the request label
 // tenant="t<id % N>" and starts the daemon with --request-label tenant, so
 // every TOKENS lands in one of N label cells (issue 14's cost check).
+// --daemon-arg ARG (repeatable) appends ARG to the daemon's command line,
+// e.g. the tracing flags (issue 30's cost check: the requests never finish
+// here, so that measures what tracing adds to every event, the timeline's
+// capture; a span's build and encoding per request is trace_bench's).
 //
 // Output: one line per run, then the medians, then "RESULT key=value" lines
 // for bench/daemon/run_daemon_bench.sh.
@@ -109,6 +113,9 @@ struct Options {
   // --label-values N: each ARRIVED carries request label tenant="t<i % N>"
   // and the daemon runs with --request-label tenant (0: no labels).
   uint32_t label_values = 0;
+  // --daemon-arg ARG (repeatable): appended to tokenmeterd's command line
+  // (e.g. --otlp-endpoint URL --trace-ratio 1 for the tracing cost).
+  std::vector<std::string> daemon_args;
 };
 
 // The metric prefix and the names the verification reads, per profile.
@@ -766,15 +773,17 @@ RunResult RunOnce(const Options& o, const std::string& receiver,
       dup2(log, 2);
       const int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
+      std::vector<std::string> args = {
+          o.tokenmeterd, "--ingest",       path, "--listen",
+          "127.0.0.1:0", "--log-interval", "0"};
       if (o.label_values > 0) {
-        execl(o.tokenmeterd.c_str(), o.tokenmeterd.c_str(), "--ingest",
-              path.c_str(), "--listen", "127.0.0.1:0", "--log-interval", "0",
-              "--request-label", "tenant", static_cast<char*>(nullptr));
-      } else {
-        execl(o.tokenmeterd.c_str(), o.tokenmeterd.c_str(), "--ingest",
-              path.c_str(), "--listen", "127.0.0.1:0", "--log-interval", "0",
-              static_cast<char*>(nullptr));
+        args.insert(args.end(), {"--request-label", "tenant"});
       }
+      args.insert(args.end(), o.daemon_args.begin(), o.daemon_args.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(o.tokenmeterd.c_str(), argv.data());
       Die("exec tokenmeterd");
     }
     port = WaitForPort(log_path, receiver_pid);
@@ -907,7 +916,7 @@ int Usage() {
       "         [--requests N] [--batch N] [--reps N]\n"
       "         [--receivers ceiling,daemon,inproc] [--receiver-cpu N]\n"
       "         [--sender-cpu N] [--profile vllm|sglang|lmdeploy]\n"
-      "         [--label-values N]\n");
+      "         [--label-values N] [--daemon-arg ARG]...\n");
   return 2;
 }
 
@@ -941,6 +950,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--label-values") {
       o.label_values = uint32_t(std::strtoul(v, nullptr, 10));
+    } else if (a == "--daemon-arg") {
+      o.daemon_args.emplace_back(v);
     } else if (a == "--receivers") {
       o.receivers.clear();
       std::string s = v;
