@@ -628,7 +628,7 @@ void Tracker::OnScheduled(const Source& src, Request& r) {
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
-  if (r.timeline) [[unlikely]] {
+  if (token_ticks_ && r.timeline) [[unlikely]] {
     trace::RequestTimeline& tl = *r.timeline;
     if (tl.tokens.size() < trace::RequestTimeline::kMaxTokenTicks) {
       tl.tokens.push_back(

@@ -72,12 +72,16 @@ class Tracker : public Collector {
   void Sweep();
 
   // With a sink, every request the tracker makes from now on keeps its
-  // timeline (trace/timeline.h: its TOKENS times, preemptions, KV
-  // transfers, trace context; a heap block beside the Request, and a push
-  // per TOKENS event), handed to the sink when the request leaves.
+  // timeline (trace/timeline.h: its preemptions, KV transfers, trace
+  // context, and its TOKENS times when the sink wants them: a heap block
+  // beside the Request, and then a push per TOKENS event), handed to the
+  // sink when the request leaves.
   // Requests restored from a snapshot have none. Null (the default):
   // nothing is kept, one untaken branch per event. Set before events flow.
-  void SetTimelineSink(trace::TimelineSink* sink) { sink_ = sink; }
+  void SetTimelineSink(trace::TimelineSink* sink) {
+    sink_ = sink;
+    token_ticks_ = sink != nullptr && sink->wants_token_ticks();
+  }
   // Requests retired and evicted with a timeline (all of them with a sink).
   uint64_t timelines_handed() const { return timelines_handed_; }
 
@@ -207,6 +211,7 @@ class Tracker : public Collector {
   std::array<uint64_t, size_t(Interval::kCount)> incomplete_{};
   std::array<uint64_t, size_t(Interval::kCount)> negative_{};
   trace::TimelineSink* sink_ = nullptr;
+  bool token_ticks_ = false;  // sink_->wants_token_ticks()
   uint64_t timelines_handed_ = 0;
   Registration registration_;  // last: unregisters first
 };

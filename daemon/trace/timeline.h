@@ -95,6 +95,10 @@ struct RequestTimeline {
 class TimelineSink {
  public:
   virtual ~TimelineSink() = default;
+  // Whether the timelines should hold every TOKENS event (`tokens`): a
+  // push per TOKENS, and memory per request proportional to its output.
+  // Spans need only the points; the requests API's token ticks need them.
+  virtual bool wants_token_ticks() const { return false; }
   virtual void OnRetired(std::unique_ptr<RequestTimeline> timeline,
                          bool evicted) = 0;
 };

@@ -1841,11 +1841,14 @@ TEST(Tracker12Test, KeepsKvTransfersPerRoleWithoutTouchingRequestsOnSend) {
 // Timelines (issue 30): with a sink, every request keeps its TOKENS times,
 // preemptions, KV transfers and trace context, handed over when it leaves.
 struct TimelineCollector : trace::TimelineSink {
+  explicit TimelineCollector(bool ticks = true) : ticks(ticks) {}
+  bool wants_token_ticks() const override { return ticks; }
   void OnRetired(std::unique_ptr<trace::RequestTimeline> t,
                  bool evicted) override {
     got.push_back(std::move(t));
     evicted_flags.push_back(evicted);
   }
+  bool ticks;
   std::vector<std::unique_ptr<trace::RequestTimeline>> got;
   std::vector<bool> evicted_flags;
 };
@@ -1952,6 +1955,22 @@ TEST(TrackerTimelineTest, CapsTokenTicksAndHandsOverEvictedRequests) {
   EXPECT_EQ(t.generation_tokens, n);
   EXPECT_EQ(t.finished_ns, 0u);
   EXPECT_TRUE(t.finish_reason.empty());
+}
+
+// A sink that does not want token ticks (the tracer's) gets the points
+// and no TOKENS list.
+TEST(TrackerTimelineTest, KeepsNoTokenTicksUnlessTheSinkWantsThem) {
+  Harness h;
+  TimelineCollector sink(/*ticks=*/false);
+  h.tracker->SetTimelineSink(&sink);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Tokens(T(1), Rid(1), 1),
+                    Tokens(T(2), Rid(1), 3), Finished(T(3), Rid(1))});
+  h.AdvanceAndSweep(3600 * kSecond);
+  ASSERT_EQ(sink.got.size(), 1u);
+  EXPECT_TRUE(sink.got[0]->tokens.empty());
+  EXPECT_EQ(sink.got[0]->first_token_ns, T(1));
+  EXPECT_EQ(sink.got[0]->last_token_ns, T(2));
+  EXPECT_EQ(sink.got[0]->generation_tokens, 4u);
 }
 
 TEST(TrackerTimelineTest, KeepsNothingWithoutASink) {
