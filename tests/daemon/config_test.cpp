@@ -347,6 +347,71 @@ TEST(ConfigTest, ListenSyntax) {
   }
 }
 
+// The tracing flags (issue 30): values kept as given for the OTLP settings
+// (checked at start by otlp::ParseOtlpConfig, tests/daemon/otlp), the
+// sampling and queue values checked here.
+TEST(ConfigTest, ReadsTracingFlags) {
+  const Config c = MustParse({"--otlp-endpoint",
+                              "http://c:4318/v1/traces",
+                              "--otlp-protocol",
+                              "http/json",
+                              "--otlp-headers",
+                              "a=b",
+                              "--otlp-compression",
+                              "gzip",
+                              "--otlp-timeout",
+                              "2500",
+                              "--otlp-certificate",
+                              "/ca.pem",
+                              "--otlp-client-certificate",
+                              "/c.pem",
+                              "--otlp-client-key",
+                              "/k.pem",
+                              "--otlp-queue-spans",
+                              "1000",
+                              "--trace-ratio",
+                              "0.25",
+                              "--trace-slower-than",
+                              "1.5"});
+  EXPECT_EQ(c.otlp_traces.endpoint, "http://c:4318/v1/traces");
+  EXPECT_EQ(c.otlp_traces.protocol, "http/json");
+  EXPECT_EQ(c.otlp_traces.headers, "a=b");
+  EXPECT_EQ(c.otlp_traces.compression, "gzip");
+  EXPECT_EQ(c.otlp_traces.timeout_ms, "2500");
+  EXPECT_EQ(c.otlp_traces.certificate, "/ca.pem");
+  EXPECT_EQ(c.otlp_traces.client_certificate, "/c.pem");
+  EXPECT_EQ(c.otlp_traces.client_key, "/k.pem");
+  EXPECT_EQ(c.otlp_queue_spans, 1000u);
+  EXPECT_EQ(c.trace_ratio, 0.25);
+  EXPECT_EQ(c.trace_slower_than_ns, 1'500'000'000u);
+  const Config d = MustParse({});
+  EXPECT_FALSE(d.otlp_traces.endpoint.has_value());
+  EXPECT_EQ(d.trace_ratio, 0.01);
+  EXPECT_EQ(d.trace_slower_than_ns, 0u);
+  EXPECT_EQ(d.otlp_queue_spans, 65536u);
+}
+
+TEST(ConfigTest, RejectsBadTracingValues) {
+  struct Bad {
+    std::vector<std::string> args;
+    std::string flag;
+  };
+  for (const Bad& b :
+       {Bad{{"--trace-ratio", "1.5"}, "--trace-ratio"},
+        Bad{{"--trace-ratio", "-0.1"}, "--trace-ratio"},
+        Bad{{"--trace-ratio", "nan"}, "--trace-ratio"},
+        Bad{{"--trace-ratio", "x"}, "--trace-ratio"},
+        Bad{{"--trace-slower-than", "0"}, "--trace-slower-than"},
+        Bad{{"--trace-slower-than", "-1"}, "--trace-slower-than"},
+        Bad{{"--otlp-queue-spans", "0"}, "--otlp-queue-spans"},
+        Bad{{"--otlp-queue-spans", "99999999"}, "--otlp-queue-spans"}}) {
+    Config c;
+    const Status s = Parse(b.args, &c);
+    ASSERT_FALSE(s.ok()) << b.args[1];
+    EXPECT_TRUE(Contains(s.message(), b.flag)) << s.message();
+  }
+}
+
 TEST(ConfigTest, RejectsUnknownFlag) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--bogus"},

@@ -182,6 +182,30 @@ class Traces(unittest.TestCase):
                          for sp in roots)
             self.assertEqual(ids, ["2", "3", "5"])
 
+    def test_bad_otlp_settings_stop_the_start(self):
+        import subprocess
+        for args, env, needle in [
+                (["--otlp-endpoint", "http://127.0.0.1:1/v1/traces",
+                  "--otlp-protocol", "grpc"], {}, "--otlp-protocol"),
+                (["--otlp-endpoint", "ftp://x/v1/traces"], {},
+                 "--otlp-endpoint"),
+                ([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+                      "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"},
+                 "OTEL_EXPORTER_OTLP_COMPRESSION"),
+                (["--otlp-endpoint", "https://127.0.0.1:1/v1/traces",
+                  "--otlp-certificate", "/nonexistent/ca.pem"], {},
+                 "/nonexistent/ca.pem")]:
+            proc = subprocess.run(
+                [tu.DAEMON, "--ingest", "/tmp/tm-never.sock", "--listen",
+                 "127.0.0.1:0", *args],
+                env={**os.environ, **env}, capture_output=True, text=True,
+                timeout=20)
+            self.assertEqual(proc.returncode, 1, proc.stderr)
+            lines = [line for line in proc.stderr.splitlines()
+                     if line.startswith("tokenmeterd:")]
+            self.assertEqual(len(lines), 1, proc.stderr)
+            self.assertIn(needle, lines[0])
+
 
 if __name__ == "__main__":
     tu.DAEMON = os.path.abspath(sys.argv.pop(1))
