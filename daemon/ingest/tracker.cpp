@@ -135,8 +135,10 @@ struct Tracker::Request {
   bool has_n : 1 = false;
   Gauge gauge : 2 = Gauge::kNone;
   bool has_extra : 1 = false;  // Tracker::extras_ holds its Extra
-  // With a timeline sink: what the time points do not hold (tokens,
-  // preemptions, KV transfers, strings), handed over at removal.
+  FinishReason finish_reason : 2 = FinishReason::kStop;  // with kFinished
+  // With a timeline sink, made on first need: what the points and the
+  // Extra do not hold (preemptions, KV transfers, labels, token ticks).
+  // A request without any gets its timeline at removal.
   std::unique_ptr<trace::RequestTimeline> timeline;
 
   bool has(Point p) const {
@@ -292,9 +294,7 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
   Request& r = pos->second;
   r.key = &pos->first;
   r.activity_ns = now_ns;
-  if (sink_ != nullptr) [[unlikely]] {
-    r.timeline = std::make_unique<trace::RequestTimeline>();
-  }
+
   Append(r, active_head_, active_tail_);
   return r;
 }
@@ -341,7 +341,9 @@ void Tracker::Remove(Request& r, bool evicted) {
   } else {
     Unlink(r, active_head_, active_tail_);
   }
-  if (r.timeline) HandOver(r, evicted);
+  if (sink_ != nullptr) [[unlikely]] {
+    HandOver(r, evicted);
+  }
   if (r.has_extra) extras_.erase(&r);
   const Key& k = *r.key;
   // Heterogeneous erase() is C++23; find() then erase the node.
@@ -510,15 +512,12 @@ void Tracker::Apply(const Source& src, const Event& ev,
       OnTokens(src, ev, r);
       break;
     case EventKind::kFinished:
-      if (r.timeline && !r.finished()) {
-        r.timeline->finish_reason = FinishReasonName(ev.reason);
-      }
       OnFinished(src, ev, r, now_ns);
       break;
     case EventKind::kPreempted:
       OnPreempted(src, r);
-      if (r.timeline && !r.finished()) {
-        r.timeline->preemptions.push_back({ev.t_ns, 0});
+      if (sink_ != nullptr && !r.finished()) [[unlikely]] {
+        TimelineOf(r).preemptions.push_back({ev.t_ns, 0});
       }
       break;
     case EventKind::kStep:
@@ -580,15 +579,17 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
           LoraOf(r), r.gauge == Gauge::kRunning, 1, clock_.UnixNowS());
     }
   }
-  if (has_extras && r.timeline) {
+  if (has_extras && sink_ != nullptr) [[unlikely]] {
+    // The trace context is the Extra's (below); labels and adapter only
+    // here.
     const ArrivedExtras& x = arrivals[ev.extras];
-    trace::RequestTimeline& tl = *r.timeline;
-    tl.lora.assign(x.lora);
-    for (uint8_t j = 0; j < x.num_labels; ++j) {
-      tl.request_labels.emplace_back(x.labels[j].first, x.labels[j].second);
+    if (!x.lora.empty() || x.num_labels != 0) {
+      trace::RequestTimeline& tl = TimelineOf(r);
+      tl.lora.assign(x.lora);
+      for (uint8_t j = 0; j < x.num_labels; ++j) {
+        tl.request_labels.emplace_back(x.labels[j].first, x.labels[j].second);
+      }
     }
-    tl.traceparent.assign(x.traceparent);
-    tl.tracestate.assign(x.tracestate);
   }
   if (has_extras) {
     const ArrivedExtras& x = arrivals[ev.extras];
@@ -628,8 +629,8 @@ void Tracker::OnScheduled(const Source& src, Request& r) {
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
-  if (token_ticks_ && r.timeline) [[unlikely]] {
-    trace::RequestTimeline& tl = *r.timeline;
+  if (token_ticks_) [[unlikely]] {
+    trace::RequestTimeline& tl = TimelineOf(r);
     if (tl.tokens.size() < trace::RequestTimeline::kMaxTokenTicks) {
       tl.tokens.push_back(
           {ev.t_ns, uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX))});
@@ -697,6 +698,7 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
   EngineSeries& s = *src.series;
   r.set(kFinished, ev.t_ns);
   r.finish_series = &s;
+  r.finish_reason = ev.reason;
   // Which finish-time intervals exist is decided now, once.
   for (size_t i = 0; i < kNumIntervalDefs; ++i) {
     if (kIntervals[i].at_finish && !ShouldExist(kIntervals[i], r)) {
@@ -725,8 +727,15 @@ void Tracker::OnPreempted(const Source& src, Request& r) {
     SetGauge(r, Gauge::kWaiting, src.series, LoraOf(r), clock_);
 }
 
+trace::RequestTimeline& Tracker::TimelineOf(Request& r) {
+  if (!r.timeline) r.timeline = std::make_unique<trace::RequestTimeline>();
+  return *r.timeline;
+}
+
 void Tracker::HandOver(Request& r, bool evicted) {
-  std::unique_ptr<trace::RequestTimeline> tl = std::move(r.timeline);
+  std::unique_ptr<trace::RequestTimeline> tl =
+      r.timeline ? std::move(r.timeline)
+                 : std::make_unique<trace::RequestTimeline>();
   const Key& k = *r.key;
   if (k.len != 0) {
     tl->request_id.assign(k.str.get(), k.len);
@@ -741,7 +750,7 @@ void Tracker::HandOver(Request& r, bool evicted) {
   tl->first_token_ns = point(kFirstToken);
   tl->last_token_ns = point(kLastToken);
   tl->finished_ns = point(kFinished);
-  if (!r.finished()) tl->finish_reason.clear();
+  if (r.finished()) tl->finish_reason = FinishReasonName(r.finish_reason);
   tl->prompt_tokens = r.prompt_tokens;
   tl->generation_tokens = r.generation_tokens;
   tl->max_tokens = r.has_max_tokens ? r.max_tokens : 0;
@@ -752,6 +761,8 @@ void Tracker::HandOver(Request& r, bool evicted) {
     tl->external_tokens = e->external_tokens;
     tl->has_priority = e->has_priority;
     tl->priority = e->priority;
+    tl->traceparent = e->traceparent;
+    tl->tracestate = e->tracestate;
   }
   const EngineSeries* s = r.finish_series != nullptr ? r.finish_series
                           : r.first_token_series != nullptr
@@ -823,7 +834,7 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
       auto it = requests_.find(view);
       if (it != requests_.end()) tracked = &it->second;
     }
-    if (tracked != nullptr && tracked->timeline) {
+    if (tracked != nullptr) {
       trace::KvTransfer t;
       t.start_ns = kv.start_ns;
       t.end_ns = ev.t_ns;
@@ -833,7 +844,7 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
       if (kv.has_blocks) t.blocks = kv.blocks;
       t.reason.assign(kv.reason.view());
       t.connector.assign(kv.connector.view());
-      tracked->timeline->kv_transfers.push_back(std::move(t));
+      TimelineOf(*tracked).kv_transfers.push_back(std::move(t));
     }
   }
   if (kv.role != KvRole::kRecv || !kv.ok) return;

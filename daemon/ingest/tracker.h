@@ -71,13 +71,16 @@ class Tracker : public Collector {
   // Cheap when there is nothing to do; the daemon calls it every 100 ms.
   void Sweep();
 
-  // With a sink, every request the tracker makes from now on keeps its
-  // timeline (trace/timeline.h: its preemptions, KV transfers, trace
-  // context, and its TOKENS times when the sink wants them: a heap block
-  // beside the Request, and then a push per TOKENS event), handed to the
-  // sink when the request leaves.
-  // Requests restored from a snapshot have none. Null (the default):
-  // nothing is kept, one untaken branch per event. Set before events flow.
+  // With a sink, every request hands its timeline (trace/timeline.h) to
+  // the sink when it leaves: its points, identity and trace context, and
+  // what a heap block beside the Request keeps once the request has some
+  // (preemptions, KV transfers, ARRIVED labels, and TOKENS times when the
+  // sink wants them: a push per TOKENS event). A request with none of
+  // these costs nothing until it leaves.
+  // A request restored from a snapshot hands over its points and trace
+  // context (its lists were not saved; its finish reason reads "stop").
+  // Null (the default): nothing is kept, one untaken branch per event. Set
+  // before events flow.
   void SetTimelineSink(trace::TimelineSink* sink) {
     sink_ = sink;
     token_ticks_ = sink != nullptr && sink->wants_token_ticks();
@@ -184,8 +187,10 @@ class Tracker : public Collector {
   void OnScheduledInfo(const ScheduledInfo& info, Request& r);
   void OnKvTransfer(const Source& src, const Event& ev, uint64_t now_ns);
   // Fills the time points, tokens, identity and labels of r's timeline
-  // and hands it to the sink.
+  // (made now if r had none) and hands it to the sink.
   void HandOver(Request& r, bool evicted);
+  // r's timeline, made on first use (with a sink).
+  trace::RequestTimeline& TimelineOf(Request& r);
   // The request's Extra, made on first use.
   Extra& ExtraOf(Request& r);
   const Extra* FindExtra(const Request& r) const;
