@@ -97,13 +97,15 @@ them as Prometheus metrics.
                              (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
                              else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces;
                              none: no traces)
-  --otlp-protocol P          http/protobuf (default) or http/json
+  --otlp-protocol P          http/protobuf or http/json (default
+                             http/protobuf)
   --otlp-headers K=V,...     request headers (OTEL_EXPORTER_OTLP_HEADERS)
   --otlp-compression C       gzip or none (default none)
   --otlp-timeout MS          per request attempt (default 10000)
   --otlp-certificate FILE    CA bundle verifying the receiver
-  --otlp-client-certificate FILE, --otlp-client-key FILE
-                             client certificate and key (mutual TLS)
+  --otlp-client-certificate FILE
+                             client certificate (mutual TLS)
+  --otlp-client-key FILE     the client certificate's key
   --otlp-queue-spans N       spans waiting for export at most; more are
                              dropped and counted (default 65536)
   --trace-ratio R            share of requests without a parent context

@@ -112,9 +112,12 @@ TEST(ExpositionTest, TextFormatStructure) {
   for (const DaemonMetricDef& d : kDaemonMetrics) {
     std::string name(d.name);
     if (d.type == MetricType::kCounter) name += "_total";
-    // Shown only while --request-label names a label.
-    EXPECT_EQ(names.count(name), d.id == kRequestLabelOverflow ? 0u : 1u)
-        << name;
+    // Shown only while --request-label names a label, or with tracing on
+    // (--otlp-endpoint: the tracer owns them).
+    const bool optional = d.id == kRequestLabelOverflow ||
+                          d.id == kOtlpSpans || d.id == kOtlpExportSeconds ||
+                          d.id == kOtlpQueueSpans;
+    EXPECT_EQ(names.count(name), optional ? 0u : 1u) << name;
   }
 }
 
