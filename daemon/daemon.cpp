@@ -166,11 +166,12 @@ Status Daemon::StartTracing() {
                      &tracer_);
   if (!s.ok()) return s;
   pipeline_->tracker().SetTimelineSink(tracer_.get());
-  spdlog::info("tracing: OTLP spans to {} (ratio {}, slower than {})", endpoint,
-               config_.trace_ratio,
-               config_.trace_slower_than_ns == 0
-                   ? std::string("off")
-                   : fmt::format("{} s", config_.trace_slower_than_ns / 1e9));
+  spdlog::info(
+      "tracing: OTLP spans to {} (ratio {}, slower than {})", endpoint,
+      config_.trace_ratio,
+      config_.trace_slower_than_ns == 0
+          ? std::string("off")
+          : fmt::format("{} s", double(config_.trace_slower_than_ns) / 1e9));
   return Status::Ok();
 }
 

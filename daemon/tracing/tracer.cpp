@@ -39,11 +39,10 @@ std::vector<double> ExportBounds() {
 
 }  // namespace
 
-Tracer::Tracer(uv_loop_t* loop, Registry& registry, TracerOptions options,
+Tracer::Tracer(Registry& registry, TracerOptions options,
                trace::OtlpEncoding encoding,
                const trace::TraceResource& resource)
-    : loop_(loop),
-      options_(std::move(options)),
+    : options_(std::move(options)),
       ids_(SeedOf(options_.seed)),
       encoder_(encoding, resource),
       export_layout_(ExportBounds(), 1e9),
@@ -69,7 +68,7 @@ Status Tracer::Create(uv_loop_t* loop, Registry& registry,
   eo.max_queue_items = options.max_queue_spans;
   eo.user_agent = "tokenmeterd/" + options.version;
   std::unique_ptr<Tracer> t(
-      new Tracer(loop, registry, std::move(options), encoding, resource));
+      new Tracer(registry, std::move(options), encoding, resource));
   Tracer* self = t.get();
   eo.on_result = [self](const otlp::ExportResult& r) { self->OnResult(r); };
   Status s = otlp::OtlpHttpExporter::Create(loop, std::move(config), eo,

@@ -103,19 +103,18 @@ class Tracer : public trace::TimelineSink, public Collector {
   void Collect(DaemonMetric id, MetricWriter& w) const override;
 
  private:
-  Tracer(uv_loop_t* loop, Registry& registry, TracerOptions options,
+  Tracer(Registry& registry, TracerOptions options,
          trace::OtlpEncoding encoding, const trace::TraceResource& resource);
   static void OnTimer(uv_timer_t* t);
   void OnResult(const otlp::ExportResult& r);
 
-  uv_loop_t* loop_;
   TracerOptions options_;
   trace::RandomIdSource ids_;
   trace::OtlpTraceEncoder encoder_;
   trace::SpanBatch batch_;
   int64_t offset_ns_ = 0;  // of the pending request
   std::unique_ptr<otlp::OtlpHttpExporter> exporter_;
-  uv_timer_t timer_;
+  uv_timer_t timer_{};
   bool shut_down_ = false;
   bool timer_closed_ = false;
   bool exporter_closed_ = false;
