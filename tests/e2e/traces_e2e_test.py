@@ -182,6 +182,60 @@ class Traces(unittest.TestCase):
                          for sp in roots)
             self.assertEqual(ids, ["2", "3", "5"])
 
+    def requests_with(self, t0, n, first_rid=1):
+        ev = []
+        for rid in range(first_rid, first_rid + n):
+            ev += [[1, t0, rid, 10], [3, t0 + MS, rid],
+                   [4, t0 + 2 * MS, rid, 1], [5, t0 + 3 * MS, rid, "stop"]]
+        return ev
+
+    def test_retries_after_503_with_retry_after(self):
+        # The first two exports answered 503 Retry-After: 1: the spans
+        # still arrive, once each, and the daemon counts them exported.
+        with otel.Receiver(fail_status=503, fail_count=2,
+                           retry_after=1) as rx:
+            d = self.run_daemon(rx, "--trace-ratio", "1")
+            self.send(d, self.requests_with(time.monotonic_ns() - 5_000 * MS,
+                                            3))
+            d.wait_value("tokenmeter_otlp_spans_total", 3 * 4, timeout=30,
+                         result="exported")
+            ok = [r for r in rx.requests() if r["status"] == 200]
+            failed = [r for r in rx.requests() if r["status"] == 503]
+            self.assertEqual(len(failed), 2)
+            self.assertEqual(len(otel.spans_of(ok)), 3 * 4)
+            self.assertEqual(d.value("tokenmeter_otlp_spans_total",
+                                     result="failed"), 0)
+
+    def test_stalled_receiver_bounds_the_queue_and_never_blocks(self):
+        # A receiver that never answers, a queue of 100 spans: ingest goes
+        # on (every event applied), what does not fit is dropped, and the
+        # counts add up: exported + dropped + failed + waiting = built.
+        with otel.Receiver(stall=True) as rx:
+            d = self.run_daemon(rx, "--trace-ratio", "1",
+                                "--otlp-queue-spans", "100",
+                                "--otlp-timeout", "60000")
+            t0 = time.monotonic_ns() - 5_000 * MS
+            n = 300
+            self.send(d, self.requests_with(t0, n))
+            d.wait_value("tokenmeter_ingest_events_total", n, kind="finished")
+            built = 4 * n
+
+            def settled():
+                dropped = d.value("tokenmeter_otlp_spans_total",
+                                  result="dropped")
+                waiting = d.value("tokenmeter_otlp_queue_spans")
+                return dropped + waiting == built and dropped > 0
+            poll_until(settled, timeout=20, what="every span dropped or "
+                       "waiting")
+            self.assertLessEqual(d.value("tokenmeter_otlp_queue_spans"),
+                                 100 + 512)  # the queue and one batch
+            self.assertEqual(d.value("tokenmeter_otlp_spans_total",
+                                     result="exported"), 0)
+            # The daemon still answers and ingests.
+            self.send(d, self.requests_with(t0, 1, first_rid=10_000))
+            d.wait_value("tokenmeter_ingest_events_total", n + 1,
+                         kind="finished")
+
     def test_bad_otlp_settings_stop_the_start(self):
         import subprocess
         for args, env, needle in [
