@@ -114,9 +114,8 @@ TEST(ExpositionTest, TextFormatStructure) {
     if (d.type == MetricType::kCounter) name += "_total";
     // Shown only while --request-label names a label, or with tracing on
     // (--otlp-endpoint: the tracer owns them).
-    const bool optional = d.id == kRequestLabelOverflow ||
-                          d.id == kOtlpSpans || d.id == kOtlpExportSeconds ||
-                          d.id == kOtlpQueueSpans;
+    const bool optional = d.id == kRequestLabelOverflow || d.id == kOtlpSpans ||
+                          d.id == kOtlpExportSeconds || d.id == kOtlpQueueSpans;
     EXPECT_EQ(names.count(name), optional ? 0u : 1u) << name;
   }
 }
