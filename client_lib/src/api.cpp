@@ -1054,13 +1054,14 @@ struct KvString {
   return len != 0;
 }
 
-// KV_TRANSFER of an integer id (srid nullptr) or a string id (checked).
-// strings false: the caller saw reason and connector NULL (ids or none),
-// and the string code is left out (a constant: the call is inlined).
-[[gnu::always_inline]] inline int KvTransfer(bool strings, tm_client* c,
-                                             uint64_t t_ns, uint64_t rid,
-                                             const char* srid, size_t srid_len,
-                                             const tm_kv_transfer_info* info) {
+// A transfer with a string reason or connector (either may also be an id,
+// or none), or a struct that breaks a rule. Out of line: the public calls
+// test for strings and jump here or to KvTransferIds(), so neither path
+// pays for the other's registers.
+[[gnu::noinline]] int KvTransferStrings(tm_client* c, uint64_t t_ns,
+                                        uint64_t rid, const char* srid,
+                                        size_t srid_len,
+                                        const tm_kv_transfer_info* info) {
   namespace tc = tokenmeter::client;
   if (info == nullptr || info->size < kKvTransferInfoSize) [[unlikely]]
     return Reject(c);
@@ -1073,8 +1074,8 @@ struct KvString {
       [[unlikely]] {
     return Reject(c);
   }
-  const char* reason = strings ? info->reason : nullptr;
-  const char* connector = strings ? info->connector : nullptr;
+  const char* reason = info->reason;
+  const char* connector = info->connector;
   KvString rs, cs;
   if (!CheckKvString(c, reason, info->reason_id, tc::kKvReasonId, &rs) ||
       !CheckKvString(c, connector, info->connector_id, tc::kKvConnectorId, &cs))
@@ -1092,39 +1093,26 @@ struct KvString {
                          (info->ok == 0 ? tc::kKvFailed : 0) |
                          (has_bytes ? tc::kKvBytes : 0) |
                          (has_blocks ? tc::kKvBlocks : 0) | rs.flag | cs.flag;
-  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t words = 3 + rw + has_bytes + has_blocks + rs.words + cs.words;
-  // The header is made before Enter() and the amounts read again after it
-  // (from the caller's struct, in L1): fewer values live across the call.
-  const uint64_t hdr = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
-                                  KvArg(flags, rs.field, cs.field));
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
     return rc;
+  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t words = 3 + rw + has_bytes + has_blocks + rs.words + cs.words;
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]]
     return Full(r);
-  w[0] = hdr;
+  w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
+                    KvArg(flags, rs.field, cs.field));
   w[1] = t;
   WriteRid(w + 2, rw, rid, srid, srid_len);
   uint64_t* p = w + 2 + rw;
-  *p++ = info->start_ns;
-  if ((hdr & (uint64_t{tc::kKvBytes} << 32)) != 0) *p++ = info->bytes;
-  if ((hdr & (uint64_t{tc::kKvBlocks} << 32)) != 0) *p++ = info->blocks;
+  *p++ = start;
+  if (has_bytes) *p++ = bytes;
+  if (has_blocks) *p++ = blocks;
   if (rs.words != 0) StoreString(p, reason, rs.field);
   if (cs.words != 0) StoreString(p + rs.words, connector, cs.field);
   return Done(r);
-}
-
-// A transfer with a string reason or connector. Each path is a function of
-// its own, the public calls a test and a jump to one: neither pays for the
-// other's registers.
-[[gnu::noinline]] int KvTransferStrings(tm_client* c, uint64_t t_ns,
-                                        uint64_t rid, const char* srid,
-                                        size_t srid_len,
-                                        const tm_kv_transfer_info* info) {
-  return KvTransfer(true, c, t_ns, rid, srid, srid_len, info);
 }
 
 // A transfer whose reason and connector are ids or none (the struct's size
