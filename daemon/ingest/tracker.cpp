@@ -264,13 +264,18 @@ Tracker::Key Tracker::MakeKey(const KeyView& v) {
   return key;
 }
 
-Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
-                                uint64_t now_ns) {
-  KeyView view{src.space, rid.number, {}};
+Tracker::KeyView Tracker::ViewOf(uint64_t space, const RequestId& rid) {
+  KeyView view{space, rid.number, {}};
   if (rid.is_string) {
     view.num = HashBytes(rid.text);
     view.str = rid.text;
   }
+  return view;
+}
+
+Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
+                                uint64_t now_ns) {
+  const KeyView view = ViewOf(src.space, rid);
   auto it = requests_.find(view);
   if (it != requests_.end()) {
     Request& r = it->second;
@@ -826,12 +831,7 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
     if (kv.role == KvRole::kRecv && kv.ok) {
       tracked = &Find(src, ev.rid, now_ns);
     } else {
-      KeyView view{src.space, ev.rid.number, {}};
-      if (ev.rid.is_string) {
-        view.num = HashBytes(ev.rid.text);
-        view.str = ev.rid.text;
-      }
-      auto it = requests_.find(view);
+      auto it = requests_.find(ViewOf(src.space, ev.rid));
       if (it != requests_.end()) tracked = &it->second;
     }
     if (tracked != nullptr) {

@@ -164,6 +164,8 @@ class Tracker : public Collector {
   using Map = std::unordered_map<Key, Request, KeyHash, KeyEq>;
   // The key that owns a copy of `v`'s string id (none for an integer id).
   static Key MakeKey(const KeyView& v);
+  // The lookup key of `rid` in request-id space `space`.
+  static KeyView ViewOf(uint64_t space, const RequestId& rid);
 
   Request& Find(const Source& src, const RequestId& rid, uint64_t now_ns);
   // The values of `s` a request-level observation of `r` goes to (its
