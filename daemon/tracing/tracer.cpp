@@ -127,27 +127,23 @@ void Tracer::Shutdown(uint64_t deadline_ns, std::function<void()> done) {
   Flush();
   shut_down_ = true;
   done_ = std::move(done);
-  const auto maybe_done = [this] {
-    if (timer_closed_ && exporter_closed_ && done_) {
-      std::function<void()> d = std::move(done_);
-      done_ = nullptr;
-      d();
-    }
-  };
   uv_timer_stop(&timer_);
   uv_close(reinterpret_cast<uv_handle_t*>(&timer_), [](uv_handle_t* h) {
     Tracer* self = static_cast<Tracer*>(h->data);
     self->timer_closed_ = true;
-    if (self->exporter_closed_ && self->done_) {
-      std::function<void()> d = std::move(self->done_);
-      self->done_ = nullptr;
-      d();
-    }
+    self->MaybeDone();
   });
-  exporter_->Shutdown(deadline_ns, [this, maybe_done] {
+  exporter_->Shutdown(deadline_ns, [this] {
     exporter_closed_ = true;
-    maybe_done();
+    MaybeDone();
   });
+}
+
+void Tracer::MaybeDone() {
+  if (!timer_closed_ || !exporter_closed_ || !done_) return;
+  std::function<void()> d = std::move(done_);
+  done_ = nullptr;
+  d();
 }
 
 TracerStats Tracer::stats() const {

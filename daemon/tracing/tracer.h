@@ -107,6 +107,8 @@ class Tracer : public trace::TimelineSink, public Collector {
          trace::OtlpEncoding encoding, const trace::TraceResource& resource);
   static void OnTimer(uv_timer_t* t);
   void OnResult(const otlp::ExportResult& r);
+  // Runs Shutdown()'s `done` once the timer and the exporter are closed.
+  void MaybeDone();
 
   TracerOptions options_;
   trace::RandomIdSource ids_;
