@@ -224,6 +224,16 @@ Status SetUint(std::string_view name, std::string_view v, uint64_t min,
   return s;
 }
 
+// An --otlp-* flag: its value kept as given in Config::otlp_traces (checked
+// at start, with the OTEL_* variables, by otlp::ParseOtlpConfig()).
+Flag OtlpFlag(std::string_view name,
+              std::optional<std::string> otlp::OtlpOverrides::*field) {
+  return {name, [field](std::string_view v, Config* c) {
+            c->otlp_traces.*field = std::string(v);
+            return Status::Ok();
+          }};
+}
+
 const std::vector<Flag>& Flags() {
   static const std::vector<Flag> flags = {
       {"ingest",
@@ -436,46 +446,15 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          return ParseIdList("allow-uids", v, &c->ingest.allow_uids);
        }},
-      {"otlp-endpoint",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.endpoint = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-protocol",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.protocol = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-headers",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.headers = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-compression",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.compression = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-timeout",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.timeout_ms = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-certificate",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.certificate = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-client-certificate",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.client_certificate = std::string(v);
-         return Status::Ok();
-       }},
-      {"otlp-client-key",
-       [](std::string_view v, Config* c) {
-         c->otlp_traces.client_key = std::string(v);
-         return Status::Ok();
-       }},
+      OtlpFlag("otlp-endpoint", &otlp::OtlpOverrides::endpoint),
+      OtlpFlag("otlp-protocol", &otlp::OtlpOverrides::protocol),
+      OtlpFlag("otlp-headers", &otlp::OtlpOverrides::headers),
+      OtlpFlag("otlp-compression", &otlp::OtlpOverrides::compression),
+      OtlpFlag("otlp-timeout", &otlp::OtlpOverrides::timeout_ms),
+      OtlpFlag("otlp-certificate", &otlp::OtlpOverrides::certificate),
+      OtlpFlag("otlp-client-certificate",
+               &otlp::OtlpOverrides::client_certificate),
+      OtlpFlag("otlp-client-key", &otlp::OtlpOverrides::client_key),
       {"otlp-queue-spans",
        [](std::string_view v, Config* c) {
          return SetUint("otlp-queue-spans", v, 1, 1 << 24,
