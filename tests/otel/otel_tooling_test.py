@@ -127,65 +127,6 @@ DOC = {
 }
 
 
-def norm_value(v):
-    """A document attribute value as the receiver normalizes it (ints as
-    decimal strings)."""
-    if v["type"] == "int":
-        return {"type": "int", "value": str(int(v["value"]))}
-    if v["type"] == "array":
-        return {"type": "array", "value": [norm_value(e) for e in v["value"]]}
-    return dict(v)
-
-
-def norm_attrs(attrs):
-    return {k: norm_value(v) for k, v in attrs.items()}
-
-
-def is_remote(doc, span):
-    ids = {x["span_id"] for x in doc["spans"]}
-    return bool(span["parent_span_id"]) and span["parent_span_id"] not in ids
-
-
-def sdk_flags(doc, span):
-    """The Span.flags the JS SDK sends: sampled (0x01), "has is-remote"
-    (0x100), is-remote (0x200) for a remote parent."""
-    return 0x101 | (0x200 if is_remote(doc, span) else 0)
-
-
-def expected_message(doc):
-    """What the receiver must report for `doc` exported by the SDK: every
-    field of the normalized ExportTraceServiceRequest."""
-    spans = []
-    for sp in doc["spans"]:
-        spans.append({
-            "trace_id": sp["trace_id"], "span_id": sp["span_id"],
-            "trace_state": "", "parent_span_id": sp["parent_span_id"],
-            "flags": sdk_flags(doc, sp), "name": sp["name"],
-            "kind": sp["kind"],
-            "start_time_unix_nano": sp["start_unix_nano"],
-            "end_time_unix_nano": sp["end_unix_nano"],
-            "attributes": norm_attrs(sp["attributes"]),
-            "dropped_attributes_count": 0,
-            "events": [{"time_unix_nano": e["time_unix_nano"],
-                        "name": e["name"],
-                        "attributes": norm_attrs(e["attributes"]),
-                        "dropped_attributes_count": 0}
-                       for e in sp.get("events", [])],
-            "dropped_events_count": 0, "links": [], "dropped_links_count": 0,
-            "status": dict(sp["status"]),
-        })
-    return {"resource_spans": [{
-        "resource": {"attributes": norm_attrs(doc["resource_attributes"]),
-                     "dropped_attributes_count": 0, "entity_refs": []},
-        "schema_url": "",
-        "scope_spans": [{
-            "scope": {"name": doc["scope"]["name"],
-                      "version": doc["scope"]["version"], "attributes": {},
-                      "dropped_attributes_count": 0},
-            "schema_url": "",
-            "spans": spans}]}]}
-
-
 def json_any(v):
     """A document attribute value as OTLP/JSON's AnyValue."""
     t = v["type"]
@@ -218,7 +159,7 @@ def otlp_json(doc):
                 "startTimeUnixNano": sp["start_unix_nano"],
                 "endTimeUnixNano": sp["end_unix_nano"],
                 "attributes": json_attrs(sp["attributes"]),
-                "flags": sdk_flags(doc, sp),
+                "flags": otel.sdk_flags(doc, sp),
                 "status": {"code": sp["status"]["code"]}}
         if sp["parent_span_id"]:
             span["parentSpanId"] = sp["parent_span_id"]
@@ -289,7 +230,7 @@ class OtelToolingTest(unittest.TestCase):
         self.assertEqual(pb["headers"]["authorization"], "Bearer t")
         self.assertTrue(pb["headers"]["user-agent"].startswith(
             "OTel-OTLP-Exporter-JavaScript/"))
-        self.assertEqual(pb["message"], expected_message(DOC))
+        self.assertEqual(pb["message"], otel.expected_message(DOC, sdk=True))
         self.assertEqual(pb["items"], 4)
         spans = otel.spans_of(pb)
         self.assertEqual([x["parent_span_id"] for x in spans],
@@ -318,7 +259,8 @@ class OtelToolingTest(unittest.TestCase):
         for record in (pb, js):
             self.assert_clean(record)
             self.assertEqual(record["content_encoding"], "gzip")
-            self.assertEqual(record["message"], expected_message(DOC))
+            self.assertEqual(record["message"],
+                             otel.expected_message(DOC, sdk=True))
         self.assertEqual(js["body_bytes"], len(zipped))
         self.assertEqual(js["decoded_bytes"], len(raw))
         self.assertEqual(js["test_collector"], {"status": 200, "spans": 4})
@@ -481,7 +423,8 @@ class OtelToolingTest(unittest.TestCase):
                 counts = r.stop()
         self.assertEqual(record["tls"], {"authorized": True,
                                          "peer_subject": "otel-client"})
-        self.assertEqual(record["message"], expected_message(DOC))
+        self.assertEqual(record["message"],
+                         otel.expected_message(DOC, sdk=True))
         self.assertEqual((counts["received"], counts["tls_errors"]), (1, 1))
 
 

@@ -280,3 +280,59 @@ def spans_of(requests):
                     out.append(dict(span, resource=rs["resource"],
                                     scope=ss["scope"]))
     return out
+
+
+def norm_value(v):
+    """A reference document's attribute value as the receiver normalizes it
+    (ints as decimal strings)."""
+    if v["type"] == "int":
+        return {"type": "int", "value": str(int(v["value"]))}
+    if v["type"] == "array":
+        return {"type": "array", "value": [norm_value(e) for e in v["value"]]}
+    return dict(v)
+
+
+def norm_attrs(attrs):
+    return {k: norm_value(v) for k, v in attrs.items()}
+
+
+def sdk_flags(doc, span):
+    """The Span.flags the JS SDK sends: sampled (0x01), "has is-remote"
+    (0x100), is-remote (0x200) for a parent outside the document."""
+    ids = {x["span_id"] for x in doc["spans"]}
+    remote = bool(span["parent_span_id"]) and span["parent_span_id"] not in ids
+    return 0x101 | (0x200 if remote else 0)
+
+
+def expected_message(doc, sdk=False):
+    """Every field of the normalized ExportTraceServiceRequest the receiver
+    must report for a reference document (reference_spans.mjs's input):
+    its flags and trace_state as the document gives them, or with sdk=True
+    as the JS SDK exports them (sdk_flags(), no trace_state)."""
+    spans = [{
+        "trace_id": sp["trace_id"], "span_id": sp["span_id"],
+        "trace_state": "" if sdk else sp["trace_state"],
+        "parent_span_id": sp["parent_span_id"],
+        "flags": sdk_flags(doc, sp) if sdk else sp["flags"],
+        "name": sp["name"], "kind": sp["kind"],
+        "start_time_unix_nano": sp["start_unix_nano"],
+        "end_time_unix_nano": sp["end_unix_nano"],
+        "attributes": norm_attrs(sp["attributes"]),
+        "dropped_attributes_count": 0,
+        "events": [{"time_unix_nano": e["time_unix_nano"], "name": e["name"],
+                    "attributes": norm_attrs(e["attributes"]),
+                    "dropped_attributes_count": 0}
+                   for e in sp.get("events", [])],
+        "dropped_events_count": 0, "links": [], "dropped_links_count": 0,
+        "status": dict(sp["status"]),
+    } for sp in doc["spans"]]
+    return {"resource_spans": [{
+        "resource": {"attributes": norm_attrs(doc["resource_attributes"]),
+                     "dropped_attributes_count": 0, "entity_refs": []},
+        "schema_url": "",
+        "scope_spans": [{
+            "scope": {"name": doc["scope"]["name"],
+                      "version": doc["scope"]["version"], "attributes": {},
+                      "dropped_attributes_count": 0},
+            "schema_url": "",
+            "spans": spans}]}]}

@@ -57,46 +57,6 @@ def post(url, body, content_type):
         conn.close()
 
 
-def norm_value(v):
-    """A document attribute as the receiver normalizes it."""
-    if v["type"] == "int":
-        return {"type": "int", "value": str(int(v["value"]))}
-    if v["type"] == "array":
-        return {"type": "array", "value": [norm_value(e) for e in v["value"]]}
-    return dict(v)
-
-
-def norm_attrs(attrs):
-    return {k: norm_value(v) for k, v in attrs.items()}
-
-
-def expected_message(doc):
-    """The normalized ExportTraceServiceRequest of the tool's document,
-    every field, flags and trace_state from the document."""
-    spans = [{
-        "trace_id": sp["trace_id"], "span_id": sp["span_id"],
-        "trace_state": sp["trace_state"],
-        "parent_span_id": sp["parent_span_id"], "flags": sp["flags"],
-        "name": sp["name"], "kind": sp["kind"],
-        "start_time_unix_nano": sp["start_unix_nano"],
-        "end_time_unix_nano": sp["end_unix_nano"],
-        "attributes": norm_attrs(sp["attributes"]),
-        "dropped_attributes_count": 0, "events": [],
-        "dropped_events_count": 0, "links": [], "dropped_links_count": 0,
-        "status": dict(sp["status"]),
-    } for sp in doc["spans"]]
-    return {"resource_spans": [{
-        "resource": {"attributes": norm_attrs(doc["resource_attributes"]),
-                     "dropped_attributes_count": 0, "entity_refs": []},
-        "schema_url": "",
-        "scope_spans": [{
-            "scope": {"name": doc["scope"]["name"],
-                      "version": doc["scope"]["version"], "attributes": {},
-                      "dropped_attributes_count": 0},
-            "schema_url": "",
-            "spans": spans}]}]}
-
-
 def without_trace_state(message):
     m = copy.deepcopy(message)
     for rs in m["resource_spans"]:
@@ -155,7 +115,7 @@ class TraceEncoderOtelTest(unittest.TestCase):
         self.assert_clean(pb)
         self.assertEqual(pb["content_type"], "application/x-protobuf")
         self.assertIn("generated", pb["decoder"])
-        self.assertEqual(pb["message"], expected_message(self.doc))
+        self.assertEqual(pb["message"], otel.expected_message(self.doc))
 
     def test_b_json_normalizes_to_the_identical_message(self):
         self.assertEqual(self.json_status, (200, b"{}"))
