@@ -112,6 +112,10 @@ them as Prometheus metrics.
                              traced, 0 to 1 (default 0.01)
   --trace-slower-than S      also trace every request whose end-to-end
                              time is at least S seconds (default: off)
+  --keep-requests N          requests kept per engine series for
+                             /api/v1/requests and the live page: the
+                             slowest and the failed of the last 15
+                             minutes (default 50; 0: off)
   --ready-fd N               once both listeners are live, write one line
                              "ready http=HOST:PORT ingest=PATH" to file
                              descriptor N and close it (default: none)
@@ -459,6 +463,10 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          return SetUint("otlp-queue-spans", v, 1, 1 << 24,
                         &c->otlp_queue_spans);
+       }},
+      {"keep-requests",
+       [](std::string_view v, Config* c) {
+         return SetUint("keep-requests", v, 0, 1000, &c->keep_requests);
        }},
       {"trace-ratio",
        [](std::string_view v, Config* c) {

@@ -53,6 +53,9 @@ struct Config {
   double trace_ratio = 0.01;          // --trace-ratio, 0 .. 1
   uint64_t trace_slower_than_ns = 0;  // --trace-slower-than; 0: off
   uint64_t otlp_queue_spans = 65536;  // --otlp-queue-spans
+  // --keep-requests: requests kept per series for /api/v1/requests (the
+  // slowest and failed of the last 15 minutes); 0: the API is off.
+  uint64_t keep_requests = 50;
   bool show_version = false;
   bool show_help = false;
 };

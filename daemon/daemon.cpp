@@ -16,6 +16,7 @@
 #include "daemon/http/web_config.h"
 #include "daemon/live/live_json.h"
 #include "daemon/logging/summary.h"
+#include "daemon/requests/requests_json.h"
 #include "daemon/snapshot_bound.h"
 #include "spdlog/spdlog.h"
 
@@ -144,6 +145,13 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   d->snapshotter_->Expose(d->registry());
   s = d->StartTracing();
   if (!s.ok()) return s;
+  // After the tracer: the keeper shows the trace id it exported under.
+  if (config.keep_requests != 0) {
+    requests::RequestKeeperOptions keep;
+    keep.keep = config.keep_requests;
+    d->keeper_ = std::make_unique<requests::RequestKeeper>(keep);
+    d->pipeline_->tracker().AddTimelineSink(d->keeper_.get());
+  }
   *out = std::move(d);
   return Status::Ok();
 }
@@ -165,7 +173,7 @@ Status Daemon::StartTracing() {
   s = Tracer::Create(&loop_, registry(), std::move(otlp), std::move(options),
                      &tracer_);
   if (!s.ok()) return s;
-  pipeline_->tracker().SetTimelineSink(tracer_.get());
+  pipeline_->tracker().AddTimelineSink(tracer_.get());
   spdlog::info(
       "tracing: OTLP spans to {} (ratio {}, slower than {})", endpoint,
       config_.trace_ratio,
@@ -296,6 +304,7 @@ void Daemon::AddRoutes() {
     resp.body = "ok\n";
   });
   live::AddRoutes(*http_, registry(), live_);
+  if (keeper_ != nullptr) requests::AddRoutes(*http_, *keeper_, clock_);
 }
 
 void Daemon::StartSignals() {

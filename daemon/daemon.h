@@ -20,6 +20,7 @@
 #include "daemon/live/history.h"
 #include "daemon/logging/summary.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/requests/request_keeper.h"
 #include "daemon/service/systemd.h"
 #include "daemon/state/snapshotter.h"
 #include "daemon/store/registry.h"
@@ -106,6 +107,9 @@ class Daemon {
   // Request traces over OTLP (--otlp-endpoint); null when off. The
   // tracker's timeline sink.
   std::unique_ptr<Tracer> tracer_;
+  // The requests API's keeper (--keep-requests; null with 0): the
+  // tracker's timeline sink after the tracer.
+  std::unique_ptr<requests::RequestKeeper> keeper_;
   SummaryLog summary_;
   WindowGauges window_gauges_;
   // The live page's history (`/`, /api/v1/live), one point a second.

@@ -118,10 +118,12 @@ struct Tracker::Request {
   Request* prev = nullptr;
   Request* next = nullptr;
   EngineSeries* first_token_series = nullptr;  // sent the first TOKENS
-  EngineSeries* finish_series = nullptr;       // sent FINISHED
   EngineSeries* gauge_series = nullptr;        // holds the derived gauge
   uint64_t t_ns[kNumPoints] = {};              // valid where `known` says
   uint64_t activity_ns = 0;  // daemon clock: last event, or finish
+  // With a sink that wants TOKENS ticks: the request's handle in ticks_
+  // (TickLog); 0: none. Beside the fields every TOKENS writes.
+  uint64_t ticks = 0;
   uint32_t prompt_tokens = 0;
   uint32_t generation_tokens = 0;
   uint32_t max_tokens = 0;
@@ -136,10 +138,7 @@ struct Tracker::Request {
   Gauge gauge : 2 = Gauge::kNone;
   bool has_extra : 1 = false;  // Tracker::extras_ holds its Extra
   FinishReason finish_reason : 2 = FinishReason::kStop;  // with kFinished
-  // With a timeline sink, made on first need: what the points and the
-  // Extra do not hold (preemptions, KV transfers, labels, token ticks).
-  // A request without any gets its timeline at removal.
-  std::unique_ptr<trace::RequestTimeline> timeline;
+  EngineSeries* finish_series = nullptr;  // sent FINISHED (cold: last)
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -157,7 +156,8 @@ struct Tracker::Request {
   }
   bool finished() const { return has(kFinished); }
 };
-// 128 bytes of state and the timeline's pointer (null without a sink).
+// 128 bytes of hot state (what a TOKENS reads and writes, the tick handle
+// among it) and the FINISHED series.
 static_assert(sizeof(Tracker::Request) == 136);
 
 namespace {
@@ -346,7 +346,7 @@ void Tracker::Remove(Request& r, bool evicted) {
   } else {
     Unlink(r, active_head_, active_tail_);
   }
-  if (sink_ != nullptr) [[unlikely]] {
+  if (has_sinks_) [[unlikely]] {
     HandOver(r, evicted);
   }
   if (r.has_extra) extras_.erase(&r);
@@ -503,9 +503,13 @@ void Tracker::Apply(const Source& src, const Event& ev,
       if (!r.has(kQueued)) r.set(kQueued, ev.t_ns);
       break;
     case EventKind::kScheduled:
-      if (r.timeline && !r.timeline->preemptions.empty() &&
-          r.timeline->preemptions.back().resumed_ns == 0) {
-        r.timeline->preemptions.back().resumed_ns = ev.t_ns;
+      if (r.has_extra && has_sinks_) [[unlikely]] {
+        auto it = extras_.find(&r);
+        trace::RequestTimeline* tl = it->second.timeline.get();
+        if (tl != nullptr && !tl->preemptions.empty() &&
+            tl->preemptions.back().resumed_ns == 0) {
+          tl->preemptions.back().resumed_ns = ev.t_ns;
+        }
       }
       OnScheduled(src, r);
       if (!r.has(kScheduled)) {  // later ones: no
@@ -521,7 +525,7 @@ void Tracker::Apply(const Source& src, const Event& ev,
       break;
     case EventKind::kPreempted:
       OnPreempted(src, r);
-      if (sink_ != nullptr && !r.finished()) [[unlikely]] {
+      if (has_sinks_ && !r.finished()) [[unlikely]] {
         TimelineOf(r).preemptions.push_back({ev.t_ns, 0});
       }
       break;
@@ -584,7 +588,7 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
           LoraOf(r), r.gauge == Gauge::kRunning, 1, clock_.UnixNowS());
     }
   }
-  if (has_extras && sink_ != nullptr) [[unlikely]] {
+  if (has_extras && has_sinks_) [[unlikely]] {
     // The trace context is the Extra's (below); labels and adapter only
     // here.
     const ArrivedExtras& x = arrivals[ev.extras];
@@ -635,13 +639,7 @@ void Tracker::OnScheduled(const Source& src, Request& r) {
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
   if (token_ticks_) [[unlikely]] {
-    trace::RequestTimeline& tl = TimelineOf(r);
-    if (tl.tokens.size() < trace::RequestTimeline::kMaxTokenTicks) {
-      tl.tokens.push_back(
-          {ev.t_ns, uint32_t(std::min<uint64_t>(ev.count, UINT32_MAX))});
-    } else if (tl.token_ticks_dropped != UINT32_MAX) {
-      ++tl.token_ticks_dropped;
-    }
+    ticks_.Append(r.ticks, ev.t_ns, ev.count);
   }
   EngineSeries& s = *src.series;
   SeriesValues& cell = CellOf(s, r);
@@ -733,14 +731,24 @@ void Tracker::OnPreempted(const Source& src, Request& r) {
 }
 
 trace::RequestTimeline& Tracker::TimelineOf(Request& r) {
-  if (!r.timeline) r.timeline = std::make_unique<trace::RequestTimeline>();
-  return *r.timeline;
+  Extra& e = ExtraOf(r);
+  if (!e.timeline) e.timeline = std::make_unique<trace::RequestTimeline>();
+  return *e.timeline;
 }
 
 void Tracker::HandOver(Request& r, bool evicted) {
-  std::unique_ptr<trace::RequestTimeline> tl =
-      r.timeline ? std::move(r.timeline)
-                 : std::make_unique<trace::RequestTimeline>();
+  std::unique_ptr<trace::RequestTimeline> tl;
+  if (r.has_extra) {
+    auto it = extras_.find(&r);
+    if (it != extras_.end()) tl = std::move(it->second.timeline);
+  }
+  if (!tl) tl = std::make_unique<trace::RequestTimeline>();
+  if (r.ticks != 0) {
+    const uint64_t all = ticks_.Collect(
+        r.ticks, trace::RequestTimeline::kMaxTokenTicks, &tl->tokens);
+    tl->token_ticks_dropped =
+        uint32_t(std::min<uint64_t>(all - tl->tokens.size(), UINT32_MAX));
+  }
   const Key& k = *r.key;
   if (k.len != 0) {
     tl->request_id.assign(k.str.get(), k.len);
@@ -779,7 +787,7 @@ void Tracker::HandOver(Request& r, bool evicted) {
     tl->engine = s->identity().ns;
   }
   ++timelines_handed_;
-  sink_->OnRetired(std::move(tl), evicted);
+  for (trace::TimelineSink* sink : sinks_) sink->OnRetired(*tl, evicted);
 }
 
 Tracker::Extra& Tracker::ExtraOf(Request& r) {
@@ -823,7 +831,7 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
   src.series->part<KvTransferPart>().Add(size_t(kv.role), ev.t_ns - kv.start_ns,
                                          kv.has_bytes, kv.bytes, kv.ok,
                                          kv.reason.view());
-  if (sink_ != nullptr) [[unlikely]] {
+  if (has_sinks_) [[unlikely]] {
     // The transfer joins its request's timeline: a recv finds (or makes)
     // the request below; a send only one still tracked (it often ends
     // after its request was retired, and must not make a new one).

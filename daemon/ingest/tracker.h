@@ -39,6 +39,7 @@
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/tick_log.h"
 #include "daemon/ingest/tracker_options.h"
 #include "daemon/store/registry.h"
 #include "daemon/trace/timeline.h"
@@ -71,19 +72,26 @@ class Tracker : public Collector {
   // Cheap when there is nothing to do; the daemon calls it every 100 ms.
   void Sweep();
 
-  // With a sink, every request hands its timeline (trace/timeline.h) to
-  // the sink when it leaves: its points, identity and trace context, and
-  // what a heap block beside the Request keeps once the request has some
-  // (preemptions, KV transfers, ARRIVED labels, and TOKENS times when the
-  // sink wants them: a push per TOKENS event). A request with none of
-  // these costs nothing until it leaves.
+  // With sinks, every request hands its timeline (trace/timeline.h) to
+  // them when it leaves: its points, identity and trace context, what a
+  // heap block in its Extra keeps once the request has some (preemptions,
+  // KV transfers, ARRIVED labels), and, when a sink wants them, its newest
+  // TOKENS ticks (up to kMaxTokenTicks) from the tick log (TickLog: a
+  // store into one ring per TOKENS event, the ring's newest 2^20 ticks of
+  // all requests). A request with none of these costs nothing until it
+  // leaves.
   // A request restored from a snapshot hands over its points and trace
   // context (its lists were not saved; its finish reason reads "stop").
-  // Null (the default): nothing is kept, one untaken branch per event. Set
-  // before events flow.
-  void SetTimelineSink(trace::TimelineSink* sink) {
-    sink_ = sink;
-    token_ticks_ = sink != nullptr && sink->wants_token_ticks();
+  // Without sinks (the default): nothing is kept, one untaken branch per
+  // event. Add them before events flow; they see each timeline in the
+  // order added, and must outlive the tracker's use of them.
+  void AddTimelineSink(trace::TimelineSink* sink) {
+    sinks_.push_back(sink);
+    has_sinks_ = true;
+    if (sink->wants_token_ticks()) {
+      token_ticks_ = true;
+      ticks_.Enable();
+    }
   }
   // Requests retired and evicted with a timeline (all of them with a sink).
   uint64_t timelines_handed() const { return timelines_handed_; }
@@ -123,6 +131,10 @@ class Tracker : public Collector {
     bool has_priority = false;
     std::string traceparent;  // empty: none
     std::string tracestate;
+    // With a timeline sink, made on first need: what the points and the
+    // fields above do not hold (preemptions, KV transfers, labels). A
+    // request without any gets its timeline at removal.
+    std::unique_ptr<trace::RequestTimeline> timeline;
   };
 
  private:
@@ -217,8 +229,10 @@ class Tracker : public Collector {
   uint64_t evicted_ = 0;
   std::array<uint64_t, size_t(Interval::kCount)> incomplete_{};
   std::array<uint64_t, size_t(Interval::kCount)> negative_{};
-  trace::TimelineSink* sink_ = nullptr;
-  bool token_ticks_ = false;  // sink_->wants_token_ticks()
+  std::vector<trace::TimelineSink*> sinks_;
+  bool has_sinks_ = false;    // !sinks_.empty(), one load on the event path
+  bool token_ticks_ = false;  // a sink wants_token_ticks()
+  TickLog ticks_;             // the TOKENS ticks, when token_ticks_
   uint64_t timelines_handed_ = 0;
   Registration registration_;  // last: unregisters first
 };

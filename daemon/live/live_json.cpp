@@ -1,44 +1,13 @@
 #include "daemon/live/live_json.h"
 
+#include "daemon/base/text_format.h"
+
 namespace tokenmeter::daemon::live {
 namespace {
-
-constexpr char kHex[] = "0123456789abcdef";
 
 void AppendSize(std::string& out, size_t v) { out += std::to_string(v); }
 
 }  // namespace
-
-void AppendJsonString(std::string& out, std::string_view s) {
-  out += '"';
-  size_t start = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out.append(s.data() + start, i - start);
-    start = i + 1;
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        out += "\\u00";
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-    }
-  }
-  out.append(s.data() + start, s.size() - start);
-  out += '"';
-}
 
 void RenderJson(const Registry& registry, const History& history,
                 std::string& out) {

@@ -37,10 +37,6 @@ inline constexpr std::string_view kPagePolicy =
 void RenderJson(const Registry& registry, const History& history,
                 std::string& out);
 
-// Appends `s` as a JSON string: quotes, with ", \ and control characters
-// escaped (the input is valid UTF-8: the decoder checks HELLO strings).
-void AppendJsonString(std::string& out, std::string_view s);
-
 // The page at `/` (daemon/live/page.html, embedded at build time).
 std::string_view PageHtml();
 

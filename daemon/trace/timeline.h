@@ -77,8 +77,9 @@ struct RequestTimeline {
 
   std::vector<Preemption> preemptions;
   std::vector<KvTransfer> kv_transfers;
-  // Every TOKENS event in arrival order, at most kMaxTokenTicks; the ones
-  // past that are counted in token_ticks_dropped.
+  // The TOKENS events in arrival order: the newest kMaxTokenTicks (fewer
+  // when the tracker's tick log no longer held the older ones); those not
+  // here are counted in token_ticks_dropped.
   static constexpr size_t kMaxTokenTicks = 4096;
   std::vector<TokenTick> tokens;
   uint32_t token_ticks_dropped = 0;
@@ -86,12 +87,22 @@ struct RequestTimeline {
   // ARRIVED's W3C trace context; empty: none.
   std::string traceparent;
   std::string tracestate;
+
+  // Set by the sinks on the way (TimelineSink): the trace id (32 lowercase
+  // hex digits) the tracer exported the request's spans under; empty when
+  // it did not trace the request (tracing off, or not sampled).
+  std::string exported_trace_id;
 };
 
-// Who receives the timelines: the tracker calls OnRetired() once per
-// request it captured, when the request leaves it (retired after its grace
+// Who receives the timelines: the tracker calls each sink's OnRetired()
+// once per request, when the request leaves it (retired after its grace
 // period, evicted idle, or dropped to make room: `evicted` says which of
-// the last two). On the daemon's loop; must not call back into the tracker.
+// the last two). The sinks see one timeline in the order they were added
+// to the tracker (the tracer, then the requests API's keeper): a sink may
+// write to it (exported_trace_id) or move from it (the keeper keeps what it
+// wants), and the sinks after it see what it left; the tracker frees it
+// after the last. On the daemon's loop; must not call back into the
+// tracker.
 class TimelineSink {
  public:
   virtual ~TimelineSink() = default;
@@ -99,8 +110,7 @@ class TimelineSink {
   // push per TOKENS, and memory per request proportional to its output.
   // Spans need only the points; the requests API's token ticks need them.
   virtual bool wants_token_ticks() const { return false; }
-  virtual void OnRetired(std::unique_ptr<RequestTimeline> timeline,
-                         bool evicted) = 0;
+  virtual void OnRetired(RequestTimeline& timeline, bool evicted) = 0;
 };
 
 }  // namespace tokenmeter::daemon::trace

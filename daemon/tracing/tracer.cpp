@@ -84,19 +84,18 @@ Status Tracer::Create(uv_loop_t* loop, Registry& registry,
   return Status::Ok();
 }
 
-void Tracer::OnRetired(std::unique_ptr<trace::RequestTimeline> timeline,
-                       bool /*evicted*/) {
+void Tracer::OnRetired(trace::RequestTimeline& timeline, bool /*evicted*/) {
   ++stats_.requests_seen;
   const trace::TraceContext context =
-      trace::ResolveTraceContext(*timeline, ids_);
-  if (!trace::KeepTrace(*timeline, options_.sampling,
+      trace::ResolveTraceContext(timeline, ids_);
+  if (!trace::KeepTrace(timeline, options_.sampling,
                         trace::TraceRandomness(context.trace_id))) {
     return;
   }
   if (encoder_.pending_spans() == 0) offset_ns_ = options_.clock_offset();
   batch_.Clear();
   const size_t n =
-      trace::BuildSpans(*timeline, context, {offset_ns_}, ids_, &batch_);
+      trace::BuildSpans(timeline, context, {offset_ns_}, ids_, &batch_);
   if (n == 0) return;
   ++stats_.requests_traced;
   stats_.spans_built += n;
@@ -105,6 +104,8 @@ void Tracer::OnRetired(std::unique_ptr<trace::RequestTimeline> timeline,
     return;
   }
   encoder_.Add(batch_);
+  timeline.exported_trace_id.resize(32);
+  trace::HexId(context.trace_id, timeline.exported_trace_id.data());
   if (encoder_.pending_spans() >= options_.max_batch_spans) Flush();
 }
 

@@ -88,8 +88,9 @@ class Tracer : public trace::TimelineSink, public Collector {
   // trace::TimelineSink. Cost: the sampling decision; for a traced request
   // the spans' build and encoding (a few µs, docs/performance.md) and,
   // when the batch is full, the exporter's Submit (with gzip, a deflate).
-  void OnRetired(std::unique_ptr<trace::RequestTimeline> timeline,
-                 bool evicted) override;
+  // Writes the trace id of a request it exports into the timeline's
+  // exported_trace_id (for the requests API).
+  void OnRetired(trace::RequestTimeline& timeline, bool evicted) override;
 
   // Sends the pending spans now (also what the timer does).
   void Flush();

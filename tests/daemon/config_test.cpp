@@ -372,7 +372,9 @@ TEST(ConfigTest, ReadsTracingFlags) {
                               "--trace-ratio",
                               "0.25",
                               "--trace-slower-than",
-                              "1.5"});
+                              "1.5",
+                              "--keep-requests",
+                              "7"});
   EXPECT_EQ(c.otlp_traces.endpoint, "http://c:4318/v1/traces");
   EXPECT_EQ(c.otlp_traces.protocol, "http/json");
   EXPECT_EQ(c.otlp_traces.headers, "a=b");
@@ -384,7 +386,10 @@ TEST(ConfigTest, ReadsTracingFlags) {
   EXPECT_EQ(c.otlp_queue_spans, 1000u);
   EXPECT_EQ(c.trace_ratio, 0.25);
   EXPECT_EQ(c.trace_slower_than_ns, 1'500'000'000u);
+  EXPECT_EQ(c.keep_requests, 7u);
+  EXPECT_EQ(MustParse({"--keep-requests", "0"}).keep_requests, 0u);
   const Config d = MustParse({});
+  EXPECT_EQ(d.keep_requests, 50u);
   EXPECT_FALSE(d.otlp_traces.endpoint.has_value());
   EXPECT_EQ(d.trace_ratio, 0.01);
   EXPECT_EQ(d.trace_slower_than_ns, 0u);
@@ -404,7 +409,10 @@ TEST(ConfigTest, RejectsBadTracingValues) {
         Bad{{"--trace-slower-than", "0"}, "--trace-slower-than"},
         Bad{{"--trace-slower-than", "-1"}, "--trace-slower-than"},
         Bad{{"--otlp-queue-spans", "0"}, "--otlp-queue-spans"},
-        Bad{{"--otlp-queue-spans", "99999999"}, "--otlp-queue-spans"}}) {
+        Bad{{"--otlp-queue-spans", "99999999"}, "--otlp-queue-spans"},
+        Bad{{"--keep-requests", "1001"}, "--keep-requests"},
+        Bad{{"--keep-requests", "-1"}, "--keep-requests"},
+        Bad{{"--keep-requests", "many"}, "--keep-requests"}}) {
     Config c;
     const Status s = Parse(b.args, &c);
     ASSERT_FALSE(s.ok()) << b.args[1];

@@ -38,6 +38,7 @@ FLOORS = {
     "ingest": 3,
     "logging": 3,
     "live": 3,
+    "requests": 3,
     "pipeline": 4,
     "": 5,
 }

@@ -1843,9 +1843,8 @@ TEST(Tracker12Test, KeepsKvTransfersPerRoleWithoutTouchingRequestsOnSend) {
 struct TimelineCollector : trace::TimelineSink {
   explicit TimelineCollector(bool ticks = true) : ticks(ticks) {}
   bool wants_token_ticks() const override { return ticks; }
-  void OnRetired(std::unique_ptr<trace::RequestTimeline> t,
-                 bool evicted) override {
-    got.push_back(std::move(t));
+  void OnRetired(trace::RequestTimeline& t, bool evicted) override {
+    got.push_back(std::make_unique<trace::RequestTimeline>(std::move(t)));
     evicted_flags.push_back(evicted);
   }
   bool ticks;
@@ -1856,7 +1855,7 @@ struct TimelineCollector : trace::TimelineSink {
 TEST(TrackerTimelineTest, HandsOverTheWholeTimelineAtRetirement) {
   Harness h;
   TimelineCollector sink;
-  h.tracker->SetTimelineSink(&sink);
+  h.tracker->AddTimelineSink(&sink);
   ArrivedExtras x;
   x.lora = "ad-1";
   x.num_labels = 1;
@@ -1938,7 +1937,7 @@ TEST(TrackerTimelineTest, CapsTokenTicksAndHandsOverEvictedRequests) {
   o.idle_timeout_ns = 10 * kSecond;
   Harness h(o);
   TimelineCollector sink;
-  h.tracker->SetTimelineSink(&sink);
+  h.tracker->AddTimelineSink(&sink);
   h.Send(h.Core(), Arrived(T(0), Rid(7), 5));
   const size_t n = trace::RequestTimeline::kMaxTokenTicks + 10;
   for (size_t i = 0; i < n; ++i) {
@@ -1962,7 +1961,7 @@ TEST(TrackerTimelineTest, CapsTokenTicksAndHandsOverEvictedRequests) {
 TEST(TrackerTimelineTest, KeepsNoTokenTicksUnlessTheSinkWantsThem) {
   Harness h;
   TimelineCollector sink(/*ticks=*/false);
-  h.tracker->SetTimelineSink(&sink);
+  h.tracker->AddTimelineSink(&sink);
   h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Tokens(T(1), Rid(1), 1),
                     Tokens(T(2), Rid(1), 3), Finished(T(3), Rid(1))});
   h.AdvanceAndSweep(3600 * kSecond);
@@ -1971,6 +1970,30 @@ TEST(TrackerTimelineTest, KeepsNoTokenTicksUnlessTheSinkWantsThem) {
   EXPECT_EQ(sink.got[0]->first_token_ns, T(1));
   EXPECT_EQ(sink.got[0]->last_token_ns, T(2));
   EXPECT_EQ(sink.got[0]->generation_tokens, 4u);
+}
+
+// Two sinks see one timeline in the order added: what the first writes
+// the second reads; either wanting ticks gets them.
+TEST(TrackerTimelineTest, HandsOneTimelineToEachSinkInOrder) {
+  struct Marker : trace::TimelineSink {
+    void OnRetired(trace::RequestTimeline& t, bool) override {
+      t.exported_trace_id = "seen-by-first";
+      ++calls;
+    }
+    int calls = 0;
+  } first;
+  TimelineCollector second(/*ticks=*/true);
+  Harness h;
+  h.tracker->AddTimelineSink(&first);
+  h.tracker->AddTimelineSink(&second);
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 5), Tokens(T(1), Rid(1), 1),
+                    Tokens(T(2), Rid(1), 3), Finished(T(3), Rid(1))});
+  h.AdvanceAndSweep(3600 * kSecond);
+  EXPECT_EQ(first.calls, 1);
+  ASSERT_EQ(second.got.size(), 1u);
+  EXPECT_EQ(second.got[0]->exported_trace_id, "seen-by-first");
+  EXPECT_EQ(second.got[0]->tokens.size(), 2u);
+  EXPECT_EQ(h.tracker->timelines_handed(), 1u);
 }
 
 TEST(TrackerTimelineTest, KeepsNothingWithoutASink) {

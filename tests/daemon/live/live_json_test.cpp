@@ -1,4 +1,4 @@
-// /api/v1/live's document, byte for byte, and the JSON string escaping.
+// /api/v1/live's document, byte for byte.
 #include "daemon/live/live_json.h"
 
 #include <gtest/gtest.h>
@@ -15,12 +15,6 @@ namespace tokenmeter::daemon::live {
 namespace {
 
 constexpr uint64_t kSec = 1'000'000'000;
-
-TEST(AppendJsonStringTest, EscapesQuotesBackslashesAndControls) {
-  std::string out;
-  AppendJsonString(out, "a\"b\\c\nd\te\x01\x1f<é>");
-  EXPECT_EQ(out, "\"a\\\"b\\\\c\\nd\\te\\u0001\\u001f<é>\"");
-}
 
 TEST(RenderJsonTest, OneEntryPerSeriesWithNowAndHistory) {
   std::unique_ptr<Registry> reg;
