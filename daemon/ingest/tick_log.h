@@ -11,6 +11,13 @@
 // it fills): a tick older than that is gone, so a request keeps its
 // newest ticks, and its count says how many it had.
 //
+// A budget bounds what the ring costs the event path at peak ingest: at
+// most kTicksPerRefill ticks are written between two Refill()s (the
+// tracker's sweep, every 100 ms: 200 000 ticks a second); past that a tick
+// is only counted (a store to the request's handle), so that even at
+// millions of TOKENS a second the ring's writes stay a small, bounded
+// share of the loop.
+//
 // Single-threaded: the daemon's loop (the tracker's).
 #ifndef TOKENMETER_DAEMON_INGEST_TICK_LOG_H_
 #define TOKENMETER_DAEMON_INGEST_TICK_LOG_H_
@@ -18,6 +25,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -32,11 +40,13 @@ namespace tokenmeter::daemon {
 class TickLog {
  public:
   static constexpr uint64_t kCapacity = uint64_t{1} << 20;
-  // A request's handle: 0 for none; else its newest tick's sequence number
-  // (modulo 2^40) in the low 40 bits and its tick count (saturating) in
-  // the high 24.
+  static constexpr uint64_t kTicksPerRefill = 20'000;
+  // A request's handle: 0 for none; else its tick count (saturating) in the
+  // high 24 bits, kHasEntry when a tick of it was written, and then the
+  // newest written tick's sequence number (modulo 2^39) in the low 39.
   static constexpr int kCountShift = 40;
-  static constexpr uint64_t kSeqMask = (uint64_t{1} << kCountShift) - 1;
+  static constexpr uint64_t kHasEntry = uint64_t{1} << 39;
+  static constexpr uint64_t kSeqMask = kHasEntry - 1;
   static constexpr uint64_t kMaxCount = (uint64_t{1} << 24) - 1;
 
   // Allocates the ring (untouched until used). Call before Append().
@@ -48,13 +58,20 @@ class TickLog {
   }
   bool enabled() const { return entries_ != nullptr; }
 
-  // Appends a tick of the request whose handle is `handle` (updated).
-  // Cost: a few stores; never fails.
+  // Appends a tick of the request whose handle is `handle` (updated), or,
+  // with the budget spent, only counts it. Cost: a few stores; never
+  // fails.
   void Append(uint64_t& handle, uint64_t t_ns, uint64_t n) {
-    const uint64_t seq = next_ & kSeqMask;
     uint64_t count = handle >> kCountShift;
+    if (count < kMaxCount) ++count;
+    if (budget_ == 0) [[unlikely]] {
+      handle = (count << kCountShift) | (handle & (kHasEntry | kSeqMask));
+      return;
+    }
+    --budget_;
+    const uint64_t seq = next_ & kSeqMask;
     uint32_t back = 0;
-    if (count != 0) {
+    if ((handle & kHasEntry) != 0) {
       const uint64_t age = (seq - (handle & kSeqMask)) & kSeqMask;
       if (age < kCapacity) back = uint32_t(age);
     }
@@ -62,21 +79,22 @@ class TickLog {
     const uint64_t n_back =
         std::min<uint64_t>(n, UINT32_MAX) | (uint64_t{back} << 32);
 #if defined(__SSE2__)
-    // Non-temporal: the ring is written once and read rarely, so its lines
-    // need not be read in (an ownership read per line costs more than the
-    // rest of the append) nor evict the tracker's working set.
-    _mm_stream_si64(reinterpret_cast<long long*>(&e.t_ns),
-                    static_cast<long long>(t_ns));
-    _mm_stream_si64(reinterpret_cast<long long*>(&e.n_back),
-                    static_cast<long long>(n_back));
+    // One non-temporal 16-byte store: the ring is written once and read
+    // rarely, so its lines need not be read in (an ownership read per
+    // line) nor evict the tracker's working set.
+    _mm_stream_si128(reinterpret_cast<__m128i*>(&e),
+                     _mm_set_epi64x(static_cast<long long>(n_back),
+                                    static_cast<long long>(t_ns)));
 #else
     e.t_ns = t_ns;
     e.n_back = n_back;
 #endif
-    if (count < kMaxCount) ++count;
-    handle = (count << kCountShift) | seq;
+    handle = (count << kCountShift) | kHasEntry | seq;
     ++next_;
   }
+
+  // A new budget of kTicksPerRefill writes (what is left is not carried).
+  void Refill() { budget_ = kTicksPerRefill; }
 
   // Appends to *out (oldest first) the newest ticks of the request, at most
   // `max`, that the ring still holds; returns how many ticks it had in all
@@ -84,7 +102,7 @@ class TickLog {
   uint64_t Collect(uint64_t handle, size_t max,
                    std::vector<trace::TokenTick>* out) const {
     const uint64_t count = handle >> kCountShift;
-    if (count == 0 || !entries_) return 0;
+    if ((handle & kHasEntry) == 0 || !entries_) return count;
     const size_t first = out->size();
     uint64_t seq = handle & kSeqMask;
     while (out->size() - first < max) {
@@ -101,7 +119,7 @@ class TickLog {
   }
 
  private:
-  struct Entry {
+  struct alignas(16) Entry {
     uint64_t t_ns;
     // The TOKENS count in the low 32 bits; in the high 32, entries back to
     // the same request's previous tick (0: none: its first, or one the
@@ -109,7 +127,8 @@ class TickLog {
     uint64_t n_back;
   };
   std::unique_ptr<Entry[]> entries_;
-  uint64_t next_ = 0;  // appends so far
+  uint64_t next_ = 0;  // ticks written so far
+  uint64_t budget_ = kTicksPerRefill;
 };
 
 }  // namespace tokenmeter::daemon

@@ -367,6 +367,7 @@ uint16_t Tracker::LoraOf(const Request& r) const {
 
 void Tracker::Sweep() {
   const uint64_t now = clock_.NowNs();
+  ticks_.Refill();
   while (finished_head_ != nullptr &&
          now - finished_head_->activity_ns >= options_.grace_ns) {
     Remove(*finished_head_, /*evicted=*/false);

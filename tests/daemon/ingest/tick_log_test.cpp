@@ -53,7 +53,10 @@ TEST(TickLogTest, TicksTheRingMovedPastAreGoneButCounted) {
   log.Enable();
   uint64_t a = 0, other = 0;
   log.Append(a, 1, 1);
-  for (uint64_t i = 0; i < TickLog::kCapacity; ++i) log.Append(other, 2, 1);
+  for (uint64_t i = 0; i < TickLog::kCapacity; ++i) {
+    if (i % TickLog::kTicksPerRefill == 0) log.Refill();
+    log.Append(other, 2, 1);
+  }
   std::vector<trace::TokenTick> t;
   EXPECT_EQ(log.Collect(a, 4096, &t), 1u);
   EXPECT_TRUE(t.empty());  // overwritten
@@ -65,6 +68,32 @@ TEST(TickLogTest, TicksTheRingMovedPastAreGoneButCounted) {
   t.clear();
   EXPECT_EQ(log.Collect(other, TickLog::kCapacity + 5, &t), TickLog::kCapacity);
   EXPECT_EQ(t.size(), TickLog::kCapacity - 1);  // one slot now a's
+}
+
+// Past the budget a tick is only counted; a refill writes again, and the
+// chain skips the counted ones.
+TEST(TickLogTest, TicksPastTheBudgetAreCountedNotWritten) {
+  TickLog log;
+  log.Enable();
+  uint64_t a = 0, b = 0;
+  for (uint64_t i = 0; i < TickLog::kTicksPerRefill - 1; ++i) {
+    log.Append(b, 1, 1);
+  }
+  log.Append(a, 10, 1);  // the budget's last
+  log.Append(a, 11, 1);  // counted only
+  uint64_t c = 0;
+  log.Append(c, 12, 1);  // counted only: c has no tick written
+  std::vector<trace::TokenTick> t;
+  EXPECT_EQ(log.Collect(c, 10, &t), 1u);
+  EXPECT_TRUE(t.empty());
+  log.Refill();
+  log.Append(a, 13, 1);
+  log.Append(c, 14, 1);
+  EXPECT_EQ(log.Collect(a, 10, &t), 3u);
+  EXPECT_EQ(Times(t), (std::vector<uint64_t>{10, 13}));
+  t.clear();
+  EXPECT_EQ(log.Collect(c, 10, &t), 2u);
+  EXPECT_EQ(Times(t), (std::vector<uint64_t>{14}));
 }
 
 TEST(TickLogTest, LargeCountsClampAndAppendToWhatIsThere) {
