@@ -20,6 +20,9 @@
   before (the history is the daemon's). A phone-sized viewport must not
   scroll sideways. Screenshots: live_page.png and live_page_phone.png in
   $LIVE_PAGE_SCREENSHOT_DIR (the build directory under meson).
+* RequestView: the request view (api/v1/requests as waterfalls) on a
+  daemon fed hand-written frames: rows equal to the API, each waterfall
+  drew every phase and token tick. Screenshot: live_page_requests.png.
 * LivePageAuth: the same page behind --web-config with TLS and basic auth;
   the browser answers the 401 challenge as a user would (Fetch.authRequired),
   and the page's own requests then carry the credentials.
@@ -742,6 +745,170 @@ class LivePageAuth(PageCase):
         self.assertGreaterEqual(self.auth_challenges, 1)
         self.check_against_api(snap)
         self.check_own_origin_only()
+
+
+# The request view, read in one go: per series box its rows, each with
+# the numbers it keeps and what its canvas drew.
+REQUESTS_JS = r"""
+(() => {
+  const boxes = [...document.querySelectorAll("#rq-list .rq-series")];
+  return {
+    hidden: document.getElementById("requests").hidden,
+    updates: +(document.body.dataset.requestUpdates || 0),
+    series: boxes.map(b => ({
+      series: b.dataset.series,
+      title: b.querySelector("h3").textContent,
+      rows: [...b.querySelectorAll("tbody tr")].map(r => {
+        const c = r.querySelector("canvas");
+        const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+        let inked = 0;
+        for (let i = 3; i < px.length; i += 4) if (px[i] > 0) inked++;
+        return {id: r.dataset.requestId, kept: r.dataset.kept,
+                e2e: r.dataset.e2e, trace: r.dataset.traceId,
+                e2eText: r.querySelector("td[data-k=e2e]").textContent,
+                traceText: r.querySelector("td.trace").textContent,
+                phases: +c.dataset.phases, ticks: +c.dataset.ticks,
+                inked, width: c.clientWidth};
+      }),
+    })),
+  };
+})()
+"""
+
+
+class RequestView(unittest.TestCase):
+    """The live page's request view (issue 30) on a daemon fed hand-written
+    frames with known times: slow, failed, preempted, KV-transferring and
+    traced requests in two series. Every row must equal /api/v1/requests
+    (ids, newest first by FINISHED, e2e, trace id) and its waterfall must
+    have drawn each phase and token tick of the API's document. Tracing
+    goes to a port nobody listens on: the spans are built (so the trace ids
+    are set) and their export fails, which the page does not care about.
+    Screenshot: live_page_requests.png."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(CHROMIUM):
+            raise unittest.SkipTest(f"{CHROMIUM} not installed")
+        cls.tmp = tempfile.mkdtemp(prefix="tm-rqview-", dir="/tmp")
+        cls.d = tu.Daemon("--log-interval", "0", "--finished-grace", "0",
+                          "--otlp-endpoint", "http://127.0.0.1:9/v1/traces",
+                          "--trace-ratio", "1", "--keep-requests", "3").start()
+        cls.origin = f"http://127.0.0.1:{cls.d.port}"
+        cls.cdp = Cdp(os.path.join(cls.tmp, "chromium"))
+        cls.cdp.attach_page()
+        cls.cdp.send("Page.enable")
+        cls.cdp.send("Runtime.enable")
+        cls.cdp.viewport(1280, 900, 1, False)
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "cdp", None):
+            cls.cdp.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        if getattr(cls, "d", None):
+            stopped_cleanly(cls.d)
+
+    def feed(self):
+        ms = 1_000_000
+        t0 = time.monotonic_ns() - 20_000 * ms
+        tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        events = []
+        for i, e2e in enumerate([400, 120, 900, 250, 60]):
+            t = t0 + i * 1000 * ms
+            rid = i + 1
+            opts = {"traceparent": tp} if rid == 3 else {}
+            events += [[1, t, rid, 32, opts], [2, t + 2 * ms, rid],
+                       [3, t + 30 * ms, rid]]
+            events += [[4, t + (50 + 10 * k) * ms, rid, 1]
+                       for k in range(e2e // 20 - 3)]
+            events.append([5, t + e2e * ms, rid, "stop"])
+        # Request 3: preempted and resumed, a KV recv before prefill.
+        t = t0 + 2000 * ms
+        events += [[6, t + 300 * ms, 3], [3, t + 420 * ms, 3],
+                   [10, t + 28 * ms, 3, {"role": "recv", "start": t + 5 * ms,
+                                         "bytes": 1 << 20}]]
+        # A failed one: an error with a failed KV send.
+        t = t0 + 6000 * ms
+        events += [[1, t, "bad", 8], [3, t + 5 * ms, "bad"],
+                   [10, t + 20 * ms, "bad", {"role": "send", "start": t + 6 * ms,
+                                             "ok": False, "reason": "timeout"}],
+                   [5, t + 25 * ms, "bad", "error"]]
+        events.sort(key=lambda e: e[1])
+        s = self.d.connect()
+        s.sendall(tu.hello(engine="vllm", model="wf-a"))
+        s.sendall(tu.batch(events))
+        s2 = self.d.connect()
+        s2.sendall(tu.hello(engine="sglang", model="wf-b"))
+        s2.sendall(tu.batch([[1, t0, 9, 4], [3, t0 + ms, 9],
+                             [4, t0 + 3 * ms, 9, 2],
+                             [5, t0 + 9 * ms, 9, "stop"]]))
+        return s, s2
+
+    def api(self):
+        with urllib.request.urlopen(self.origin + "/api/v1/requests",
+                                    timeout=10) as r:
+            return json.loads(r.read())
+
+    def test_waterfalls_equal_the_api(self):
+        socks = self.feed()
+        tu.poll_until(lambda: sum(len(s["requests"])
+                                  for s in self.api()["series"]) == 4,
+                      what="4 kept requests")
+        doc = self.api()
+        self.cdp.send("Page.navigate", {"url": self.origin + "/"})
+
+        def shown():
+            self.cdp.pump(0.2)
+            try:
+                snap = self.cdp.eval(REQUESTS_JS)
+            except AssertionError:
+                return None
+            n = sum(len(s["rows"]) for s in snap["series"])
+            return snap if snap["updates"] >= 1 and n == 4 else None
+        snap = tu.poll_until(shown, timeout=60, interval=0,
+                             what="the request view")
+        for s in socks:
+            s.close()
+        if SHOT_DIR:
+            self.cdp.eval('document.getElementById("requests")'
+                          '.scrollIntoView()')
+            self.cdp.screenshot(os.path.join(SHOT_DIR,
+                                             "live_page_requests.png"))
+        self.assertFalse(snap["hidden"])
+        by_series = {json.dumps([s["profile"], s["labels"]],
+                                separators=(",", ":")): s
+                     for s in doc["series"]}
+        self.assertEqual(len(snap["series"]), 2)
+        for box in snap["series"]:
+            key = json.dumps(json.loads(box["series"]), separators=(",", ":"))
+            api = by_series[key]
+            # Newest first by FINISHED.
+            want = sorted(api["requests"], key=lambda r: -(
+                r["start_monotonic_ns"] + r["finished_ns"]))
+            self.assertEqual([r["id"] for r in box["rows"]],
+                             [r["request_id"] for r in want], key)
+            for row, r in zip(box["rows"], want):
+                self.assertEqual(float(row["e2e"]), r["e2e_seconds"])
+                self.assertEqual(row["kept"], r["kept"])
+                self.assertEqual(row["e2eText"],
+                                 page_text("e2e_s", r["e2e_seconds"]))
+                self.assertEqual(row["trace"], r["trace_id"] or "")
+                self.assertEqual(row["traceText"], r["trace_id"] or "")
+                self.assertEqual(row["phases"], len(r["phases"]))
+                self.assertEqual(row["ticks"], len(r["tokens"]))
+                self.assertGreater(row["inked"], 50, row)
+        a = by_series[[k for k in by_series if "wf-a" in k][0]]
+        ids = [r["request_id"] for r in a["requests"]]
+        # --keep-requests 3: the failed one, then the two slowest.
+        self.assertEqual(ids, ["bad", "3", "1"])
+        r3 = a["requests"][1]
+        self.assertEqual(r3["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736")
+        self.assertEqual(sorted(p["name"] for p in r3["phases"]),
+                         ["decode", "kv_transfer.recv", "preempted",
+                          "prefill", "queue"])
+        self.assertTrue(all(len(r["trace_id"] or "") == 32
+                            for s in doc["series"] for r in s["requests"]))
 
 
 if __name__ == "__main__":
