@@ -12,6 +12,9 @@ within the time the test took of Unix - CLOCK_MONOTONIC, attributes, the
 ERROR status of an "error" request, sampling (ratio 0 keeps only the
 failed, slow and parent-sampled requests), and that
 tokenmeter_otlp_spans_total{result="exported"} counts what arrived.
+DisaggregatedTrace: the reference engine's --disaggregate (prefill and
+decode processes on two connections) gives one trace per request, both
+sides' root spans under the caller's span (needs $TOKENMETER_ENGINE).
 
 Usage: traces_e2e_test.py TOKENMETERD [unittest args]
 Skips (exit 77) without node and tests/otel/node_modules.
@@ -259,6 +262,82 @@ class Traces(unittest.TestCase):
                      if line.startswith("tokenmeterd:")]
             self.assertEqual(len(lines), 1, proc.stderr)
             self.assertIn(needle, lines[0])
+
+
+class DisaggregatedTrace(unittest.TestCase):
+    """Issue 30, item 5: the reference engine's --disaggregate (a prefill
+    process handing each request's KV cache over a socket to a decode
+    process, both reporting to one daemon on two connections, each ARRIVED
+    with the same traceparent) gives one trace per request: the prefill
+    side's llm_request (with its queue, prefill and kv_transfer.send) and
+    the decode side's (kv_transfer.recv, decode) are siblings under the
+    caller's span, in the caller's trace; the engine's --report counts the
+    traceparents it sent on each side."""
+
+    def test_prefill_and_decode_spans_form_one_trace(self):
+        if not tu.ENGINE:
+            self.skipTest("TOKENMETER_ENGINE is not set")
+        with otel.Receiver() as rx:
+            d = Daemon("--otlp-endpoint", rx.traces_url, "--trace-ratio",
+                       "0", "--log-interval", "0")
+            d.start()
+            self.addCleanup(d.cleanup)
+            engine = tu.Engine(
+                "--requests", "24", "--rate", "200", "--prompt-len", "32",
+                "--output-len", "8", "--backend", "cpu", "--model", "dg",
+                "--instance", "dg", "--seed", "5", "--quiet",
+                "--disaggregate", socket=d.sock)
+            self.addCleanup(engine.cleanup)
+            engine.start()
+            report = engine.report()
+            sent = report["prefill"]["traceparents"]
+            self.assertEqual(sent, 24)
+            self.assertEqual(report["decode"]["traceparents"], 24)
+
+            def roots():
+                return [sp for sp in otel.spans_of(rx.requests())
+                        if sp["name"] == "llm_request"]
+            # Both sides of every request, as the daemon retires them.
+            poll_until(lambda: len(roots()) >= 2 * sent, timeout=30,
+                       what="%d root spans" % (2 * sent))
+            spans = otel.spans_of(rx.requests())
+            by_trace = {}
+            for sp in spans:
+                by_trace.setdefault(sp["trace_id"], []).append(sp)
+            self.assertEqual(len(by_trace), sent)
+            for trace_id, sps in by_trace.items():
+                rts = [sp for sp in sps if sp["name"] == "llm_request"]
+                self.assertEqual(len(rts), 2, trace_id)
+                sides = {sp["attributes"]["tokenmeter.engine.engine"]
+                         ["value"]: sp for sp in rts}
+                self.assertEqual(sorted(sides), ["dg-decode", "dg-prefill"])
+                prefill, decode = sides["dg-prefill"], sides["dg-decode"]
+                # Siblings under the caller's span (the traceparent's).
+                self.assertEqual(prefill["parent_span_id"],
+                                 decode["parent_span_id"])
+                self.assertNotEqual(prefill["parent_span_id"], "")
+                self.assertNotIn(prefill["parent_span_id"],
+                                 {sp["span_id"] for sp in sps})
+                self.assertEqual(
+                    prefill["attributes"]["tokenmeter.request_id"],
+                    decode["attributes"]["tokenmeter.request_id"])
+                children = {}
+                for sp in sps:
+                    if sp["name"] != "llm_request":
+                        children.setdefault(sp["parent_span_id"],
+                                            set()).add(sp["name"])
+                self.assertIn("kv_transfer.send",
+                              children.get(prefill["span_id"], set()),
+                              trace_id)
+                self.assertLessEqual({"kv_transfer.recv", "decode"},
+                                     children.get(decode["span_id"], set()),
+                                     trace_id)
+                # The hand-over: the decode side's receive ends no earlier
+                # than the prefill side's send starts, on one host clock.
+                send = [sp for sp in sps if sp["name"] == "kv_transfer.send"]
+                recv = [sp for sp in sps if sp["name"] == "kv_transfer.recv"]
+                self.assertGreaterEqual(int(recv[-1]["end_time_unix_nano"]),
+                                        int(send[0]["start_time_unix_nano"]))
 
 
 if __name__ == "__main__":
