@@ -3,6 +3,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -1115,39 +1116,59 @@ struct KvString {
   return Done(r);
 }
 
+[[gnu::noinline]] int KvTransferIdsWide(tm_client* c, uint64_t t, uint64_t rid,
+                                        const char* srid, size_t srid_len,
+                                        const tm_kv_transfer_info* info);
+
 // A transfer whose reason and connector are ids or none (the struct's size
-// checked): every rule in one branch, the record's header made before
-// Enter() and the amounts read again after it (from the caller's struct,
-// in L1) so that few values live across the call.
-[[gnu::noinline]] int KvTransferIds(tm_client* c, uint64_t t_ns, uint64_t rid,
-                                    const char* srid, size_t srid_len,
-                                    const tm_kv_transfer_info* info) {
+// and the strings' NULL checked by the caller). wide false: inlined into
+// each public call, so that tm_kv_transfer() makes no call but Enter()'s,
+// as tm_tokens() does, and writes the packed record (kKvPacked: bytes and
+// blocks in one word: bytes up to 1 TiB, blocks up to 16 M); amounts
+// that do not fit go to KvTransferIdsWide() (wide true, out of line: the
+// hot path keeps no registers for them), which writes both amount words
+// (kKvAmounts). Every rule in one branch; the record's header made before
+// Enter(), every field read once from the caller's struct.
+[[gnu::always_inline]] inline int KvTransferIds(tm_client* c, uint64_t t_ns,
+                                                uint64_t rid, const char* srid,
+                                                size_t srid_len,
+                                                const tm_kv_transfer_info* info,
+                                                bool wide) {
   namespace tc = tokenmeter::client;
   const uint32_t role = uint32_t(EnumValue(info->role));
-  const uint64_t bytes = info->bytes;
-  const uint64_t blocks = info->blocks;
   const uint32_t reason_id = info->reason_id;
   const uint32_t connector_id = info->connector_id;
   const uint64_t t = t_ns != 0 ? t_ns : Now();
   // An amount is TM_KV_UNKNOWN (+ 1 wraps to 0) or at most the bound; an
   // id is 0 or registered (1 .. the count), i.e. at most the count.
+  const uint64_t bytes1 = info->bytes + 1;
+  const uint64_t blocks1 = info->blocks + 1;
+  const uint64_t start = info->start_ns;
+  // Amounts that fit the packed word are within the bound: the hot path
+  // tests only that, the wide one the bound.
   constexpr uint64_t kAmountEnd = uint64_t{TM_MAX_KV_TRANSFER_BYTES} + 1;
+  static_assert(kAmountEnd > tc::kKvPackedBytesMask + 1);
+  if (!wide && !tc::KvAmountsFitPacked(bytes1, blocks1)) [[unlikely]]
+    return KvTransferIdsWide(c, t, rid, srid, srid_len, info);
   const uint32_t ids = c->ValueIds();
-  const bool bad = (role > TM_KV_RECV) | (bytes + 1 > kAmountEnd) |
-                   (blocks + 1 > kAmountEnd) | (reason_id > ids) |
-                   (connector_id > ids) | (info->start_ns > t);
+  const bool bad = (role > TM_KV_RECV) |
+                   (wide && ((bytes1 > kAmountEnd) | (blocks1 > kAmountEnd))) |
+                   (std::max(reason_id, connector_id) > ids) | (start > t);
   if (bad) [[unlikely]]
     return Reject(c);
   static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
-  // Both amounts always stored (TM_KV_UNKNOWN for one not given: the
-  // encoder leaves it out), both id flags always set (an id field of 0 is
-  // "none" for the encoder): no per-field branches here.
+  // Both id flags always set (an id field of 0 is "none" for the encoder),
+  // both amounts always stored, packed (0 = not given) or whole
+  // (TM_KV_UNKNOWN): no per-field branches here.
   const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
-                         tc::kKvAmounts | tc::kKvReasonId | tc::kKvConnectorId;
+                         (wide ? tc::kKvAmounts : tc::kKvPacked) |
+                         tc::kKvReasonId | tc::kKvConnectorId;
   const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t words = 5 + rw;
+  const uint32_t words = (wide ? 5 : 4) + rw;
   const uint64_t hdr = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
                                   KvArg(flags, reason_id, connector_id));
+  const uint64_t amounts =
+      wide ? bytes1 - 1 : tc::KvPackedAmounts(bytes1, blocks1);
   Ring* r;
   const int rc = c->Enter(&r);
   if (rc != TM_OK) [[unlikely]]
@@ -1159,18 +1180,28 @@ struct KvString {
   w[1] = t;
   WriteRid(w + 2, rw, rid, srid, srid_len);
   uint64_t* p = w + 2 + rw;
-  p[0] = info->start_ns;
-  p[1] = info->bytes;
-  p[2] = info->blocks;
+  p[0] = start;
+  p[1] = amounts;
+  if (wide) p[2] = blocks1 - 1;
   return Done(r);
 }
 
+// `t` is the event's time (nonzero: no second clock read); the struct is
+// read and checked again, as by any call.
+int KvTransferIdsWide(tm_client* c, uint64_t t, uint64_t rid, const char* srid,
+                      size_t srid_len, const tm_kv_transfer_info* info) {
+  return KvTransferIds(c, t, rid, srid, srid_len, info, true);
+}
+
+// The ids path when `info` is a whole 1.2 struct without strings, else
+// the strings path (which also rejects a NULL or short struct).
 [[gnu::always_inline]] inline int KvTransferAny(
     tm_client* c, uint64_t t_ns, uint64_t rid, const char* srid,
     size_t srid_len, const tm_kv_transfer_info* info) {
   if (info != nullptr && info->size >= kKvTransferInfoSize &&
-      info->reason == nullptr && info->connector == nullptr) [[likely]] {
-    return KvTransferIds(c, t_ns, rid, srid, srid_len, info);
+      (reinterpret_cast<uintptr_t>(info->reason) |
+       reinterpret_cast<uintptr_t>(info->connector)) == 0) [[likely]] {
+    return KvTransferIds(c, t_ns, rid, srid, srid_len, info, false);
   }
   return KvTransferStrings(c, t_ns, rid, srid, srid_len, info);
 }

@@ -75,6 +75,165 @@ uint32_t PackRid(Packer& pk, uint32_t rid_len, const uint64_t* p) {
   return (rid_len + 7) / 8;
 }
 
+// Bytes of one event built in place and appended to the buffer at once:
+// the encoding msgpack-c's packer chooses (the smallest form of each uint
+// and str header), without a call into the buffer per item. For the
+// events with the most items per record (KV_TRANSFER).
+class EventBytes {
+ public:
+  void Byte(uint8_t b) { buf_[n_++] = b; }
+  void Raw(const void* p, size_t n) {
+    std::memcpy(buf_ + n_, p, n);
+    n_ += n;
+  }
+  void Uint(uint64_t v) {
+    if (v < 128) {
+      Byte(uint8_t(v));
+    } else if (v < 256) {
+      Byte(0xcc);
+      Byte(uint8_t(v));
+    } else if (v < 65536) {
+      Byte(0xcd);
+      Big(v, 2);
+    } else if (v <= 0xffffffffu) {
+      Byte(0xce);
+      Big(v, 4);
+    } else {
+      Byte(0xcf);
+      Big(v, 8);
+    }
+  }
+  // A str of at most 255 bytes (fixstr or str8).
+  void Str(const char* s, size_t n) {
+    if (n < 32) {
+      Byte(uint8_t(0xa0 | n));
+    } else {
+      Byte(0xd9);
+      Byte(uint8_t(n));
+    }
+    Raw(s, n);
+  }
+  // A literal key or value of fewer than 32 bytes: fixstr.
+  template <size_t N>
+  void Fix(const char (&s)[N]) {
+    static_assert(N - 1 < 32);
+    Byte(uint8_t(0xa0 | (N - 1)));
+    Raw(s, N - 1);
+  }
+  void AppendTo(ByteBuffer* out) const { out->Append(buf_, n_); }
+
+ private:
+  void Big(uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; --i) Byte(uint8_t(v >> (8 * i)));
+  }
+  // The largest KV_TRANSFER: array, kind, t, a TM_MAX_RID_BYTES str id,
+  // the map of seven entries with uint64 start, bytes and blocks and the
+  // longest reason and connector.
+  static constexpr size_t kMax = 1 + 1 + 9 + (2 + TM_MAX_RID_BYTES) + 1 +
+                                 (5 + 5) + (6 + 9) + (6 + 9) + (7 + 9) +
+                                 (3 + 1) + (7 + 2 + TM_MAX_LABEL_VALUE_BYTES) +
+                                 (10 + 2 + TM_MAX_LABEL_VALUE_BYTES);
+  static_assert(TM_MAX_RID_BYTES <= 255 && TM_MAX_LABEL_VALUE_BYTES <= 255);
+  uint8_t buf_[kMax];
+  size_t n_ = 0;
+};
+
+// [10, t, rid, {role, start, bytes?, blocks?, ok?, reason?, connector?}]
+// from the record's words after t (`p`).
+void EncodeKvTransfer(uint32_t arg, uint32_t rid_len, uint64_t t,
+                      const uint64_t* p, const ValueTable& values,
+                      ByteBuffer* out) {
+  // The amounts: packed in one word (kKvPacked, 0 = not given), both
+  // words (kKvAmounts, TM_KV_UNKNOWN = not given), or only the given
+  // ones (kKvBytes / kKvBlocks).
+  const uint32_t rid_words = rid_len == 0 ? 1 : (rid_len + 7) / 8;
+  const uint64_t* a = p + rid_words + 1;
+  uint64_t bytes = 0;
+  uint64_t blocks = 0;
+  bool has_bytes;
+  bool has_blocks;
+  uint32_t amount_words;
+  if ((arg & kKvPacked) != 0) {
+    const uint64_t bytes1 = a[0] & kKvPackedBytesMask;
+    const uint64_t blocks1 = a[0] >> kKvPackedBytesBits;
+    has_bytes = bytes1 != 0;
+    has_blocks = blocks1 != 0;
+    bytes = bytes1 - 1;
+    blocks = blocks1 - 1;
+    amount_words = 1;
+  } else if ((arg & kKvAmounts) != 0) {
+    bytes = a[0];
+    blocks = a[1];
+    has_bytes = bytes != TM_KV_UNKNOWN;
+    has_blocks = blocks != TM_KV_UNKNOWN;
+    amount_words = 2;
+  } else {
+    has_bytes = (arg & kKvBytes) != 0;
+    has_blocks = (arg & kKvBlocks) != 0;
+    if (has_bytes) bytes = a[0];
+    if (has_blocks) blocks = a[has_bytes];
+    amount_words = uint32_t{has_bytes} + uint32_t{has_blocks};
+  }
+  const bool failed = (arg & kKvFailed) != 0;
+  const uint32_t reason_len = KvReasonLen(arg);
+  const uint32_t connector_len = KvConnectorLen(arg);
+  EventBytes e;
+  e.Byte(0x94);
+  e.Byte(TM_EV_KV_TRANSFER);
+  e.Uint(t);
+  if (rid_len == 0) {
+    e.Uint(p[0]);
+  } else {
+    e.Str(reinterpret_cast<const char*>(p), rid_len);
+  }
+  const uint64_t* q = p + rid_words;
+  e.Byte(uint8_t(0x80 | (2 + has_bytes + has_blocks + failed +
+                         (reason_len != 0) + (connector_len != 0))));
+  e.Fix(TM_KV_ROLE);
+  if ((arg & kKvRecv) != 0) {
+    e.Fix(TM_KV_ROLE_RECV);
+  } else {
+    e.Fix(TM_KV_ROLE_SEND);
+  }
+  e.Fix(TM_KV_START);
+  e.Uint(q[0]);
+  q += 1 + amount_words;
+  if (has_bytes) {
+    e.Fix(TM_KV_BYTES);
+    e.Uint(bytes);
+  }
+  if (has_blocks) {
+    e.Fix(TM_KV_BLOCKS);
+    e.Uint(blocks);
+  }
+  if (failed) {
+    e.Fix(TM_KV_OK);
+    e.Byte(0xc2);  // false
+  }
+  // Each string starts on a word of its own; a registered one is only its
+  // id in the header.
+  if (reason_len != 0) {
+    e.Fix(TM_KV_REASON);
+    if ((arg & kKvReasonId) != 0) {
+      const std::string_view reason = values.Get(reason_len);
+      e.Str(reason.data(), reason.size());
+    } else {
+      e.Str(reinterpret_cast<const char*>(q), reason_len);
+      q += (reason_len + 7) / 8;
+    }
+  }
+  if (connector_len != 0) {
+    e.Fix(TM_KV_CONNECTOR);
+    if ((arg & kKvConnectorId) != 0) {
+      const std::string_view connector = values.Get(connector_len);
+      e.Str(connector.data(), connector.size());
+    } else {
+      e.Str(reinterpret_cast<const char*>(q), connector_len);
+    }
+  }
+  e.AppendTo(out);
+}
+
 }  // namespace
 
 void ByteBuffer::Append(const void* data, size_t n) {
@@ -332,64 +491,9 @@ void EncodeEvent(const uint64_t* record, const ValueTable& values,
       if (has_rid) PackRid(pk, rid_len, p);
       return;
     }
-    case TM_EV_KV_TRANSFER: {
-      // With kKvAmounts both words are there, TM_KV_UNKNOWN when not given.
-      const bool amounts = (arg & kKvAmounts) != 0;
-      const uint32_t rid_words = rid_len == 0 ? 1 : (rid_len + 7) / 8;
-      const bool has_bytes =
-          amounts ? p[rid_words + 1] != TM_KV_UNKNOWN : (arg & kKvBytes) != 0;
-      const bool has_blocks =
-          amounts ? p[rid_words + 2] != TM_KV_UNKNOWN : (arg & kKvBlocks) != 0;
-      const bool failed = (arg & kKvFailed) != 0;
-      const uint32_t reason_len = KvReasonLen(arg);
-      const uint32_t connector_len = KvConnectorLen(arg);
-      pk.Array(4);
-      pk.Uint(kind);
-      pk.Uint(t);
-      p += PackRid(pk, rid_len, p);
-      pk.Map(2 + has_bytes + has_blocks + failed + (reason_len != 0) +
-             (connector_len != 0));
-      pk.Str(TM_KV_ROLE);
-      pk.Str((arg & kKvRecv) != 0 ? TM_KV_ROLE_RECV : TM_KV_ROLE_SEND);
-      pk.Str(TM_KV_START);
-      pk.Uint(*p++);
-      if (has_bytes) {
-        pk.Str(TM_KV_BYTES);
-        pk.Uint(*p);
-      }
-      p += has_bytes || amounts;
-      if (has_blocks) {
-        pk.Str(TM_KV_BLOCKS);
-        pk.Uint(*p);
-      }
-      p += has_blocks || amounts;
-      if (failed) {
-        pk.Str(TM_KV_OK);
-        pk.Bool(false);
-      }
-      // Each string starts on a word of its own; a registered one is only
-      // its id in the header.
-      if (reason_len != 0) {
-        pk.Str(TM_KV_REASON);
-        if ((arg & kKvReasonId) != 0) {
-          const std::string_view reason = values.Get(reason_len);
-          pk.Str(reason.data(), reason.size());
-        } else {
-          pk.Str(reinterpret_cast<const char*>(p), reason_len);
-          p += (reason_len + 7) / 8;
-        }
-      }
-      if (connector_len != 0) {
-        pk.Str(TM_KV_CONNECTOR);
-        if ((arg & kKvConnectorId) != 0) {
-          const std::string_view connector = values.Get(connector_len);
-          pk.Str(connector.data(), connector.size());
-        } else {
-          pk.Str(reinterpret_cast<const char*>(p), connector_len);
-        }
-      }
+    case TM_EV_KV_TRANSFER:
+      EncodeKvTransfer(arg, rid_len, t, p, values, out);
       return;
-    }
     case TM_EV_SLEEP: {
       const uint32_t scheduler = arg & 3;
       const uint32_t weights = (arg >> 2) & 3;

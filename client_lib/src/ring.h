@@ -50,7 +50,9 @@ namespace tokenmeter::client {
 //               connector, zero padded (kKvReasonId / kKvConnectorId: that
 //               field's length is its registered id and it has no bytes;
 //               kKvAmounts: both bytes and blocks words, TM_KV_UNKNOWN
-//               when not given)
+//               when not given; kKvPacked: one word, KvPackedAmounts(),
+//               bytes + 1 and blocks + 1 in 40 and 24 bits, 0 when not
+//               given)
 //   SLEEP       hdr(arg=SleepArg(): each part's state + 1, 0 = keep) t
 // `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
 // string id.
@@ -119,6 +121,22 @@ inline constexpr uint32_t kKvConnectorId = 1u << 5;
 // Both amount words follow start, TM_KV_UNKNOWN for one not given (instead
 // of kKvBytes / kKvBlocks and only the given ones).
 inline constexpr uint32_t kKvAmounts = 1u << 6;
+// One amounts word follows start, KvPackedAmounts(): bytes + 1 in its low
+// 40 bits, blocks + 1 in its high 24, 0 for one not given (instead of
+// kKvAmounts' two words, when both fit: bytes below 2^40 - 1, blocks below
+// 2^24 - 1, or not given).
+inline constexpr uint32_t kKvPacked = 1u << 7;
+inline constexpr int kKvPackedBytesBits = 40;
+inline constexpr uint64_t kKvPackedBytesMask =
+    (uint64_t{1} << kKvPackedBytesBits) - 1;
+// bytes1 / blocks1: the amount + 1 (TM_KV_UNKNOWN wraps to 0).
+inline constexpr bool KvAmountsFitPacked(uint64_t bytes1, uint64_t blocks1) {
+  return ((bytes1 >> kKvPackedBytesBits) |
+          (blocks1 >> (64 - kKvPackedBytesBits))) == 0;
+}
+inline constexpr uint64_t KvPackedAmounts(uint64_t bytes1, uint64_t blocks1) {
+  return bytes1 | (blocks1 << kKvPackedBytesBits);
+}
 inline constexpr uint32_t KvArg(uint32_t flags, uint32_t reason_len,
                                 uint32_t connector_len) {
   return flags | (reason_len << 8) | (connector_len << 16);

@@ -2,6 +2,7 @@
 // layout, checked against docs/protocol.md with an independent decoder
 // (msgpack-c's C API) and, for a table of events, byte for byte against
 // encodings written by hand from the msgpack spec.
+#include <msgpack.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -923,6 +925,170 @@ TEST_F(EventLayoutTest, SendsRegisteredValuesAsTheirStrings) {
                 R"([10,1009,4,{"role":"recv","start":900,"bytes":4096,)"
                 R"("ok":false,"reason":"queue_full","connector":"mooncake"}])",
             }));
+}
+
+// The KV_TRANSFER records (ring.h: the packed amounts word of the ids path,
+// both amount words when bytes or blocks do not fit 32 bits, the strings
+// path's given words) reach the daemon as the same bytes for every
+// combination of amounts (not given, small, at and past the packed word's
+// edge, the bound), ok, role, reason and connector (none, registered or a
+// string) and request id (integer or string): each event byte for byte
+// against an encoding written here with msgpack-c's packer, in the order
+// tokenmeter.h documents.
+TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const int timeout = tm_register_value(c, "timeout");
+  const int nixl = tm_register_value(c, "nixl-connector-with-a-long-name-x");
+  ASSERT_EQ(timeout, 1);
+  ASSERT_EQ(nixl, 2);
+  const char* const kReason = "timeout";
+  const char* const kConnector = "nixl-connector-with-a-long-name-x";
+  // The packed word holds bytes + 1 in 40 bits and blocks + 1 in 24.
+  constexpr uint64_t k24 = uint64_t{1} << 24;
+  constexpr uint64_t k40 = uint64_t{1} << 40;
+  const uint64_t amounts[] = {TM_KV_UNKNOWN,
+                              0,
+                              64,
+                              k24 - 2,
+                              k24 - 1,
+                              k24,
+                              k40 - 2,
+                              k40 - 1,
+                              k40,
+                              k40 + 5,
+                              TM_MAX_KV_TRANSFER_BYTES};
+  std::vector<std::vector<uint8_t>> expected;
+  uint64_t t = 1000;
+  for (const uint64_t bytes : amounts) {
+    for (const uint64_t blocks : amounts) {
+      for (const int ok : {1, 0}) {
+        for (const tm_kv_role role : {TM_KV_SEND, TM_KV_RECV}) {
+          // Bit 0: a reason, bit 1: a connector; registered or as strings.
+          for (int fields = 0; fields < 4; ++fields) {
+            for (const bool strings : {false, true}) {
+              if (strings && fields == 0) continue;  // the same call
+              for (const bool str_rid : {false, true}) {
+                ++t;
+                tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+                kv.role = role;
+                kv.start_ns = t % 3 == 0 ? t : t - 999;
+                kv.bytes = bytes;
+                kv.blocks = blocks;
+                kv.ok = ok;
+                if ((fields & 1) != 0) {
+                  if (strings) {
+                    kv.reason = kReason;
+                  } else {
+                    kv.reason_id = uint32_t(timeout);
+                  }
+                }
+                if ((fields & 2) != 0) {
+                  if (strings) {
+                    kv.connector = kConnector;
+                  } else {
+                    kv.connector_id = uint32_t(nixl);
+                  }
+                }
+                const int rc = str_rid
+                                   ? tm_kv_transfer_str(c, t, "req-12", 6, &kv)
+                                   : tm_kv_transfer(c, t, t * 7, &kv);
+                ASSERT_EQ(rc, TM_OK) << t;
+
+                msgpack_sbuffer sb;
+                msgpack_sbuffer_init(&sb);
+                msgpack_packer pk;
+                msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+                auto str = [&pk](const char* s) {
+                  msgpack_pack_str_with_body(&pk, s, std::strlen(s));
+                };
+                msgpack_pack_array(&pk, 4);
+                msgpack_pack_uint64(&pk, TM_EV_KV_TRANSFER);
+                msgpack_pack_uint64(&pk, t);
+                if (str_rid) {
+                  str("req-12");
+                } else {
+                  msgpack_pack_uint64(&pk, t * 7);
+                }
+                msgpack_pack_map(&pk, 2 + (bytes != TM_KV_UNKNOWN) +
+                                          (blocks != TM_KV_UNKNOWN) +
+                                          (ok == 0) + ((fields & 1) != 0) +
+                                          ((fields & 2) != 0));
+                str("role");
+                str(role == TM_KV_RECV ? "recv" : "send");
+                str("start");
+                msgpack_pack_uint64(&pk, kv.start_ns);
+                if (bytes != TM_KV_UNKNOWN) {
+                  str("bytes");
+                  msgpack_pack_uint64(&pk, bytes);
+                }
+                if (blocks != TM_KV_UNKNOWN) {
+                  str("blocks");
+                  msgpack_pack_uint64(&pk, blocks);
+                }
+                if (ok == 0) {
+                  str("ok");
+                  msgpack_pack_false(&pk);
+                }
+                if ((fields & 1) != 0) {
+                  str("reason");
+                  str(kReason);
+                }
+                if ((fields & 2) != 0) {
+                  str("connector");
+                  str(kConnector);
+                }
+                expected.emplace_back(sb.data, sb.data + sb.size);
+                msgpack_sbuffer_destroy(&sb);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  StatsArray stats{};
+  ASSERT_EQ(CloseClient(&stats), TM_OK);
+  ASSERT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], expected.size());
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], 0u);
+  const TestServer::Connections conns = server_->Snapshot();
+  ASSERT_EQ(conns.size(), 1u);
+  ASSERT_TRUE(IsWellFormed(conns[0]));
+  // Each BATCH is its header [1, seq, dropped, <array of n>] and then its
+  // n events back to back: compare those bytes with the next n expected.
+  size_t next = 0;
+  for (const Frame* f : BatchesOf(conns[0])) {
+    const size_t n = f->value.array[3].array.size();
+    ASSERT_LE(next + n, expected.size());
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 4);
+    msgpack_pack_uint64(&pk, 1);
+    msgpack_pack_uint64(&pk, f->value.array[1].uint);
+    msgpack_pack_uint64(&pk, f->value.array[2].uint);
+    msgpack_pack_array(&pk, uint32_t(n));
+    const std::vector<uint8_t> header(sb.data, sb.data + sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    ASSERT_GE(f->raw.size(), header.size());
+    ASSERT_TRUE(std::equal(header.begin(), header.end(), f->raw.begin()))
+        << Hex(f->raw);
+    size_t at = header.size();
+    for (size_t i = 0; i < n; ++i) {
+      const std::vector<uint8_t>& want = expected[next + i];
+      const size_t end = std::min(f->raw.size(), at + want.size());
+      const std::vector<uint8_t> got(f->raw.begin() + at, f->raw.begin() + end);
+      ASSERT_EQ(Hex(got), Hex(want)) << "event " << next + i << ": "
+                                     << f->value.array[3].array[i].ToString();
+      at = end;
+    }
+    EXPECT_EQ(at, f->raw.size());
+    next += n;
+  }
+  EXPECT_EQ(next, expected.size());
 }
 
 // One thread registers values while another sends events naming the newest

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client_fixture.h"
@@ -1089,6 +1090,59 @@ TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRule) {
   kv.size = offsetof(tm_kv_transfer_info, connector_id);
   EXPECT_EQ(InvalidKvCalls(&kv), 2);
   EXPECT_EQ(Rejected(), 10u);
+}
+
+// With ids, a transfer whose amounts fit the packed record and one whose
+// amounts do not (bytes from 2^40 - 1, blocks from 2^24 - 1: the record
+// with both amount words) are held to the same rules.
+TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRuleInBothForms) {
+  const uint32_t id = uint32_t(tm_register_value(client_, "nixl"));
+  constexpr uint64_t k24 = uint64_t{1} << 24;
+  constexpr uint64_t k40 = uint64_t{1} << 40;
+  const std::pair<uint64_t, uint64_t> forms[] = {{64, 16},
+                                                 {k40 - 2, k24 - 2},
+                                                 {TM_KV_UNKNOWN, TM_KV_UNKNOWN},
+                                                 {k40 - 1, 16},
+                                                 {64, k24 - 1},
+                                                 {TM_MAX_KV_TRANSFER_BYTES, 0},
+                                                 {0, TM_MAX_KV_TRANSFER_BYTES}};
+  uint64_t rejected = 0;
+  for (const auto& [bytes, blocks] : forms) {
+    const tm_kv_transfer_info good = [&] {
+      tm_kv_transfer_info kv = Kv();
+      kv.bytes = bytes;
+      kv.blocks = blocks;
+      kv.reason_id = id;
+      kv.connector_id = id;
+      return kv;
+    }();
+    tm_kv_transfer_info kv = good;
+    EXPECT_EQ(InvalidKvCalls(&kv), 0) << bytes << " " << blocks;
+    kv.role = static_cast<tm_kv_role>(2);
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
+    kv = good;
+    kv.start_ns = 1001;
+    EXPECT_EQ(InvalidKvCalls(&kv, 1000), 2) << bytes << " " << blocks;
+    kv = good;
+    kv.reason_id = id + 1;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
+    kv = good;
+    kv.connector_id = id + 1;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
+    kv = good;
+    kv.size = offsetof(tm_kv_transfer_info, connector_id);
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
+    rejected += 10;
+    // An amount past the bound beside this one.
+    kv = good;
+    kv.bytes = TM_MAX_KV_TRANSFER_BYTES + 1;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
+    kv = good;
+    kv.blocks = TM_KV_UNKNOWN - 1;
+    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
+    rejected += 4;
+  }
+  EXPECT_EQ(Rejected(), rejected);
 }
 
 // On a closed or never-registered client: refused like the other calls.

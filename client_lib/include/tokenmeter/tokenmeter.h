@@ -709,9 +709,10 @@ typedef struct tm_kv_transfer_info {
  * more than a tm_tokens() and one pass over each string: about 17 to 22 ns
  * with a caller timestamp where tm_tokens() takes 9 to 10. With reason and
  * connector registered (reason_id / connector_id, the strings NULL) the
- * record is always 48 bytes (integer id) and the call takes a lean path:
- * about 10 to 13 ns (docs/performance.md, "Protocol 1.2 client calls",
- * a 2-core VM). */
+ * record is 40 bytes (integer id; 48 when bytes is 2^40 - 1 or more or
+ * blocks 2^24 - 1 or more) and the call takes a lean path, close to a
+ * tm_tokens()'s (docs/performance.md, "Protocol 1.2 client calls",
+ * "Registered values", a 2-core VM). */
 TM_API int tm_kv_transfer(tm_client* client, uint64_t t_ns, uint64_t rid,
                           const tm_kv_transfer_info* info);
 TM_API int tm_kv_transfer_str(tm_client* client, uint64_t t_ns, const char* rid,
