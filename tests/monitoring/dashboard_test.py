@@ -243,7 +243,9 @@ class Dashboard(unittest.TestCase):
                       "moe_expert_tokens_total{", exprs)
         # Protocol 1.2: admission rejections, waiting by reason, prompt
         # tokens by source and the cached share, KV transfers (latency and
-        # size quantiles by role, bytes/s, failures) and sleep state.
+        # size quantiles by role, bytes/s, failures) and sleep state; per
+        # request, the computed prompt tokens and the KV wait (p50, p99)
+        # and the preemptions (mean, p99).
         self.check_protocol_12_panels(exprs, [
             "sum by (reason) (rate(${namespace}:admission_rejections_total{",
             "sum by (reason) (${namespace}:num_requests_waiting_by_reason{",
@@ -260,7 +262,15 @@ class Dashboard(unittest.TestCase):
         ] + [f"histogram_quantile({q}, sum by (role, le) (rate(${{namespace}}:"
              f"{h}_bucket{{"
              for q in ("0.5", "0.99")
-             for h in ("kv_transfer_time_seconds", "kv_transfer_bytes")])
+             for h in ("kv_transfer_time_seconds", "kv_transfer_bytes")] +
+            [f"histogram_quantile({q}, sum by (le) (rate(${{namespace}}:"
+             f"{h}_bucket{{" for q in ("0.5", "0.99")
+             for h in ("request_prefill_kv_computed_tokens",
+                       "request_kv_wait_time_seconds")] + [
+            "histogram_quantile(0.99, sum by (le) (rate(${namespace}:"
+            "request_num_preemptions_bucket{",
+            "sum(rate(${namespace}:request_num_preemptions_sum{",
+            "sum(rate(${namespace}:request_num_preemptions_count{"])
         # Aggregation over hosts and engines: no engine series plotted raw.
         for p, t in self.targets:
             self.assertRegex(t["expr"], r"^(histogram_quantile|sum|max|avg|"
@@ -274,6 +284,8 @@ class Dashboard(unittest.TestCase):
     PROTOCOL_12_SERIES = (
         "admission_rejections_total", "num_requests_waiting_by_reason",
         "prompt_tokens_by_source_total", "prompt_tokens_cached_total",
+        "request_prefill_kv_computed_tokens", "request_num_preemptions",
+        "request_kv_wait_time_seconds",
         "kv_transfer_time_seconds", "kv_transfer_bytes",
         "kv_transfer_failures_total", "engine_sleep_state",
         "engine_sleep_resource_state", "engine_fully_awake",
@@ -283,15 +295,17 @@ class Dashboard(unittest.TestCase):
     PROTOCOL_12_PANELS = (
         "Admission rejections by reason", "Requests waiting by reason",
         "Prompt tokens by source", "Cached prompt share",
+        "Computed prompt tokens per request", "Preemptions per request",
         "KV transfer time by role", "KV transfer failures by reason",
         "KV transfer bytes/s by role", "KV transfer size by role",
-        "Engines by sleep state", "Engine resources by sleep state")
+        "KV wait per request", "Engines by sleep state",
+        "Engine resources by sleep state")
 
     def check_protocol_12_panels(self, exprs, wanted):
         """Each query of `wanted` is in `exprs`; every 1.2 series is shown,
         in the two rows of 1.2 panels (no other panel names them: the
-        live tests let the reference engine, which sends no 1.2 event,
-        leave exactly these empty)."""
+        live tests let an engine that sends no 1.2 event leave only
+        these empty)."""
         for w in wanted:
             self.assertIn(w, exprs)
         rows = [p["title"] for p in self.panels if p["type"] == "row"]
@@ -413,13 +427,24 @@ class NativeDashboard(Dashboard):
             for q in ("0.5", "0.99"):
                 self.assertIn(f"histogram_quantile({q}, sum by (tenant) "
                               f"(rate(${{namespace}}:{h}{{", exprs)
-        # The 1.2 KV-transfer histograms, native.
+        # The 1.2 histograms, native: KV transfers by role, and per
+        # request the computed prompt tokens, the KV wait and the
+        # preemptions.
         self.check_protocol_12_panels(exprs, [
             f"histogram_quantile({q}, sum by (role) (rate(${{namespace}}:"
             f"{h}{{" for q in ("0.5", "0.99")
             for h in ("kv_transfer_time_seconds", "kv_transfer_bytes")] + [
             "sum by (role) (histogram_sum(rate(${namespace}:"
-            "kv_transfer_bytes{"])
+            "kv_transfer_bytes{"] + [
+            f"histogram_quantile({q}, sum(rate(${{namespace}}:{h}{{"
+            for q in ("0.5", "0.99")
+            for h in ("request_prefill_kv_computed_tokens",
+                      "request_kv_wait_time_seconds")] + [
+            "histogram_quantile(0.99, sum(rate(${namespace}:"
+            "request_num_preemptions{",
+            "sum(histogram_sum(rate(${namespace}:request_num_preemptions{",
+            "sum(histogram_count(rate(${namespace}:"
+            "request_num_preemptions{"])
 
     def test_is_what_the_script_writes_from_the_classic_one(self):
         r = subprocess.run([sys.executable, NATIVE_SCRIPT, "--check"],

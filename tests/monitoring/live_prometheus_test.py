@@ -48,12 +48,14 @@ Then, through the HTTP API, every query must succeed and return data:
 exceptions are in the tokenmeter_engine family: the reference engine does
 not speculate, so the speculative-decoding panels are empty or NaN for it,
 a reference engine without --moe-experts leaves the MoE panels empty, and
-the KV-transfer panels are empty for it: it transfers KV only with
---disaggregate, not run here. With its protocol 1.2 modes (--max-queued,
-one --sleep-after/--wake-after cycle) it fills the admission and sleep
-panels, and it always sends STEP waiting_deferred and SCHEDULED info; an
-older reference engine without them, and its simulated stand-in (a 1.1
-engine, like the second vllm engine), leave every 1.2-only panel empty.
+the KV-transfer panels (and the KV wait per request) are empty for it: it
+transfers KV only with --disaggregate, not run here. With its protocol
+1.2 modes (--max-queued, one --sleep-after/--wake-after cycle) it fills
+the admission and sleep panels, and it always sends STEP waiting_deferred
+and SCHEDULED info; an older reference engine without them, and its
+simulated stand-in (a 1.1 engine, like the second vllm engine), leave
+every 1.2-only panel empty (the computed prompt tokens and preemptions
+per request fill for every engine).
 All are proven on the other families, whose simulated engines send every
 1.2 event (sim_engine.py). The MoE panels
 are also checked by value against a simulated engine's own counts: 8
@@ -62,7 +64,9 @@ layer's row of the grid with the engine's hot expert the hottest, the same
 routed tokens in every layer, each layer's imbalance that of the engine's
 latest counts. The 1.2 series are checked by value too: a simulated
 engine's admission rejections per reason, KV-transfer failures per role
-and reason and sleep state, against its own counts while it is paused.
+and reason and sleep state, and of its finished requests the preemptions,
+the computed prompt tokens and those that received KV (the per-request
+histograms' _sum and _count), against its own counts while it is paused.
 
 Exits 77 (skipped) when /usr/bin/prometheus is not installed
 (scripts/install-deps.sh installs Debian's prometheus package).
@@ -119,18 +123,21 @@ ENGINE_TENANTS = tuple(f"tenant-{i}" for i in range(3))
 MOE_LAYERS = 4
 MOE_EXPERTS = 8
 # The series only a protocol 1.2 engine makes (metrics-v1.md "Catalog 1.2
-# additions"), and of those the KV-transfer ones (--disaggregate only): the
-# tokenmeter_engine family may leave them empty (the module docstring).
-# (Prompt tokens by source are not among them: without SCHEDULED info
-# every prompt token is local_compute.)
+# additions"), and of those the KV-transfer ones (--disaggregate only; the
+# KV wait per request needs a KV_TRANSFER recv): the tokenmeter_engine
+# family may leave them empty (the module docstring). (Prompt tokens by
+# source, computed prompt tokens and preemptions per request are not among
+# them: without SCHEDULED info every prompt token is local_compute, and
+# every finished request is observed, with 0 preemptions if need be.)
 PROTOCOL_12_ONLY = ("admission_rejections_total",
                     "num_queue_rejected_requests_total",
                     "num_requests_waiting_by_reason", "kv_transfer_",
                     "num_transfer_failed_reqs_total", "engine_sleep_",
-                    "engine_fully_awake")
+                    "engine_fully_awake", "request_kv_wait_time_seconds")
 
 
-KV_TRANSFER_ONLY = ("kv_transfer_", "num_transfer_failed_reqs_total")
+KV_TRANSFER_ONLY = ("kv_transfer_", "num_transfer_failed_reqs_total",
+                    "request_kv_wait_time_seconds")
 
 
 def names_protocol_12_only(expr, names=PROTOCOL_12_ONLY):
@@ -768,7 +775,7 @@ class LivePrometheus(LiveBase):
         n_moe = sum("moe_" in e for _, _, e in self.dashboard_targets())
         self.assertEqual(n_moe, 5)
         self.assertEqual(sum(names_protocol_12_only(e)
-                             for _, _, e in self.dashboard_targets()), 12)
+                             for _, _, e in self.dashboard_targets()), 14)
         n_12 = sum(names_protocol_12_only(e, gaps_12)
                    for _, _, e in self.dashboard_targets())
         # Every 1.2 target returned data in the other families (evaluate()
@@ -961,10 +968,12 @@ class LivePrometheus(LiveBase):
     def test_protocol_12_series_are_the_engines_own(self):
         """Each 1.2 simulated engine, paused between two steps, against its
         daemon's /metrics: admission rejections per reason, failed KV
-        transfers per role and reason, and the sleep state are the
-        engine's own; and, for the vllm engine, the dashboard's sleep
-        panels on Prometheus (Host, Model and Engine selected) show its
-        state."""
+        transfers per role and reason, the sleep state, and the per-request
+        histograms of its finished requests (preemptions: _sum and _count;
+        computed prompt tokens: _sum; KV wait: _count, the requests that
+        received KV) are the engine's own; and, for the vllm engine, the
+        dashboard's sleep panels on Prometheus (Host, Model and Engine
+        selected) show its state."""
         env = self.env
         for sim, ns in ((env.vllm, "vllm"), (env.lmdeploy, "lmdeploy"),
                         (env.sglang, "sglang")):
@@ -992,12 +1001,22 @@ class LivePrometheus(LiveBase):
                     "fully_awake": 1 if awake else 0,
                     "resources": {f"{res} {st}": 1 for res, st
                                   in state.items()},
+                    "per_request": {
+                        "request_num_preemptions_count": sim.finished,
+                        "request_num_preemptions_sum":
+                            sim.finished_preemptions,
+                        "request_prefill_kv_computed_tokens_sum":
+                            sim.finished_computed,
+                        "request_kv_wait_time_seconds_count":
+                            sim.finished_kv_received},
                 }
                 last = []
 
                 def same():
                     got = {"rejected": {}, "kv_failed": {}, "resources": {},
-                           "fully_awake": None}
+                           "fully_awake": None,
+                           "per_request": dict.fromkeys(
+                               want["per_request"], 0)}
                     for (n, ls), v in daemon.samples().items():
                         ls = dict(ls)
                         if ls.get("model_name") != model or \
@@ -1019,6 +1038,8 @@ class LivePrometheus(LiveBase):
                         elif n == "engine_sleep_resource_state" and v:
                             got["resources"][
                                 f"{ls['resource']} {ls['state']}"] = v
+                        elif n in got["per_request"]:  # summed over tenants
+                            got["per_request"][n] += v
                     last[:] = [got]
                     return got == want
                 tu.poll_until(same, timeout=10, interval=0.05,
@@ -1031,9 +1052,12 @@ class LivePrometheus(LiveBase):
             self.assertTrue(want["rejected"], ns)
             self.assertTrue(want["kv_failed"].get(
                 "timeout" if ns == "sglang" else "recv timeout"), ns)
+            # Every per-request histogram has observations (a preempted
+            # request among the finished ones, one that received KV).
+            self.assertTrue(all(want["per_request"].values()), want)
             print(f"\n{ns} paused: rejected {want['rejected']}, failed KV "
-                  f"transfers {want['kv_failed']}, sleep {state}",
-                  file=sys.stderr, end="")
+                  f"transfers {want['kv_failed']}, sleep {state}, finished "
+                  f"requests {want['per_request']}", file=sys.stderr, end="")
 
     def vllm_selection(self):
         """The variables as Grafana sends them with the first host's vllm

@@ -25,7 +25,8 @@ format, classic buckets).
   dashboard must return data exactly where the classic one does, while the
   classic dashboard on the native server loses its histogram panels. The
   simulated engines send the protocol 1.2 events, so every target of the
-  1.2 panels (admission, waiting by reason, prompt sources, KV transfers,
+  1.2 panels (admission, waiting by reason, prompt sources, computed
+  prompt tokens, preemptions and KV wait per request, KV transfers,
   sleep) must return data on both.
 
 Exits 77 (skipped) when /usr/bin/prometheus is not installed.
@@ -57,6 +58,12 @@ TTFT_RANGE_NS = (5 * MS, 5_000 * MS)
 QUANTILES = (0.5, 0.9, 0.99)
 ACCURACY_MODEL = "accuracy"
 FAMILIES = ("vllm", "sglang", "lmdeploy")
+# The 1.2 series that every engine fills (live.PROTOCOL_12_ONLY has the
+# others): prompt tokens by source, computed prompt tokens and preemptions
+# per request.
+PER_REQUEST_12 = ("prompt_tokens_by_source",
+                  "request_prefill_kv_computed_tokens",
+                  "request_num_preemptions")
 
 
 def exact_quantile(sorted_values, q):
@@ -300,8 +307,8 @@ class NativeDashboard(Base):
                 with self.subTest(family=ns, panel=title):
                     self.assertEqual(n_data, want, {r: n[r] for r in n})
                     for r, e in n.items():
-                        if live.names_protocol_12_only(e) or \
-                                "prompt_tokens_by_source" in e:
+                        if live.names_protocol_12_only(e) or any(
+                                n in e for n in PER_REQUEST_12):
                             proto12 += 1
                             self.assertTrue(n_data[r], e)
                 if any(e != n.get(r) for r, e in c.items()):
@@ -309,7 +316,7 @@ class NativeDashboard(Base):
                 checked += len(n)
         self.assertGreater(checked, 150)
         self.assertGreater(histogram_panels, 30)
-        self.assertEqual(proto12, 15 * len(FAMILIES))
+        self.assertEqual(proto12, 21 * len(FAMILIES))
 
     def test_classic_dashboard_on_the_native_server_loses_the_histograms(self):
         """Why the second dashboard exists: on 2.42 with native histograms

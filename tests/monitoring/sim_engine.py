@@ -54,7 +54,7 @@ def _frame(*items):
 class _Request:
     __slots__ = ("rid", "prompt", "max_tokens", "target", "generated",
                  "prefilled", "lora", "arrived_s", "tenant", "scheduled_t",
-                 "cached", "external")
+                 "cached", "external", "preemptions")
 
     def __init__(self, rid, prompt, max_tokens, target, lora, arrived_s):
         self.rid = rid
@@ -69,6 +69,7 @@ class _Request:
         self.scheduled_t = None  # the first SCHEDULED's t (1.2)
         self.cached = 0  # prompt tokens found in the prefix cache
         self.external = 0  # prompt tokens received over KV_TRANSFER
+        self.preemptions = 0  # PREEMPTED events sent for it
 
 
 class SimEngine(threading.Thread):
@@ -139,6 +140,13 @@ class SimEngine(threading.Thread):
         self.error = None
         self.finished = 0
         self.finished_by_tenant = {}  # tenant ("" for none) -> count
+        # Of the finished requests, what the per-request histograms of
+        # protocol 1.2 observe: their PREEMPTED events, the prompt tokens
+        # they computed (prompt - cached - external) and how many received
+        # KV (a successful recv after their SCHEDULED).
+        self.finished_preemptions = 0
+        self.finished_computed = 0
+        self.finished_kv_received = 0
         self._halt = threading.Event()
         self._pause = threading.Event()
         self._paused = threading.Event()
@@ -358,6 +366,7 @@ class SimEngine(threading.Thread):
             if running and not asleep and rng.random() < 0.03:
                 r = running.pop()
                 r.prefilled = False  # recompute its prompt when rescheduled
+                r.preemptions += 1
                 events.append([6, t, r.rid])
                 waiting.appendleft(r)
             # Admit waiting requests into free slots, in order, passing over
@@ -431,6 +440,9 @@ class SimEngine(threading.Thread):
                         reason = "stop"
                     events.append([5, t, r.rid, reason])
                     self.finished += 1
+                    self.finished_preemptions += r.preemptions
+                    self.finished_computed += r.prompt - r.cached - r.external
+                    self.finished_kv_received += r.external > 0
                     self.finished_by_tenant[r.tenant] = \
                         self.finished_by_tenant.get(r.tenant, 0) + 1
                 else:
