@@ -116,6 +116,7 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   }
   b.per_series = Add(b.per_series, 2 * (kv_hists + kReasonCountsBytes));
   b.per_series += 3 + 8;
+  b.per_series += 8;  // the start time (format 6)
   // IngestStats: one identity's drop counts per series.
   b.per_series += 3 * kString + 8 + kCount +
                   IngestStats::kMaxClientsPerIdentity * (8 + 8 + 8);
@@ -131,7 +132,7 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   // Counted once: the header and fingerprint, the request-label tables,
   // the shared spaces and sessions, MoE, and a page for the daemon's own
   // counters (tracker, ingest, snapshotter and HTTP: a few hundred bytes).
-  b.fixed = 8 + 4 + kStr + 256 + 4;
+  b.fixed = 8 + 4 + kStr + 256 + 4 + 8;  // ... and the registry's start
   for (const std::string& part : fp.parts) b.fixed += kStr + part.size();
   b.fixed += labels * (kCount + (RequestLabels::kMaxValues - 2) *
                                     (kStr + TM_MAX_REQUEST_LABEL_VALUE_BYTES));

@@ -35,8 +35,10 @@ namespace tokenmeter::daemon {
 // keeps them (MoePart::SaveState()). 5 (protocol 1.2): an engine series'
 // values are saved with their number of metrics and histograms
 // (SeriesValues::LoadState() maps formats 1 to 4 onto the grown catalog with
-// Format4Metric()), and a tracked request saves its 1.2 extras.
-inline constexpr uint32_t kStateFormatVersion = 5;
+// Format4Metric()), and a tracked request saves its 1.2 extras. 6: the
+// registry saves when its state began and each engine series its start
+// time (Unix ns), the OTLP metrics' start times across restarts.
+inline constexpr uint32_t kStateFormatVersion = 6;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 
 class StateWriter {

@@ -17,6 +17,7 @@ Status Pipeline::Create(uv_loop_t* loop, const Clock& clock,
   std::unique_ptr<Pipeline> p(new Pipeline(options));
   Status s = Registry::Create(options.registry, &p->registry_);
   if (!s.ok()) return s;
+  p->registry_->SetClock(&clock);
   p->stats_ = std::make_unique<IngestStats>(*p->registry_);
   p->tracker_ = std::make_unique<Tracker>(*p->registry_, *p->stats_, clock,
                                           options.tracker);

@@ -218,6 +218,7 @@ void EngineSeries::SaveState(StateWriter& w) const {
     w.U8(uint8_t(p.kind()));
     p.SaveState(w);
   });
+  w.U64(start_unix_ns_);  // format 6
 }
 
 void EngineSeries::LoadState(StateReader& r) {
@@ -269,6 +270,8 @@ void EngineSeries::LoadState(StateReader& r) {
     part->LoadState(r);
     parts_.Put(std::move(part));
   }
+  // Before format 6 the start was not saved: the load's time stays.
+  if (r.version() >= 6) start_unix_ns_ = r.U64();
 }
 
 }  // namespace tokenmeter::daemon

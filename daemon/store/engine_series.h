@@ -231,8 +231,15 @@ class EngineSeries : public SeriesValues {
   RequestLabels& request_labels() const { return request_labels_; }
   const std::vector<HistogramLayout>& layouts() const { return layouts_; }
 
+  // When the series began counting, Unix ns (0: unknown): its creation,
+  // kept across restarts by the snapshot (format 6), so that a cumulative
+  // value pushed over OTLP keeps its start time (no reset at the backend).
+  uint64_t start_unix_ns() const { return start_unix_ns_; }
+  void set_start_unix_ns(uint64_t t) { start_unix_ns_ = t; }
+
   // Snapshots: the label order (identity() is saved by the registry), the
-  // series' values, its label cells, admitted values and its parts.
+  // series' values, its label cells, admitted values, its parts and (format
+  // 6) its start time.
   // LoadState() fills a series just made from the same identity and label
   // order (format 3 and later; formats 1 and 2 kept cache_config, max_lora, the
   // MoE layers and the LoRA sets in fields of the series, read into parts).
@@ -245,6 +252,7 @@ class EngineSeries : public SeriesValues {
   LabelCell MakeCell(LabelKey key);
 
   const SeriesIdentity identity_;
+  uint64_t start_unix_ns_ = 0;
   RequestLabels& request_labels_;
   const std::vector<HistogramLayout>& layouts_;
   std::array<bool, kNumEngineMetrics> uses_{};

@@ -129,9 +129,15 @@ EngineSeries* Registry::GetOrCreate(const SeriesIdentity& id) {
   auto s = std::make_unique<EngineSeries>(
       key, id.labels, layouts_[size_t(key.profile)], request_labels_);
   EngineSeries* raw = s.get();
+  if (clock_ != nullptr) raw->set_start_unix_ns(UnixNowNs(*clock_));
   ns_profiles_.emplace(key.ns, key.profile);
   series_.emplace(std::move(key), std::move(s));
   return raw;
+}
+
+void Registry::SetClock(const Clock* clock) {
+  clock_ = clock;
+  start_unix_ns_ = clock != nullptr ? UnixNowNs(*clock) : 0;
 }
 
 void Registry::Register(DaemonMetric id, const Collector* c) {
@@ -149,6 +155,7 @@ void Registry::SaveState(
   request_labels_.SaveState(w);
   w.U64(series_rejected_);
   w.U64(expert_series_);
+  w.U64(start_unix_ns_);  // format 6
   w.U64(series_.size());
   for (const auto& [id, s] : series_) {
     index->emplace(s.get(), uint32_t(index->size()));
@@ -164,6 +171,8 @@ void Registry::LoadState(StateReader& r, std::vector<EngineSeries*>* by_index) {
   request_labels_.LoadState(r);
   series_rejected_ = r.U64();
   r.U64();  // the expert places when saved: counted again below
+  // Before format 6 the start was not saved: this daemon's stays.
+  if (r.version() >= 6) start_unix_ns_ = r.U64();
   const size_t n = r.Count(options_.max_engine_series, 16);
   for (size_t i = 0; i < n && r.ok(); ++i) {
     SeriesIdentity id;

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/base/clock.h"
 #include "daemon/base/status.h"
 #include "daemon/store/catalog.h"
 #include "daemon/store/engine_series.h"
@@ -46,6 +47,14 @@ class Registry {
   // namespace holds series of another profile (NamespaceConflict()).
   // Stable pointer. O(log series).
   EngineSeries* GetOrCreate(const SeriesIdentity& id);
+  // The wall clock that stamps each new series' start_unix_ns() and, once
+  // set, the registry's start_unix_ns() (without one: 0). Set once, before
+  // series are made; `clock` outlives the registry.
+  void SetClock(const Clock* clock);
+  // When this registry's state began, Unix ns: SetClock()'s time, or the
+  // loaded snapshot's (format 6): the start of every daemon family's
+  // cumulative values, kept across restarts.
+  uint64_t start_unix_ns() const { return start_unix_ns_; }
   // True when a series of `id`'s namespace has a profile other than id's:
   // two profiles may name families alike, and one namespace shows one.
   bool NamespaceConflict(const SeriesIdentity& id) const;
@@ -105,6 +114,8 @@ class Registry {
   std::map<SeriesIdentity, std::unique_ptr<EngineSeries>> series_;
   std::map<std::string, Profile, std::less<>> ns_profiles_;
   uint64_t series_rejected_ = 0;
+  const Clock* clock_ = nullptr;  // SetClock()
+  uint64_t start_unix_ns_ = 0;
   size_t expert_series_ = 0;  // series cap places ReserveMoeLayer() took
   size_t moe_layers_ = 0;     // layers ReserveMoeLayer() let in
   std::array<const Collector*, kNumDaemonMetrics> collectors_{};

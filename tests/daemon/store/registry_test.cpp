@@ -139,6 +139,50 @@ TEST(RegistryTest, RejectsBadOptions) {
   }
 }
 
+// Start times (the OTLP metrics' start_time_unix_nano): each series is
+// stamped with the wall clock when made, the registry when its clock is
+// set; a snapshot (format 6) carries both (an older one leaves the load's:
+// tests/e2e/state_e2e_test.py loads a format 2 snapshot).
+TEST(RegistryTest, StartTimesStampedAndCarriedBySnapshots) {
+  struct Wall : Clock {
+    uint64_t NowNs() const override { return 0; }
+    double UnixNowS() const override { return now; }
+    double now = 1'700'000'000.5;
+  } wall;
+  auto saved = MustCreate(RegistryOptions{});
+  EXPECT_EQ(saved->start_unix_ns(), 0u);  // no clock yet
+  saved->SetClock(&wall);
+  EXPECT_EQ(saved->start_unix_ns(), 1'700'000'000'500'000'000u);
+  wall.now = 1'700'000'100;
+  EngineSeries* a = saved->GetOrCreate({"vllm", "m", "0", {}});
+  wall.now = 1'700'000'200;
+  EngineSeries* b = saved->GetOrCreate({"vllm", "m", "1", {}});
+  EXPECT_EQ(a->start_unix_ns(), 1'700'000'100'000'000'000u);
+  EXPECT_EQ(b->start_unix_ns(), 1'700'000'200'000'000'000u);
+  EXPECT_EQ(saved->GetOrCreate({"vllm", "m", "0", {}})->start_unix_ns(),
+            a->start_unix_ns());  // found, not made again
+  std::string bytes;
+  StateWriter w(bytes);
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  saved->SaveState(w, &index);
+
+  wall.now = 1'800'000'000;  // the restart, later
+  auto loaded = MustCreate(RegistryOptions{});
+  loaded->SetClock(&wall);
+  StateReader r(bytes.data(), bytes.size());
+  std::vector<EngineSeries*> by_index;
+  loaded->LoadState(r, &by_index);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  EXPECT_EQ(loaded->start_unix_ns(), 1'700'000'000'500'000'000u);
+  EXPECT_EQ(loaded->GetOrCreate({"vllm", "m", "0", {}})->start_unix_ns(),
+            1'700'000'100'000'000'000u);
+  EXPECT_EQ(loaded->GetOrCreate({"vllm", "m", "1", {}})->start_unix_ns(),
+            1'700'000'200'000'000'000u);
+  // A series made after the restart starts then.
+  EXPECT_EQ(loaded->GetOrCreate({"vllm", "m", "2", {}})->start_unix_ns(),
+            1'800'000'000'000'000'000u);
+}
+
 TEST(RegistryTest, SameIdentitySameSeries) {
   auto reg = MustCreate(RegistryOptions{});
   EngineSeries* a = reg->GetOrCreate({"vllm", "m", "0", {}});

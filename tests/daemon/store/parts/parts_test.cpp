@@ -402,7 +402,7 @@ TEST_F(PartsTest, ChunkTokensObservesAsAPlainHistogramWould) {
   EXPECT_TRUE(bytes.empty());
 }
 
-// A series' snapshot (format 4), after its parts' count.
+// A series' snapshot (the current format).
 std::string SeriesBytes(const EngineSeries& s) {
   std::string bytes;
   StateWriter w(bytes);
@@ -413,14 +413,16 @@ std::string SeriesBytes(const EngineSeries& s) {
 TEST_F(PartsTest, SeriesSnapshotRefusesAnUnknownOrRepeatedPart) {
   s_->part<MoePart>();
   const std::string good = SeriesBytes(*s_);
-  // The parts are last: count, then kind and payload each. The LoRA part
-  // (kind 0) comes first; find its kind byte after the count.
-  const size_t parts_at = good.size() - 1 /*MoE kind*/ - 8 /*no layers*/ -
+  // The parts come last but for the start time (8 bytes, format 6):
+  // count, then kind and payload each. The LoRA part (kind 0) comes first;
+  // find its kind byte after the count.
+  const size_t end = good.size() - 8 /*start time*/;
+  const size_t parts_at = end - 1 /*MoE kind*/ - 8 /*no layers*/ -
                           (1 + 4 + 1 + 8 + 8) /*LoRA*/ - 8 /*count*/;
   ASSERT_EQ(good[parts_at], 2);  // two parts
   for (const uint8_t kind : {uint8_t(kNumPartKinds), uint8_t(0)}) {
     std::string bad = good;
-    bad[good.size() - 9] = char(kind);  // the MoE part's kind byte
+    bad[end - 9] = char(kind);  // the MoE part's kind byte
     auto reg = std::unique_ptr<Registry>();
     ASSERT_TRUE(Registry::Create(RegistryOptions{}, &reg).ok());
     EngineSeries* fresh = reg->GetOrCreate({"vllm", "m", "0", {{"k", "v"}}});
