@@ -16,6 +16,14 @@
 //                                the same bytes from LibraryProtoWriter
 //                                (protoc's classes and libprotobuf): why the
 //                                daemon has its own encoder.
+//   tokenmeterd_otlp_metrics/<form>/<encoding>
+//                                the same registry as one OTLP
+//                                ExportMetricsServiceRequest
+//                                (daemon/otlp_metrics: exponential or
+//                                explicit histograms, protobuf or JSON),
+//                                one encoder Reset() and reused per push,
+//                                as the metrics pusher does
+//                                (docs/otlp-metrics.md, "Cost").
 //   prometheus_cpp_collect_serialize
 //                                the same families, label sets, bucket
 //                                layouts and values in a prometheus::Registry:
@@ -54,6 +62,7 @@
 #include "daemon/exposition/exposition.h"
 #include "daemon/exposition/process_collector.h"
 #include "daemon/exposition/proto_writer.h"
+#include "daemon/otlp_metrics/otlp_metrics_encoder.h"
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/store/registry.h"
 #ifdef TOKENMETER_HAVE_METRICS_PB
@@ -390,6 +399,31 @@ void BM_TokenmeterdRenderProtobufLibrary(benchmark::State& state) {
 }
 #endif
 
+// One OTLP push of the registry per iteration (range(0): 0 exponential,
+// 1 explicit histograms; range(1): 0 protobuf, 1 JSON).
+void BM_TokenmeterdOtlpMetrics(benchmark::State& state) {
+  namespace om = td::otlp_metrics;
+  om::OtlpMetricsOptions o;
+  o.histograms = state.range(0) == 0 ? om::HistogramForm::kExponential
+                                     : om::HistogramForm::kExplicit;
+  o.encoding = state.range(1) == 0 ? om::OtlpEncoding::kProtobuf
+                                   : om::OtlpEncoding::kJson;
+  o.time_unix_nano = 1'750'000'000'000'000'000ULL;
+  o.start_time_unix_nano = 1'749'000'000'000'000'000ULL;
+  o.resource_attributes = {{"service.name", "tokenmeterd"},
+                           {"service.instance.id", "bench:9400"}};
+  om::OtlpMetricsEncoder enc(std::move(o));
+  const td::Registry& reg = *g_fixture->tm->reg;
+  uint64_t t = 0;
+  for (auto _ : state) {
+    enc.Reset(++t);
+    td::Render(reg, enc);
+    benchmark::DoNotOptimize(enc.body().data());
+  }
+  state.counters["data_points"] = double(enc.data_points());
+  state.counters["bytes"] = double(enc.body().size());
+}
+
 void BM_PrometheusCppCollectSerialize(benchmark::State& state) {
   const prometheus::TextSerializer serializer;
   std::string out;
@@ -427,6 +461,11 @@ BENCHMARK(BM_TokenmeterdRenderProtobufLibrary)
     ->Name("tokenmeterd_render_protobuf_library")
     ->Unit(benchmark::kMillisecond);
 #endif
+BENCHMARK(BM_TokenmeterdOtlpMetrics)
+    ->Name("tokenmeterd_otlp_metrics")
+    ->ArgNames({"explicit", "json"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PrometheusCppCollectSerialize)
     ->Name("prometheus_cpp_collect_serialize")
     ->Unit(benchmark::kMillisecond);

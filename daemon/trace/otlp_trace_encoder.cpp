@@ -1,23 +1,30 @@
 #include "daemon/trace/otlp_trace_encoder.h"
 
-#include <bit>
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 
+#include "daemon/base/json_write.h"
+#include "daemon/base/proto_wire.h"
 #include "daemon/trace/trace_context.h"
 
 namespace tokenmeter::daemon::trace {
 namespace {
 
 // ---------------------------------------------------------------------------
-// Protobuf wire format.
+// Protobuf (the wire format: daemon/base/proto_wire.h).
 
-constexpr uint32_t kVarint = 0;
-constexpr uint32_t kFixed64 = 1;
-constexpr uint32_t kLen = 2;
-constexpr uint32_t kFixed32 = 5;
+using proto_wire::AppendExact;
+using proto_wire::BytesField;
+using proto_wire::kFixed32;
+using proto_wire::kLen;
+using proto_wire::LenFieldSize;
+using proto_wire::PutFixed64Field;
+using proto_wire::PutLenField;
+using proto_wire::PutMessageHeader;
+using proto_wire::PutVarint;
+using proto_wire::PutVarintField;
+using proto_wire::Tag1;
+using proto_wire::Varint;
+using proto_wire::VarintSize;
 
 // Field numbers of the OTLP messages (opentelemetry-proto, v1).
 // ExportTraceServiceRequest
@@ -61,63 +68,7 @@ constexpr uint32_t kAnyArray = 5;
 constexpr uint32_t kArrayValues = 1;
 
 // Every tag here fits one byte except Span.flags' (field 16): two.
-constexpr uint8_t Tag1(uint32_t field, uint32_t wire) {
-  return uint8_t(field << 3 | wire);
-}
 static_assert(kSpanStatus < 16 && kSpanFlags == 16);
-
-size_t VarintSize(uint64_t v) { return size_t(std::bit_width(v | 1) + 6) / 7; }
-
-// A length-delimited field of a one-byte tag holding n bytes.
-size_t LenFieldSize(size_t n) { return 1 + VarintSize(n) + n; }
-
-// The writers below write at p, into room the caller made from the exact
-// sizes (the *Size() functions), and return the end of what they wrote:
-// no bounds check, no allocation, one pass.
-char* PutVarint(char* p, uint64_t v) {
-  while (v >= 0x80) {
-    *p++ = char(v | 0x80);
-    v >>= 7;
-  }
-  *p++ = char(v);
-  return p;
-}
-
-char* PutRaw(char* p, const void* data, size_t n) {
-  if (n) std::memcpy(p, data, n);
-  return p + n;
-}
-
-char* PutVarintField(char* p, uint32_t field, uint64_t v) {
-  *p++ = char(Tag1(field, kVarint));
-  return PutVarint(p, v);
-}
-
-char* PutFixed64Field(char* p, uint32_t field, uint64_t v) {
-  *p++ = char(Tag1(field, kFixed64));
-  for (int i = 0; i < 8; ++i) *p++ = char(v >> (8 * i));
-  return p;
-}
-
-// A length-delimited field holding a followed by b.
-char* PutLenField(char* p, uint32_t field, std::string_view a,
-                  std::string_view b = {}) {
-  *p++ = char(Tag1(field, kLen));
-  p = PutVarint(p, a.size() + b.size());
-  p = PutRaw(p, a.data(), a.size());
-  return PutRaw(p, b.data(), b.size());
-}
-
-char* PutLenField(char* p, uint32_t field, const uint8_t* data, size_t n) {
-  return PutLenField(p, field,
-                     std::string_view(reinterpret_cast<const char*>(data), n));
-}
-
-// A nested message's tag and length; its body follows.
-char* PutMessageHeader(char* p, uint32_t field, size_t body) {
-  *p++ = char(Tag1(field, kLen));
-  return PutVarint(p, body);
-}
 
 size_t AnyValueSize(const Attribute& a) {
   switch (a.type) {
@@ -237,17 +188,6 @@ char* PutSpan(char* p, const SpanBatch& batch, const Span& s,
   return p;
 }
 
-// Appends bytes made by `put`, exactly `n` of them, to *out.
-template <typename Put>
-void AppendExact(std::string* out, size_t n, Put put) {
-  const size_t old = out->size();
-  out->resize(old + n);
-  char* const begin = out->data() + old;
-  [[maybe_unused]] char* const end = put(begin);
-  // The sizes and the writers agree, or the output is garbage: abort.
-  if (size_t(end - begin) != n) std::abort();
-}
-
 void ProtoAttribute(std::string* out, uint32_t field, const Attribute& a) {
   const size_t kv = KeyValueSize(a);
   AppendExact(out, LenFieldSize(kv), [&](char* p) {
@@ -264,115 +204,13 @@ void ProtoSpan(std::string* out, const SpanBatch& batch, const Span& s,
   });
 }
 
-void Varint(std::string* out, uint64_t v) {
-  char buf[10];
-  out->append(buf, size_t(PutVarint(buf, v) - buf));
-}
-
-void BytesField(std::string* out, uint32_t field, std::string_view v) {
-  out->push_back(char(Tag1(field, kLen)));
-  Varint(out, v.size());
-  out->append(v);
-}
-
 // ---------------------------------------------------------------------------
 // OTLP/JSON.
 
-// The index of the first byte of [p, p + n) that JSON must escape (a
-// control character, '"' or '\\'), or n. Eight bytes at a time: each test
-// below is exact as a yes/no for the whole word (Anderson's "bit twiddling
-// hacks", hasless() and haszero()); bytes of 0x80 and up never match.
-size_t FirstToEscape(const char* p, size_t n) {
-  constexpr uint64_t k01 = 0x0101010101010101ULL;
-  constexpr uint64_t k80 = 0x8080808080808080ULL;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v;
-    std::memcpy(&v, p + i, 8);
-    const uint64_t quote = v ^ (k01 * '"');
-    const uint64_t backslash = v ^ (k01 * '\\');
-    const uint64_t hit = ((v - k01 * 0x20) & ~v & k80) |
-                         ((quote - k01) & ~quote & k80) |
-                         ((backslash - k01) & ~backslash & k80);
-    if (hit) break;
-  }
-  for (; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(p[i]);
-    if (c < 0x20 || c == '"' || c == '\\') return i;
-  }
-  return n;
-}
-
-void JsonEscaped(std::string* out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  const char* p = s.data();
-  size_t n = s.size();
-  while (true) {
-    const size_t plain = FirstToEscape(p, n);
-    out->append(p, plain);
-    if (plain == n) return;
-    const unsigned char c = static_cast<unsigned char>(p[plain]);
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default: {
-        const char esc[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 0xf]};
-        out->append(esc, 6);
-      }
-    }
-    p += plain + 1;
-    n -= plain + 1;
-  }
-}
-
-// A JSON string holding a followed by b.
-void JsonString(std::string* out, std::string_view a, std::string_view b = {}) {
-  out->push_back('"');
-  JsonEscaped(out, a);
-  JsonEscaped(out, b);
-  out->push_back('"');
-}
-
-template <typename Int>
-void JsonInt(std::string* out, Int v) {
-  char buf[24];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  out->append(buf, end);
-}
-
-// A 64-bit integer as a JSON string.
-template <typename Int>
-void JsonQuotedInt(std::string* out, Int v) {
-  out->push_back('"');
-  JsonInt(out, v);
-  out->push_back('"');
-}
-
-void JsonDouble(std::string* out, double v) {
-  if (std::isnan(v)) {
-    out->append("\"NaN\"");
-  } else if (std::isinf(v)) {
-    out->append(v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
-  } else {
-    char buf[32];
-    // Shortest text that reads back as exactly v; locale-independent.
-    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-    out->append(buf, end);
-  }
-}
+using json_write::JsonDouble;
+using json_write::JsonInt;
+using json_write::JsonQuotedInt;
+using json_write::JsonString;
 
 template <size_t N>
 void JsonHex(std::string* out, const std::array<uint8_t, N>& id) {

@@ -35,6 +35,7 @@ FLOORS = {
     "http": 2,
     "state": 2,
     "tracing": 2,
+    "otlp_metrics": 2,
     "ingest": 3,
     "logging": 3,
     "live": 3,
@@ -44,7 +45,8 @@ FLOORS = {
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"daemon/([^"]+)"', re.M)
-DEP = re.compile(r"\bdaemon_([a-z]+)_dep\b")
+# Folder names may hold underscores (otlp_metrics).
+DEP = re.compile(r"\bdaemon_([a-z_]+)_dep\b")
 
 
 def folder_of(rel):
