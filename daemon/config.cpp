@@ -112,6 +112,15 @@ them as Prometheus metrics.
                              traced, 0 to 1 (default 0.01)
   --trace-slower-than S      also trace every request whose end-to-end
                              time is at least S seconds (default: off)
+  --otlp-metrics-endpoint URL
+                             push every series over OTLP/HTTP to URL
+                             (default: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+                             else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/metrics;
+                             none: no push); the other --otlp-* flags apply
+  --otlp-metrics-interval S  seconds between pushes (default:
+                             OTEL_METRIC_EXPORT_INTERVAL ms, else 15)
+  --otlp-histograms FORM     exponential (native buckets, the default) or
+                             explicit (classic buckets)
   --keep-requests N          requests kept per engine series for
                              /api/v1/requests and the live page: the
                              slowest and the failed of the last 15
@@ -463,6 +472,27 @@ const std::vector<Flag>& Flags() {
        [](std::string_view v, Config* c) {
          return SetUint("otlp-queue-spans", v, 1, 1 << 24,
                         &c->otlp_queue_spans);
+       }},
+      {"otlp-metrics-endpoint",
+       [](std::string_view v, Config* c) {
+         c->otlp_metrics_endpoint = std::string(v);
+         return Status::Ok();
+       }},
+      {"otlp-metrics-interval",
+       [](std::string_view v, Config* c) {
+         uint64_t ns = 0;
+         Status s = ParseSecondsNs("otlp-metrics-interval", v, 1, &ns);
+         if (s.ok()) c->otlp_metrics_interval_ns = ns;
+         return s;
+       }},
+      {"otlp-histograms",
+       [](std::string_view v, Config* c) {
+         if (v != "exponential" && v != "explicit") {
+           return Status::Error("--otlp-histograms: \"" + std::string(v) +
+                                "\" is not exponential or explicit");
+         }
+         c->otlp_histograms_explicit = v == "explicit";
+         return Status::Ok();
        }},
       {"keep-requests",
        [](std::string_view v, Config* c) {

@@ -6,6 +6,7 @@
 #define TOKENMETER_DAEMON_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,13 @@ struct Config {
   double trace_ratio = 0.01;          // --trace-ratio, 0 .. 1
   uint64_t trace_slower_than_ns = 0;  // --trace-slower-than; 0: off
   uint64_t otlp_queue_spans = 65536;  // --otlp-queue-spans
+  // Metrics over OTLP (docs/otlp-metrics.md): the endpoint flag (the other
+  // --otlp-* flags are otlp_traces'); the push interval (none given: the
+  // OTEL_METRIC_EXPORT_INTERVAL variable, else 15 s, decided at start);
+  // histograms as explicit (classic) rather than exponential (native).
+  std::optional<std::string> otlp_metrics_endpoint;
+  std::optional<uint64_t> otlp_metrics_interval_ns;
+  bool otlp_histograms_explicit = false;
   // --keep-requests: requests kept per series for /api/v1/requests (the
   // slowest and failed of the last 15 minutes); 0: the API is off.
   uint64_t keep_requests = 50;

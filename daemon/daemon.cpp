@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <cstring>
 
@@ -16,6 +17,7 @@
 #include "daemon/http/web_config.h"
 #include "daemon/live/live_json.h"
 #include "daemon/logging/summary.h"
+#include "daemon/pushing/metrics_pusher.h"
 #include "daemon/requests/requests_json.h"
 #include "daemon/snapshot_bound.h"
 #include "spdlog/spdlog.h"
@@ -145,6 +147,8 @@ Status Daemon::Create(const Config& config, std::unique_ptr<Daemon>* out) {
   d->snapshotter_->Expose(d->registry());
   s = d->StartTracing();
   if (!s.ok()) return s;
+  s = d->StartMetricsPush();
+  if (!s.ok()) return s;
   // After the tracer: the keeper shows the trace id it exported under.
   if (config.keep_requests != 0) {
     requests::RequestKeeperOptions keep;
@@ -180,6 +184,49 @@ Status Daemon::StartTracing() {
       config_.trace_slower_than_ns == 0
           ? std::string("off")
           : fmt::format("{} s", double(config_.trace_slower_than_ns) / 1e9));
+  return Status::Ok();
+}
+
+Status Daemon::StartMetricsPush() {
+  otlp::OtlpOverrides overrides = config_.otlp_traces;
+  overrides.endpoint = config_.otlp_metrics_endpoint;
+  const otlp::Environment env = otlp::ProcessOtlpEnvironment();
+  otlp::OtlpConfig otlp;
+  Status s =
+      otlp::ParseOtlpConfig(otlp::Signal::kMetrics, overrides, env, &otlp);
+  if (!s.ok()) return s;
+  if (!otlp.enabled()) return Status::Ok();
+  MetricsPusherOptions options;
+  if (config_.otlp_metrics_interval_ns.has_value()) {
+    options.interval_ns = *config_.otlp_metrics_interval_ns;
+  } else if (auto it = env.find("OTEL_METRIC_EXPORT_INTERVAL");
+             it != env.end()) {
+    // Milliseconds, as the OpenTelemetry SDKs read it.
+    uint64_t ms = 0;
+    const std::string& v = it->second;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), ms);
+    if (ec != std::errc() || end != v.data() + v.size() || ms < 1000 ||
+        ms > 10'000'000'000) {
+      return Status::Error("OTEL_METRIC_EXPORT_INTERVAL: \"" + v +
+                           "\" is not a whole number of milliseconds from "
+                           "1000 to 10000000000");
+    }
+    options.interval_ns = ms * 1'000'000;
+  }
+  options.histograms = config_.otlp_histograms_explicit
+                           ? otlp_metrics::HistogramForm::kExplicit
+                           : otlp_metrics::HistogramForm::kExponential;
+  options.max_queue_points = config_.otlp_queue_spans;
+  options.version = TOKENMETER_VERSION;
+  options.clock = &clock_;
+  const std::string endpoint = otlp.endpoint;
+  const double interval_s = double(options.interval_ns) / 1e9;
+  s = MetricsPusher::Create(&loop_, registry(), std::move(otlp),
+                            std::move(options), &pusher_);
+  if (!s.ok()) return s;
+  spdlog::info("metrics: OTLP push to {} every {} s ({} histograms)", endpoint,
+               interval_s,
+               config_.otlp_histograms_explicit ? "explicit" : "exponential");
   return Status::Ok();
 }
 
@@ -443,6 +490,11 @@ void Daemon::Stop() {
     // counted failed.
     ++pending_closes_;
     tracer_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
+  }
+  if (pusher_ != nullptr) {
+    // A last push of the values at stop, sent within the same drain time.
+    ++pending_closes_;
+    pusher_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
   }
   closed();
 }

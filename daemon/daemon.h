@@ -20,6 +20,7 @@
 #include "daemon/live/history.h"
 #include "daemon/logging/summary.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/pushing/metrics_pusher.h"
 #include "daemon/requests/request_keeper.h"
 #include "daemon/service/systemd.h"
 #include "daemon/state/snapshotter.h"
@@ -90,6 +91,9 @@ class Daemon {
   // --otlp-endpoint (or the OTEL_* variables): the tracer, as the
   // tracker's timeline sink. A bad value is a start-up error.
   Status StartTracing();
+  // --otlp-metrics-endpoint (or the OTEL_* variables): the metrics pusher.
+  // A bad value is a start-up error.
+  Status StartMetricsPush();
   // How long a stopping daemon keeps sending its pending spans.
   static constexpr uint64_t kTraceDrainNs = 3'000'000'000;
 
@@ -110,6 +114,8 @@ class Daemon {
   // The requests API's keeper (--keep-requests; null with 0): the
   // tracker's timeline sink after the tracer.
   std::unique_ptr<requests::RequestKeeper> keeper_;
+  // Metrics over OTLP (--otlp-metrics-endpoint); null when off.
+  std::unique_ptr<MetricsPusher> pusher_;
   SummaryLog summary_;
   WindowGauges window_gauges_;
   // The live page's history (`/`, /api/v1/live), one point a second.

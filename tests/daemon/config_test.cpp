@@ -387,9 +387,20 @@ TEST(ConfigTest, ReadsTracingFlags) {
   EXPECT_EQ(c.trace_ratio, 0.25);
   EXPECT_EQ(c.trace_slower_than_ns, 1'500'000'000u);
   EXPECT_EQ(c.keep_requests, 7u);
+  const Config m = MustParse({"--otlp-metrics-endpoint", "http://c:4318/v1/m",
+                              "--otlp-metrics-interval", "2.5",
+                              "--otlp-histograms", "explicit"});
+  EXPECT_EQ(m.otlp_metrics_endpoint, "http://c:4318/v1/m");
+  EXPECT_EQ(m.otlp_metrics_interval_ns, 2'500'000'000u);
+  EXPECT_TRUE(m.otlp_histograms_explicit);
+  EXPECT_FALSE(
+      MustParse({"--otlp-histograms", "exponential"}).otlp_histograms_explicit);
   EXPECT_EQ(MustParse({"--keep-requests", "0"}).keep_requests, 0u);
   const Config d = MustParse({});
   EXPECT_EQ(d.keep_requests, 50u);
+  EXPECT_FALSE(d.otlp_metrics_endpoint.has_value());
+  EXPECT_FALSE(d.otlp_metrics_interval_ns.has_value());
+  EXPECT_FALSE(d.otlp_histograms_explicit);
   EXPECT_FALSE(d.otlp_traces.endpoint.has_value());
   EXPECT_EQ(d.trace_ratio, 0.01);
   EXPECT_EQ(d.trace_slower_than_ns, 0u);
@@ -412,7 +423,10 @@ TEST(ConfigTest, RejectsBadTracingValues) {
         Bad{{"--otlp-queue-spans", "99999999"}, "--otlp-queue-spans"},
         Bad{{"--keep-requests", "1001"}, "--keep-requests"},
         Bad{{"--keep-requests", "-1"}, "--keep-requests"},
-        Bad{{"--keep-requests", "many"}, "--keep-requests"}}) {
+        Bad{{"--keep-requests", "many"}, "--keep-requests"},
+        Bad{{"--otlp-metrics-interval", "0.5"}, "--otlp-metrics-interval"},
+        Bad{{"--otlp-metrics-interval", "x"}, "--otlp-metrics-interval"},
+        Bad{{"--otlp-histograms", "both"}, "--otlp-histograms"}}) {
     Config c;
     const Status s = Parse(b.args, &c);
     ASSERT_FALSE(s.ok()) << b.args[1];

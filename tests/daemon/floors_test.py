@@ -40,6 +40,7 @@ FLOORS = {
     "logging": 3,
     "live": 3,
     "requests": 3,
+    "pushing": 3,
     "pipeline": 4,
     "": 5,
 }
