@@ -123,7 +123,7 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
 
   // Tracker::SaveState(), one request.
   b.per_request = 8 + 8 + kStr + TM_MAX_RID_BYTES + 1 + 3 * 4 +
-                  kRequestPoints * 8 + 8 + 5 * 4 + 2 + 1 + 1 + 1 + 1;
+                  kRequestPoints * 8 + 8 + 5 * 4 + 2 + 1 + 1 + 1 + 1 + 1;
   // Its protocol 1.2 extras (Tracker::Extra): a flag, four counts, the KV
   // time, three flags, the trace context at its longest.
   b.per_request += 1 + 4 * 4 + 8 + 3 + kStr + TM_TRACEPARENT_BYTES + kStr +

@@ -37,7 +37,8 @@ namespace tokenmeter::daemon {
 // (SeriesValues::LoadState() maps formats 1 to 4 onto the grown catalog with
 // Format4Metric()), and a tracked request saves its 1.2 extras. 6: the
 // registry saves when its state began and each engine series its start
-// time (Unix ns), the OTLP metrics' start times across restarts.
+// time (Unix ns), the OTLP metrics' start times across restarts, and a
+// tracked request its finish reason (for its timeline).
 inline constexpr uint32_t kStateFormatVersion = 6;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 

@@ -948,6 +948,7 @@ void Tracker::SaveState(
       w.Bool(r->has_max_tokens);
       w.Bool(r->has_n);
       w.U8(uint8_t(r->gauge));
+      w.U8(uint8_t(r->finish_reason));  // format 6: for the timelines
       // Format 5: the 1.2 extras.
       const Extra* x = FindExtra(*r);
       w.Bool(x != nullptr);
@@ -1018,6 +1019,11 @@ void Tracker::LoadState(StateReader& rd,
     }
     r.known = known & ((1u << kNumPoints) - 1);
     r.gauge = Gauge(gauge);
+    if (rd.version() >= 6) {
+      const uint8_t reason = rd.U8();
+      if (reason >= kNumFinishReasons) rd.Fail();
+      r.finish_reason = FinishReason(reason & 3);
+    }
     if (rd.version() >= 5 && rd.Bool()) {
       Extra& x = ExtraOf(r);
       x.cached_tokens = rd.U32();

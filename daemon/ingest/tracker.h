@@ -80,8 +80,9 @@ class Tracker : public Collector {
   // store into one ring per TOKENS event, the ring's newest 2^20 ticks of
   // all requests). A request with none of these costs nothing until it
   // leaves.
-  // A request restored from a snapshot hands over its points and trace
-  // context (its lists were not saved; its finish reason reads "stop").
+  // A request restored from a snapshot hands over its points, finish reason
+  // and trace context (its lists and ticks were not saved; from a snapshot
+  // older than format 6 its finish reason reads "stop").
   // Without sinks (the default): nothing is kept, one untaken branch per
   // event. Add them before events flow; they see each timeline in the
   // order added, and must outlive the tracker's use of them.

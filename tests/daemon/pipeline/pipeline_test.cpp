@@ -255,5 +255,52 @@ TEST(PipelineTest, FingerprintNamesWhatASnapshotDependsOn) {
   EXPECT_EQ(differs_in(other), -1);
 }
 
+// Format 6: a finished request's reason, the series' and the registry's
+// start times survive a save and load; the restored request hands its
+// reason to the timeline sinks when it retires.
+TEST(PipelineTest, RestoredRequestKeepsItsFinishReasonAndStartTimes) {
+  FixedClock clock;
+  auto a = Make(clock);
+  EngineSeries* s = a->registry().GetOrCreate({"vllm", "m", "0", {}});
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->start_unix_ns(), 1'700'000'000'000'000'000u);
+  EXPECT_EQ(a->registry().start_unix_ns(), 1'700'000'000'000'000'000u);
+  const Source src{s, 1};
+  Event ev{};
+  ev.rid.number = 9;
+  ev.t_ns = clock.NowNs() - 1'000'000;
+  ev.kind = EventKind::kArrived;
+  ev.count = 3;
+  a->tracker().Apply(src, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kFinished;
+  ev.t_ns += 1000;
+  ev.reason = FinishReason::kError;
+  a->tracker().Apply(src, ev, nullptr, clock.NowNs());
+  std::string bytes;
+  StateWriter w(bytes);
+  a->SaveState(w);
+
+  struct Sink : trace::TimelineSink {
+    void OnRetired(trace::RequestTimeline& t, bool) override {
+      reasons.push_back(t.finish_reason);
+    }
+    std::vector<std::string> reasons;
+  } sink;
+  PipelineOptions no_grace;
+  no_grace.tracker.grace_ns = 0;
+  auto b = Make(clock, no_grace);
+  b->tracker().AddTimelineSink(&sink);
+  StateReader r(bytes.data(), bytes.size());
+  b->LoadState(r);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  EXPECT_EQ(b->registry().GetOrCreate({"vllm", "m", "0", {}})->start_unix_ns(),
+            1'700'000'000'000'000'000u);
+  EXPECT_EQ(b->registry().start_unix_ns(), 1'700'000'000'000'000'000u);
+  EXPECT_EQ(b->tracker().size(), 1u);
+  b->tracker().Sweep();
+  EXPECT_EQ(b->tracker().size(), 0u);
+  EXPECT_EQ(sink.reasons, std::vector<std::string>{"error"});
+}
+
 }  // namespace
 }  // namespace tokenmeter::daemon
