@@ -490,14 +490,14 @@ void OtlpMetricsEncoder::FlushFamily() {
     }
     const size_t data =
         points_.size() + (temporal ? 2 : 0) + (monotonic ? 2 : 0);
-    std::string metadata;  // prometheus.type, as a KeyValue field
-    ProtoKeyValue(&metadata, kMetricMetadata, "prometheus.type", type_name);
+    metadata_.clear();  // prometheus.type, as a KeyValue field
+    ProtoKeyValue(&metadata_, kMetricMetadata, "prometheus.type", type_name);
     // The Metric up to its data message's points: exact sizes first.
     const size_t head = LenFieldSize(name_.size()) +
                         (help_.empty() ? 0 : LenFieldSize(help_.size())) +
                         (unit.empty() ? 0 : LenFieldSize(unit.size())) + 1 +
                         VarintSize(data);
-    const size_t metric = head + data + metadata.size();
+    const size_t metric = head + data + metadata_.size();
     AppendExact(&metrics_, 1 + VarintSize(metric) + head, [&](char* p) {
       p = PutMessageHeader(p, kScopeMetricsMetrics, metric);
       p = PutLenField(p, kMetricName, name_);
@@ -516,7 +516,7 @@ void OtlpMetricsEncoder::FlushFamily() {
       metrics_.push_back(char(Tag1(kSumIsMonotonic, kVarint)));
       metrics_.push_back(1);
     }
-    metrics_.append(metadata);
+    metrics_.append(metadata_);
   } else {
     if (metrics_count_ != 0) metrics_.push_back(',');
     metrics_.append("{\"name\":");
