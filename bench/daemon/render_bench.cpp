@@ -173,8 +173,11 @@ std::unique_ptr<TmState> BuildRegistry(int identities) {
       td::Histogram& h = s->hist(td::EngineMetric(m));
       // Log-uniform over the layout, a little past both ends, in raw units
       // (whole nanoseconds for the seconds histograms).
+      // A layout whose first bound is 0 (request_num_preemptions): from
+      // half its first positive bound (log(0) would make every value NaN).
       const std::vector<double>& b = h.layout().bounds();
-      const double lo = std::log(b.front() / 2), hi = std::log(b.back() * 1.5);
+      const double first = b.front() > 0 ? b.front() : b.size() > 1 ? b[1] : 1;
+      const double lo = std::log(first / 2), hi = std::log(b.back() * 1.5);
       const double div = h.layout().divisor();
       for (int k = 0; k < 400; ++k) {
         double raw = std::exp(lo + (hi - lo) * Uniform(rng)) * div;
