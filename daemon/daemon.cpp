@@ -370,6 +370,10 @@ void Daemon::StartSignals() {
 }
 
 void Daemon::StartTimers() {
+  // The loop's cached time is that of its last iteration (or its init):
+  // refreshed, so that each timer's first tick comes one period after the
+  // marks taken below with the clock (the live history's first rate).
+  uv_update_time(&loop_);
   // Retire finished requests, evict idle ones.
   Every(100, [this] { pipeline_->tracker().Sweep(); });
   // The summary window: the log line's period, and the window of the
