@@ -272,7 +272,10 @@ class DisaggregatedTrace(unittest.TestCase):
     side's llm_request (with its queue, prefill and kv_transfer.send) and
     the decode side's (kv_transfer.recv, decode) are siblings under the
     caller's span, in the caller's trace; the engine's --report counts the
-    traceparents it sent on each side."""
+    traceparents it sent on each side, and on each side the spans'
+    durations (request, queue, prefill, KV send and receive) sum to the
+    engine's own summaries of the same intervals (span times equal the
+    events' times)."""
 
     def test_prefill_and_decode_spans_form_one_trace(self):
         if not tu.ENGINE:
@@ -338,6 +341,45 @@ class DisaggregatedTrace(unittest.TestCase):
                 recv = [sp for sp in sps if sp["name"] == "kv_transfer.recv"]
                 self.assertGreaterEqual(int(recv[-1]["end_time_unix_nano"]),
                                         int(send[0]["start_time_unix_nano"]))
+            # Span times against the engine's own --report: on each side,
+            # the durations of its spans sum to what the engine measured
+            # from the same event times (its summaries' count and sum, in
+            # seconds: equal to rounding).
+            side_of = {}
+            for sp in spans:
+                if sp["name"] == "llm_request":
+                    side_of[sp["span_id"]] = sp["attributes"][
+                        "tokenmeter.engine.engine"]["value"][len("dg-"):]
+
+            def sums(name):
+                out = {"prefill": [], "decode": []}
+                for sp in spans:
+                    if sp["name"] != name:
+                        continue
+                    side = side_of[sp["span_id"] if name == "llm_request"
+                                   else sp["parent_span_id"]]
+                    out[side].append(int(sp["end_time_unix_nano"]) -
+                                     int(sp["start_time_unix_nano"]))
+                return out
+            checks = [("llm_request", lambda r: r["e2e_s"]),
+                      ("queue", lambda r: r["queue_s"]),
+                      ("prefill", lambda r: r["prefill_s"]),
+                      ("kv_transfer.send",
+                       lambda r: r["kv_transfer"]["send"]["time_s"]),
+                      ("kv_transfer.recv",
+                       lambda r: r["kv_transfer"]["recv"]["time_s"])]
+            compared = 0
+            for name, figure in checks:
+                got = sums(name)
+                for side in ("prefill", "decode"):
+                    want = figure(report[side])
+                    self.assertEqual(len(got[side]), want["count"],
+                                     (name, side))
+                    self.assertAlmostEqual(sum(got[side]) / 1e9, want["sum"],
+                                           delta=1e-9 * (1 + want["count"]),
+                                           msg=(name, side))
+                    compared += want["count"]
+            self.assertGreater(compared, 4 * sent)
 
 
 if __name__ == "__main__":
