@@ -516,6 +516,15 @@ void Daemon::OnStopped() {
   const IngestStats& stats = pipeline_->stats();
   spdlog::info("stopped: {} events applied, {} frames accepted since start",
                stats.events_total(), stats.frames());
+  if (pusher_ != nullptr) {
+    // The catalog has no series for the metrics push: its counts, once.
+    const MetricsPusherStats p = pusher_->stats();
+    spdlog::info(
+        "metrics push: {} pushes, data points: {} exported, {} dropped "
+        "(queue full), {} failed, {} not sent",
+        p.pushes, p.points_exported, p.points_dropped, p.points_failed,
+        p.points_queued);
+  }
 }
 
 int Daemon::Run() {

@@ -242,14 +242,35 @@ class MetricsPush(unittest.TestCase):
                     self.assertGreater(number(b), number(a), name)
 
     def test_a_receiver_that_never_answers_blocks_nothing(self):
+        # The first push waits for an answer that never comes, the later
+        # ones wait in the queue; ingest and /metrics go on, and the stop
+        # line counts it all (nothing exported, the rest failed at the
+        # stop's deadline or never sent).
         with otel.Receiver(stall=True) as rx:
             d = self.run_daemon(rx, "--otlp-timeout", "60000")
             self.feed(d, n=3)
             poll_until(lambda: len(rx.requests()) >= 1, what="a push")
-            # Ingest and /metrics go on while the push waits.
             self.feed(d, n=2, first_rid=10, finished=3 + 2)
             self.assertIn("vllm:generation_tokens_total", d.metrics_text())
-
+            time.sleep(2.5)  # two more pushes, queued
+            d.stop()
+            line = [ln for ln in d.read_log().decode().splitlines()
+                    if "metrics push:" in ln]
+            self.assertEqual(len(line), 1, d.read_log())
+            import re
+            m = re.search(r"(\d+) pushes, data points: (\d+) exported, "
+                          r"(\d+) dropped \(queue full\), (\d+) failed, "
+                          r"(\d+) not sent", line[0])
+            self.assertIsNotNone(m, line[0])
+            pushes, exported, dropped, failed, unsent = map(int, m.groups())
+            self.assertGreaterEqual(pushes, 3)
+            self.assertEqual(exported, 0)
+            points = int(rx.requests()[0]["items"])
+            self.assertGreater(points, 0)
+            # Every push's points: failed at the deadline, never sent, or
+            # (a queue too small) dropped; none lost from the count.
+            self.assertGreaterEqual(dropped + failed + unsent,
+                                    pushes * points - points)
 
 if __name__ == "__main__":
     tu.DAEMON = os.path.abspath(sys.argv.pop(1))
