@@ -61,39 +61,4 @@ void AppendHelpEscaped(std::string& out, std::string_view help) {
   }
 }
 
-namespace {
-constexpr char kJsonHex[] = "0123456789abcdef";
-}  // namespace
-
-void AppendJsonString(std::string& out, std::string_view s) {
-  out += '"';
-  size_t start = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out.append(s.data() + start, i - start);
-    start = i + 1;
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        out += "\\u00";
-        out += kJsonHex[c >> 4];
-        out += kJsonHex[c & 15];
-    }
-  }
-  out.append(s.data() + start, s.size() - start);
-  out += '"';
-}
-
 }  // namespace tokenmeter::daemon

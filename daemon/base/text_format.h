@@ -23,9 +23,6 @@ void AppendLabel(std::string& text, std::string_view name,
                  std::string_view value);
 // HELP text escaped per the text format (backslash and newline).
 void AppendHelpEscaped(std::string& out, std::string_view help);
-// `s` as a JSON string: quotes, with ", \ and control characters escaped
-// (the input is valid UTF-8: the decoder checks HELLO strings).
-void AppendJsonString(std::string& out, std::string_view s);
 
 }  // namespace tokenmeter::daemon
 

@@ -1,5 +1,6 @@
 #include "daemon/live/live_json.h"
 
+#include "daemon/base/json_write.h"
 #include "daemon/base/text_format.h"
 
 namespace tokenmeter::daemon::live {
@@ -18,17 +19,17 @@ void RenderJson(const Registry& registry, const History& history,
     first = false;
     const SeriesIdentity& id = s.identity();
     out += "{\"engine_family\":";
-    AppendJsonString(out, id.ns);
+    json_write::JsonString(&out, id.ns);
     out += ",\"model_name\":";
-    AppendJsonString(out, id.model);
+    json_write::JsonString(&out, id.model);
     out += ",\"engine\":";
-    AppendJsonString(out, id.instance);
+    json_write::JsonString(&out, id.instance);
     out += ",\"labels\":{";
     for (size_t i = 0; i < id.labels.size(); ++i) {
       if (i > 0) out += ',';
-      AppendJsonString(out, id.labels[i].first);
+      json_write::JsonString(&out, id.labels[i].first);
       out += ':';
-      AppendJsonString(out, id.labels[i].second);
+      json_write::JsonString(&out, id.labels[i].second);
     }
     const History::Series* h = history.Find(s);
     const bool has_point = h != nullptr && h->t.size() > 0;

@@ -260,6 +260,27 @@ void OtlpMetricsEncoder::Attributes(const SampleLabels& labels,
 
 // JSON points start with the times (always present: timeUnixNano), so that
 // the optional members after them each take a leading comma.
+void OtlpMetricsEncoder::JsonPointTimes(uint64_t start) {
+  point_.push_back('{');
+  if (start != 0) {
+    point_.append("\"startTimeUnixNano\":");
+    JsonQuotedInt(&point_, start);
+    point_.push_back(',');
+  }
+  point_.append("\"timeUnixNano\":");
+  JsonQuotedInt(&point_, options_.time_unix_nano);
+}
+
+void OtlpMetricsEncoder::JsonHistogramHead(const SampleLabels& labels,
+                                           uint64_t start, const Histogram& h) {
+  JsonPointTimes(start);
+  Attributes(labels, 0);
+  point_.append(",\"count\":");
+  JsonQuotedInt(&point_, h.count());
+  point_.append(",\"sum\":");
+  JsonDouble(&point_, h.sum());
+}
+
 void OtlpMetricsEncoder::NumberPoint(const SampleLabels& labels, bool is_int,
                                      uint64_t bits) {
   point_.clear();
@@ -270,14 +291,7 @@ void OtlpMetricsEncoder::NumberPoint(const SampleLabels& labels, bool is_int,
     ProtoFixed64(&point_, is_int ? kNumberAsInt : kNumberAsDouble, bits);
     Attributes(labels, kNumberAttributes);
   } else {
-    point_.push_back('{');
-    if (start != 0) {
-      point_.append("\"startTimeUnixNano\":");
-      JsonQuotedInt(&point_, start);
-      point_.push_back(',');
-    }
-    point_.append("\"timeUnixNano\":");
-    JsonQuotedInt(&point_, options_.time_unix_nano);
+    JsonPointTimes(start);
     if (is_int) {
       point_.append(",\"asInt\":");
       JsonQuotedInt(&point_, int64_t(bits));
@@ -329,19 +343,7 @@ void OtlpMetricsEncoder::ExponentialPoint(const SampleLabels& labels,
       ProtoFixed64(&point_, kExpZeroCount, n.zero_count());
     }
   } else {
-    point_.push_back('{');
-    if (start != 0) {
-      point_.append("\"startTimeUnixNano\":");
-      JsonQuotedInt(&point_, start);
-      point_.push_back(',');
-    }
-    point_.append("\"timeUnixNano\":");
-    JsonQuotedInt(&point_, options_.time_unix_nano);
-    Attributes(labels, 0);
-    point_.append(",\"count\":");
-    JsonQuotedInt(&point_, h.count());
-    point_.append(",\"sum\":");
-    JsonDouble(&point_, h.sum());
+    JsonHistogramHead(labels, start, h);
     point_.append(",\"scale\":");
     JsonInt(&point_, n.schema());
     point_.append(",\"zeroCount\":");
@@ -429,19 +431,7 @@ void OtlpMetricsEncoder::ExplicitPoint(const SampleLabels& labels,
     Attributes(labels, kHistAttributes);
     return;
   }
-  point_.push_back('{');
-  if (start != 0) {
-    point_.append("\"startTimeUnixNano\":");
-    JsonQuotedInt(&point_, start);
-    point_.push_back(',');
-  }
-  point_.append("\"timeUnixNano\":");
-  JsonQuotedInt(&point_, options_.time_unix_nano);
-  Attributes(labels, 0);
-  point_.append(",\"count\":");
-  JsonQuotedInt(&point_, h.count());
-  point_.append(",\"sum\":");
-  JsonDouble(&point_, h.sum());
+  JsonHistogramHead(labels, start, h);
   point_.append(",\"bucketCounts\":[");
   for (size_t i = 0; i < counts.size(); ++i) {
     if (i) point_.push_back(',');

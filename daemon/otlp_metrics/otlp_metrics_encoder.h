@@ -177,6 +177,11 @@ class OtlpMetricsEncoder final : public MetricWriter {
   void Attributes(const SampleLabels& labels, uint32_t field);
   void ExponentialPoint(const SampleLabels& labels, const Histogram& h);
   void ExplicitPoint(const SampleLabels& labels, const Histogram& h);
+  // JSON: a point's opening brace and its times; a histogram point's
+  // times, attributes, count and sum.
+  void JsonPointTimes(uint64_t start);
+  void JsonHistogramHead(const SampleLabels& labels, uint64_t start,
+                         const Histogram& h);
   // Appends the finished point_ to points_.
   void AddPoint();
 

@@ -26,7 +26,7 @@ MetricsPusher::MetricsPusher(const Registry& registry,
         // registry's: the daemon families and the per-request-label cells.
         encoder_options.start_time = [this](std::string_view,
                                             const SampleLabels& labels) {
-          auto it = starts_.find(std::string(labels.text));
+          auto it = starts_.find(labels.text);
           return it != starts_.end() && it->second != 0
                      ? it->second
                      : registry_.start_unix_ns();
@@ -67,10 +67,13 @@ Status MetricsPusher::Create(uv_loop_t* loop, const Registry& registry,
 
 void MetricsPusher::Push() {
   if (exporter_ == nullptr) return;
-  starts_.clear();
-  registry_.ForEachSeries([this](const EngineSeries& s) {
-    starts_.emplace(s.label_text(), s.start_unix_ns());
-  });
+  if (starts_series_ != registry_.series_count()) {
+    starts_series_ = registry_.series_count();
+    starts_.clear();
+    registry_.ForEachSeries([this](const EngineSeries& s) {
+      starts_.emplace(s.label_text(), s.start_unix_ns());
+    });
+  }
   const uint64_t now =
       options_.clock != nullptr ? UnixNowNs(*options_.clock) : SystemUnixNs();
   encoder_.Reset(now);

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "daemon/base/clock.h"
@@ -92,8 +93,10 @@ class MetricsPusher {
   const Registry& registry_;
   MetricsPusherOptions options_;
   otlp_metrics::OtlpMetricsEncoder encoder_;
-  // An engine series' label text -> its start time, rebuilt each push.
-  std::unordered_map<std::string, uint64_t> starts_;
+  // An engine series' label text (a view: series live as long as the
+  // registry) -> its start time; made again when series were added.
+  std::unordered_map<std::string_view, uint64_t> starts_;
+  size_t starts_series_ = SIZE_MAX;  // the series count starts_ was made at
   std::unique_ptr<otlp::OtlpHttpExporter> exporter_;
   uv_timer_t timer_{};
   bool shut_down_ = false;

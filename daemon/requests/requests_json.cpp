@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "daemon/base/json_write.h"
 #include "daemon/base/text_format.h"
 #include "daemon/trace/ids.h"
 #include "daemon/trace/span.h"
@@ -14,21 +15,12 @@
 namespace tokenmeter::daemon::requests {
 namespace {
 
-void AppendInt(std::string& out, int64_t v) {
-  if (v < 0) {
-    out += '-';
-    AppendUint(out, uint64_t(0) - uint64_t(v));
-  } else {
-    AppendUint(out, uint64_t(v));
-  }
-}
-
 // `t` as ns after `start`, or null when not seen (0).
 void AppendAfter(std::string& out, uint64_t t, uint64_t start) {
   if (t == 0) {
     out += "null";
   } else {
-    AppendInt(out, int64_t(t - start));
+    json_write::JsonInt(&out, int64_t(t - start));
   }
 }
 
@@ -51,7 +43,7 @@ void AppendStringOrNull(std::string& out, std::string_view s) {
   if (s.empty()) {
     out += "null";
   } else {
-    AppendJsonString(out, s);
+    json_write::JsonString(&out, s);
   }
 }
 
@@ -60,9 +52,9 @@ void AppendPairs(std::string& out,
   out += '{';
   for (size_t i = 0; i < kv.size(); ++i) {
     if (i > 0) out += ',';
-    AppendJsonString(out, kv[i].first);
+    json_write::JsonString(&out, kv[i].first);
     out += ':';
-    AppendJsonString(out, kv[i].second);
+    json_write::JsonString(&out, kv[i].second);
   }
   out += '}';
 }
@@ -98,7 +90,7 @@ void AppendRequest(std::string& out, const KeptRequest& k,
   const trace::RequestTimeline& t = *k.timeline;
   const uint64_t s = k.start_ns;
   out += "{\"request_id\":";
-  AppendJsonString(out, t.request_id);
+  json_write::JsonString(&out, t.request_id);
   out += ",\"kept\":";
   out += k.failed ? "\"failed\"" : "\"slow\"";
   out += ",\"finish_reason\":";
@@ -133,7 +125,7 @@ void AppendRequest(std::string& out, const KeptRequest& k,
   AppendUintOrNull(out, t.has_info, t.external_tokens);
   out += ",\"priority\":";
   if (t.has_priority) {
-    AppendInt(out, t.priority);
+    json_write::JsonInt(&out, t.priority);
   } else {
     out += "null";
   }
@@ -150,11 +142,11 @@ void AppendRequest(std::string& out, const KeptRequest& k,
     if (!first) out += ',';
     first = false;
     out += "{\"name\":";
-    AppendJsonString(out, sp.name);
+    json_write::JsonString(&out, sp.name);
     out += ",\"start_ns\":";
-    AppendInt(out, int64_t(sp.start_unix_ns - s));
+    json_write::JsonInt(&out, int64_t(sp.start_unix_ns - s));
     out += ",\"end_ns\":";
-    AppendInt(out, int64_t(sp.end_unix_ns - s));
+    json_write::JsonInt(&out, int64_t(sp.end_unix_ns - s));
     out += ",\"error\":";
     out += sp.status_code == trace::StatusCode::kError ? "true" : "false";
     out += '}';
@@ -194,7 +186,7 @@ void AppendRequest(std::string& out, const KeptRequest& k,
   for (size_t i = 0; i < t.tokens.size(); ++i) {
     if (i > 0) out += ',';
     out += '[';
-    AppendInt(out, int64_t(t.tokens[i].t_ns - s));
+    json_write::JsonInt(&out, int64_t(t.tokens[i].t_ns - s));
     out += ',';
     AppendUint(out, t.tokens[i].n);
     out += ']';
@@ -215,13 +207,13 @@ void AppendAttributeValue(std::string& out, const trace::Attribute& a) {
   switch (a.type) {
     case Type::kString:
     case Type::kStringArray1:
-      AppendJsonString(out, a.str);
+      json_write::JsonString(&out, a.str);
       break;
     case Type::kBool:
       out += a.bool_value ? "true" : "false";
       break;
     case Type::kInt:
-      AppendInt(out, a.int_value);
+      json_write::JsonInt(&out, a.int_value);
       break;
     case Type::kDouble:
       AppendDouble(out, a.double_value);
@@ -237,7 +229,7 @@ void BeginEvent(std::string& out, bool& first, std::string_view ph,
   out += "\n{\"ph\":\"";
   out += ph;
   out += "\",\"name\":";
-  AppendJsonString(out, name);
+  json_write::JsonString(&out, name);
   out += ",\"pid\":";
   AppendUint(out, pid);
   out += ",\"tid\":";
@@ -256,13 +248,13 @@ void RenderRequestsJson(const std::vector<SeriesRequests>& series,
   out += ",\"now_unix_ns\":";
   AppendUint(out, o.now_unix_ns);
   out += ",\"unix_minus_monotonic_ns\":";
-  AppendInt(out, o.unix_minus_monotonic_ns);
+  json_write::JsonInt(&out, o.unix_minus_monotonic_ns);
   out += ",\"series\":[";
   for (size_t i = 0; i < series.size(); ++i) {
     const SeriesRequests& sr = series[i];
     if (i > 0) out += ',';
     out += "\n{\"profile\":";
-    AppendJsonString(out, sr.first->profile);
+    json_write::JsonString(&out, sr.first->profile);
     out += ",\"labels\":";
     AppendPairs(out, sr.first->engine_labels);
     out += ",\"requests\":[";
@@ -307,7 +299,7 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
     }
     BeginEvent(out, first, "M", "process_name", pid, 0);
     out += ",\"args\":{\"name\":";
-    AppendJsonString(out, process);
+    json_write::JsonString(&out, process);
     out += "}}";
     for (size_t j = 0; j < sr.requests.size(); ++j) {
       const KeptRequest& k = *sr.requests[j];
@@ -317,7 +309,7 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
       if (!t.finish_reason.empty()) thread += " (" + t.finish_reason + ")";
       BeginEvent(out, first, "M", "thread_name", pid, tid);
       out += ",\"args\":{\"name\":";
-      AppendJsonString(out, thread);
+      json_write::JsonString(&out, thread);
       out += "}}";
       BeginEvent(out, first, "M", "thread_sort_index", pid, tid);
       out += ",\"args\":{\"sort_index\":";
@@ -334,15 +326,13 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
         bool first_arg = true;
         if (&sp == &batch.spans.front() && !t.exported_trace_id.empty()) {
           out += "\"trace_id\":";
-          AppendJsonString(out, t.exported_trace_id);
+          json_write::JsonString(&out, t.exported_trace_id);
           first_arg = false;
         }
         for (const trace::Attribute& a : batch.AttributesOf(sp)) {
           if (!first_arg) out += ',';
           first_arg = false;
-          std::string key(a.key_prefix);
-          key += a.key;
-          AppendJsonString(out, key);
+          json_write::JsonString(&out, a.key_prefix, a.key);
           out += ':';
           AppendAttributeValue(out, a);
         }

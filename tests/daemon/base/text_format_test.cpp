@@ -215,11 +215,5 @@ TEST(TextFormatTest, IgnoresTheProcessLocale) {
   EXPECT_EQ(text.find("0,"), std::string::npos);
 }
 
-TEST(AppendJsonStringTest, EscapesQuotesBackslashesAndControls) {
-  std::string out;
-  AppendJsonString(out, "a\"b\\c\nd\te\x01\x1f<é>");
-  EXPECT_EQ(out, "\"a\\\"b\\\\c\\nd\\te\\u0001\\u001f<é>\"");
-}
-
 }  // namespace
 }  // namespace tokenmeter::daemon
