@@ -505,8 +505,7 @@ void Tracker::Apply(const Source& src, const Event& ev,
       break;
     case EventKind::kScheduled:
       if (r.has_extra && has_sinks_) [[unlikely]] {
-        auto it = extras_.find(&r);
-        trace::RequestTimeline* tl = it->second.timeline.get();
+        trace::RequestTimeline* tl = FindExtra(r)->timeline.get();
         if (tl != nullptr && !tl->preemptions.empty() &&
             tl->preemptions.back().resumed_ns == 0) {
           tl->preemptions.back().resumed_ns = ev.t_ns;
@@ -738,12 +737,11 @@ trace::RequestTimeline& Tracker::TimelineOf(Request& r) {
 }
 
 void Tracker::HandOver(Request& r, bool evicted) {
-  std::unique_ptr<trace::RequestTimeline> tl;
-  if (r.has_extra) {
-    auto it = extras_.find(&r);
-    if (it != extras_.end()) tl = std::move(it->second.timeline);
-  }
-  if (!tl) tl = std::make_unique<trace::RequestTimeline>();
+  // One lookup: the Extra gives the timeline made so far and its fields.
+  Extra* e = FindExtra(r);
+  std::unique_ptr<trace::RequestTimeline> tl =
+      e != nullptr && e->timeline ? std::move(e->timeline)
+                                  : std::make_unique<trace::RequestTimeline>();
   if (r.ticks != 0) {
     const uint64_t all = ticks_.Collect(
         r.ticks, trace::RequestTimeline::kMaxTokenTicks, &tl->tokens);
@@ -769,7 +767,7 @@ void Tracker::HandOver(Request& r, bool evicted) {
   tl->generation_tokens = r.generation_tokens;
   tl->max_tokens = r.has_max_tokens ? r.max_tokens : 0;
   tl->n = r.has_n ? r.n : 0;
-  if (const Extra* e = FindExtra(r)) {
+  if (e != nullptr) {
     tl->has_info = e->has_info;
     tl->cached_tokens = e->cached_tokens;
     tl->external_tokens = e->external_tokens;
@@ -796,10 +794,14 @@ Tracker::Extra& Tracker::ExtraOf(Request& r) {
   return extras_[&r];
 }
 
-const Tracker::Extra* Tracker::FindExtra(const Request& r) const {
+Tracker::Extra* Tracker::FindExtra(const Request& r) {
   if (!r.has_extra) return nullptr;
   auto it = extras_.find(&r);
   return it == extras_.end() ? nullptr : &it->second;
+}
+
+const Tracker::Extra* Tracker::FindExtra(const Request& r) const {
+  return const_cast<Tracker*>(this)->FindExtra(r);
 }
 
 // The first SCHEDULED's info (protocol 1.2): kept unless cached + external

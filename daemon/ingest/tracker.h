@@ -208,6 +208,7 @@ class Tracker : public Collector {
   trace::RequestTimeline& TimelineOf(Request& r);
   // The request's Extra, made on first use.
   Extra& ExtraOf(Request& r);
+  Extra* FindExtra(const Request& r);
   const Extra* FindExtra(const Request& r) const;
 
   Registry& registry_;
