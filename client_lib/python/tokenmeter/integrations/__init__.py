@@ -1,0 +1,1 @@
+"""Engine integrations of tokenmeter (one module per engine)."""
