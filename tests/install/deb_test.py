@@ -87,6 +87,10 @@ def expected_files():
         },
         "python3-tokenmeter": {
             "/usr/lib/python3/dist-packages/tokenmeter/__init__.py",
+            "/usr/lib/python3/dist-packages/tokenmeter/integrations/"
+            "sglang.py",
+            "/usr/bin/tokenmeter-sglang",
+            "/usr/share/man/man1/tokenmeter-sglang.1.gz",
         },
         "tokenmeter-engine": {
             "/usr/bin/tokenmeter-engine",

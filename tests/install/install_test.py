@@ -130,6 +130,7 @@ class Installed(unittest.TestCase):  # one install for every check
         files = {
             f"{d['sbindir']}/tokenmeterd",
             f"{d['bindir']}/tokenmeter-engine",
+            f"{d['bindir']}/tokenmeter-sglang",
             f"{lib}/libtokenmeter.so", f"{lib}/libtokenmeter.so.0",
             f"{lib}/libtokenmeter.so.0.1.0", f"{lib}/libtokenmeter.a",
             f"{lib}/pkgconfig/tokenmeter.pc",
@@ -157,7 +158,8 @@ class Installed(unittest.TestCase):  # one install for every check
         if self.man_pages_built():
             files |= {f"{d['mandir']}/man8/tokenmeterd.8",
                       f"{d['mandir']}/man1/tokenmeter-engine.1",
-                      f"{d['mandir']}/man3/tokenmeter.3"}
+                      f"{d['mandir']}/man3/tokenmeter.3",
+                      f"{d['mandir']}/man1/tokenmeter-sglang.1"}
         return files
 
     def test_file_list(self):

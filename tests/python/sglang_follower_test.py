@@ -25,6 +25,7 @@ Suites (the first argument picks one; meson runs each as its own test):
   returns data; the two it cannot (running and queued requests: scheduler
   state, not in the file) return none.
 """
+import datetime
 import json
 import os
 import signal
@@ -41,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "standins"))
 import tokenmeter_testutil as tu  # noqa: E402
 from sglang.collector import SGLangCollector  # noqa: E402
 from sglang.engine import (StandInServer, Timeline,  # noqa: E402
-                           capture_reference_engine, summary_stats)
+                           capture_reference_engine, scaled, summary_stats)
 from sglang.exporter import FileExporter  # noqa: E402
 
 from tokenmeter.integrations import sglang as follower  # noqa: E402
@@ -198,6 +199,17 @@ class Records(unittest.TestCase):
         rec["id"] = "r" * 129
         self.assertNotIn("rid", follower.summarize(rec).kwargs)
 
+    def test_man_page_lists_every_flag(self):
+        sys.path.insert(0, os.path.join(SRC, "tests", "docs"))
+        import man_pages_test as man
+        with open(os.path.join(SRC, "docs", "man",
+                               "tokenmeter-sglang.1.scd")) as f:
+            in_page = man.page_flags(f.read())
+        in_help = {o for a in follower.build_parser()._actions
+                   for o in a.option_strings}
+        self.assertGreater(len(in_help), 8)
+        self.assertEqual(in_page, in_help)
+
     # -- bad input, one test each -------------------------------------------
     def assert_malformed(self, line, pattern):
         with self.assertRaisesRegex(follower.Malformed, pattern):
@@ -232,6 +244,11 @@ class Records(unittest.TestCase):
     def test_float_token_count(self):
         self.assert_malformed(self.mutated(cached_tokens=1.5),
                               "cached_tokens")
+
+    def test_more_cached_than_prompt_tokens(self):
+        rec = json.loads(self.lines[0])
+        self.assert_malformed(self.mutated(
+            cached_tokens=rec["prompt_tokens"] + 1), "cached_tokens")
 
     def test_missing_finish_reason(self):
         self.assert_malformed(self.mutated(finish_reason=None),
@@ -449,8 +466,352 @@ class Tailing(unittest.TestCase):
             follower.load_state(state_path)
 
 
+# 120 requests at 80/s into 8 slots and a KV cache of 52 blocks of 16:
+# queueing, prefix-cache hits (a shared 30 % of each prompt), a few
+# preemptions; about 1.7 s on 2 cores, slowed down 60 times (a step then
+# takes 10 to 30 ms, as on a GPU).
+ENGINE_ARGS = ("--requests", "120", "--rate", "80", "--prompt-len", "96",
+               "--output-len", "96", "--max-batch", "8", "--kv-blocks", "52",
+               "--block-size", "16", "--shared-prefix", "0.3",
+               "--tenants", "0", "--seed", "7")
+TIME_SCALE = 60
+
+
+def engine_timelines(workdir):
+    """The reference engine's requests (captured), or a skip without it."""
+    engine = os.environ.get("TOKENMETER_ENGINE", "")
+    if not os.access(engine, os.X_OK):
+        tu.skip("TOKENMETER_ENGINE not set (run through meson test)")
+    return scaled(capture_reference_engine(engine, workdir, *ENGINE_ARGS),
+                  TIME_SCALE)
+
+
+class Hours:
+    """The exporter's datetime.now(): the hour turns when told to."""
+
+    def __init__(self):
+        self.hour = datetime.datetime(2026, 12, 5, 17, 59, 58)
+
+    def __call__(self):
+        return self.hour
+
+    def turn(self):
+        self.hour += datetime.timedelta(seconds=4)
+
+
+def start_follower(workdir, sock, *extra):
+    cmd = [sys.executable, "-m", "tokenmeter.integrations.sglang",
+           os.path.join(workdir, "metrics"), "--model", MODEL,
+           "--socket", sock, "--poll-interval", "0.05", *extra]
+    err = open(os.path.join(workdir, "follower.log"), "ab")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def stop_follower(proc, workdir):
+    """SIGTERM, then its exit status and its stderr."""
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(20)
+    with open(os.path.join(workdir, "follower.log")) as f:
+        return rc, f.read()
+
+
+def histogram(samples, name, labels):
+    """{le: cumulative count}, count, sum of one histogram series."""
+    buckets, count, total = {}, None, None
+    for (n, lb), v in samples.items():
+        lb = dict(lb)
+        if any(lb.get(k) != w for k, w in labels.items()):
+            continue
+        if n == name + "_bucket":
+            buckets[float(lb["le"])] = v
+        elif n == name + "_count":
+            count = v
+        elif n == name + "_sum":
+            total = v
+    return buckets, count, total
+
+
+class Daemon(unittest.TestCase):
+    """The stand-in SGLang server and tokenmeter-sglang into a real
+    tokenmeterd: the daemon's sglang series against SGLang's collector."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="sgld-")
+        cls.timelines = engine_timelines(cls.dir)
+        cls.daemon = tu.Daemon("--profile", "sglang").start()
+        cls.collector = SGLangCollector({"model_name": MODEL})
+        cls.hours = Hours()
+        cls.server = StandInServer(
+            cls.collector, FileExporter(os.path.join(cls.dir, "metrics"),
+                                        now=cls.hours), seed=11)
+        cls.built = cls.server.build(cls.timelines)
+        cls.stats = summary_stats(cls.built)
+        half = len(cls.built) // 2
+        # The first half before the follower starts, the rest after; the
+        # hour turns in the middle of the second part, and one record
+        # reaches the file in two pieces.
+        cls.server.run(cls.built[:half])
+        cls.proc = start_follower(cls.dir, cls.daemon.sock, "--from-start",
+                                  "--state", os.path.join(cls.dir, "state"))
+        rest = cls.built[half:]
+        turn_at = len(rest) // 2
+
+        def written(i):
+            if i == turn_at:
+                cls.hours.turn()
+
+        def paused(i):
+            time.sleep(0.3)  # the follower polls every 0.05 s meanwhile
+        cls.server.run(rest, pause_at=turn_at + 3, pause=paused,
+                       on_written=written)
+        cls.server.exporter.close()
+        cls.daemon.wait_value("sglang:num_requests_total",
+                              cls.stats["logged"], timeout=30,
+                              model_name=MODEL, engine="0")
+        cls.rc, cls.follower_log = stop_follower(cls.proc, cls.dir)
+        cls.got = cls.daemon.samples()
+        cls.want = cls.collector.samples()
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.proc.poll() is None:
+            cls.proc.kill()
+        cls.daemon.stop()
+        cls.daemon.cleanup()
+
+    LB = {"model_name": MODEL}
+
+    def value(self, samples, name, **labels):
+        want = dict(self.LB, **labels)
+        vals = [v for (n, lb), v in samples.items() if n == name
+                and all(dict(lb).get(k) == w for k, w in want.items())]
+        self.assertEqual(len(vals), 1, f"{name}{want}: {vals}")
+        return vals[0]
+
+    def test_workload_has_every_path(self):
+        c = self.stats
+        self.assertGreater(c["records"], 100)
+        self.assertGreater(c["aborts"], 3)
+        self.assertGreater(c["health"], 0)
+        self.assertGreater(self.server.retracted, 0)  # preempted by the engine
+        self.assertGreater(c["records"] - c["logged"], 0)  # log_metrics false
+        names = sorted(n for n in os.listdir(os.path.join(self.dir,
+                                                          "metrics")))
+        self.assertEqual(names, ["sglang-request-metrics-20261205_17.log",
+                                 "sglang-request-metrics-20261205_18.log"])
+
+    def test_follower_stopped_cleanly_and_counted(self):
+        self.assertEqual(self.rc, 0, self.follower_log)
+        c = self.stats
+        self.assertIn(f"{c['logged']} records sent, "
+                      f"{c['records'] - c['logged']} skipped (log_metrics "
+                      "false), 0 malformed, 0 backfilled", self.follower_log)
+        self.assertIn("0 dropped, 0 unacked", self.follower_log)
+
+    def test_counters_equal_sglangs(self):
+        for name in ("sglang:prompt_tokens_total",
+                     "sglang:generation_tokens_total",
+                     "sglang:num_requests_total"):
+            self.assertEqual(self.value(self.got, name),
+                             self.value(self.want, name), name)
+        self.assertEqual(
+            self.value(self.got, "sglang:cached_tokens_total",
+                       cache_source="total"),
+            self.value(self.want, "sglang:cached_tokens_total",
+                       cache_source="total"))
+        self.assertGreater(self.value(self.want, "sglang:cached_tokens_total",
+                                      cache_source="total"), 0)
+
+    def test_aborted_requests_differ_by_the_unlogged_aborts(self):
+        # SGLang counts abort_request() calls (any request); the file
+        # gives the records that finished as abort (log_metrics true).
+        unlogged = sum(1 for _, obj, out, _ in self.built
+                       if not obj["log_metrics"]
+                       and not obj["rid"].startswith("HEALTH_CHECK")
+                       and out["meta_info"]["finish_reason"]["type"]
+                       == "abort")
+        got = self.value(self.got, "sglang:num_aborted_requests_total")
+        want = self.value(self.want, "sglang:num_aborted_requests_total")
+        self.assertEqual(got, self.stats["aborts"])
+        self.assertEqual(got, want - unlogged)
+
+    def assert_histograms_equal(self, name, sum_tolerance):
+        gb, gc, gs = histogram(self.got, name, self.LB)
+        wb, wc, ws = histogram(self.want, name, self.LB)
+        self.assertEqual(gb, wb, name)
+        self.assertEqual(gc, wc, name)
+        self.assertAlmostEqual(gs, ws, delta=sum_tolerance * wc, msg=name)
+        self.assertGreater(wc, 100)
+
+    def test_e2e_histogram_equals_sglangs(self):
+        self.assert_histograms_equal("sglang:e2e_request_latency_seconds",
+                                     1e-9)
+
+    def test_ttft_histogram_equals_sglangs(self):
+        # A request whose only output was its last: e2e, within SGLang's
+        # two clock readings (2 us in the stand-in).
+        self.assert_histograms_equal("sglang:time_to_first_token_seconds",
+                                     3e-6)
+
+    def test_token_histograms_equal_sglangs(self):
+        self.assert_histograms_equal("sglang:prompt_tokens_histogram", 0)
+        self.assert_histograms_equal("sglang:generation_tokens_histogram",
+                                     0)
+
+    def test_queue_time_is_sglangs_but_what_no_record_gives(self):
+        # Expected: SGLang's observations less the ones no record carries
+        # (health checks, log_metrics false, and a retracted request's
+        # queue_time, negative in the file).
+        expect = SGLangCollector({"model_name": MODEL})
+        for _, obj, out, calls in self.built:
+            m = out["meta_info"]
+            if obj["log_metrics"] and "forward_entry_time" in m and \
+                    m["queue_time"] >= 0:
+                expect.observe_queue_time(m["queue_time"])
+        name = "sglang:queue_time_seconds"
+        gb, gc, gs = histogram(self.got, name, self.LB)
+        eb, ec, es = histogram(expect.samples(), name, self.LB)
+        wb, wc, ws = histogram(self.want, name, self.LB)
+        self.assertEqual(gb, eb)
+        self.assertAlmostEqual(gs, es, delta=1e-9 * ec)
+        self.assertEqual(gc, wc - self.stats["queue_observed_not_sent"])
+        self.assertGreater(self.stats["queue_observed_not_sent"], 0)
+        self.assertGreater(gc, 50)
+
+    def test_what_the_file_cannot_feed(self):
+        # Per-token inter-token latency: the file has one line per finished
+        # request, no output times. SGLang observed it; the daemon has none.
+        _, wc, _ = histogram(self.want, "sglang:inter_token_latency_seconds",
+                             self.LB)
+        _, gc, _ = histogram(self.got, "sglang:inter_token_latency_seconds",
+                             self.LB)
+        self.assertGreater(wc, 1000)
+        self.assertIn(gc, (None, 0))
+        # Scheduler state (running, queued requests, KV usage): no STEP
+        # with it is ever sent.
+        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs",
+                     "sglang:token_usage"):
+            vals = [v for (n, _), v in self.got.items() if n == name]
+            self.assertTrue(all(v == 0 for v in vals), (name, vals))
+
+
+sys.path.insert(0, os.path.join(SRC, "tests", "monitoring"))
+import live_prometheus_test as live  # noqa: E402
+
+PROM_YML = """global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: tokenmeter
+    static_configs:
+      - targets: ['{target}']
+"""
+# SGLang's dashboard panels the file cannot feed: scheduler state, which a
+# request's record, written when it finishes, does not have.
+NOT_FED = {"Num Running Requests": "sglang:num_running_reqs",
+           "Number Queued Requests": "sglang:num_queue_reqs"}
+
+
+class Dashboard(live.LiveBase):
+    """SGLang's example dashboard, unchanged, on a real Prometheus that
+    scrapes a tokenmeterd fed only by tokenmeter-sglang."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.access(live.PROMETHEUS, os.X_OK):
+            tu.skip(f"{live.PROMETHEUS} not installed (Debian package "
+                    "prometheus)")
+        cls.dir = tempfile.mkdtemp(prefix="sgldash-")
+        timelines = engine_timelines(cls.dir)
+        # Windows of 1 s for gen_throughput and cache_hit_rate.
+        cls.daemon = tu.Daemon("--profile", "sglang",
+                               "--log-interval", "1").start()
+        target = f"{cls.daemon.host}:{cls.daemon.port}"
+        cls.prom = live.Prometheus(os.path.join(cls.dir, "prom"),
+                                   PROM_YML.format(target=target), [])
+        cls.prom.start()
+        cls.server = StandInServer(
+            SGLangCollector({"model_name": MODEL}),
+            FileExporter(os.path.join(cls.dir, "metrics")), seed=5)
+        built = cls.server.build(timelines)
+        cls.proc = start_follower(cls.dir, cls.daemon.sock, "--from-start")
+        cls.prom.wait_ready()
+        # The records over 8 s, so that each rate window sees increases.
+        for k in range(8):
+            cls.server.run(built[k * len(built) // 8:
+                                 (k + 1) * len(built) // 8])
+            time.sleep(1.0)  # the pace of the workload, not a wait
+        cls.server.exporter.close()
+        logged = summary_stats(built)["logged"]
+        cls.daemon.wait_value("sglang:num_requests_total", logged,
+                              timeout=30, model_name=MODEL, engine="0")
+
+        def scraped():
+            r = cls.prom.vector(f'sglang:num_requests_total'
+                                f'{{model_name="{MODEL}"}}')
+            return r and r[0][1] == logged
+        tu.poll_until(scraped, timeout=20, interval=0.5,
+                      what="Prometheus scraped every request")
+        with open(SGLANG_DASHBOARD, "rb") as f:
+            cls.dashboard = json.load(f)
+
+    @classmethod
+    def tearDownClass(cls):
+        tu.stop_process(cls.proc)
+        cls.prom.close()
+        cls.daemon.stop()
+        cls.daemon.cleanup()
+
+    def panel_exprs(self):
+        variables = {v["name"]: v
+                     for v in self.dashboard["templating"]["list"]}
+        t = time.time()
+        self.assertIn(MODEL, self.resolve_variable(variables["model_name"],
+                                                   {}, t))
+        target = f"{self.daemon.host}:{self.daemon.port}"
+        self.assertIn(target, self.resolve_variable(variables["instance"],
+                                                    {}, t))
+        values = {"model_name": live.format_var(variables["model_name"],
+                                                [MODEL]),
+                  "instance": live.format_var(variables["instance"],
+                                              [target])}
+        out = {}
+        for title, ref, expr in self.panel_targets(self.dashboard):
+            out[(title, ref)] = live.interpolate(expr, values)
+        return out
+
+    def test_every_panel_the_file_feeds_returns_data(self):
+        exprs = self.panel_exprs()
+        self.assertEqual(len(exprs), 14)
+        fed = {f"{t} / {r}": e for (t, r), e in exprs.items()
+               if t not in NOT_FED}
+        self.assertEqual(len(fed), 12)
+        self.evaluate(fed)
+        print(f"\nSGLang dashboard: {len(fed)} of {len(exprs)} expressions "
+              "returned data from tokenmeter-sglang alone", file=sys.stderr)
+
+    def test_window_gauges_moved(self):
+        # gen_throughput and cache_hit_rate: the counts of the records
+        # that came in each 1 s window (their STEP), not 0 throughout.
+        for name in ("sglang:gen_throughput", "sglang:cache_hit_rate"):
+            r = self.prom.vector(f"max_over_time({name}[30s])")
+            self.assertTrue(r and r[0][1] > 0, (name, r))
+
+    def test_panels_the_file_cannot_feed(self):
+        # Nothing sends running or waiting requests: the daemon's gauges
+        # stay at their start (0, or absent), never a made-up figure.
+        for title, name in NOT_FED.items():
+            r = self.prom.vector(f"max_over_time({name}[30s])")
+            self.assertTrue(all(v == 0 for _, v in r), (title, r))
+
+
+SGLANG_DASHBOARD = os.path.join(SRC, "tests", "data", "peers", "sglang",
+                                "sglang-dashboard.json")
+
+
 def main():
-    suites = {c.__name__: c for c in (Records, Tailing)}
+    suites = {c.__name__: c for c in (Records, Tailing, Daemon, Dashboard)}
     name = sys.argv[1] if len(sys.argv) > 1 else None
     if name is not None:
         if name not in suites:

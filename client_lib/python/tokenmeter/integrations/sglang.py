@@ -142,6 +142,8 @@ def summarize(rec, max_rid_bytes=128):
     prompt = _count(rec, "prompt_tokens", required=True)
     completion = _count(rec, "completion_tokens") or 0  # none: an embedding
     cached = _count(rec, "cached_tokens")
+    if cached is not None and cached > prompt:
+        raise Malformed(f"cached_tokens {cached} above prompt_tokens {prompt}")
     e2e = rec.get("e2e_latency")
     if not _finite(e2e) or e2e < 0:
         raise Malformed(f"e2e_latency is {e2e!r}")
@@ -622,6 +624,11 @@ class Follower:
         self.sent = 0
         self.skipped = 0  # log_metrics false: SGLang does not observe them
         self.blocked = 0  # times the library's buffer was full
+        # STEP counts of the records sent since the last STEP: generation
+        # tokens (gen_throughput), prompt tokens looked up and found in the
+        # prefix cache (cached_tokens_total, cache_hit_rate), speculative
+        # decoding (spec_accept_length, spec_accept_rate).
+        self._step = [0] * 6
 
     IDLE, MORE, BLOCKED = "idle", "more", "blocked"
 
@@ -630,6 +637,12 @@ class Follower:
         (lines handled, IDLE: all read | MORE: more to read | BLOCKED: the
         library's buffer is full, the line is read again later)."""
         self.clock.refresh()
+        try:
+            return self._pump()
+        finally:
+            self.send_step()
+
+    def _pump(self):
         handled = 0
         for tail in self.source.poll():
             while handled < self.max_per_poll:
@@ -647,6 +660,24 @@ class Follower:
         self.source.after_read()
         return handled, self.IDLE
 
+    STEP_LIMIT = 1 << 31  # a STEP count is at most 2^32 - 1
+
+    def send_step(self):
+        """One STEP with the counts of the records sent since the last one
+        (at the poll's time: they finished within the poll interval)."""
+        g, q, h, d, dt, a = self._step
+        if not (g or q or d):
+            return
+        self._step = [0] * 6
+        kw = {"generation_tokens": g, "prefix_queries": q, "prefix_hits": h}
+        if d:
+            kw.update(spec_drafts=d, spec_draft_tokens=dt,
+                      spec_accepted_tokens=a)
+        try:
+            self.client.step(t_ns=self.clock.mono_ns, **kw)
+        except ValueError as e:  # a count above 2^32 - 1: not sent
+            log(f"a STEP of these records' counts was not sent: {e}")
+
     def handle(self, tail, line):
         """Sends one line's record; False when the library's buffer is full
         (the line is read again later)."""
@@ -662,17 +693,23 @@ class Follower:
         kw = s.kwargs
         try:
             rc = self.client.request_summary(kw.pop("reason"), t_ns=t, **kw)
-            if rc == self.ok and s.spec is not None:
-                verify, proposed, correct = s.spec
-                self.client.step(spec_drafts=verify,
-                                 spec_draft_tokens=proposed,
-                                 spec_accepted_tokens=correct, t_ns=t)
         except (ValueError, TypeError) as e:
             tail.note_malformed(f"a value out of range ({e})")
             return True
         if rc == self.dropped:
             return False
         self.sent += 1
+        st = self._step
+        st[0] += kw["generation_tokens"]
+        if "cached_tokens" in kw:
+            st[1] += kw["prompt_tokens"]
+            st[2] += kw["cached_tokens"]
+        if s.spec is not None:
+            st[3] += s.spec[0]
+            st[4] += s.spec[1]
+            st[5] += s.spec[2]
+        if max(st) >= self.STEP_LIMIT:
+            self.send_step()
         return True
 
 
@@ -720,11 +757,14 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not os.path.exists(args.path):
-        sys.exit(f"{_PROG}: {args.path}: no such file or directory")
+        parser.error(f"{args.path}: no such file or directory")
     if not (0.01 <= args.poll_interval <= 60):
-        sys.exit(f"{_PROG}: --poll-interval must be 0.01 .. 60 seconds")
+        parser.error("--poll-interval must be 0.01 .. 60 seconds")
+    if not (0 <= args.connect_timeout <= 3600):
+        parser.error("--connect-timeout must be 0 .. 3600 seconds")
     import tokenmeter
 
     state = load_state(args.state) if args.state else None
@@ -740,7 +780,7 @@ def main(argv=None):
     try:
         client = tokenmeter.Client(**opts)
     except ValueError as e:
-        sys.exit(f"{_PROG}: {e}")
+        parser.error(str(e))
     follower = Follower(client, source, rid_bytes=tokenmeter.MAX_RID_BYTES,
                         ok=tokenmeter.OK, dropped=tokenmeter.DROPPED)
     stop = []

@@ -139,6 +139,25 @@ def capture_reference_engine(engine, workdir, *args, timeout=120):
     return out
 
 
+def scaled(timelines, scale, end=None):
+    """The timelines slowed down `scale` times about their last finish,
+    which is put at `end` (default: now on CLOCK_MONOTONIC): the reference
+    engine's tiny model on the CPU takes well under a millisecond a step,
+    a GPU serving a real model tens of milliseconds; the order of events,
+    the batching, queueing and preemptions stay the engine's."""
+    end = time.monotonic() if end is None else end
+    last = max(tl.finished for tl in timelines)
+
+    def f(t):
+        return end - (last - t) * scale
+    return [tl._replace(
+        arrived=f(tl.arrived), queued=f(tl.queued),
+        scheduled=None if tl.scheduled is None else f(tl.scheduled),
+        tokens=[(f(t), n) for t, n in tl.tokens],
+        preempted=[f(t) for t in tl.preempted], finished=f(tl.finished))
+        for tl in timelines]
+
+
 class StandInServer:
     """One SGLang server: its collector (SGLangCollector) and its metrics
     file (FileExporter). replay() turns Timelines into SGLang requests."""
