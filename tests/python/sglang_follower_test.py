@@ -161,6 +161,17 @@ class Records(unittest.TestCase):
         rec["finish_reason"] = {"type": "something_new"}
         self.assertEqual(follower.summarize(rec).kwargs["reason"], "error")
 
+    def test_decode_throughput_of_sglang_before_19984(self):
+        # Older SGLang divided by the finish's perf_counter() reading for a
+        # request whose only output was its last: TTFT = e2e, not < 0.
+        rec = next(r for r in map(json.loads, self.lines)
+                   if r["completion_tokens"] > 0 and "decode_throughput" in r)
+        ok = follower.summarize(rec).kwargs
+        self.assertLess(ok["ttft_ns"], ok["e2e_ns"])
+        rec["decode_throughput"] = rec["completion_tokens"] / 86400.0
+        kw = follower.summarize(rec).kwargs
+        self.assertEqual(kw["ttft_ns"], kw["e2e_ns"])
+
     def test_without_enable_metrics_no_stage_times(self):
         rec = json.loads(self.lines[1])
         for k in list(rec):

@@ -161,11 +161,15 @@ def summarize(rec, max_rid_bytes=128):
     # --enable-metrics the file has no stage times and TTFT is unknown.
     # (finish - first output itself is not sent as a decode time: for a
     # request that is not streamed SGLang's first output is its last.)
+    # Before SGLang #19984 (7a12255, March 2026) decode_throughput of a
+    # request whose first output was its last divided by the finish time
+    # itself: a "decode" longer than e2e means that case, TTFT = e2e.
     dt = rec.get("decode_throughput")
     metrics_on = "request_finished_ts" in rec or "queue_time" in rec
     if _finite(dt) and dt > 0 and completion > 0:
         decode = completion / dt
-        kw["ttft_ns"] = _seconds_ns(min(max(e2e - decode, 0.0), e2e))
+        kw["ttft_ns"] = _seconds_ns(max(e2e - decode, 0.0)) \
+            if decode <= e2e else kw["e2e_ns"]
     elif metrics_on:
         kw["ttft_ns"] = kw["e2e_ns"]
     # Queue time: the scheduler's forward entry - waiting-queue entry, which
