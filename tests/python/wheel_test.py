@@ -16,10 +16,12 @@ Skips (exit 77) only when python3-mesonpy or python3-venv is missing, or
 SOURCE_DIR is not a git checkout; scripts/install-deps.sh installs both.
 """
 import glob
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zipfile
 
@@ -159,6 +161,51 @@ class Wheel(unittest.TestCase):
         self.assertEqual(
             d.samples().sum("tokenmeter_ingest_errors_total"), 0)
 
+    def test_tokenmeter_sglang_console_script(self):
+        # pyproject.toml's [project.scripts]: meson-python writes it into
+        # entry_points.txt, pip makes the command.
+        with zipfile.ZipFile(self.wheel) as z:
+            names = z.namelist()
+            (ep,) = [n for n in names if n.endswith("/entry_points.txt")]
+            entry_points = z.read(ep).decode()
+        self.assertIn("tokenmeter/integrations/sglang.py", names)
+        self.assertIn("tokenmeter-sglang = tokenmeter.integrations.sglang:main",
+                      entry_points)
+        command = os.path.join(self.venv, "bin", "tokenmeter-sglang")
+        self.assertIn("SGLang", run([command, "--help"],
+                                    env=self.env).stdout)
+        # One record of SGLang's file, through the installed command.
+        d = tu.Daemon("--profile", "sglang", binary=DAEMON).start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        metrics = os.path.join(self.tmp.name, "sglang-metrics")
+        os.makedirs(metrics, exist_ok=True)
+        with open(os.path.join(
+                metrics, "sglang-request-metrics-20261205_17.log"), "w") as f:
+            f.write(SGLANG_LINE + "\n")
+        run([command, "--once", "--model", "m", "--socket", d.sock, metrics],
+            env=self.env)
+        labels = {"model_name": "m", "engine": "0"}
+        d.wait_value("sglang:num_requests_total", 1, **labels)
+        self.assertEqual(d.value("sglang:generation_tokens_total", **labels),
+                         7)
+        self.assertAlmostEqual(
+            d.value("sglang:time_to_first_token_seconds_sum", **labels),
+            0.5 - 7 / 14.0, delta=1e-9)
+
+
+# One record as SGLang's --export-metrics-to-file writes it (docs/
+# integrations.md, "SGLang"): 7 tokens, decode_throughput 14/s, so its
+# time to first token is 0.5 - 7 / 14 s.
+SGLANG_LINE = json.dumps({
+    "request_parameters": json.dumps({"rid": "r1", "text": "hi",
+                                      "stream": False, "log_metrics": True}),
+    "id": "r1", "finish_reason": {"type": "stop", "matched": 2},
+    "prompt_tokens": 5, "weight_version": "default", "num_retractions": 0,
+    "forward_entry_time": time.time() - 0.45, "queue_time": 0.01,
+    "reasoning_tokens": 0, "completion_tokens": 7, "cached_tokens": 0,
+    "e2e_latency": 0.5, "request_received_ts": time.time() - 0.5,
+    "request_finished_ts": time.time(), "decode_throughput": 14.0})
 
 if __name__ == "__main__":
     try:
