@@ -628,7 +628,7 @@ class Follower:
         self.sent = 0
         self.skipped = 0  # log_metrics false: SGLang does not observe them
         self.blocked = 0  # times the library's buffer was full
-        # STEP counts of the records sent since the last STEP: generation
+        # Counts of the records sent since the last send_step(): generation
         # tokens (gen_throughput), prompt tokens looked up and found in the
         # prefix cache (cached_tokens_total, cache_hit_rate), speculative
         # decoding (spec_accept_length, spec_accept_rate).
@@ -667,20 +667,26 @@ class Follower:
     STEP_LIMIT = 1 << 31  # a STEP count is at most 2^32 - 1
 
     def send_step(self):
-        """One STEP with the counts of the records sent since the last one
-        (at the poll's time: they finished within the poll interval)."""
+        """The counts of the records sent since the last call, at the
+        poll's time (they finished within the poll interval): a STEP with
+        the prompt tokens looked up in and found in the prefix cache and
+        the speculative-decoding counts, and a LATENCIES with no latency
+        and the generated tokens (the daemon adds them to its token
+        counter; a STEP's tokens would be one iteration's)."""
         g, q, h, d, dt, a = self._step
-        if not (g or q or d):
-            return
         self._step = [0] * 6
-        kw = {"generation_tokens": g, "prefix_queries": q, "prefix_hits": h}
-        if d:
-            kw.update(spec_drafts=d, spec_draft_tokens=dt,
-                      spec_accepted_tokens=a)
+        t = self.clock.mono_ns
         try:
-            self.client.step(t_ns=self.clock.mono_ns, **kw)
+            if q or d:
+                kw = {"prefix_queries": q, "prefix_hits": h}
+                if d:
+                    kw.update(spec_drafts=d, spec_draft_tokens=dt,
+                              spec_accepted_tokens=a)
+                self.client.step(t_ns=t, **kw)
+            if g:
+                self.client.latencies((), (), t_ns=t, generation_tokens=g)
         except ValueError as e:  # a count above 2^32 - 1: not sent
-            log(f"a STEP of these records' counts was not sent: {e}")
+            log(f"the token counts of a poll were not sent: {e}")
 
     def handle(self, tail, line):
         """Sends one line's record; False when the library's buffer is full
