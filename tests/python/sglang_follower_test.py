@@ -515,8 +515,8 @@ def start_follower(workdir, sock, *extra):
     cmd = [sys.executable, "-m", "tokenmeter.integrations.sglang",
            os.path.join(workdir, "metrics"), "--model", MODEL,
            "--socket", sock, "--poll-interval", "0.05", *extra]
-    err = open(os.path.join(workdir, "follower.log"), "ab")
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    with open(os.path.join(workdir, "follower.log"), "ab") as err:
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
 
 
 def stop_follower(proc, workdir):
@@ -711,6 +711,125 @@ class Daemon(unittest.TestCase):
             self.assertTrue(all(v == 0 for v in vals), (name, vals))
 
 
+class Delivery(unittest.TestCase):
+    """The follower against a daemon that comes and goes, restarts with
+    --state, --once without a daemon, and bad lines."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="sgldl-", dir="/tmp")
+        self.sock = os.path.join(self.dir, "i.sock")
+        self.state = os.path.join(self.dir, "state")
+        self.server = StandInServer(
+            SGLangCollector({"model_name": MODEL}),
+            FileExporter(os.path.join(self.dir, "metrics")), seed=21,
+            health_every=0, no_log_every=0)
+        self.built = self.server.build(synthetic_timelines(60))
+        self.procs = []
+        self.daemons = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for d in self.daemons:
+            d.stop()
+            d.cleanup()
+
+    def daemon(self):
+        d = tu.Daemon("--profile", "sglang", ingest=self.sock).start()
+        self.daemons.append(d)
+        return d
+
+    def follower(self, *extra):
+        p = start_follower(self.dir, self.sock, "--state", self.state,
+                           *extra)
+        self.procs.append(p)
+        return p
+
+    def log_text(self):
+        with open(os.path.join(self.dir, "follower.log")) as f:
+            return f.read()
+
+    def count(self, d):
+        return d.value("sglang:num_requests_total", model_name=MODEL,
+                       engine="0") or 0
+
+    def test_daemon_away_then_back_then_restarted(self):
+        self.server.run(self.built[:20])
+        p = self.follower("--from-start")
+        tu.poll_until(lambda: "waiting for tokenmeterd" in self.log_text(),
+                      timeout=10, what="the follower waits for the daemon")
+        d1 = self.daemon()
+        d1.wait_value("sglang:num_requests_total", 20, timeout=20,
+                      model_name=MODEL, engine="0")
+        d1.stop()  # away: what is written meanwhile waits in the file
+        self.server.run(self.built[20:45])
+        tu.poll_until(lambda: "waiting for tokenmeterd" in
+                      self.log_text().split("connected to tokenmeterd")[-1],
+                      timeout=10, what="the follower noticed")
+        d2 = self.daemon()  # a new daemon: it counts from 0
+        self.server.run(self.built[45:])
+        d2.wait_value("sglang:num_requests_total", 40, timeout=20,
+                      model_name=MODEL, engine="0")
+        rc, log = stop_follower(p, self.dir)
+        self.assertEqual(rc, 0, log)
+        self.assertIn("60 records sent", log)
+        self.assertEqual(self.count(d2), 40)  # none twice, none lost
+
+    def test_restart_with_state_sends_nothing_twice(self):
+        d = self.daemon()
+        self.server.run(self.built[:30])
+        p = self.follower("--from-start")
+        d.wait_value("sglang:num_requests_total", 30, timeout=20,
+                     model_name=MODEL, engine="0")
+        rc, log = stop_follower(p, self.dir)
+        self.assertEqual(rc, 0, log)
+        self.server.run(self.built[30:])
+        # --from-start is ignored: the state says where to go on.
+        p = self.follower("--from-start")
+        d.wait_value("sglang:num_requests_total", 60, timeout=20,
+                     model_name=MODEL, engine="0")
+        rc, log = stop_follower(p, self.dir)
+        self.assertEqual(rc, 0, log)
+        self.assertIn("30 records sent", log.splitlines()[-1])
+        self.assertEqual(self.count(d), 60)
+
+    def test_once_without_a_daemon_exits_1_and_keeps_no_state(self):
+        self.server.run(self.built[:5])
+        p = self.follower("--once", "--connect-timeout", "0.5")
+        rc = p.wait(20)
+        self.assertEqual(rc, 1)
+        self.assertIn("tokenmeterd did not answer", self.log_text())
+        self.assertFalse(os.path.exists(self.state))
+
+    def test_bad_lines_are_counted_and_the_first_is_logged(self):
+        d = self.daemon()
+        self.server.run(self.built[:3])
+        path = self.server.exporter.path()
+        with open(path, "a") as f:
+            f.write("not json\n[1]\n{\"prompt_tokens\": 3}\n")
+        self.server.run(self.built[3:6])
+        p = self.follower("--once")
+        self.assertEqual(p.wait(20), 0, self.log_text())
+        self.assertEqual(self.count(d), 6)
+        log = self.log_text()
+        self.assertIn(f"{path}:4: skipped: not JSON", log)
+        self.assertIn("6 records sent, 0 skipped (log_metrics false), "
+                      "3 malformed", log)
+
+    def test_bad_arguments_exit_2(self):
+        for args in (["--model", MODEL, "/nonexistent"],
+                     ["--model", MODEL, "--poll-interval", "0", self.dir],
+                     ["--model", "", self.dir],
+                     [self.dir]):
+            r = subprocess.run([sys.executable, "-m",
+                                "tokenmeter.integrations.sglang", *args],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn("tokenmeter-sglang", r.stderr)
+
+
 sys.path.insert(0, os.path.join(SRC, "tests", "monitoring"))
 import live_prometheus_test as live  # noqa: E402
 
@@ -826,7 +945,8 @@ SGLANG_DASHBOARD = os.path.join(SRC, "tests", "data", "peers", "sglang",
 
 
 def main():
-    suites = {c.__name__: c for c in (Records, Tailing, Daemon, Dashboard)}
+    suites = {c.__name__: c for c in (Records, Tailing, Daemon, Delivery,
+                                      Dashboard)}
     name = sys.argv[1] if len(sys.argv) > 1 else None
     if name is not None:
         if name not in suites:
