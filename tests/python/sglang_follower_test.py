@@ -113,11 +113,14 @@ class Records(unittest.TestCase):
         by_rid = {obj["rid"]: calls for _, obj, _, calls in self.built}
         checked = 0
         for line in self.lines:
-            rec = follower.parse_line(line)
-            s = follower.summarize(rec)
+            rec, log_metrics = follower.parse_line(line)
+            s = follower.summarize(rec, log_metrics)
             calls = by_rid[rec["id"]]
+            full = json.loads(line)
+            self.assertEqual(rec, {k: v for k, v in full.items()
+                                   if k != "request_parameters"})
             if s is None:
-                self.assertFalse(json.loads(rec["request_parameters"])
+                self.assertFalse(json.loads(full["request_parameters"])
                                  ["log_metrics"])
                 continue
             kw = s.kwargs
@@ -151,8 +154,8 @@ class Records(unittest.TestCase):
     def test_finish_reasons(self):
         got = {}
         for line in self.lines:
-            rec = follower.parse_line(line)
-            s = follower.summarize(rec)
+            rec, log_metrics = follower.parse_line(line)
+            s = follower.summarize(rec, log_metrics)
             if s is not None:
                 got[rec["finish_reason"]["type"]] = s.kwargs["reason"]
         self.assertEqual(got, {"stop": "stop", "length": "length",
@@ -179,7 +182,7 @@ class Records(unittest.TestCase):
                     k != "e2e_latency" or k == "decode_throughput":
                 del rec[k]
         kw = follower.summarize(rec).kwargs
-        for k in ("ttft_ns", "queue_ns", "prefill_ns", "inference_ns"):
+        for k in ("ttft_ns", "queue_ns"):
             self.assertNotIn(k, kw)
         self.assertIn("e2e_ns", kw)
         self.assertIsNone(follower.summarize(rec).finished_ts)
@@ -187,14 +190,24 @@ class Records(unittest.TestCase):
     def test_log_metrics_false_is_skipped(self):
         rec = json.loads(self.lines[0])
         p = json.loads(rec["request_parameters"])
+
+        def summary(params, first=True):
+            r = dict(rec, request_parameters=json.dumps(params))
+            if not first:  # another layout: the whole line is decoded
+                r = dict(reversed(list(r.items())))
+            line = json.dumps(r).encode()
+            self.assertEqual(line.startswith(b'{"request_parameters"'),
+                             first)
+            return follower.summarize(*follower.parse_line(line))
+        self.assertIsNotNone(summary(p))
         p["log_metrics"] = False
-        rec["request_parameters"] = json.dumps(p)
-        self.assertIsNone(follower.summarize(rec))
+        self.assertIsNone(summary(p))
+        self.assertIsNone(summary(p, first=False))
         # The words in the prompt text do not count.
         p["log_metrics"] = True
         p["text"] = 'say "log_metrics": false'
-        rec["request_parameters"] = json.dumps(p)
-        self.assertIsNotNone(follower.summarize(rec))
+        self.assertIsNotNone(summary(p))
+        self.assertIsNotNone(summary(p, first=False))
 
     def test_speculative_decoding_counts(self):
         rec = json.loads(self.lines[0])
@@ -224,7 +237,7 @@ class Records(unittest.TestCase):
     # -- bad input, one test each -------------------------------------------
     def assert_malformed(self, line, pattern):
         with self.assertRaisesRegex(follower.Malformed, pattern):
-            follower.summarize(follower.parse_line(line))
+            follower.summarize(*follower.parse_line(line))
 
     def mutated(self, **changes):
         rec = json.loads(self.lines[0])
@@ -286,11 +299,16 @@ class Records(unittest.TestCase):
             self.mutated(request_parameters='{"log_metrics": false, '),
             "request_parameters")
 
+    def test_a_line_cut_short(self):
+        self.assert_malformed(self.lines[0][:len(self.lines[0]) // 2],
+                              "not JSON")
+        self.assert_malformed(self.lines[0][:-5], "not JSON")
+
     def test_a_negative_stage_time_is_left_out(self):
-        line = self.mutated(queue_time=-3.0, inference_time=float("inf"))
-        kw = follower.summarize(follower.parse_line(line)).kwargs
+        line = self.mutated(queue_time=-3.0)
+        kw = follower.summarize(*follower.parse_line(line)).kwargs
         self.assertNotIn("queue_ns", kw)
-        self.assertNotIn("inference_ns", kw)
+        self.assertIn("ttft_ns", kw)
 
 
 class Tailing(unittest.TestCase):

@@ -44,7 +44,6 @@ worth); a clean stop (SIGTERM, SIGINT, --once) saves after the last flush.
 import argparse
 import hashlib
 import json
-import math
 import os
 import re
 import signal
@@ -53,7 +52,10 @@ import sys
 import time
 
 FILE_RE = re.compile(r"^sglang-request-metrics-\d{8}_\d{2}\.log$")
-CHUNK_BYTES = 1 << 20
+# Bytes read at a time (at least as many as are held, so that a long line
+# costs O(its length)). A bigger read is slower: an allocation of a MiB or
+# more is mmap()ed and faulted in anew each time.
+CHUNK_BYTES = 1 << 18
 MAX_LINE_BYTES = 64 << 20  # a request's prompt is in the line; longer: skipped
 STATE_VERSION = 1
 # The daemon skips an event more than an hour old (docs/protocol.md,
@@ -79,26 +81,32 @@ class Malformed(ValueError):
     """A line that is no SGLang request-metrics record."""
 
 
-def _finite(x):
-    return (type(x) in (int, float)) and math.isfinite(x)
-
-
-def _count(rec, key, required=False):
-    v = rec.get(key)
-    if v is None and not required:
-        return None
-    if type(v) is not int or v < 0:
-        raise Malformed(f"{key} is {v!r}, not a count")
-    return v
+_INF = float("inf")
+# SGLang's line: json.dump({"request_parameters": json.dumps(params),
+# **meta_info}) with the default separators. The parameters (the prompt
+# text in them) are most of the line and none of what is needed, so the
+# fast path does not decode them: inside that JSON string every quote is
+# escaped, so the first '}", "' ends it (params is a dict: its text ends
+# with '}'), and the rest, from '"id"' on, is a small JSON object.
+_HEAD = b'{"request_parameters": "'
+_PARAMS_END = b'}", "'
+# '"log_metrics": ' of the parameters, as it is inside that string (a
+# prompt's own '"log_metrics": ' is escaped once more: no match). The key
+# is always there (a bool), after the prompt text: looked for from the end.
+_LOG_METRICS = b'\\"log_metrics\\": '
 
 
 def _seconds_ns(x):
     """A duration in seconds as ns, or None when it is no finite value >= 0
     (SGLang writes None or a negative number for a stage that did not
     happen, e.g. queue_time of a request aborted in the queue)."""
-    if not _finite(x) or x < 0:
-        return None
-    return int(round(x * 1e9))
+    if (type(x) is float or type(x) is int) and 0 <= x < _INF:
+        return int(x * 1e9 + 0.5)
+    return None
+
+
+def _bad(key, value, what):
+    raise Malformed(f"{key} is {value!r}, {what}")
 
 
 class Summary:
@@ -112,44 +120,87 @@ class Summary:
         self.spec = spec
 
 
-def parse_line(line):
-    """A line's bytes (no newline) -> the record dict; Malformed if it is
-    no JSON object with SGLang's required keys."""
+_scan = json.JSONDecoder().scan_once  # (str, index) -> (value, end)
+
+
+def _loads(text):
+    """bytes -> a dict; Malformed if it is no JSON object. The decoder's
+    scanner itself (json.loads() would look for the text's encoding and
+    skip whitespace with regular expressions first)."""
     try:
-        rec = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise Malformed(f"not JSON ({e.__class__.__name__}: {e})") from None
+        s = text.decode()
+        rec, end = _scan(s, 0)
+        if end != len(s):
+            raise ValueError(f"extra data at {end}")
+    except (StopIteration, ValueError, UnicodeDecodeError) as e:
+        what = "nothing" if isinstance(e, StopIteration) else str(e)
+        raise Malformed(f"not JSON ({what})") from None
     if type(rec) is not dict:
         raise Malformed(f"a JSON {type(rec).__name__}, not an object")
     return rec
 
 
-def summarize(rec, max_rid_bytes=128):
+def _log_metrics(params_json):
+    """False when the request's parameters (their JSON text) say
+    log_metrics false."""
+    try:
+        params = json.loads(params_json)
+    except ValueError:
+        params = None
+    if type(params) is not dict:
+        raise Malformed("request_parameters is no JSON object")
+    return params.get("log_metrics") is not False
+
+
+def parse_line(line):
+    """A line's bytes (no newline) -> (the record dict, log_metrics); the
+    dict may lack request_parameters (not decoded). Malformed if the line
+    is no JSON object."""
+    end = line.find(_PARAMS_END, len(_HEAD)) if line.startswith(_HEAD) \
+        else -1
+    if end < 0:  # not SGLang's layout: decode all of it
+        rec = _loads(line)
+        params = rec.get("request_parameters")
+        if type(params) is str and '"log_metrics": false' in params:
+            return rec, _log_metrics(params)
+        return rec, True
+    rec = _loads(b"{" + line[end + 4:])
+    k = line.rfind(_LOG_METRICS, len(_HEAD), end)
+    if k >= 0 and line.startswith(b"false", k + len(_LOG_METRICS)):
+        return rec, _log_metrics(_loads(b'{"p": ' + line[len(_HEAD) - 1:
+                                                          end + 2] + b"}")["p"])
+    return rec, True
+
+
+def summarize(rec, log_metrics=True, max_rid_bytes=128):
     """The Summary of one record, or None when SGLang itself would not
-    observe the request (``log_metrics`` false in its parameters).
-    Malformed when a required key is missing or of the wrong type."""
-    params = rec.get("request_parameters")
-    if type(params) is str and '"log_metrics": false' in params:
-        try:
-            if json.loads(params).get("log_metrics") is False:
-                return None
-        except (ValueError, AttributeError):
-            raise Malformed("request_parameters is no JSON object") from None
-    fr = rec.get("finish_reason")
-    if type(fr) is not dict or type(fr.get("type")) is not str:
-        raise Malformed(f"finish_reason is {fr!r}")
-    reason = _REASONS.get(fr["type"], "error")
-    prompt = _count(rec, "prompt_tokens", required=True)
-    completion = _count(rec, "completion_tokens") or 0  # none: an embedding
-    cached = _count(rec, "cached_tokens")
-    if cached is not None and cached > prompt:
-        raise Malformed(f"cached_tokens {cached} above prompt_tokens {prompt}")
-    e2e = rec.get("e2e_latency")
-    if not _finite(e2e) or e2e < 0:
-        raise Malformed(f"e2e_latency is {e2e!r}")
-    kw = {"prompt_tokens": prompt, "generation_tokens": completion,
-          "e2e_ns": _seconds_ns(e2e)}
+    observe the request (log_metrics false). Malformed when a required key
+    is missing or of the wrong type."""
+    if not log_metrics:
+        return None
+    get = rec.get
+    fr = get("finish_reason")
+    reason = fr.get("type") if type(fr) is dict else None
+    if type(reason) is not str:
+        _bad("finish_reason", fr, "not SGLang's {\"type\": ...}")
+    reason = _REASONS.get(reason, "error")
+    prompt = get("prompt_tokens")
+    if type(prompt) is not int or prompt < 0:
+        _bad("prompt_tokens", prompt, "not a count")
+    completion = get("completion_tokens", 0)  # none: an embedding
+    if type(completion) is not int or completion < 0:
+        _bad("completion_tokens", completion, "not a count")
+    e2e = get("e2e_latency")
+    e2e_ns = _seconds_ns(e2e)
+    if e2e_ns is None:
+        _bad("e2e_latency", e2e, "not a duration")
+    kw = {"reason": reason, "prompt_tokens": prompt,
+          "generation_tokens": completion, "e2e_ns": e2e_ns}
+    cached = get("cached_tokens")
     if cached is not None:
+        if type(cached) is not int or not 0 <= cached <= prompt:
+            _bad("cached_tokens", cached,
+                 f"not a count up to prompt_tokens {prompt}")
         kw["cached_tokens"] = cached
     # Time to first token, as SGLang's collector observes it (first output
     # - received): decode_throughput = completion / (finish - first output),
@@ -159,48 +210,38 @@ def summarize(rec, max_rid_bytes=128):
     # completion tokens, or finish = first output): TTFT = e2e, within the
     # microseconds between SGLang's two perf_counter() readings. Without
     # --enable-metrics the file has no stage times and TTFT is unknown.
-    # (finish - first output itself is not sent as a decode time: for a
-    # request that is not streamed SGLang's first output is its last.)
     # Before SGLang #19984 (7a12255, March 2026) decode_throughput of a
     # request whose first output was its last divided by the finish time
     # itself: a "decode" longer than e2e means that case, TTFT = e2e.
-    dt = rec.get("decode_throughput")
-    metrics_on = "request_finished_ts" in rec or "queue_time" in rec
-    if _finite(dt) and dt > 0 and completion > 0:
+    finished = get("request_finished_ts")
+    dt = get("decode_throughput")
+    if (type(dt) is float or type(dt) is int) and 0 < dt < _INF \
+            and completion > 0:
         decode = completion / dt
-        kw["ttft_ns"] = _seconds_ns(max(e2e - decode, 0.0)) \
-            if decode <= e2e else kw["e2e_ns"]
-    elif metrics_on:
-        kw["ttft_ns"] = kw["e2e_ns"]
-    # Queue time: the scheduler's forward entry - waiting-queue entry, which
-    # it observes only for a request that reached the forward pass.
+        kw["ttft_ns"] = int((e2e - decode) * 1e9 + 0.5) \
+            if decode <= e2e else e2e_ns
+    elif finished is not None or "queue_time" in rec:  # --enable-metrics
+        kw["ttft_ns"] = e2e_ns
+    # Queue time: the scheduler's forward entry - waiting-queue entry; it
+    # observes it only for a request that reached the forward pass.
     if "forward_entry_time" in rec:
-        q = _seconds_ns(rec.get("queue_time"))
+        q = _seconds_ns(get("queue_time"))
         if q is not None:
             kw["queue_ns"] = q
-        pf = rec.get("prefill_finished_time")
-        fe = rec["forward_entry_time"]
-        if _finite(pf) and _finite(fe):
-            p = _seconds_ns(pf - fe)
-            if p is not None:
-                kw["prefill_ns"] = p
-    inf = _seconds_ns(rec.get("inference_time"))
-    if inf is not None:
-        kw["inference_ns"] = inf
-    rid = rec.get("id")
-    if type(rid) is str and 0 < len(rid.encode()) <= max_rid_bytes:
+    rid = get("id")
+    if type(rid) is str and 0 < len(rid) <= max_rid_bytes and \
+            len(rid.encode()) <= max_rid_bytes:
         kw["rid"] = rid
-    kw["reason"] = reason
-    finished = rec.get("request_finished_ts")
-    if not _finite(finished):
+    if not ((type(finished) is float or type(finished) is int)
+            and 0 < finished < _INF):
         finished = None
     spec = None
-    verify = rec.get("spec_verify_ct")
+    verify = get("spec_verify_ct")
     if type(verify) is int and verify > 0:
-        correct = rec.get("spec_num_correct_drafts",
-                          rec.get("spec_accepted_drafts"))
-        proposed = rec.get("spec_num_proposed_drafts",
-                           rec.get("spec_proposed_drafts"))
+        correct = get("spec_num_correct_drafts",
+                      get("spec_accepted_drafts"))
+        proposed = get("spec_num_proposed_drafts",
+                       get("spec_proposed_drafts"))
         if type(correct) is int and type(proposed) is int:
             spec = (verify, proposed, correct)
     return Summary(kw, finished, spec)
@@ -350,7 +391,8 @@ class FileTail:
             if self._start:
                 self._buf = self._buf[self._start:]
                 self._start = 0
-            data = os.pread(self.fd, CHUNK_BYTES, self.offset + len(self._buf))
+            data = os.pread(self.fd, max(CHUNK_BYTES, len(self._buf)),
+                            self.offset + len(self._buf))
             if not data:
                 return None
             self._buf += data
@@ -692,7 +734,7 @@ class Follower:
         """Sends one line's record; False when the library's buffer is full
         (the line is read again later)."""
         try:
-            s = summarize(parse_line(line), self.rid_bytes)
+            s = summarize(*parse_line(line), max_rid_bytes=self.rid_bytes)
         except Malformed as e:
             tail.note_malformed(str(e))
             return True
