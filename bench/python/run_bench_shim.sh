@@ -36,22 +36,26 @@ meson compile -C "$build" tokenmeter:shared_library >/dev/null
 ninja -C "$build" "$pkg/_native.$(/usr/bin/python3 -c \
      'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX")[1:])')" \
   "$pkg/__init__.py" "$pkg/__init__.pyi" "$pkg/_common.py" "$pkg/_lib.py" \
-  "$pkg/_native_client.py" "$pkg/client.py" "$pkg/py.typed" >/dev/null
+  "$pkg/_native_client.py" "$pkg/client.py" "$pkg/py.typed" \
+  "$pkg/integrations/__init__.py" "$pkg/integrations/sglang.py" >/dev/null
 
 echo "source: $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')" \
      "$(git -C "$src" diff --quiet HEAD -- client_lib 2>/dev/null \
         || echo '(client_lib modified)')"
+# BENCH_SCRIPT (environment): another benchmark of this folder to run the
+# same way (run_sglang_bench.sh).
+bench="$src/bench/python/${BENCH_SCRIPT:-bench_shim.py}"
 status=0
 for backend in ${BACKENDS:-native}; do
   case "$backend" in
     native)
       TOKENMETER_BACKEND=native PYTHONPATH="$build/client_lib/python" \
-        /usr/bin/python3 "$src/bench/python/bench_shim.py" "$@" || status=1 ;;
+        /usr/bin/python3 "$bench" "$@" || status=1 ;;
     ctypes)
       TOKENMETER_BACKEND=ctypes \
       TOKENMETER_LIBRARY="$build/client_lib/libtokenmeter.so" \
       PYTHONPATH="$src/client_lib/python" \
-        /usr/bin/python3 "$src/bench/python/bench_shim.py" "$@" || status=1 ;;
+        /usr/bin/python3 "$bench" "$@" || status=1 ;;
     *) echo "BACKENDS: unknown '$backend'" >&2; exit 2 ;;
   esac
 done

@@ -41,8 +41,8 @@ or not). The goal (issue 32): the follower's cost per record at most the
 Prometheus logger's for the same stats (ratio <= 1).
 
 Environment: PYTHONPATH (the build folder's package, with the
-integrations), TOKENMETER_BACKEND; bench/python/run_sglang_bench.sh sets
-them.
+integrations), TOKENMETER_BACKEND or TOKENMETER_LIBRARY;
+bench/python/run_sglang_bench.sh sets them.
 """
 import argparse
 import gc
@@ -60,27 +60,17 @@ import tokenmeter
 from tokenmeter.integrations import sglang as follower
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "testutil"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python",
                                 "standins"))
 import tokenmeter_testutil as tu  # noqa: E402
+from bench_shim import SINK  # noqa: E402  (a socket that discards)
 from sglang.collector import SGLangCollector  # noqa: E402
 from sglang.engine import StandInServer, Timeline  # noqa: E402
 from sglang.exporter import FileExporter  # noqa: E402
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
-SINK = r"""
-import socket, sys, threading
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(sys.argv[1]); s.listen(8)
-print("ready", flush=True)
-def drain(c):
-    while c.recv(1 << 20):
-        pass
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"""
 
 
 def timelines(n, seed):

@@ -311,6 +311,11 @@ class Records(unittest.TestCase):
         self.assertIn("ttft_ns", kw)
 
 
+def put(path, data, mode="ab"):
+    with open(path, mode) as f:
+        f.write(data)
+
+
 class Tailing(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="sgltail-")
@@ -325,8 +330,7 @@ class Tailing(unittest.TestCase):
         return os.path.join(self.dir, name)
 
     def append(self, data, name="sglang-request-metrics-20261205_17.log"):
-        with open(self.path(name), "ab") as f:
-            f.write(data)
+        put(self.path(name), data)
 
     @staticmethod
     def read(source):
@@ -389,37 +393,30 @@ class Tailing(unittest.TestCase):
         self.append(b"1\n2\n")
         src = follower.Source(self.dir, False, None)
         self.assertEqual(self.read(src), [b"1", b"2"])
-        with open(self.path(), "wb") as f:
-            f.write(b"3\n")
+        put(self.path(), b"3\n", "wb")
         self.assertEqual(self.read(src), [b"3"])
         self.assertTrue(any("truncated" in m for m in self.logs), self.logs)
 
     def test_single_file_rename_and_new_file(self):
         p = os.path.join(self.dir, "metrics.log")
-        with open(p, "wb") as f:
-            f.write(b"1\n")
+        put(p, b"1\n")
         src = follower.Source(p, False, None)
         self.assertEqual(self.read(src), [b"1"])
-        with open(p, "ab") as f:
-            f.write(b"2\n")
+        put(p, b"2\n")
         os.rename(p, p + ".1")
-        with open(p + ".1", "ab") as f:  # the writer still had it open
-            f.write(b"3\n")
-        with open(p, "wb") as f:
-            f.write(b"4\n")
+        put(p + ".1", b"3\n")  # the writer still had it open
+        put(p, b"4\n")
         self.assertEqual(self.read(src), [b"2", b"3", b"4"])
         self.assertEqual(self.read(src), [])
         self.assertTrue(any("renamed file is read" in m for m in self.logs))
 
     def test_single_file_renamed_with_a_partial_line(self):
         p = os.path.join(self.dir, "metrics.log")
-        with open(p, "wb") as f:
-            f.write(b"1\n{\"cut")
+        put(p, b"1\n{\"cut")
         src = follower.Source(p, False, None)
         self.assertEqual(self.read(src), [b"1"])
         os.rename(p, p + ".1")
-        with open(p, "wb") as f:
-            f.write(b"2\n")
+        put(p, b"2\n")
         saved = follower.ROTATE_GRACE_S
         follower.ROTATE_GRACE_S = 0.0
         try:

@@ -167,8 +167,8 @@ def parse_line(line):
     rec = _loads(b"{" + line[end + 4:])
     k = line.rfind(_LOG_METRICS, len(_HEAD), end)
     if k >= 0 and line.startswith(b"false", k + len(_LOG_METRICS)):
-        return rec, _log_metrics(_loads(b'{"p": ' + line[len(_HEAD) - 1:
-                                                          end + 2] + b"}")["p"])
+        quoted = line[len(_HEAD) - 1:end + 2]  # the JSON string, quotes too
+        return rec, _log_metrics(_loads(b'{"p": ' + quoted + b"}")["p"])
     return rec, True
 
 

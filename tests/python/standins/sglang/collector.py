@@ -50,50 +50,49 @@ class SGLangCollector:
         self.labels = dict(labels)
         names = list(self.labels)
         r = self.registry = CollectorRegistry()
-        self.prompt_tokens_total = Counter(
-            "sglang:prompt_tokens_total",
-            "Number of prefill tokens processed.", names, registry=r)
-        self.generation_tokens_total = Counter(
-            "sglang:generation_tokens_total",
-            "Number of generation tokens processed.", names, registry=r)
-        self.prompt_tokens_histogram = Histogram(
-            "sglang:prompt_tokens_histogram",
-            "Histogram of prompt token length.", names,
-            buckets=TOKEN_BUCKETS, registry=r)
-        self.uncached_prompt_tokens_histogram = Histogram(
-            "sglang:uncached_prompt_tokens_histogram",
-            "Histogram of uncached (compute) prompt token length.", names,
-            buckets=TOKEN_BUCKETS, registry=r)
-        self.generation_tokens_histogram = Histogram(
-            "sglang:generation_tokens_histogram",
-            "Histogram of generation token length.", names,
-            buckets=TOKEN_BUCKETS, registry=r)
-        self.cached_tokens_total = Counter(
-            "sglang:cached_tokens_total",
+
+        def counter(name, doc, extra=()):
+            return Counter("sglang:" + name, doc, names + list(extra),
+                           registry=r)
+
+        def histogram(name, doc, buckets):
+            return Histogram("sglang:" + name, doc, names, buckets=buckets,
+                             registry=r)
+        self.prompt_tokens_total = counter(
+            "prompt_tokens_total", "Number of prefill tokens processed.")
+        self.generation_tokens_total = counter(
+            "generation_tokens_total",
+            "Number of generation tokens processed.")
+        self.prompt_tokens_histogram = histogram(
+            "prompt_tokens_histogram", "Histogram of prompt token length.",
+            TOKEN_BUCKETS)
+        self.uncached_prompt_tokens_histogram = histogram(
+            "uncached_prompt_tokens_histogram",
+            "Histogram of uncached (compute) prompt token length.",
+            TOKEN_BUCKETS)
+        self.generation_tokens_histogram = histogram(
+            "generation_tokens_histogram",
+            "Histogram of generation token length.", TOKEN_BUCKETS)
+        self.cached_tokens_total = counter(
+            "cached_tokens_total",
             "Number of cached prompt tokens by source (device/host/storage).",
-            names + ["cache_source"], registry=r)
-        self.num_requests_total = Counter(
-            "sglang:num_requests_total", "Number of requests processed.",
-            names, registry=r)
-        self.num_aborted_requests_total = Counter(
-            "sglang:num_aborted_requests_total",
-            "Number of requests aborted.", names, registry=r)
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.", names,
-            buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(
-            "sglang:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.", names,
-            buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of End-to-end request latency in seconds", names,
-            buckets=E2E_BUCKETS, registry=r)
-        self.queue_time = Histogram(
-            "sglang:queue_time_seconds",
-            "Histogram of queueing time in seconds.", names,
-            buckets=QUEUE_BUCKETS, registry=r)
+            ["cache_source"])
+        self.num_requests_total = counter("num_requests_total",
+                                          "Number of requests processed.")
+        self.num_aborted_requests_total = counter(
+            "num_aborted_requests_total", "Number of requests aborted.")
+        self.ttft = histogram("time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.",
+                              TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.",
+                             ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds",
+                             "Histogram of End-to-end request latency in "
+                             "seconds", E2E_BUCKETS)
+        self.queue_time = histogram("queue_time_seconds",
+                                    "Histogram of queueing time in seconds.",
+                                    QUEUE_BUCKETS)
 
     # The tokenizer manager's calls (its collect_metrics / abort_request).
     def observe_one_finished_request(self, prompt_tokens, generation_tokens,
