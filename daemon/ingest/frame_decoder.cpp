@@ -1046,6 +1046,23 @@ std::string_view LabelValue(Reader& r, const Header& h) {
   return false;
 }
 
+// An optional trailing request id (ADMISSION_REJECTED's, REQUEST_SUMMARY's):
+// true with *rid set; false for nil, or for what is no id (then dropped:
+// bad_field). The reader moves past it either way.
+bool ParseOptionalRid(Reader& r, const DecoderLimits& limits, RequestId* rid,
+                      uint32_t* bad_fields) {
+  const uint8_t* at = r.pos();
+  const Header peek = r.Next();
+  r.set_pos(at);
+  if (peek.type == Type::kNil) {
+    r.Skip(1);
+    return false;
+  }
+  if (ParseRequestId(r, limits, rid)) return true;
+  DropField(r, at, bad_fields);
+  return false;
+}
+
 // ADMISSION_REJECTED (1.2): the reason (required, label-value syntax),
 // then an optional request id (one that is not an id is dropped:
 // bad_field).
@@ -1057,18 +1074,7 @@ std::string_view LabelValue(Reader& r, const Header& h) {
   if (reason.empty()) return false;
   e->admission.reason = TextRef::Of(reason);
   if (n >= 4) {
-    const uint8_t* at = r.pos();
-    const Header peek = r.Next();
-    r.set_pos(at);
-    if (peek.type != Type::kNil) {
-      if (ParseRequestId(r, limits, &e->rid)) {
-        e->admission.has_rid = true;
-      } else {
-        DropField(r, at, bad_fields);
-      }
-    } else {
-      r.Skip(1);
-    }
+    e->admission.has_rid = ParseOptionalRid(r, limits, &e->rid, bad_fields);
   }
   return true;
 }
@@ -1181,20 +1187,7 @@ static_assert(std::size(kSummaryDurationKeys) == kNumSummaryDurations);
     q.cached_tokens = 0;
     ++dropped;
   }
-  if (n >= 5) {
-    const uint8_t* at = r.pos();
-    const Header peek = r.Next();
-    r.set_pos(at);
-    if (peek.type != Type::kNil) {
-      if (ParseRequestId(r, limits, &e->rid)) {
-        q.has_rid = true;
-      } else {
-        DropField(r, at, &dropped);
-      }
-    } else {
-      r.Skip(1);
-    }
-  }
+  if (n >= 5) q.has_rid = ParseOptionalRid(r, limits, &e->rid, &dropped);
   *bad_fields += dropped;
   return IngestError::kCount;
 }

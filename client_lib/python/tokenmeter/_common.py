@@ -719,16 +719,24 @@ def _latency_counts(prompt_tokens, generation_tokens, preemptions):
                                      preemptions)))
 
 
-def _latency_chunks(ttft, itl):
-    """(ttft, itl) pairs of at most MAX_LATENCIES values together: the
-    times to first token first, then the inter-token latencies."""
-    chunks = []
+def _latency_args(ttft_ns, itl_ns, t_ns, prompt_tokens, generation_tokens,
+                  preemptions):
+    """latencies()'s arguments checked, as the events to send: (ttft
+    array('Q'), itl array('Q'), t_ns, {count name: value given}) each, at
+    most MAX_LATENCIES values together, the times to first token first;
+    the counts on the first event only."""
+    ttft = _latency_values("ttft_ns", ttft_ns)
+    itl = _latency_values("itl_ns", itl_ns)
+    t = _t(t_ns)
+    counts = {k: v for k, v in zip(_LATENCY_COUNTS, _latency_counts(
+        prompt_tokens, generation_tokens, preemptions)) if v is not None}
+    events = []
     i = j = 0
     while True:
         a = ttft[i:i + MAX_LATENCIES]
         b = itl[j:j + MAX_LATENCIES - len(a)]
-        chunks.append((a, b))
+        events.append((a, b, t, counts if not events else {}))
         i += len(a)
         j += len(b)
         if i >= len(ttft) and j >= len(itl):
-            return chunks
+            return events

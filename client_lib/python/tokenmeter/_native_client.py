@@ -12,7 +12,7 @@ import weakref
 from array import array
 
 from . import _native
-from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _STEP_KEYS, _U32,
+from ._common import (_MAX_BATCH, _NOMEM, _STEP_KEYS, _U32,
                       KV_CACHE_STATES, KV_ROLES, MAX_LORA_BYTES,
                       MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS, OK,
@@ -24,8 +24,8 @@ from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _STEP_KEYS, _U32,
                       _rid, _scheduled_info, _seconds_to_ms,
                       _sleep_state_args, _step_figures, _t, _tracestate,
                       _traceparent, _uint, apply_options,
-                      _SUMMARY_FIELDS, _request_summary_args,
-                      _latency_values, _latency_counts, _latency_chunks)
+                      _SUMMARY_FIELDS, _finish_reason, _request_summary_args,
+                      _latency_args)
 
 _C = _native.Client
 _ZERO_STATS = Stats(*([0] * len(Stats._fields)))
@@ -155,13 +155,7 @@ class Client(_C):
         return _C.preempted(self, _id(rid), t)
 
     def _finished_slow(self, rid, reason="stop", t_ns=0):
-        try:
-            r = None if isinstance(reason, bool) else _REASONS.get(reason)
-        except TypeError:  # unhashable
-            r = None
-        if r is None:
-            raise ValueError(f"finish reason {reason!r} is not one of "
-                             "'stop', 'length', 'abort', 'error'")
+        r = _finish_reason(reason)
         t = _t(t_ns)
         return _C.finished(self, _id(rid), int(r), t)
 
@@ -311,18 +305,11 @@ class Client(_C):
     def _latencies_slow(self, ttft_ns=(), itl_ns=(), t_ns=0, *,
                         prompt_tokens=None, generation_tokens=None,
                         preemptions=None):
-        ttft = _latency_values("ttft_ns", ttft_ns)
-        itl = _latency_values("itl_ns", itl_ns)
-        t = _t(t_ns)
-        counts = _latency_counts(prompt_tokens, generation_tokens,
-                                 preemptions)
         rc = OK
-        for i, (a, b) in enumerate(_latency_chunks(ttft, itl)):
-            kw = {}
-            if i == 0:
-                kw = dict(zip(("prompt_tokens", "generation_tokens",
-                               "preemptions"), counts))
-            r = _C.latencies(self, a, b, t, **kw)
+        for a, b, t, counts in _latency_args(ttft_ns, itl_ns, t_ns,
+                                             prompt_tokens, generation_tokens,
+                                             preemptions):
+            r = _C.latencies(self, a, b, t, **counts)
             if rc == OK:
                 rc = r
         return rc

@@ -23,8 +23,7 @@ from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
                       _rid, _scheduled_info, _seconds_to_ms,
                       _sleep_state_args, _step_figures, _t, _tracestate,
                       _traceparent, _uint, apply_options,
-                      _SUMMARY_FIELDS, _request_summary_args,
-                      _latency_values, _latency_counts, _latency_chunks)
+                      _finish_reason, _request_summary_args, _latency_args)
 from ._lib import (KV_UNKNOWN, IterationCounts, KvTransferInfo,
                    Label, RequestParams, RequestSummary, lib)
 
@@ -509,14 +508,8 @@ class Client:
                     if 0 < ln <= MAX_RID_BYTES:
                         return _finished_str(self._h, _T_NOW, b,
                                              _RID_LEN[ln], r)
-        try:
-            r = None if isinstance(reason, bool) else _REASONS.get(reason)
-        except TypeError:  # unhashable
-            r = None
-        if r is None:
-            raise ValueError(f"finish reason {reason!r} is not one of "
-                             "'stop', 'length', 'abort', 'error'")
-        return self._checked(_finished, _finished_str, rid, t_ns, r)
+        return self._checked(_finished, _finished_str, rid, t_ns,
+                             _finish_reason(reason))
 
     def preempted(self, rid, t_ns=0):
         """The request lost its KV cache and went back to waiting."""
@@ -724,25 +717,15 @@ class Client:
         requests the engine reports no events of (added to the token and
         preemption counters), ints 0 .. 2**32-1 or None. Returns OK, or the
         first event's DROPPED / INVALID."""
-        ttft = _latency_values("ttft_ns", ttft_ns)
-        itl = _latency_values("itl_ns", itl_ns)
-        t = _t(t_ns)
-        counts = _latency_counts(prompt_tokens, generation_tokens,
-                                 preemptions)
-        c = None
-        if any(v is not None for v in counts):
-            c = IterationCounts(**{k: v for k, v in zip(
-                ("prompt_tokens", "generation_tokens", "preemptions"),
-                counts) if v is not None})
         h = self._h
         rc = OK
-        for i, (a, b) in enumerate(_latency_chunks(ttft, itl)):
-            counts_addr = None
-            if i == 0 and c is not None:
-                counts_addr = ctypes.addressof(c)
+        for a, b, t, counts in _latency_args(ttft_ns, itl_ns, t_ns,
+                                             prompt_tokens, generation_tokens,
+                                             preemptions):
+            c = IterationCounts(**counts) if counts else None
             r = _latencies(h, t, a.buffer_info()[0] if a else None, len(a),
                            b.buffer_info()[0] if b else None, len(b),
-                           counts_addr)
+                           None if c is None else ctypes.addressof(c))
             if rc == OK:
                 rc = r
         return rc
