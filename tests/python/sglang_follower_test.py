@@ -223,6 +223,25 @@ class Records(unittest.TestCase):
         rec["id"] = "r" * 129
         self.assertNotIn("rid", follower.summarize(rec).kwargs)
 
+    def test_the_line_in_the_docs(self):
+        with open(os.path.join(SRC, "docs", "integrations.md")) as f:
+            doc = f.read()
+        sglang = doc[doc.index("## SGLang"):]
+        line = sglang[sglang.index("```json\n") + 8:]
+        line = line[:line.index("\n")].encode()
+        rec, log_metrics = follower.parse_line(line)
+        self.assertEqual(rec, {k: v for k, v in json.loads(line).items()
+                               if k != "request_parameters"})
+        kw = follower.summarize(rec, log_metrics).kwargs
+        self.assertEqual(kw["generation_tokens"], rec["completion_tokens"])
+        self.assertAlmostEqual(
+            kw["ttft_ns"] / 1e9, rec["e2e_latency"] -
+            rec["completion_tokens"] / rec["decode_throughput"], delta=1e-9)
+        # Streamed: its first output is its first chunk, sent to the client.
+        self.assertAlmostEqual(
+            rec["request_received_ts"] + kw["ttft_ns"] / 1e9,
+            rec["response_sent_to_client_ts"], delta=1e-3)
+
     def test_man_page_lists_every_flag(self):
         sys.path.insert(0, os.path.join(SRC, "tests", "docs"))
         import man_pages_test as man
