@@ -408,6 +408,39 @@ class Tailing(unittest.TestCase):
         self.append(b'": 1}\n3\n')
         self.assertEqual(self.read(src), [b'{"half": 1}', b"3"])
 
+    def test_from_end_does_not_open_the_files_of_past_hours(self):
+        old = time.time() - 3600
+        for h in range(10, 17):
+            name = f"sglang-request-metrics-20261205_{h}.log"
+            self.append(b"old\n", name)
+            os.utime(self.path(name), (old, old))
+        self.append(b"1\n")
+        src = follower.Source(self.dir, True, None)
+        self.assertEqual(self.read(src), [])
+        self.assertEqual(src.closed_through,
+                         "sglang-request-metrics-20261205_16.log")
+        self.assertEqual(list(src.tails),
+                         ["sglang-request-metrics-20261205_17.log"])
+        self.append(b"2\n")
+        self.assertEqual(self.read(src), [b"2"])
+
+    def test_a_backfill_of_many_files_opens_a_few_at_a_time(self):
+        old = time.time() - 3600
+        names = [f"sglang-request-metrics-202612{d:02d}_{h:02d}.log"
+                 for d in (4, 5) for h in range(0, 24, 2)]
+        for n in names:
+            self.append(n.encode() + b"\n", n)
+            os.utime(self.path(n), (old, old))
+        src = follower.Source(self.dir, False, None)
+        got = []
+        for _ in range(5):
+            got += self.read(src)
+            opened = sum(t.fd is not None for t in src.tails.values())
+            self.assertLessEqual(opened, follower.MAX_OPEN_FILES)
+        # Each once (the newest first: SGLang may be writing there).
+        self.assertEqual(sorted(got), [n.encode() for n in names])
+        self.assertEqual(src.closed_through, names[-2])
+
     def test_truncation_starts_again_at_zero(self):
         self.append(b"1\n2\n")
         src = follower.Source(self.dir, False, None)

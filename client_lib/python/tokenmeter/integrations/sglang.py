@@ -66,6 +66,9 @@ BACKFILL_AFTER_NS = 50 * 60 * 10**9
 # closed: SGLang appends to an older hour's file only for a record whose
 # hour was taken just before the hour turned.
 CLOSE_AFTER_S = 120.0
+# Files open at once in directory mode (a backfill of many hours reads them
+# a few at a time).
+MAX_OPEN_FILES = 16
 # In single-file mode, how long the rest of a renamed file may stay an
 # incomplete line before it is counted as malformed.
 ROTATE_GRACE_S = 5.0
@@ -312,9 +315,10 @@ class FileTail:
             return True
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError, PermissionError) as e:
-            if isinstance(e, PermissionError):
-                log(f"{self.path}: {e.strerror}")
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as e:  # EACCES, EMFILE, ...: tried again next poll
+            log(f"{self.path}: {e.strerror}")
             return False
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -496,9 +500,10 @@ class Source:
     def state(self):
         files = {}
         for key, t in self.tails.items():
-            if t.ident is not None and t.fd is not None:
+            if t.ident is not None:
+                head = t.head() if t.fd is not None else t.expect_head
                 files[key] = {"offset": t.offset, "ident": list(t.ident),
-                              "line": t.lineno, "head": t.head()}
+                              "line": t.lineno, "head": head}
         return {"version": STATE_VERSION, "source": self.path,
                 "closed_through": self.closed_through, "files": files}
 
@@ -524,17 +529,34 @@ class Source:
             log(f"{self.path}: {e.strerror}")
             return []
         names = [n for n in self._names if n > self.closed_through]
+        if self._first and self._from_end:
+            # The files of past hours, unchanged for CLOSE_AFTER_S, are done
+            # (their end is where --from-end starts): not even opened.
+            for n in names[:-1]:
+                try:
+                    mtime = os.stat(os.path.join(self.path, n)).st_mtime
+                except FileNotFoundError:
+                    continue
+                if time.time() - mtime < CLOSE_AFTER_S:
+                    break
+                self.closed_through = n
+            names = [n for n in names if n > self.closed_through]
         for key in [k for k in self.tails if k not in names]:
             gone = self.tails.pop(key)  # deleted
             gone.close()
             self.malformed_closed += gone.malformed
+        # At most MAX_OPEN_FILES open: the oldest (a backfill reads them in
+        # turn, each closed once read) and the two newest (SGLang's now).
+        opened = set(names[:MAX_OPEN_FILES - 2]) | set(names[-2:])
         out = []
         for n in names:
             t = self.tails.get(n)
             if t is None:
+                if n not in opened:
+                    continue
                 t = self.tails[n] = FileTail(os.path.join(self.path, n), n)
             if t.fd is None:
-                if not t.open():
+                if n not in opened or not t.open():
                     continue
                 if self._first and self._from_end:
                     t.start_at_end()
@@ -561,11 +583,12 @@ class Source:
         if not self.is_dir:
             self._after_read_file()
             return
-        names = sorted(self.tails)
+        # In the directory's order: a file not read yet stops the run.
+        names = [n for n in self._names if n > self.closed_through]
         now = time.time()
         for n in names[:-1]:
-            t = self.tails[n]
-            if (t.fd is None or not t.at_end() or t.pending()
+            t = self.tails.get(n)
+            if (t is None or t.fd is None or not t.at_end() or t.pending()
                     or now - t.mtime < CLOSE_AFTER_S):
                 break
             t.close()
