@@ -204,23 +204,26 @@ def run(args, work, sock):
     if st.events_dropped or st.events_rejected:
         sys.exit(f"INVALID: events dropped or rejected: {st}")
     med = {k: statistics.median(v) / 1000 for k, v in res.items()}
+    rng = {k: f"({min(v) / 1000:.2f} .. {max(v) / 1000:.2f})"
+           for k, v in res.items()}
     ratio = statistics.median(ratios)
     outputs = sum(1 for calls in all_calls for c in calls
                   if c[0] == "observe_inter_token_latency")
     print(f"python {platform.python_version()}, tokenmeter backend "
           f"{tokenmeter.backend}, {n} records, {size / n:.0f} bytes a line "
-          f"on average, {args.reps} repetitions (medians)")
-    print(f"  follower (calling thread)    {med['follower']:8.2f} us/record")
-    print(f"  follower (whole process)     {med['follower process']:8.2f} "
-          "us/record")
-    print(f"  sglang collector at finish   {med['collector']:8.2f} us/record")
-    print(f"  sglang collector + ITL       {med['collector+itl']:8.2f} "
-          f"us/record ({outputs / n:.1f} later outputs a request)")
-    print(f"  sglang exporter (its write)  {med['exporter']:8.2f} us/record")
+          f"on average, {args.reps} repetitions: median (min .. max)")
+    for key, label, extra in (
+            ("follower", "follower (calling thread)", ""),
+            ("follower process", "follower (whole process)", ""),
+            ("collector", "sglang collector at finish", ""),
+            ("collector+itl", "sglang collector + ITL",
+             f" ({outputs / n:.1f} later outputs a request)"),
+            ("exporter", "sglang exporter (its write)", "")):
+        print(f"  {label:29s}{med[key]:8.2f} us/record {rng[key]}{extra}")
     verdict = "PASS" if ratio <= 1.0 else "MISS"
-    print(f"ratio follower / sglang collector at finish: {ratio:.2f} "
-          f"(goal <= 1: {verdict}); / collector + ITL: "
-          f"{med['follower'] / med['collector+itl']:.2f}")
+    print(f"ratio follower / sglang collector at finish: {ratio:.3f} "
+          f"({min(ratios):.3f} .. {max(ratios):.3f}; goal <= 1: {verdict});"
+          f" / collector + ITL: {med['follower'] / med['collector+itl']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"us_per_record": med, "ratio": ratio,
