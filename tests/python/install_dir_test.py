@@ -4,8 +4,9 @@ meson-info/intro-installed.json: nothing is installed): in a folder that
 /usr/bin/python3 searches for the build's prefix (/usr:
 /usr/lib/python3/dist-packages; /usr/local:
 /usr/local/lib/python3.X/dist-packages, not lib/python3/dist-packages),
-every file of the package in one folder, the extension beside the .py
-files when /usr/bin/python3's headers (python3-dev) are there.
+every file of the package in one folder (its subpackage integrations/ in
+it), the extension beside the .py files when /usr/bin/python3's headers
+(python3-dev) are there.
 
     install_dir_test.py BUILD_DIR
 
@@ -45,9 +46,15 @@ class InstallDir(unittest.TestCase):
         cls.prefix = build_option("prefix")
 
     def test_one_folder_with_every_file(self):
+        # The package's folder, and its subpackage integrations/ in it.
         folders = {os.path.dirname(p) for p in self.package}
-        self.assertEqual(len(folders), 1, self.package)
-        names = {os.path.basename(p) for p in self.package}
+        top = {f for f in folders if not f.endswith("/integrations")}
+        self.assertEqual(len(top), 1, self.package)
+        (pkg,) = top
+        self.assertEqual(folders - top, {pkg + "/integrations"})
+        self.assertIn(pkg + "/integrations/__init__.py", self.package)
+        names = {os.path.basename(p) for p in self.package
+                 if os.path.dirname(p) == pkg}
         for f in PACKAGE_FILES:
             self.assertIn(f, names)
         # The extension, beside the .py files, whenever python3-dev is there.
