@@ -26,6 +26,7 @@ BUILD = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else ""
 PYTHON = "/usr/bin/python3"
 PACKAGE_FILES = ("__init__.py", "__init__.pyi", "_common.py", "_lib.py",
                  "_native_client.py", "client.py", "py.typed")
+INTEGRATION_FILES = ("__init__.py", "lmdeploy.py")
 
 
 def build_option(name):
@@ -45,11 +46,17 @@ class InstallDir(unittest.TestCase):
         cls.prefix = build_option("prefix")
 
     def test_one_folder_with_every_file(self):
-        folders = {os.path.dirname(p) for p in self.package}
+        top = [p for p in self.package if "/tokenmeter/integrations/" not in p]
+        folders = {os.path.dirname(p) for p in top}
         self.assertEqual(len(folders), 1, self.package)
-        names = {os.path.basename(p) for p in self.package}
+        names = {os.path.basename(p) for p in top}
         for f in PACKAGE_FILES:
             self.assertIn(f, names)
+        # The engine adapters, in the subpackage beside them.
+        (folder,) = folders
+        for f in INTEGRATION_FILES:
+            self.assertIn(os.path.join(folder, "integrations", f),
+                          self.package)
         # The extension, beside the .py files, whenever python3-dev is there.
         native = [n for n in names if n.startswith("_native.")]
         headers = subprocess.run(
