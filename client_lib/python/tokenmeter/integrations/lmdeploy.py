@@ -360,9 +360,11 @@ def _attach(engine, options):
         lst[:] = [x for x in lst
                   if type(x).__name__ != "PrometheusStatLogger"]
     lst.append(lg)
-    shared = metrics_processor.stat_loggers
-    if shared is not lst and lg not in shared:
-        shared.append(lg)
+    if metrics_processor.stat_loggers is not lst:
+        # LMDeploy's one processor calls the last engine's loggers.
+        _warn_once("not-shared", "tokenmeter's LMDeploy logger was added to "
+                   "an engine whose loggers metrics_processor does not call "
+                   "(an engine was built after it)")
     with _lock:
         _loggers.append(lg)
     return lg
