@@ -1309,3 +1309,150 @@ int tm_sleep_state(tm_client* c, uint64_t t_ns, tm_scheduler_state scheduler,
 }
 
 }  // extern "C"
+
+// ---- protocol 1.3 events ---------------------------------------------------
+
+namespace {
+
+// The sizes of the 1.3 structs as protocol 1.3 laid them out.
+constexpr size_t kRequestSummarySize =
+    offsetof(tm_request_summary_info, tpot_ns) + sizeof(uint64_t);
+constexpr size_t kIterationCountsSize =
+    offsetof(tm_iteration_counts, preemptions) + sizeof(uint64_t);
+
+// REQUEST_SUMMARY with no id (has_rid false), an integer id (srid nullptr)
+// or a string id (checked by the caller). One pass over the struct's
+// optional fields: each is TM_NOT_GIVEN or within its bound, the mask of
+// those given built as it goes.
+int Summary(tm_client* c, uint64_t t_ns, bool has_rid, uint64_t rid,
+            const char* srid, size_t srid_len,
+            const tm_request_summary_info* s) {
+  namespace tc = tokenmeter::client;
+  if (s == nullptr || s->size < kRequestSummarySize) [[unlikely]]
+    return Reject(c);
+  const int reason = EnumValue(s->reason);
+  const uint64_t prompt = s->prompt_tokens;
+  const uint64_t generation = s->generation_tokens;
+  // In kSummary* bit order: the four counts, then the seven durations.
+  const uint64_t fields[tc::kNumSummaryFields] = {
+      s->cached_tokens, s->max_tokens, s->n,          s->max_generation_tokens,
+      s->ttft_ns,       s->queue_ns,   s->prefill_ns, s->decode_ns,
+      s->inference_ns,  s->e2e_ns,     s->tpot_ns};
+  bool bad = reason < TM_FINISH_STOP || reason > TM_FINISH_ERROR ||
+             prompt > TM_MAX_EVENT_COUNT || generation > TM_MAX_EVENT_COUNT;
+  uint32_t mask = 0;
+  for (int i = 0; i < tc::kNumSummaryFields; ++i) {
+    if (fields[i] == TM_NOT_GIVEN) continue;
+    mask |= 1u << i;
+    bad |= fields[i] > (i < 4 ? TM_MAX_EVENT_COUNT : TM_MAX_DURATION_NS);
+  }
+  bad |= (mask & tc::kSummaryCached) != 0 && fields[0] > prompt;
+  if (bad) [[unlikely]]
+    return Reject(c);
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  const uint32_t rw = !has_rid ? 0 : srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t words = 3 + rw + uint32_t(std::popcount(mask));
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(
+      TM_EV_REQUEST_SUMMARY, words, uint32_t(srid_len),
+      tc::SummaryArg(uint32_t(reason), has_rid && srid == nullptr, mask));
+  w[1] = t_ns != 0 ? t_ns : Now();
+  if (has_rid) WriteRid(w + 2, rw, rid, srid, srid_len);
+  uint64_t* p = w + 2 + rw;
+  *p++ = tc::PackLengths(uint32_t(prompt), uint32_t(generation));
+  for (int i = 0; i < tc::kNumSummaryFields; ++i) {
+    if ((mask & (1u << i)) != 0) *p++ = fields[i];
+  }
+  return Done(r);
+}
+
+}  // namespace
+
+extern "C" {
+
+int tm_request_summary(tm_client* c, uint64_t t_ns,
+                       const tm_request_summary_info* s) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  return Summary(c, t_ns, false, 0, nullptr, 0, s);
+}
+
+int tm_request_summary_rid(tm_client* c, uint64_t t_ns, uint64_t rid,
+                           const tm_request_summary_info* s) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  return Summary(c, t_ns, true, rid, nullptr, 0, s);
+}
+
+int tm_request_summary_str(tm_client* c, uint64_t t_ns, const char* rid,
+                           size_t rid_len, const tm_request_summary_info* s) {
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  if (rid == nullptr || rid_len == 0 || rid_len > TM_MAX_RID_BYTES)
+      [[unlikely]] {
+    return Reject(c);
+  }
+  return Summary(c, t_ns, true, 0, rid, rid_len, s);
+}
+
+int tm_latencies(tm_client* c, uint64_t t_ns, const uint64_t* ttft_ns,
+                 size_t n_ttft, const uint64_t* itl_ns, size_t n_itl,
+                 const tm_iteration_counts* counts) {
+  namespace tc = tokenmeter::client;
+  if (c == nullptr) [[unlikely]]
+    return TM_E_INVALID;
+  bool ok = n_ttft <= TM_MAX_LATENCIES && n_itl <= TM_MAX_LATENCIES &&
+            n_ttft + n_itl <= TM_MAX_LATENCIES &&
+            (ttft_ns != nullptr || n_ttft == 0) &&
+            (itl_ns != nullptr || n_itl == 0);
+  uint64_t count_words[tc::kNumLatCounts] = {};
+  uint32_t mask = 0;
+  if (ok && counts != nullptr) {
+    ok = counts->size >= kIterationCountsSize;
+    const uint64_t given[tc::kNumLatCounts] = {
+        ok ? counts->prompt_tokens : TM_NOT_GIVEN,
+        ok ? counts->generation_tokens : TM_NOT_GIVEN,
+        ok ? counts->preemptions : TM_NOT_GIVEN};
+    for (int i = 0; i < tc::kNumLatCounts; ++i) {
+      if (given[i] == TM_NOT_GIVEN) continue;
+      ok &= given[i] <= TM_MAX_EVENT_COUNT;
+      count_words[std::popcount(mask)] = given[i];
+      mask |= 1u << i;
+    }
+  }
+  if (ok) [[likely]] {
+    // One pass, no branch per value: every value at most 2^48 - 1 is one
+    // with none of the high 16 bits set.
+    uint64_t high = 0;
+    for (size_t i = 0; i < n_ttft; ++i) high |= ttft_ns[i];
+    for (size_t i = 0; i < n_itl; ++i) high |= itl_ns[i];
+    static_assert(TM_MAX_DURATION_NS == (uint64_t{1} << 48) - 1);
+    ok = (high >> 48) == 0;
+  }
+  if (!ok) [[unlikely]]
+    return Reject(c);
+  Ring* r;
+  const int rc = c->Enter(&r);
+  if (rc != TM_OK) [[unlikely]]
+    return rc;
+  const uint32_t n_counts = uint32_t(std::popcount(mask));
+  const uint32_t words = 2 + n_counts + uint32_t(n_ttft + n_itl);
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]]
+    return Full(r);
+  w[0] = MakeHeader(TM_EV_LATENCIES, words, 0,
+                    tc::LatenciesArg(uint32_t(n_ttft), mask));
+  w[1] = t_ns != 0 ? t_ns : Now();
+  uint64_t* p = w + 2;
+  for (uint32_t i = 0; i < n_counts; ++i) *p++ = count_words[i];
+  if (n_ttft != 0) std::memcpy(p, ttft_ns, n_ttft * sizeof(uint64_t));
+  if (n_itl != 0) std::memcpy(p + n_ttft, itl_ns, n_itl * sizeof(uint64_t));
+  return Done(r);
+}
+
+}  // extern "C"

@@ -62,6 +62,22 @@ constexpr const char* kWeightsNames[] = {
 constexpr const char* kKvCacheNames[] = {nullptr, TM_SLEEP_RESIDENT,
                                          TM_SLEEP_RELEASED};
 
+// REQUEST_SUMMARY's optional fields, in kSummary* bit order (ring.h).
+constexpr const char* kSummaryFieldNames[kNumSummaryFields] = {
+    TM_SUM_CACHED_TOKENS,
+    TM_SUM_MAX_TOKENS,
+    TM_SUM_N,
+    TM_SUM_MAX_GENERATION_TOKENS,
+    TM_SUM_TTFT,
+    TM_SUM_QUEUE,
+    TM_SUM_PREFILL,
+    TM_SUM_DECODE,
+    TM_SUM_INFERENCE,
+    TM_SUM_E2E,
+    TM_SUM_TPOT};
+// LATENCIES' counts, in bit order (ring.h).
+constexpr const char* kLatCountNames[kNumLatCounts] = {
+    TM_LAT_PROMPT_TOKENS, TM_LAT_GENERATION_TOKENS, TM_LAT_PREEMPTIONS};
 constexpr const char* kReasonNames[] = {TM_REASON_STOP, TM_REASON_LENGTH,
                                         TM_REASON_ABORT, TM_REASON_ERROR};
 
@@ -513,6 +529,55 @@ void EncodeEvent(const uint64_t* record, const ValueTable& values,
       if (kv_cache != 0) {
         pk.Str(TM_SLEEP_KV_CACHE);
         pk.Str(kKvCacheNames[kv_cache]);
+      }
+      return;
+    }
+    case TM_EV_REQUEST_SUMMARY: {
+      const uint32_t mask = arg >> kSummaryMaskShift;
+      const bool int_rid = (arg & kSummaryIntRid) != 0;
+      const bool has_rid = int_rid || rid_len != 0;
+      const uint32_t rid_words = !has_rid ? 0 : int_rid ? 1 : (rid_len + 7) / 8;
+      pk.Array(has_rid ? 5 : 4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      pk.Str(kReasonNames[arg & 3]);
+      const uint64_t* q = p + rid_words;
+      pk.Map(2 + static_cast<uint32_t>(__builtin_popcount(mask)));
+      pk.Str(TM_SUM_PROMPT_TOKENS);
+      pk.Uint(static_cast<uint32_t>(q[0]));
+      pk.Str(TM_SUM_GENERATION_TOKENS);
+      pk.Uint(static_cast<uint32_t>(q[0] >> 32));
+      ++q;
+      for (int i = 0; i < kNumSummaryFields; ++i) {
+        if ((mask & (1u << i)) == 0) continue;
+        pk.Str(kSummaryFieldNames[i]);
+        pk.Uint(*q++);
+      }
+      if (has_rid) PackRid(pk, rid_len, p);
+      return;
+    }
+    case TM_EV_LATENCIES: {
+      const uint32_t n_ttft = arg & ((1u << kLatCountsShift) - 1);
+      const uint32_t counts = arg >> kLatCountsShift;
+      const uint32_t n_counts =
+          static_cast<uint32_t>(__builtin_popcount(counts));
+      const uint32_t n_itl = HeaderWords(hdr) - 2 - n_counts - n_ttft;
+      pk.Array(counts != 0 ? 5 : 4);
+      pk.Uint(kind);
+      pk.Uint(t);
+      const uint64_t* v = p + n_counts;
+      pk.Array(n_ttft);
+      for (uint32_t i = 0; i < n_ttft; ++i) pk.Uint(v[i]);
+      pk.Array(n_itl);
+      for (uint32_t i = 0; i < n_itl; ++i) pk.Uint(v[n_ttft + i]);
+      if (counts != 0) {
+        pk.Map(n_counts);
+        const uint64_t* c = p;
+        for (int i = 0; i < kNumLatCounts; ++i) {
+          if ((counts & (1u << i)) == 0) continue;
+          pk.Str(kLatCountNames[i]);
+          pk.Uint(*c++);
+        }
       }
       return;
     }

@@ -54,6 +54,15 @@ namespace tokenmeter::client {
 //               bytes + 1 and blocks + 1 in 40 and 24 bits, 0 when not
 //               given)
 //   SLEEP       hdr(arg=SleepArg(): each part's state + 1, 0 = keep) t
+//   REQUEST_SUMMARY   hdr(arg=SummaryArg(): reason, integer id flag, the
+//               mask of optional fields given) t [rid...]
+//               PackLengths(prompt_tokens, generation_tokens)
+//               one word per optional field given, in kSummary* bit order
+//               (a string id: the header's id length; an integer id: the
+//               flag; neither: no id)
+//   LATENCIES   hdr(arg=LatenciesArg(): n_ttft, the mask of counts given) t
+//               one word per count given, in kLat* bit order
+//               ttft[n_ttft] itl[...]   (n_itl = what the record has left)
 // `rid...` is one word for an integer id, ceil(len / 8) words of bytes for a
 // string id.
 //
@@ -156,6 +165,34 @@ inline constexpr uint32_t SleepArg(int scheduler, int weights, int kv_cache) {
          (uint32_t(kv_cache + 1) << 4);
 }
 
+// REQUEST_SUMMARY header argument: the tm_finish_reason (bits 0-1), an
+// integer id follows the time (bit 2), and the optional fields given
+// (bits 3-13, kSummary* << kSummaryMaskShift), their words in bit order.
+inline constexpr uint32_t kSummaryIntRid = 1u << 2;
+inline constexpr int kSummaryMaskShift = 3;
+inline constexpr uint32_t kSummaryCached = 1u << 0;
+inline constexpr uint32_t kSummaryMaxTokens = 1u << 1;
+inline constexpr uint32_t kSummaryN = 1u << 2;
+inline constexpr uint32_t kSummaryMaxGeneration = 1u << 3;
+inline constexpr uint32_t kSummaryTtft = 1u << 4;  // then queue, prefill,
+                                                   // decode, inference, e2e,
+                                                   // tpot
+inline constexpr int kNumSummaryFields = 11;
+inline constexpr uint32_t SummaryArg(uint32_t reason, bool int_rid,
+                                     uint32_t mask) {
+  return reason | (int_rid ? kSummaryIntRid : 0) | (mask << kSummaryMaskShift);
+}
+
+// LATENCIES header argument: n_ttft (bits 0-10, <= TM_MAX_LATENCIES) and
+// the counts given (bits 11-13: prompt tokens, generation tokens,
+// preemptions), their words in bit order after the time.
+inline constexpr int kLatCountsShift = 11;
+inline constexpr int kNumLatCounts = 3;
+inline constexpr uint32_t LatenciesArg(uint32_t n_ttft, uint32_t counts) {
+  return n_ttft | (counts << kLatCountsShift);
+}
+static_assert(TM_MAX_LATENCIES < (1u << kLatCountsShift));
+
 inline constexpr uint8_t kPadKind = 0;
 // The largest STEP: header, time, eleven values, 64 positions.
 inline constexpr uint32_t kMaxStepWords = 2 + 11 + 64;
@@ -183,9 +220,20 @@ inline constexpr uint32_t kMaxAdmissionWords =
 static_assert(kMaxKvTransferWords <= kMaxArrivedWords &&
               kMaxAdmissionWords <= kMaxArrivedWords &&
               kMaxStepWords <= kMaxArrivedWords);
+// The largest REQUEST_SUMMARY (integer id: 15 words, 120 bytes; a
+// TM_MAX_RID_BYTES string id: 30 words) and LATENCIES (header, time, three
+// counts, TM_MAX_LATENCIES values: 8,232 bytes, tokenmeter.h).
+inline constexpr uint32_t kMaxSummaryWords =
+    3 + TM_MAX_RID_BYTES / 8 + kNumSummaryFields;
+inline constexpr uint32_t kMaxLatenciesWords =
+    2 + kNumLatCounts + TM_MAX_LATENCIES;
+static_assert(kMaxLatenciesWords * 8 == 8232);
+static_assert(kMaxSummaryWords <= kMaxArrivedWords);
 inline constexpr uint32_t kMaxRecordWords =
-    kMaxExpertLoadWords > kMaxArrivedWords ? kMaxExpertLoadWords
-                                           : kMaxArrivedWords;
+    kMaxLatenciesWords > kMaxExpertLoadWords
+        ? kMaxLatenciesWords
+        : (kMaxExpertLoadWords > kMaxArrivedWords ? kMaxExpertLoadWords
+                                                  : kMaxArrivedWords);
 // The smallest ring (1024 events of capacity: 4096 words) holds any record,
 // even behind the padding of a wrap (at most kMaxRecordWords - 1 words), and
 // a record's length fits its header's 16 bits.

@@ -30,9 +30,9 @@ Sender::Sender(SenderOptions opts, std::unique_ptr<Transport> transport,
       replay_(opts_.ack ? opts_.replay_bytes : 0),
       inbound_(kInboundReadBytes) {
   // A batch ends once its body reaches kBatchMaxBytes, so it may exceed
-  // that by one event: at most about 5.2 KB (an EXPERT_LOAD of 1024 counts
-  // of 5 bytes each).
-  batch_body_.Reserve(kBatchMaxBytes + 8192);
+  // that by one event: at most about 9.3 KB (a LATENCIES of 1024 values of
+  // 9 bytes each; an EXPERT_LOAD of 1024 counts of 5 bytes is 5.2 KB).
+  batch_body_.Reserve(kBatchMaxBytes + 10240);
 }
 
 Sender::~Sender() {

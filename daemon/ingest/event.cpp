@@ -26,6 +26,10 @@ std::string_view EventKindName(EventKind kind) {
       return "kv_transfer";
     case EventKind::kSleep:
       return "sleep";
+    case EventKind::kRequestSummary:
+      return "request_summary";
+    case EventKind::kLatencies:
+      return "latencies";
   }
   return "unknown";
 }

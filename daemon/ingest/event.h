@@ -29,6 +29,9 @@ enum class EventKind : uint8_t {
   kAdmissionRejected = TM_EV_ADMISSION_REJECTED,
   kKvTransfer = TM_EV_KV_TRANSFER,
   kSleep = TM_EV_SLEEP,
+  // 1.3
+  kRequestSummary = TM_EV_REQUEST_SUMMARY,
+  kLatencies = TM_EV_LATENCIES,
 };
 inline constexpr int kNumEventKinds = TM_EV_LAST;
 // "arrived", "queued", ... (the kind label of tokenmeter_ingest_events_total).
@@ -142,6 +145,54 @@ struct SleepInfo {
   KvCacheState kv_cache;
 };
 
+// REQUEST_SUMMARY (1.3, [12, t, reason, summary(, rid)]): one finished
+// request as its engine computed it. Event::count holds prompt_tokens,
+// Event::max_tokens / n their params (has_max_tokens / has_n),
+// Event::reason the reason and Event::rid the id when has_rid; the rest is
+// here. A duration is valid when its bit (1 << SummaryDuration) is in `has`.
+enum class SummaryDuration : uint8_t {
+  kTtft,
+  kQueue,
+  kPrefill,
+  kDecode,
+  kInference,
+  kE2e,
+  kTpot,
+  kCount,
+};
+inline constexpr size_t kNumSummaryDurations = size_t(SummaryDuration::kCount);
+struct RequestSummaryInfo {
+  enum Key : uint16_t {
+    kCachedTokens = 1u << kNumSummaryDurations,
+    kMaxGenerationTokens = 1u << (kNumSummaryDurations + 1),
+  };
+  uint64_t duration_ns[kNumSummaryDurations];  // at most TM_MAX_DURATION_NS
+  uint32_t generation_tokens;
+  uint32_t cached_tokens;          // at most prompt_tokens
+  uint32_t max_generation_tokens;  // of the request's group
+  uint16_t has;
+  bool has_rid;
+};
+
+// LATENCIES (1.3, [13, t, ttft, itl(, counts)]): the values live in
+// Batch::positions, positions[begin, begin + ttft_count) the times to first
+// token, the itl_count after them the inter-token latencies (ns); the
+// optional counts are valid when their bit is in `has`.
+struct LatenciesRef {
+  enum Key : uint8_t {
+    kPromptTokens = 1u << 0,
+    kGenerationTokens = 1u << 1,
+    kPreemptions = 1u << 2,
+  };
+  uint32_t begin;
+  uint32_t ttft_count;
+  uint32_t itl_count;
+  uint32_t prompt_tokens;
+  uint32_t generation_tokens;
+  uint32_t preemptions;
+  uint8_t has;
+};
+
 // ARRIVED params of protocol 1.1: the LoRA adapter and per-request labels
 // (validated: label-name rules, UTF-8, the limits of protocol.h); of 1.2:
 // priority and the W3C trace context (validated by protocol.h's rules).
@@ -175,14 +226,16 @@ struct Event {
   static constexpr uint32_t kNoExtras = UINT32_MAX;
   EventKind kind;
   uint64_t t_ns;
-  RequestId rid;  // not for kStep, kExpertLoad, kSleep; kAdmissionRejected:
-                  // when admission.has_rid
-  uint64_t count = 0;       // ARRIVED prompt_tokens; TOKENS n
-  uint64_t max_tokens = 0;  // ARRIVED params; valid when has_max_tokens
-  uint64_t n = 0;           // ARRIVED params; valid when has_n
+  RequestId rid;       // not for kStep, kExpertLoad, kSleep, kLatencies;
+                       // kAdmissionRejected: when admission.has_rid;
+                       // kRequestSummary: when summary.has_rid
+  uint64_t count = 0;  // ARRIVED and REQUEST_SUMMARY prompt_tokens; TOKENS n
+  // ARRIVED params, REQUEST_SUMMARY keys; valid when has_max_tokens / has_n.
+  uint64_t max_tokens = 0;
+  uint64_t n = 0;
   bool has_max_tokens = false;
   bool has_n = false;
-  FinishReason reason = FinishReason::kStop;  // FINISHED
+  FinishReason reason = FinishReason::kStop;  // FINISHED, REQUEST_SUMMARY
   // ARRIVED with a lora, labels, priority or trace param: index into
   // Batch::arrivals (in the padding before `step`).
   uint32_t extras = kNoExtras;
@@ -193,6 +246,8 @@ struct Event {
     KvTransferInfo kv_transfer;     // KV_TRANSFER
     AdmissionInfo admission;        // ADMISSION_REJECTED
     SleepInfo sleep;                // SLEEP
+    RequestSummaryInfo summary;     // REQUEST_SUMMARY
+    LatenciesRef latencies;         // LATENCIES
   };
 
   // An EXPERT_LOAD's layer and counts; `positions` is its batch's

@@ -567,6 +567,8 @@ constexpr uint64_t kMinEventElements[] = {
     3,  // ADMISSION_REJECTED [9, t, reason(, rid)]
     4,  // KV_TRANSFER [10, t, rid, info]
     3,  // SLEEP [11, t, state]
+    4,  // REQUEST_SUMMARY [12, t, reason, summary(, rid)]
+    4,  // LATENCIES [13, t, ttft, itl(, counts)]
 };
 static_assert(std::size(kMinEventElements) == TM_EV_LAST + 1);
 
@@ -1044,6 +1046,23 @@ std::string_view LabelValue(Reader& r, const Header& h) {
   return false;
 }
 
+// An optional trailing request id (ADMISSION_REJECTED's, REQUEST_SUMMARY's):
+// true with *rid set; false for nil, or for what is no id (then dropped:
+// bad_field). The reader moves past it either way.
+bool ParseOptionalRid(Reader& r, const DecoderLimits& limits, RequestId* rid,
+                      uint32_t* bad_fields) {
+  const uint8_t* at = r.pos();
+  const Header peek = r.Next();
+  r.set_pos(at);
+  if (peek.type == Type::kNil) {
+    r.Skip(1);
+    return false;
+  }
+  if (ParseRequestId(r, limits, rid)) return true;
+  DropField(r, at, bad_fields);
+  return false;
+}
+
 // ADMISSION_REJECTED (1.2): the reason (required, label-value syntax),
 // then an optional request id (one that is not an id is dropped:
 // bad_field).
@@ -1055,18 +1074,7 @@ std::string_view LabelValue(Reader& r, const Header& h) {
   if (reason.empty()) return false;
   e->admission.reason = TextRef::Of(reason);
   if (n >= 4) {
-    const uint8_t* at = r.pos();
-    const Header peek = r.Next();
-    r.set_pos(at);
-    if (peek.type != Type::kNil) {
-      if (ParseRequestId(r, limits, &e->rid)) {
-        e->admission.has_rid = true;
-      } else {
-        DropField(r, at, bad_fields);
-      }
-    } else {
-      r.Skip(1);
-    }
+    e->admission.has_rid = ParseOptionalRid(r, limits, &e->rid, bad_fields);
   }
   return true;
 }
@@ -1082,6 +1090,172 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
     *reason = FinishReason::kError;
   } else {
     return false;
+  }
+  return true;
+}
+
+// The keys of a REQUEST_SUMMARY's durations, in SummaryDuration order.
+constexpr std::string_view kSummaryDurationKeys[] = {
+    TM_SUM_TTFT,      TM_SUM_QUEUE, TM_SUM_PREFILL, TM_SUM_DECODE,
+    TM_SUM_INFERENCE, TM_SUM_E2E,   TM_SUM_TPOT};
+static_assert(std::size(kSummaryDurationKeys) == kNumSummaryDurations);
+
+// REQUEST_SUMMARY (1.3): the reason (a str, required: another type is a bad
+// event, another string bad_reason), the summary map (required) with its
+// required prompt_tokens and generation_tokens, its optional counts and
+// durations (each dropped alone when bad: bad_field; cached_tokens also
+// above prompt_tokens), then an optional request id (dropped when it is no
+// id). Returns kCount or the event's error.
+[[gnu::noinline]] IngestError ParseRequestSummary(Reader& r, uint64_t n,
+                                                  const DecoderLimits& limits,
+                                                  Event* e,
+                                                  uint32_t* bad_fields) {
+  const Header rh = r.Next();
+  if (rh.type != Type::kStr) {
+    r.SkipBody(rh);
+    return IngestError::kBadEvent;
+  }
+  if (!ParseFinishReason(r.Payload(rh), &e->reason)) {
+    return IngestError::kBadReason;
+  }
+  RequestSummaryInfo& q = e->summary;
+  const Header h = r.Next();
+  if (h.type != Type::kMap) return IngestError::kBadEvent;
+  bool has_prompt = false, has_generation = false;
+  uint32_t dropped = 0;
+  const uint8_t* cached_at = nullptr;
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const uint8_t* at = r.pos();
+    const Header v = r.Next();
+    const bool count_ok =
+        v.type == Type::kUint && v.value <= TM_MAX_EVENT_COUNT;
+    if (key == TM_SUM_PROMPT_TOKENS || key == TM_SUM_GENERATION_TOKENS) {
+      if (!count_ok) return IngestError::kBadEvent;
+      if (key == TM_SUM_PROMPT_TOKENS) {
+        e->count = v.value;
+        has_prompt = true;
+      } else {
+        q.generation_tokens = uint32_t(v.value);
+        has_generation = true;
+      }
+      continue;
+    }
+    if (v.type == Type::kNil) continue;  // an optional key absent
+    size_t d = 0;
+    while (d < kNumSummaryDurations && key != kSummaryDurationKeys[d]) ++d;
+    if (d < kNumSummaryDurations) {
+      if (v.type != Type::kUint || v.value > TM_MAX_DURATION_NS) {
+        DropField(r, at, &dropped);
+        continue;
+      }
+      q.duration_ns[d] = v.value;
+      q.has |= uint16_t(1u << d);
+      continue;
+    }
+    const bool cached = key == TM_SUM_CACHED_TOKENS;
+    const bool max_tokens = key == TM_SUM_MAX_TOKENS;
+    const bool n_param = key == TM_SUM_N;
+    const bool max_gen = key == TM_SUM_MAX_GENERATION_TOKENS;
+    if (!cached && !max_tokens && !n_param && !max_gen) {
+      r.SkipBody(v);
+      continue;
+    }
+    if (!count_ok) {
+      DropField(r, at, &dropped);
+      continue;
+    }
+    if (cached) {
+      q.cached_tokens = uint32_t(v.value);
+      q.has |= RequestSummaryInfo::kCachedTokens;
+      cached_at = at;
+    } else if (max_tokens) {
+      e->max_tokens = v.value;
+      e->has_max_tokens = true;
+    } else if (n_param) {
+      e->n = v.value;
+      e->has_n = true;
+    } else {
+      q.max_generation_tokens = uint32_t(v.value);
+      q.has |= RequestSummaryInfo::kMaxGenerationTokens;
+    }
+  }
+  if (!has_prompt || !has_generation) return IngestError::kBadEvent;
+  if (cached_at != nullptr && q.cached_tokens > e->count) {
+    q.has &= uint16_t(~RequestSummaryInfo::kCachedTokens);
+    q.cached_tokens = 0;
+    ++dropped;
+  }
+  if (n >= 5) q.has_rid = ParseOptionalRid(r, limits, &e->rid, &dropped);
+  *bad_fields += dropped;
+  return IngestError::kCount;
+}
+
+// One LATENCIES array: uints of at most TM_MAX_DURATION_NS, appended to
+// `positions`; false (a bad event) for anything else or when the event's
+// arrays together pass TM_MAX_LATENCIES.
+bool ParseLatencyList(Reader& r, std::vector<uint64_t>& positions, size_t begin,
+                      uint32_t* count) {
+  uint64_t n;
+  if (!r.ReadArray(&n) || positions.size() - begin + n > TM_MAX_LATENCIES) {
+    return false;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t v;
+    if (!r.ReadUint(&v) || v > TM_MAX_DURATION_NS) return false;
+    positions.push_back(v);
+  }
+  *count = uint32_t(n);
+  return true;
+}
+
+// LATENCIES (1.3): the ttft and itl arrays (required), then an optional
+// counts map whose keys are optional fields.
+[[gnu::noinline]] bool ParseLatencies(Reader& r, uint64_t n,
+                                      std::vector<uint64_t>& positions,
+                                      LatenciesRef* l, uint32_t* bad_fields) {
+  const size_t begin = positions.size();
+  l->begin = uint32_t(begin);
+  if (!ParseLatencyList(r, positions, begin, &l->ttft_count) ||
+      !ParseLatencyList(r, positions, begin, &l->itl_count)) {
+    return false;
+  }
+  if (n < 5) return true;
+  const uint8_t* map_at = r.pos();
+  const Header h = r.Next();
+  if (h.type == Type::kNil) return true;
+  if (h.type != Type::kMap) {
+    DropField(r, map_at, bad_fields);
+    return true;
+  }
+  for (uint64_t i = 0; i < h.value; ++i) {
+    std::string_view key;
+    if (!ReadEventMapKey(r, &key)) continue;
+    const uint8_t* at = r.pos();
+    const Header v = r.Next();
+    if (v.type == Type::kNil) continue;
+    uint32_t LatenciesRef::*field;
+    uint8_t bit;
+    if (key == TM_LAT_PROMPT_TOKENS) {
+      field = &LatenciesRef::prompt_tokens;
+      bit = LatenciesRef::kPromptTokens;
+    } else if (key == TM_LAT_GENERATION_TOKENS) {
+      field = &LatenciesRef::generation_tokens;
+      bit = LatenciesRef::kGenerationTokens;
+    } else if (key == TM_LAT_PREEMPTIONS) {
+      field = &LatenciesRef::preemptions;
+      bit = LatenciesRef::kPreemptions;
+    } else {
+      r.SkipBody(v);
+      continue;
+    }
+    if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
+      DropField(r, at, bad_fields);
+      continue;
+    }
+    l->*field = uint32_t(v.value);
+    l->has |= bit;
   }
   return true;
 }
@@ -1163,6 +1337,22 @@ bool ParseFinishReason(std::string_view s, FinishReason* reason) {
       if (!ParseSleep(r, &e->sleep, &batch.bad_fields)) {
         return IngestError::kBadEvent;
       }
+      break;
+    case EventKind::kRequestSummary: {
+      e->summary = RequestSummaryInfo{};
+      const IngestError err =
+          ParseRequestSummary(r, n, limits, e, &batch.bad_fields);
+      if (err != IngestError::kCount) return err;
+      used = n >= 5 ? 5 : 4;
+      break;
+    }
+    case EventKind::kLatencies:
+      e->latencies = LatenciesRef{};
+      if (!ParseLatencies(r, n, batch.positions, &e->latencies,
+                          &batch.bad_fields)) {
+        return IngestError::kBadEvent;
+      }
+      used = n >= 5 ? 5 : 4;
       break;
     case EventKind::kQueued:
     case EventKind::kPreempted:

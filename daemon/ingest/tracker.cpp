@@ -491,6 +491,12 @@ void Tracker::Apply(const Source& src, const Event& ev,
                                           int(ev.sleep.weights),
                                           int(ev.sleep.kv_cache));
       return;
+    case EventKind::kRequestSummary:
+      OnRequestSummary(src, ev);
+      return;
+    case EventKind::kLatencies:
+      OnLatencies(src, ev, positions);
+      return;
     default:
       break;
   }
@@ -534,6 +540,8 @@ void Tracker::Apply(const Source& src, const Event& ev,
     case EventKind::kAdmissionRejected:
     case EventKind::kKvTransfer:
     case EventKind::kSleep:
+    case EventKind::kRequestSummary:
+    case EventKind::kLatencies:
       break;
   }
   // Only a new point can make an interval ready.
@@ -864,6 +872,99 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
   if (!e.kv_ready) {
     e.kv_ready = true;
     e.kv_ready_ns = ev.t_ns;
+  }
+}
+
+// REQUEST_SUMMARY (protocol 1.3): what a retirement observes at finish,
+// from the engine's own figures: the finish reason, the per-request token
+// and parameter histograms, and each duration given (one not given is not
+// observed, nor counted as incomplete: no request is tracked). Into the
+// series itself (no ARRIVED, so no request labels).
+void Tracker::OnRequestSummary(const Source& src, const Event& ev) {
+  EngineSeries& s = *src.series;
+  const RequestSummaryInfo& q = ev.summary;
+  const uint32_t prompt = uint32_t(ev.count);
+  s.AddChild(kRequestSuccess, size_t(ev.reason), 1);
+  if (s.uses(kNumFinishedRequests)) {
+    s.Add(kNumFinishedRequests, 1);
+    if (ev.reason == FinishReason::kAbort) s.Add(kNumAbortedRequests, 1);
+  }
+  s.hist(kRequestPromptTokens).Observe(prompt);
+  s.hist(kRequestGenerationTokens).Observe(q.generation_tokens);
+  if (ev.has_max_tokens) s.hist(kRequestParamsMaxTokens).Observe(ev.max_tokens);
+  if (ev.has_n) s.hist(kRequestParamsN).Observe(ev.n);
+  if ((q.has & RequestSummaryInfo::kMaxGenerationTokens) != 0) {
+    s.hist(kRequestMaxNumGenerationTokens).Observe(q.max_generation_tokens);
+  }
+  if ((q.has & RequestSummaryInfo::kCachedTokens) != 0) {
+    s.hist(kRequestPrefillKvComputedTokens).Observe(prompt - q.cached_tokens);
+    if (s.uses(kRequestCachedTokens)) {  // LMDeploy's
+      s.hist(kRequestCachedTokens).Observe(q.cached_tokens);
+      if (prompt > 0) {
+        s.hist(kRequestCacheHitRatio)
+            .Observe(double(q.cached_tokens) / double(prompt));
+      }
+    }
+  }
+  // SGLang counts a request's tokens when it finishes.
+  if (s.uses(kPromptTokensAtFinish)) {
+    s.Add(kPromptTokensAtFinish, prompt);
+    s.Add(kGenerationTokensAtFinish, q.generation_tokens);
+  }
+  // Each duration into the histogram of that phase the series' profile
+  // shows (LMDeploy's decode and inference end at the finish: the engine's
+  // own figure is that one).
+  const EngineMetric metrics[kNumSummaryDurations] = {
+      kTimeToFirstToken,
+      kRequestQueueTime,
+      kRequestPrefillTime,
+      s.uses(kRequestDecodeToFinish) ? kRequestDecodeToFinish
+                                     : kRequestDecodeTime,
+      s.uses(kRequestInferenceToFinish) ? kRequestInferenceToFinish
+                                        : kRequestInferenceTime,
+      kE2eRequestLatency,
+      kRequestTimePerOutputToken,
+  };
+  for (size_t d = 0; d < kNumSummaryDurations; ++d) {
+    if ((q.has & (1u << d)) != 0) {
+      s.hist(metrics[d]).Observe(double(q.duration_ns[d]));
+    }
+  }
+}
+
+// LATENCIES (protocol 1.3): each time to first token and inter-token
+// latency the engine computed, one observation each (the ITL into the
+// histogram the series' profile shows: vLLM's and LMDeploy's per chunk,
+// SGLang's per token, each value one token); the counts into the token
+// and preemption counters.
+void Tracker::OnLatencies(const Source& src, const Event& ev,
+                          const uint64_t* positions) {
+  EngineSeries& s = *src.series;
+  const LatenciesRef& l = ev.latencies;
+  const uint64_t* v = positions + l.begin;
+  if (l.ttft_count != 0) {
+    Histogram& ttft = s.hist(kTimeToFirstToken);
+    for (uint32_t i = 0; i < l.ttft_count; ++i) ttft.Observe(double(v[i]));
+  }
+  v += l.ttft_count;
+  if (l.itl_count != 0 && s.uses(kInterTokenLatency)) {
+    Histogram& itl = s.hist(kInterTokenLatency);
+    for (uint32_t i = 0; i < l.itl_count; ++i) itl.Observe(double(v[i]));
+  }
+  if (l.itl_count != 0 && s.uses(kInterTokenLatencyPerToken)) {
+    Histogram& itl = s.hist(kInterTokenLatencyPerToken);
+    for (uint32_t i = 0; i < l.itl_count; ++i) {
+      itl.ObserveWeighted(double(v[i]), 1, double(v[i]));
+    }
+  }
+  if ((l.has & LatenciesRef::kPromptTokens) != 0) {
+    s.Add(kPromptTokens, l.prompt_tokens);
+  }
+  if ((l.has & LatenciesRef::kGenerationTokens) != 0) {
+    s.Add(kGenerationTokens, l.generation_tokens);
+  }
+  if ((l.has & LatenciesRef::kPreemptions) != 0) {
+    s.Add(kNumPreemptions, l.preemptions);
   }
 }
 

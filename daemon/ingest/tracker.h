@@ -201,6 +201,11 @@ class Tracker : public Collector {
   void OnExpertLoad(const Source& src, const ExpertLoadView& load);
   void OnScheduledInfo(const ScheduledInfo& info, Request& r);
   void OnKvTransfer(const Source& src, const Event& ev, uint64_t now_ns);
+  // Protocol 1.3: a finished request as its engine computed it, and one
+  // iteration's computed latencies and counts; neither touches a request.
+  void OnRequestSummary(const Source& src, const Event& ev);
+  void OnLatencies(const Source& src, const Event& ev,
+                   const uint64_t* positions);
   // Fills the time points, tokens, identity and labels of r's timeline
   // (made now if r had none) and hands it to the sink.
   void HandOver(Request& r, bool evicted);

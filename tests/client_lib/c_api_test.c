@@ -52,6 +52,10 @@ int main(void) {
                                         TM_STEP_KEY_WAITING_DEFERRED};
   const double deferred_values[2] = {4.0, 1.0};
   const double too_many_deferred[2] = {1.0, 2.0};
+  tm_request_summary_info summary = TM_REQUEST_SUMMARY_INFO_INIT;
+  tm_iteration_counts counts = TM_ITERATION_COUNTS_INIT;
+  const uint64_t ttft[2] = {41000000, 1};
+  const uint64_t itl[1] = {TM_MAX_DURATION_NS};
   uint64_t now;
   size_t i;
 
@@ -163,6 +167,21 @@ int main(void) {
            TM_OK);
   CHECK_RC(tm_step(client, 0, deferred_keys, deferred_values, 2, NULL, 0),
            TM_OK);
+  /* Protocol 1.3: the summary's defaults (every optional field not given),
+   * each id form, latencies with and without counts. */
+  CHECK(summary.size == sizeof summary && summary.reason == TM_FINISH_STOP);
+  CHECK(summary.cached_tokens == TM_NOT_GIVEN &&
+        summary.tpot_ns == TM_NOT_GIVEN);
+  CHECK(counts.size == sizeof counts && counts.preemptions == TM_NOT_GIVEN);
+  summary.prompt_tokens = 812;
+  summary.generation_tokens = 256;
+  summary.e2e_ns = 2600000000u;
+  CHECK_RC(tm_request_summary(client, 0, &summary), TM_OK);
+  CHECK_RC(tm_request_summary_rid(client, 0, 8, &summary), TM_OK);
+  CHECK_RC(tm_request_summary_str(client, 0, "c-8", 3, &summary), TM_OK);
+  counts.generation_tokens = 3;
+  CHECK_RC(tm_latencies(client, 0, ttft, 2, itl, 1, &counts), TM_OK);
+  CHECK_RC(tm_latencies(client, 0, NULL, 0, itl, 1, NULL), TM_OK);
   /* Rejected: zero tokens, an empty id, an empty lora, and EXPERT_LOAD with
    * layer 4096, no experts, 1025 experts, NULL counts, a count > 2^32 - 1. */
   CHECK_RC(tm_tokens(client, 0, 1, 0), TM_E_INVALID);
@@ -196,20 +215,31 @@ int main(void) {
            TM_E_INVALID);
   CHECK_RC(tm_step(client, 0, deferred_keys, too_many_deferred, 2, NULL, 0),
            TM_E_INVALID);
+  /* Rejected (1.3): cached above the prompt, a duration past 2^48 - 1, a
+   * latency past it, a NULL list of values. */
+  summary.cached_tokens = 813;
+  CHECK_RC(tm_request_summary(client, 0, &summary), TM_E_INVALID);
+  summary.cached_tokens = TM_NOT_GIVEN;
+  summary.ttft_ns = TM_MAX_DURATION_NS + 1;
+  CHECK_RC(tm_request_summary(client, 0, &summary), TM_E_INVALID);
+  CHECK_RC(tm_latencies(client, 0, itl, 1, ttft, 2, NULL), TM_OK);
+  experts[0] = TM_MAX_DURATION_NS + 1;
+  CHECK_RC(tm_latencies(client, 0, experts, 1, NULL, 0, NULL), TM_E_INVALID);
+  CHECK_RC(tm_latencies(client, 0, NULL, 1, NULL, 0, NULL), TM_E_INVALID);
 
   CHECK_RC(tm_client_flush(client, 1000), TM_E_DISCONNECTED);
   for (i = 0; i < TM_STAT_COUNT; ++i) stats[i] = 12345;
   CHECK_RC(tm_client_stats(client, stats, TM_STAT_COUNT), TM_OK);
   CHECK(stats[TM_STAT_EVENTS_SENT] == 0);
-  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 15);
+  CHECK(stats[TM_STAT_EVENTS_REJECTED] == 19);
   CHECK(stats[TM_STAT_EVENTS_DROPPED] == 0);
   CHECK(stats[TM_STAT_CONNECTED] == 0);
   CHECK(stats[TM_STAT_RECONNECTS] == 0);
 
-  /* The 28 buffered events cannot be sent: dropped at close. */
+  /* The 34 buffered events cannot be sent: dropped at close. */
   CHECK_RC(tm_client_close(client, final_stats, TM_STAT_COUNT), TM_E_TIMEOUT);
-  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 28);
-  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 15);
+  CHECK(final_stats[TM_STAT_EVENTS_DROPPED] == 34);
+  CHECK(final_stats[TM_STAT_EVENTS_REJECTED] == 19);
   CHECK(final_stats[TM_STAT_CONNECT_FAILURES] >= 1);
   CHECK(final_stats[TM_STAT_BATCHES_REPLAYED] == 0);
   CHECK(final_stats[TM_STAT_EVENTS_UNACKED] == 0);

@@ -593,6 +593,61 @@ TEST_F(CppClientTest, SendsProtocol12Events) {
             }));
 }
 
+// Protocol 1.3 through the wrapper: RequestSummary() with each id form,
+// nullopt fields not sent; Latencies() from spans, with and without
+// counts. Then a given UINT64_MAX is refused (it means "not given" only in
+// C).
+TEST_F(CppClientTest, SendsProtocol13Events) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  RequestSummary s;
+  s.reason = FinishReason::kLength;
+  s.prompt_tokens = 812;
+  s.generation_tokens = 256;
+  s.n = 2;
+  s.e2e_ns = 2600;
+  s.tpot_ns = 0;
+  EXPECT_EQ(client->RequestSummary(s, 100), TM_OK);
+  EXPECT_EQ(client->RequestSummary(uint64_t{7}, RequestSummary{}, 101), TM_OK);
+  s.cached_tokens = 12;
+  EXPECT_EQ(client->RequestSummary("req-8", s, 102), TM_OK);
+  const std::vector<uint64_t> ttft = {41, 1};
+  const uint64_t itl[] = {9};
+  EXPECT_EQ(client->Latencies(ttft, itl, {}, 104), TM_OK);
+  IterationCounts counts;
+  counts.prompt_tokens = 812;
+  counts.preemptions = 0;
+  EXPECT_EQ(client->Latencies({}, itl, counts, 105), TM_OK);
+  EXPECT_EQ(CloseAndGetEvents(client.get(), 5),
+            (std::vector<std::string>{
+                R"([12,100,"length",{"prompt_tokens":812,)"
+                R"("generation_tokens":256,"n":2,"e2e":2600,"tpot":0}])",
+                R"([12,101,"stop",{"prompt_tokens":0,"generation_tokens":0},)"
+                R"(7])",
+                R"([12,102,"length",{"prompt_tokens":812,)"
+                R"("generation_tokens":256,"cached_tokens":12,"n":2,)"
+                R"("e2e":2600,"tpot":0},"req-8"])",
+                R"([13,104,[41,1],[9]])",
+                R"([13,105,[],[9],{"prompt_tokens":812,"preemptions":0}])",
+            }));
+}
+
+TEST_F(CppClientTest, Protocol13RefusesAGivenUint64Max) {
+  StartServer();
+  std::unique_ptr<Client> client;
+  ASSERT_EQ(Client::Create(BaseOptions(), &client), TM_OK);
+  RequestSummary s;
+  s.ttft_ns = UINT64_MAX;
+  EXPECT_EQ(client->RequestSummary(s), TM_E_INVALID);
+  IterationCounts counts;
+  counts.generation_tokens = UINT64_MAX;
+  EXPECT_EQ(client->Latencies({}, {}, counts), TM_E_INVALID);
+  const Stats stats = client->Close();
+  EXPECT_EQ(stats.events_rejected, 2u);
+  EXPECT_EQ(stats.events_sent, 0u);
+}
+
 // Registered values through the wrapper: RegisterValue(), the ValueId
 // overloads of AdmissionRejected() and KvTransferInfo's ids, sent as the
 // strings.

@@ -869,6 +869,171 @@ TEST_F(EventLayoutTest, SendsProtocol12Events) {
             }));
 }
 
+// The protocol 1.3 calls: every field of a summary, none, each id form;
+// latencies with and without counts, empty lists, the largest event.
+TEST_F(EventLayoutTest, SendsProtocol13Events) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  tm_request_summary_info s = TM_REQUEST_SUMMARY_INFO_INIT;
+  s.reason = TM_FINISH_LENGTH;
+  s.prompt_tokens = 812;
+  s.generation_tokens = 256;
+  s.cached_tokens = 812;  // all of it: fine
+  s.max_tokens = 256;
+  s.n = 2;
+  s.max_generation_tokens = 300;
+  s.ttft_ns = 41000000;
+  s.queue_ns = 0;
+  s.prefill_ns = 6;
+  s.decode_ns = 7;
+  s.inference_ns = 8;
+  s.e2e_ns = TM_MAX_DURATION_NS;
+  s.tpot_ns = 9;
+  EXPECT_EQ(tm_request_summary_rid(c, 1000, 7, &s), TM_OK);
+  tm_request_summary_info bare = TM_REQUEST_SUMMARY_INFO_INIT;
+  EXPECT_EQ(tm_request_summary(c, 1001, &bare), TM_OK);
+  bare.reason = TM_FINISH_ERROR;
+  bare.prompt_tokens = TM_MAX_EVENT_COUNT;
+  bare.generation_tokens = TM_MAX_EVENT_COUNT;
+  bare.e2e_ns = 1;
+  EXPECT_EQ(tm_request_summary_str(c, 1002, "req-9", 5, &bare), TM_OK);
+  const uint64_t ttft[] = {41000000, 1};
+  const uint64_t itl[] = {0, TM_MAX_DURATION_NS, 127};
+  EXPECT_EQ(tm_latencies(c, 1003, ttft, 2, itl, 3, nullptr), TM_OK);
+  tm_iteration_counts counts = TM_ITERATION_COUNTS_INIT;
+  counts.generation_tokens = 3;
+  EXPECT_EQ(tm_latencies(c, 1004, nullptr, 0, itl, 1, &counts), TM_OK);
+  counts.prompt_tokens = 812;
+  counts.preemptions = TM_MAX_EVENT_COUNT;
+  EXPECT_EQ(tm_latencies(c, 1005, ttft, 1, nullptr, 0, &counts), TM_OK);
+  const tm_iteration_counts none = TM_ITERATION_COUNTS_INIT;
+  EXPECT_EQ(tm_latencies(c, 1006, nullptr, 0, nullptr, 0, &none), TM_OK);
+  EXPECT_EQ(ToStrings(CloseAndGetEvents(7)),
+            (std::vector<std::string>{
+                R"([12,1000,"length",{"prompt_tokens":812,)"
+                R"("generation_tokens":256,"cached_tokens":812,)"
+                R"("max_tokens":256,"n":2,"max_generation_tokens":300,)"
+                R"("ttft":41000000,"queue":0,"prefill":6,"decode":7,)"
+                R"("inference":8,"e2e":281474976710655,"tpot":9},7])",
+                R"([12,1001,"stop",{"prompt_tokens":0,)"
+                R"("generation_tokens":0}])",
+                R"([12,1002,"error",{"prompt_tokens":4294967295,)"
+                R"("generation_tokens":4294967295,"e2e":1},"req-9"])",
+                R"([13,1003,[41000000,1],[0,281474976710655,127]])",
+                R"([13,1004,[],[0],{"generation_tokens":3}])",
+                R"([13,1005,[41000000],[],{"prompt_tokens":812,)"
+                R"("generation_tokens":3,"preemptions":4294967295}])",
+                R"([13,1006,[],[]])",
+            }));
+}
+
+// What the daemon would refuse, the library refuses: counted as rejected,
+// nothing sent.
+TEST_F(EventLayoutTest, RefusesWhatBreaksTheProtocol13Rules) {
+  StartServer();
+  NewClient();
+  tm_client* c = client_;
+  const auto summary = [](void (*change)(tm_request_summary_info*)) {
+    tm_request_summary_info s = TM_REQUEST_SUMMARY_INFO_INIT;
+    s.prompt_tokens = 10;
+    change(&s);
+    return s;
+  };
+  const tm_request_summary_info bad[] = {
+      summary([](tm_request_summary_info* s) { s->size = 8; }),
+      summary([](tm_request_summary_info* s) {
+        s->reason = static_cast<tm_finish_reason>(4);
+      }),
+      summary([](tm_request_summary_info* s) {
+        s->reason = static_cast<tm_finish_reason>(-1);
+      }),
+      summary(
+          [](tm_request_summary_info* s) { s->prompt_tokens = 1ull << 32; }),
+      summary([](tm_request_summary_info* s) {
+        s->generation_tokens = 1ull << 32;
+      }),
+      summary([](tm_request_summary_info* s) { s->cached_tokens = 11; }),
+      summary([](tm_request_summary_info* s) { s->n = 1ull << 32; }),
+      summary([](tm_request_summary_info* s) { s->max_tokens = 1ull << 32; }),
+      summary([](tm_request_summary_info* s) {
+        s->max_generation_tokens = TM_NOT_GIVEN - 1;
+      }),
+      summary([](tm_request_summary_info* s) { s->ttft_ns = 1ull << 48; }),
+      summary(
+          [](tm_request_summary_info* s) { s->tpot_ns = TM_NOT_GIVEN - 1; }),
+  };
+  for (const tm_request_summary_info& s : bad) {
+    EXPECT_EQ(tm_request_summary(c, 1, &s), TM_E_INVALID);
+  }
+  const tm_request_summary_info ok = summary([](tm_request_summary_info*) {});
+  EXPECT_EQ(tm_request_summary(c, 1, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_request_summary_str(c, 1, "", 0, &ok), TM_E_INVALID);
+  EXPECT_EQ(tm_request_summary_str(c, 1, nullptr, 3, &ok), TM_E_INVALID);
+  const std::string long_id(TM_MAX_RID_BYTES + 1, 'x');
+  EXPECT_EQ(tm_request_summary_str(c, 1, long_id.data(), long_id.size(), &ok),
+            TM_E_INVALID);
+  std::vector<uint64_t> values(TM_MAX_LATENCIES + 1, 5);
+  const uint64_t too_long[] = {1ull << 48};
+  EXPECT_EQ(tm_latencies(c, 1, too_long, 1, nullptr, 0, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_latencies(c, 1, nullptr, 0, too_long, 1, nullptr), TM_E_INVALID);
+  EXPECT_EQ(
+      tm_latencies(c, 1, values.data(), values.size(), nullptr, 0, nullptr),
+      TM_E_INVALID);
+  EXPECT_EQ(tm_latencies(c, 1, values.data(), 1000, values.data(), 25, nullptr),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_latencies(c, 1, nullptr, 1, nullptr, 0, nullptr), TM_E_INVALID);
+  EXPECT_EQ(tm_latencies(c, 1, nullptr, 0, nullptr, 2, nullptr), TM_E_INVALID);
+  tm_iteration_counts counts = TM_ITERATION_COUNTS_INIT;
+  counts.preemptions = 1ull << 32;
+  EXPECT_EQ(tm_latencies(c, 1, nullptr, 0, nullptr, 0, &counts), TM_E_INVALID);
+  counts = TM_ITERATION_COUNTS_INIT;
+  counts.size = 8;
+  EXPECT_EQ(tm_latencies(c, 1, nullptr, 0, nullptr, 0, &counts), TM_E_INVALID);
+  const size_t refused = std::size(bad) + 4 + 8;
+  // The largest event is accepted: 1024 values together, every count.
+  counts = TM_ITERATION_COUNTS_INIT;
+  counts.prompt_tokens = counts.generation_tokens = counts.preemptions = 1;
+  EXPECT_EQ(tm_latencies(c, 2, values.data(), 1000, values.data(), 24, &counts),
+            TM_OK);
+  StatsArray stats{};
+  EXPECT_EQ(CloseClient(&stats), TM_OK);
+  EXPECT_TRUE(WaitForEof(0));
+  EXPECT_EQ(stats[TM_STAT_EVENTS_REJECTED], refused);
+  EXPECT_EQ(stats[TM_STAT_EVENTS_SENT], 1u);
+  EXPECT_EQ(tm_request_summary(nullptr, 1, &ok), TM_E_INVALID);
+  EXPECT_EQ(tm_latencies(nullptr, 1, nullptr, 0, nullptr, 0, nullptr),
+            TM_E_INVALID);
+}
+
+// The largest LATENCIES (1,029 words) wrap the smallest buffer as any
+// record does: none is dropped, each arrives whole.
+TEST_F(EventLayoutTest, LargestLatenciesRecordsWrapTheBuffer) {
+  std::vector<uint64_t> values(TM_MAX_LATENCIES);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = i;
+  tm_iteration_counts counts = TM_ITERATION_COUNTS_INIT;
+  counts.prompt_tokens = counts.generation_tokens = counts.preemptions = 3;
+  const std::vector<Value> events =
+      ThroughSmallestBuffer(4, 3, [&](int round, int i) {
+        return tm_latencies(
+            client_, uint64_t(10 + round * 3 + i), values.data(),
+            size_t(round * 100 + i), values.data(),
+            TM_MAX_LATENCIES - size_t(round * 100 + i), &counts);
+      });
+  ASSERT_EQ(events.size(), 12u);
+  for (size_t e = 0; e < events.size(); ++e) {
+    const std::vector<Value>& a = events[e].array;
+    const size_t n_ttft = (e / 3) * 100 + e % 3;
+    ASSERT_EQ(a.size(), 5u);
+    EXPECT_EQ(a[1].uint, 10 + e);
+    ASSERT_EQ(a[2].array.size(), n_ttft);
+    ASSERT_EQ(a[3].array.size(), TM_MAX_LATENCIES - n_ttft);
+    for (size_t i = 0; i < a[3].array.size(); ++i) {
+      ASSERT_EQ(a[3].array[i].uint, i);
+    }
+  }
+}
+
 // A registered reason or connector (tm_register_value()) is sent as its
 // string: the same events as with the strings, ids mixed with strings too.
 TEST_F(EventLayoutTest, SendsRegisteredValuesAsTheirStrings) {
@@ -1697,6 +1862,41 @@ const BytesCase kBytesCases[] = {
      },
      {0x93, 0x07, 0x05, 0x81, 0xa8, 'k',  'v',  '_',  'u',  's',  'a',
       'g',  'e',  0xcb, 0x3f, 0xe0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}},
+    // [12, 5, "stop", {"prompt_tokens": 812, "generation_tokens": 256,
+    //  "ttft": 41000000, "e2e": 2^48 - 1}, 7] (1.3)
+    {"RequestSummaryWorked",
+     [](tm_client* c) {
+       tm_request_summary_info s = TM_REQUEST_SUMMARY_INFO_INIT;
+       s.prompt_tokens = 812;
+       s.generation_tokens = 256;
+       s.ttft_ns = 41000000;
+       s.e2e_ns = TM_MAX_DURATION_NS;
+       return tm_request_summary_rid(c, 5, 7, &s);
+     },
+     Cat({{0x95, 0x0c, 0x05, 0xa4},
+          B("stop"),
+          {0x84, 0xad},
+          B("prompt_tokens"),
+          {0xcd, 0x03, 0x2c, 0xb1},
+          B("generation_tokens"),
+          {0xcd, 0x01, 0x00, 0xa4},
+          B("ttft"),
+          {0xce, 0x02, 0x71, 0x9c, 0x40, 0xa3},
+          B("e2e"),
+          {0xcf, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x07}})},
+    // [13, 5, [41000000], [8000000, 0], {"generation_tokens": 2}] (1.3)
+    {"LatenciesWorked",
+     [](tm_client* c) {
+       const uint64_t ttft[] = {41000000};
+       const uint64_t itl[] = {8000000, 0};
+       tm_iteration_counts n = TM_ITERATION_COUNTS_INIT;
+       n.generation_tokens = 2;
+       return tm_latencies(c, 5, ttft, 1, itl, 2, &n);
+     },
+     Cat({{0x95, 0x0d, 0x05, 0x91, 0xce, 0x02, 0x71, 0x9c, 0x40, 0x92, 0xce,
+           0x00, 0x7a, 0x12, 0x00, 0x00, 0x81, 0xb1},
+          B("generation_tokens"),
+          {0x02}})},
     // [8, 5, 0, [7]]: EXPERT_LOAD with one expert
     {"ExpertLoadOneExpert",
      [](tm_client* c) {

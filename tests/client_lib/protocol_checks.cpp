@@ -387,6 +387,69 @@ AssertionResult IsValidEvent(const Value& ev) {
     case 11:  // SLEEP [11, t, state] (1.2)
       if (a.size() != 3) return Bad(ev, "SLEEP size");
       return CheckSleepState(ev, a[2]);
+    case 12: {  // REQUEST_SUMMARY [12, t, reason, summary(, rid)] (1.3)
+      if (a.size() != 4 && a.size() != 5) return Bad(ev, "SUMMARY size");
+      const std::string& r = a[2].str;
+      if (!a[2].IsStr() ||
+          (r != "stop" && r != "length" && r != "abort" && r != "error")) {
+        return Bad(ev, "REQUEST_SUMMARY reason");
+      }
+      const Value& q = a[3];
+      if (!q.IsMap() || !HasUniqueStringKeys(q)) {
+        return Bad(ev, "REQUEST_SUMMARY summary must be a map");
+      }
+      const Value* prompt = q.Find("prompt_tokens");
+      if (prompt == nullptr || q.Find("generation_tokens") == nullptr) {
+        return Bad(ev, "REQUEST_SUMMARY without its token counts");
+      }
+      for (const auto& [k, v] : q.map) {
+        const bool count = k.str == "prompt_tokens" ||
+                           k.str == "generation_tokens" ||
+                           k.str == "cached_tokens" || k.str == "max_tokens" ||
+                           k.str == "n" || k.str == "max_generation_tokens";
+        const bool duration = k.str == "ttft" || k.str == "queue" ||
+                              k.str == "prefill" || k.str == "decode" ||
+                              k.str == "inference" || k.str == "e2e" ||
+                              k.str == "tpot";
+        if ((!count && !duration) || !v.IsUint() ||
+            v.uint > (count ? TM_MAX_EVENT_COUNT : TM_MAX_DURATION_NS)) {
+          return Bad(ev, "REQUEST_SUMMARY key or value");
+        }
+        if (k.str == "cached_tokens" && v.uint > prompt->uint) {
+          return Bad(ev, "REQUEST_SUMMARY cached above prompt");
+        }
+      }
+      if (a.size() == 5 && !IsRid(a[4])) return Bad(ev, "SUMMARY rid");
+      return AssertionSuccess();
+    }
+    case 13: {  // LATENCIES [13, t, ttft, itl(, counts)] (1.3)
+      if (a.size() != 4 && a.size() != 5) return Bad(ev, "LATENCIES size");
+      if (!a[2].IsArray() || !a[3].IsArray() ||
+          a[2].array.size() + a[3].array.size() > TM_MAX_LATENCIES) {
+        return Bad(ev, "LATENCIES lists");
+      }
+      for (const Value* list : {&a[2], &a[3]}) {
+        for (const Value& v : list->array) {
+          if (!v.IsUint() || v.uint > TM_MAX_DURATION_NS) {
+            return Bad(ev, "LATENCIES value");
+          }
+        }
+      }
+      if (a.size() == 5) {
+        const Value& c = a[4];
+        if (!c.IsMap() || c.map.empty() || !HasUniqueStringKeys(c)) {
+          return Bad(ev, "LATENCIES counts must be a non-empty map");
+        }
+        for (const auto& [k, v] : c.map) {
+          if ((k.str != "prompt_tokens" && k.str != "generation_tokens" &&
+               k.str != "preemptions") ||
+              !v.IsUint() || v.uint > TM_MAX_EVENT_COUNT) {
+            return Bad(ev, "LATENCIES count");
+          }
+        }
+      }
+      return AssertionSuccess();
+    }
     default:
       return Bad(ev, "unknown event kind");
   }

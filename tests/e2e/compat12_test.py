@@ -44,6 +44,8 @@ NEW_IN_12 = [
     "request_kv_wait_time_seconds", "lmdeploy:cached_tokens",
     "request_cached_tokens", "request_cache_hit_ratio",
     'kind="admission_rejected"', 'kind="kv_transfer"', 'kind="sleep"',
+    # and the kinds protocol 1.3 adds since
+    'kind="request_summary"', 'kind="latencies"',
 ]
 
 

@@ -319,7 +319,10 @@ class OldFormat(StateDir):
         ":request_cached_tokens", ":request_cache_hit_ratio",
         'tokenmeter_ingest_events_total{kind="admission_rejected"}',
         'tokenmeter_ingest_events_total{kind="kv_transfer"}',
-        'tokenmeter_ingest_events_total{kind="sleep"}')
+        'tokenmeter_ingest_events_total{kind="sleep"}',
+        # Protocol 1.3's kinds.
+        'tokenmeter_ingest_events_total{kind="request_summary"}',
+        'tokenmeter_ingest_events_total{kind="latencies"}')
 
     def stable_old_lines(self, text):
         lines = stable_lines(text)

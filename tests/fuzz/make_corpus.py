@@ -142,6 +142,35 @@ DECODER = {
         [11, T, {"scheduler": "asleep", "weights": 1}], [11, T, []],
         [7, T, {"waiting": 1, "waiting_deferred": 2}],
         [7, T, {"waiting_deferred": 1}], [12, T, 1]]),
+    # Protocol 1.3: REQUEST_SUMMARY and LATENCIES, good and bad.
+    "protocol_1_3": b"\x35" + hello() + batch([
+        [12, T, "stop", {"prompt_tokens": 812, "generation_tokens": 256,
+                         "cached_tokens": 512, "max_tokens": 1024, "n": 2,
+                         "max_generation_tokens": 300, "ttft": 41_000_000,
+                         "queue": 5, "prefill": 6, "decode": 7,
+                         "inference": 8, "e2e": 2 ** 48 - 1, "tpot": 9}, 7],
+        [12, T, "abort", {"prompt_tokens": 0, "generation_tokens": 0}],
+        [12, T, "error", {"generation_tokens": 1, "prompt_tokens": 3},
+         "req-1"],
+        [13, T, [41_000_000, 1], [9_000_000, 8_000_000, 0]],
+        [13, T, [], [], {"prompt_tokens": 812, "generation_tokens": 3,
+                         "preemptions": 1}],
+        [13, T, list(range(1, 1000)), list(range(25))],
+        [7, T, {"running": 3, "waiting": 2, "prompt_tokens": 812,
+                "generation_tokens": 3}]]),
+    "protocol_1_3_bad": b"\x0c" + hello() + batch([
+        [12, T, 1, {"prompt_tokens": 1, "generation_tokens": 1}],
+        [12, T, "done", {"prompt_tokens": 1, "generation_tokens": 1}],
+        [12, T, "stop", {"prompt_tokens": 1}],
+        [12, T, "stop", {"prompt_tokens": -1, "generation_tokens": 1}],
+        [12, T, "stop", {"prompt_tokens": 2, "generation_tokens": 1,
+                         "cached_tokens": 3, "ttft": 2 ** 48, "n": -1,
+                         "e2e": 1.5, "tpot": "9"}, 1.5],
+        [12, T, "stop", []], [12, T, "stop"],
+        [13, T, [2 ** 48], []], [13, T, [], [-1]], [13, T, [1.0], []],
+        [13, T, list(range(1025)), []], [13, T, [], {}],
+        [13, T, [1], [2], {"prompt_tokens": 2 ** 32, "preemptions": "1"}],
+        [13, T, [1], [2], 7], [13, T, [1]], [14, T, 1]]),
     "wide_ints": b"\x08" + bytes.fromhex(
         "dc 00 02 d3 00 00 00 00 00 00 00 00 de 00 03"
         " d9 05 70 72 6f 74 6f cd 00 01"

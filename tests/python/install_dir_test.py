@@ -26,7 +26,7 @@ BUILD = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else ""
 PYTHON = "/usr/bin/python3"
 PACKAGE_FILES = ("__init__.py", "__init__.pyi", "_common.py", "_lib.py",
                  "_native_client.py", "client.py", "py.typed")
-INTEGRATION_FILES = ("__init__.py", "lmdeploy.py")
+INTEGRATION_FILES = ("__init__.py", "lmdeploy.py", "vllm.py")
 
 
 def build_option(name):

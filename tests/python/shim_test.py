@@ -5,8 +5,8 @@ nanosecond where the test sets the times; bad arguments raise before
 anything is sent; transport trouble never raises; the two-process example's
 time to first token is joined across its processes; a missing library gives
 an error naming every place tried; the protocol 1.1 HELLO keys and ARRIVED
-params, and the protocol 1.2 calls, reach the socket as the protocol says
-(decoded from the bytes a recording socket read).
+params, and the protocol 1.2 and 1.3 calls, reach the socket as the
+protocol says (decoded from the bytes a recording socket read).
 
 Every suite runs against both implementations of the package
 (tests/python/meson.build): the ctypes binding (PYTHONPATH=client_lib/python,
@@ -1285,6 +1285,179 @@ class Protocol12(RecordedClient):
         self.assertEqual(c.kv_transfer(1, "send", 1), INVALID)
         self.assertEqual(c.sleep_state("paused"), INVALID)
         self.assertEqual(c.step(waiting=1, waiting_deferred=1), INVALID)
+
+
+class Protocol13(RecordedClient):
+    """The protocol 1.3 calls (request_summary, latencies), as the bytes on
+    the socket show them, their argument checks (nothing refused is sent),
+    and what a real daemon makes of them."""
+
+    def test_request_summary(self):
+        c = self.c
+        self.assertEqual(c.request_summary(
+            "length", prompt_tokens=812, generation_tokens=256,
+            cached_tokens=512, max_tokens=256, n=2, ttft_ns=41 * MS,
+            queue_ns=5, prefill_ns=6, decode_ns=7, inference_ns=8,
+            e2e_ns=(1 << 48) - 1, tpot_ns=9, rid=7, t_ns=1,
+            max_generation_tokens=300), OK)
+        self.assertEqual(c.request_summary(
+            FinishReason.ABORT, prompt_tokens=0, generation_tokens=0,
+            t_ns=2), OK)
+        self.assertEqual(c.request_summary(
+            "error", prompt_tokens=3, generation_tokens=1, rid="req-1",
+            e2e_ns=0, t_ns=3), OK)
+        self.assertEqual(c.stats().events_rejected, 0)
+        self.assertEqual(self.events(), [
+            [12, 1, "length", {
+                "prompt_tokens": 812, "generation_tokens": 256,
+                "cached_tokens": 512, "max_tokens": 256, "n": 2,
+                "max_generation_tokens": 300, "ttft": 41 * MS, "queue": 5,
+                "prefill": 6, "decode": 7, "inference": 8,
+                "e2e": (1 << 48) - 1, "tpot": 9}, 7],
+            [12, 2, "abort", {"prompt_tokens": 0, "generation_tokens": 0}],
+            [12, 3, "error", {"prompt_tokens": 3, "generation_tokens": 1,
+                              "e2e": 0}, "req-1"],
+        ])
+
+    def test_request_summary_refusals(self):
+        c = self.c
+        ok = {"prompt_tokens": 5, "generation_tokens": 1}
+        for exc, pattern, kw in [
+                (ValueError, r"finish reason 'done'", {"reason": "done"}),
+                (ValueError, r"prompt_tokens = 4294967296 is outside",
+                 {"prompt_tokens": 1 << 32}),
+                (TypeError, r"generation_tokens must be an int",
+                 {"generation_tokens": 1.0}),
+                (ValueError, r"cached_tokens = 6 is above prompt_tokens = 5",
+                 {"cached_tokens": 6}),
+                (ValueError, r"ttft_ns = 281474976710656 is outside",
+                 {"ttft_ns": 1 << 48}),
+                (ValueError, r"e2e_ns = -1 is outside", {"e2e_ns": -1}),
+                (TypeError, r"tpot_ns must be an int", {"tpot_ns": 0.5}),
+                (ValueError, r"n = -1", {"n": -1}),
+                (ValueError, r"request id", {"rid": ""}),
+                (ValueError, r"t_ns", {"t_ns": -1}),
+                (TypeError, r"unexpected keyword argument 'ttft'",
+                 {"ttft": 1})]:
+            args = dict(ok)
+            args.update(kw)
+            reason = args.pop("reason", "stop")
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    c.request_summary(reason, **args)
+        with self.assertRaisesRegex(TypeError, "generation_tokens"):
+            c.request_summary("stop", prompt_tokens=1)
+        self.assertEqual(c.stats().events_rejected, 0)
+        self.assertEqual(self.events(), [])
+
+    def test_latencies(self):
+        c = self.c
+        self.assertEqual(c.latencies([41 * MS, 1], [9 * MS, 0], t_ns=1), OK)
+        self.assertEqual(c.latencies(itl_ns=array("Q", [5]), t_ns=2,
+                                     prompt_tokens=812, generation_tokens=3,
+                                     preemptions=1), OK)
+        self.assertEqual(c.latencies(t_ns=3, generation_tokens=0), OK)
+        self.assertEqual(c.latencies((), (), 4), OK)
+        # 1500 values: two events of at most 1024, the counts on the first.
+        ttft = list(range(1000))
+        itl = list(range(500))
+        self.assertEqual(c.latencies(ttft, itl, 5, preemptions=2), OK)
+        events = self.events()
+        self.assertEqual(events[:4], [
+            [13, 1, [41 * MS, 1], [9 * MS, 0]],
+            [13, 2, [], [5], {"prompt_tokens": 812, "generation_tokens": 3,
+                              "preemptions": 1}],
+            [13, 3, [], [], {"generation_tokens": 0}],
+            [13, 4, [], []],
+        ])
+        self.assertEqual(events[4:], [
+            [13, 5, ttft, itl[:24], {"preemptions": 2}],
+            [13, 5, [], itl[24:]],
+        ])
+
+    def test_latencies_refusals(self):
+        c = self.c
+        for exc, pattern, call in [
+                (ValueError, r"ttft_ns value = 281474976710656 is outside",
+                 lambda: c.latencies([1 << 48])),
+                (ValueError, r"itl_ns value = -1 is outside",
+                 lambda: c.latencies([], [1, -1])),
+                (TypeError, r"itl_ns value must be an int",
+                 lambda: c.latencies([], [0.5])),
+                (TypeError, r"ttft_ns must be a sequence of ints",
+                 lambda: c.latencies(5)),
+                (ValueError, r"preemptions = 4294967296",
+                 lambda: c.latencies(preemptions=1 << 32)),
+                (TypeError, r"unexpected keyword argument 'ttft'",
+                 lambda: c.latencies(ttft=[1]))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(c.stats().events_rejected, 0)
+        self.assertEqual(self.events(), [])
+
+    def test_after_close_does_nothing(self):
+        self.c.close()
+        self.assertEqual(self.c.request_summary(
+            "stop", prompt_tokens=1, generation_tokens=1), INVALID)
+        self.assertEqual(self.c.latencies([1], [2]), INVALID)
+
+    def test_the_daemon_observes_them(self):
+        d = tu.Daemon("--log-interval", "0").start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        c = tokenmeter.Client(socket_path=d.sock, engine="vllm", model="m",
+                              instance="e0", flush_interval=0.002)
+        self.addCleanup(c.close)
+        c.request_summary("stop", prompt_tokens=812, generation_tokens=256,
+                          max_tokens=1000, n=2, ttft_ns=41 * MS,
+                          queue_ns=5 * MS, prefill_ns=36 * MS,
+                          decode_ns=2550 * MS, inference_ns=2586 * MS,
+                          e2e_ns=2600 * MS, tpot_ns=10 * MS,
+                          max_generation_tokens=300, cached_tokens=12)
+        c.request_summary("abort", prompt_tokens=7, generation_tokens=0,
+                          rid="r-2", e2e_ns=100 * MS)
+        c.latencies([41 * MS, 60 * MS], [8 * MS, 9 * MS, 10 * MS],
+                    prompt_tokens=819, generation_tokens=256, preemptions=1)
+        labels = {"model_name": "m", "engine": "e0"}
+        d.wait_value("vllm:request_success_total", 1,
+                     finished_reason="abort", **labels)
+        v = d.samples()
+
+        def value(name, **extra):
+            return v.value("vllm:" + name, **labels, **extra)
+        self.assertEqual(value("request_success_total",
+                               finished_reason="stop"), 1)
+        for name, count, total in [
+                ("e2e_request_latency_seconds", 2, 2.7),
+                ("request_queue_time_seconds", 1, 0.005),
+                ("request_prefill_time_seconds", 1, 0.036),
+                ("request_decode_time_seconds", 1, 2.55),
+                ("request_inference_time_seconds", 1, 2.586),
+                ("request_time_per_output_token_seconds", 1, 0.01),
+                # one from the summary, two from the latencies
+                ("time_to_first_token_seconds", 3, 0.142),
+                ("inter_token_latency_seconds", 3, 0.027),
+                ("request_prompt_tokens", 2, 819),
+                ("request_generation_tokens", 2, 256),
+                ("request_params_max_tokens", 1, 1000),
+                ("request_params_n", 1, 2),
+                ("request_max_num_generation_tokens", 1, 300),
+                ("request_prefill_kv_computed_tokens", 1, 800)]:
+            with self.subTest(name=name):
+                self.assertEqual(value(name + "_count"), count)
+                self.assertAlmostEqual(value(name + "_sum"), total,
+                                       delta=1e-9)
+        self.assertEqual(value("prompt_tokens_total"), 819)
+        self.assertEqual(value("generation_tokens_total"), 256)
+        self.assertEqual(value("num_preemptions_total"), 1)
+        self.assertEqual(value("request_num_preemptions_count"), 0)
+        self.assertEqual(v.value("tokenmeter_tracked_requests"), 0)
+        self.assertEqual(v.value("tokenmeter_ingest_events_total",
+                                 kind="request_summary"), 2)
+        self.assertEqual(v.value("tokenmeter_ingest_events_total",
+                                 kind="latencies"), 1)
+        self.assertEqual(v.sum("tokenmeter_ingest_errors_total"), 0)
 
 
 class Buffers(RecordedClient):

@@ -8,7 +8,8 @@ and used against a real tokenmeterd: the events reach /metrics.
 
 Also checks what the wheel holds: the package, the extension (with
 libtokenmeter linked in: no libtokenmeter.so beside it, none needed at run
-time), the type hints, nothing outside the package.
+time), the type hints, nothing outside the package; and the vLLM
+stat-logger plugin's entry point, as vLLM's loader finds it in the venv.
 
     wheel_test.py SOURCE_DIR TOKENMETERD
 
@@ -121,6 +122,28 @@ class Wheel(unittest.TestCase):
         self.assertFalse([n for n in names if "libtokenmeter" in n])
         self.assertRegex(os.path.basename(self.wheel),
                          r"^tokenmeter-\d+\.\d+\.\d+-cp3\d+-cp3\d+-linux_")
+
+    def test_wheel_registers_the_vllm_plugin(self):
+        # The entry point vLLM's loader reads (vllm/plugins/__init__.py:
+        # importlib.metadata.entry_points(group="vllm.stat_logger_plugins")),
+        # in the wheel's metadata and as the venv's Python finds it.
+        with zipfile.ZipFile(self.wheel) as z:
+            names = z.namelist()
+            self.assertIn("tokenmeter/integrations/__init__.py", names)
+            self.assertIn("tokenmeter/integrations/vllm.py", names)
+            ep = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+            self.assertEqual(len(ep), 1, names)
+            text = z.read(ep[0]).decode()
+        self.assertIn("[vllm.stat_logger_plugins]", text)
+        self.assertRegex(text, r"tokenmeter\s*=\s*tokenmeter\.integrations"
+                               r"\.vllm:TokenmeterStatLogger")
+        p = run([self.python, "-c",
+                 "from importlib.metadata import entry_points; "
+                 "print([(e.name, e.value) for e in "
+                 "entry_points(group='vllm.stat_logger_plugins')])"],
+                cwd=self.tmp.name, env=self.env)
+        self.assertEqual(p.stdout.strip(), "[('tokenmeter', "
+                         "'tokenmeter.integrations.vllm:TokenmeterStatLogger')]")
 
     def test_venv_has_no_system_site_packages(self):
         p = run([self.python, "-c",

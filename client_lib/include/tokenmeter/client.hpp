@@ -139,6 +139,33 @@ enum class KvCacheState : int {
   kReleased = TM_KV_CACHE_RELEASED,
 };
 
+// One finished request as its engine computed it (protocol 1.3):
+// tm_request_summary(). nullopt: not given (not sent, nothing observed).
+struct RequestSummary {
+  FinishReason reason = FinishReason::kStop;
+  uint64_t prompt_tokens = 0;             // required
+  uint64_t generation_tokens = 0;         // required
+  std::optional<uint64_t> cached_tokens;  // at most prompt_tokens
+  std::optional<uint64_t> max_tokens;
+  std::optional<uint64_t> n;
+  std::optional<uint64_t> max_generation_tokens;  // of the request's group
+  // Durations in ns, each at most TM_MAX_DURATION_NS.
+  std::optional<uint64_t> ttft_ns;
+  std::optional<uint64_t> queue_ns;
+  std::optional<uint64_t> prefill_ns;
+  std::optional<uint64_t> decode_ns;
+  std::optional<uint64_t> inference_ns;
+  std::optional<uint64_t> e2e_ns;
+  std::optional<uint64_t> tpot_ns;
+};
+
+// What one iteration counted (protocol 1.3, the counts of tm_latencies()).
+struct IterationCounts {
+  std::optional<uint64_t> prompt_tokens;
+  std::optional<uint64_t> generation_tokens;
+  std::optional<uint64_t> preemptions;
+};
+
 // One STEP's statistics; set only what the engine knows.
 class StepStats {
  public:
@@ -473,6 +500,43 @@ class Client {
                           static_cast<tm_kv_cache_state>(kv_cache));
   }
 
+  // Protocol 1.3: one finished request as the engine computed it,
+  // tm_request_summary(_rid, _str): without an id, or with the request's
+  // integer or string id (it only names the request). A field given as
+  // UINT64_MAX (TM_NOT_GIVEN in C) is refused like any value over its
+  // limit.
+  int RequestSummary(const tokenmeter::RequestSummary& s,
+                     uint64_t t_ns = 0) noexcept {
+    const tm_request_summary_info c = ToC(s);
+    return tm_request_summary(c_, t_ns, &c);
+  }
+  int RequestSummary(uint64_t rid, const tokenmeter::RequestSummary& s,
+                     uint64_t t_ns = 0) noexcept {
+    const tm_request_summary_info c = ToC(s);
+    return tm_request_summary_rid(c_, t_ns, rid, &c);
+  }
+  int RequestSummary(std::string_view rid, const tokenmeter::RequestSummary& s,
+                     uint64_t t_ns = 0) noexcept {
+    const tm_request_summary_info c = ToC(s);
+    return tm_request_summary_str(c_, t_ns, rid.data(), rid.size(), &c);
+  }
+#if __cplusplus >= 202002L
+  // Protocol 1.3: one iteration's times to first token and inter-token
+  // latencies (ns, at most TM_MAX_LATENCIES together) and what it counted,
+  // tm_latencies(); copied into the buffer, no allocation.
+  int Latencies(std::span<const uint64_t> ttft_ns,
+                std::span<const uint64_t> itl_ns,
+                const IterationCounts& counts = {},
+                uint64_t t_ns = 0) noexcept {
+    tm_iteration_counts c = TM_ITERATION_COUNTS_INIT;
+    c.prompt_tokens = Given(counts.prompt_tokens);
+    c.generation_tokens = Given(counts.generation_tokens);
+    c.preemptions = Given(counts.preemptions);
+    return tm_latencies(c_, t_ns, ttft_ns.data(), ttft_ns.size(), itl_ns.data(),
+                        itl_ns.size(), &c);
+  }
+#endif
+
   int Flush(uint32_t timeout_ms) noexcept {
     return tm_client_flush(c_, timeout_ms);
   }
@@ -617,6 +681,32 @@ class Client {
     kv.reason_id = info.reason_id.id;
     kv.connector_id = info.connector_id.id;
     return kv;
+  }
+
+  // TM_NOT_GIVEN for nullopt; a given UINT64_MAX becomes the largest value
+  // (still over every limit, so refused as such).
+  static uint64_t Given(const std::optional<uint64_t>& v) noexcept {
+    if (!v.has_value()) return TM_NOT_GIVEN;
+    return *v == TM_NOT_GIVEN ? TM_NOT_GIVEN - 1 : *v;
+  }
+  static tm_request_summary_info ToC(
+      const tokenmeter::RequestSummary& s) noexcept {
+    tm_request_summary_info c = TM_REQUEST_SUMMARY_INFO_INIT;
+    c.reason = static_cast<tm_finish_reason>(s.reason);
+    c.prompt_tokens = s.prompt_tokens;
+    c.generation_tokens = s.generation_tokens;
+    c.cached_tokens = Given(s.cached_tokens);
+    c.max_tokens = Given(s.max_tokens);
+    c.n = Given(s.n);
+    c.max_generation_tokens = Given(s.max_generation_tokens);
+    c.ttft_ns = Given(s.ttft_ns);
+    c.queue_ns = Given(s.queue_ns);
+    c.prefill_ns = Given(s.prefill_ns);
+    c.decode_ns = Given(s.decode_ns);
+    c.inference_ns = Given(s.inference_ns);
+    c.e2e_ns = Given(s.e2e_ns);
+    c.tpot_ns = Given(s.tpot_ns);
+    return c;
   }
 
   static Stats ToStats(const uint64_t* s) {

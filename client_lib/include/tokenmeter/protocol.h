@@ -41,8 +41,13 @@
 #define TM_EV_ADMISSION_REJECTED 9 /* [9, t, reason(, rid)] */
 #define TM_EV_KV_TRANSFER 10       /* [10, t, rid, info] */
 #define TM_EV_SLEEP 11             /* [11, t, state] */
+/* 1.3 (docs/protocol.md "Additions in 1.3"): what an engine hands over only
+ * as computed figures, without per-request events. A 1.2 daemon counts
+ * these as unknown_kind. */
+#define TM_EV_REQUEST_SUMMARY 12 /* [12, t, reason, summary(, rid)] */
+#define TM_EV_LATENCIES 13       /* [13, t, ttft, itl(, counts)] */
 /* The highest event kind this header knows. */
-#define TM_EV_LAST TM_EV_SLEEP
+#define TM_EV_LAST TM_EV_LATENCIES
 
 /* Default limits (the daemon may be configured to raise or lower them). */
 #define TM_MAX_FRAME_BYTES (1024u * 1024u)
@@ -141,6 +146,36 @@
 #define TM_SLEEP_OFFLOADED "offloaded"
 #define TM_SLEEP_DISCARDED "discarded"
 #define TM_SLEEP_RELEASED "released"
+
+/* 1.3: REQUEST_SUMMARY summary keys. prompt_tokens and generation_tokens
+ * are required (uints <= TM_MAX_EVENT_COUNT); the others optional: the
+ * counts uints <= TM_MAX_EVENT_COUNT (cached_tokens at most prompt_tokens),
+ * the durations uint ns <= TM_MAX_DURATION_NS. */
+#define TM_SUM_PROMPT_TOKENS "prompt_tokens"
+#define TM_SUM_GENERATION_TOKENS "generation_tokens"
+#define TM_SUM_CACHED_TOKENS "cached_tokens"
+#define TM_SUM_MAX_TOKENS "max_tokens"
+#define TM_SUM_N "n"
+/* Of a request group (vLLM's parallel sampling, n > 1): the most tokens one
+ * of its requests generated; given on the summary that completes it. */
+#define TM_SUM_MAX_GENERATION_TOKENS "max_generation_tokens"
+#define TM_SUM_TTFT "ttft"           /* time to first token */
+#define TM_SUM_QUEUE "queue"         /* queued to scheduled */
+#define TM_SUM_PREFILL "prefill"     /* scheduled to first token */
+#define TM_SUM_DECODE "decode"       /* first token to last token */
+#define TM_SUM_INFERENCE "inference" /* scheduled to last token */
+#define TM_SUM_E2E "e2e"             /* arrival to finish */
+#define TM_SUM_TPOT "tpot"           /* time per output token */
+/* The longest duration 1.3 events carry: 2^48 - 1 ns (about 78 hours). */
+#define TM_MAX_DURATION_NS 281474976710655ull
+
+/* 1.3: LATENCIES: ttft and itl are arrays of uint ns (each <=
+ * TM_MAX_DURATION_NS), at most TM_MAX_LATENCIES values in the two together;
+ * the optional counts map holds uints <= TM_MAX_EVENT_COUNT. */
+#define TM_MAX_LATENCIES 1024u
+#define TM_LAT_PROMPT_TOKENS "prompt_tokens"
+#define TM_LAT_GENERATION_TOKENS "generation_tokens"
+#define TM_LAT_PREEMPTIONS "preemptions"
 
 /* FINISHED reasons. */
 #define TM_REASON_STOP "stop"

@@ -181,7 +181,8 @@ TM_API int tm_options_set_max_lora(tm_options* opts, int64_t max_lora);
  * 1,856 bytes; a tm_arrived_params() with the 1.2 params the same plus the
  * traceparent's and tracestate's bytes, at most 2,168 bytes), a
  * tm_expert_load() 16 bytes plus 8 per expert (at most 8,208 bytes); the
- * 1.2 events as their calls say (at most 296 bytes). 1024 .. 16 Mi,
+ * 1.2 and 1.3 events as their calls say (at most 296 bytes; a
+ * tm_latencies() at most 8,232). 1024 .. 16 Mi,
  * rounded up to a power of two. Default 65536. */
 TM_API int tm_options_set_buffer_capacity(tm_options* opts, size_t events);
 /* How often the sender drains the buffers when they are not filling up.
@@ -746,6 +747,124 @@ typedef enum tm_kv_cache_state {
 TM_API int tm_sleep_state(tm_client* client, uint64_t t_ns,
                           tm_scheduler_state scheduler,
                           tm_weights_state weights, tm_kv_cache_state kv_cache);
+
+/* ---- protocol 1.3 events ------------------------------------------------
+ * For engines that hand over only figures they computed, without
+ * per-request events (vLLM's stat-logger plugins, SGLang's and LMDeploy's
+ * metric hooks): a finished request's summary, and one iteration's
+ * latencies and counts. They never make a tracked request, and the daemon
+ * computes nothing from their times: it observes the figures as given. A
+ * 1.2 daemon counts both kinds as unknown_kind and skips them (the rest
+ * of the batch is applied). Each call is wait-free, may be made from any
+ * thread, never allocates, and has the results of the other event calls:
+ * TM_OK, TM_E_INVALID (a rule broken: counted as rejected, nothing
+ * appended), TM_E_DROPPED (buffer full, counted), TM_E_CLOSED /
+ * TM_E_FORKED. */
+
+/* A field of tm_request_summary_info or tm_iteration_counts that is not given
+ * (not sent; the daemon then observes nothing for it). */
+#define TM_NOT_GIVEN UINT64_MAX
+
+/* One finished request as the engine computed it: [12, t, reason,
+ * summary], or with the request's id [12, t, reason, summary, rid] (the
+ * id only names it; the daemon tracks no request). */
+typedef struct tm_request_summary_info {
+  size_t size;                /* sizeof(tm_request_summary_info); set by
+                                 TM_REQUEST_SUMMARY_INFO_INIT */
+  tm_finish_reason reason;    /* one of the four */
+  uint64_t prompt_tokens;     /* required, <= TM_MAX_EVENT_COUNT */
+  uint64_t generation_tokens; /* required, <= TM_MAX_EVENT_COUNT */
+  /* TM_NOT_GIVEN, or <= TM_MAX_EVENT_COUNT (cached_tokens also at most
+   * prompt_tokens): prompt tokens found in a cache; the max_tokens and n
+   * request params; of a request group (vLLM's parallel sampling), the
+   * most tokens one of its requests generated, given on the summary of the
+   * request whose finish completed the group. */
+  uint64_t cached_tokens;
+  uint64_t max_tokens;
+  uint64_t n;
+  uint64_t max_generation_tokens;
+  /* Durations in ns, TM_NOT_GIVEN or <= TM_MAX_DURATION_NS (2^48 - 1):
+   * time to first token, queue (queued to scheduled), prefill (scheduled to
+   * first token), decode (first to last token), inference (scheduled to
+   * last token), end to end, time per output token; each as the engine
+   * defines and measured it, on whatever clock it used. */
+  uint64_t ttft_ns;
+  uint64_t queue_ns;
+  uint64_t prefill_ns;
+  uint64_t decode_ns;
+  uint64_t inference_ns;
+  uint64_t e2e_ns;
+  uint64_t tpot_ns;
+} tm_request_summary_info;
+/* clang-format off */
+#define TM_REQUEST_SUMMARY_INFO_INIT \
+  {sizeof(tm_request_summary_info), TM_FINISH_STOP, 0, 0, TM_NOT_GIVEN, \
+   TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN, \
+   TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN}
+/* clang-format on */
+/* Initialize `s` with TM_REQUEST_SUMMARY_INFO_INIT, then set the reason, the
+ * two token counts and what else is known. `size` at least this (1.3)
+ * layout's, else TM_E_INVALID. The rules, each the daemon's: `reason` one
+ * of the four; every count <= TM_MAX_EVENT_COUNT, cached_tokens <=
+ * prompt_tokens; every duration <= TM_MAX_DURATION_NS. NULL `s` or any rule
+ * broken is TM_E_INVALID: counted as rejected, nothing appended. _rid: an
+ * integer id; _str: a string id (1 .. TM_MAX_RID_BYTES bytes).
+ *
+ * What the daemon does with it (docs/protocol.md, "Additions in 1.3"):
+ * request_success_total{finished_reason}, the prompt and generation tokens
+ * per request, each param and duration given into its histogram; nothing
+ * else (no token counters, no inter-token latency, no trace).
+ *
+ * Wire form: the summary map holds, in this order, "prompt_tokens",
+ * "generation_tokens", then "cached_tokens", "max_tokens", "n",
+ * "max_generation_tokens", "ttft", "queue", "prefill", "decode",
+ * "inference", "e2e", "tpot", each only when given, every value a uint in
+ * its smallest encoding. Buffer space: 24 bytes plus the id's (8 for an
+ * integer) plus 8 per field given (120 bytes with every field and an
+ * integer id). Cost: one pass over the struct, about a tm_kv_transfer()'s
+ * (docs/performance.md, "Protocol 1.3 client calls"). */
+TM_API int tm_request_summary(tm_client* client, uint64_t t_ns,
+                              const tm_request_summary_info* s);
+TM_API int tm_request_summary_rid(tm_client* client, uint64_t t_ns,
+                                  uint64_t rid,
+                                  const tm_request_summary_info* s);
+TM_API int tm_request_summary_str(tm_client* client, uint64_t t_ns,
+                                  const char* rid, size_t rid_len,
+                                  const tm_request_summary_info* s);
+
+/* What one iteration counted for requests the engine reports no events of
+ * (the optional counts of LATENCIES): prompt tokens (of the requests that
+ * produced their first token), generation tokens, preemptions. Each
+ * TM_NOT_GIVEN or <= TM_MAX_EVENT_COUNT. */
+typedef struct tm_iteration_counts {
+  size_t size; /* sizeof(tm_iteration_counts); TM_ITERATION_COUNTS_INIT */
+  uint64_t prompt_tokens;
+  uint64_t generation_tokens;
+  uint64_t preemptions;
+} tm_iteration_counts;
+#define TM_ITERATION_COUNTS_INIT \
+  { sizeof(tm_iteration_counts), TM_NOT_GIVEN, TM_NOT_GIVEN, TM_NOT_GIVEN }
+
+/* One iteration's latencies as the engine computed them: [13, t, ttft,
+ * itl], or with counts [13, t, ttft, itl, counts]. ttft[0..n_ttft) are
+ * times to first token, itl[0..n_itl) inter-token latencies, in ns, each
+ * <= TM_MAX_DURATION_NS, n_ttft + n_itl <= TM_MAX_LATENCIES (1024: split a
+ * larger iteration into several calls); a pointer may be NULL when its
+ * count is 0. `counts` NULL: none (else its `size` at least this layout's).
+ * The daemon observes each value in its histogram (time to first token,
+ * inter-token latency) and adds the counts to the token and preemption
+ * counters. Anything else is TM_E_INVALID: counted as rejected, nothing
+ * appended. The values are copied (the arrays may be reused once the call
+ * returns) and sent as msgpack arrays of uints in their smallest encoding;
+ * the counts map holds "prompt_tokens", "generation_tokens",
+ * "preemptions" in this order, each only when given (no map when none
+ * is). Buffer space: 16 bytes plus 8 per value and per count given (at most
+ * 8,232 bytes). Cost: one pass to check the values and one copy, linear in
+ * their number (docs/performance.md, "Protocol 1.3 client calls"). */
+TM_API int tm_latencies(tm_client* client, uint64_t t_ns,
+                        const uint64_t* ttft_ns, size_t n_ttft,
+                        const uint64_t* itl_ns, size_t n_itl,
+                        const tm_iteration_counts* counts);
 
 #ifdef __cplusplus
 } /* extern "C" */

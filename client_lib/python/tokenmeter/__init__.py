@@ -37,6 +37,11 @@ ctypes, naming every place tried):
     meter.kv_transfer("req-3", "send", tokenmeter.now_ns() - 2_000_000,
                       bytes=1 << 20, connector="nixl")
     meter.sleep_state(scheduler="paused", weights="offloaded")
+    # Protocol 1.3, for engines that hand over only computed figures:
+    meter.request_summary("stop", prompt_tokens=812, generation_tokens=256,
+                          ttft_ns=41_000_000, e2e_ns=2_300_000_000)
+    meter.latencies(ttft_ns=[41_000_000], itl_ns=[9_000_000, 8_500_000],
+                    prompt_tokens=812, generation_tokens=3)
     meter.close()
 
 docs/user-guide.md ("Python integration") has the whole story.
@@ -45,7 +50,8 @@ import os
 import time
 
 from ._common import (DROPPED, ENV_VAR, INVALID, KV_CACHE_STATES, KV_ROLES,
-                      MAX_CACHE_CONFIG, MAX_KV_TRANSFER_BYTES,
+                      MAX_CACHE_CONFIG, MAX_DURATION_NS, MAX_KV_TRANSFER_BYTES,
+                      MAX_LATENCIES,
                       MAX_LABEL_VALUE_BYTES, MAX_LORA_BYTES, MAX_MOE_EXPERTS,
                       MAX_MOE_LAYERS, MAX_PRIORITY,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
@@ -103,7 +109,8 @@ __all__ = ["Client", "FinishReason", "Stats", "LibraryNotFoundError",
            "MAX_REQUEST_LABEL_VALUE_BYTES", "MAX_MOE_LAYERS",
            "MAX_MOE_EXPERTS", "MIN_PRIORITY", "MAX_PRIORITY",
            "MAX_LABEL_VALUE_BYTES", "MAX_TRACESTATE_BYTES",
-           "MAX_KV_TRANSFER_BYTES", "KV_ROLES", "SCHEDULER_STATES",
+           "MAX_KV_TRANSFER_BYTES", "MAX_DURATION_NS", "MAX_LATENCIES",
+           "KV_ROLES", "SCHEDULER_STATES",
            "WEIGHTS_STATES", "KV_CACHE_STATES", "PROFILES", "ENV_VAR",
            "BACKEND_VAR", "backend", "now_ns", "library_path",
            "library_version"]

@@ -24,6 +24,8 @@ MAX_PRIORITY: int
 MAX_LABEL_VALUE_BYTES: int
 MAX_TRACESTATE_BYTES: int
 MAX_KV_TRANSFER_BYTES: int
+MAX_DURATION_NS: int
+MAX_LATENCIES: int
 KV_ROLES: tuple[str, ...]
 SCHEDULER_STATES: tuple[str, ...]
 WEIGHTS_STATES: tuple[str, ...]
@@ -139,3 +141,26 @@ class Client:
                     kv_cache: Optional[Literal["resident",
                                                "released"]] = ...,
                     t_ns: int = ...) -> int: ...
+    # Protocol 1.3.
+    def request_summary(self,
+                        reason: Union[Literal["stop", "length", "abort",
+                                              "error"], FinishReason], *,
+                        prompt_tokens: int, generation_tokens: int,
+                        cached_tokens: Optional[int] = ...,
+                        max_tokens: Optional[int] = ...,
+                        n: Optional[int] = ...,
+                        ttft_ns: Optional[int] = ...,
+                        queue_ns: Optional[int] = ...,
+                        prefill_ns: Optional[int] = ...,
+                        decode_ns: Optional[int] = ...,
+                        inference_ns: Optional[int] = ...,
+                        e2e_ns: Optional[int] = ...,
+                        tpot_ns: Optional[int] = ...,
+                        rid: Optional[RequestId] = ...,
+                        t_ns: int = ...,
+                        max_generation_tokens: Optional[int] = ...) -> int: ...
+    def latencies(self, ttft_ns: Union[Sequence[int], IntBuffer] = ...,
+                  itl_ns: Union[Sequence[int], IntBuffer] = ...,
+                  t_ns: int = ..., *, prompt_tokens: Optional[int] = ...,
+                  generation_tokens: Optional[int] = ...,
+                  preemptions: Optional[int] = ...) -> int: ...

@@ -54,6 +54,8 @@ SCHEDULER_STATES = ("running", "paused")
 WEIGHTS_STATES = ("resident", "offloaded", "discarded")
 KV_CACHE_STATES = ("resident", "released")
 PROFILES = ("vllm", "sglang", "lmdeploy")  # TM_PROFILE_*
+MAX_DURATION_NS = (1 << 48) - 1  # TM_MAX_DURATION_NS: 1.3 durations
+MAX_LATENCIES = 1024             # TM_MAX_LATENCIES: values per LATENCIES
 _MAX_BATCH = 65536       # TM_MAX_BATCH_EVENTS: longer batches are split
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -636,3 +638,105 @@ def _sleep_state_args(scheduler, weights, kv_cache):
     return (_sleep_part("scheduler", scheduler, SCHEDULER_STATES),
             _sleep_part("weights", weights, WEIGHTS_STATES),
             _sleep_part("kv_cache", kv_cache, KV_CACHE_STATES))
+
+
+# ---- protocol 1.3 ------------------------------------------------------------
+
+# request_summary()'s optional fields, in the order of tm_request_summary_info
+# (and of the C extension's keyword table): four counts, seven durations.
+_SUMMARY_COUNTS = ("cached_tokens", "max_tokens", "n",
+                   "max_generation_tokens")
+_SUMMARY_DURATIONS = ("ttft_ns", "queue_ns", "prefill_ns", "decode_ns",
+                      "inference_ns", "e2e_ns", "tpot_ns")
+_SUMMARY_FIELDS = _SUMMARY_COUNTS + _SUMMARY_DURATIONS
+_LATENCY_COUNTS = ("prompt_tokens", "generation_tokens", "preemptions")
+
+
+def _finish_reason(reason):
+    """A finish reason ("stop", "length", "abort", "error" or a
+    FinishReason) as its tm_finish_reason value; ValueError otherwise."""
+    try:
+        r = None if isinstance(reason, bool) else _REASONS.get(reason)
+    except TypeError:  # unhashable
+        r = None
+    if r is None:
+        raise ValueError(f"finish reason {reason!r} is not one of "
+                         "'stop', 'length', 'abort', 'error'")
+    return r
+
+
+def _request_summary_args(reason, prompt_tokens, generation_tokens, fields):
+    """request_summary()'s arguments checked: (reason value, prompt_tokens,
+    generation_tokens, the optional fields in _SUMMARY_FIELDS order, each
+    None (not given) or its int)."""
+    r = _finish_reason(reason)
+    prompt = _uint("prompt_tokens", prompt_tokens, 0, _U32)
+    generation = _uint("generation_tokens", generation_tokens, 0, _U32)
+    out = []
+    for name, v in zip(_SUMMARY_FIELDS, fields):
+        if v is not None:
+            v = _uint(name, v, 0, _U32 if name in _SUMMARY_COUNTS
+                      else MAX_DURATION_NS)
+        out.append(v)
+    if out[0] is not None and out[0] > prompt:
+        raise ValueError(f"cached_tokens = {out[0]} is above prompt_tokens = "
+                         f"{prompt}: the cached tokens are part of the prompt")
+    return r, prompt, generation, out
+
+
+def _latency_values(what, values):
+    """latencies()'s ttft_ns / itl_ns as an array('Q'): a sequence or a
+    one-dimensional buffer of ints 0 .. 2**48-1 (nanoseconds)."""
+    if isinstance(values, (str, bytes, int, float)):
+        raise TypeError(f"{what} must be a sequence of ints (ns), not "
+                        f"{type(values).__name__}")
+    try:
+        m = memoryview(values)
+    except TypeError:
+        m = None
+    if m is not None:
+        values = _buffer_ints(m, _int_format(what, m, 64))
+    elif type(values) in (list, tuple):
+        # The common case in one C pass: ints 0 .. 2**64-1, then the bound.
+        try:
+            out = array("Q", values)
+        except (TypeError, OverflowError):
+            pass  # item by item below, naming the bad one
+        else:
+            if not out or max(out) <= MAX_DURATION_NS:
+                return out
+    out = array("Q")
+    for v in values:
+        out.append(_uint(f"{what} value", v, 0, MAX_DURATION_NS))
+    return out
+
+
+def _latency_counts(prompt_tokens, generation_tokens, preemptions):
+    """latencies()'s counts: each None (not sent) or an int 0 .. 2**32-1."""
+    return tuple(None if v is None else _uint(name, v, 0, _U32)
+                 for name, v in zip(_LATENCY_COUNTS,
+                                    (prompt_tokens, generation_tokens,
+                                     preemptions)))
+
+
+def _latency_args(ttft_ns, itl_ns, t_ns, prompt_tokens, generation_tokens,
+                  preemptions):
+    """latencies()'s arguments checked, as the events to send: (ttft
+    array('Q'), itl array('Q'), t_ns, {count name: value given}) each, at
+    most MAX_LATENCIES values together, the times to first token first;
+    the counts on the first event only."""
+    ttft = _latency_values("ttft_ns", ttft_ns)
+    itl = _latency_values("itl_ns", itl_ns)
+    t = _t(t_ns)
+    counts = {k: v for k, v in zip(_LATENCY_COUNTS, _latency_counts(
+        prompt_tokens, generation_tokens, preemptions)) if v is not None}
+    events = []
+    i = j = 0
+    while True:
+        a = ttft[i:i + MAX_LATENCIES]
+        b = itl[j:j + MAX_LATENCIES - len(a)]
+        events.append((a, b, t, counts if not events else {}))
+        i += len(a)
+        j += len(b)
+        if i >= len(ttft) and j >= len(itl):
+            return events

@@ -28,7 +28,8 @@ _REQUIRED = ("tm_tokens_batch", "tm_tokens_batch_str", "tm_arrived_ex",
              "tm_arrived_ex_str", "tm_options_set_profile",
              "tm_options_add_cache_config_str", "tm_options_set_max_lora",
              "tm_expert_load", "tm_options_set_ack", "tm_arrived_params",
-             "tm_kv_transfer", "tm_sleep_state", "tm_register_value")
+             "tm_kv_transfer", "tm_sleep_state", "tm_register_value",
+             "tm_request_summary", "tm_latencies")
 
 
 def _try_load(path):
@@ -189,6 +190,13 @@ _SIGNATURES = {
     "tm_kv_transfer_str": (_int, [_client_p, _u64, _str, _size, _ptr]),
     # tm_scheduler_state, tm_weights_state, tm_kv_cache_state: C enums.
     "tm_sleep_state": (_int, [_client_p, _u64, _int, _int, _int]),
+    # Protocol 1.3. summary / counts: the address of a RequestSummary /
+    # IterationCounts (below), or None for no counts.
+    "tm_request_summary": (_int, [_client_p, _u64, _ptr]),
+    "tm_request_summary_rid": (_int, [_client_p, _u64, _u64, _ptr]),
+    "tm_request_summary_str": (_int, [_client_p, _u64, _str, _size, _ptr]),
+    "tm_latencies": (_int, [_client_p, _u64, _ptr, _size, _ptr, _size,
+                            _ptr]),
 }
 
 # Called from Python hot paths and never blocking: loaded through PyDLL.
@@ -205,7 +213,8 @@ _EVENT_FUNCTIONS = frozenset({
     "tm_admission_rejected_id", "tm_admission_rejected_id_rid",
     "tm_admission_rejected_id_str",
     "tm_kv_transfer", "tm_kv_transfer_str", "tm_sleep_state",
-    "tm_client_stats", "tm_now_ns"})
+    "tm_request_summary", "tm_request_summary_rid", "tm_request_summary_str",
+    "tm_latencies", "tm_client_stats", "tm_now_ns"})
 
 
 class Label(_c.Structure):
@@ -239,6 +248,45 @@ class KvTransferInfo(_c.Structure):
 
 
 KV_UNKNOWN = (1 << 64) - 1  # TM_KV_UNKNOWN
+NOT_GIVEN = (1 << 64) - 1   # TM_NOT_GIVEN
+
+
+class RequestSummary(_c.Structure):
+    """tm_request_summary_info (protocol 1.3), for tm_request_summary(); `size`
+    set by the constructor, every optional field NOT_GIVEN unless set."""
+    _fields_ = [("size", _size), ("reason", _int),
+                ("prompt_tokens", _u64), ("generation_tokens", _u64),
+                ("cached_tokens", _u64), ("max_tokens", _u64), ("n", _u64),
+                ("max_generation_tokens", _u64), ("ttft_ns", _u64),
+                ("queue_ns", _u64), ("prefill_ns", _u64),
+                ("decode_ns", _u64), ("inference_ns", _u64),
+                ("e2e_ns", _u64), ("tpot_ns", _u64)]
+
+    def __init__(self, **kw):
+        given = {name: NOT_GIVEN for name, _ in self._fields_[4:]}
+        given.update(kw)
+        super().__init__(size=_c.sizeof(RequestSummary), **given)
+
+    @classmethod
+    def given(cls, reason, prompt, generation, fields):
+        """One made from checked arguments: the optional fields in struct
+        order, None for not given (one positional construction)."""
+        q = cls.__new__(cls)
+        _c.Structure.__init__(
+            q, _c.sizeof(cls), reason, prompt, generation,
+            *[NOT_GIVEN if v is None else v for v in fields])
+        return q
+
+
+class IterationCounts(_c.Structure):
+    """tm_iteration_counts (protocol 1.3), for tm_latencies()."""
+    _fields_ = [("size", _size), ("prompt_tokens", _u64),
+                ("generation_tokens", _u64), ("preemptions", _u64)]
+
+    def __init__(self, **kw):
+        given = {name: NOT_GIVEN for name, _ in self._fields_[1:]}
+        given.update(kw)
+        super().__init__(size=_c.sizeof(IterationCounts), **given)
 
 
 class Lib:

@@ -203,6 +203,14 @@ static PyObject* s_arrived_refused;
 static PyObject* s_label_value_refused;
 static PyObject* s_kv_transfer_refused;
 static PyObject* s_reason_name; /* "reason", as _label_value_refused's what */
+/* Protocol 1.3. */
+static PyObject* s_generation_tokens;
+static PyObject* s_summary_fields[11]; /* tm_request_summary_info's order */
+static PyObject* s_ttft_ns;
+static PyObject* s_itl_ns;
+static PyObject* s_preemptions;
+static PyObject* s_request_summary_slow;
+static PyObject* s_latencies_slow;
 static PyObject* s_stop;
 static PyObject* s_length;
 static PyObject* s_abort;
@@ -268,6 +276,23 @@ static int InternAll(void) {
       {&s_length, "length"},
       {&s_abort, "abort"},
       {&s_error, "error"},
+      {&s_generation_tokens, "generation_tokens"},
+      {&s_summary_fields[0], "cached_tokens"},
+      {&s_summary_fields[1], "max_tokens"},
+      {&s_summary_fields[2], "n"},
+      {&s_summary_fields[3], "max_generation_tokens"},
+      {&s_summary_fields[4], "ttft_ns"},
+      {&s_summary_fields[5], "queue_ns"},
+      {&s_summary_fields[6], "prefill_ns"},
+      {&s_summary_fields[7], "decode_ns"},
+      {&s_summary_fields[8], "inference_ns"},
+      {&s_summary_fields[9], "e2e_ns"},
+      {&s_summary_fields[10], "tpot_ns"},
+      {&s_ttft_ns, "ttft_ns"},
+      {&s_itl_ns, "itl_ns"},
+      {&s_preemptions, "preemptions"},
+      {&s_request_summary_slow, "_request_summary_slow"},
+      {&s_latencies_slow, "_latencies_slow"},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
     *table[i].slot = PyUnicode_InternFromString(table[i].text);
@@ -1494,6 +1519,125 @@ static PyObject* Client_sleep_state(ClientObject* self, PyObject* const* args,
 #define TM_FASTCALL(f) \
   (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 
+/* ---- protocol 1.3 ---------------------------------------------------------
+ */
+
+/* An optional figure: absent or None (TM_NOT_GIVEN), or an exact int 0 ..
+ * max; -1 for the slow path. */
+static int GivenOf(PyObject* o, uint64_t max, uint64_t* out) {
+  if (o == NULL || o == Py_None) {
+    *out = TM_NOT_GIVEN;
+    return 0;
+  }
+  return U64Of(o, out) != 0 || *out > max ? -1 : 0;
+}
+
+/* request_summary(reason, *, prompt_tokens, generation_tokens,
+ *   cached_tokens=None, max_tokens=None, n=None, ttft_ns=None,
+ *   queue_ns=None, prefill_ns=None, decode_ns=None, inference_ns=None,
+ *   e2e_ns=None, tpot_ns=None, rid=None, t_ns=0,
+ *   max_generation_tokens=None). Every rule is checked here (the slow path
+ * raises naming it), so the library refuses nothing but a closed client. */
+static PyObject* Client_request_summary(ClientObject* self,
+                                        PyObject* const* args, size_t nargsf,
+                                        PyObject* kwnames) {
+  enum { kReason, kPrompt, kGeneration, kFields, kRid = kFields + 11, kT, kN };
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* a[kN];
+  PyObject* names[kN];
+  names[kReason] = s_reason;
+  names[kPrompt] = s_prompt_tokens;
+  names[kGeneration] = s_generation_tokens;
+  for (int i = 0; i < 11; ++i) names[kFields + i] = s_summary_fields[i];
+  names[kRid] = s_rid;
+  names[kT] = s_t_ns;
+  tm_request_summary_info q = TM_REQUEST_SUMMARY_INFO_INIT;
+  uint64_t* const fields[11] = {
+      &q.cached_tokens, &q.max_tokens, &q.n,          &q.max_generation_tokens,
+      &q.ttft_ns,       &q.queue_ns,   &q.prefill_ns, &q.decode_ns,
+      &q.inference_ns,  &q.e2e_ns,     &q.tpot_ns};
+  Rid r = {0, NULL, 0};
+  uint64_t t;
+  int slow =
+      Bind(args, nargs, kwnames, names, kN, 1, a) != 0 || a[kReason] == NULL ||
+      a[kPrompt] == NULL || a[kGeneration] == NULL ||
+      ReasonOf(a[kReason], &q.reason) != 0 ||
+      GivenOf(a[kPrompt], TM_MAX_EVENT_COUNT, &q.prompt_tokens) != 0 ||
+      GivenOf(a[kGeneration], TM_MAX_EVENT_COUNT, &q.generation_tokens) != 0 ||
+      a[kPrompt] == Py_None || a[kGeneration] == Py_None ||
+      TimeOf(a[kT], &t) != 0 ||
+      (a[kRid] != NULL && a[kRid] != Py_None && RidOf(a[kRid], &r) != 0);
+  for (int i = 0; i < 11 && !slow; ++i) {
+    slow =
+        GivenOf(a[kFields + i], i < 4 ? TM_MAX_EVENT_COUNT : TM_MAX_DURATION_NS,
+                fields[i]) != 0;
+  }
+  if (slow ||
+      (q.cached_tokens != TM_NOT_GIVEN && q.cached_tokens > q.prompt_tokens)) {
+    return Slow((PyObject*)self, s_request_summary_slow, args, nargsf, kwnames);
+  }
+  int rc;
+  if (a[kRid] == NULL || a[kRid] == Py_None) {
+    rc = tm_request_summary(self->h, t, &q);
+  } else if (r.s != NULL) {
+    rc = tm_request_summary_str(self->h, t, r.s, (size_t)r.len, &q);
+  } else {
+    rc = tm_request_summary_rid(self->h, t, r.v, &q);
+  }
+  return PyLong_FromLong(rc);
+}
+
+/* latencies(ttft_ns=(), itl_ns=(), t_ns=0, *, prompt_tokens=None,
+ *           generation_tokens=None, preemptions=None): at most
+ * TM_MAX_LATENCIES values here; more take the slow path, which splits
+ * them into several events. */
+static PyObject* Client_latencies(ClientObject* self, PyObject* const* args,
+                                  size_t nargsf, PyObject* kwnames) {
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* a[6];
+  PyObject* const names[6] = {
+      s_ttft_ns,           s_itl_ns,     s_t_ns, s_prompt_tokens,
+      s_generation_tokens, s_preemptions};
+  tm_iteration_counts c = TM_ITERATION_COUNTS_INIT;
+  uint64_t t;
+  if (Bind(args, nargs, kwnames, names, 6, 3, a) != 0 ||
+      TimeOf(a[2], &t) != 0 ||
+      GivenOf(a[3], TM_MAX_EVENT_COUNT, &c.prompt_tokens) != 0 ||
+      GivenOf(a[4], TM_MAX_EVENT_COUNT, &c.generation_tokens) != 0 ||
+      GivenOf(a[5], TM_MAX_EVENT_COUNT, &c.preemptions) != 0) {
+    return Slow((PyObject*)self, s_latencies_slow, args, nargsf, kwnames);
+  }
+  Py_buffer tv, iv;
+  Ints ttft, itl;
+  tv.obj = iv.obj = NULL;
+  ttft.mem = itl.mem = NULL;
+  ttft.n = itl.n = 0;
+  ttft.p = itl.p = NULL;
+  int st = kTaken;
+  if (a[0] != NULL) {
+    st = IntsOf(a[0], 8, TM_MAX_DURATION_NS, 0, "ttft_ns", &tv, &ttft);
+  }
+  if (st == kTaken && a[1] != NULL) {
+    st = IntsOf(a[1], 8, TM_MAX_DURATION_NS, 0, "itl_ns", &iv, &itl);
+  }
+  PyObject* result = NULL;
+  if (st == kTaken && ttft.n + itl.n <= (Py_ssize_t)TM_MAX_LATENCIES) {
+    const int has_counts = c.prompt_tokens != TM_NOT_GIVEN ||
+                           c.generation_tokens != TM_NOT_GIVEN ||
+                           c.preemptions != TM_NOT_GIVEN;
+    result =
+        PyLong_FromLong(tm_latencies(self->h, t, ttft.p, (size_t)ttft.n, itl.p,
+                                     (size_t)itl.n, has_counts ? &c : NULL));
+  }
+  ViewRelease(&tv);
+  ViewRelease(&iv);
+  IntsFree(&ttft);
+  IntsFree(&itl);
+  if (st == kRaised) return NULL;
+  if (result != NULL) return result;
+  return Slow((PyObject*)self, s_latencies_slow, args, nargsf, kwnames);
+}
+
 static PyMethodDef Client_methods[] = {
     {"_open", (PyCFunction)Client_open, METH_O, NULL},
     {"_handle", (PyCFunction)Client_handle, METH_NOARGS, NULL},
@@ -1542,6 +1686,17 @@ static PyMethodDef Client_methods[] = {
     {"sleep_state", TM_FASTCALL(Client_sleep_state),
      "sleep_state($self, scheduler=None, weights=None, kv_cache=None, "
      "t_ns=0)\n--\n\nThe engine's sleep state changed."},
+    {"request_summary", TM_FASTCALL(Client_request_summary),
+     "request_summary($self, reason, *, prompt_tokens, generation_tokens, "
+     "cached_tokens=None, max_tokens=None, n=None, ttft_ns=None, "
+     "queue_ns=None, prefill_ns=None, decode_ns=None, inference_ns=None, "
+     "e2e_ns=None, tpot_ns=None, rid=None, t_ns=0, "
+     "max_generation_tokens=None)\n--\n\nOne finished request as the "
+     "engine computed it."},
+    {"latencies", TM_FASTCALL(Client_latencies),
+     "latencies($self, ttft_ns=(), itl_ns=(), t_ns=0, *, prompt_tokens=None, "
+     "generation_tokens=None, preemptions=None)\n--\n\nOne iteration's "
+     "computed latencies and counts."},
     {NULL, NULL, 0, NULL},
 };
 #undef TM_FASTCALL

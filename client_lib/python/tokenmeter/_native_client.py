@@ -12,7 +12,7 @@ import weakref
 from array import array
 
 from . import _native
-from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _STEP_KEYS, _U32,
+from ._common import (_MAX_BATCH, _NOMEM, _STEP_KEYS, _U32,
                       KV_CACHE_STATES, KV_ROLES, MAX_LORA_BYTES,
                       MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS, OK,
@@ -23,7 +23,9 @@ from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _STEP_KEYS, _U32,
                       _label_value_refused, _live, _option_str, _priority,
                       _rid, _scheduled_info, _seconds_to_ms,
                       _sleep_state_args, _step_figures, _t, _tracestate,
-                      _traceparent, _uint, apply_options)
+                      _traceparent, _uint, apply_options,
+                      _SUMMARY_FIELDS, _finish_reason, _request_summary_args,
+                      _latency_args)
 
 _C = _native.Client
 _ZERO_STATS = Stats(*([0] * len(Stats._fields)))
@@ -153,13 +155,7 @@ class Client(_C):
         return _C.preempted(self, _id(rid), t)
 
     def _finished_slow(self, rid, reason="stop", t_ns=0):
-        try:
-            r = None if isinstance(reason, bool) else _REASONS.get(reason)
-        except TypeError:  # unhashable
-            r = None
-        if r is None:
-            raise ValueError(f"finish reason {reason!r} is not one of "
-                             "'stop', 'length', 'abort', 'error'")
+        r = _finish_reason(reason)
         t = _t(t_ns)
         return _C.finished(self, _id(rid), int(r), t)
 
@@ -288,6 +284,36 @@ class Client(_C):
             None if w < 0 else WEIGHTS_STATES[w],
             None if k < 0 else KV_CACHE_STATES[k], _t(t_ns))
 
+    # ---- protocol 1.3 -----------------------------------------------------
+
+    def _request_summary_slow(self, reason, *, prompt_tokens,
+                              generation_tokens, cached_tokens=None,
+                              max_tokens=None, n=None, ttft_ns=None,
+                              queue_ns=None, prefill_ns=None, decode_ns=None,
+                              inference_ns=None, e2e_ns=None, tpot_ns=None,
+                              rid=None, t_ns=0, max_generation_tokens=None):
+        r, prompt, generation, fields = _request_summary_args(
+            reason, prompt_tokens, generation_tokens,
+            (cached_tokens, max_tokens, n, max_generation_tokens, ttft_ns,
+             queue_ns, prefill_ns, decode_ns, inference_ns, e2e_ns, tpot_ns))
+        t = _t(t_ns)
+        return _C.request_summary(
+            self, r, prompt_tokens=prompt, generation_tokens=generation,
+            rid=None if rid is None else _id(rid), t_ns=t,
+            **dict(zip(_SUMMARY_FIELDS, fields)))
+
+    def _latencies_slow(self, ttft_ns=(), itl_ns=(), t_ns=0, *,
+                        prompt_tokens=None, generation_tokens=None,
+                        preemptions=None):
+        rc = OK
+        for a, b, t, counts in _latency_args(ttft_ns, itl_ns, t_ns,
+                                             prompt_tokens, generation_tokens,
+                                             preemptions):
+            r = _C.latencies(self, a, b, t, **counts)
+            if rc == OK:
+                rc = r
+        return rc
+
     # The library refused a call the fast path made (and counted it): the
     # C methods call these to raise naming the rule.
     @staticmethod
@@ -308,7 +334,8 @@ class Client(_C):
 # keyword argument 'x'", not "_tokens_slow() ...".
 for _name in ("tokens", "queued", "scheduled", "preempted", "finished",
               "arrived", "tokens_batch", "step", "expert_load",
-              "admission_rejected", "kv_transfer", "sleep_state"):
+              "admission_rejected", "kv_transfer", "sleep_state",
+              "request_summary", "latencies"):
     _fn = getattr(Client, f"_{_name}_slow")
     _fn.__code__ = _fn.__code__.replace(co_name=_name)
     _fn.__name__, _fn.__qualname__ = _name, f"Client.{_name}"

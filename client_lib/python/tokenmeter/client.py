@@ -12,6 +12,7 @@ import weakref
 from array import array
 
 from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
+                      MAX_DURATION_NS,
                       MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
                       MAX_RID_BYTES, OK, Stats, _arrived_refused,
@@ -21,8 +22,10 @@ from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
                       _label_value_refused, _live, _option_str, _priority,
                       _rid, _scheduled_info, _seconds_to_ms,
                       _sleep_state_args, _step_figures, _t, _tracestate,
-                      _traceparent, _uint, apply_options)
-from ._lib import KV_UNKNOWN, KvTransferInfo, Label, RequestParams, lib
+                      _traceparent, _uint, apply_options,
+                      _finish_reason, _request_summary_args, _latency_args)
+from ._lib import (KV_UNKNOWN, IterationCounts, KvTransferInfo,
+                   Label, RequestParams, RequestSummary, lib)
 
 
 # Bound once: a global lookup is cheaper than an attribute lookup per call.
@@ -46,6 +49,10 @@ _admission_rejected_rid = lib.tm_admission_rejected_rid
 _admission_rejected_str = lib.tm_admission_rejected_str
 _kv_transfer, _kv_transfer_str = lib.tm_kv_transfer, lib.tm_kv_transfer_str
 _sleep_state = lib.tm_sleep_state
+_request_summary = lib.tm_request_summary
+_request_summary_rid = lib.tm_request_summary_rid
+_request_summary_str = lib.tm_request_summary_str
+_latencies = lib.tm_latencies
 
 # Prebuilt ctypes arguments for the fast paths (see "events" below).
 _ZERO, _ONE = 0, 1
@@ -59,6 +66,10 @@ _RID_LEN = tuple(ctypes.c_size_t(i) for i in range(MAX_RID_BYTES + 1))
 _STR_RID_LEN = (None,) + _RID_LEN[1:]
 _REASON_ARGS = {name: ctypes.c_int(v) for name, v in _REASONS.items()
                 if type(name) is str}
+_REASON_VALUES = {name: v for name, v in _REASONS.items()
+                  if type(name) is str}
+# request_summary()'s optional fields' bounds, in _SUMMARY_FIELDS order.
+_SUMMARY_MAX = (_U32,) * 4 + (MAX_DURATION_NS,) * 7
 
 _StatsArray = ctypes.c_uint64 * len(Stats._fields)
 
@@ -497,14 +508,8 @@ class Client:
                     if 0 < ln <= MAX_RID_BYTES:
                         return _finished_str(self._h, _T_NOW, b,
                                              _RID_LEN[ln], r)
-        try:
-            r = None if isinstance(reason, bool) else _REASONS.get(reason)
-        except TypeError:  # unhashable
-            r = None
-        if r is None:
-            raise ValueError(f"finish reason {reason!r} is not one of "
-                             "'stop', 'length', 'abort', 'error'")
-        return self._checked(_finished, _finished_str, rid, t_ns, r)
+        return self._checked(_finished, _finished_str, rid, t_ns,
+                             _finish_reason(reason))
 
     def preempted(self, rid, t_ns=0):
         """The request lost its KV cache and went back to waiting."""
@@ -651,6 +656,79 @@ class Client:
         parts = _sleep_state_args(scheduler, weights, kv_cache)
         return _sleep_state(self._h, _t(t_ns), *parts)
 
+
+    # ---- protocol 1.3 events --------------------------------------------
+
+    def request_summary(self, reason, *, prompt_tokens, generation_tokens,
+                        cached_tokens=None, max_tokens=None, n=None,
+                        ttft_ns=None, queue_ns=None, prefill_ns=None,
+                        decode_ns=None, inference_ns=None, e2e_ns=None,
+                        tpot_ns=None, rid=None, t_ns=0,
+                        max_generation_tokens=None):
+        """One finished request as the engine computed it
+        (REQUEST_SUMMARY), for engines that report no per-request events:
+        reason "stop", "length", "abort", "error" or a FinishReason;
+        prompt_tokens and generation_tokens, ints 0 .. 2**32-1 (required);
+        cached_tokens (at most prompt_tokens), the max_tokens and n params
+        and max_generation_tokens (of a request group, vLLM's parallel
+        sampling: the most tokens one of its requests generated, given on
+        the summary that completes the group), ints 0 .. 2**32-1 or None;
+        the durations in ns (time to first token, queue, prefill, decode,
+        inference, end to end, time per output token), ints 0 .. 2**48-1
+        or None (not known: that histogram is not observed); rid, the
+        request's id (int or str) or None: it only names the request. The
+        daemon observes request_success_total and the per-request
+        histograms; it tracks no request."""
+        fields = (cached_tokens, max_tokens, n, max_generation_tokens,
+                  ttft_ns, queue_ns, prefill_ns, decode_ns, inference_ns,
+                  e2e_ns, tpot_ns)
+        r = _REASON_VALUES.get(reason) if type(reason) is str else None
+        if (r is not None and type(prompt_tokens) is int and
+                type(generation_tokens) is int and
+                0 <= prompt_tokens <= _U32 and
+                0 <= generation_tokens <= _U32 and
+                all(v is None or (type(v) is int and 0 <= v <= hi)
+                    for v, hi in zip(fields, _SUMMARY_MAX)) and
+                (cached_tokens is None or cached_tokens <= prompt_tokens)):
+            t = _T_NOW if t_ns is _ZERO else _t(t_ns)
+            prompt, generation = prompt_tokens, generation_tokens
+        else:  # the checks that name the rule broken
+            r, prompt, generation, fields = _request_summary_args(
+                reason, prompt_tokens, generation_tokens, fields)
+            t = _t(t_ns)
+        q = RequestSummary.given(r, prompt, generation, fields)
+        addr = ctypes.addressof(q)
+        h = self._h
+        if rid is None:
+            return _request_summary(h, t, addr)
+        v, b = _rid(rid)
+        if b is None:
+            return _request_summary_rid(h, t, v, addr)
+        return _request_summary_str(h, t, b, len(b), addr)
+
+    def latencies(self, ttft_ns=(), itl_ns=(), t_ns=0, *, prompt_tokens=None,
+                  generation_tokens=None, preemptions=None):
+        """One iteration's latencies as the engine computed them
+        (LATENCIES): ttft_ns, its requests' times to first token, and
+        itl_ns, its inter-token latencies, sequences (or buffers) of ints
+        0 .. 2**48-1 in ns, each observed once in its histogram; more than
+        1024 values together are sent as several events. prompt_tokens,
+        generation_tokens and preemptions: what the iteration counted for
+        requests the engine reports no events of (added to the token and
+        preemption counters), ints 0 .. 2**32-1 or None. Returns OK, or the
+        first event's DROPPED / INVALID."""
+        h = self._h
+        rc = OK
+        for a, b, t, counts in _latency_args(ttft_ns, itl_ns, t_ns,
+                                             prompt_tokens, generation_tokens,
+                                             preemptions):
+            c = IterationCounts(**counts) if counts else None
+            r = _latencies(h, t, a.buffer_info()[0] if a else None, len(a),
+                           b.buffer_info()[0] if b else None, len(b),
+                           None if c is None else ctypes.addressof(c))
+            if rc == OK:
+                rc = r
+        return rc
 
 # memoryview formats of a native uint64 (array('Q'): "Q"; numpy uint64: "L"
 # on LP64 Linux; ctypes c_uint64 arrays: "<Q").

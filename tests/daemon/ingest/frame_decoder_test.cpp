@@ -1179,7 +1179,7 @@ TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
 TEST(FrameDecoderTest, SkipsUnknownKindAndAppliesTheRest) {
   const Bytes batch =
       BatchOf(5, {kQueued,
-                  {0x93, 0x0c, 0x00, 0x07},  // kind 12
+                  {0x93, 0x0e, 0x00, 0x07},  // kind 14 (1.3 knows 13)
                   {0x91, 0x00},              // kind 0
                   {0x95, 0xcd, 0x01, 0x00, 0x00, 0x80, 0x90, 0xa1, 'x'},  // 256
                   kTokens});
@@ -2437,6 +2437,7 @@ struct Middle {
   std::vector<std::string> rid_texts;
   std::vector<ArrivalCopy> arrivals;
   std::vector<std::string> text;  // reason, connector of a KV/admission
+  std::vector<uint64_t> positions;
 };
 
 Middle DecodeMiddle(const Bytes& event) {
@@ -2450,6 +2451,7 @@ Middle DecodeMiddle(const Bytes& event) {
     m.events = sink.batches[0].events;
     m.rid_texts = sink.batches[0].rid_texts;
     m.arrivals = sink.batches[0].arrivals;
+    m.positions = sink.batches[0].positions;
   }
   return m;
 }
@@ -2822,8 +2824,9 @@ TEST(FrameDecoder12Test, DecodesArrivedPriorityAndTraceContext) {
 TEST(FrameDecoder12Test, DropsATracestateOverItsLimit) {
   std::string state = "k=";
   state.append(255, 'v');  // 257 bytes
-  Bytes v = {0xda, 0x01, 0x01};
-  v.insert(v.end(), state.begin(), state.end());
+  // (Cat of two vectors, not an insert of the string's bytes: gcc 12
+  // warns of a bounds error that is not there in the latter.)
+  const Bytes v = Cat({{0xda, 0x01, 0x01}, Bytes(state.begin(), state.end())});
   const Bytes event =
       Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, S("tracestate"), v});
   DecoderLimits limits;
@@ -2835,6 +2838,332 @@ TEST(FrameDecoder12Test, DropsATracestateOverItsLimit) {
   ASSERT_EQ(sink.batches.size(), 1u);
   EXPECT_EQ(sink.batches[0].bad_fields, 1u);
   EXPECT_EQ(sink.batches[0].events.size(), 3u);
+}
+
+// ---------------------------------------------------------------------------
+// Protocol 1.3: REQUEST_SUMMARY and LATENCIES, with partial acceptance.
+
+// REQUEST_SUMMARY [12, t=0, reason, {entries}] with `n` map entries, or with
+// `rid` appended.
+Bytes SummaryOf(std::string_view reason, uint8_t n,
+                std::initializer_list<Bytes> entries) {
+  Bytes out = Cat({{0x94, 0x0c, 0x00}, S(reason)});
+  out.push_back(static_cast<uint8_t>(0x80 | n));
+  for (const Bytes& e : entries) out.insert(out.end(), e.begin(), e.end());
+  return out;
+}
+Bytes SummaryWithRid(std::string_view reason, uint8_t n,
+                     std::initializer_list<Bytes> entries, const Bytes& rid) {
+  Bytes out = SummaryOf(reason, n, entries);
+  out[0] = 0x95;
+  out.insert(out.end(), rid.begin(), rid.end());
+  return out;
+}
+const Bytes kPrompt812 = Cat({S("prompt_tokens"), {0xcd, 0x03, 0x2c}});
+const Bytes kGeneration256 = Cat({S("generation_tokens"), {0xcd, 0x01, 0x00}});
+
+TEST(FrameDecoder13Test, DecodesRequestSummaryWithEveryKey) {
+  const Middle m = DecodeMiddle(SummaryWithRid(
+      "length", 13,
+      {kPrompt812,
+       kGeneration256,
+       S("cached_tokens"),
+       {0xcd, 0x02, 0x00},
+       S("max_tokens"),
+       {0xcd, 0x04, 0x00},
+       S("n"),
+       {0x02},
+       S("max_generation_tokens"),
+       {0xcd, 0x01, 0x2c},
+       S("ttft"),
+       {0xce, 0x02, 0x71, 0x9c, 0x40},  // 41,000,000
+       S("queue"),
+       {0x05},
+       S("prefill"),
+       {0x06},
+       S("decode"),
+       {0x07},
+       S("inference"),
+       {0x08},
+       S("e2e"),
+       {0xcf, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},  // 2^48 - 1
+       S("tpot"),
+       {0x09}},
+      {0x07}));
+  ASSERT_TRUE(m.fed);
+  EXPECT_TRUE(m.errors.empty());
+  ASSERT_EQ(m.events.size(), 3u);
+  const Event& e = m.events[1];
+  ASSERT_EQ(e.kind, EventKind::kRequestSummary);
+  EXPECT_EQ(e.reason, FinishReason::kLength);
+  EXPECT_EQ(e.count, 812u);
+  EXPECT_TRUE(e.has_max_tokens);
+  EXPECT_EQ(e.max_tokens, 1024u);
+  EXPECT_TRUE(e.has_n);
+  EXPECT_EQ(e.n, 2u);
+  const RequestSummaryInfo& q = e.summary;
+  EXPECT_EQ(q.generation_tokens, 256u);
+  EXPECT_EQ(q.cached_tokens, 512u);
+  EXPECT_EQ(q.max_generation_tokens, 300u);
+  EXPECT_EQ(q.has, 0x1ffu);  // seven durations, cached, max generation
+  const uint64_t durations[] = {41000000, 5, 6, 7, 8, TM_MAX_DURATION_NS, 9};
+  for (size_t d = 0; d < kNumSummaryDurations; ++d) {
+    EXPECT_EQ(q.duration_ns[d], durations[d]) << d;
+  }
+  EXPECT_TRUE(q.has_rid);
+  EXPECT_EQ(e.rid.number, 7u);
+  EXPECT_EQ(m.bad_fields, 0u);
+}
+
+TEST(FrameDecoder13Test, DecodesTheSmallestSummaryAndItsIds) {
+  const Bytes zero = Cat({S("prompt_tokens"), {0x00}});
+  const Bytes gen = Cat({S("generation_tokens"), {0x00}});
+  {
+    const Middle m = DecodeMiddle(SummaryOf("abort", 2, {gen, zero}));
+    ASSERT_EQ(m.events.size(), 3u);
+    const Event& e = m.events[1];
+    EXPECT_EQ(e.reason, FinishReason::kAbort);
+    EXPECT_EQ(e.count, 0u);
+    EXPECT_FALSE(e.has_max_tokens);
+    EXPECT_FALSE(e.has_n);
+    EXPECT_EQ(e.summary.has, 0u);
+    EXPECT_FALSE(e.summary.has_rid);
+  }
+  {
+    const Middle m =
+        DecodeMiddle(SummaryWithRid("error", 2, {zero, gen}, S("req-1")));
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.events[1].reason, FinishReason::kError);
+    EXPECT_TRUE(m.events[1].summary.has_rid);
+    EXPECT_EQ(m.rid_texts[1], "req-1");
+  }
+  // nil id and nil optional keys: absent, nothing dropped; unknown keys
+  // (a later version's) are skipped.
+  {
+    const Middle m = DecodeMiddle(SummaryWithRid("stop", 5,
+                                                 {zero,
+                                                  gen,
+                                                  S("ttft"),
+                                                  {0xc0},
+                                                  S("n"),
+                                                  {0xc0},
+                                                  S("later"),
+                                                  {0x91, 0x01}},
+                                                 {0xc0}));
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.events[1].summary.has, 0u);
+    EXPECT_FALSE(m.events[1].has_n);
+    EXPECT_FALSE(m.events[1].summary.has_rid);
+    EXPECT_EQ(m.bad_fields, 0u);
+  }
+  // An id that is no id: dropped (bad_field), the summary kept.
+  for (const Bytes& bad_id :
+       {Bytes{0xca, 0x3f, 0x80, 0, 0}, Bytes{0xa0}, Bytes{0x90}}) {
+    const Middle m =
+        DecodeMiddle(SummaryWithRid("stop", 2, {zero, gen}, bad_id));
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_FALSE(m.events[1].summary.has_rid);
+    EXPECT_EQ(m.bad_fields, 1u);
+  }
+}
+
+TEST(FrameDecoder13Test, SkipsASummaryWithoutItsRequiredElements) {
+  const Bytes zero = Cat({S("prompt_tokens"), {0x00}});
+  const Bytes gen = Cat({S("generation_tokens"), {0x00}});
+  const Bytes bad_events[] = {
+      {0x94, 0x0c, 0x00, 0x00, 0x80},                // reason an int
+      {0x94, 0x0c, 0x00, 0xc0, 0x80},                // reason nil
+      Cat({{0x93, 0x0c, 0x00}, S("stop")}),          // no summary
+      Cat({{0x94, 0x0c, 0x00}, S("stop"), {0x90}}),  // summary an array
+      SummaryOf("stop", 1, {zero}),                  // no generation_tokens
+      SummaryOf("stop", 1, {gen}),                   // no prompt_tokens
+      SummaryOf("stop", 0, {}),
+      SummaryOf("stop", 2, {gen, Cat({S("prompt_tokens"), {0xc0}})}),
+      SummaryOf("stop", 2, {gen, Cat({S("prompt_tokens"), {0xff}})}),  // -1
+      SummaryOf("stop", 2,
+                {gen, Cat({S("prompt_tokens"),
+                           {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0}})}),  // 2^32
+      SummaryOf("stop", 2, {zero, Cat({S("generation_tokens"), S("1")})}),
+  };
+  for (const Bytes& c : bad_events) {
+    const Middle m = DecodeMiddle(c);
+    ASSERT_TRUE(m.fed);
+    EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadEvent});
+    EXPECT_EQ(m.events.size(), 2u);
+    EXPECT_EQ(m.bad_fields, 0u);
+  }
+  const Middle m = DecodeMiddle(SummaryOf("done", 2, {zero, gen}));
+  EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadReason});
+  EXPECT_EQ(m.events.size(), 2u);
+}
+
+TEST(FrameDecoder13Test, DropsABadOptionalSummaryKey) {
+  const Bytes too_long = {0xcf, 0, 0x01, 0, 0, 0, 0, 0, 0};  // 2^48
+  const Bytes two_32 = {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0};    // 2^32
+  const Bytes cases[] = {
+      Cat({S("ttft"), too_long}),
+      Cat({S("queue"), {0xff}}),
+      Cat({S("prefill"), S("1")}),
+      Cat({S("decode"), {0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0}}),  // 1.0
+      Cat({S("inference"), too_long}),
+      Cat({S("e2e"), {0x90}}),
+      Cat({S("tpot"), {0xc3}}),
+      Cat({S("cached_tokens"), two_32}),
+      Cat({S("cached_tokens"), {0xcd, 0x03, 0x2d}}),  // 813 > 812
+      Cat({S("max_tokens"), two_32}),
+      Cat({S("n"), {0xff}}),
+      Cat({S("max_generation_tokens"), S("9")}),
+  };
+  for (const Bytes& bad : cases) {
+    const Middle m =
+        DecodeMiddle(SummaryOf("stop", 3, {kPrompt812, kGeneration256, bad}));
+    ASSERT_TRUE(m.fed);
+    EXPECT_TRUE(m.errors.empty());
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.bad_fields, 1u);
+    const Event& e = m.events[1];
+    EXPECT_EQ(e.summary.has, 0u);
+    EXPECT_FALSE(e.has_max_tokens);
+    EXPECT_FALSE(e.has_n);
+    EXPECT_EQ(e.count, 812u);
+    EXPECT_EQ(e.summary.generation_tokens, 256u);
+  }
+  // cached_tokens equal to prompt_tokens, either order: kept.
+  const Middle m =
+      DecodeMiddle(SummaryOf("stop", 3,
+                             {Cat({S("cached_tokens"), {0xcd, 0x03, 0x2c}}),
+                              kGeneration256, kPrompt812}));
+  ASSERT_EQ(m.events.size(), 3u);
+  EXPECT_EQ(m.bad_fields, 0u);
+  EXPECT_EQ(m.events[1].summary.cached_tokens, 812u);
+}
+
+// LATENCIES [13, t=0, ttft, itl] (or with counts appended).
+Bytes LatenciesOf(const Bytes& ttft, const Bytes& itl) {
+  return Cat({{0x94, 0x0d, 0x00}, ttft, itl});
+}
+Bytes LatenciesWith(const Bytes& ttft, const Bytes& itl, const Bytes& counts) {
+  return Cat({{0x95, 0x0d, 0x00}, ttft, itl, counts});
+}
+
+TEST(FrameDecoder13Test, DecodesLatenciesAndTheirCounts) {
+  const Middle m = DecodeMiddle(LatenciesWith(
+      {0x92, 0x01, 0xce, 0x02, 0x71, 0x9c, 0x40},
+      {0x93, 0x03, 0x00, 0xcf, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+      Cat({{0x83},
+           S("prompt_tokens"),
+           {0xcd, 0x03, 0x2c},
+           S("preemptions"),
+           {0x02},
+           S("generation_tokens"),
+           {0x05}})));
+  ASSERT_TRUE(m.fed);
+  EXPECT_TRUE(m.errors.empty());
+  ASSERT_EQ(m.events.size(), 3u);
+  const LatenciesRef& l = m.events[1].latencies;
+  ASSERT_EQ(m.events[1].kind, EventKind::kLatencies);
+  EXPECT_EQ(l.ttft_count, 2u);
+  EXPECT_EQ(l.itl_count, 3u);
+  const std::vector<uint64_t> values(m.positions.begin() + l.begin,
+                                     m.positions.begin() + l.begin + 5);
+  EXPECT_EQ(values,
+            (std::vector<uint64_t>{1, 41000000, 3, 0, TM_MAX_DURATION_NS}));
+  EXPECT_EQ(l.has, 7u);
+  EXPECT_EQ(l.prompt_tokens, 812u);
+  EXPECT_EQ(l.generation_tokens, 5u);
+  EXPECT_EQ(l.preemptions, 2u);
+  EXPECT_EQ(m.bad_fields, 0u);
+
+  // Empty lists, and no counts (nil, or absent).
+  for (const Bytes& c :
+       {LatenciesOf({0x90}, {0x90}), LatenciesWith({0x90}, {0x90}, {0xc0}),
+        LatenciesWith({0x90}, {0x90}, {0x80})}) {
+    const Middle e = DecodeMiddle(c);
+    ASSERT_EQ(e.events.size(), 3u);
+    EXPECT_EQ(e.events[1].latencies.ttft_count, 0u);
+    EXPECT_EQ(e.events[1].latencies.itl_count, 0u);
+    EXPECT_EQ(e.events[1].latencies.has, 0u);
+    EXPECT_EQ(e.bad_fields, 0u);
+  }
+}
+
+TEST(FrameDecoder13Test, LatenciesTakeAtMostTheLimitTogether) {
+  // 1024 values, split 1000 + 24: accepted; one more: a bad event.
+  auto list = [](uint16_t n) {
+    Bytes out = {0xdc, static_cast<uint8_t>(n >> 8), static_cast<uint8_t>(n)};
+    out.insert(out.end(), n, 0x01);
+    return out;
+  };
+  const Middle ok = DecodeMiddle(LatenciesOf(list(1000), list(24)));
+  ASSERT_EQ(ok.events.size(), 3u);
+  EXPECT_EQ(
+      ok.events[1].latencies.ttft_count + ok.events[1].latencies.itl_count,
+      TM_MAX_LATENCIES);
+  for (const Bytes& c :
+       {LatenciesOf(list(1000), list(25)), LatenciesOf(list(1025), {0x90}),
+        LatenciesOf({0x90}, list(1025))}) {
+    const Middle m = DecodeMiddle(c);
+    ASSERT_TRUE(m.fed);
+    EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadEvent});
+    EXPECT_EQ(m.events.size(), 2u);
+    EXPECT_TRUE(m.positions.empty());  // a skipped event leaves none behind
+  }
+}
+
+TEST(FrameDecoder13Test, SkipsLatenciesWithABadList) {
+  const Bytes cases[] = {
+      {0x93, 0x0d, 0x00, 0x90},           // no itl
+      LatenciesOf({0x80}, {0x90}),        // ttft a map
+      LatenciesOf({0x90}, {0x01}),        // itl an int
+      LatenciesOf({0x91, 0xff}, {0x90}),  // -1
+      LatenciesOf({0x90}, {0x91, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0}),  // 1.0
+      LatenciesOf({0x91, 0xcf, 0, 0x01, 0, 0, 0, 0, 0, 0}, {0x90}),     // 2^48
+      LatenciesOf({0x91, 0xc0}, {0x90}),                                // nil
+  };
+  for (const Bytes& c : cases) {
+    const Middle m = DecodeMiddle(c);
+    ASSERT_TRUE(m.fed);
+    EXPECT_EQ(m.errors, std::vector<IngestError>{IngestError::kBadEvent});
+    EXPECT_EQ(m.events.size(), 2u);
+    EXPECT_EQ(m.bad_fields, 0u);
+  }
+}
+
+TEST(FrameDecoder13Test, DropsABadLatencyCount) {
+  const Bytes cases[] = {
+      {0x01},  // not a map
+      Cat({{0x81}, S("prompt_tokens"), {0xff}}),
+      Cat({{0x81}, S("generation_tokens"), {0xcf, 0, 0, 0, 0x01, 0, 0, 0, 0}}),
+      Cat({{0x81}, S("preemptions"), S("1")}),
+  };
+  for (const Bytes& counts : cases) {
+    const Middle m = DecodeMiddle(LatenciesWith({0x91, 0x07}, {0x90}, counts));
+    ASSERT_TRUE(m.fed);
+    EXPECT_TRUE(m.errors.empty());
+    ASSERT_EQ(m.events.size(), 3u);
+    EXPECT_EQ(m.bad_fields, 1u);
+    EXPECT_EQ(m.events[1].latencies.has, 0u);
+    EXPECT_EQ(m.events[1].latencies.ttft_count, 1u);
+  }
+}
+
+TEST(FrameDecoder13Test, LatencyPositionsFollowAStepsInOneBatch) {
+  // STEP with two spec positions, then LATENCIES: their values index the
+  // same Batch::positions, each event its own range.
+  const Bytes step = Cat({{0x93, 0x07, 0x00, 0x81},
+                          S("spec_accepted_per_pos"),
+                          {0x92, 0x0a, 0x0b}});
+  const Bytes lat = LatenciesOf({0x91, 0x0c}, {0x92, 0x0d, 0x0e});
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  ASSERT_TRUE(Feed(d, Cat({kHello, BatchOf(3, {step, lat, lat})}), sink));
+  ASSERT_EQ(sink.batches.size(), 1u);
+  const BatchCopy& b = sink.batches[0];
+  ASSERT_EQ(b.events.size(), 3u);
+  EXPECT_EQ(b.positions,
+            (std::vector<uint64_t>{10, 11, 12, 13, 14, 12, 13, 14}));
+  EXPECT_EQ(b.events[1].latencies.begin, 2u);
+  EXPECT_EQ(b.events[2].latencies.begin, 5u);
 }
 
 }  // namespace

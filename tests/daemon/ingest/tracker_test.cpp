@@ -2131,5 +2131,173 @@ TEST(Tracker12Test, RefusesAPriorityLabelBeyondFourOrTwice) {
   EXPECT_TRUE(Pipeline::Create(nullptr, clock, {three, {}, {}}, &p).ok());
 }
 
+// ---- protocol 1.3: REQUEST_SUMMARY and LATENCIES
+// ---------------------------------------------------
+
+// A REQUEST_SUMMARY of `reason` with the two required counts.
+Event Summary(uint64_t t, FinishReason reason, uint32_t prompt,
+              uint32_t generation) {
+  Event e{};
+  e.kind = EventKind::kRequestSummary;
+  e.t_ns = t;
+  e.reason = reason;
+  e.count = prompt;
+  e.summary = RequestSummaryInfo{};
+  e.summary.generation_tokens = generation;
+  return e;
+}
+void SetDuration(Event& e, SummaryDuration d, uint64_t ns) {
+  e.summary.duration_ns[size_t(d)] = ns;
+  e.summary.has |= uint16_t(1u << size_t(d));
+}
+
+TEST(Tracker13Test, SummaryObservesWhatARetirementDoes) {
+  Harness h;
+  Event e = Summary(T(0), FinishReason::kLength, 812, 256);
+  e.has_max_tokens = true;
+  e.max_tokens = 256;
+  e.has_n = true;
+  e.n = 2;
+  e.summary.cached_tokens = 512;
+  e.summary.max_generation_tokens = 300;
+  e.summary.has = RequestSummaryInfo::kCachedTokens |
+                  RequestSummaryInfo::kMaxGenerationTokens;
+  SetDuration(e, SummaryDuration::kTtft, 41 * kMs);
+  SetDuration(e, SummaryDuration::kQueue, 5 * kMs);
+  SetDuration(e, SummaryDuration::kPrefill, 36 * kMs);
+  SetDuration(e, SummaryDuration::kDecode, 2550 * kMs);
+  SetDuration(e, SummaryDuration::kInference, 2586 * kMs);
+  SetDuration(e, SummaryDuration::kE2e, 2600 * kMs);
+  SetDuration(e, SummaryDuration::kTpot, 10 * kMs);
+  h.Send(h.Core(), e);
+
+  EXPECT_EQ(h.core->children(kRequestSuccess),
+            (std::vector<uint64_t>{0, 1, 0, 0}));
+  const HistExpectation want[] = {
+      {kTimeToFirstToken, 1, double(41 * kMs)},
+      {kRequestQueueTime, 1, double(5 * kMs)},
+      {kRequestPrefillTime, 1, double(36 * kMs)},
+      {kRequestDecodeTime, 1, double(2550 * kMs)},
+      {kRequestInferenceTime, 1, double(2586 * kMs)},
+      {kE2eRequestLatency, 1, double(2600 * kMs)},
+      {kRequestTimePerOutputToken, 1, double(10 * kMs)},
+      {kRequestPromptTokens, 1, 812},
+      {kRequestGenerationTokens, 1, 256},
+      {kRequestParamsMaxTokens, 1, 256},
+      {kRequestParamsN, 1, 2},
+      {kRequestMaxNumGenerationTokens, 1, 300},
+      {kRequestPrefillKvComputedTokens, 1, 300},
+  };
+  uint64_t observations = 0;
+  for (const HistExpectation& w : want) {
+    ExpectHist(*h.core, w.metric, w.count, w.raw_sum);
+    observations += w.count;
+  }
+  // Nothing else: no ITL, no token counters, no preemptions per request,
+  // no request tracked, nothing incomplete; the event counted by kind.
+  EXPECT_EQ(TotalObservations(*h.core), observations);
+  EXPECT_EQ(h.core->count(kPromptTokens), 0u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 0u);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(h.Incomplete(), Intervals({}));
+  EXPECT_EQ(h.stats->events(EventKind::kRequestSummary), 1u);
+  EXPECT_EQ(TotalObservations(*h.front), 0u);
+}
+
+TEST(Tracker13Test, SummaryObservesOnlyWhatItGives) {
+  Harness h;
+  h.Send(h.Core(), Summary(T(0), FinishReason::kAbort, 7, 0));
+  Event e = Summary(T(1), FinishReason::kStop, 3, 1);
+  SetDuration(e, SummaryDuration::kE2e, 0);  // zero is a value
+  h.Send(h.Core(), e);
+  EXPECT_EQ(h.core->children(kRequestSuccess),
+            (std::vector<uint64_t>{1, 0, 1, 0}));
+  ExpectHist(*h.core, kRequestPromptTokens, 2, 10);
+  ExpectHist(*h.core, kRequestGenerationTokens, 2, 1);
+  ExpectHist(*h.core, kE2eRequestLatency, 1, 0);
+  for (EngineMetric m :
+       {kTimeToFirstToken, kRequestQueueTime, kRequestPrefillTime,
+        kRequestDecodeTime, kRequestInferenceTime, kRequestTimePerOutputToken,
+        kRequestParamsMaxTokens, kRequestParamsN,
+        kRequestMaxNumGenerationTokens, kRequestPrefillKvComputedTokens,
+        kRequestNumPreemptions}) {
+    EXPECT_EQ(h.core->hist(m).count(), 0u) << MetricName(m);
+  }
+}
+
+TEST(Tracker13Test, SummaryFollowsEachProfilesOwnFigures) {
+  // SGLang counts tokens and requests at finish; a summary is a finish.
+  Harness sglang(RegistryOptions{}, Profile::kSglang);
+  sglang.Send(sglang.Core(), {Summary(T(0), FinishReason::kStop, 7, 4),
+                              Summary(T(1), FinishReason::kAbort, 5, 0)});
+  EXPECT_EQ(sglang.core->count(kPromptTokensAtFinish), 12u);
+  EXPECT_EQ(sglang.core->count(kGenerationTokensAtFinish), 4u);
+  EXPECT_EQ(sglang.core->count(kNumFinishedRequests), 2u);
+  EXPECT_EQ(sglang.core->count(kNumAbortedRequests), 1u);
+  // LMDeploy: the engine's decode and inference end at its finish, and its
+  // cached tokens per request.
+  Harness lmdeploy(RegistryOptions{}, Profile::kLmdeploy);
+  Event e = Summary(T(0), FinishReason::kStop, 20, 3);
+  SetDuration(e, SummaryDuration::kDecode, 40 * kMs);
+  SetDuration(e, SummaryDuration::kInference, 45 * kMs);
+  e.summary.cached_tokens = 5;
+  e.summary.has |= RequestSummaryInfo::kCachedTokens;
+  lmdeploy.Send(lmdeploy.Core(), e);
+  ExpectHist(*lmdeploy.core, kRequestDecodeToFinish, 1, double(40 * kMs));
+  ExpectHist(*lmdeploy.core, kRequestInferenceToFinish, 1, double(45 * kMs));
+  EXPECT_EQ(lmdeploy.core->hist(kRequestDecodeTime).count(), 0u);
+  ExpectHist(*lmdeploy.core, kRequestCachedTokens, 1, 5);
+  ExpectHist(*lmdeploy.core, kRequestCacheHitRatio, 1, 0.25);
+  // vLLM's series measure none of those.
+  Harness vllm;
+  vllm.Send(vllm.Core(), {e, Summary(T(1), FinishReason::kStop, 7, 4)});
+  EXPECT_EQ(vllm.core->count(kPromptTokensAtFinish), 0u);
+  EXPECT_EQ(vllm.core->hist(kRequestDecodeToFinish).count(), 0u);
+  EXPECT_EQ(vllm.core->hist(kRequestCachedTokens).count(), 0u);
+  ExpectHist(*vllm.core, kRequestDecodeTime, 1, double(40 * kMs));
+}
+
+Event Latencies(uint64_t t, uint32_t begin, uint32_t ttft, uint32_t itl) {
+  Event e{};
+  e.kind = EventKind::kLatencies;
+  e.t_ns = t;
+  e.latencies = LatenciesRef{};
+  e.latencies.begin = begin;
+  e.latencies.ttft_count = ttft;
+  e.latencies.itl_count = itl;
+  return e;
+}
+
+TEST(Tracker13Test, LatenciesObserveEachValueAndAddTheCounts) {
+  Harness h;
+  Batch batch;
+  batch.positions = {99, 40 * kMs, 60 * kMs, 8 * kMs, 9 * kMs, 10 * kMs};
+  Event a = Latencies(T(0), 1, 2, 3);
+  a.latencies.has = LatenciesRef::kPromptTokens |
+                    LatenciesRef::kGenerationTokens |
+                    LatenciesRef::kPreemptions;
+  a.latencies.prompt_tokens = 812;
+  a.latencies.generation_tokens = 5;
+  a.latencies.preemptions = 1;
+  Event b = Latencies(T(1), 3, 0, 1);  // 8 ms again, no counts
+  batch.events = {a, b};
+  h.tracker->ApplyBatch(h.Core(), batch);
+  ExpectHist(*h.core, kTimeToFirstToken, 2, double(100 * kMs));
+  ExpectHist(*h.core, kInterTokenLatency, 4, double(35 * kMs));
+  EXPECT_EQ(CountIn(h.core->hist(kInterTokenLatency), 0.01), 4u);
+  EXPECT_EQ(h.core->count(kPromptTokens), 812u);
+  EXPECT_EQ(h.core->count(kGenerationTokens), 5u);
+  EXPECT_EQ(h.core->count(kNumPreemptions), 1u);
+  EXPECT_EQ(TotalObservations(*h.core), 6u);
+  EXPECT_EQ(h.tracker->size(), 0u);
+  EXPECT_EQ(h.stats->events(EventKind::kLatencies), 2u);
+
+  // SGLang's inter-token latency counts tokens: each value is one.
+  Harness sglang(RegistryOptions{}, Profile::kSglang);
+  sglang.tracker->ApplyBatch(sglang.Core(), batch);
+  ExpectHist(*sglang.core, kInterTokenLatencyPerToken, 4, double(35 * kMs));
+  EXPECT_EQ(sglang.core->hist(kInterTokenLatency).count(), 0u);
+}
+
 }  // namespace
 }  // namespace tokenmeter::daemon
