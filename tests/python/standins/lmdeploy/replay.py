@@ -122,8 +122,10 @@ def workload(seed=20240611, requests=300, rate=40.0, base=0.0,
                    else "finish")
             target = max(1, min(max_new, int(rng.lognormvariate(4.0, 0.8))))
             seq = _Seq(tl, target, cached, end)
-            seq.events.append(EngineEvent(EventType.QUEUED, base + (
-                tl.arrival + rng.uniform(0.0001, 0.001))))
+            # Queued by the engine shortly after it arrived, and never
+            # after the step that may schedule it.
+            seq.events.append(EngineEvent(EventType.QUEUED, base + min(
+                tl.arrival + rng.uniform(0.0001, 0.001), now)))
             waiting.append(seq)
         while now >= next_sample:
             samples.append((next_sample, ScheduleMetrics(
