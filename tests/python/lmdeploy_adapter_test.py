@@ -560,7 +560,9 @@ class Clock(unittest.TestCase):
         x = 1_700_000_000 + 3 * 2.0 ** -22
         self.assertEqual(c.to_mono_ns(x),
                          round(3 * 2.0 ** -22 * 1e9) + 10)
-        self.assertEqual(tm_lmdeploy._wall_to_ns(0.5), 500_000_000)
+        # Far from the measurement's second, still to the nanosecond.
+        self.assertEqual(c.to_mono_ns(1_700_000_000 - 1000 + 0.5),
+                         10 - 999_500_000_000)
 
     def test_resync_after_resync_s_and_steps_counted(self):
         t = {"mono": 0, "wall": 1_000_000_000_000}

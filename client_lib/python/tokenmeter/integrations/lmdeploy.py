@@ -36,7 +36,6 @@ docs/integrations.md ("LMDeploy") has the whole story.
 """
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -57,14 +56,6 @@ _NS_PER_S = 1_000_000_000
 # tokenmeter's. Only FINISH reaches record_finish() in LMDeploy 0.16.0;
 # the others are here for a later LMDeploy that reports them too.
 _REASONS = {"FINISH": "stop", "CANCEL": "abort"}
-
-
-def _wall_to_ns(wall_s):
-    """A float of wall-clock seconds to integer nanoseconds, exactly (the
-    integer part and the fraction converted apart: no rounding beyond the
-    float's own)."""
-    whole = math.floor(wall_s)
-    return int(whole) * _NS_PER_S + round((wall_s - whole) * 1e9)
 
 
 class WallClock:
@@ -96,7 +87,6 @@ class WallClock:
         self.bound_ns = 0
         self.syncs = 0
         self.steps = 0
-        self._synced_ns = 0
         self.sync()
 
     def sync(self):
@@ -118,26 +108,35 @@ class WallClock:
                           (offset - self.offset_ns) / 1e6)
         self.offset_ns = offset
         self.bound_ns = (width + 1) // 2
-        self._synced_ns = at
+        self._next_sync_ns = at + self._resync_ns
+        # The anchor: a whole second of wall time near now, exact as a
+        # float, and its monotonic ns. A stamp minus the anchor is exact
+        # (two doubles within a factor of 2 of each other), so the
+        # conversion rounds only once, to the nanosecond.
+        whole = (at + offset) // _NS_PER_S  # wall seconds at `at`
+        self._anchor_s = float(whole)
+        self._anchor_ns = whole * _NS_PER_S - offset
         self.syncs += 1
         return offset, self.bound_ns
 
     def to_mono_ns(self, wall_s):
         """LMDeploy's wall-clock seconds (time.time()) to CLOCK_MONOTONIC
-        ns, re-measuring the offset first when resync_s has passed."""
-        if self._mono_ns() - self._synced_ns >= self._resync_ns:
+        ns, re-measuring the offset first when resync_s has passed. About
+        0.2 us."""
+        if self._mono_ns() >= self._next_sync_ns:
             self.sync()
-        return _wall_to_ns(wall_s) - self.offset_ns
+        return self._anchor_ns + round((wall_s - self._anchor_s) * 1e9)
 
 
 # tokenmeter's largest duration (protocol 1.3: 2^48 - 1 ns, 78 hours).
 _MAX_DURATION_NS = (1 << 48) - 1
+_MAX_DURATION_S = _MAX_DURATION_NS / 1e9
 
 
 def _duration_ns(seconds):
     """LMDeploy's interval in float seconds to ns, or None when it is not a
     non-negative figure tokenmeter can carry (NaN, negative, over 78 h)."""
-    if seconds is None or not 0 <= seconds <= _MAX_DURATION_NS / 1e9:
+    if seconds is None or not 0 <= seconds <= _MAX_DURATION_S:
         return None
     return round(seconds * 1e9)
 
@@ -192,18 +191,26 @@ class TokenmeterStatLogger:
     def record_iteration(self, stats):
         try:
             t = self.clock.to_mono_ns(stats.iteration_timestamp)
+            # LMDeploy observes a latency only when it is truthy (its first
+            # output has a ttft, the others an itl). Its tpot is itl / new
+            # tokens: tokenmeterd's lmdeploy profile computes it so from
+            # this one ITL and the generation count.
             ttft = itl = ()
-            # LMDeploy observes a latency only when it is truthy. Its tpot
-            # is itl / new_generation_tokens: tokenmeterd's lmdeploy profile
-            # computes it so from this one ITL and the generation count.
-            if stats.ttft:
-                ttft = self._latency(stats.ttft)
-            if stats.itl:
-                itl = self._latency(stats.itl)
-            self.client.latencies(ttft, itl, t,
-                                  prompt_tokens=int(stats.prompt_tokens),
-                                  generation_tokens=int(
-                                      stats.new_generation_tokens))
+            x = stats.ttft
+            if x:
+                if 0.0 <= x <= _MAX_DURATION_S:
+                    ttft = (round(x * 1e9),)
+                else:
+                    self.skipped += 1
+            x = stats.itl
+            if x:
+                if 0.0 <= x <= _MAX_DURATION_S:
+                    itl = (round(x * 1e9),)
+                else:
+                    self.skipped += 1
+            self.client.latencies(
+                ttft, itl, t, prompt_tokens=stats.prompt_tokens,
+                generation_tokens=stats.new_generation_tokens)
         except Exception as e:  # noqa: BLE001
             self._failed("record_iteration", e)
 
@@ -212,12 +219,17 @@ class TokenmeterStatLogger:
             if stats.num_drafts <= 0:
                 return
             per_pos = stats.num_accepted_tokens_per_pos
+            if per_pos is not None:
+                # LMDeploy's is a numpy array of floats: tolist() is the
+                # cheap way to Python numbers.
+                tolist = getattr(per_pos, "tolist", None)
+                per_pos = [int(n) for n in (per_pos if tolist is None
+                                            else tolist())]
             self.client.step(
                 spec_drafts=int(stats.num_drafts),
                 spec_draft_tokens=int(stats.num_draft_tokens),
                 spec_accepted_tokens=int(stats.num_accepted_tokens),
-                spec_accepted_per_pos=(None if per_pos is None
-                                       else [int(n) for n in per_pos]))
+                spec_accepted_per_pos=per_pos)
         except Exception as e:  # noqa: BLE001
             self._failed("record_specdecode", e)
 
@@ -272,13 +284,6 @@ class TokenmeterStatLogger:
                 "skipped": self.skipped, "clock_syncs": self.clock.syncs,
                 "clock_steps": self.clock.steps,
                 "clock_bound_ns": self.clock.bound_ns}
-
-    def _latency(self, seconds):
-        ns = _duration_ns(seconds)
-        if ns is None:
-            self.skipped += 1
-            return ()
-        return (ns,)
 
     def _interval(self, start, end):
         """end - start as LMDeploy computes it, in ns; None (not sent) when
