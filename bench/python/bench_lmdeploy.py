@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.join(SRC, "tests", "python", "standins",
 sys.path.insert(0, os.path.join(SRC, "tests", "testutil"))
 
 import tokenmeter  # noqa: E402
+from bench_shim import SINK  # noqa: E402 (the socket reader that discards)
 import tokenmeter.integrations.lmdeploy as tm_lmdeploy  # noqa: E402
 import replay  # noqa: E402
 from lmdeploy.messages import PytorchEngineConfig, SpeculativeConfig  # noqa
@@ -58,18 +59,6 @@ from lmdeploy.serve.core import AsyncEngine  # noqa: E402
 
 METHODS = ("record_iteration", "record_specdecode", "record_finish",
            "record_schedule")
-SINK = r"""
-import socket, sys, threading
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(sys.argv[1]); s.listen(8)
-print("ready", flush=True)
-def drain(c):
-    while c.recv(1 << 20):
-        pass
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"""
 
 
 class Recorder:
