@@ -90,6 +90,7 @@
 #include "daemon/ingest/ingest_server.h"
 #include "daemon/ingest/tracker.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/requests/request_keeper.h"
 #include "daemon/store/registry.h"
 #include "spdlog/spdlog.h"
 
@@ -116,6 +117,11 @@ struct Options {
   // --daemon-arg ARG (repeatable): appended to tokenmeterd's command line
   // (e.g. --otlp-endpoint URL --trace-ratio 1 for the tracing cost).
   std::vector<std::string> daemon_args;
+  // --inproc-keep-requests N: the inproc receiver's tracker gets the
+  // requests API's keeper as the daemon's --keep-requests N adds it (0:
+  // none, as PipelineOptions{} has it), so that an instruction-count run
+  // (cachegrind on the inproc child) sees what the API adds per event.
+  uint64_t inproc_keep_requests = 0;
 };
 
 // The metric prefix and the names the verification reads, per profile.
@@ -530,6 +536,13 @@ void InprocPrepare(uv_prepare_t* h) {
            .ok()) {
     Die("Pipeline::Create");
   }
+  std::unique_ptr<td::requests::RequestKeeper> keeper;
+  if (o.inproc_keep_requests != 0) {
+    td::requests::RequestKeeperOptions keep;
+    keep.keep = o.inproc_keep_requests;
+    keeper = std::make_unique<td::requests::RequestKeeper>(keep);
+    pipeline->tracker().AddTimelineSink(keeper.get());
+  }
   td::IngestStats& stats = pipeline->stats();
   td::IngestServer& ingest = pipeline->server();
   const td::Status st = ingest.Listen(path);
@@ -916,7 +929,8 @@ int Usage() {
       "         [--requests N] [--batch N] [--reps N]\n"
       "         [--receivers ceiling,daemon,inproc] [--receiver-cpu N]\n"
       "         [--sender-cpu N] [--profile vllm|sglang|lmdeploy]\n"
-      "         [--label-values N] [--daemon-arg ARG]...\n");
+      "         [--label-values N] [--daemon-arg ARG]...\n"
+      "         [--inproc-keep-requests N]\n");
   return 2;
 }
 
@@ -950,6 +964,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--label-values") {
       o.label_values = uint32_t(std::strtoul(v, nullptr, 10));
+    } else if (a == "--inproc-keep-requests") {
+      o.inproc_keep_requests = std::strtoull(v, nullptr, 10);
     } else if (a == "--daemon-arg") {
       o.daemon_args.emplace_back(v);
     } else if (a == "--receivers") {

@@ -9,14 +9,15 @@
 // ticks are found by walking its chain from the handle at retirement. The
 // ring holds the newest kCapacity ticks of all requests (16 MB, touched as
 // it fills): a tick older than that is gone, so a request keeps its
-// newest ticks, and its count says how many it had.
+// newest ticks.
 //
 // A budget bounds what the ring costs the event path at peak ingest: at
 // most kTicksPerRefill ticks are written between two Refill()s (the
-// tracker's sweep, every 100 ms: 200 000 ticks a second); past that a tick
-// is only counted (a store to the request's handle), so that even at
-// millions of TOKENS a second the ring's writes stay a small, bounded
-// share of the loop.
+// tracker's sweep, every 100 ms: 200 000 ticks a second); past that the
+// caller's check of writing() fails and a tick costs nothing at all (not
+// even a count: a request's timeline says how many of its tokens have no
+// tick shown, from its token count), so that even at millions of TOKENS a
+// second the ring stays a small, bounded share of the loop.
 //
 // Single-threaded: the daemon's loop (the tracker's).
 #ifndef TOKENMETER_DAEMON_INGEST_TICK_LOG_H_
@@ -41,33 +42,30 @@ class TickLog {
  public:
   static constexpr uint64_t kCapacity = uint64_t{1} << 20;
   static constexpr uint64_t kTicksPerRefill = 20'000;
-  // A request's handle: 0 for none; else its tick count (saturating) in the
-  // high 24 bits, kHasEntry when a tick of it was written, and then the
-  // newest written tick's sequence number (modulo 2^39) in the low 39.
-  static constexpr int kCountShift = 40;
+  // A request's handle: 0 for none; else kHasEntry and the newest written
+  // tick's sequence number (modulo 2^39) in the low 39 bits.
   static constexpr uint64_t kHasEntry = uint64_t{1} << 39;
   static constexpr uint64_t kSeqMask = kHasEntry - 1;
-  static constexpr uint64_t kMaxCount = (uint64_t{1} << 24) - 1;
 
-  // Allocates the ring (untouched until used). Call before Append().
-  // Collect() on the loop's thread after Append() sees its stores (the
-  // non-temporal stores are ordered with the same thread's loads).
+  // Allocates the ring (untouched until used) and gives the first budget;
+  // until then writing() is false. Collect() on the loop's thread after
+  // Append() sees its stores (the non-temporal stores are ordered with the
+  // same thread's loads).
   void Enable() {
-    if (!entries_)
+    if (!entries_) {
       entries_ = std::make_unique_for_overwrite<Entry[]>(kCapacity);
+      budget_ = kTicksPerRefill;
+    }
   }
   bool enabled() const { return entries_ != nullptr; }
 
-  // Appends a tick of the request whose handle is `handle` (updated), or,
-  // with the budget spent, only counts it. Cost: a few stores; never
-  // fails.
+  // Whether Append() may be called: enabled and budget left. The event
+  // path's one check (a load and a branch).
+  bool writing() const { return budget_ != 0; }
+
+  // Appends a tick of the request whose handle is `handle` (updated).
+  // Only while writing(). Cost: a few stores; never fails.
   void Append(uint64_t& handle, uint64_t t_ns, uint64_t n) {
-    uint64_t count = handle >> kCountShift;
-    if (count < kMaxCount) ++count;
-    if (budget_ == 0) [[unlikely]] {
-      handle = (count << kCountShift) | (handle & (kHasEntry | kSeqMask));
-      return;
-    }
     --budget_;
     const uint64_t seq = next_ & kSeqMask;
     uint32_t back = 0;
@@ -89,20 +87,23 @@ class TickLog {
     e.t_ns = t_ns;
     e.n_back = n_back;
 #endif
-    handle = (count << kCountShift) | kHasEntry | seq;
+    handle = kHasEntry | seq;
     ++next_;
   }
 
-  // A new budget of kTicksPerRefill writes (what is left is not carried).
-  void Refill() { budget_ = kTicksPerRefill; }
+  // A new budget of kTicksPerRefill writes (what is left is not carried);
+  // nothing before Enable().
+  void Refill() {
+    if (entries_) budget_ = kTicksPerRefill;
+  }
 
-  // Appends to *out (oldest first) the newest ticks of the request, at most
-  // `max`, that the ring still holds; returns how many ticks it had in all
-  // (saturating at kMaxCount). Cost: O(ticks collected).
+  // Appends to *out (oldest first) the newest written ticks of the
+  // request, at most `max`, that the ring still holds; returns the sum of
+  // their token counts. Cost: O(ticks collected).
   uint64_t Collect(uint64_t handle, size_t max,
                    std::vector<trace::TokenTick>* out) const {
-    const uint64_t count = handle >> kCountShift;
-    if ((handle & kHasEntry) == 0 || !entries_) return count;
+    uint64_t tokens = 0;
+    if ((handle & kHasEntry) == 0 || !entries_) return tokens;
     const size_t first = out->size();
     uint64_t seq = handle & kSeqMask;
     while (out->size() - first < max) {
@@ -110,12 +111,13 @@ class TickLog {
       if (age == 0 || age > kCapacity) break;         // overwritten
       const Entry& e = entries_[seq & (kCapacity - 1)];
       out->push_back({e.t_ns, uint32_t(e.n_back)});
+      tokens += uint32_t(e.n_back);
       const uint32_t back = uint32_t(e.n_back >> 32);
       if (back == 0) break;
       seq = (seq - back) & kSeqMask;
     }
     std::reverse(out->begin() + std::ptrdiff_t(first), out->end());
-    return count;
+    return tokens;
   }
 
  private:
@@ -127,8 +129,8 @@ class TickLog {
     uint64_t n_back;
   };
   std::unique_ptr<Entry[]> entries_;
-  uint64_t next_ = 0;  // ticks written so far
-  uint64_t budget_ = kTicksPerRefill;
+  uint64_t next_ = 0;    // ticks written so far
+  uint64_t budget_ = 0;  // writes left until the next Refill()
 };
 
 }  // namespace tokenmeter::daemon

@@ -264,7 +264,7 @@ Tracker::Key Tracker::MakeKey(const KeyView& v) {
   return key;
 }
 
-Tracker::KeyView Tracker::ViewOf(uint64_t space, const RequestId& rid) {
+inline Tracker::KeyView Tracker::ViewOf(uint64_t space, const RequestId& rid) {
   KeyView view{space, rid.number, {}};
   if (rid.is_string) {
     view.num = HashBytes(rid.text);
@@ -646,7 +646,7 @@ void Tracker::OnScheduled(const Source& src, Request& r) {
 }
 
 void Tracker::OnTokens(const Source& src, const Event& ev, Request& r) {
-  if (token_ticks_) [[unlikely]] {
+  if (ticks_.writing()) [[unlikely]] {
     ticks_.Append(r.ticks, ev.t_ns, ev.count);
   }
   EngineSeries& s = *src.series;
@@ -750,11 +750,11 @@ void Tracker::HandOver(Request& r, bool evicted) {
   std::unique_ptr<trace::RequestTimeline> tl =
       e != nullptr && e->timeline ? std::move(e->timeline)
                                   : std::make_unique<trace::RequestTimeline>();
-  if (r.ticks != 0) {
-    const uint64_t all = ticks_.Collect(
+  if (token_ticks_) {
+    const uint64_t shown = ticks_.Collect(
         r.ticks, trace::RequestTimeline::kMaxTokenTicks, &tl->tokens);
-    tl->token_ticks_dropped =
-        uint32_t(std::min<uint64_t>(all - tl->tokens.size(), UINT32_MAX));
+    tl->tokens_not_shown =
+        uint32_t(r.generation_tokens > shown ? r.generation_tokens - shown : 0);
   }
   const Key& k = *r.key;
   if (k.len != 0) {

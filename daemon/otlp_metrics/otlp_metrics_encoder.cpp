@@ -1,7 +1,9 @@
 #include "daemon/otlp_metrics/otlp_metrics_encoder.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "daemon/base/json_write.h"
@@ -349,52 +351,58 @@ void OtlpMetricsEncoder::ExponentialPoint(const SampleLabels& labels,
     point_.append(",\"zeroCount\":");
     JsonQuotedInt(&point_, n.zero_count());
   }
+  // One pass per sign over the populated buckets: the packed counts (gaps
+  // as zeros) written straight into packed_ (protobuf) or point_ (JSON).
+  // Prometheus bucket k is OTLP bucket k - 1 (see the header).
   for (const bool positive : {true, false}) {
-    buckets_.clear();
-    n.ForEachBucket(positive, [this](int32_t index, uint64_t count) {
-      buckets_.emplace_back(index, count);
-    });
-    if (buckets_.empty()) continue;
-    // Prometheus bucket k is OTLP bucket k - 1 (see the header).
-    const int32_t offset = buckets_.front().first - 1;
-    const int32_t last = buckets_.back().first - 1;
+    bool any = false;
+    int32_t first = 0;
+    int32_t next = 0;  // the Prometheus index whose count comes next
     if (!json_) {
-      size_t packed = 0;
-      {
-        int32_t next = offset;
-        for (const auto& [index, count] : buckets_) {
-          packed += size_t(index - 1 - next) + VarintSize(count);
-          next = index;
+      size_t len = 0;
+      n.ForEachBucket(positive, [&](int32_t index, uint64_t count) {
+        if (!any) {
+          any = true;
+          first = next = index;
         }
-      }
+        const size_t gap = size_t(index - next);
+        if (packed_.size() < len + gap + 10) {
+          packed_.resize(std::max(2 * packed_.size(), len + gap + 10));
+        }
+        char* p = packed_.data() + len;
+        std::memset(p, 0, gap);
+        len = size_t(PutVarint(p + gap, count) - packed_.data());
+        next = index + 1;
+      });
+      if (!any) continue;
+      const int32_t offset = first - 1;
       const uint64_t zz = ZigZag32(offset);
       const size_t body =
-          (zz != 0 ? 1 + VarintSize(zz) : 0) + LenFieldSize(packed);
+          (zz != 0 ? 1 + VarintSize(zz) : 0) + LenFieldSize(len);
       AppendExact(&point_, LenFieldSize(body), [&](char* p) {
         p = PutMessageHeader(p, positive ? kExpPositive : kExpNegative, body);
         if (zz != 0) p = PutVarintField(p, kBucketsOffset, zz);
-        p = PutMessageHeader(p, kBucketsCounts, packed);
-        int32_t next = offset;  // the OTLP index to write next
-        for (const auto& [index, count] : buckets_) {
-          for (; next < index - 1; ++next) *p++ = 0;
-          p = PutVarint(p, count);
-          next = index;
-        }
-        return p;
+        p = PutMessageHeader(p, kBucketsCounts, len);
+        std::memcpy(p, packed_.data(), len);
+        return p + len;
       });
     } else {
-      point_.append(positive ? ",\"positive\":{\"offset\":"
-                             : ",\"negative\":{\"offset\":");
-      JsonInt(&point_, offset);
-      point_.append(",\"bucketCounts\":[");
-      int32_t next = offset;
-      for (const auto& [index, count] : buckets_) {
-        for (; next < index - 1; ++next) point_.append("\"0\",");
+      n.ForEachBucket(positive, [&](int32_t index, uint64_t count) {
+        if (!any) {
+          any = true;
+          next = index;
+          point_.append(positive ? ",\"positive\":{\"offset\":"
+                                 : ",\"negative\":{\"offset\":");
+          JsonInt(&point_, index - 1);
+          point_.append(",\"bucketCounts\":[");
+        } else {
+          point_.push_back(',');
+        }
+        for (; next < index; ++next) point_.append("\"0\",");
         JsonQuotedInt(&point_, count);
-        if (next != last) point_.push_back(',');
-        next = index;
-      }
-      point_.append("]}");
+        next = index + 1;
+      });
+      if (any) point_.append("]}");
     }
   }
   if (!json_) {

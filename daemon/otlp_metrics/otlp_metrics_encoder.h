@@ -204,8 +204,9 @@ class OtlpMetricsEncoder final : public MetricWriter {
   std::string metrics_;   // every finished Metric
   std::string metadata_;  // one Metric's metadata field
   std::string body_;
-  // One sign's native buckets (index, count), for the dense counts.
-  std::vector<std::pair<int32_t, uint64_t>> buckets_;
+  // One sign's packed bucket counts (grown, never shrunk: no allocation
+  // per point once it fits the widest histogram).
+  std::string packed_;
   size_t data_points_ = 0;
   size_t metrics_count_ = 0;
 };

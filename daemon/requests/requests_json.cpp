@@ -191,8 +191,8 @@ void AppendRequest(std::string& out, const KeptRequest& k,
     AppendUint(out, t.tokens[i].n);
     out += ']';
   }
-  out += "],\"token_ticks_dropped\":";
-  AppendUint(out, t.token_ticks_dropped);
+  out += "],\"tokens_not_shown\":";
+  AppendUint(out, t.tokens_not_shown);
   out += ",\"traceparent\":";
   AppendStringOrNull(out, t.traceparent);
   out += ",\"tracestate\":";

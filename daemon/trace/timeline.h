@@ -78,11 +78,12 @@ struct RequestTimeline {
   std::vector<Preemption> preemptions;
   std::vector<KvTransfer> kv_transfers;
   // The TOKENS events in arrival order: the newest kMaxTokenTicks (fewer
-  // when the tracker's tick log no longer held the older ones); those not
-  // here are counted in token_ticks_dropped.
+  // when the tracker's tick log no longer held the older ones or skipped
+  // them past its budget); tokens_not_shown: the generated tokens whose
+  // TOKENS events are not here (generation_tokens less theirs).
   static constexpr size_t kMaxTokenTicks = 4096;
   std::vector<TokenTick> tokens;
-  uint32_t token_ticks_dropped = 0;
+  uint32_t tokens_not_shown = 0;
 
   // ARRIVED's W3C trace context; empty: none.
   std::string traceparent;

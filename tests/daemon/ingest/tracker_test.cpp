@@ -1932,28 +1932,54 @@ TEST(TrackerTimelineTest, HandsOverTheWholeTimelineAtRetirement) {
   EXPECT_EQ(t.kv_transfers[2].end_ns, T(150));
 }
 
-TEST(TrackerTimelineTest, CapsTokenTicksAndHandsOverEvictedRequests) {
-  TrackerOptions o;
-  o.idle_timeout_ns = 10 * kSecond;
-  Harness h(o);
-  TimelineCollector sink;
-  h.tracker->AddTimelineSink(&sink);
-  h.Send(h.Core(), Arrived(T(0), Rid(7), 5));
-  const size_t n = trace::RequestTimeline::kMaxTokenTicks + 10;
-  for (size_t i = 0; i < n; ++i) {
-    h.Send(h.Core(), Tokens(T(1) + i, Rid(7), 1));
+// Request 7 arrives and sends `events` TOKENS of `n` tokens each, 1 ns
+// apart, within one sweep; it never finishes and is evicted idle.
+struct TokenFlood {
+  TokenFlood(size_t events, uint64_t n) : h(Options()) {
+    h.tracker->AddTimelineSink(&sink);
+    h.Send(h.Core(), Arrived(T(0), Rid(7), 5));
+    for (size_t i = 0; i < events; ++i) {
+      h.Send(h.Core(), Tokens(T(1) + i, Rid(7), n));
+    }
+    h.AdvanceAndSweep(3600 * kSecond);
   }
-  h.AdvanceAndSweep(3600 * kSecond);  // never finished: evicted idle
-  ASSERT_EQ(sink.got.size(), 1u);
-  EXPECT_TRUE(sink.evicted_flags[0]);
-  const trace::RequestTimeline& t = *sink.got[0];
+  static TrackerOptions Options() {
+    TrackerOptions o;
+    o.idle_timeout_ns = 10 * kSecond;
+    return o;
+  }
+  TimelineCollector sink;  // outlives the tracker's use of it
+  Harness h;
+};
+
+TEST(TrackerTimelineTest, CapsTokenTicksAndHandsOverEvictedRequests) {
+  const size_t n = trace::RequestTimeline::kMaxTokenTicks + 10;
+  TokenFlood f(n, 1);
+  ASSERT_EQ(f.sink.got.size(), 1u);
+  EXPECT_TRUE(f.sink.evicted_flags[0]);
+  const trace::RequestTimeline& t = *f.sink.got[0];
   EXPECT_EQ(t.request_id, "7");
   EXPECT_FALSE(t.string_id);
   EXPECT_EQ(t.tokens.size(), trace::RequestTimeline::kMaxTokenTicks);
-  EXPECT_EQ(t.token_ticks_dropped, 10u);
+  EXPECT_EQ(t.tokens_not_shown, 10u);
   EXPECT_EQ(t.generation_tokens, n);
   EXPECT_EQ(t.finished_ns, 0u);
   EXPECT_TRUE(t.finish_reason.empty());
+}
+
+// Past the tick log's budget (TickLog::kTicksPerRefill between sweeps) a
+// TOKENS event writes no tick; the timeline's newest ticks are then the
+// last written ones, and tokens_not_shown counts every token without one.
+TEST(TrackerTimelineTest, TicksPastTheBudgetAreSkippedAndCountedAsTokens) {
+  const size_t n = TickLog::kTicksPerRefill + 5;
+  TokenFlood f(n, 2);
+  ASSERT_EQ(f.sink.got.size(), 1u);
+  const trace::RequestTimeline& t = *f.sink.got[0];
+  ASSERT_EQ(t.tokens.size(), trace::RequestTimeline::kMaxTokenTicks);
+  EXPECT_EQ(t.tokens.back().t_ns, T(1) + TickLog::kTicksPerRefill - 1);
+  EXPECT_EQ(t.generation_tokens, 2 * n);
+  EXPECT_EQ(t.tokens_not_shown,
+            2 * (n - trace::RequestTimeline::kMaxTokenTicks));
 }
 
 // A sink that does not want token ticks (the tracer's) gets the points

@@ -69,7 +69,7 @@ TEST(RequestsJsonTest, SmallRequestByteForByte) {
       "false},"
       "{\"name\":\"decode\",\"start_ns\":5000,\"end_ns\":9500,\"error\":"
       "false}],\"preemptions\":[],\"kv_transfers\":[],"
-      "\"tokens\":[[5000,1],[9000,1]],\"token_ticks_dropped\":0,"
+      "\"tokens\":[[5000,1],[9000,1]],\"tokens_not_shown\":0,"
       "\"traceparent\":null,\"tracestate\":null,\"trace_id\":null}]}]}\n");
 }
 
