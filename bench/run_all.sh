@@ -28,7 +28,8 @@
 #               table says its buildtype).
 #   --quick     tiny counts (seconds): the whole table's shape, noisy
 #               figures (tests/scripts/run_all_quick_test.py runs it).
-# Environment: ROUNDS (3; quick 1), EVENTS (20000000; quick 200000),
+# Environment: ROUNDS (3; quick 1), EVENTS (20000000; quick 200000), GO
+#   (the go command, default go; bench/go/build.sh),
 #   RECEIVER_CPU=0 SENDER_CPU=1, OUT (a folder to keep the raw outputs in;
 #   default a temporary one, removed at the end).
 #
@@ -92,10 +93,10 @@ print(o["buildtype"], o["b_ndebug"])')" != "release true" ]]; then
   done
   ninja -C "$build" "${have[@]}" >/dev/null
   grep -qxF "$native" <<<"$known" || py_build=(none)
+  "$src/bench/go/build.sh" "$build/bench/go" || [[ $? == 77 ]]
 else
   [[ -f "$build/$native" ]] || py_build=(none)
   py_build+=(NO_BUILD=1)
-  "$src/bench/go/build.sh" "$build/bench/go" || [[ $? == 77 ]]
 fi
 
 out="${OUT:-}"
@@ -141,13 +142,9 @@ print(next(x["value"] for x in json.load(sys.stdin) if x["name"] == "buildtype")
 
 peers="$build/bench/go/peers_bench"
 if [[ ! -x "$peers" ]]; then
-  if command -v go >/dev/null 2>&1; then
+  if "$src/bench/go/build.sh" --check 2>"$out/go_missing.txt"; then
     echo "peers_bench not built (bench/go/build.sh $build/bench/go)" \
       >"$out/go_missing.txt"
-  else
-    echo "go not found (Debian: golang-go," \
-      "golang-github-prometheus-client-golang-dev," \
-      "golang-github-victoriametrics-metrics-dev)" >"$out/go_missing.txt"
   fi
 fi
 

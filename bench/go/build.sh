@@ -8,6 +8,10 @@
 #
 # Usage: bench/go/build.sh OUT_DIR
 #   writes OUT_DIR/peers_bench; Go's build cache is OUT_DIR/go-cache.
+#        bench/go/build.sh --check
+#   only checks that go and the packages are here (exit 0 or 77).
+# Environment: GO (the go command, default go), TM_GOPATH (default
+#   /usr/share/gocode, where Debian's golang-*-dev packages put sources).
 # Exit status: 0 built; 77 when go or one of the packages is missing (a line
 # on stderr says which: the caller leaves the Go peers out); 1 when the
 # build itself fails.
@@ -16,9 +20,10 @@ set -euo pipefail
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:?usage: bench/go/build.sh OUT_DIR}"
 gopath="${TM_GOPATH:-/usr/share/gocode}"
+go="${GO:-go}"
 
-if ! command -v go >/dev/null 2>&1; then
-  echo "bench/go: go not found (Debian: golang-go): the Go peers are left out" >&2
+if ! command -v "$go" >/dev/null 2>&1; then
+  echo "bench/go: $go not found (Debian: golang-go): the Go peers are left out" >&2
   exit 77
 fi
 for pkg in github.com/prometheus/client_golang/prometheus \
@@ -31,9 +36,10 @@ for pkg in github.com/prometheus/client_golang/prometheus \
     exit 77
   fi
 done
+[[ "$out" == --check ]] && exit 0
 
 mkdir -p "$out/go-cache"
 out="$(cd "$out" && pwd)"
 cd "$src"
 GOPATH="$gopath" GO111MODULE=off GOFLAGS= GOPROXY=off GOCACHE="$out/go-cache" \
-  go build -o "$out/peers_bench" .
+  "$go" build -o "$out/peers_bench" .
