@@ -190,9 +190,10 @@ run i "$out/ingest.txt" "$build/bench/daemon/daemon_ingest_bench" \
 
 if [[ "${py_build[0]:-}" != none ]]; then
   echo "run_all: python (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  run p "$out/python.txt" env "${py_build[@]}" \
-    "$src/bench/python/run_bench_shim.sh" "$build" -- "${py_args[@]}" \
-    --json "$out/python.json"
+  py_cmd=("$src/bench/python/run_bench_shim.sh" "$build" -- "${py_args[@]}"
+          --json "$out/python.json")
+  if ((${#py_build[@]})); then py_cmd=(env "${py_build[@]}" "${py_cmd[@]}"); fi
+  run p "$out/python.txt" "${py_cmd[@]}"
 else
   echo "tokenmeter._native not built in $build (python3-dev)" \
     >"$out/python_missing.txt"

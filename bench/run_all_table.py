@@ -16,6 +16,7 @@ benchmark dropped events, an ingest run was void, the Python run invalid).
 """
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -31,33 +32,81 @@ import client_bench_summary as cbs  # noqa: E402
 # figure by another.
 ROWS = [
     # client: ns per call, CPU time of the calling thread(s)
-    ("tm_tokens_caller_1t", "`tm_tokens`, caller `t_ns`, 1 thread: vs 15 ns", "ns", "c", "<=", 1.0),
-    ("tm_tokens_caller_2t", "`tm_tokens`, caller `t_ns`, 2 threads: vs 15 ns", "ns", "c", "<=", 1.0),
-    ("tm_tokens_now_1t", "`tm_tokens`, `t_ns = 0` (now), 1 thread: vs 35 ns", "ns", "c", "<=", 1.0),
-    ("tm_tokens_now_clock", "`tm_tokens` now / `clock_gettime` alone", "ns", "c", None, None),
-    ("tm_tokens_shared_static", "`tm_tokens` caller, shared / static library", "ns", "c s", None, None),
-    ("prometheus_cpp_observe_1t", "prometheus-cpp `Observe` / `tm_tokens`, 1 thread", "ns", "c", ">=", 1.8),
-    ("prometheus_cpp_observe_2t", "prometheus-cpp `Observe` / `tm_tokens`, 2 threads (one child)", "ns", "c", ">=", 1.8),
-    ("client_golang_classic_1t", "client_golang `Observe` classic / `tm_tokens`, 1 goroutine", "ns", "c go", ">=", 1.8),
-    ("client_golang_classic_2t", "client_golang `Observe` classic / `tm_tokens`, 2 goroutines (one child)", "ns", "c go", ">=", 1.8),
-    ("client_golang_native_1t", "client_golang `Observe` native / `tm_tokens`, 1 goroutine", "ns", "c go", ">=", 1.8),
-    ("client_golang_native_2t", "client_golang `Observe` native / `tm_tokens`, 2 goroutines (one child)", "ns", "c go", ">=", 1.8),
-    ("victoriametrics_1t", "VictoriaMetrics `Update` / `tm_tokens`, 1 goroutine", "ns", "c go", ">=", 1.8),
-    ("victoriametrics_2t", "VictoriaMetrics `Update` / `tm_tokens`, 2 goroutines (one child)", "ns", "c go", ">=", 1.8),
+    ("tm_tokens_caller_1t",
+     "`tm_tokens`, caller `t_ns`, 1 thread: vs 15 ns",
+     "ns", "c", "<=", 1.0),
+    ("tm_tokens_caller_2t",
+     "`tm_tokens`, caller `t_ns`, 2 threads: vs 15 ns",
+     "ns", "c", "<=", 1.0),
+    ("tm_tokens_now_1t",
+     "`tm_tokens`, `t_ns = 0` (now), 1 thread: vs 35 ns",
+     "ns", "c", "<=", 1.0),
+    ("tm_tokens_now_clock",
+     "`tm_tokens` now / `clock_gettime` alone",
+     "ns", "c", None, None),
+    ("tm_tokens_shared_static",
+     "`tm_tokens` caller, shared / static library",
+     "ns", "c s", None, None),
+    ("prometheus_cpp_observe_1t",
+     "prometheus-cpp `Observe` / `tm_tokens`, 1 thread",
+     "ns", "c", ">=", 1.8),
+    ("prometheus_cpp_observe_2t",
+     "prometheus-cpp `Observe` / `tm_tokens`, 2 threads (one child)",
+     "ns", "c", ">=", 1.8),
+    ("client_golang_classic_1t",
+     "client_golang `Observe` classic / `tm_tokens`, 1 goroutine",
+     "ns", "c go", ">=", 1.8),
+    ("client_golang_classic_2t",
+     "client_golang `Observe` classic / `tm_tokens`, 2 goroutines (one child)",
+     "ns", "c go", ">=", 1.8),
+    ("client_golang_native_1t",
+     "client_golang `Observe` native / `tm_tokens`, 1 goroutine",
+     "ns", "c go", ">=", 1.8),
+    ("client_golang_native_2t",
+     "client_golang `Observe` native / `tm_tokens`, 2 goroutines (one child)",
+     "ns", "c go", ">=", 1.8),
+    ("victoriametrics_1t",
+     "VictoriaMetrics `Update` / `tm_tokens`, 1 goroutine",
+     "ns", "c go", ">=", 1.8),
+    ("victoriametrics_2t",
+     "VictoriaMetrics `Update` / `tm_tokens`, 2 goroutines (one child)",
+     "ns", "c go", ">=", 1.8),
     # ingest: M events per CPU-second of the receiver
-    ("ingest_ceiling", "ingest: tokenmeterd / read + msgpack-c ceiling, per CPU-s", "M ev/CPU-s", "i", None, None),
-    ("ingest_limit", "ingest: tokenmeterd vs 5 M events per CPU-s", "M ev/CPU-s", "i", ">=", 1.0),
+    ("ingest_ceiling",
+     "ingest: tokenmeterd / read + msgpack-c ceiling, per CPU-s",
+     "M ev/CPU-s", "i", None, None),
+    ("ingest_limit",
+     "ingest: tokenmeterd vs 5 M events per CPU-s",
+     "M ev/CPU-s", "i", ">=", 1.0),
     # render: ms of CPU per scrape of the same registry
-    ("render_prometheus_cpp", "render text: prometheus-cpp / tokenmeterd", "ms", "r", ">=", 2.0),
-    ("render_client_golang_text", "render text: client_golang / tokenmeterd", "ms", "r gr", ">=", 2.0),
-    ("render_victoriametrics", "render text: VictoriaMetrics / tokenmeterd", "ms", "r gr", ">=", 2.0),
-    ("render_protobuf_text", "render: tokenmeterd protobuf / text", "ms", "r", "<=", 1.5),
-    ("render_libprotobuf", "render protobuf: libprotobuf classes / tokenmeterd", "ms", "r", None, None),
-    ("render_client_golang_protobuf", "render protobuf: client_golang / tokenmeterd", "ms", "r gr", ">=", 2.0),
+    ("render_prometheus_cpp",
+     "render text: prometheus-cpp / tokenmeterd",
+     "ms", "r", ">=", 2.0),
+    ("render_client_golang_text",
+     "render text: client_golang / tokenmeterd",
+     "ms", "r gr", ">=", 2.0),
+    ("render_victoriametrics",
+     "render text: VictoriaMetrics / tokenmeterd",
+     "ms", "r gr", ">=", 2.0),
+    ("render_protobuf_text",
+     "render: tokenmeterd protobuf / text",
+     "ms", "r", "<=", 1.5),
+    ("render_libprotobuf",
+     "render protobuf: libprotobuf classes / tokenmeterd",
+     "ms", "r", None, None),
+    ("render_client_golang_protobuf",
+     "render protobuf: client_golang / tokenmeterd",
+     "ms", "r gr", ">=", 2.0),
     # Python: ns per event, CPU time
-    ("python_tokens_int", "Python: prometheus_client `observe` / `tokens(int)`", "ns", "p", ">=", 5.0),
-    ("python_tokens_str", "Python: prometheus_client `observe` / `tokens(str)`", "ns", "p", ">=", 5.0),
-    ("python_batch_256", "Python: `tokens_batch` list[int] x256 vs 10 ns/event", "ns", "p", "<=", 1.0),
+    ("python_tokens_int",
+     "Python: prometheus_client `observe` / `tokens(int)`",
+     "ns", "p", ">=", 5.0),
+    ("python_tokens_str",
+     "Python: prometheus_client `observe` / `tokens(str)`",
+     "ns", "p", ">=", 5.0),
+    ("python_batch_256",
+     "Python: `tokens_batch` list[int] x256 vs 10 ns/event",
+     "ns", "p", "<=", 1.0),
 ]
 
 LIMITS = {"tm_tokens_caller_1t": 15.0, "tm_tokens_caller_2t": 15.0,
@@ -84,10 +133,17 @@ def gb_cpu(path):
             if b.get("aggregate_name") == "median"}
 
 
+def numbered(out, prefix):
+    """The round numbers N of OUT/PREFIX.N.json, in order."""
+    return sorted(int(m.group(1)) for p in os.listdir(out)
+                  for m in [re.match(re.escape(prefix) + r"\.(\d+)\.json$", p)]
+                  if m)
+
+
 def quiet_load(path):
-    """client_bench_summary.load() of one file, its notes kept off the
-    table (stdout)."""
-    with contextlib.redirect_stdout(sys.stderr):
+    """client_bench_summary.load() of one file, without its notes (the
+    load at each start: the table says the run's)."""
+    with contextlib.redirect_stdout(io.StringIO()):
         return cbs.load([path])
 
 
@@ -111,8 +167,7 @@ class Table:
 
 def collect(out, table):
     problems = []
-    rounds = sorted({int(m.group(1)) for p in os.listdir(out)
-                     for m in [re.match(r"client\.(\d+)\.json$", p)] if m})
+    rounds = numbered(out, "client")
     go_missing = None
     if os.path.exists(f"{out}/go_missing.txt"):
         go_missing = open(f"{out}/go_missing.txt").read().strip()
@@ -156,21 +211,20 @@ def collect(out, table):
         if os.path.exists(go):
             res = results(go)
             for threads, tok in ((1, tok1), (2, tok2)):
-                for peer, name in (("client_golang_classic", "client_golang_classic"),
-                                   ("client_golang_native", "client_golang_native"),
-                                   ("victoriametrics", "victoriametrics")):
-                    v = res[f"observe_{name}_g{threads}_ns"]
+                for peer in ("client_golang_classic", "client_golang_native",
+                             "victoriametrics"):
+                    v = res[f"observe_{peer}_g{threads}_ns"]
                     table.add(f"{peer}_{threads}t", tok, v, v / tok)
     # the static library is built with the shared one: absent only when the
     # client bench is
     table.skip(["tm_tokens_shared_static"], "client_bench_static not run")
 
     # render
-    render_rounds = sorted({int(m.group(1)) for p in os.listdir(out)
-                            for m in [re.match(r"render\.(\d+)\.json$", p)] if m})
+    render_rounds = numbered(out, "render")
     if not render_rounds:
         table.skip([k[0] for k in ROWS if k[0].startswith("render_")],
-                   "daemon_render_bench not built (Google Benchmark, prometheus-cpp)")
+                   "daemon_render_bench not built (Google Benchmark, "
+                   "prometheus-cpp)")
     samples = {}
     for r in render_rounds:
         cpu = gb_cpu(f"{out}/render.{r}.json")
@@ -181,8 +235,8 @@ def collect(out, table):
         table.add("render_protobuf_text", pb, text, pb / text)
         lib = cpu.get("tokenmeterd_render_protobuf_library")
         if lib is None:
-            table.skip(["render_libprotobuf"],
-                       "built without libprotobuf (protobuf-compiler, libprotobuf-dev)")
+            table.skip(["render_libprotobuf"], "built without libprotobuf "
+                       "(protobuf-compiler, libprotobuf-dev)")
         else:
             table.add("render_libprotobuf", pb, lib, lib / pb)
         samples.update(results(f"{out}/render.{r}.log"))
@@ -193,7 +247,8 @@ def collect(out, table):
             for key, name, ours in (
                     ("render_client_golang_text", "client_golang_text", text),
                     ("render_victoriametrics", "victoriametrics_text", text),
-                    ("render_client_golang_protobuf", "client_golang_protobuf", pb)):
+                    ("render_client_golang_protobuf", "client_golang_protobuf",
+                     pb)):
                 v = res[f"render_{name}_ms"]
                 table.add(key, ours, v, v / ours)
 
@@ -249,7 +304,7 @@ def main(argv):
     with open(f"{out}/header.txt", encoding="utf-8") as f:
         for line in f:
             k, _, v = line.rstrip("\n").partition(" ")
-            header[k] = v
+            header[k] = v.strip()
     table = Table()
     problems, samples = collect(out, table)
 
@@ -258,10 +313,11 @@ def main(argv):
     for key, figure, unit, source, op, goal in ROWS:
         t, p, r = table.rounds[key]
         srcs = " ".join("[%s]" % s for s in source.split())
+        goal_text = "%s %g" % (op, goal) if op else "(none)"
         if not r:
             why = table.na.get(key, "not measured")
-            print(f"| {figure} {srcs} | n/a | n/a | n/a | "
-                  f"{'%s %g' % (op, goal) if op else '(none)'} | SKIP: {why} |")
+            print(f"| {figure} {srcs} | n/a | n/a | n/a | {goal_text} | "
+                  f"SKIP: {why} |")
             continue
         ratio = statistics.median(r)
         verdict = ""
@@ -269,10 +325,9 @@ def main(argv):
             verdict = "PASS" if ratio >= goal else "MISS"
         elif op == "<=":
             verdict = "PASS" if ratio <= goal else "MISS"
-        peer_unit = unit
         print(f"| {figure} {srcs} | {fmt(statistics.median(t), unit)} | "
-              f"{fmt(statistics.median(p), peer_unit)} | **{ratio:.2f}** | "
-              f"{'%s %g' % (op, goal) if op else '(none)'} | {verdict} |")
+              f"{fmt(statistics.median(p), unit)} | **{ratio:.2f}** | "
+              f"{goal_text} | {verdict} |")
     print()
     print(f"Commit {header.get('commit', '?')}; {header.get('machine', '?')}; "
           f"build {header.get('build', '?')}; {header.get('mode', '?')}; "
