@@ -23,8 +23,10 @@ import re
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "ab")]
 import client_bench_summary as cbs  # noqa: E402
+from ab_stats import results  # noqa: E402  "RESULT key=value" lines
 
 # (key, figure, unit, source, goal op, goal value); "peer" rows divide the
 # peer by tokenmeter (>= goal: tokenmeter that many times cheaper), "limit"
@@ -108,22 +110,6 @@ ROWS = [
      "Python: `tokens_batch` list[int] x256 vs 10 ns/event",
      "ns", "p", "<=", 1.0),
 ]
-
-LIMITS = {"tm_tokens_caller_1t": 15.0, "tm_tokens_caller_2t": 15.0,
-          "tm_tokens_now_1t": 35.0, "ingest_limit": 5.0,
-          "python_batch_256": 10.0}
-
-
-def results(path):
-    """RESULT key=value lines of a text output."""
-    out = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            m = re.match(r"RESULT (\w+)=(\S+)", line)
-            if m:
-                out[m.group(1)] = float(m.group(2))
-    return out
-
 
 def gb_cpu(path):
     """Google Benchmark JSON: {run_name: median cpu_time} (aggregates)."""
@@ -349,7 +335,7 @@ def main(argv):
     print()
     print("Commands (the rows' [keys]; in the source tree, OUT a folder "
           "for the outputs):")
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = os.path.dirname(HERE)
     with open(f"{out}/commands.txt", encoding="utf-8") as f:
         seen = set()
         for line in f:
