@@ -15,10 +15,12 @@ loop over all of them in their order (the "whole pass" row), then one
 timed loop over each method's calls alone (its row); CPU time of the
 calling thread (time.thread_time_ns, a system call here: read once per
 loop, never per call). tokenmeter's client writes to a Unix socket whose
-reader (a separate process) discards the bytes; its buffer holds a whole
-repetition, and Client.flush() empties it between repetitions, untimed.
+reader (a separate process, bench_shim.py's) discards the bytes, with
+ack=False (the reader never acknowledges: bench_shim.py says why); its
+buffer holds a whole repetition, and Client.flush() empties it between
+repetitions, untimed.
 One untimed repetition each comes first. At the end nothing may have been
-dropped or rejected, or the run is INVALID.
+dropped, rejected, discarded or left unacked, or the run is INVALID.
 
 Prints, per method and for the whole pass: ns per call of each logger
 (median over --reps passes) and the ratio tokenmeter / prometheus_client
@@ -149,7 +151,8 @@ def main():
         client = tokenmeter.Client(model="internlm/internlm2_5-7b-chat",
                                    engine="lmdeploy", profile="lmdeploy",
                                    socket_path=sock,
-                                   buffer_capacity=1 << 19)
+                                   buffer_capacity=1 << 19,
+                                   ack=False)  # the sink never acks
         ours = tm_lmdeploy.TokenmeterStatLogger(client)
         with contextlib.redirect_stdout(io.StringIO()):
             theirs = PrometheusStatLogger("internlm/internlm2_5-7b-chat",
@@ -166,6 +169,7 @@ def main():
                 raise SystemExit(f"flush failed: {client.stats()}")
         st = client.stats()
         valid = (st.events_dropped == 0 and st.events_rejected == 0 and
+                 st.events_discarded == 0 and st.events_unacked == 0 and
                  not ours.errors)
     finally:
         sink.kill()
