@@ -16,7 +16,12 @@ packages=(
   python3-mesonpy python3-pyproject-metadata python3-venv python3-pip
   python3-dev python3-numpy chromium libcurl4-openssl-dev
   protobuf-compiler libprotobuf-dev golang-github-prometheus-client-model-dev
-  protobuf-compiler libprotobuf-dev golang-github-prometheus-client-model-dev
+)
+# Benchmarks only (bench/go: the Go peers of bench/run_all.sh, built
+# offline from these sources; the product never needs them).
+packages+=(
+  golang-go golang-github-prometheus-client-golang-dev
+  golang-github-victoriametrics-metrics-dev
 )
 
 missing=()

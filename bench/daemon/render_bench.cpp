@@ -37,7 +37,10 @@
 // timing, both expositions are parsed again and compared sample by sample
 // (name, label set, value), and the program exits 1 if they differ.
 //
-// Flags: --identities=N, then any Google Benchmark flag.
+// Flags: --identities=N; --dump-text=FILE and --dump-protobuf=FILE write
+// tokenmeterd's text and protobuf expositions of the registry (what
+// bench/go's peers_bench builds its client_golang and VictoriaMetrics
+// registries from: bench/run_all.sh); then any Google Benchmark flag.
 #include <benchmark/benchmark.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -361,6 +364,18 @@ size_t CountSamples(const std::string& text) {
   return n;
 }
 
+// Writes `bytes` to `path` (nothing when path is null); false, with a line
+// on stderr, when that fails.
+bool WriteFile(const char* path, const std::string& bytes) {
+  if (path == nullptr) return true;
+  std::FILE* f = std::fopen(path, "wb");
+  bool ok = f != nullptr &&
+            std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  if (f != nullptr && std::fclose(f) != 0) ok = false;
+  if (!ok) std::fprintf(stderr, "render_bench: cannot write %s\n", path);
+  return ok;
+}
+
 struct Fixture {
   std::unique_ptr<TmState> tm;
   prometheus::Registry prom;
@@ -480,10 +495,16 @@ BENCHMARK(BM_PrometheusCppSerialize)
 
 int main(int argc, char** argv) {
   int identities = 42;
+  const char* dump_text = nullptr;
+  const char* dump_protobuf = nullptr;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--identities=", 13) == 0) {
       identities = std::atoi(argv[i] + 13);
+    } else if (std::strncmp(argv[i], "--dump-text=", 12) == 0) {
+      dump_text = argv[i] + 12;
+    } else if (std::strncmp(argv[i], "--dump-protobuf=", 16) == 0) {
+      dump_protobuf = argv[i] + 16;
     } else {
       args.push_back(argv[i]);
     }
@@ -548,6 +569,11 @@ int main(int argc, char** argv) {
       "both encoders\n",
       hand.size());
 #endif
+  std::string protobuf;
+  fixture.tm->RenderProtobuf(protobuf);
+  if (!WriteFile(dump_text, ours) || !WriteFile(dump_protobuf, protobuf)) {
+    return 1;
+  }
   std::fflush(stdout);
 
   g_fixture = &fixture;

@@ -9,6 +9,7 @@
 #   BUILD_DIR   default build-bench-py in the source tree (buildtype=release)
 #   BENCH_ARGS  e.g. --reps 9 --records 8192 --json FILE
 #   BACKENDS    (environment) "native" (default), "ctypes" or both
+#   NO_BUILD=1  (environment) use BUILD_DIR as it is, built already
 set -euo pipefail
-BENCH_SCRIPT=sglang_follower_bench.py \
+BENCH=sglang_follower_bench.py \
   exec "$(dirname "${BASH_SOURCE[0]}")/run_bench_shim.sh" "$@"

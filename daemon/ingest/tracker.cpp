@@ -898,7 +898,8 @@ void Tracker::OnRequestSummary(const Source& src, const Event& ev) {
   }
   if ((q.has & RequestSummaryInfo::kCachedTokens) != 0) {
     s.hist(kRequestPrefillKvComputedTokens).Observe(prompt - q.cached_tokens);
-    if (s.uses(kRequestCachedTokens)) {  // LMDeploy's
+    if (s.uses(kRequestCachedTokens)) {  // LMDeploy's, counted at finish
+      s.Add(kPromptTokensCached, q.cached_tokens);
       s.hist(kRequestCachedTokens).Observe(q.cached_tokens);
       if (prompt > 0) {
         s.hist(kRequestCacheHitRatio)
@@ -936,7 +937,8 @@ void Tracker::OnRequestSummary(const Source& src, const Event& ev) {
 // latency the engine computed, one observation each (the ITL into the
 // histogram the series' profile shows: vLLM's and LMDeploy's per chunk,
 // SGLang's per token, each value one token); the counts into the token
-// and preemption counters.
+// and preemption counters; in the lmdeploy profile also LMDeploy's
+// per-output iteration tokens and time per output token (below).
 void Tracker::OnLatencies(const Source& src, const Event& ev,
                           const uint64_t* positions) {
   EngineSeries& s = *src.series;
@@ -965,6 +967,26 @@ void Tracker::OnLatencies(const Source& src, const Event& ev,
   }
   if ((l.has & LatenciesRef::kPreemptions) != 0) {
     s.Add(kNumPreemptions, l.preemptions);
+  }
+  // LMDeploy's per-output figures. Its adapter sends one LATENCIES with
+  // counts per engine output of one request (what LMDeploy's
+  // record_iteration() gets), so, as for a TOKENS chunk: iteration tokens
+  // = the output's prompt + generation tokens, and time per output token
+  // = its one ITL / its generation tokens (LMDeploy's tpot).
+  constexpr uint8_t kCounts =
+      LatenciesRef::kPromptTokens | LatenciesRef::kGenerationTokens;
+  if ((l.has & kCounts) != 0 && s.uses(kIterationTokensChunk)) {
+    const uint64_t prompt =
+        (l.has & LatenciesRef::kPromptTokens) != 0 ? l.prompt_tokens : 0;
+    const uint64_t generated = (l.has & LatenciesRef::kGenerationTokens) != 0
+                                   ? l.generation_tokens
+                                   : 0;
+    s.part<ChunkTokensPart>().ObserveChunk(prompt + generated);
+    if (l.itl_count == 1 && generated != 0 &&
+        s.uses(kTimePerOutputTokenChunk)) {
+      s.hist(kTimePerOutputTokenChunk)
+          .Observe(double(v[0]) / double(generated));
+    }
   }
 }
 

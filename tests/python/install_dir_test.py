@@ -4,9 +4,8 @@ meson-info/intro-installed.json: nothing is installed): in a folder that
 /usr/bin/python3 searches for the build's prefix (/usr:
 /usr/lib/python3/dist-packages; /usr/local:
 /usr/local/lib/python3.X/dist-packages, not lib/python3/dist-packages),
-every file of the package in one folder (its subpackage integrations/ in
-it), the extension beside the .py files when /usr/bin/python3's headers
-(python3-dev) are there.
+every file of the package in one folder, the extension beside the .py
+files when /usr/bin/python3's headers (python3-dev) are there.
 
     install_dir_test.py BUILD_DIR
 
@@ -27,6 +26,7 @@ BUILD = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else ""
 PYTHON = "/usr/bin/python3"
 PACKAGE_FILES = ("__init__.py", "__init__.pyi", "_common.py", "_lib.py",
                  "_native_client.py", "client.py", "py.typed")
+INTEGRATION_FILES = ("__init__.py", "lmdeploy.py", "vllm.py")
 
 
 def build_option(name):
@@ -46,17 +46,21 @@ class InstallDir(unittest.TestCase):
         cls.prefix = build_option("prefix")
 
     def test_one_folder_with_every_file(self):
-        # The package's folder, and its subpackage integrations/ in it.
+        # The package's folder, and its engine integrations beside it.
         folders = {os.path.dirname(p) for p in self.package}
-        top = {f for f in folders if not f.endswith("/integrations")}
-        self.assertEqual(len(top), 1, self.package)
-        (pkg,) = top
-        self.assertEqual(folders - top, {pkg + "/integrations"})
-        self.assertIn(pkg + "/integrations/__init__.py", self.package)
+        top = min(folders, key=len)
+        self.assertEqual(folders, {top, os.path.join(top, "integrations")},
+                         self.package)
+        self.assertIn(os.path.join(top, "integrations", "__init__.py"),
+                      self.package)
         names = {os.path.basename(p) for p in self.package
-                 if os.path.dirname(p) == pkg}
+                 if os.path.dirname(p) == top}
         for f in PACKAGE_FILES:
             self.assertIn(f, names)
+        # Every engine adapter in it.
+        for f in INTEGRATION_FILES:
+            self.assertIn(os.path.join(top, "integrations", f),
+                          self.package)
         # The extension, beside the .py files, whenever python3-dev is there.
         native = [n for n in names if n.startswith("_native.")]
         headers = subprocess.run(

@@ -115,7 +115,8 @@ class Wheel(unittest.TestCase):
                                                          "tokenmeter-"))]
         self.assertEqual(outside, [])
         for f in ("__init__.py", "__init__.pyi", "py.typed", "client.py",
-                  "_lib.py", "_common.py", "_native_client.py"):
+                  "_lib.py", "_common.py", "_native_client.py",
+                  "integrations/__init__.py", "integrations/lmdeploy.py"):
             self.assertIn("tokenmeter/" + f, names)
         native = [n for n in names if n.startswith("tokenmeter/_native.")
                   and n.endswith(".so")]

@@ -12,7 +12,7 @@ import weakref
 from array import array
 
 from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
-                      MAX_DURATION_NS,
+                      MAX_DURATION_NS, MAX_LATENCIES,
                       MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
                       MAX_RID_BYTES, OK, Stats, _arrived_refused,
@@ -24,7 +24,7 @@ from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
                       _sleep_state_args, _step_figures, _t, _tracestate,
                       _traceparent, _uint, apply_options,
                       _finish_reason, _request_summary_args, _latency_args)
-from ._lib import (KV_UNKNOWN, IterationCounts, KvTransferInfo,
+from ._lib import (KV_UNKNOWN, NOT_GIVEN, IterationCounts, KvTransferInfo,
                    Label, RequestParams, RequestSummary, lib)
 
 
@@ -717,6 +717,28 @@ class Client:
         requests the engine reports no events of (added to the token and
         preemption counters), ints 0 .. 2**32-1 or None. Returns OK, or the
         first event's DROPPED / INVALID."""
+        # The common call, one event (LMDeploy's adapter makes one per
+        # engine output): lists or tuples of ints in range, t_ns and each
+        # count an int in range or None. Anything else, or a value out of
+        # range, takes the checking path below (the same result).
+        tt, it = type(ttft_ns), type(itl_ns)
+        if ((tt is tuple or tt is list) and (it is tuple or it is list) and
+                type(t_ns) is int and not t_ns >> 64 and
+                len(ttft_ns) + len(itl_ns) <= MAX_LATENCIES):
+            try:
+                a = array("Q", ttft_ns)
+                b = array("Q", itl_ns)
+            except (TypeError, OverflowError):
+                a = None
+            if (a is not None and (not a or max(a) <= MAX_DURATION_NS) and
+                    (not b or max(b) <= MAX_DURATION_NS)):
+                c = _latency_counts_fast(prompt_tokens, generation_tokens,
+                                         preemptions)
+                if c is not False:
+                    return _latencies(
+                        self._h, t_ns, a.buffer_info()[0] if a else None,
+                        len(a), b.buffer_info()[0] if b else None, len(b),
+                        None if c is None else ctypes.addressof(c))
         h = self._h
         rc = OK
         for a, b, t, counts in _latency_args(ttft_ns, itl_ns, t_ns,
@@ -729,6 +751,30 @@ class Client:
             if rc == OK:
                 rc = r
         return rc
+
+_COUNTS_SIZE = ctypes.sizeof(IterationCounts)
+_init_struct = ctypes.Structure.__init__
+
+
+def _latency_counts_fast(prompt_tokens, generation_tokens, preemptions):
+    """latencies()' counts as a tm_iteration_counts without the keyword
+    __init__: None when none is given, False when one is not an int in
+    range (the checking path then raises naming it)."""
+    if prompt_tokens is None and generation_tokens is None and \
+            preemptions is None:
+        return None
+    vals = []
+    for v in (prompt_tokens, generation_tokens, preemptions):
+        if v is None:
+            vals.append(NOT_GIVEN)
+        elif type(v) is int and 0 <= v <= _U32:
+            vals.append(v)
+        else:
+            return False
+    c = IterationCounts.__new__(IterationCounts)
+    _init_struct(c, _COUNTS_SIZE, *vals)
+    return c
+
 
 # memoryview formats of a native uint64 (array('Q'): "Q"; numpy uint64: "L"
 # on LP64 Linux; ctypes c_uint64 arrays: "<Q").

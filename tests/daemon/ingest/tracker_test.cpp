@@ -2274,12 +2274,15 @@ TEST(Tracker13Test, SummaryFollowsEachProfilesOwnFigures) {
   EXPECT_EQ(lmdeploy.core->hist(kRequestDecodeTime).count(), 0u);
   ExpectHist(*lmdeploy.core, kRequestCachedTokens, 1, 5);
   ExpectHist(*lmdeploy.core, kRequestCacheHitRatio, 1, 0.25);
+  // LMDeploy counts cached_tokens_total at finish too.
+  EXPECT_EQ(lmdeploy.core->count(kPromptTokensCached), 5u);
   // vLLM's series measure none of those.
   Harness vllm;
   vllm.Send(vllm.Core(), {e, Summary(T(1), FinishReason::kStop, 7, 4)});
   EXPECT_EQ(vllm.core->count(kPromptTokensAtFinish), 0u);
   EXPECT_EQ(vllm.core->hist(kRequestDecodeToFinish).count(), 0u);
   EXPECT_EQ(vllm.core->hist(kRequestCachedTokens).count(), 0u);
+  EXPECT_EQ(vllm.core->count(kPromptTokensCached), 0u);
   ExpectHist(*vllm.core, kRequestDecodeTime, 1, double(40 * kMs));
 }
 
@@ -2323,6 +2326,47 @@ TEST(Tracker13Test, LatenciesObserveEachValueAndAddTheCounts) {
   sglang.tracker->ApplyBatch(sglang.Core(), batch);
   ExpectHist(*sglang.core, kInterTokenLatencyPerToken, 4, double(35 * kMs));
   EXPECT_EQ(sglang.core->hist(kInterTokenLatency).count(), 0u);
+}
+
+// LMDeploy's adapter sends one LATENCIES with counts per engine output of
+// one request: in the lmdeploy profile each is one chunk of
+// iteration_tokens_total (prompt + generation tokens, 0 for an output
+// without tokens, as LMDeploy observes it) and, with one ITL and tokens,
+// one time per output token (ITL / tokens). Other profiles: neither.
+TEST(Tracker13Test, LmdeployLatenciesAreOneOutputEach) {
+  Batch batch;
+  batch.positions = {40 * kMs, 30 * kMs, 8 * kMs, 9 * kMs, 7 * kMs};
+  auto with_counts = [](Event e, uint32_t prompt, uint32_t generated) {
+    e.latencies.has =
+        LatenciesRef::kPromptTokens | LatenciesRef::kGenerationTokens;
+    e.latencies.prompt_tokens = prompt;
+    e.latencies.generation_tokens = generated;
+    return e;
+  };
+  batch.events = {
+      with_counts(Latencies(T(0), 0, 1, 0), 100, 1),  // first output
+      with_counts(Latencies(T(1), 1, 0, 1), 0, 3),    // 30 ms, 3 tokens
+      with_counts(Latencies(T(2), 2, 0, 0), 0, 0),    // no tokens
+      with_counts(Latencies(T(3), 2, 0, 2), 0, 2),    // two ITLs: no TPOT
+      Latencies(T(4), 4, 0, 1),                       // no counts
+  };
+  Harness lmdeploy(RegistryOptions{}, Profile::kLmdeploy);
+  lmdeploy.tracker->ApplyBatch(lmdeploy.Core(), batch);
+  ExpectHist(*lmdeploy.core, kIterationTokensChunk, 4, 106);
+  EXPECT_EQ(CountIn(lmdeploy.core->hist(kIterationTokensChunk), 1), 1u);
+  EXPECT_EQ(CountIn(lmdeploy.core->hist(kIterationTokensChunk), 8), 2u);
+  ExpectHist(*lmdeploy.core, kTimePerOutputTokenChunk, 1, double(10 * kMs));
+  ExpectHist(*lmdeploy.core, kInterTokenLatency, 4, double(54 * kMs));
+  ExpectHist(*lmdeploy.core, kTimeToFirstToken, 1, double(40 * kMs));
+  EXPECT_EQ(lmdeploy.core->count(kPromptTokens), 100u);
+  EXPECT_EQ(lmdeploy.core->count(kGenerationTokens), 6u);
+
+  Harness vllm;
+  vllm.tracker->ApplyBatch(vllm.Core(), batch);
+  EXPECT_EQ(vllm.core->hist(kIterationTokensChunk).count(), 0u);
+  EXPECT_EQ(vllm.core->hist(kIterationTokens).count(), 0u);
+  EXPECT_EQ(vllm.core->hist(kTimePerOutputTokenChunk).count(), 0u);
+  ExpectHist(*vllm.core, kInterTokenLatency, 4, double(54 * kMs));
 }
 
 }  // namespace

@@ -1,0 +1,1 @@
+"""lmdeploy/metrics (v0.16.0): stats.py, loggers.py, metrics_processor.py."""

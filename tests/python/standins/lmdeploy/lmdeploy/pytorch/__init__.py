@@ -1,0 +1,1 @@
+"""lmdeploy/pytorch (v0.16.0): only utils.singleton."""

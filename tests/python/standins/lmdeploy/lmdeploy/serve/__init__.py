@@ -1,0 +1,1 @@
+"""lmdeploy/serve (v0.16.0): core.AsyncEngine only."""
