@@ -71,6 +71,39 @@ TEST_F(SeriesWindowsTest, RequestLevelCountersSumTheLabelCells) {
   EXPECT_EQ(d.generation_tokens, 300u);
 }
 
+TEST_F(SeriesWindowsTest, PromptTokensBySourceSumTheLabelCells) {
+  SeriesWindows w;
+  s_->AddChild(kPromptTokensBySource, kLocalCompute, 5);
+  s_->Add(kPromptTokensCached, 1);
+  SeriesValues& acme = Tenant("acme");
+  acme.AddChild(kPromptTokensBySource, kLocalCompute, 70);
+  acme.AddChild(kPromptTokensBySource, kLocalCacheHit, 20);
+  acme.AddChild(kPromptTokensBySource, kExternalKv, 10);
+  acme.Add(kPromptTokensCached, 30);
+  const WindowCounters d = w.Advance(*s_).increase;
+  EXPECT_EQ(d.prompt_tokens_computed, 75u);
+  EXPECT_EQ(d.prompt_tokens_cached, 31u);
+  EXPECT_EQ(CellChildSum(*s_, kPromptTokensBySource, kLocalCacheHit), 20u);
+  EXPECT_EQ(CellChildSum(*s_, kPromptTokensBySource, 7), 0u);  // never added
+  acme.AddChild(kPromptTokensBySource, kLocalCompute, 4);
+  EXPECT_EQ(w.Advance(*s_).increase.prompt_tokens_computed, 4u);
+}
+
+TEST(WindowCountersTest, RatiosAreZeroWithoutADenominator) {
+  WindowCounters d;
+  EXPECT_EQ(d.CacheHitRate(), 0.0);
+  EXPECT_EQ(d.SpecAcceptLength(), 0.0);
+  EXPECT_EQ(d.SpecAcceptRate(), 0.0);
+  d.prefix_queries = 8;
+  d.prefix_hits = 2;
+  d.spec_drafts = 4;
+  d.spec_draft_tokens = 12;
+  d.spec_accepted_tokens = 6;
+  EXPECT_DOUBLE_EQ(d.CacheHitRate(), 0.25);
+  EXPECT_DOUBLE_EQ(d.SpecAcceptLength(), 2.5);  // 1 + 6 / 4
+  EXPECT_DOUBLE_EQ(d.SpecAcceptRate(), 0.5);
+}
+
 TEST_F(SeriesWindowsTest, RestartTakesThePresentTotalsAsTheMark) {
   // A series restored from a snapshot: its totals are not one window's.
   s_->Add(kPromptTokens, 1'000'000);
