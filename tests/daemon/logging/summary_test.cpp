@@ -157,17 +157,29 @@ TEST_F(SummaryTest, RejectionsPastTheReasonCapShowAsOther) {
       << line;
 }
 
+// A registry with the request label `tenant`, and the label cell of
+// tenant "acme" in its series of profile `p`.
+struct Tenanted {
+  explicit Tenanted(Profile p) {
+    RegistryOptions options;
+    options.request_labels = {"tenant"};
+    EXPECT_TRUE(Registry::Create(options, &reg).ok());
+    s = reg->GetOrCreate({std::string(ProfileName(p)), "llama", "dp0", {}, p});
+    const uint16_t acme = reg->request_labels().Intern(0, "acme");
+    EXPECT_TRUE(s->Admit(0, acme));
+    cell = &s->Cell(RequestLabels::Pack(0, 0, acme));
+  }
+  std::unique_ptr<Registry> reg;
+  EngineSeries* s = nullptr;
+  SeriesValues* cell = nullptr;
+};
+
 TEST(SummaryLogTest, CountsTheTokensOfRequestsWithPerRequestLabels) {
   // Request labels split the request-level counters into label cells; the
   // line is per series and counts them all.
-  RegistryOptions options;
-  options.request_labels = {"tenant"};
-  std::unique_ptr<Registry> reg;
-  ASSERT_TRUE(Registry::Create(options, &reg).ok());
-  EngineSeries* s = reg->GetOrCreate({"vllm", "llama", "dp0", {}});
-  const uint16_t acme = reg->request_labels().Intern(0, "acme");
-  ASSERT_TRUE(s->Admit(0, acme));
-  SeriesValues& cell = s->Cell(RequestLabels::Pack(0, 0, acme));
+  Tenanted t(Profile::kVllm);
+  EngineSeries* s = t.s;
+  SeriesValues& cell = *t.cell;
   s->Add(kPromptTokens, 100);
   cell.Add(kPromptTokens, 900);
   cell.Add(kGenerationTokens, 50);
@@ -296,15 +308,9 @@ TEST_F(ProfileSummaryTest, LmdeployHitRateOnlyWhenNotZero) {
 }
 
 TEST_F(ProfileSummaryTest, LmdeployCountsRequestsOfEveryLabelCell) {
-  RegistryOptions options;
-  options.request_labels = {"tenant"};
-  std::unique_ptr<Registry> reg;
-  ASSERT_TRUE(Registry::Create(options, &reg).ok());
-  EngineSeries* s =
-      reg->GetOrCreate({"lmdeploy", "llama", "dp0", {}, Profile::kLmdeploy});
-  const uint16_t acme = reg->request_labels().Intern(0, "acme");
-  ASSERT_TRUE(s->Admit(0, acme));
-  SeriesValues& cell = s->Cell(RequestLabels::Pack(0, 0, acme));
+  Tenanted t(Profile::kLmdeploy);
+  EngineSeries* s = t.s;
+  SeriesValues& cell = *t.cell;
   s->AddChild(kRequestSuccess, 0, 1);
   cell.AddChild(kRequestSuccess, 0, 3);
   cell.AddChild(kRequestSuccess, 3, 4);
