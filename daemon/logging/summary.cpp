@@ -88,12 +88,17 @@ void SummaryLog::AppendSglang(const EngineSeries& s, const WindowCounters& d,
     line += fmt::format("accept len: {:.2f}, accept rate: {:.2f}, ",
                         d.SpecAcceptLength(), d.SpecAcceptRate());
   }
+  // Computed prompt tokens: those not found cached or received (all of
+  // them for an engine that reports no cached tokens).
+  const uint64_t computed = d.prompt_tokens >= d.prompt_tokens_cached
+                                ? d.prompt_tokens - d.prompt_tokens_cached
+                                : 0;
   line += fmt::format(
       "gen throughput (token/s): {:.2f}, #queue-req: {}, #new-token: {}, "
       "#cached-token: {}, input throughput (token/s): {:.2f}",
       double(d.generation_tokens) / w,
-      uint64_t(s.gauge(kNumRequestsWaiting).value()), d.prompt_tokens_computed,
-      d.prompt_tokens_cached, double(d.prompt_tokens_computed) / w);
+      uint64_t(s.gauge(kNumRequestsWaiting).value()), computed,
+      d.prompt_tokens_cached, double(computed) / w);
 }
 
 // LMDeploy's LoggingStatLogger.log(): its request counts and prefix cache

@@ -37,8 +37,6 @@ WindowCounters WindowCounters::Of(const EngineSeries& s) {
   WindowCounters c;
   c.prompt_tokens = CellSum(s, kPromptTokens);
   c.generation_tokens = CellSum(s, kGenerationTokens);
-  c.prompt_tokens_computed =
-      CellChildSum(s, kPromptTokensBySource, kLocalCompute);
   c.prompt_tokens_cached = CellSum(s, kPromptTokensCached);
   c.preemptions = s.count(kNumPreemptions);
   c.prefix_queries = s.count(kPrefixCacheQueries);
@@ -107,8 +105,6 @@ const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s,
   WindowCounters& d = window_.increase;
   d.prompt_tokens = Delta(now.prompt_tokens, mark.prompt_tokens);
   d.generation_tokens = Delta(now.generation_tokens, mark.generation_tokens);
-  d.prompt_tokens_computed =
-      Delta(now.prompt_tokens_computed, mark.prompt_tokens_computed);
   d.prompt_tokens_cached =
       Delta(now.prompt_tokens_cached, mark.prompt_tokens_cached);
   d.preemptions = Delta(now.preemptions, mark.preemptions);

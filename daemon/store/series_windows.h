@@ -10,7 +10,7 @@
 // the series' label cells: a window is per series, whatever per-request
 // labels split it into.
 //
-// Memory: per series seen, the counters (80 bytes) and, with latencies,
+// Memory: per series seen, the counters (72 bytes) and, with latencies,
 // the bucket counts of three histograms. Series live as long as the
 // daemon, so their addresses are stable keys; bounded by the registry's
 // series cap. Single-threaded: the daemon's loop.
@@ -32,10 +32,8 @@ namespace tokenmeter::daemon {
 struct WindowCounters {
   uint64_t prompt_tokens = 0;      // summed over label cells
   uint64_t generation_tokens = 0;  // summed over label cells
-  // Of prompt_tokens: those computed (prompt_tokens_by_source
-  // local_compute) and those found cached or received
-  // (prompt_tokens_cached), summed over label cells.
-  uint64_t prompt_tokens_computed = 0;
+  // Of prompt_tokens, those found cached or received (SCHEDULED info:
+  // prompt_tokens_cached), summed over label cells.
   uint64_t prompt_tokens_cached = 0;
   uint64_t preemptions = 0;
   uint64_t prefix_queries = 0;

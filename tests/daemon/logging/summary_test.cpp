@@ -260,6 +260,18 @@ TEST_F(ProfileSummaryTest, SglangLineInSglangWords) {
             "#cached-token: 0, input throughput (token/s): 0.00");
 }
 
+TEST_F(ProfileSummaryTest, SglangTakesPromptTokensWithoutCachedOnesAsComputed) {
+  // An engine that reports no cached tokens (no SCHEDULED info, or only
+  // the prompt count of protocol 1.3's LATENCIES): all computed.
+  sglang_->Add(kPromptTokens, 640);
+  bool idle = false;
+  const std::string line = log_.Line(*sglang_, 10.0, &idle);
+  EXPECT_NE(line.find(", #new-token: 640, #cached-token: 0, input throughput "
+                      "(token/s): 64.00"),
+            std::string::npos)
+      << line;
+}
+
 TEST_F(ProfileSummaryTest, SglangSpecDecodeWhereSglangPutsIt) {
   bool idle = false;
   EXPECT_EQ(log_.Line(*sglang_, 10.0, &idle).find("accept"), std::string::npos);

@@ -71,22 +71,25 @@ TEST_F(SeriesWindowsTest, RequestLevelCountersSumTheLabelCells) {
   EXPECT_EQ(d.generation_tokens, 300u);
 }
 
-TEST_F(SeriesWindowsTest, PromptTokensBySourceSumTheLabelCells) {
+TEST_F(SeriesWindowsTest, CachedPromptTokensSumTheLabelCells) {
   SeriesWindows w;
-  s_->AddChild(kPromptTokensBySource, kLocalCompute, 5);
   s_->Add(kPromptTokensCached, 1);
   SeriesValues& acme = Tenant("acme");
-  acme.AddChild(kPromptTokensBySource, kLocalCompute, 70);
-  acme.AddChild(kPromptTokensBySource, kLocalCacheHit, 20);
-  acme.AddChild(kPromptTokensBySource, kExternalKv, 10);
   acme.Add(kPromptTokensCached, 30);
-  const WindowCounters d = w.Advance(*s_).increase;
-  EXPECT_EQ(d.prompt_tokens_computed, 75u);
-  EXPECT_EQ(d.prompt_tokens_cached, 31u);
-  EXPECT_EQ(CellChildSum(*s_, kPromptTokensBySource, kLocalCacheHit), 20u);
-  EXPECT_EQ(CellChildSum(*s_, kPromptTokensBySource, 7), 0u);  // never added
-  acme.AddChild(kPromptTokensBySource, kLocalCompute, 4);
-  EXPECT_EQ(w.Advance(*s_).increase.prompt_tokens_computed, 4u);
+  EXPECT_EQ(w.Advance(*s_).increase.prompt_tokens_cached, 31u);
+  acme.Add(kPromptTokensCached, 4);
+  EXPECT_EQ(w.Advance(*s_).increase.prompt_tokens_cached, 4u);
+}
+
+TEST_F(SeriesWindowsTest, CellChildSumAddsOneChildOfEveryCell) {
+  s_->AddChild(kRequestSuccess, 0, 5);
+  SeriesValues& acme = Tenant("acme");
+  acme.AddChild(kRequestSuccess, 0, 70);
+  acme.AddChild(kRequestSuccess, 3, 2);
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 0), 75u);
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 3), 2u);
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 1), 0u);  // never added
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 9), 0u);  // past the children
 }
 
 TEST(WindowCountersTest, RatiosAreZeroWithoutADenominator) {
