@@ -712,7 +712,25 @@ class SummaryLine(unittest.TestCase):
             [9, t0 + 4 * MS, "queue_full"],
         ]))
 
-    def lines(self, profile, pattern):
+    # The same two requests from an engine that hands over only its own
+    # figures (protocol 1.3): LATENCIES with the token counts, one
+    # REQUEST_SUMMARY per request.
+    @staticmethod
+    def computed_traffic(sock):
+        t0 = time.monotonic_ns() - 1_000 * MS
+        sock.sendall(batch([
+            [7, t0, {"running": 3, "waiting": 1, "kv_usage": 0.25,
+                     "prefix_queries": 100, "prefix_hits": 40}],
+            [13, t0, [MS, MS], [],
+             {"prompt_tokens": 150, "generation_tokens": 15}],
+            [12, t0, "stop", {"prompt_tokens": 100, "generation_tokens": 10,
+                              "cached_tokens": 30}],
+            [12, t0, "abort", {"prompt_tokens": 50,
+                               "generation_tokens": 5}],
+            [9, t0 + 4 * MS, "queue_full"],
+        ]))
+
+    def lines(self, profile, pattern, traffic=None):
         """The summary line of the window with the traffic and the next
         one, each the figures after the `engine=dp0 model=m: ` prefix
         matched in full against `pattern`; returns the two matches."""
@@ -722,7 +740,7 @@ class SummaryLine(unittest.TestCase):
         self.addCleanup(s.close)
         # An engine name with no profile of its own: --profile decides.
         s.sendall(hello(engine="myengine", instance="dp0"))
-        self.traffic(s)
+        (traffic or self.traffic)(s)
         prefix = "engine=dp0 model=m: "
 
         def busy_and_next():
@@ -781,6 +799,26 @@ class SummaryLine(unittest.TestCase):
             r"Prefix cache hit rate: 40\.0%"))
         self.assertAlmostEqual(self.ratio(busy, "p", "g"), 10, delta=0.5)
         self.assertEqual((after.group("p"), after.group("g")), ("0.0", "0.0"))
+
+    def test_engines_that_send_their_own_figures(self):
+        """Protocol 1.3: the counts of LATENCIES and REQUEST_SUMMARY feed
+        the same figures (no cached tokens per request: all computed)."""
+        busy, _ = self.lines("lmdeploy", (
+            r"Avg thr \(in/out\): (?P<p>\d+\.\d) / (?P<g>\d+\.\d) "
+            r"tokens/s, Server \(succeeded/failed\): 1 / 1, "
+            r"Engine \(running/waiting\): 3 / 1, KV cache: 25\.0%, "
+            r"Prefix cache hit rate: 40\.0%"), self.computed_traffic)
+        self.assertAlmostEqual(self.ratio(busy, "p", "g"), 10, delta=0.5)
+        busy, _ = self.lines("sglang", (
+            r"#running-req: 3, token usage: 0\.25, "
+            r"gen throughput \(token/s\): (?P<g>\d+\.\d\d), "
+            r"#queue-req: 1, #new-token: (?P<new>\d+), "
+            r"#cached-token: (?P<cached>\d+), "
+            r"input throughput \(token/s\): (?P<i>\d+\.\d\d)"),
+            self.computed_traffic)
+        self.assertEqual((busy.group("new"), busy.group("cached")),
+                         ("150", "0"))
+        self.assertAlmostEqual(self.ratio(busy, "i", "g"), 10, delta=0.1)
 
 
 class VllmDashboard(unittest.TestCase):
