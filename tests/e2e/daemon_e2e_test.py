@@ -697,38 +697,40 @@ class SummaryLine(unittest.TestCase):
     after, read from the log. Throughputs depend on the measured window, so
     only their ratio is checked; gauges and counts are exact."""
 
-    # Two requests (100 + 50 prompt tokens, 30 of them cached; 10 + 5
-    # output tokens; one stop, one abort), a STEP and a rejection.
     @staticmethod
-    def traffic(sock):
+    def send(sock, requests):
+        """In one batch: a STEP, the events `requests(t0)` and a
+        rejection."""
         t0 = time.monotonic_ns() - 1_000 * MS
         sock.sendall(batch([
             [7, t0, {"running": 3, "waiting": 1, "kv_usage": 0.25,
                      "prefix_queries": 100, "prefix_hits": 40}],
+            *requests(t0),
+            [9, t0 + 4 * MS, "queue_full"],
+        ]))
+
+    # Two requests (100 + 50 prompt tokens, 30 of them cached; 10 + 5
+    # output tokens; one stop, one abort).
+    @classmethod
+    def traffic(cls, sock):
+        cls.send(sock, lambda t0: [
             [1, t0, 1, 100], [3, t0 + MS, 1, {"cached_tokens": 30}],
             [4, t0 + 2 * MS, 1, 10], [5, t0 + 3 * MS, 1, "stop"],
             [1, t0, 2, 50], [3, t0 + MS, 2],
-            [4, t0 + 2 * MS, 2, 5], [5, t0 + 3 * MS, 2, "abort"],
-            [9, t0 + 4 * MS, "queue_full"],
-        ]))
+            [4, t0 + 2 * MS, 2, 5], [5, t0 + 3 * MS, 2, "abort"]])
 
     # The same two requests from an engine that hands over only its own
     # figures (protocol 1.3): LATENCIES with the token counts, one
     # REQUEST_SUMMARY per request.
-    @staticmethod
-    def computed_traffic(sock):
-        t0 = time.monotonic_ns() - 1_000 * MS
-        sock.sendall(batch([
-            [7, t0, {"running": 3, "waiting": 1, "kv_usage": 0.25,
-                     "prefix_queries": 100, "prefix_hits": 40}],
+    @classmethod
+    def computed_traffic(cls, sock):
+        cls.send(sock, lambda t0: [
             [13, t0, [MS, MS], [],
              {"prompt_tokens": 150, "generation_tokens": 15}],
             [12, t0, "stop", {"prompt_tokens": 100, "generation_tokens": 10,
                               "cached_tokens": 30}],
             [12, t0, "abort", {"prompt_tokens": 50,
-                               "generation_tokens": 5}],
-            [9, t0 + 4 * MS, "queue_full"],
-        ]))
+                               "generation_tokens": 5}]])
 
     def lines(self, profile, pattern, traffic=None):
         """The summary line of the window with the traffic and the next
