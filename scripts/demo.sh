@@ -4,11 +4,14 @@
 # it for a few seconds (CUDA when a device answers, else the CPU), then shows
 # a /metrics excerpt and the daemon's summary log lines, and stops the daemon
 # with SIGTERM. It prints the live page's URL (`/`) as soon as the daemon
-# listens.
-# Usage: scripts/demo.sh [BUILD_DIR] (default: build-demo)
+# listens. PROFILE (vllm, sglang or lmdeploy; default: the daemon's auto,
+# vllm for the reference engine) is the daemon's --profile: the series'
+# names and the summary line's wording (docs/operations.md).
+# Usage: scripts/demo.sh [BUILD_DIR [PROFILE]] (default: build-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-demo}
+profile=${2:-auto}
 
 scripts/install-deps.sh
 if [ ! -f "$build/build.ninja" ]; then
@@ -28,7 +31,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$build/daemon/tokenmeterd" --ingest "$tmp/ingest.sock" \
-  --listen 127.0.0.1:0 --log-interval 1 2>"$tmp/daemon.log" &
+  --listen 127.0.0.1:0 --log-interval 1 --profile "$profile" \
+  2>"$tmp/daemon.log" &
 daemon_pid=$!
 port=""
 for _ in $(seq 200); do
@@ -62,12 +66,12 @@ sleep 1.2
 echo
 echo "== /metrics excerpt"
 curl -fsS "http://127.0.0.1:$port/metrics" | grep -E \
-  '^tokenmeter_engine:((time_to_first_token|inter_token_latency)_seconds_(sum|count)|(prompt|generation)_tokens_total|request_success_total|num_preemptions_total|prefix_cache_(queries|hits)_total)' ||
+  '^(tokenmeter_engine|sglang|lmdeploy):((time_to_first_token|inter_token_latency)_seconds_(sum|count)|(prompt|generation)_tokens_total|request_success_total|num_preemptions_total|prefix_cache_(queries|hits)_total)' ||
   true
 
 echo
 echo "== tokenmeterd summary log lines"
-grep -F 'Avg prompt throughput' "$tmp/daemon.log" || true
+grep -E ' engine=[^ ]* model=[^ ]*: ' "$tmp/daemon.log" || true
 
 kill -TERM "$daemon_pid"
 status=0

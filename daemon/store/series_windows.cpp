@@ -3,11 +3,13 @@
 namespace tokenmeter::daemon {
 namespace {
 
-// The sum of a counter over a series' label cells.
-uint64_t CellSum(const EngineSeries& s, EngineMetric m) {
-  uint64_t n = s.count(m);
-  for (const LabelCell& c : s.cells()) n += c.values->count(m);
-  return n;
+uint64_t Child(const SeriesValues& v, EngineMetric m, size_t i) {
+  const std::vector<uint64_t>& c = v.children(m);
+  return i < c.size() ? c[i] : 0;
+}
+
+double Ratio(uint64_t num, uint64_t den) {
+  return den > 0 ? double(num) / double(den) : 0.0;
 }
 
 // An increase, moving the mark on; a value below its mark is none.
@@ -19,10 +21,23 @@ uint64_t Delta(uint64_t now, uint64_t& mark) {
 
 }  // namespace
 
+uint64_t CellSum(const EngineSeries& s, EngineMetric m) {
+  uint64_t n = s.count(m);
+  for (const LabelCell& c : s.cells()) n += c.values->count(m);
+  return n;
+}
+
+uint64_t CellChildSum(const EngineSeries& s, EngineMetric m, size_t i) {
+  uint64_t n = Child(s, m, i);
+  for (const LabelCell& c : s.cells()) n += Child(*c.values, m, i);
+  return n;
+}
+
 WindowCounters WindowCounters::Of(const EngineSeries& s) {
   WindowCounters c;
   c.prompt_tokens = CellSum(s, kPromptTokens);
   c.generation_tokens = CellSum(s, kGenerationTokens);
+  c.prompt_tokens_cached = CellSum(s, kPromptTokensCached);
   c.preemptions = s.count(kNumPreemptions);
   c.prefix_queries = s.count(kPrefixCacheQueries);
   c.prefix_hits = s.count(kPrefixCacheHits);
@@ -30,6 +45,18 @@ WindowCounters WindowCounters::Of(const EngineSeries& s) {
   c.spec_draft_tokens = s.count(kSpecDecodeNumDraftTokens);
   c.spec_accepted_tokens = s.count(kSpecDecodeNumAcceptedTokens);
   return c;
+}
+
+double WindowCounters::CacheHitRate() const {
+  return Ratio(prefix_hits, prefix_queries);
+}
+
+double WindowCounters::SpecAcceptLength() const {
+  return spec_drafts > 0 ? 1.0 + Ratio(spec_accepted_tokens, spec_drafts) : 0.0;
+}
+
+double WindowCounters::SpecAcceptRate() const {
+  return Ratio(spec_accepted_tokens, spec_draft_tokens);
 }
 
 EngineMetric WindowLatency(const EngineSeries& s, size_t i) {
@@ -78,6 +105,8 @@ const SeriesWindows::Window& SeriesWindows::Advance(const EngineSeries& s,
   WindowCounters& d = window_.increase;
   d.prompt_tokens = Delta(now.prompt_tokens, mark.prompt_tokens);
   d.generation_tokens = Delta(now.generation_tokens, mark.generation_tokens);
+  d.prompt_tokens_cached =
+      Delta(now.prompt_tokens_cached, mark.prompt_tokens_cached);
   d.preemptions = Delta(now.preemptions, mark.preemptions);
   d.prefix_queries = Delta(now.prefix_queries, mark.prefix_queries);
   d.prefix_hits = Delta(now.prefix_hits, mark.prefix_hits);

@@ -10,7 +10,7 @@
 // the series' label cells: a window is per series, whatever per-request
 // labels split it into.
 //
-// Memory: per series seen, the counters (64 bytes) and, with latencies,
+// Memory: per series seen, the counters (72 bytes) and, with latencies,
 // the bucket counts of three histograms. Series live as long as the
 // daemon, so their addresses are stable keys; bounded by the registry's
 // series cap. Single-threaded: the daemon's loop.
@@ -32,6 +32,9 @@ namespace tokenmeter::daemon {
 struct WindowCounters {
   uint64_t prompt_tokens = 0;      // summed over label cells
   uint64_t generation_tokens = 0;  // summed over label cells
+  // Of prompt_tokens, those found cached or received (SCHEDULED info:
+  // prompt_tokens_cached), summed over label cells.
+  uint64_t prompt_tokens_cached = 0;
   uint64_t preemptions = 0;
   uint64_t prefix_queries = 0;
   uint64_t prefix_hits = 0;
@@ -40,7 +43,23 @@ struct WindowCounters {
   uint64_t spec_accepted_tokens = 0;
   // The totals of `s` now. O(label cells).
   static WindowCounters Of(const EngineSeries& s);
+
+  // The window figures SGLang computes the same way (its gen_throughput
+  // aside), shared by the window gauges and the summary line; 0 where the
+  // window had nothing to divide by. Prefix hits / prefix queries.
+  double CacheHitRate() const;
+  // 1 + accepted tokens / drafts: the accepted tokens of one draft round
+  // with the bonus token.
+  double SpecAcceptLength() const;
+  // Accepted tokens / draft tokens.
+  double SpecAcceptRate() const;
 };
+
+// A counter of `s` summed over its label cells (request-level counters are
+// split by per-request labels); for a counter with an own label, child `i`
+// (0 where the child was never added). O(label cells).
+uint64_t CellSum(const EngineSeries& s, EngineMetric m);
+uint64_t CellChildSum(const EngineSeries& s, EngineMetric m, size_t i);
 
 // The latency histograms a window can follow: TTFT, the inter-token
 // latency the series' profile shows (SGLang's is token-weighted), e2e.

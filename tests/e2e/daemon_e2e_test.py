@@ -6,6 +6,7 @@ Usage: daemon_e2e_test.py TOKENMETERD [unittest args]
 """
 import gzip
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -687,6 +688,139 @@ class ClientLibrary(unittest.TestCase):
                 + d.value("tokenmeter_ingest_events_total", kind="scheduled")
                 + d.value("tokenmeter_ingest_events_total", kind="finished"),
                 want["sent"])
+
+
+class SummaryLine(unittest.TestCase):
+    """The summary line of a running daemon in each profile's wording
+    (docs/operations.md): one batch of traffic, then the line of the window
+    that holds it (the one with the rejection) and the line of the window
+    after, read from the log. Throughputs depend on the measured window, so
+    only their ratio is checked; gauges and counts are exact."""
+
+    @staticmethod
+    def send(sock, requests):
+        """In one batch: a STEP, the events `requests(t0)` and a
+        rejection."""
+        t0 = time.monotonic_ns() - 1_000 * MS
+        sock.sendall(batch([
+            [7, t0, {"running": 3, "waiting": 1, "kv_usage": 0.25,
+                     "prefix_queries": 100, "prefix_hits": 40}],
+            *requests(t0),
+            [9, t0 + 4 * MS, "queue_full"],
+        ]))
+
+    # Two requests (100 + 50 prompt tokens, 30 of them cached; 10 + 5
+    # output tokens; one stop, one abort).
+    @classmethod
+    def traffic(cls, sock):
+        cls.send(sock, lambda t0: [
+            [1, t0, 1, 100], [3, t0 + MS, 1, {"cached_tokens": 30}],
+            [4, t0 + 2 * MS, 1, 10], [5, t0 + 3 * MS, 1, "stop"],
+            [1, t0, 2, 50], [3, t0 + MS, 2],
+            [4, t0 + 2 * MS, 2, 5], [5, t0 + 3 * MS, 2, "abort"]])
+
+    # The same two requests from an engine that hands over only its own
+    # figures (protocol 1.3): LATENCIES with the token counts, one
+    # REQUEST_SUMMARY per request.
+    @classmethod
+    def computed_traffic(cls, sock):
+        cls.send(sock, lambda t0: [
+            [13, t0, [MS, MS], [],
+             {"prompt_tokens": 150, "generation_tokens": 15}],
+            [12, t0, "stop", {"prompt_tokens": 100, "generation_tokens": 10,
+                              "cached_tokens": 30}],
+            [12, t0, "abort", {"prompt_tokens": 50,
+                               "generation_tokens": 5}]])
+
+    def lines(self, profile, pattern, traffic=None):
+        """The summary line of the window with the traffic and the next
+        one, each the figures after the `engine=dp0 model=m: ` prefix
+        matched in full against `pattern`; returns the two matches."""
+        d = Daemon("--log-interval", "0.4", "--profile", profile).start()
+        self.addCleanup(d.cleanup)
+        s = d.connect()
+        self.addCleanup(s.close)
+        # An engine name with no profile of its own: --profile decides.
+        s.sendall(hello(engine="myengine", instance="dp0"))
+        (traffic or self.traffic)(s)
+        prefix = "engine=dp0 model=m: "
+
+        def busy_and_next():
+            text = d.read_log().decode(errors="replace")
+            lines = [ln[ln.index(prefix) + len(prefix):]
+                     for ln in text.splitlines() if prefix in ln]
+            busy = [i for i, ln in enumerate(lines) if "Rejected" in ln]
+            return busy and lines[busy[0]:busy[0] + 2]
+        poll_until(lambda: len(busy_and_next() or []) == 2, timeout=10,
+                   what=profile + " summary lines")
+        lines = busy_and_next()
+        self.assertEqual(d.stop(), 0)
+        tail = r", Rejected: \d+\.\d reqs/s \(queue_full 1\)"
+        busy = re.fullmatch(pattern + tail, lines[0])
+        after = re.fullmatch(pattern, lines[1])
+        self.assertIsNotNone(busy, lines[0])
+        self.assertIsNotNone(after, lines[1])
+        return busy, after
+
+    @staticmethod
+    def ratio(m, num, den):
+        return float(m.group(num)) / float(m.group(den))
+
+    def test_vllm_wording(self):
+        busy, after = self.lines("vllm", (
+            r"Avg prompt throughput: (?P<p>\d+\.\d) tokens/s, "
+            r"Avg generation throughput: (?P<g>\d+\.\d) tokens/s, "
+            r"Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 25\.0%, "
+            r"Prefix cache hit rate: (?P<hit>\d+\.\d)%"))
+        self.assertEqual(busy.group("hit"), "40.0")
+        self.assertAlmostEqual(self.ratio(busy, "p", "g"), 10, delta=0.5)
+        # The next window: no tokens, no prefix lookups.
+        self.assertEqual((after.group("p"), after.group("hit")),
+                         ("0.0", "0.0"))
+
+    def test_sglang_wording(self):
+        busy, after = self.lines("sglang", (
+            r"#running-req: 3, token usage: 0\.25, "
+            r"gen throughput \(token/s\): (?P<g>\d+\.\d\d), "
+            r"#queue-req: 1, #new-token: (?P<new>\d+), "
+            r"#cached-token: (?P<cached>\d+), "
+            r"input throughput \(token/s\): (?P<i>\d+\.\d\d)"))
+        self.assertEqual((busy.group("new"), busy.group("cached")),
+                         ("120", "30"))
+        self.assertAlmostEqual(self.ratio(busy, "i", "g"), 8, delta=0.1)
+        self.assertEqual((after.group("new"), after.group("cached"),
+                          after.group("g")), ("0", "0", "0.00"))
+
+    def test_lmdeploy_wording(self):
+        # LMDeploy's request counts and hit rate are totals: the next
+        # window shows them again, its throughputs 0.
+        busy, after = self.lines("lmdeploy", (
+            r"Avg thr \(in/out\): (?P<p>\d+\.\d) / (?P<g>\d+\.\d) "
+            r"tokens/s, Server \(succeeded/failed\): 1 / 1, "
+            r"Engine \(running/waiting\): 3 / 1, KV cache: 25\.0%, "
+            r"Prefix cache hit rate: 40\.0%"))
+        self.assertAlmostEqual(self.ratio(busy, "p", "g"), 10, delta=0.5)
+        self.assertEqual((after.group("p"), after.group("g")), ("0.0", "0.0"))
+
+    def test_engines_that_send_their_own_figures(self):
+        """Protocol 1.3: the counts of LATENCIES and REQUEST_SUMMARY feed
+        the same figures (no cached tokens per request: all computed)."""
+        busy, _ = self.lines("lmdeploy", (
+            r"Avg thr \(in/out\): (?P<p>\d+\.\d) / (?P<g>\d+\.\d) "
+            r"tokens/s, Server \(succeeded/failed\): 1 / 1, "
+            r"Engine \(running/waiting\): 3 / 1, KV cache: 25\.0%, "
+            r"Prefix cache hit rate: 40\.0%"), self.computed_traffic)
+        self.assertAlmostEqual(self.ratio(busy, "p", "g"), 10, delta=0.5)
+        busy, _ = self.lines("sglang", (
+            r"#running-req: 3, token usage: 0\.25, "
+            r"gen throughput \(token/s\): (?P<g>\d+\.\d\d), "
+            r"#queue-req: 1, #new-token: (?P<new>\d+), "
+            r"#cached-token: (?P<cached>\d+), "
+            r"input throughput \(token/s\): (?P<i>\d+\.\d\d)"),
+            self.computed_traffic)
+        self.assertEqual((busy.group("new"), busy.group("cached")),
+                         ("150", "0"))
+        self.assertAlmostEqual(self.ratio(busy, "i", "g"), 10, delta=0.1)
 
 
 class VllmDashboard(unittest.TestCase):

@@ -71,6 +71,42 @@ TEST_F(SeriesWindowsTest, RequestLevelCountersSumTheLabelCells) {
   EXPECT_EQ(d.generation_tokens, 300u);
 }
 
+TEST_F(SeriesWindowsTest, CachedPromptTokensSumTheLabelCells) {
+  SeriesWindows w;
+  s_->Add(kPromptTokensCached, 1);
+  SeriesValues& acme = Tenant("acme");
+  acme.Add(kPromptTokensCached, 30);
+  EXPECT_EQ(w.Advance(*s_).increase.prompt_tokens_cached, 31u);
+  acme.Add(kPromptTokensCached, 4);
+  EXPECT_EQ(w.Advance(*s_).increase.prompt_tokens_cached, 4u);
+}
+
+TEST_F(SeriesWindowsTest, CellChildSumAddsOneChildOfEveryCell) {
+  s_->AddChild(kRequestSuccess, 0, 5);
+  SeriesValues& acme = Tenant("acme");
+  acme.AddChild(kRequestSuccess, 0, 70);
+  acme.AddChild(kRequestSuccess, 3, 2);
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 0), 75u);
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 3), 2u);
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 1), 0u);  // never added
+  EXPECT_EQ(CellChildSum(*s_, kRequestSuccess, 9), 0u);  // past the children
+}
+
+TEST(WindowCountersTest, RatiosAreZeroWithoutADenominator) {
+  WindowCounters d;
+  EXPECT_EQ(d.CacheHitRate(), 0.0);
+  EXPECT_EQ(d.SpecAcceptLength(), 0.0);
+  EXPECT_EQ(d.SpecAcceptRate(), 0.0);
+  d.prefix_queries = 8;
+  d.prefix_hits = 2;
+  d.spec_drafts = 4;
+  d.spec_draft_tokens = 12;
+  d.spec_accepted_tokens = 6;
+  EXPECT_DOUBLE_EQ(d.CacheHitRate(), 0.25);
+  EXPECT_DOUBLE_EQ(d.SpecAcceptLength(), 2.5);  // 1 + 6 / 4
+  EXPECT_DOUBLE_EQ(d.SpecAcceptRate(), 0.5);
+}
+
 TEST_F(SeriesWindowsTest, RestartTakesThePresentTotalsAsTheMark) {
   // A series restored from a snapshot: its totals are not one window's.
   s_->Add(kPromptTokens, 1'000'000);
