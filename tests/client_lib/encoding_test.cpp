@@ -1102,7 +1102,11 @@ TEST_F(EventLayoutTest, SendsRegisteredValuesAsTheirStrings) {
 // tokenmeter.h documents.
 TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
   StartServer();
-  NewClient();
+  // Thousands of events flushed at close: room for a sanitizer build on a
+  // loaded machine (a timeout here is the close's, not the encoding's).
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 30'000), TM_OK);
+  NewClient(opts.get());
   tm_client* c = client_;
   const int timeout = tm_register_value(c, "timeout");
   const int nixl = tm_register_value(c, "nixl-connector-with-a-long-name-x");
