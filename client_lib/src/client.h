@@ -186,8 +186,8 @@ struct tm_client {
   // The number of registered values (ids 1 .. value_ids_), stored by the
   // value table under its mutex.
   std::atomic<uint32_t> value_ids_{0};
-  // Lines 2 to 33: each thread's slot by its thread pointer, written when a
-  // thread attaches or lets its slot go. In the handle, never freed, so
+  // Lines 2 to 17 (1 KiB): each thread's slot by its thread pointer, written
+  // when a thread attaches or lets its slot go. In the handle, never freed, so
   // that an event call may read it after close; before the parts, which
   // borrow it.
   tokenmeter::client::ThreadSlotCache slot_cache_;

@@ -84,7 +84,7 @@ inline uintptr_t ThreadPointer() {
 // time goes"). It lives in the client's handle, which is never freed, so a
 // lookup may read it even on a closed client.
 //
-// 32 buckets of 4 entries, one bucket per cache line, picked by a hash of
+// 16 buckets of 4 entries, one bucket per cache line, picked by a hash of
 // the thread pointer. The hot path (Find()) reads the bucket's first entry;
 // FindSlow() the other three, then CachedSlot(). An entry is written when
 // its thread attaches (Insert(), under the registry's mutex, into a free
@@ -92,7 +92,8 @@ inline uintptr_t ThreadPointer() {
 // its next attach once the client has closed), never on the hot path:
 // threads that share a bucket share a line that they only read. A thread
 // whose bucket is full gets no entry and finds its slot through
-// CachedSlot() (correct, and as fast as before this cache).
+// CachedSlot() (correct, at about the cost of every lookup before this
+// cache).
 //
 // Why a thread never reaches another thread's ring through it:
 //  * an entry holding thread pointer P is written only by the thread that
@@ -146,7 +147,7 @@ class ThreadSlotCache {
   static void Erase(Entry* e) { e->thread.store(0, std::memory_order_release); }
 
  private:
-  static constexpr int kBucketBits = 5;
+  static constexpr int kBucketBits = 4;
   static constexpr int kWays = 4;
   struct alignas(64) Bucket {
     Entry entries[kWays];
@@ -156,7 +157,7 @@ class ThreadSlotCache {
   // every thread). glibc's thread stacks, with the TCB at their top, are a
   // stack size plus a guard page apart: with the default sizes (a power of
   // two and one page) an odd number of pages, so threads created one after
-  // another take the buckets in turn, 32 of them before two share one.
+  // another take the buckets in turn, 16 of them before two share one.
   // (A multiplicative hash measured worse on such strides: 2049 pages, the
   // default 8 MiB stack and its guard page, repeats every third thread.)
   static size_t BucketOf(uintptr_t thread) {

@@ -1,5 +1,7 @@
 // Many producer threads, the max_threads cap, and threads that exit.
 #include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cstdint>
@@ -272,6 +274,75 @@ TEST_F(ThreadExitTest, ThreadWithAnExitedThreadsPointerGetsItsOwnSlot) {
   const StatsArray s = Stats();
   EXPECT_EQ(s[TM_STAT_EVENTS_SENT], uint64_t{kRounds} * 3 * kPerThread);
   EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+}
+
+// Threads whose thread pointers share a bucket of the client's slot cache
+// (thread_registry.h: the bucket is the TCB's page number modulo 16): on
+// stacks of our own, 256 KiB apart, glibc puts each TCB at the same offset
+// from its stack's top. All attach before any reports and none exits
+// before all have reported, so that four find their slots through the
+// bucket's entries and the others through their thread_local tables.
+TEST_F(ThreadsTest, ThreadsSharingACacheBucketKeepEveryEvent) {
+  constexpr uint32_t kThreads = 8;
+  constexpr uint32_t kPerThread = 5000;
+  constexpr size_t kStack = size_t{256} << 10;
+  StartServer();
+  NewClient();
+  void* stacks = mmap(nullptr, kThreads * kStack, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(stacks, MAP_FAILED);
+  struct Producer {
+    tm_client* client;
+    uint64_t k;
+    std::atomic<uint32_t>* attached;
+    std::atomic<uint32_t>* done;
+    uintptr_t identity;
+    uint32_t failures;
+  };
+  std::atomic<uint32_t> attached{0};
+  std::atomic<uint32_t> done{0};
+  std::vector<Producer> producers(kThreads);
+  std::vector<pthread_t> threads(kThreads);
+  for (uint32_t k = 0; k < kThreads; ++k) {
+    producers[k] = Producer{client_, k, &attached, &done, 0, 0};
+    pthread_attr_t attr;
+    ASSERT_EQ(pthread_attr_init(&attr), 0);
+    ASSERT_EQ(pthread_attr_setstack(
+                  &attr, static_cast<char*>(stacks) + k * kStack, kStack),
+              0);
+    ASSERT_EQ(pthread_create(
+                  &threads[k], &attr,
+                  [](void* arg) -> void* {
+                    auto* p = static_cast<Producer*>(arg);
+                    p->identity = ThreadIdentity();
+                    p->failures += tm_thread_attach(p->client) != TM_OK;
+                    ++*p->attached;
+                    while (p->attached->load() < kThreads) sched_yield();
+                    for (uint32_t i = 1; i <= kPerThread; ++i) {
+                      p->failures +=
+                          tm_tokens(p->client, 0, p->k * kRidRange, i) != TM_OK;
+                    }
+                    ++*p->done;
+                    while (p->done->load() < kThreads) sched_yield();
+                    return nullptr;
+                  },
+                  &producers[k]),
+              0);
+    pthread_attr_destroy(&attr);
+  }
+  for (pthread_t t : threads) pthread_join(t, nullptr);
+  munmap(stacks, kThreads * kStack);
+  for (const Producer& p : producers) {
+    EXPECT_EQ(p.failures, 0u) << "thread " << p.k;
+    // Not a check of the library: that the threads share a bucket.
+    EXPECT_EQ((p.identity - producers[0].identity) % (16 * 4096), 0u)
+        << "thread " << p.k;
+  }
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  ASSERT_TRUE(WaitForEvents(kThreads * kPerThread));
+  ExpectEveryThreadsEventsInOrder(EventsOf(server_->Snapshot()), kThreads,
+                                  kPerThread);
+  EXPECT_EQ(Stats()[TM_STAT_EVENTS_DROPPED], 0u);
 }
 
 // A thread may report to several clients; each has its own buffer.
