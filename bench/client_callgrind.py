@@ -142,7 +142,8 @@ def main(argv):
                 if loop_ir is not None:
                     caller = "%.2f" % (loop_ir / calls)
             print("%-28s %-14s %10d %8d %9.2f %12s" %
-                  (build[-28:], case, ir, calls, ir / calls, caller))
+                  (os.path.abspath(build)[-28:], case, ir, calls, ir / calls,
+                   caller))
     print("callgrind outputs in %s" % out_dir)
     return status
 
