@@ -23,6 +23,16 @@
 //       default, ack on, against a sink that acks each BATCH like the
 //       daemon. The ack path is the sender thread's: the pair shows that it
 //       adds nothing to an event call.
+//   dlopen/tm_tokens/caller_ts, dlopen/tm_tokens/now   only with
+//       --shared_library=PATH: the tm_tokens cases on a client of another
+//       copy of the library, PATH loaded with dlopen() (as the Python
+//       binding loads it) and called through pointers from dlsym(), in the
+//       same process as the cases above, so that --benchmark_enable_random_
+//       interleaving runs the two copies' cases side by side. Given the
+//       shared library to client_bench_static, it sets the shared library
+//       against the static one in one invocation (docs/performance.md,
+//       "Where the time goes"); the pointer call is what a caller built
+//       with -fno-plt makes, where the PLT adds a jump.
 //
 // Honesty of the tm_* cases: a producer at ~10 ns per call outruns the
 // sender thread, and a full ring turns every call into the "drop"
@@ -32,6 +42,7 @@
 // or rejected and that every call made was sent; a run that fails the check
 // is reported as an error, not as a figure.
 #include <benchmark/benchmark.h>
+#include <dlfcn.h>
 #include <msgpack.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -51,6 +62,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tokenmeter/tokenmeter.h"
@@ -307,37 +319,107 @@ class SinkServer {
   std::atomic<uint64_t> bytes_{0};
 };
 
+// The calls the harness makes on a client, from the library this program
+// is linked with (kLinked) or from one it loaded (LoadLibrary()).
+struct Api {
+  decltype(&tm_options_new) options_new;
+  decltype(&tm_options_free) options_free;
+  decltype(&tm_options_set_socket_path) options_set_socket_path;
+  decltype(&tm_options_set_engine) options_set_engine;
+  decltype(&tm_options_set_model) options_set_model;
+  decltype(&tm_options_set_ack) options_set_ack;
+  decltype(&tm_client_new) client_new;
+  decltype(&tm_client_close) client_close;
+  decltype(&tm_client_flush) client_flush;
+  decltype(&tm_client_stats) client_stats;
+  decltype(&tm_thread_attach) thread_attach;
+  decltype(&tm_strerror) strerror;
+  decltype(&tm_now_ns) now_ns;
+  decltype(&tm_tokens) tokens;
+};
+
+const Api kLinked = {
+    &tm_options_new,
+    &tm_options_free,
+    &tm_options_set_socket_path,
+    &tm_options_set_engine,
+    &tm_options_set_model,
+    &tm_options_set_ack,
+    &tm_client_new,
+    &tm_client_close,
+    &tm_client_flush,
+    &tm_client_stats,
+    &tm_thread_attach,
+    &tm_strerror,
+    &tm_now_ns,
+    &tm_tokens,
+};
+
+// Loads the library at `path` (dlopen(), kept loaded) and fills *api from
+// it; false, with a line on stderr, when it cannot.
+bool LoadLibrary(const char* path, Api* api) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::fprintf(stderr, "client_bench: dlopen: %s\n", dlerror());
+    return false;
+  }
+  bool ok = true;
+  auto load = [&](auto* fn, const char* name) {
+    void* sym = dlsym(lib, name);
+    if (sym == nullptr) {
+      std::fprintf(stderr, "client_bench: %s: no %s\n", path, name);
+      ok = false;
+    }
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(sym);
+  };
+  load(&api->options_new, "tm_options_new");
+  load(&api->options_free, "tm_options_free");
+  load(&api->options_set_socket_path, "tm_options_set_socket_path");
+  load(&api->options_set_engine, "tm_options_set_engine");
+  load(&api->options_set_model, "tm_options_set_model");
+  load(&api->options_set_ack, "tm_options_set_ack");
+  load(&api->client_new, "tm_client_new");
+  load(&api->client_close, "tm_client_close");
+  load(&api->client_flush, "tm_client_flush");
+  load(&api->client_stats, "tm_client_stats");
+  load(&api->thread_attach, "tm_thread_attach");
+  load(&api->strerror, "tm_strerror");
+  load(&api->now_ns, "tm_now_ns");
+  load(&api->tokens, "tm_tokens");
+  return ok;
+}
+
 struct Snapshot {
   uint64_t s[TM_STAT_COUNT] = {};
-  explicit Snapshot(const tm_client* c) {
-    tm_client_stats(c, s, TM_STAT_COUNT);
+  explicit Snapshot(const tm_client* c, const Api& api = kLinked) {
+    api.client_stats(c, s, TM_STAT_COUNT);
   }
 };
 
 // Runs `call(i)` for i = 0, 1, ... in timed chunks of `chunk` (kChunk by
 // default), flushing the thread's events to the sink untimed between chunks
-// (see the file comment).
+// (see the file comment). `api` is the library `c` belongs to.
 template <typename Call>
 void RunChunked(benchmark::State& state, tm_client* c, Call call,
-                int chunk = kChunk) {
+                int chunk = kChunk, const Api& api = kLinked) {
   // Before the start barrier: no thread has made a timed call yet, and the
   // previous run flushed everything it made.
-  if (tm_thread_attach(c) != TM_OK) {
+  if (api.thread_attach(c) != TM_OK) {
     state.SkipWithError("tm_thread_attach failed");
     return;
   }
-  const Snapshot before(c);
+  const Snapshot before(c, api);
   uint64_t i = 0;
   while (state.KeepRunningBatch(chunk)) {
     for (int k = 0; k < chunk; ++k) call(i++);
     state.PauseTiming();
-    const int rc = tm_client_flush(c, kFlushTimeoutMs);
+    const int rc = api.client_flush(c, kFlushTimeoutMs);
     state.ResumeTiming();
     if (rc != TM_OK) state.SkipWithError("tm_client_flush failed");
   }
   // After the stop barrier every thread has made and flushed all its calls.
   if (state.thread_index() != 0 || state.error_occurred()) return;
-  const Snapshot after(c);
+  const Snapshot after(c, api);
   const uint64_t dropped =
       after.s[TM_STAT_EVENTS_DROPPED] - before.s[TM_STAT_EVENTS_DROPPED];
   const uint64_t rejected =
@@ -360,6 +442,21 @@ void TokensCallerTs(benchmark::State& state, tm_client* c) {
 
 void TokensNow(benchmark::State& state, tm_client* c) {
   RunChunked(state, c, [c](uint64_t i) { tm_tokens(c, 0, i, 1); });
+}
+
+// The same two through `api` (a loaded library's pointers).
+void TokensCallerTsVia(benchmark::State& state, const Api* api, tm_client* c) {
+  const auto tokens = api->tokens;
+  const uint64_t t0 = api->now_ns();
+  RunChunked(
+      state, c, [c, t0, tokens](uint64_t i) { tokens(c, t0 + i, i, 1); },
+      kChunk, *api);
+}
+
+void TokensNowVia(benchmark::State& state, const Api* api, tm_client* c) {
+  const auto tokens = api->tokens;
+  RunChunked(
+      state, c, [c, tokens](uint64_t i) { tokens(c, 0, i, 1); }, kChunk, *api);
 }
 
 void ArrivedCallerTs(benchmark::State& state, tm_client* c) {
@@ -507,44 +604,68 @@ void PrometheusObserve(benchmark::State& state, prometheus::Histogram* h) {
 
 // Waits for the client's first connection to the sink (the sender connects
 // in the background). False after 5 s.
-bool WaitConnected(const tm_client* c) {
+bool WaitConnected(const tm_client* c, const Api& api) {
   for (int i = 0; i < 5000; ++i) {
-    if (Snapshot(c).s[TM_STAT_CONNECTED] == 1) return true;
+    if (Snapshot(c, api).s[TM_STAT_CONNECTED] == 1) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
 }
 
-// A client of the sink, connected; nullptr (with a line on stderr) if not.
-tm_client* NewClient(const std::string& path, bool ack) {
-  tm_options* opts = tm_options_new();
+// A client of the sink made by `api`'s library, connected; nullptr (with a
+// line on stderr) if not.
+tm_client* NewClient(const std::string& path, bool ack,
+                     const Api& api = kLinked) {
+  tm_options* opts = api.options_new();
   if (opts == nullptr ||
-      tm_options_set_socket_path(opts, path.c_str()) != TM_OK ||
-      tm_options_set_engine(opts, "bench") != TM_OK ||
-      tm_options_set_model(opts, "bench-model") != TM_OK ||
-      tm_options_set_ack(opts, ack ? 1 : 0) != TM_OK) {
+      api.options_set_socket_path(opts, path.c_str()) != TM_OK ||
+      api.options_set_engine(opts, "bench") != TM_OK ||
+      api.options_set_model(opts, "bench-model") != TM_OK ||
+      api.options_set_ack(opts, ack ? 1 : 0) != TM_OK) {
     std::fprintf(stderr, "client_bench: setting options failed\n");
-    tm_options_free(opts);
+    api.options_free(opts);
     return nullptr;
   }
   tm_client* c = nullptr;
-  const int rc = tm_client_new(opts, &c);
-  tm_options_free(opts);
+  const int rc = api.client_new(opts, &c);
+  api.options_free(opts);
   if (rc != TM_OK) {
-    std::fprintf(stderr, "client_bench: tm_client_new: %s\n", tm_strerror(rc));
+    std::fprintf(stderr, "client_bench: tm_client_new: %s\n", api.strerror(rc));
     return nullptr;
   }
-  if (!WaitConnected(c)) {
+  if (!WaitConnected(c, api)) {
     std::fprintf(stderr, "client_bench: client did not connect to the sink\n");
-    tm_client_close(c, nullptr, 0);
+    api.client_close(c, nullptr, 0);
     return nullptr;
   }
   return c;
 }
 
+// Takes --shared_library=PATH out of argv (Google Benchmark refuses flags
+// it does not know); nullptr when it is not there.
+const char* TakeSharedLibraryFlag(int* argc, char** argv) {
+  static constexpr char kFlag[] = "--shared_library=";
+  const char* path = nullptr;
+  int out = 0;
+  for (int i = 0; i < *argc; ++i) {
+    if (std::strncmp(argv[i], kFlag, sizeof kFlag - 1) == 0) {
+      path = argv[i] + sizeof kFlag - 1;
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  return path;
+}
+
 int Main(int argc, char** argv) {
+  const char* shared_library = TakeSharedLibraryFlag(&argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  Api loaded{};
+  if (shared_library != nullptr && !LoadLibrary(shared_library, &loaded)) {
+    return 1;
+  }
 
   SinkServer sink;
   if (!sink.Start()) return 1;
@@ -552,10 +673,26 @@ int Main(int argc, char** argv) {
   // `c`: the library's defaults (ack on); `c_no_ack`: ack off.
   tm_client* c = NewClient(sink.path(), true);
   tm_client* c_no_ack = NewClient(sink.path(), false);
-  if (c == nullptr || c_no_ack == nullptr) {
+  // `c_loaded`: the loaded library's client, with its defaults.
+  tm_client* c_loaded = shared_library != nullptr
+                            ? NewClient(sink.path(), true, loaded)
+                            : nullptr;
+  if (c == nullptr || c_no_ack == nullptr ||
+      (shared_library != nullptr && c_loaded == nullptr)) {
     tm_client_close(c, nullptr, 0);
     tm_client_close(c_no_ack, nullptr, 0);
+    if (c_loaded != nullptr) loaded.client_close(c_loaded, nullptr, 0);
     return 1;
+  }
+  if (c_loaded != nullptr) {
+    for (int threads : {1, 2}) {
+      benchmark::RegisterBenchmark("dlopen/tm_tokens/caller_ts",
+                                   TokensCallerTsVia, &loaded, c_loaded)
+          ->Threads(threads);
+      benchmark::RegisterBenchmark("dlopen/tm_tokens/now", TokensNowVia,
+                                   &loaded, c_loaded)
+          ->Threads(threads);
+    }
   }
 
   for (int threads : {1, 2}) {
@@ -629,10 +766,16 @@ int Main(int argc, char** argv) {
   const int rc = tm_client_close(c, final_stats, TM_STAT_COUNT);
   uint64_t no_ack_stats[TM_STAT_COUNT] = {};
   const int rc_no_ack = tm_client_close(c_no_ack, no_ack_stats, TM_STAT_COUNT);
+  uint64_t loaded_stats[TM_STAT_COUNT] = {};
+  const int rc_loaded =
+      c_loaded != nullptr
+          ? loaded.client_close(c_loaded, loaded_stats, TM_STAT_COUNT)
+          : TM_OK;
   sink.Stop();
   const uint64_t dropped = final_stats[TM_STAT_EVENTS_DROPPED] +
-                           no_ack_stats[TM_STAT_EVENTS_DROPPED];
-  if (rc != TM_OK || rc_no_ack != TM_OK || dropped != 0) {
+                           no_ack_stats[TM_STAT_EVENTS_DROPPED] +
+                           loaded_stats[TM_STAT_EVENTS_DROPPED];
+  if (rc != TM_OK || rc_no_ack != TM_OK || rc_loaded != TM_OK || dropped != 0) {
     std::fprintf(
         stderr, "client_bench: %llu events dropped in total, %llu unacked\n",
         static_cast<unsigned long long>(dropped),

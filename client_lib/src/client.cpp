@@ -19,6 +19,7 @@ using tokenmeter::client::ClientParts;
 using tokenmeter::client::NewUnixSocketTransport;
 using tokenmeter::client::Ring;
 using tokenmeter::client::SenderOptions;
+using tokenmeter::client::ThreadSlotCache;
 using tokenmeter::client::Transport;
 
 namespace {
@@ -174,15 +175,17 @@ void InstallForkHandlers() {
 
 namespace tokenmeter::client {
 
-ClientParts::ClientParts(const tm_options& opts, ClientCounters& counters)
-    : registry(opts.buffer_capacity, opts.max_threads, counters),
+ClientParts::ClientParts(const tm_options& opts, ClientCounters& counters,
+                         ThreadSlotCache& cache)
+    : registry(opts.buffer_capacity, opts.max_threads, counters, cache),
       sender(SenderOptionsOf(opts), TransportOf(opts), registry, values,
              counters) {}
 
 }  // namespace tokenmeter::client
 
 tm_client::tm_client(const tm_options& opts)
-    : owned_parts_(std::make_unique<ClientParts>(opts, counters_)) {
+    : owned_parts_(
+          std::make_unique<ClientParts>(opts, counters_, slot_cache_)) {
   registry_id_ = owned_parts_->registry.id();
   parts_.store(owned_parts_.get(), std::memory_order_release);
 }
@@ -287,6 +290,12 @@ int tm_client::Attach() {
   const int rc = Enter(&ring, 0);
   if (rc == TM_OK) Leave(ring);
   return rc;
+}
+
+int tm_client::EnterSlow(Ring** ring, uint64_t events) {
+  tokenmeter::client::ThreadSlot* slot = slot_cache_.FindSlow(registry_id_);
+  if (slot == nullptr) return AttachRing(ring, events);
+  return EnterSlot(slot, ring, events);
 }
 
 int tm_client::AttachRing(Ring** ring, uint64_t events) {

@@ -3,10 +3,11 @@
 //  * the handle (this struct): the counters, the state word the event calls
 //    check, and the guards that keep the parts alive while a call uses
 //    them. It is never freed: after tm_client_close() it stays behind as a
-//    tombstone (about 256 bytes, on a list of closed clients, so that leak
-//    checkers see it reachable) until the process exits, so that a call on
-//    a closed handle, or one racing the close, reads valid memory and is
-//    refused and counted (tokenmeter.h, tm_client_close()).
+//    tombstone (1,344 bytes on x86-64, 1 KiB of it the slot cache; on a
+//    list of closed clients, so that leak checkers see it reachable) until
+//    the process exits, so that a call on a closed handle, or one racing
+//    the close, reads valid memory and is refused and counted
+//    (tokenmeter.h, tm_client_close()).
 //  * the parts (ClientParts), freed at close once no thread can use them:
 //      ThreadRegistry (thread_registry.h)  per-thread rings, attach, recycling
 //      Sender         (sender.h)           the sender thread: batching,
@@ -15,8 +16,9 @@
 //      Sender
 //
 // Who touches what. An event call reads the handle's hot line (state,
-// registry id) and its thread's slot (reference counted by the thread's
-// cache, thread_registry.h): never the parts, except to attach a thread
+// registry id), its thread's entry in the handle's slot cache and its
+// thread's slot (reference counted by the thread's thread_local table,
+// thread_registry.h): never the parts, except to attach a thread
 // (AttachRing(), under attaching_). Flush, stats and attach hold callers_
 // or attaching_ while they use the parts; Close() waits for both to drain
 // before it frees them.
@@ -61,7 +63,8 @@ namespace tokenmeter::client {
 // the sender borrows the registry, and is destroyed (its thread joined)
 // first.
 struct ClientParts {
-  ClientParts(const tm_options& opts, ClientCounters& counters);
+  ClientParts(const tm_options& opts, ClientCounters& counters,
+              ThreadSlotCache& cache);
   ThreadRegistry registry;
   ValueTable values;  // the sender reads it
   Sender sender;
@@ -104,22 +107,16 @@ struct tm_client {
   // Enter() returns TM_OK with the calling thread's ring marked "in a call"
   // (attaching the thread on its first call), or TM_E_CLOSED / TM_E_FORKED
   // (the event counted as rejected) or TM_E_DROPPED (no thread slot,
-  // counted). Cost on a cached thread: a thread_local lookup, one store to
-  // the ring's own line, one acquire load of state_ on the line the lookup
-  // already read; no read-modify-write. See Close() for why that suffices.
+  // counted). Cost on a cached thread: the thread pointer, one entry of
+  // slot_cache_ and the ring's producer (loads, no call, no thread-local
+  // storage: ThreadSlotCache::Find()), one store to the ring's own line,
+  // one acquire load of state_; no read-modify-write. See Close() for why
+  // that suffices. A thread the cache has no entry for takes EnterSlow().
   int Enter(tokenmeter::client::Ring** ring, uint64_t events = 1) {
-    tokenmeter::client::ThreadSlot* slot =
-        tokenmeter::client::CachedSlot(registry_id_);
-    if (slot == nullptr) [[unlikely]]
-      return AttachRing(ring, events);
-    slot->ring.BeginCall();
-    const int state = state_.load(std::memory_order_acquire);
-    if (state != kOpen) [[unlikely]] {
-      slot->ring.EndCall();
-      return Refuse(state, events);
-    }
-    *ring = &slot->ring;
-    return TM_OK;
+    tokenmeter::client::ThreadSlot* slot;
+    if (!slot_cache_.Find(&slot)) [[unlikely]]
+      return EnterSlow(ring, events);
+    return EnterSlot(slot, ring, events);
   }
   static void Leave(tokenmeter::client::Ring* ring) { ring->EndCall(); }
 
@@ -157,6 +154,21 @@ struct tm_client {
   tm_client* next_ = nullptr;
 
  private:
+  // Out of line: Enter() for a thread that is not in slot_cache_'s first
+  // entries (ThreadSlotCache::FindSlow()), or not attached (AttachRing()).
+  int EnterSlow(tokenmeter::client::Ring** ring, uint64_t events);
+  // The rest of Enter(), once the thread's slot is found.
+  int EnterSlot(tokenmeter::client::ThreadSlot* slot,
+                tokenmeter::client::Ring** ring, uint64_t events) {
+    slot->ring.BeginCall();
+    const int state = state_.load(std::memory_order_acquire);
+    if (state != kOpen) [[unlikely]] {
+      slot->ring.EndCall();
+      return Refuse(state, events);
+    }
+    *ring = &slot->ring;
+    return TM_OK;
+  }
   int AttachRing(tokenmeter::client::Ring** ring, uint64_t events);
   int Refuse(int state, uint64_t events) {
     CountRejected(events);
@@ -175,7 +187,12 @@ struct tm_client {
   // The number of registered values (ids 1 .. value_ids_), stored by the
   // value table under its mutex.
   std::atomic<uint32_t> value_ids_{0};
-  // Line 2: the slow paths' guards and the parts.
+  // Lines 2 to 17 (1 KiB): each thread's slot by its thread pointer, written
+  // when a thread attaches or lets its slot go. In the handle, never freed, so
+  // that an event call may read it after close; before the parts, which
+  // borrow it.
+  tokenmeter::client::ThreadSlotCache slot_cache_;
+  // Then the slow paths' guards and the parts.
   alignas(64) mutable std::atomic<uint32_t> callers_{0};  // flush, stats
   std::atomic<uint32_t> attaching_{0};                    // AttachRing()
   std::atomic<tokenmeter::client::ClientParts*> parts_{nullptr};

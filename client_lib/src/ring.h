@@ -284,6 +284,17 @@ class Ring {
   // Any thread: whether the producer is inside an event call.
   bool InCall() const { return in_call_.load(std::memory_order_acquire) != 0; }
 
+  // The thread that owns the producer side, as its thread pointer
+  // (ThreadPointer(), thread_registry.h), 0 while none. Set by that thread
+  // when it attaches and cleared when it lets the ring go; its event calls
+  // check it before they use the ring (ThreadSlotCache::Find()).
+  void SetProducer(uintptr_t thread) {
+    producer_.store(thread, std::memory_order_relaxed);
+  }
+  uintptr_t producer() const {
+    return producer_.load(std::memory_order_relaxed);
+  }
+
   // Producer: one more event thrown away (single writer, so no RMW).
   void CountDrop() {
     dropped_.store(dropped_.load(std::memory_order_relaxed) + 1,
@@ -307,6 +318,7 @@ class Ring {
   uint64_t pending_tail_ = 0;
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint32_t> in_call_{0};
+  std::atomic<uintptr_t> producer_{0};
   // Consumer-owned line.
   alignas(64) std::atomic<uint64_t> head_{0};
   // Read-only after construction.

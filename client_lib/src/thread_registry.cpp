@@ -10,27 +10,40 @@ namespace {
 // registry that happens to live at the same address.
 std::atomic<uint64_t> next_registry_id{1};
 
+// The thread's slots, one per registry it attached to, with the entry its
+// client's ThreadSlotCache holds for it (nullptr: none, the bucket was
+// full). Holds the thread's reference on each slot.
 struct TlsEntry {
   uint64_t registry_id;
   ThreadSlot* slot;
+  ThreadSlotCache::Entry* cached;
 };
 constexpr int kTlsEntries = 8;
 
-// Trivially destructible so that the hot-path lookup needs no TLS guard;
-// the reaper below (touched only when attaching) releases the slots when the
-// thread exits.
+// Trivially destructible so that the lookup needs no TLS guard; the reaper
+// below (touched only when attaching) releases the slots when the thread
+// exits.
 thread_local TlsEntry tls_entries[kTlsEntries];
 
-void ReleaseEntry(TlsEntry& e) {
-  e.slot->state.store(ThreadSlot::kOrphaned, std::memory_order_release);
+// Lets the slot go, in this order: the cache entry first (the thread's
+// lookups no longer find it, and a thread that later gets this thread
+// pointer finds it free), then the ring's producer, then the state that
+// lets another thread adopt the slot; the reference last. The client's
+// handle, where the cache entry lives, is never freed.
+void ReleaseEntry(TlsEntry& e, bool orphan) {
+  if (e.cached != nullptr) ThreadSlotCache::Erase(e.cached);
+  if (orphan) {
+    e.slot->ring.SetProducer(0);
+    e.slot->state.store(ThreadSlot::kOrphaned, std::memory_order_release);
+  }
   ThreadSlot::Unref(e.slot);
-  e = TlsEntry{0, nullptr};
+  e = TlsEntry{0, nullptr, nullptr};
 }
 
 struct TlsReaper {
   ~TlsReaper() {
     for (TlsEntry& e : tls_entries) {
-      if (e.slot != nullptr) ReleaseEntry(e);
+      if (e.slot != nullptr) ReleaseEntry(e, /*orphan=*/true);
     }
   }
 };
@@ -57,12 +70,41 @@ ThreadSlot* CachedSlot(uint64_t registry_id) {
   return nullptr;
 }
 
+ThreadSlot* ThreadSlotCache::FindSlow(uint64_t registry_id) const {
+  if constexpr (kHaveThreadPointer) {
+    const uintptr_t self = ThreadPointer();
+    const Bucket& b = buckets_[BucketOf(self)];
+    for (int i = 1; i < kWays; ++i) {
+      const Entry& e = b.entries[i];
+      if (e.thread.load(std::memory_order_relaxed) != self) continue;
+      ThreadSlot* slot = e.slot.load(std::memory_order_relaxed);
+      if (slot->ring.producer() == self) return slot;
+    }
+  }
+  return CachedSlot(registry_id);
+}
+
+ThreadSlotCache::Entry* ThreadSlotCache::Insert(ThreadSlot* slot) {
+  if constexpr (!kHaveThreadPointer) return nullptr;
+  const uintptr_t self = ThreadPointer();
+  // Inserts are serialised by the registry's mutex; an Erase() may run
+  // meanwhile, but only on an entry that is not free.
+  for (Entry& e : buckets_[BucketOf(self)].entries) {
+    if (e.thread.load(std::memory_order_acquire) != 0) continue;
+    e.slot.store(slot, std::memory_order_relaxed);
+    e.thread.store(self, std::memory_order_release);
+    return &e;
+  }
+  return nullptr;
+}
+
 ThreadRegistry::ThreadRegistry(size_t buffer_capacity, uint32_t max_threads,
-                               ClientCounters& counters)
+                               ClientCounters& counters, ThreadSlotCache& cache)
     : id_(next_registry_id.fetch_add(1)),
       max_threads_(max_threads),
       ring_words_(RingWords(buffer_capacity)),
       counters_(counters),
+      cache_(cache),
       slots_(new std::atomic<ThreadSlot*>[max_threads]) {
   for (uint32_t i = 0; i < max_threads_; ++i) slots_[i] = nullptr;
 }
@@ -83,8 +125,7 @@ Ring* ThreadRegistry::AttachSlow(bool count_drop) {
   for (TlsEntry& e : tls_entries) {
     if (e.slot != nullptr &&
         e.slot->client_gone.load(std::memory_order_acquire)) {
-      ThreadSlot::Unref(e.slot);
-      e = TlsEntry{0, nullptr};
+      ReleaseEntry(e, /*orphan=*/false);
     }
     if (e.slot == nullptr && free_entry == nullptr) free_entry = &e;
   }
@@ -124,7 +165,8 @@ Ring* ThreadRegistry::AttachSlow(bool count_drop) {
     return nullptr;
   }
   slot->refs.fetch_add(1, std::memory_order_relaxed);
-  *free_entry = TlsEntry{id_, slot};
+  slot->ring.SetProducer(ThreadPointer());
+  *free_entry = TlsEntry{id_, slot, cache_.Insert(slot)};
   // Registers the thread-exit hook that releases this thread's slots.
   [[maybe_unused]] volatile auto* reaper = &tls_reaper;
   return &slot->ring;

@@ -1,7 +1,12 @@
 // Many producer threads, the max_threads cap, and threads that exit.
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -148,6 +153,196 @@ TEST_F(ThreadExitTest, ReusesSlotOfExitedThread) {
   for (uint32_t i = 0; i < events.size(); ++i) {
     EXPECT_EQ(events[i].array[2].uint, 100 + i / 3) << events[i].ToString();
   }
+}
+
+// What pthread_self() says a thread is: glibc's struct pthread, the TCB the
+// thread pointer points at. A thread that gets an exited thread's value
+// also has its thread pointer, which is what the library's slot cache is
+// keyed by (thread_registry.h).
+uintptr_t ThreadIdentity() { return uintptr_t(pthread_self()); }
+
+// Checks that `events` holds, for each thread k < threads, exactly
+// `per_thread` TOKENS with rid k * kRidRange and n = 1, 2, ... in order.
+void ExpectEveryThreadsEventsInOrder(const std::vector<Value>& events,
+                                     uint64_t threads, uint32_t per_thread) {
+  std::map<uint64_t, uint64_t> next_n;
+  for (const Value& ev : events) {
+    ASSERT_EQ(ev.array[0].uint, 4u) << ev.ToString();
+    const uint64_t k = ev.array[2].uint / kRidRange;
+    ASSERT_LT(k, threads) << ev.ToString();
+    ASSERT_EQ(ev.array[2].uint % kRidRange, 0u) << ev.ToString();
+    ASSERT_EQ(ev.array[3].uint, ++next_n[k]) << ev.ToString();
+  }
+  ASSERT_EQ(next_n.size(), threads);
+  for (const auto& [k, n] : next_n) {
+    EXPECT_EQ(n, per_thread) << "thread " << k;
+  }
+}
+
+// Threads created and joined one after another: glibc hands each the
+// stack, and so the TCB and thread pointer, of the one before. Each finds
+// its own ring, never a ring of the thread whose thread pointer it has.
+TEST_F(ThreadExitTest, ThreadsCreatedAndJoinedInALoopKeepEveryEvent) {
+  constexpr uint32_t kThreads = 200;
+  constexpr uint32_t kPerThread = 50;
+  OptionsPtr opts = DefaultOptions();
+  // A slot for each thread, so that none waits for the sender to drain an
+  // exited thread's ring (small rings: 200 of them).
+  ASSERT_EQ(tm_options_set_max_threads(opts.get(), kThreads), TM_OK);
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  StartServer();
+  NewClient(opts.get());
+  std::set<uintptr_t> identities;
+  uint32_t failures = 0;
+  for (uint32_t k = 0; k < kThreads; ++k) {
+    std::thread t([&, k] {
+      identities.insert(ThreadIdentity());
+      for (uint32_t i = 1; i <= kPerThread; ++i) {
+        failures += tm_tokens(client_, 0, k * kRidRange, i) != TM_OK;
+      }
+    });
+    t.join();
+  }
+  // Not a check of the library: that the loop made the case it is about.
+  ASSERT_LT(identities.size(), size_t{kThreads})
+      << "no thread got the TCB of one before it";
+  EXPECT_EQ(failures, 0u);
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  ASSERT_TRUE(WaitForEvents(kThreads * kPerThread));
+  ExpectEveryThreadsEventsInOrder(EventsOf(server_->Snapshot()), kThreads,
+                                  kPerThread);
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], uint64_t{kThreads} * kPerThread);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+}
+
+// The case a cache keyed by the thread pointer must not get wrong: thread
+// A exits, a live thread B adopts A's drained slot, then a new thread C
+// gets A's thread pointer. C must attach a slot of its own: were it handed
+// A's old slot, B and C would both write one ring. B and C then report at
+// once; every event of each arrives once, in its thread's order.
+TEST_F(ThreadExitTest, ThreadWithAnExitedThreadsPointerGetsItsOwnSlot) {
+  constexpr uint32_t kRounds = 20;
+  constexpr uint32_t kPerThread = 2000;
+  StartServer();
+  NewClient();
+  uint32_t reused = 0;
+  std::atomic<uint32_t> failures{0};
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    const uint64_t base = uint64_t{round} * 3;  // A, B, C: base + 0, 1, 2
+    auto report = [&](uint64_t k, uint32_t from, uint32_t to) {
+      for (uint32_t i = from; i <= to; ++i) {
+        if (tm_tokens(client_, 0, k * kRidRange, i) != TM_OK) ++failures;
+      }
+    };
+    // B starts first (a TCB of its own), and waits, unattached, while A
+    // reports and exits.
+    std::atomic<int> step{0};
+    std::thread b([&] {
+      while (step.load() < 1) std::this_thread::yield();
+      report(base + 1, 1, kPerThread / 2);  // attaches: A's slot
+      step = 2;
+      while (step.load() < 3) std::this_thread::yield();
+      report(base + 1, kPerThread / 2 + 1, kPerThread);
+    });
+    uintptr_t a_identity = 0;
+    std::thread a([&] {
+      a_identity = ThreadIdentity();
+      report(base, 1, kPerThread);
+    });
+    a.join();
+    // A's events sent: its slot is drained, free for the next attach.
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+    step = 1;
+    while (step.load() < 2) std::this_thread::yield();
+    std::thread c([&] {
+      reused += ThreadIdentity() == a_identity;
+      step = 3;
+      report(base + 2, 1, kPerThread);
+    });
+    c.join();
+    b.join();
+    // Every slot drained: the next round's A takes the first, B after it.
+    ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  }
+  ASSERT_GT(reused, 0u) << "no thread C got thread A's TCB";
+  EXPECT_EQ(failures.load(), 0u);
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  ASSERT_TRUE(WaitForEvents(size_t{kRounds} * 3 * kPerThread));
+  ExpectEveryThreadsEventsInOrder(EventsOf(server_->Snapshot()), kRounds * 3,
+                                  kPerThread);
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], uint64_t{kRounds} * 3 * kPerThread);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 0u);
+}
+
+// Threads whose thread pointers share a bucket of the client's slot cache
+// (thread_registry.h: the bucket is the TCB's page number modulo 16): on
+// stacks of our own, 256 KiB apart, glibc puts each TCB at the same offset
+// from its stack's top. All attach before any reports and none exits
+// before all have reported, so that four find their slots through the
+// bucket's entries and the others through their thread_local tables.
+TEST_F(ThreadsTest, ThreadsSharingACacheBucketKeepEveryEvent) {
+  constexpr uint32_t kThreads = 8;
+  constexpr uint32_t kPerThread = 5000;
+  constexpr size_t kStack = size_t{256} << 10;
+  StartServer();
+  NewClient();
+  void* stacks = mmap(nullptr, kThreads * kStack, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(stacks, MAP_FAILED);
+  struct Producer {
+    tm_client* client;
+    uint64_t k;
+    std::atomic<uint32_t>* attached;
+    std::atomic<uint32_t>* done;
+    uintptr_t identity;
+    uint32_t failures;
+  };
+  std::atomic<uint32_t> attached{0};
+  std::atomic<uint32_t> done{0};
+  std::vector<Producer> producers(kThreads);
+  std::vector<pthread_t> threads(kThreads);
+  for (uint32_t k = 0; k < kThreads; ++k) {
+    producers[k] = Producer{client_, k, &attached, &done, 0, 0};
+    pthread_attr_t attr;
+    ASSERT_EQ(pthread_attr_init(&attr), 0);
+    ASSERT_EQ(pthread_attr_setstack(
+                  &attr, static_cast<char*>(stacks) + k * kStack, kStack),
+              0);
+    ASSERT_EQ(pthread_create(
+                  &threads[k], &attr,
+                  [](void* arg) -> void* {
+                    auto* p = static_cast<Producer*>(arg);
+                    p->identity = ThreadIdentity();
+                    p->failures += tm_thread_attach(p->client) != TM_OK;
+                    ++*p->attached;
+                    while (p->attached->load() < kThreads) sched_yield();
+                    for (uint32_t i = 1; i <= kPerThread; ++i) {
+                      p->failures +=
+                          tm_tokens(p->client, 0, p->k * kRidRange, i) != TM_OK;
+                    }
+                    ++*p->done;
+                    while (p->done->load() < kThreads) sched_yield();
+                    return nullptr;
+                  },
+                  &producers[k]),
+              0);
+    pthread_attr_destroy(&attr);
+  }
+  for (pthread_t t : threads) pthread_join(t, nullptr);
+  munmap(stacks, kThreads * kStack);
+  for (const Producer& p : producers) {
+    EXPECT_EQ(p.failures, 0u) << "thread " << p.k;
+    // Not a check of the library: that the threads share a bucket.
+    EXPECT_EQ((p.identity - producers[0].identity) % (16 * 4096), 0u)
+        << "thread " << p.k;
+  }
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  ASSERT_TRUE(WaitForEvents(kThreads * kPerThread));
+  ExpectEveryThreadsEventsInOrder(EventsOf(server_->Snapshot()), kThreads,
+                                  kPerThread);
+  EXPECT_EQ(Stats()[TM_STAT_EVENTS_DROPPED], 0u);
 }
 
 // A thread may report to several clients; each has its own buffer.

@@ -301,6 +301,35 @@ class EventKinds(DaemonTest):
         self.assertEqual(s.events_sent, 8 * (300 + 300))
         self.assertEqual(s.connected, 1)
 
+    def test_threads_started_one_after_another_keep_every_event(self):
+        # Each thread is joined before the next starts, so that the
+        # C library hands the next one its stack and TCB: the library,
+        # loaded with dlopen(), must still give each thread its own ring
+        # (its slot cache is keyed by the thread pointer).
+        n_threads, per_thread = 100, 20
+        c = self.client(max_threads=n_threads, buffer_capacity=1024)
+        idents, errors = set(), []
+
+        def work(k):
+            idents.add(threading.get_ident())  # pthread_self()
+            try:
+                for i in range(1, per_thread + 1):
+                    self.assertEqual(c.tokens(k, n=i), tokenmeter.OK)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+        for k in range(n_threads):
+            t = threading.Thread(target=work, args=(k,))
+            t.start()
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertLess(len(idents), n_threads)  # TCBs were reused
+        self.wait("generation_tokens_total",
+                  n_threads * per_thread * (per_thread + 1) // 2)
+        self.assertTrue(c.flush(5.0))
+        s = c.stats()
+        self.assertEqual((s.events_dropped, s.events_rejected), (0, 0))
+        self.assertEqual(s.events_sent, n_threads * per_thread)
+
     def test_close_sends_what_is_buffered(self):
         c = tokenmeter.Client(socket_path=self.d.sock, engine="py-shim",
                               model="m", instance="i0",

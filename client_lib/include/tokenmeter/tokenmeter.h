@@ -258,7 +258,7 @@ TM_API int tm_client_new(const tm_options* opts, tm_client** out);
  * above).
  *
  * Calls racing the close, and calls after it, are safe. The handle itself
- * is never freed: it stays valid as a tombstone (about 256 bytes, holding
+ * is never freed: it stays valid as a tombstone (about 1.3 KiB, holding
  * the final counters) until the process exits, so a tm_client* the
  * application still holds keeps working, and a process that creates and
  * closes clients in a loop keeps that much per client closed. On a closed
