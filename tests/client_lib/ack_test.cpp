@@ -533,6 +533,7 @@ TEST_F(AckTest, DoesNotReplayToADaemonThatNeverAnswersHello) {
   }
   StatsArray s;
   EXPECT_EQ(CloseClient(&s), TM_OK);
+  ASSERT_TRUE(WaitForAllEof());
   const TestServer::Connections conns = server_->Snapshot();
   ASSERT_GE(conns.size(), 2u);
   EXPECT_TRUE(conns[0].dropped);
@@ -577,6 +578,7 @@ TEST_F(AckTest, KeepsNothingForADaemonThatDoesNotAnswerAndCountsTheDiscarded) {
   PushBatch(1, 6);  // seq 2, on a connection awaiting its answer again
   StatsArray s;
   ASSERT_EQ(CloseClient(&s), TM_OK);
+  ASSERT_TRUE(WaitForAllEof());
   const TestServer::Connections conns = server_->Snapshot();
   ASSERT_EQ(conns.size(), 2u);
   EXPECT_EQ(SeqsOf(conns[0]), (std::vector<uint64_t>{0, 1}));

@@ -56,4 +56,13 @@ bool ClientFixture::WaitForEof(size_t index) {
   });
 }
 
+bool ClientFixture::WaitForAllEof() {
+  return server_->WaitUntil([](const TestServer::Connections& c) {
+    for (const auto& conn : c) {
+      if (!conn.eof) return false;
+    }
+    return !c.empty();
+  });
+}
+
 }  // namespace tokenmeter::testing

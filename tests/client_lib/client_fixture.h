@@ -43,6 +43,11 @@ class ClientFixture : public ::testing::Test {
   bool WaitForEvents(size_t n);
   // Waits until connection `index` has been closed by the client.
   bool WaitForEof(size_t index);
+  // Waits until the server has read every connection to its end: after
+  // CloseClient() returned, so that a Snapshot() holds all the client
+  // wrote (close returns once the bytes are in the socket, which the
+  // server's thread may not have read yet).
+  bool WaitForAllEof();
 
   TempDir dir_;
   std::string socket_path_;
