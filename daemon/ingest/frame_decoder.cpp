@@ -239,9 +239,9 @@ class Reader {
     return h;
   }
 
-  // Reads a non-negative int of any encoding. False for anything else
-  // (the value's header then consumed).
-  [[gnu::always_inline]] inline bool ReadUint(uint64_t* v) {
+  // A positive fixint or a uint 8/16/32/64: true with *v and the reader
+  // past it; false, the reader where it was, for anything else.
+  [[gnu::always_inline]] inline bool TryReadUint(uint64_t* v) {
     if (p_ < end_) {
       const uint8_t b = *p_;
       if (b <= 0x7f) {
@@ -258,6 +258,13 @@ class Reader {
         }
       }
     }
+    return false;
+  }
+
+  // Reads a non-negative int of any encoding. False for anything else
+  // (the value's header then consumed).
+  [[gnu::always_inline]] inline bool ReadUint(uint64_t* v) {
+    if (TryReadUint(v)) return true;
     const Header h = Next();
     *v = h.value;
     return h.type == Type::kUint;
@@ -1030,6 +1037,12 @@ std::string_view LabelValue(Reader& r, const Header& h) {
 [[gnu::always_inline]] inline bool ParseRequestId(Reader& r,
                                                   const DecoderLimits& limits,
                                                   RequestId* rid) {
+  // An integer id in one of its usual encodings without the general
+  // header parse (the common case); anything else as before.
+  if (r.TryReadUint(&rid->number)) [[likely]] {
+    rid->is_string = false;
+    return true;
+  }
   const Header id = r.Next();
   if (id.type == Type::kUint) {
     rid->is_string = false;
@@ -1572,6 +1585,38 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       slack -= len;
       if (--stack[depth - 1] != 0) continue;
     } else if ((b & 0xe0) == 0x80 && depth > 1) {  // fixmap, fixarray
+      if ((b & 0xf0) == 0x90 && depth < max_depth) {
+        // A fixarray of scalars only (a TOKENS or FINISHED-less event: the
+        // common case) in one go: its cost against the frame budget is its
+        // children plus each scalar's bytes beyond the first, i.e. all its
+        // bytes after the header. Anything else, or a part not yet here,
+        // or a budget it would exceed, takes the general path below from
+        // the array's header, which then reports exactly what it would.
+        const size_t n = b & 0x0f;
+        size_t p = pos + 1;
+        size_t k = 0;
+        if (end - p >= 9 * n) {  // every scalar fits, at most 9 bytes each
+          for (; k < n; ++k) {
+            const uint8_t f = kFixedSize[base[p]];
+            if (f == 0) break;
+            p += f;
+          }
+        } else {
+          for (; k < n; ++k) {
+            if (p >= end) break;
+            const uint8_t f = kFixedSize[base[p]];
+            if (f == 0 || end - p < f) break;
+            p += f;
+          }
+        }
+        if (k == n && p - pos - 1 <= slack) {
+          slack -= p - pos - 1;
+          pos = p;
+          if (--stack[depth - 1] != 0) continue;
+          while (depth > 0 && stack[depth - 1] == 0) --depth;
+          continue;
+        }
+      }
       if (depth >= max_depth) {
         error = IngestError::kTooDeep;
         break;

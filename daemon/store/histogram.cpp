@@ -36,6 +36,12 @@ HistogramLayout::HistogramLayout(std::vector<double> bounds, double divisor,
     le_text_.push_back(std::move(text));
   }
   le_text_.push_back("+Inf");
+  for (size_t j = 0; j < start_.size(); ++j) {
+    const double lo = std::ldexp(1.0, int(j) + kMinExp);
+    start_[j] =
+        uint32_t(std::lower_bound(thresholds_.begin(), thresholds_.end(), lo) -
+                 thresholds_.begin());
+  }
 }
 
 void Histogram::SaveState(StateWriter& w) const {
