@@ -1586,8 +1586,9 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       if (--stack[depth - 1] != 0) continue;
     } else if ((b & 0xe0) == 0x80 && depth > 1) {  // fixmap, fixarray
       if ((b & 0xf0) == 0x90 && depth < max_depth) {
-        // A fixarray of scalars only (a TOKENS or FINISHED-less event: the
-        // common case) in one go: its cost against the frame budget is its
+        // A fixarray of scalars only (a TOKENS, QUEUED or PREEMPTED event
+        // with an integer id: the common case) in one go: its cost against
+        // the frame budget is its
         // children plus each scalar's bytes beyond the first, i.e. all its
         // bytes after the header. Anything else, or a part not yet here,
         // or a budget it would exceed, takes the general path below from
