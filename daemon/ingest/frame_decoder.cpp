@@ -1588,11 +1588,11 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       if ((b & 0xf0) == 0x90 && depth < max_depth) {
         // A fixarray of scalars only (a TOKENS, QUEUED or PREEMPTED event
         // with an integer id: the common case) in one go: its cost against
-        // the frame budget is its
-        // children plus each scalar's bytes beyond the first, i.e. all its
-        // bytes after the header. Anything else, or a part not yet here,
-        // or a budget it would exceed, takes the general path below from
-        // the array's header, which then reports exactly what it would.
+        // the frame budget is its children plus each scalar's bytes beyond
+        // the first, i.e. all its bytes after the header. Anything else, a
+        // part not yet here, or a budget it would exceed, takes the general
+        // path below from the array's header, which then reports exactly
+        // what it would have.
         const size_t n = b & 0x0f;
         size_t p = pos + 1;
         size_t k = 0;
