@@ -8,6 +8,8 @@
 // of 0, bounds past the table's range), with values at, next to and between
 // every bound, at powers of two, and at 0, negatives, subnormals, huge
 // values, infinities and NaN.
+#include "daemon/store/histogram.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,8 +18,6 @@
 #include <limits>
 #include <random>
 #include <vector>
-
-#include "daemon/store/histogram.h"
 
 namespace tokenmeter::daemon {
 namespace {
