@@ -1585,30 +1585,24 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       slack -= len;
       if (--stack[depth - 1] != 0) continue;
     } else if ((b & 0xe0) == 0x80 && depth > 1) {  // fixmap, fixarray
-      if ((b & 0xf0) == 0x90 && depth < max_depth) {
+      if ((b & 0xf0) == 0x90 && depth < max_depth &&
+          end - pos > 9u * (b & 0x0fu)) {
         // A fixarray of scalars only (a TOKENS, QUEUED or PREEMPTED event
         // with an integer id: the common case) in one go: its cost against
         // the frame budget is its children plus each scalar's bytes beyond
-        // the first, i.e. all its bytes after the header. Anything else, a
-        // part not yet here, or a budget it would exceed, takes the general
-        // path below from the array's header, which then reports exactly
-        // what it would have.
+        // the first, i.e. all its bytes after the header. Anything else, an
+        // array near the end of the bytes at hand, or a budget it would
+        // exceed, takes the general path below from the array's header,
+        // which then reports exactly what it would have. Away from that
+        // end every child is at hand (a scalar is at most 9 bytes), so
+        // only their sizes are read.
         const size_t n = b & 0x0f;
         size_t p = pos + 1;
         size_t k = 0;
-        if (end - p >= 9 * n) {  // every scalar fits, at most 9 bytes each
-          for (; k < n; ++k) {
-            const uint8_t f = kFixedSize[base[p]];
-            if (f == 0) break;
-            p += f;
-          }
-        } else {
-          for (; k < n; ++k) {
-            if (p >= end) break;
-            const uint8_t f = kFixedSize[base[p]];
-            if (f == 0 || end - p < f) break;
-            p += f;
-          }
+        for (; k < n; ++k) {
+          const uint8_t f = kFixedSize[base[p]];
+          if (f == 0) break;
+          p += f;
         }
         if (k == n && p - pos - 1 <= slack) {
           slack -= p - pos - 1;
