@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -273,19 +274,20 @@ inline Tracker::KeyView Tracker::ViewOf(uint64_t space, const RequestId& rid) {
   return view;
 }
 
+inline Tracker::Request& Tracker::Touch(Request& r, uint64_t now_ns) {
+  if (!r.finished()) {
+    Unlink(r, active_head_, active_tail_);
+    Append(r, active_head_, active_tail_);
+    r.activity_ns = now_ns;
+  }
+  return r;
+}
+
 Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
                                 uint64_t now_ns) {
   const KeyView view = ViewOf(src.space, rid);
   auto it = requests_.find(view);
-  if (it != requests_.end()) {
-    Request& r = it->second;
-    if (!r.finished()) {
-      Unlink(r, active_head_, active_tail_);
-      Append(r, active_head_, active_tail_);
-      r.activity_ns = now_ns;
-    }
-    return r;
-  }
+  if (it != requests_.end()) return Touch(it->second, now_ns);
   if (requests_.size() >= options_.max_requests) {
     // Make room: a finished request past its use first, else the least
     // recently active one.
@@ -340,6 +342,7 @@ void Tracker::Remove(Request& r, bool evicted) {
     }
   }
   if (evicted) ++evicted_;
+  ++removed_;
   SetGauge(r, Gauge::kNone, nullptr, LoraOf(r), clock_);
   if (r.finished()) {
     Unlink(r, finished_head_, finished_tail_);
@@ -455,17 +458,55 @@ void Tracker::CloseReady(Request& r) {
 // ---- events
 // ------------------------------------------------------------------
 
+Tracker::Request* Tracker::Peek(const Source& src, const Event& ev) const {
+  switch (ev.kind) {
+    case EventKind::kArrived:
+    case EventKind::kQueued:
+    case EventKind::kScheduled:
+    case EventKind::kTokens:
+    case EventKind::kFinished:
+    case EventKind::kPreempted:
+      break;
+    default:
+      return nullptr;
+  }
+  auto it = requests_.find(ViewOf(src.space, ev.rid));
+  if (it == requests_.end()) return nullptr;
+  Request* r = const_cast<Request*>(&it->second);
+  // Both lines of its hot state, and the neighbours Touch() relinks.
+  const char* line = reinterpret_cast<const char*>(r);
+  __builtin_prefetch(line, 1);
+  __builtin_prefetch(line + 64, 1);
+  if (!r->finished()) {
+    if (r->prev != nullptr) __builtin_prefetch(r->prev, 1);
+    if (r->next != nullptr) __builtin_prefetch(r->next, 1);
+  }
+  return r;
+}
+
 void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
   const uint64_t now = clock_.NowNs();
   const uint64_t* positions = batch.positions.data();
-  for (const Event& ev : batch.events) {
-    Apply(src, ev, positions, now, batch.arrivals);
+  const Event* events = batch.events.data();
+  const size_t count = batch.events.size();
+  Request* found[kLookAhead];
+  for (size_t base = 0; base < count; base += kLookAhead) {
+    const size_t n = std::min(kLookAhead, count - base);
+    for (size_t i = 0; i < n; ++i) found[i] = Peek(src, events[base + i]);
+    // What was found stays valid while no request is removed (the map's
+    // insertions move no element).
+    const uint64_t removed = removed_;
+    for (size_t i = 0; i < n; ++i) {
+      ApplyFound(src, events[base + i], positions, now, batch.arrivals,
+                 removed_ == removed ? found[i] : nullptr);
+    }
   }
 }
 
-void Tracker::Apply(const Source& src, const Event& ev,
-                    const uint64_t* positions, uint64_t now_ns,
-                    std::span<const ArrivedExtras> arrivals) {
+void Tracker::ApplyFound(const Source& src, const Event& ev,
+                         const uint64_t* positions, uint64_t now_ns,
+                         std::span<const ArrivedExtras> arrivals,
+                         Request* found) {
   if (ev.t_ns > now_ns + options_.max_future_ns ||
       ev.t_ns + options_.max_past_ns < now_ns) {
     ingest_.CountError(IngestError::kBadTimestamp);
@@ -500,7 +541,8 @@ void Tracker::Apply(const Source& src, const Event& ev,
     default:
       break;
   }
-  Request& r = Find(src, ev.rid, now_ns);
+  Request& r =
+      found != nullptr ? Touch(*found, now_ns) : Find(src, ev.rid, now_ns);
   const uint8_t known_before = r.known;
   switch (ev.kind) {
     case EventKind::kArrived:

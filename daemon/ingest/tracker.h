@@ -61,12 +61,19 @@ class Tracker : public Collector {
   ~Tracker() override;
 
   // Applies every event of a decoded batch (timestamps checked against one
-  // reading of the clock).
+  // reading of the clock), as Apply() on each in order would. In chunks of
+  // kLookAhead events: the chunk's requests are looked up first, in one
+  // loop whose look-ups do not wait for each other, and their lines
+  // prefetched; the events are then applied with what was found (a
+  // request removed meanwhile, by an eviction, voids the rest).
   void ApplyBatch(const Source& src, const Batch& batch);
+  static constexpr size_t kLookAhead = 16;
   // Applies one event; `positions` backs a STEP's spec_accepted_per_pos,
   // `arrivals` an ARRIVED's lora and labels (Event::extras).
   void Apply(const Source& src, const Event& ev, const uint64_t* positions,
-             uint64_t now_ns, std::span<const ArrivedExtras> arrivals = {});
+             uint64_t now_ns, std::span<const ArrivedExtras> arrivals = {}) {
+    ApplyFound(src, ev, positions, now_ns, arrivals, nullptr);
+  }
 
   // Retires finished requests past the grace period and evicts idle ones.
   // Cheap when there is nothing to do; the daemon calls it every 100 ms.
@@ -181,6 +188,17 @@ class Tracker : public Collector {
   static KeyView ViewOf(uint64_t space, const RequestId& rid);
 
   Request& Find(const Source& src, const RequestId& rid, uint64_t now_ns);
+  // Find() for a request already looked up (`r`, by Peek()).
+  Request& Touch(Request& r, uint64_t now_ns);
+  // The tracked request an event of a kind that looks one up would find
+  // (nullptr: none, or a kind that does not), its lines prefetched; no
+  // change to anything.
+  Request* Peek(const Source& src, const Event& ev) const;
+  // Apply() with the event's request already found (`found`, or nullptr:
+  // look it up).
+  void ApplyFound(const Source& src, const Event& ev, const uint64_t* positions,
+                  uint64_t now_ns, std::span<const ArrivedExtras> arrivals,
+                  Request* found);
   // The values of `s` a request-level observation of `r` goes to (its
   // label cell; the series itself without request labels).
   SeriesValues& CellOf(EngineSeries& s, const Request& r);
@@ -234,6 +252,7 @@ class Tracker : public Collector {
   Request* finished_head_ = nullptr;
   Request* finished_tail_ = nullptr;
   uint64_t evicted_ = 0;
+  uint64_t removed_ = 0;  // Remove() calls: voids what Peek() found
   std::array<uint64_t, size_t(Interval::kCount)> incomplete_{};
   std::array<uint64_t, size_t(Interval::kCount)> negative_{};
   std::vector<trace::TimelineSink*> sinks_;

@@ -1108,6 +1108,103 @@ TEST(TrackerTest, LateArrivedCompletesTheDecodePhase) {
   EXPECT_EQ(h.Incomplete(), Intervals({}));
 }
 
+// A request looked up for a later event of the chunk but evicted by an
+// earlier one is not used: the later event makes a new request.
+TEST(TrackerTest, ApplyBatchDoesNotUseARequestEvictedInsideTheChunk) {
+  TrackerOptions options;
+  options.max_requests = 2;
+  Harness h(options);
+  Batch first;
+  first.events = {Arrived(T(0), Rid(1), 1), Arrived(T(1), Rid(2), 1)};
+  h.tracker->ApplyBatch(h.Core(), first);
+  Batch second;  // 3 evicts 1 (the least recently active), then 1 returns
+  second.events = {Arrived(T(2), Rid(3), 1), Tokens(T(3), Rid(1), 1),
+                   Tokens(T(4), Rid(1), 1)};
+  h.tracker->ApplyBatch(h.Core(), second);
+  EXPECT_EQ(h.tracker->evicted(), 2u);  // 1, then 2 for the new 1
+  EXPECT_EQ(h.tracker->size(), 2u);
+  // The new 1 has no ARRIVED: no TTFT; its second TOKENS gives one ITL.
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 0u);
+  ExpectHist(*h.core, kInterTokenLatency, 1, double(1 * kMs));
+  // 3 is untouched: its tokens still give a TTFT from its ARRIVED.
+  h.Send(h.Core(), Tokens(T(12), Rid(3), 1));
+  ExpectHist(*h.core, kTimeToFirstToken, 1, double(10 * kMs));
+}
+
+// ApplyBatch() looks each chunk's requests up before applying it: the
+// same as Apply() on each event in order, also where an eviction inside a
+// chunk removes a request looked up for a later event of it, and for
+// batches that end inside a chunk. Random streams over a small cap (so
+// evictions are frequent), integer and string ids, two sources.
+TEST(TrackerTest, ApplyBatchEqualsApplyingEachEvent) {
+  const std::vector<std::string> names = {"a", "bb", "req-c", "d", "e-long-id"};
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(seed);
+    TrackerOptions options;
+    options.max_requests = 6 + seed % 5;
+    options.grace_ns = 50 * kMs;
+    options.idle_timeout_ns = 400 * kMs;
+    Harness batched(options);
+    Harness single(options);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull;
+    auto next = [&x](uint64_t n) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      return x % n;
+    };
+    uint64_t ms = 0;
+    for (int round = 0; round < 30; ++round) {
+      Batch batch;
+      const size_t size = next(3 * Tracker::kLookAhead + 5);
+      for (size_t i = 0; i < size; ++i) {
+        ms += next(3);
+        const uint64_t id = next(12);
+        const RequestId rid =
+            id < names.size() ? Rid(std::string_view(names[id])) : Rid(id);
+        switch (next(8)) {
+          case 0:
+            batch.events.push_back(Arrived(T(ms), rid, 1 + next(9)));
+            break;
+          case 1:
+            batch.events.push_back(Queued(T(ms), rid));
+            break;
+          case 2:
+            batch.events.push_back(Scheduled(T(ms), rid));
+            break;
+          case 3:
+            batch.events.push_back(
+                Finished(T(ms), rid, FinishReason(next(kNumFinishReasons))));
+            break;
+          case 4:
+            batch.events.push_back(Preempted(T(ms), rid));
+            break;
+          default:
+            batch.events.push_back(Tokens(T(ms), rid, 1 + next(4)));
+            break;
+        }
+      }
+      const bool front = next(4) == 0;
+      batched.tracker->ApplyBatch(front ? batched.Front() : batched.Core(),
+                                  batch);
+      for (const Event& ev : batch.events) {
+        single.Send(front ? single.Front() : single.Core(), ev);
+      }
+      if (next(3) == 0) {
+        const uint64_t ns = next(300) * kMs;
+        batched.AdvanceAndSweep(ns);
+        single.AdvanceAndSweep(ns);
+      }
+      ASSERT_EQ(batched.tracker->size(), single.tracker->size());
+      ASSERT_EQ(batched.tracker->evicted(), single.tracker->evicted());
+      ASSERT_EQ(batched.Incomplete(), single.Incomplete());
+      ASSERT_EQ(batched.Negative(), single.Negative());
+      ASSERT_EQ(batched.Render(), single.Render());
+    }
+    EXPECT_GT(single.tracker->evicted(), 0u);
+  }
+}
+
 TEST(TrackerTest, TrackedRequestsGaugeEqualsSize) {
   TrackerOptions options;
   options.max_requests = 50;
