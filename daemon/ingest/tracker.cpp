@@ -115,7 +115,8 @@ static_assert(kNumFinishReasons == std::size(kFinishedReasonValues) &&
 }  // namespace
 
 struct Tracker::Request {
-  const Key* key = nullptr;
+  uint64_t space = 0;  // the key (KeyView), compared first
+  uint64_t num = 0;
   Request* prev = nullptr;
   Request* next = nullptr;
   EngineSeries* first_token_series = nullptr;  // sent the first TOKENS
@@ -140,6 +141,9 @@ struct Tracker::Request {
   bool has_extra : 1 = false;  // Tracker::extras_ holds its Extra
   FinishReason finish_reason : 2 = FinishReason::kStop;  // with kFinished
   EngineSeries* finish_series = nullptr;  // sent FINISHED (cold: last)
+  std::unique_ptr<char[]> str;            // a string id's bytes
+  uint32_t handle = 0;                    // in the slab and the index
+  uint8_t len = 0;                        // of str; 0: an integer id
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -157,9 +161,10 @@ struct Tracker::Request {
   }
   bool finished() const { return has(kFinished); }
 };
-// 128 bytes of hot state (what a TOKENS reads and writes, the tick handle
-// among it) and the FINISHED series.
-static_assert(sizeof(Tracker::Request) == 136);
+// 144 bytes of hot state (the key first, then what a TOKENS reads and
+// writes, the tick handle among it), then the FINISHED series and the
+// rest of the key.
+static_assert(sizeof(Tracker::Request) == 160);
 
 namespace {
 
@@ -182,12 +187,12 @@ bool ShouldExist(const IntervalDef& d, const Tracker::Request& r) {
 
 }  // namespace
 
-size_t Tracker::KeyHash::Mix(uint64_t a, uint64_t b) noexcept {
+uint64_t Tracker::Mix(uint64_t a, uint64_t b) {
   uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b;
   h ^= h >> 32;
   h *= 0xd6e8feb86659fd93ull;
   h ^= h >> 32;
-  return size_t(h);
+  return h;
 }
 
 namespace {
@@ -214,7 +219,7 @@ void Tracker::Collect(DaemonMetric id, MetricWriter& w) const {
   const SampleLabels none;
   switch (id) {
     case kTrackedRequests:
-      w.Sample(none, double(requests_.size()));
+      w.Sample(none, double(index_.size()));
       break;
     case kEvictedRequests:
       w.Sample(none, evicted_);
@@ -256,13 +261,45 @@ void SetGauge(Tracker::Request& r, Gauge g, EngineSeries* s, uint16_t lora,
 
 }  // namespace
 
-Tracker::Key Tracker::MakeKey(const KeyView& v) {
-  Key key{v.space, v.num, nullptr, uint8_t(v.str.size())};
-  if (!v.str.empty()) {
-    key.str.reset(new char[v.str.size()]);
-    std::memcpy(key.str.get(), v.str.data(), v.str.size());
+inline Tracker::Request& Tracker::At(uint32_t handle) const {
+  return slab_[handle / kSlabChunk][handle % kSlabChunk];
+}
+
+Tracker::Request* Tracker::Lookup(const KeyView& k, uint64_t hash) const {
+  const uint32_t handle = index_.Find(hash, [this, &k](uint32_t h) {
+    const Request& q = At(h);
+    return q.num == k.num && q.space == k.space && q.len == k.str.size() &&
+           (q.len == 0 || std::memcmp(q.str.get(), k.str.data(), q.len) == 0);
+  });
+  return handle == RequestIndex::kNone ? nullptr : &At(handle);
+}
+
+Tracker::Request& Tracker::NewRequest(const KeyView& k, uint64_t hash) {
+  uint32_t handle;
+  if (!free_.empty()) {
+    handle = free_.back();
+  } else {
+    handle = slab_used_;
+    if (handle / kSlabChunk == slab_.size()) {
+      slab_.push_back(std::make_unique<Request[]>(kSlabChunk));
+    }
   }
-  return key;
+  index_.Insert(hash, handle);  // may throw: nothing taken yet
+  if (!free_.empty()) {
+    free_.pop_back();
+  } else {
+    ++slab_used_;
+  }
+  Request& r = At(handle);
+  r.space = k.space;
+  r.num = k.num;
+  r.handle = handle;
+  r.len = uint8_t(k.str.size());
+  if (!k.str.empty()) {
+    r.str.reset(new char[k.str.size()]);
+    std::memcpy(r.str.get(), k.str.data(), k.str.size());
+  }
+  return r;
 }
 
 inline Tracker::KeyView Tracker::ViewOf(uint64_t space, const RequestId& rid) {
@@ -286,9 +323,9 @@ inline Tracker::Request& Tracker::Touch(Request& r, uint64_t now_ns) {
 Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
                                 uint64_t now_ns) {
   const KeyView view = ViewOf(src.space, rid);
-  auto it = requests_.find(view);
-  if (it != requests_.end()) return Touch(it->second, now_ns);
-  if (requests_.size() >= options_.max_requests) {
+  const uint64_t hash = HashOf(view);
+  if (Request* found = Lookup(view, hash)) return Touch(*found, now_ns);
+  if (index_.size() >= options_.max_requests) {
     // Make room: a finished request past its use first, else the least
     // recently active one.
     if (finished_head_ != nullptr) {
@@ -297,9 +334,7 @@ Tracker::Request& Tracker::Find(const Source& src, const RequestId& rid,
       Remove(*active_head_, /*evicted=*/true);
     }
   }
-  auto [pos, inserted] = requests_.try_emplace(MakeKey(view));
-  Request& r = pos->second;
-  r.key = &pos->first;
+  Request& r = NewRequest(view, hash);
   r.activity_ns = now_ns;
 
   Append(r, active_head_, active_tail_);
@@ -353,10 +388,10 @@ void Tracker::Remove(Request& r, bool evicted) {
     HandOver(r, evicted);
   }
   if (r.has_extra) extras_.erase(&r);
-  const Key& k = *r.key;
-  // Heterogeneous erase() is C++23; find() then erase the node.
-  requests_.erase(requests_.find(
-      KeyView{k.space, k.num, std::string_view(k.str.get(), k.len)}));
+  const uint32_t handle = r.handle;
+  index_.Erase(Mix(r.space, r.num), handle);
+  r = Request{};
+  free_.push_back(handle);
 }
 
 SeriesValues& Tracker::CellOf(EngineSeries& s, const Request& r) {
@@ -458,25 +493,14 @@ void Tracker::CloseReady(Request& r) {
 // ---- events
 // ------------------------------------------------------------------
 
-Tracker::Request* Tracker::Peek(const Source& src, const Event& ev) const {
-  switch (ev.kind) {
-    case EventKind::kArrived:
-    case EventKind::kQueued:
-    case EventKind::kScheduled:
-    case EventKind::kTokens:
-    case EventKind::kFinished:
-    case EventKind::kPreempted:
-      break;
-    default:
-      return nullptr;
-  }
-  auto it = requests_.find(ViewOf(src.space, ev.rid));
-  if (it == requests_.end()) return nullptr;
-  Request* r = const_cast<Request*>(&it->second);
-  // Both lines of its hot state, and the neighbours Touch() relinks.
-  const char* line = reinterpret_cast<const char*>(r);
-  __builtin_prefetch(line, 1);
-  __builtin_prefetch(line + 64, 1);
+Tracker::Request* Tracker::Peek(const KeyView& k, uint64_t hash) const {
+  Request* r = Lookup(k, hash);
+  if (r == nullptr) return nullptr;
+  // The lines of its hot state, and the neighbours Touch() relinks.
+  const char* p = reinterpret_cast<const char*>(r);
+  __builtin_prefetch(p, 1);
+  __builtin_prefetch(p + 64, 1);
+  __builtin_prefetch(p + 128, 1);
   if (!r->finished()) {
     if (r->prev != nullptr) __builtin_prefetch(r->prev, 1);
     if (r->next != nullptr) __builtin_prefetch(r->next, 1);
@@ -484,15 +508,49 @@ Tracker::Request* Tracker::Peek(const Source& src, const Event& ev) const {
   return r;
 }
 
+namespace {
+
+// The kinds whose events look their request up (Tracker::Apply()).
+bool LooksUpRequest(EventKind kind) {
+  switch (kind) {
+    case EventKind::kArrived:
+    case EventKind::kQueued:
+    case EventKind::kScheduled:
+    case EventKind::kTokens:
+    case EventKind::kFinished:
+    case EventKind::kPreempted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
   const uint64_t now = clock_.NowNs();
   const uint64_t* positions = batch.positions.data();
   const Event* events = batch.events.data();
   const size_t count = batch.events.size();
+  KeyView keys[kLookAhead];
+  uint64_t hashes[kLookAhead];
   Request* found[kLookAhead];
   for (size_t base = 0; base < count; base += kLookAhead) {
     const size_t n = std::min(kLookAhead, count - base);
-    for (size_t i = 0; i < n; ++i) found[i] = Peek(src, events[base + i]);
+    // Three passes: the keys hashed and their index lines prefetched, the
+    // look-ups (their requests' lines prefetched), the events applied.
+    for (size_t i = 0; i < n; ++i) {
+      const Event& ev = events[base + i];
+      if (!LooksUpRequest(ev.kind)) continue;
+      keys[i] = ViewOf(src.space, ev.rid);
+      hashes[i] = HashOf(keys[i]);
+      index_.Prefetch(hashes[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      found[i] = LooksUpRequest(events[base + i].kind)
+                     ? Peek(keys[i], hashes[i])
+                     : nullptr;
+    }
     // What was found stays valid while no request is removed (the map's
     // insertions move no element).
     const uint64_t removed = removed_;
@@ -798,12 +856,11 @@ void Tracker::HandOver(Request& r, bool evicted) {
     tl->tokens_not_shown =
         uint32_t(r.generation_tokens > shown ? r.generation_tokens - shown : 0);
   }
-  const Key& k = *r.key;
-  if (k.len != 0) {
-    tl->request_id.assign(k.str.get(), k.len);
+  if (r.len != 0) {
+    tl->request_id.assign(r.str.get(), r.len);
     tl->string_id = true;
   } else {
-    tl->request_id = std::to_string(k.num);
+    tl->request_id = std::to_string(r.num);
   }
   const auto point = [&r](Point p) { return r.has(p) ? r.t_ns[p] : 0; };
   tl->arrived_ns = point(kArrived);
@@ -892,8 +949,8 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
     if (kv.role == KvRole::kRecv && kv.ok) {
       tracked = &Find(src, ev.rid, now_ns);
     } else {
-      auto it = requests_.find(ViewOf(src.space, ev.rid));
-      if (it != requests_.end()) tracked = &it->second;
+      const KeyView view = ViewOf(src.space, ev.rid);
+      tracked = Lookup(view, HashOf(view));
     }
     if (tracked != nullptr) {
       trace::KvTransfer t;
@@ -1092,13 +1149,12 @@ void Tracker::SaveState(
   w.U64(evicted_);
   for (uint64_t n : incomplete_) w.U64(n);
   for (uint64_t n : negative_) w.U64(n);
-  w.U64(requests_.size());
+  w.U64(index_.size());
   for (const Request* head : {active_head_, finished_head_}) {
     for (const Request* r = head; r != nullptr; r = r->next) {
-      const Key& k = *r->key;
-      w.U64(k.space);
-      w.U64(k.num);
-      w.Str(std::string_view(k.str.get(), k.len));
+      w.U64(r->space);
+      w.U64(r->num);
+      w.Str(std::string_view(r->str.get(), r->len));
       w.Bool(r->finished());
       w.U32(series_index(r->first_token_series));
       w.U32(series_index(r->finish_series));
@@ -1149,21 +1205,20 @@ void Tracker::LoadState(StateReader& rd,
   for (uint64_t& n : incomplete_) n = rd.U64();
   for (uint64_t& n : negative_) n = rd.U64();
   const size_t n = rd.Count(options_.max_requests, 64);
-  requests_.reserve(n);
+  index_.Reserve(n);
   for (size_t i = 0; i < n && rd.ok(); ++i) {
     const uint64_t space = rd.U64();
     uint64_t num = rd.U64();
     const std::string str = rd.Str(TM_MAX_RID_BYTES);
     if (!str.empty()) num = HashBytes(str);
     const bool finished = rd.Bool();
-    auto [pos, inserted] =
-        requests_.try_emplace(MakeKey(KeyView{space, num, str}));
-    if (!inserted) {
+    const KeyView view{space, num, str};
+    const uint64_t hash = HashOf(view);
+    if (Lookup(view, hash) != nullptr) {
       rd.Fail();
       break;
     }
-    Request& r = pos->second;
-    r.key = &pos->first;
+    Request& r = NewRequest(view, hash);
     r.first_token_series = series_at(rd.U32());
     r.finish_series = series_at(rd.U32());
     r.gauge_series = series_at(rd.U32());

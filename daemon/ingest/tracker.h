@@ -39,6 +39,7 @@
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/request_index.h"
 #include "daemon/ingest/tick_log.h"
 #include "daemon/ingest/tracker_options.h"
 #include "daemon/store/registry.h"
@@ -104,7 +105,7 @@ class Tracker : public Collector {
   // Requests retired and evicted with a timeline (all of them with a sink).
   uint64_t timelines_handed() const { return timelines_handed_; }
 
-  size_t size() const { return requests_.size(); }
+  size_t size() const { return index_.size(); }
   const Clock& clock() const { return clock_; }
   uint64_t evicted() const { return evicted_; }
   uint64_t incomplete(Interval i) const { return incomplete_[size_t(i)]; }
@@ -146,54 +147,31 @@ class Tracker : public Collector {
   };
 
  private:
-  struct Key {
-    uint64_t space;
-    uint64_t num;  // the id, or the hash of a string id
-    std::unique_ptr<char[]> str;
-    uint8_t len;  // 0: integer id
-  };
+  // A request's id in its id space (Source::space); `num` is the id, or
+  // the hash of a string id (whose bytes `str` then holds).
   struct KeyView {
     uint64_t space;
     uint64_t num;
     std::string_view str;
   };
-  // noexcept (and cheap): libstdc++ then keeps no copy of the hash in each
-  // node, 8 bytes less per tracked request.
-  struct KeyHash {
-    using is_transparent = void;
-    size_t operator()(const Key& k) const noexcept {
-      return Mix(k.space, k.num);
-    }
-    size_t operator()(const KeyView& k) const noexcept {
-      return Mix(k.space, k.num);
-    }
-    static size_t Mix(uint64_t a, uint64_t b) noexcept;
-  };
-  struct KeyEq {
-    using is_transparent = void;
-    static KeyView View(const Key& k) {
-      return {k.space, k.num, std::string_view(k.str.get(), k.len)};
-    }
-    static KeyView View(const KeyView& k) { return k; }
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const {
-      const KeyView x = View(a), y = View(b);
-      return x.space == y.space && x.num == y.num && x.str == y.str;
-    }
-  };
-  using Map = std::unordered_map<Key, Request, KeyHash, KeyEq>;
-  // The key that owns a copy of `v`'s string id (none for an integer id).
-  static Key MakeKey(const KeyView& v);
+  static uint64_t Mix(uint64_t a, uint64_t b);
+  static uint64_t HashOf(const KeyView& k) { return Mix(k.space, k.num); }
   // The lookup key of `rid` in request-id space `space`.
   static KeyView ViewOf(uint64_t space, const RequestId& rid);
+
+  // The tracked request with key `k` (hash `hash`), else nullptr.
+  Request* Lookup(const KeyView& k, uint64_t hash) const;
+  // A new request with key `k`, indexed (none with that key may exist);
+  // not in a list.
+  Request& NewRequest(const KeyView& k, uint64_t hash);
+  Request& At(uint32_t handle) const;
 
   Request& Find(const Source& src, const RequestId& rid, uint64_t now_ns);
   // Find() for a request already looked up (`r`, by Peek()).
   Request& Touch(Request& r, uint64_t now_ns);
-  // The tracked request an event of a kind that looks one up would find
-  // (nullptr: none, or a kind that does not), its lines prefetched; no
-  // change to anything.
-  Request* Peek(const Source& src, const Event& ev) const;
+  // Lookup(), with the request's lines (and its LRU neighbours)
+  // prefetched; no change to anything.
+  Request* Peek(const KeyView& k, uint64_t hash) const;
   // Apply() with the event's request already found (`found`, or nullptr:
   // look it up).
   void ApplyFound(const Source& src, const Event& ev, const uint64_t* positions,
@@ -242,7 +220,15 @@ class Tracker : public Collector {
   IngestStats& ingest_;
   const Clock& clock_;
   const TrackerOptions options_;
-  Map requests_;
+  // Requests live in a slab of chunks (stable addresses: the lists, the
+  // extras and ApplyBatch() hold pointers), found by handle through
+  // index_; freed handles are reused, newest first. The slab keeps its
+  // high-water mark of chunks.
+  static constexpr uint32_t kSlabChunk = 512;
+  RequestIndex index_;
+  std::vector<std::unique_ptr<Request[]>> slab_;
+  std::vector<uint32_t> free_;
+  uint32_t slab_used_ = 0;  // handles handed out from the slab's end
   // Extra of the requests whose has_extra bit is set.
   std::unordered_map<const Request*, Extra> extras_;
   // Intrusive lists through Request::prev/next: active requests by last
