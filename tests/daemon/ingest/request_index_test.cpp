@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <random>
 #include <vector>
 
 namespace tokenmeter::daemon {
@@ -87,13 +88,8 @@ TEST(RequestIndexTest, RandomOperationsMatchTheModel) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       SCOPED_TRACE(seed);
       Model m(hash);
-      uint64_t x = seed * 0x2545f4914f6cdd1dull;
-      auto next = [&x](uint64_t n) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        return x % n;
-      };
+      std::mt19937_64 rng(seed);
+      auto next = [&rng](uint64_t n) { return rng() % n; };
       // Few live keys (crowded hashes make long runs), then many.
       const uint64_t space = hash == Spread ? 3000 : 40;
       for (int op = 0; op < 4000; ++op) {
