@@ -115,8 +115,11 @@ static_assert(kNumFinishReasons == std::size(kFinishedReasonValues) &&
 }  // namespace
 
 struct Tracker::Request {
-  uint64_t space = 0;  // the key (KeyView), compared first
+  // The key (KeyView), compared first: on one cache line.
+  uint64_t space = 0;
   uint64_t num = 0;
+  uint8_t len = 0;      // of str; 0: an integer id
+  uint32_t handle = 0;  // in the slab and the index
   Request* prev = nullptr;
   Request* next = nullptr;
   EngineSeries* first_token_series = nullptr;  // sent the first TOKENS
@@ -142,8 +145,6 @@ struct Tracker::Request {
   FinishReason finish_reason : 2 = FinishReason::kStop;  // with kFinished
   EngineSeries* finish_series = nullptr;  // sent FINISHED (cold: last)
   std::unique_ptr<char[]> str;            // a string id's bytes
-  uint32_t handle = 0;                    // in the slab and the index
-  uint8_t len = 0;                        // of str; 0: an integer id
 
   bool has(Point p) const {
     if (p == kQueueStart) return (known & (Bit(kQueued) | Bit(kArrived))) != 0;
@@ -162,8 +163,8 @@ struct Tracker::Request {
   bool finished() const { return has(kFinished); }
 };
 // 144 bytes of hot state (the key first, then what a TOKENS reads and
-// writes, the tick handle among it), then the FINISHED series and the
-// rest of the key.
+// writes, the tick handle among it), then the FINISHED series and a
+// string id's bytes.
 static_assert(sizeof(Tracker::Request) == 160);
 
 namespace {
@@ -186,14 +187,6 @@ bool ShouldExist(const IntervalDef& d, const Tracker::Request& r) {
 }
 
 }  // namespace
-
-uint64_t Tracker::Mix(uint64_t a, uint64_t b) {
-  uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b;
-  h ^= h >> 32;
-  h *= 0xd6e8feb86659fd93ull;
-  h ^= h >> 32;
-  return h;
-}
 
 namespace {
 constexpr DaemonMetric kOwned[] = {kTrackedRequests, kEvictedRequests,
@@ -266,12 +259,17 @@ inline Tracker::Request& Tracker::At(uint32_t handle) const {
 }
 
 Tracker::Request* Tracker::Lookup(const KeyView& k, uint64_t hash) const {
-  const uint32_t handle = index_.Find(hash, [this, &k](uint32_t h) {
-    const Request& q = At(h);
-    return q.num == k.num && q.space == k.space && q.len == k.str.size() &&
-           (q.len == 0 || std::memcmp(q.str.get(), k.str.data(), q.len) == 0);
+  Request* found = nullptr;
+  index_.Find(hash, [this, &k, &found](uint32_t h) {
+    Request& q = At(h);
+    if (q.num != k.num || q.space != k.space || q.len != k.str.size() ||
+        (q.len != 0 && std::memcmp(q.str.get(), k.str.data(), q.len) != 0)) {
+      return false;
+    }
+    found = &q;
+    return true;
   });
-  return handle == RequestIndex::kNone ? nullptr : &At(handle);
+  return found;
 }
 
 Tracker::Request& Tracker::NewRequest(const KeyView& k, uint64_t hash) {

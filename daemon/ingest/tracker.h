@@ -154,7 +154,13 @@ class Tracker : public Collector {
     uint64_t num;
     std::string_view str;
   };
-  static uint64_t Mix(uint64_t a, uint64_t b);
+  static uint64_t Mix(uint64_t a, uint64_t b) {
+    uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b;
+    h ^= h >> 32;
+    h *= 0xd6e8feb86659fd93ull;
+    h ^= h >> 32;
+    return h;
+  }
   static uint64_t HashOf(const KeyView& k) { return Mix(k.space, k.num); }
   // The lookup key of `rid` in request-id space `space`.
   static KeyView ViewOf(uint64_t space, const RequestId& rid);
