@@ -76,7 +76,7 @@ ROWS = [
     # ingest: M events per CPU-second of the receiver
     ("ingest_ceiling",
      "ingest: tokenmeterd / read + msgpack-c ceiling, per CPU-s",
-     "M ev/CPU-s", "i", None, None),
+     "M ev/CPU-s", "i", ">=", 0.70),
     ("ingest_limit",
      "ingest: tokenmeterd vs 5 M events per CPU-s",
      "M ev/CPU-s", "i", ">=", 1.0),
