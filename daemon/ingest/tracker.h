@@ -19,9 +19,11 @@
 // (registered with the registry while it lives); events applied and
 // bad timestamps are counted in the IngestStats it is given.
 //
-// Memory: one Request per tracked request (about 197 bytes with an integer
-// id, see docs/performance.md; with a timeline sink, a RequestTimeline
-// beside it), at most TrackerOptions::max_requests.
+// Memory: one 160-byte Request per tracked request in a slab, and its
+// index slot (about 178 bytes resident with an integer id, see
+// docs/performance.md; a string id's bytes beside it; with a timeline
+// sink, a RequestTimeline), at most TrackerOptions::max_requests. The slab
+// and the index keep their high-water mark.
 // Single-threaded (the daemon's loop).
 #ifndef TOKENMETER_DAEMON_INGEST_TRACKER_H_
 #define TOKENMETER_DAEMON_INGEST_TRACKER_H_
