@@ -273,17 +273,13 @@ Tracker::Request* Tracker::Lookup(const KeyView& k, uint64_t hash) const {
 }
 
 Tracker::Request& Tracker::NewRequest(const KeyView& k, uint64_t hash) {
-  uint32_t handle;
-  if (!free_.empty()) {
-    handle = free_.back();
-  } else {
-    handle = slab_used_;
-    if (handle / kSlabChunk == slab_.size()) {
-      slab_.push_back(std::make_unique<Request[]>(kSlabChunk));
-    }
+  const bool reuse = !free_.empty();
+  const uint32_t handle = reuse ? free_.back() : slab_used_;
+  if (!reuse && handle / kSlabChunk == slab_.size()) {
+    slab_.push_back(std::make_unique<Request[]>(kSlabChunk));
   }
   index_.Insert(hash, handle);  // may throw: nothing taken yet
-  if (!free_.empty()) {
+  if (reuse) {
     free_.pop_back();
   } else {
     ++slab_used_;
@@ -535,7 +531,7 @@ void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
   Request* found[kLookAhead];
   for (size_t base = 0; base < count; base += kLookAhead) {
     const size_t n = std::min(kLookAhead, count - base);
-    // Three passes: the keys hashed and their index lines prefetched, the
+    // Three passes: the keys hashed and their index slots prefetched, the
     // look-ups (their requests' lines prefetched), the events applied.
     for (size_t i = 0; i < n; ++i) {
       const Event& ev = events[base + i];
@@ -549,8 +545,8 @@ void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
                      ? Peek(keys[i], hashes[i])
                      : nullptr;
     }
-    // What was found stays valid while no request is removed (the map's
-    // insertions move no element).
+    // What was found stays valid while no request is removed (requests
+    // stay where they are in the slab until then).
     const uint64_t removed = removed_;
     for (size_t i = 0; i < n; ++i) {
       ApplyFound(src, events[base + i], positions, now, batch.arrivals,
