@@ -1311,6 +1311,7 @@ bool ParseLatencyList(Reader& r, std::vector<uint64_t>& positions, size_t begin,
       break;
     }
     case EventKind::kStep:
+      e->step = StepStats{};
       if (!ParseStats(r, limits, batch.positions, &e->step,
                       &batch.bad_fields)) {
         return IngestError::kBadEvent;
@@ -1390,7 +1391,7 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
       const size_t positions = batch.positions.size();
       const size_t arrivals = batch.arrivals.size();
       const uint32_t bad_fields = batch.bad_fields;
-      Event& e = batch.events.emplace_back();
+      Event& e = batch.events.emplace_back(Event::ForDecoder{});
       e.kind = static_cast<EventKind>(kind);
       e.t_ns = t;
       err = ParseEventBody(r, n, limits, batch, &e);
