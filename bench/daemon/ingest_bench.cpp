@@ -46,6 +46,8 @@
 // negative; reported), and every request still tracked. A run that fails is
 // reported VOID and the program exits 1.
 //
+// --string-ids sends every request id as a 39-byte string shaped like
+// vLLM's ("cmpl-" + 32 hex digits + "-0"), the tracker's string path.
 // --profile NAME sends HELLO profile NAME (the verification reads that
 // profile's names); --label-values N gives each ARRIVED the request label
 // tenant="t<id % N>" and starts the daemon with --request-label tenant, so
@@ -122,6 +124,9 @@ struct Options {
   // none, as PipelineOptions{} has it), so that an instruction-count run
   // (cachegrind on the inproc child) sees what the API adds per event.
   uint64_t inproc_keep_requests = 0;
+  // --string-ids: request ids are 39-byte strings shaped like vLLM's
+  // ("cmpl-" + 32 hex digits + "-0") instead of integers.
+  bool string_ids = false;
 };
 
 // The metric prefix and the names the verification reads, per profile.
@@ -256,6 +261,20 @@ void PackStr(msgpack_packer* pk, std::string_view s) {
   msgpack_pack_str_body(pk, s.data(), s.size());
 }
 
+// Request `id`'s id on the wire: the integer, or with --string-ids a
+// 39-byte string shaped like vLLM's.
+void PackRid(msgpack_packer* pk, const Options& o, uint64_t id) {
+  if (!o.string_ids) {
+    msgpack_pack_uint64(pk, id);
+    return;
+  }
+  char buf[48];
+  const int n = std::snprintf(buf, sizeof buf, "cmpl-%016llx%016llx-0",
+                              0x5eed0000ull + (unsigned long long)(id),
+                              (unsigned long long)(id * 0x9e3779b97f4a7c15ull));
+  PackStr(pk, std::string_view(buf, size_t(n)));
+}
+
 void PutBe64(char* p, uint64_t v) {
   v = __builtin_bswap64(v);
   std::memcpy(p, &v, 8);
@@ -331,7 +350,7 @@ int ConnectUnix(const std::string& path) {
       msgpack_pack_array(&pk, o.label_values > 0 ? 5 : 4);
       msgpack_pack_uint64(&pk, 1);  // ARRIVED
       msgpack_pack_fix_uint64(&pk, t_arrived);
-      msgpack_pack_uint64(&pk, first + i);
+      PackRid(&pk, o, first + i);
       msgpack_pack_uint64(&pk, 100);  // prompt tokens
       if (o.label_values > 0) {
         msgpack_pack_map(&pk, 1);
@@ -373,7 +392,7 @@ int ConnectUnix(const std::string& path) {
       msgpack_pack_uint64(&pk, 4);  // TOKENS
       tc.t_off.push_back(uint32_t(sbuf.size + 1));
       msgpack_pack_fix_uint64(&pk, 0);
-      msgpack_pack_uint64(&pk, (c * o.batch + i) % o.requests);
+      PackRid(&pk, o, (c * o.batch + i) % o.requests);
       msgpack_pack_uint64(&pk, 1);  // n
     }
   }
@@ -934,7 +953,7 @@ int Usage() {
       "         [--receivers ceiling,daemon,inproc] [--receiver-cpu N]\n"
       "         [--sender-cpu N] [--profile vllm|sglang|lmdeploy]\n"
       "         [--label-values N] [--daemon-arg ARG]...\n"
-      "         [--inproc-keep-requests N]\n");
+      "         [--inproc-keep-requests N] [--string-ids]\n");
   return 2;
 }
 
@@ -944,6 +963,10 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
+    if (a == "--string-ids") {
+      o.string_ids = true;
+      continue;
+    }
     if (i + 1 >= argc) return Usage();
     const char* v = argv[++i];
     if (a == "--tokenmeterd") {

@@ -77,6 +77,19 @@ class RequestIndex {
     --size_;
   }
 
+  // The longest run of occupied slots: what a look-up may walk at worst.
+  // O(capacity): for tests and diagnostics.
+  size_t LongestRun() const {
+    size_t empty = 0;  // there is one: the array is at most 3/4 full
+    while (slots_[empty].handle1 != 0) ++empty;
+    size_t longest = 0, run = 0;
+    for (size_t k = 1; k <= slots_.size(); ++k) {
+      run = slots_[(empty + k) & mask_].handle1 != 0 ? run + 1 : 0;
+      if (run > longest) longest = run;
+    }
+    return longest;
+  }
+
   // Grows the array so that `n` handles fit without growing again.
   void Reserve(size_t n) {
     while (n * 4 > slots_.size() * 3) Grow();

@@ -21,17 +21,6 @@ namespace {
 
 enum class Gauge : uint8_t { kNone, kWaiting, kRunning };
 
-uint64_t HashBytes(std::string_view s) {
-  // FNV-1a; ids are short and this is only a bucket hint (KeyEq compares
-  // the bytes).
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 // A request's time points, in event terms. kQueueStart is not stored: it
 // reads queued when known, else arrived (QUEUED is optional).
 enum Point : uint8_t {
@@ -296,10 +285,11 @@ Tracker::Request& Tracker::NewRequest(const KeyView& k, uint64_t hash) {
   return r;
 }
 
-inline Tracker::KeyView Tracker::ViewOf(uint64_t space, const RequestId& rid) {
+inline Tracker::KeyView Tracker::ViewOf(uint64_t space,
+                                        const RequestId& rid) const {
   KeyView view{space, rid.number, {}};
   if (rid.is_string) {
-    view.num = HashBytes(rid.text);
+    view.num = hash_.Bytes(rid.text);
     view.str = rid.text;
   }
   return view;
@@ -383,7 +373,7 @@ void Tracker::Remove(Request& r, bool evicted) {
   }
   if (r.has_extra) extras_.erase(&r);
   const uint32_t handle = r.handle;
-  index_.Erase(Mix(r.space, r.num), handle);
+  index_.Erase(hash_.Int(r.space, r.num), handle);
   r = Request{};
   free_.push_back(handle);
 }
@@ -1147,7 +1137,10 @@ void Tracker::SaveState(
   for (const Request* head : {active_head_, finished_head_}) {
     for (const Request* r = head; r != nullptr; r = r->next) {
       w.U64(r->space);
-      w.U64(r->num);
+      // A string id's num is its keyed hash, which the next daemon (another
+      // key) recomputes from the bytes: 0 here, so that a snapshot holds
+      // nothing of the key and its bytes do not depend on it.
+      w.U64(r->len != 0 ? 0 : r->num);
       w.Str(std::string_view(r->str.get(), r->len));
       w.Bool(r->finished());
       w.U32(series_index(r->first_token_series));
@@ -1204,7 +1197,7 @@ void Tracker::LoadState(StateReader& rd,
     const uint64_t space = rd.U64();
     uint64_t num = rd.U64();
     const std::string str = rd.Str(TM_MAX_RID_BYTES);
-    if (!str.empty()) num = HashBytes(str);
+    if (!str.empty()) num = hash_.Bytes(str);
     const bool finished = rd.Bool();
     const KeyView view{space, num, str};
     const uint64_t hash = HashOf(view);

@@ -41,6 +41,7 @@
 #include "daemon/ingest/event.h"
 #include "daemon/ingest/frame_decoder.h"
 #include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/request_hash.h"
 #include "daemon/ingest/request_index.h"
 #include "daemon/ingest/tick_log.h"
 #include "daemon/ingest/tracker_options.h"
@@ -156,16 +157,11 @@ class Tracker : public Collector {
     uint64_t num;
     std::string_view str;
   };
-  static uint64_t Mix(uint64_t a, uint64_t b) {
-    uint64_t h = a * 0x9e3779b97f4a7c15ull ^ b;
-    h ^= h >> 32;
-    h *= 0xd6e8feb86659fd93ull;
-    h ^= h >> 32;
-    return h;
-  }
-  static uint64_t HashOf(const KeyView& k) { return Mix(k.space, k.num); }
+  // The index's hash of a key: keyed (request_hash.h), so that a peer
+  // cannot choose ids that share a probe run.
+  uint64_t HashOf(const KeyView& k) const { return hash_.Int(k.space, k.num); }
   // The lookup key of `rid` in request-id space `space`.
-  static KeyView ViewOf(uint64_t space, const RequestId& rid);
+  KeyView ViewOf(uint64_t space, const RequestId& rid) const;
 
   // The tracked request with key `k` (hash `hash`), else nullptr.
   Request* Lookup(const KeyView& k, uint64_t hash) const;
@@ -233,6 +229,7 @@ class Tracker : public Collector {
   // index_; freed handles are reused, newest first. The slab keeps its
   // high-water mark of chunks.
   static constexpr uint32_t kSlabChunk = 512;
+  const RequestHash hash_;  // a random key per tracker
   RequestIndex index_;
   std::vector<std::unique_ptr<Request[]>> slab_;
   std::vector<uint32_t> free_;
