@@ -252,34 +252,22 @@ class Reader {
       // uint 64, 16, 8, 32: a branch each that advances by a constant
       // (as in the scanner's fast path), so that the next value's read
       // need not wait for this one's size.
-      const ptrdiff_t left = end_ - p_;
-      if (b == 0xcf) {
-        if (left > 8) {
-          *v = LoadBe(p_ + 1, 8);
-          p_ += 9;
-          return true;
-        }
-      } else if (b == 0xcd) {
-        if (left > 2) {
-          *v = LoadBe(p_ + 1, 2);
-          p_ += 3;
-          return true;
-        }
-      } else if (b == 0xcc) {
-        if (left > 1) {
-          *v = p_[1];
-          p_ += 2;
-          return true;
-        }
-      } else if (b == 0xce) {
-        if (left > 4) {
-          *v = LoadBe(p_ + 1, 4);
-          p_ += 5;
-          return true;
-        }
-      }
+      if (b == 0xcf) return TakeUint<8>(v);
+      if (b == 0xcd) return TakeUint<2>(v);
+      if (b == 0xcc) return TakeUint<1>(v);
+      if (b == 0xce) return TakeUint<4>(v);
     }
     return false;
+  }
+
+  // The uint of N bytes after the header byte at p_: true with *v and the
+  // reader past it; false, the reader where it was, when the bytes end.
+  template <int N>
+  [[gnu::always_inline]] inline bool TakeUint(uint64_t* v) {
+    if (end_ - p_ <= N) return false;
+    *v = LoadBe(p_ + 1, N);
+    p_ += 1 + N;
+    return true;
   }
 
   // Reads a non-negative int of any encoding. False for anything else
