@@ -89,10 +89,7 @@ uint64_t SipHash(uint64_t k0, uint64_t k1, std::string_view s) {
 
 class RequestHash {
  public:
-  // A key of 256 random bits: getrandom(2), which does not block (the
-  // kernel's pool is ready once the system has booted); where it fails,
-  // std::random_device; where that fails too, the clock, the pid and
-  // addresses (a key a peer would still have to guess).
+  // A key of 256 random bits from std::random_device (once, at start).
   RequestHash();
   // A given key (tests): SipHash's (k0, k1) and the integer mix's (m0, m1).
   RequestHash(uint64_t k0, uint64_t k1, uint64_t m0, uint64_t m1)
