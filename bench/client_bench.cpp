@@ -13,6 +13,13 @@
 //       protocol 1.2 ADMISSION_REJECTED per call (reason "queue_full", no
 //       request id), at 1 and 2 threads. Issue: each of these two costs at
 //       most a tm_tokens of the same timestamp mode.
+//   tm_kv_transfer_id/*, tm_admission_rejected_id/*,
+//   tm_admission_rejected_id_rid/caller_ts   the same two events with the
+//       connector / reason registered once (tm_register_value()) and passed
+//       by id, the path an engine that reports them often takes.
+//   tm_tokens_str/caller_ts, tm_kv_transfer_id_str/caller_ts   a TOKENS
+//       and a KV_TRANSFER (ids) with a 39-byte vLLM-shaped string request
+//       id: the pair an engine with string ids (vLLM, SGLang) compares.
 //   prometheus_observe   prometheus-cpp Histogram::Observe on a child
 //       resolved once outside the loop (22 TTFT buckets), at 1 and 2 threads
 //       (both threads on the same child, as an engine would share it).
@@ -544,6 +551,30 @@ void KvTransferIdNow(benchmark::State& state, tm_client* c) {
   RunChunked(state, c, [c, &kv](uint64_t i) { tm_kv_transfer(c, 0, i, &kv); });
 }
 
+// A request id as vLLM makes them ("cmpl-" and 32 hex digits, "-0": 39
+// bytes, as `daemon_ingest_bench --string-ids`): the id an engine with
+// string ids passes to every call of a request.
+constexpr char kStringId[] = "cmpl-000000005eed0001c13a5f4e9d2b7a61-0";
+constexpr size_t kStringIdLen = sizeof kStringId - 1;
+static_assert(kStringIdLen == 39);
+
+void TokensStrCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  RunChunked(state, c, [c, t0](uint64_t i) {
+    tm_tokens_str(c, t0 + i, kStringId, kStringIdLen, 1);
+  });
+}
+
+void KvTransferIdStrCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  tm_kv_transfer_info kv = KvInfo(t0 - 1000000);
+  kv.connector = nullptr;
+  kv.connector_id = Registered(c, "nixl");
+  RunChunked(state, c, [c, t0, &kv](uint64_t i) {
+    tm_kv_transfer_str(c, t0 + i, kStringId, kStringIdLen, &kv);
+  });
+}
+
 void AdmissionRejectedIdCallerTs(benchmark::State& state, tm_client* c) {
   const uint64_t t0 = tm_now_ns();
   const uint32_t reason = Registered(c, "queue_full");
@@ -725,6 +756,12 @@ int Main(int argc, char** argv) {
                                  KvTransferIdCallerTs, c)
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_kv_transfer_id/now", KvTransferIdNow, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_tokens_str/caller_ts", TokensStrCallerTs,
+                                 c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_kv_transfer_id_str/caller_ts",
+                                 KvTransferIdStrCallerTs, c)
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_admission_rejected_id/caller_ts",
                                  AdmissionRejectedIdCallerTs, c)
