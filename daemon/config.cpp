@@ -96,7 +96,7 @@ them as Prometheus metrics.
   --otlp-endpoint URL        export request traces over OTLP/HTTP to URL
                              (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
                              else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces;
-                             none: no traces)
+                             none of the three set: no traces)
   --otlp-protocol P          http/protobuf or http/json (default
                              http/protobuf)
   --otlp-headers K=V,...     request headers (OTEL_EXPORTER_OTLP_HEADERS)
@@ -116,7 +116,8 @@ them as Prometheus metrics.
                              push every series over OTLP/HTTP to URL
                              (default: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
                              else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/metrics;
-                             none: no push); the other --otlp-* flags apply
+                             none of the three set: no push); the
+                             other --otlp-* flags apply
   --otlp-metrics-interval S  seconds between pushes (default:
                              OTEL_METRIC_EXPORT_INTERVAL ms, else 15)
   --otlp-histograms FORM     exponential (native buckets, the default) or

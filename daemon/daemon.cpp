@@ -187,32 +187,66 @@ Status Daemon::StartTracing() {
   return Status::Ok();
 }
 
+namespace {
+
+// The metrics push's OTLP overrides: the traces' flags with its own
+// endpoint.
+otlp::OtlpOverrides MetricsOverrides(const Config& config) {
+  otlp::OtlpOverrides overrides = config.otlp_traces;
+  overrides.endpoint = config.otlp_metrics_endpoint;
+  return overrides;
+}
+
+// The interval between pushes: --otlp-metrics-interval, else
+// OTEL_METRIC_EXPORT_INTERVAL in milliseconds as the OpenTelemetry SDKs
+// read it (unset or empty: not given, *ns left as it is).
+Status MetricsInterval(const Config& config, const otlp::Environment& env,
+                       uint64_t* ns) {
+  if (config.otlp_metrics_interval_ns.has_value()) {
+    *ns = *config.otlp_metrics_interval_ns;
+    return Status::Ok();
+  }
+  auto it = env.find("OTEL_METRIC_EXPORT_INTERVAL");
+  if (it == env.end() || it->second.empty()) return Status::Ok();
+  uint64_t ms = 0;
+  const std::string& v = it->second;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), ms);
+  if (ec != std::errc() || end != v.data() + v.size() || ms < 1000 ||
+      ms > 10'000'000'000) {
+    return Status::Error("OTEL_METRIC_EXPORT_INTERVAL: \"" + v +
+                         "\" is not a whole number of milliseconds from "
+                         "1000 to 10000000000");
+  }
+  *ns = ms * 1'000'000;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Daemon::CheckOtlpSettings(const Config& config) {
+  const otlp::Environment env = otlp::ProcessOtlpEnvironment();
+  otlp::OtlpConfig traces;
+  Status s = otlp::ParseOtlpConfig(otlp::Signal::kTraces, config.otlp_traces,
+                                   env, &traces);
+  if (!s.ok()) return s;
+  otlp::OtlpConfig metrics;
+  s = otlp::ParseOtlpConfig(otlp::Signal::kMetrics, MetricsOverrides(config),
+                            env, &metrics);
+  if (!s.ok() || !metrics.enabled()) return s;
+  uint64_t ns = 0;
+  return MetricsInterval(config, env, &ns);
+}
+
 Status Daemon::StartMetricsPush() {
-  otlp::OtlpOverrides overrides = config_.otlp_traces;
-  overrides.endpoint = config_.otlp_metrics_endpoint;
   const otlp::Environment env = otlp::ProcessOtlpEnvironment();
   otlp::OtlpConfig otlp;
-  Status s =
-      otlp::ParseOtlpConfig(otlp::Signal::kMetrics, overrides, env, &otlp);
+  Status s = otlp::ParseOtlpConfig(otlp::Signal::kMetrics,
+                                   MetricsOverrides(config_), env, &otlp);
   if (!s.ok()) return s;
   if (!otlp.enabled()) return Status::Ok();
   MetricsPusherOptions options;
-  if (config_.otlp_metrics_interval_ns.has_value()) {
-    options.interval_ns = *config_.otlp_metrics_interval_ns;
-  } else if (auto it = env.find("OTEL_METRIC_EXPORT_INTERVAL");
-             it != env.end()) {
-    // Milliseconds, as the OpenTelemetry SDKs read it.
-    uint64_t ms = 0;
-    const std::string& v = it->second;
-    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), ms);
-    if (ec != std::errc() || end != v.data() + v.size() || ms < 1000 ||
-        ms > 10'000'000'000) {
-      return Status::Error("OTEL_METRIC_EXPORT_INTERVAL: \"" + v +
-                           "\" is not a whole number of milliseconds from "
-                           "1000 to 10000000000");
-    }
-    options.interval_ns = ms * 1'000'000;
-  }
+  s = MetricsInterval(config_, env, &options.interval_ns);
+  if (!s.ok()) return s;
   options.histograms = config_.otlp_histograms_explicit
                            ? otlp_metrics::HistogramForm::kExplicit
                            : otlp_metrics::HistogramForm::kExponential;

@@ -35,6 +35,11 @@ class Daemon {
   // Validates the configuration and builds the components; with
   // --state-dir, restores the newest snapshot (binds nothing).
   static Status Create(const Config& config, std::unique_ptr<Daemon>* out);
+  // The OTLP settings (the --otlp-* flags and the OTEL_* environment) as
+  // Create() reads them, checked without building anything: an error is a
+  // bad value (tokenmeterd exits 2). Create() still fails on what only
+  // building finds (a certificate file that cannot be read: exit 1).
+  static Status CheckOtlpSettings(const Config& config);
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
   ~Daemon();

@@ -108,6 +108,11 @@ int main(int argc, char** argv) {
     }
     if (!clamped.empty()) spdlog::warn("{}", clamped);
   }
+  s = Daemon::CheckOtlpSettings(config);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
+    return 2;
+  }
   std::unique_ptr<Daemon> daemon;
   s = Daemon::Create(config, &daemon);
   if (s.ok()) s = daemon->Start();

@@ -272,6 +272,51 @@ class MetricsPush(unittest.TestCase):
             self.assertGreaterEqual(dropped + failed + unsent,
                                     pushes * points - points)
 
+class PushSettings(unittest.TestCase):
+    """OTEL_METRIC_EXPORT_INTERVAL as the OpenTelemetry SDKs read it: empty
+    is unset; a bad value stops the start with one line and exit status 2,
+    as a bad flag does."""
+
+    ENDPOINT = {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT":
+                "http://127.0.0.1:1/v1/metrics"}
+
+    def start(self, interval):
+        d = Daemon("--log-interval", "0",
+                   env={**self.ENDPOINT,
+                        "OTEL_METRIC_EXPORT_INTERVAL": interval})
+        d.start()
+        self.addCleanup(d.cleanup)
+        return d
+
+    def push_line(self, d):
+        poll_until(lambda: "metrics: OTLP push to" in d.read_log().decode(),
+                   what="the push's start line")
+        return [ln for ln in d.read_log().decode().splitlines()
+                if "metrics: OTLP push to" in ln][0]
+
+    def test_interval_from_the_environment(self):
+        self.assertIn("every 2 s", self.push_line(self.start("2000")))
+
+    def test_empty_interval_is_unset(self):
+        self.assertIn("every 15 s", self.push_line(self.start("")))
+
+    def test_bad_interval_stops_the_start(self):
+        import subprocess
+        for value in ("abc", "999", "15s", "-1000"):
+            proc = subprocess.run(
+                [tu.DAEMON, "--ingest", "/tmp/tm-never.sock", "--listen",
+                 "127.0.0.1:0"],
+                env={**os.environ, **self.ENDPOINT,
+                     "OTEL_METRIC_EXPORT_INTERVAL": value},
+                capture_output=True, text=True, timeout=20)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            lines = [line for line in proc.stderr.splitlines()
+                     if line.startswith("tokenmeterd:")]
+            self.assertEqual(len(lines), 1, proc.stderr)
+            self.assertIn("OTEL_METRIC_EXPORT_INTERVAL", lines[0])
+            self.assertIn(f'"{value}"', lines[0])
+
+
 if __name__ == "__main__":
     tu.DAEMON = os.path.abspath(sys.argv.pop(1))
     otel.skip_unless_otel()

@@ -241,23 +241,27 @@ class Traces(unittest.TestCase):
 
     def test_bad_otlp_settings_stop_the_start(self):
         import subprocess
-        for args, env, needle in [
+        # A bad value exits 2, as a bad flag does; a file that cannot be
+        # read, 1 (tokenmeterd(8), EXIT STATUS).
+        for args, env, needle, rc in [
                 (["--otlp-endpoint", "http://127.0.0.1:1/v1/traces",
-                  "--otlp-protocol", "grpc"], {}, "--otlp-protocol"),
+                  "--otlp-protocol", "grpc"], {}, "--otlp-protocol", 2),
                 (["--otlp-endpoint", "ftp://x/v1/traces"], {},
-                 "--otlp-endpoint"),
+                 "--otlp-endpoint", 2),
                 ([], {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
                       "OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"},
-                 "OTEL_EXPORTER_OTLP_COMPRESSION"),
+                 "OTEL_EXPORTER_OTLP_COMPRESSION", 2),
+                (["--otlp-metrics-endpoint", "http://127.0.0.1:1/v1/metrics",
+                  "--otlp-timeout", "0"], {}, "--otlp-timeout", 2),
                 (["--otlp-endpoint", "https://127.0.0.1:1/v1/traces",
                   "--otlp-certificate", "/nonexistent/ca.pem"], {},
-                 "/nonexistent/ca.pem")]:
+                 "/nonexistent/ca.pem", 1)]:
             proc = subprocess.run(
                 [tu.DAEMON, "--ingest", "/tmp/tm-never.sock", "--listen",
                  "127.0.0.1:0", *args],
                 env={**os.environ, **env}, capture_output=True, text=True,
                 timeout=20)
-            self.assertEqual(proc.returncode, 1, proc.stderr)
+            self.assertEqual(proc.returncode, rc, proc.stderr)
             lines = [line for line in proc.stderr.splitlines()
                      if line.startswith("tokenmeterd:")]
             self.assertEqual(len(lines), 1, proc.stderr)
