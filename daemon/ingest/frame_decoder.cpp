@@ -1518,6 +1518,35 @@ bool FrameDecoder::Feed(const void* data, size_t n, FrameSink& sink) {
   return !failed_;
 }
 
+namespace {
+
+// Whether a string over the string limit whose header is at `header` is
+// an ARRIVED params `tracestate`: protocol 1.2 drops a tracestate over
+// 256 bytes (the general string limit) as a bad_field, as W3C lets a
+// vendor drop tracestate, where any other string over the limit makes the
+// frame string_too_long. Such a string is the value (an even count of
+// elements `left` after it) in a map at an event's params depth of a BATCH
+// (frame 1, events 2, event 3, params 4), right after the fixstr key
+// "tracestate". The frame budget still bounds it; the decoder's field rule
+// drops it. The scanner keeps no note of which containers are maps, so a
+// string that only looks so (in params that are an array, or after a
+// longer string ending in those bytes) passes too and reaches a field of
+// its own bounds (params not a map are dropped whole; a key is not
+// compared past its length): none reads it unchecked.
+bool OverlongTracestate(const uint8_t* base, size_t frame_start, size_t header,
+                        uint32_t depth, uint64_t left, uint64_t frame_type) {
+  constexpr std::string_view kKey = TM_PARAM_TRACESTATE;
+  static_assert(kKey.size() < 32);
+  constexpr size_t kKeyBytes = 1 + kKey.size();  // fixstr header + bytes
+  return frame_type == TM_FRAME_BATCH && depth == 4 && left % 2 == 0 &&
+         header >= frame_start + kKeyBytes &&
+         base[header - kKeyBytes] == (0xa0 | kKey.size()) &&
+         std::memcmp(base + header - kKey.size(), kKey.data(), kKey.size()) ==
+             0;
+}
+
+}  // namespace
+
 // Walks headers from scan_ to end_, keeping per open container the count
 // of elements still to come. Every limit is checked on a header as soon as
 // it is complete. slack_ is max_frame_bytes less the frame's bytes so far
@@ -1583,7 +1612,9 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       if (--stack[depth - 1] != 0) continue;
     } else if ((b & 0xe0) == 0xa0 && depth > 1) {  // fixstr
       const uint32_t len = b & 0x1f;
-      if (len > max_string) {
+      if (len > max_string &&
+          !OverlongTracestate(base, start_, pos, depth, stack[depth - 1] - 1,
+                              frame_type_)) {
         error = IngestError::kStringTooLong;
         break;
       }
@@ -1669,7 +1700,10 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       uint64_t cost = h.size - 1u;  // beyond the byte counted for it
       uint64_t children = 0;
       if (HasPayload(h.type)) {
-        if (h.value > max_string) {
+        if (h.value > max_string &&
+            (h.type != Type::kStr ||
+             !OverlongTracestate(base, start_, pos - h.size, depth,
+                                 stack[depth - 1], frame_type_))) {
           error = IngestError::kStringTooLong;
           break;
         }

@@ -142,6 +142,13 @@ DECODER = {
         [11, T, {"scheduler": "asleep", "weights": 1}], [11, T, []],
         [7, T, {"waiting": 1, "waiting_deferred": 2}],
         [7, T, {"waiting_deferred": 1}], [12, T, 1]]),
+    # A tracestate over the string limit: dropped as bad_field, the
+    # request starts; the same string as a lora ends the frame.
+    "protocol_1_2_long_tracestate": b"\x0b" + hello() + batch([
+        [1, T, 5, 10, {"tracestate": "k=" + "v" * 298, "max_tokens": 4}],
+        [1, T, 6, 10, ["tracestate", "k=" + "v" * 298]],
+        [4, T + 1, 5, 1], [5, T + 2, 5, "stop"]])
+    + batch([[1, T, 7, 10, {"lora": "x" * 300}]]),
     # Protocol 1.3: REQUEST_SUMMARY and LATENCIES, good and bad.
     "protocol_1_3": b"\x35" + hello() + batch([
         [12, T, "stop", {"prompt_tokens": 812, "generation_tokens": 256,

@@ -2819,25 +2819,93 @@ TEST(FrameDecoder12Test, DecodesArrivedPriorityAndTraceContext) {
   }
 }
 
-// A tracestate over 256 bytes: under a raised string limit the field rule
-// drops it (under the default limit the frame is string_too_long first).
-TEST(FrameDecoder12Test, DropsATracestateOverItsLimit) {
+// A str of `size` bytes of 'v' after "k=" (str 16 header).
+Bytes LongState(size_t size) {
   std::string state = "k=";
-  state.append(255, 'v');  // 257 bytes
+  state.append(size - 2, 'v');
   // (Cat of two vectors, not an insert of the string's bytes: gcc 12
   // warns of a bounds error that is not there in the latter.)
-  const Bytes v = Cat({{0xda, 0x01, 0x01}, Bytes(state.begin(), state.end())});
-  const Bytes event =
-      Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81}, S("tracestate"), v});
-  DecoderLimits limits;
-  limits.max_string_bytes = 1024;
-  RecordingSink sink;
-  FrameDecoder d{limits};
-  ASSERT_TRUE(
-      Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink));
-  ASSERT_EQ(sink.batches.size(), 1u);
-  EXPECT_EQ(sink.batches[0].bad_fields, 1u);
-  EXPECT_EQ(sink.batches[0].events.size(), 3u);
+  return Cat({{0xda, static_cast<uint8_t>(size >> 8),
+               static_cast<uint8_t>(size & 0xff)},
+              Bytes(state.begin(), state.end())});
+}
+
+// A tracestate over 256 bytes, the general string limit, is dropped as a
+// bad_field and the request starts (protocol 1.2: W3C lets a vendor drop
+// tracestate), under the default limit and a raised one alike: the
+// scanner lets that one string past the limit.
+TEST(FrameDecoder12Test, DropsATracestateOverItsLimit) {
+  for (const uint32_t max_string : {256u, 1024u}) {
+    for (const size_t size : {size_t{257}, size_t{1000}}) {
+      SCOPED_TRACE(testing::Message() << max_string << " " << size);
+      const Bytes event = Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x82},
+                               S("tracestate"),
+                               LongState(size),
+                               S("max_tokens"),
+                               {0x05}});
+      DecoderLimits limits;
+      limits.max_string_bytes = max_string;
+      RecordingSink sink;
+      FrameDecoder d{limits};
+      ASSERT_TRUE(
+          Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink))
+          << IngestErrorName(d.error());
+      ASSERT_EQ(sink.batches.size(), 1u);
+      EXPECT_EQ(sink.batches[0].bad_fields, 1u);
+      ASSERT_EQ(sink.batches[0].events.size(), 3u);
+      EXPECT_EQ(sink.batches[0].events[1].kind, EventKind::kArrived);
+      EXPECT_TRUE(sink.batches[0].arrivals.empty());
+    }
+  }
+}
+
+// Only the value of an ARRIVED params "tracestate" is let past the string
+// limit: the same string as another key's value, as a key, in a HELLO, or
+// at another depth is string_too_long, as before.
+TEST(FrameDecoder12Test, OtherStringsOverTheLimitStillEndTheFrame) {
+  const Bytes big = LongState(300);
+  const struct {
+    const char* what;
+    Bytes frame;
+  } cases[] = {
+      {"lora value",
+       Cat({kHello, BatchOf(1, {Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81},
+                                     S("lora"),
+                                     big})})})},
+      {"tracestate as a key",
+       Cat({kHello, BatchOf(1, {Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x81},
+                                     big,
+                                     {0x01}})})})},
+      {"a FINISHED reason after a tracestate string",
+       Cat({kHello,
+            BatchOf(1,
+                    {Cat({{0x95, 0x05, 0x00, 0x07}, S("tracestate"), big})})})},
+      {"a HELLO value", Cat({{0x92, 0x00, 0x84},
+                             S("proto"),
+                             {0x01},
+                             S("engine"),
+                             S("vllm"),
+                             S("model"),
+                             S("m"),
+                             S("tracestate"),
+                             big})},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    RecordingSink sink;
+    FrameDecoder d{DecoderLimits{}};
+    EXPECT_FALSE(Feed(d, c.frame, sink));
+    EXPECT_EQ(d.error(), IngestError::kStringTooLong);
+  }
+  // The scanner keeps no note of which containers are maps: params that
+  // are an array ["tracestate", long string] pass it, and the decoder drops
+  // them whole (params must be a map), as any params of the wrong type.
+  const Middle m = DecodeMiddle(
+      Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x92}, S("tracestate"), big}));
+  EXPECT_TRUE(m.fed);
+  ASSERT_EQ(m.events.size(), 3u);
+  EXPECT_EQ(m.bad_fields, 1u);
+  EXPECT_TRUE(m.arrivals.empty());
 }
 
 // ---------------------------------------------------------------------------
