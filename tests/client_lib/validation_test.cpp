@@ -663,6 +663,32 @@ TEST_F(Protocol12ValidationTest, RejectsMalformedTracestate) {
   EXPECT_EQ(Rejected(), 28u);
 }
 
+// The key rules of W3C Trace Context (and of OpenTelemetry's validators,
+// @opentelemetry/core): a simple key starts with a lowercase letter; a
+// tenant@system key has a tenant of 1 to 241 characters starting with a
+// letter or digit and a system of 1 to 14 starting with a letter.
+TEST_F(Protocol12ValidationTest, TracestateKeysFollowW3C) {
+  const std::string tenant241 = "t" + std::string(240, '0');
+  const std::string simple256 = "k" + std::string(255, '_');
+  for (const std::string& good :
+       {std::string("a=1"), std::string("z9_-*/=1"), std::string("0t@s=1"),
+        std::string("9@z=1"), std::string("t@abcdefghijklmn=1"),
+        std::string("t-_*/@s0_-*/=1"), tenant241 + "@s=1"}) {
+    EXPECT_EQ(InvalidTracestateCalls(good), 0) << good;
+    EXPECT_EQ(tm_proto_valid_tracestate(good.data(), good.size()), 1) << good;
+  }
+  EXPECT_EQ(tm_proto_valid_tracestate(simple256.data(), 256), 0);  // no '='
+  for (const std::string& bad :
+       {std::string("1abc=x"), std::string("9=1"), std::string("-a=1"),
+        std::string("*a=1"), std::string("t@1s=1"), std::string("t@_s=1"),
+        std::string("t@-s=1"), std::string("t@abcdefghijklmno=1"),
+        std::string("_t@s=1"), tenant241 + "0@s=1", std::string("t@S=1")}) {
+    EXPECT_EQ(InvalidTracestateCalls(bad), 2) << bad;
+    EXPECT_EQ(tm_proto_valid_tracestate(bad.data(), bad.size()), 0) << bad;
+  }
+  EXPECT_EQ(Rejected(), 22u);
+}
+
 // priority is an int32_t: every value is in range, the limits included;
 // any nonzero has_priority sends it.
 TEST_F(Protocol12ValidationTest, AcceptsPriorityLimits) {

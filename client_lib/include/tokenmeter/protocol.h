@@ -344,15 +344,17 @@ static inline int tm_proto_traceparent_sampled(const char* s) {
 /* 1 when s[0, len) is a W3C tracestate: at most TM_MAX_TRACESTATE_BYTES
  * bytes and TM_MAX_TRACESTATE_MEMBERS list members separated by ',', each
  * empty (spaces and tabs only) or `key=value` with optional spaces or tabs
- * around it; key [a-z0-9][a-z0-9_*\/-]* with at most one '@' (tenant@system),
- * at most 256 bytes; value 1 to 256 printable ASCII characters other than
- * ',' and '=', not ending in a space. O(len). */
+ * around it; key W3C Trace Context's: [a-z][a-z0-9_*\/-]* (simple-key), or
+ * tenant@system with tenant [a-z0-9][a-z0-9_*\/-]* of at most 241 bytes and
+ * system [a-z][a-z0-9_*\/-]* of at most 14 (multi-tenant-key); value 1 to
+ * 256 printable ASCII characters other than ',' and '=', not ending in a
+ * space. O(len). */
 static inline int tm_proto_valid_tracestate(const char* s, size_t len) {
   size_t i = 0, members = 0;
   if (len > TM_MAX_TRACESTATE_BYTES) return 0;
   while (i <= len) {
     size_t end = i, b, e, eq;
-    int at = 0;
+    size_t at = 0; /* the '@' of a tenant@system key; 0: none */
     while (end < len && s[end] != ',') ++end;
     b = i;
     e = end;
@@ -363,8 +365,8 @@ static inline int tm_proto_valid_tracestate(const char* s, size_t len) {
       for (eq = b; eq < e && s[eq] != '='; ++eq) {
         const char c = s[eq];
         if (c == '@') {
-          if (at || eq == b) return 0;
-          at = 1;
+          if (at != 0 || eq == b) return 0;
+          at = eq;
           continue;
         }
         if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
@@ -372,7 +374,16 @@ static inline int tm_proto_valid_tracestate(const char* s, size_t len) {
           return 0;
         }
       }
-      if (eq == b || eq == e || eq + 1 == e || s[eq - 1] == '@') return 0;
+      if (eq == b || eq == e || eq + 1 == e) return 0;
+      if (at == 0) {
+        /* simple-key: a lowercase letter first */
+        if (s[b] < 'a' || s[b] > 'z') return 0;
+      } else if (at - b > 241 || eq - at - 1 < 1 || eq - at - 1 > 14 ||
+                 s[at + 1] < 'a' || s[at + 1] > 'z') {
+        /* tenant-id 1..241 (its first character checked above), system-id
+         * 1..14 with a lowercase letter first */
+        return 0;
+      }
       for (eq = eq + 1; eq < e; ++eq) {
         const char c = s[eq];
         if (c < 0x20 || c > 0x7e || c == ',' || c == '=') return 0;

@@ -491,8 +491,10 @@ _TRACEPARENT_RULE = ("a W3C traceparent of version 00, "
                      "all zeros (tm_proto_valid_traceparent in "
                      "tokenmeter/protocol.h)")
 _TRACESTATE_RULE = ("a W3C tracestate: at most 32 comma-separated members "
-                    "key=value, keys [a-z0-9][a-z0-9_*/-]* with at most one "
-                    "@, values printable ASCII without , and = "
+                    "key=value, keys [a-z][a-z0-9_*/-]* or tenant@system "
+                    "(tenant [a-z0-9][a-z0-9_*/-]*, at most 241; system "
+                    "[a-z][a-z0-9_*/-]*, at most 14), values printable "
+                    "ASCII without , and = "
                     "(tm_proto_valid_tracestate in tokenmeter/protocol.h)")
 _LABEL_VALUE_RULE = (f"1 .. {MAX_LABEL_VALUE_BYTES} bytes of UTF-8 without "
                      "control characters (label-value syntax, "
