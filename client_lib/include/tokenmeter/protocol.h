@@ -207,8 +207,8 @@
       "le", "quantile", "interval", "reason", "kind", /* 1.1: */ "max_lora", \
       "running_lora_adapters", "waiting_lora_adapters", "cache_source",      \
       "layer", "expert", /* 1.2: */ "source", "role", "sleep_state",         \
-      "resource", "state"
-#define TM_NUM_RESERVED_LABELS 21
+      "resource", "state", "stage"
+#define TM_NUM_RESERVED_LABELS 22
 
 /* 1 when s[0, len) is well-formed UTF-8 (no overlong forms, no surrogates,
  * nothing above U+10FFFF), else 0. Every HELLO string must be. O(len). */

@@ -33,6 +33,7 @@
 #include "daemon/store/registry.h"
 #include "daemon/store/request_labels.h"
 #include "tests/daemon/exposition/exposition_fixture.h"
+#include "tokenmeter/protocol.h"
 
 #ifndef TOKENMETER_TEST_DATA_DIR
 #error "TOKENMETER_TEST_DATA_DIR must name tests/data"
@@ -161,6 +162,37 @@ TEST(ProfileTest, EachProfileShowsTheFamiliesOfItsDocsTable) {
     const bool legacy = c.legacy && c.profile == Profile::kVllm;
     EXPECT_EQ(EngineFamilies(RenderOneSeries(c.profile, c.legacy)),
               DocRows(name, "vllm", legacy));
+  }
+}
+
+// Every label the daemon sets on an engine series, in every profile, is
+// one a HELLO may not use (protocol-v1.md: HELLO labels "must not ...
+// repeat a label the daemon sets"): else a HELLO label of that name would
+// give a sample the label twice, which no scraper parses. The series here
+// has no HELLO or request labels, so each label is the daemon's, but for
+// cache_config_info's, which are the HELLO's own cache_config keys (a HELLO
+// label named like one of them is refused: IngestServer::LabelClash()).
+TEST(ProfileTest, EveryLabelTheDaemonSetsIsReserved) {
+  for (const Profile p :
+       {Profile::kVllm, Profile::kSglang, Profile::kLmdeploy}) {
+    for (const bool legacy : {false, true}) {
+      SCOPED_TRACE(std::string(ProfileName(p)) + (legacy ? " legacy" : ""));
+      std::set<std::string> names;
+      for (const Family& f :
+           Parse(RenderOneSeries(p, legacy), ExpositionFormat::kText004)) {
+        if (f.name.find(':') == std::string::npos ||
+            f.name.ends_with("cache_config_info")) {
+          continue;
+        }
+        for (const Sample& smp : f.samples) {
+          for (const auto& [n, v] : smp.labels) names.insert(n);
+        }
+      }
+      EXPECT_GT(names.size(), 5u);
+      for (const std::string& n : names) {
+        EXPECT_EQ(tm_proto_reserved_label(n.data(), n.size()), 1) << n;
+      }
+    }
   }
 }
 

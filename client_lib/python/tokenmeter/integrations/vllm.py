@@ -64,7 +64,8 @@ _RESERVED = frozenset((
     "model_name", "engine", "engine_family", "finished_reason", "position",
     "le", "quantile", "interval", "reason", "kind", "max_lora",
     "running_lora_adapters", "waiting_lora_adapters", "cache_source",
-    "layer", "expert", "source", "role", "sleep_state", "resource", "state"))
+    "layer", "expert", "source", "role", "sleep_state", "resource", "state",
+    "stage"))
 
 
 def enabled():
