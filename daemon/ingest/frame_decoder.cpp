@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string_view>
 
 namespace tokenmeter::daemon {
@@ -1526,8 +1527,9 @@ namespace {
 // vendor drop tracestate, where any other string over the limit makes the
 // frame string_too_long. Such a string is the value (an even count of
 // elements `left` after it) in a map at an event's params depth of a BATCH
-// (frame 1, events 2, event 3, params 4), right after the fixstr key
-// "tracestate". The frame budget still bounds it; the decoder's field rule
+// (frame 1, events 2, event 3, params 4), right after the key
+// "tracestate" (as a fixstr, or a str 8, 16 or 32, which some encoders
+// write). The frame budget still bounds it; the decoder's field rule
 // drops it. The scanner keeps no note of which containers are maps, so a
 // string that only looks so (in params that are an array, or after a
 // longer string ending in those bytes) passes too and reaches a field of
@@ -1537,12 +1539,21 @@ bool OverlongTracestate(const uint8_t* base, size_t frame_start, size_t header,
                         uint32_t depth, uint64_t left, uint64_t frame_type) {
   constexpr std::string_view kKey = TM_PARAM_TRACESTATE;
   static_assert(kKey.size() < 32);
-  constexpr size_t kKeyBytes = 1 + kKey.size();  // fixstr header + bytes
-  return frame_type == TM_FRAME_BATCH && depth == 4 && left % 2 == 0 &&
-         header >= frame_start + kKeyBytes &&
-         base[header - kKeyBytes] == (0xa0 | kKey.size()) &&
-         std::memcmp(base + header - kKey.size(), kKey.data(), kKey.size()) ==
-             0;
+  const size_t n = kKey.size();
+  if (frame_type != TM_FRAME_BATCH || depth != 4 || left % 2 != 0 ||
+      header < frame_start + 1 + n ||
+      std::memcmp(base + header - n, kKey.data(), n) != 0) {
+    return false;
+  }
+  // The key's header, the bytes before those: one of the four str forms.
+  const uint8_t* k = base + header - n;
+  const size_t room = header - n - frame_start;
+  const auto form = [&](std::initializer_list<uint8_t> h) {
+    return room >= h.size() && std::equal(h.begin(), h.end(), k - h.size());
+  };
+  const auto len = static_cast<uint8_t>(n);
+  return form({static_cast<uint8_t>(0xa0 | n)}) || form({0xd9, len}) ||
+         form({0xda, 0x00, len}) || form({0xdb, 0x00, 0x00, 0x00, len});
 }
 
 }  // namespace

@@ -2835,26 +2835,35 @@ Bytes LongState(size_t size) {
 // tracestate), under the default limit and a raised one alike: the
 // scanner lets that one string past the limit.
 TEST(FrameDecoder12Test, DropsATracestateOverItsLimit) {
+  const Bytes key = S("tracestate");
+  const Bytes bytes(key.begin() + 1, key.end());
+  // The key as a fixstr, and as a str 8, 16 and 32.
+  const Bytes keys[] = {key, Cat({{0xd9, 0x0a}, bytes}),
+                        Cat({{0xda, 0x00, 0x0a}, bytes}),
+                        Cat({{0xdb, 0x00, 0x00, 0x00, 0x0a}, bytes})};
   for (const uint32_t max_string : {256u, 1024u}) {
     for (const size_t size : {size_t{257}, size_t{1000}}) {
-      SCOPED_TRACE(testing::Message() << max_string << " " << size);
-      const Bytes event = Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x82},
-                               S("tracestate"),
-                               LongState(size),
-                               S("max_tokens"),
-                               {0x05}});
-      DecoderLimits limits;
-      limits.max_string_bytes = max_string;
-      RecordingSink sink;
-      FrameDecoder d{limits};
-      ASSERT_TRUE(
-          Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink))
-          << IngestErrorName(d.error());
-      ASSERT_EQ(sink.batches.size(), 1u);
-      EXPECT_EQ(sink.batches[0].bad_fields, 1u);
-      ASSERT_EQ(sink.batches[0].events.size(), 3u);
-      EXPECT_EQ(sink.batches[0].events[1].kind, EventKind::kArrived);
-      EXPECT_TRUE(sink.batches[0].arrivals.empty());
+      for (const Bytes& k : keys) {
+        SCOPED_TRACE(testing::Message()
+                     << max_string << " " << size << " " << k.size());
+        const Bytes event = Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x82},
+                                 k,
+                                 LongState(size),
+                                 S("max_tokens"),
+                                 {0x05}});
+        DecoderLimits limits;
+        limits.max_string_bytes = max_string;
+        RecordingSink sink;
+        FrameDecoder d{limits};
+        ASSERT_TRUE(
+            Feed(d, Cat({kHello, BatchOf(3, {kQueued, event, kTokens})}), sink))
+            << IngestErrorName(d.error());
+        ASSERT_EQ(sink.batches.size(), 1u);
+        EXPECT_EQ(sink.batches[0].bad_fields, 1u);
+        ASSERT_EQ(sink.batches[0].events.size(), 3u);
+        EXPECT_EQ(sink.batches[0].events[1].kind, EventKind::kArrived);
+        EXPECT_TRUE(sink.batches[0].arrivals.empty());
+      }
     }
   }
 }
