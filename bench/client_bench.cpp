@@ -535,19 +535,23 @@ uint32_t Registered(tm_client* c, const char* value) {
   return id > 0 ? uint32_t(id) : 0;  // 0: every call is rejected, and seen
 }
 
-void KvTransferIdCallerTs(benchmark::State& state, tm_client* c) {
-  const uint64_t t0 = tm_now_ns();
-  tm_kv_transfer_info kv = KvInfo(t0 - 1000000);
+// KvInfo() with the connector registered on `c` and passed by id.
+tm_kv_transfer_info KvInfoById(tm_client* c, uint64_t start_ns) {
+  tm_kv_transfer_info kv = KvInfo(start_ns);
   kv.connector = nullptr;
   kv.connector_id = Registered(c, "nixl");
+  return kv;
+}
+
+void KvTransferIdCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  const tm_kv_transfer_info kv = KvInfoById(c, t0 - 1000000);
   RunChunked(state, c,
              [c, t0, &kv](uint64_t i) { tm_kv_transfer(c, t0 + i, i, &kv); });
 }
 
 void KvTransferIdNow(benchmark::State& state, tm_client* c) {
-  tm_kv_transfer_info kv = KvInfo(tm_now_ns());
-  kv.connector = nullptr;
-  kv.connector_id = Registered(c, "nixl");
+  const tm_kv_transfer_info kv = KvInfoById(c, tm_now_ns());
   RunChunked(state, c, [c, &kv](uint64_t i) { tm_kv_transfer(c, 0, i, &kv); });
 }
 
@@ -567,9 +571,7 @@ void TokensStrCallerTs(benchmark::State& state, tm_client* c) {
 
 void KvTransferIdStrCallerTs(benchmark::State& state, tm_client* c) {
   const uint64_t t0 = tm_now_ns();
-  tm_kv_transfer_info kv = KvInfo(t0 - 1000000);
-  kv.connector = nullptr;
-  kv.connector_id = Registered(c, "nixl");
+  const tm_kv_transfer_info kv = KvInfoById(c, t0 - 1000000);
   RunChunked(state, c, [c, t0, &kv](uint64_t i) {
     tm_kv_transfer_str(c, t0 + i, kStringId, kStringIdLen, &kv);
   });
