@@ -38,8 +38,10 @@ namespace tokenmeter::daemon {
 // Format4Metric()), and a tracked request saves its 1.2 extras. 6: the
 // registry saves when its state began and each engine series its start
 // time (Unix ns), the OTLP metrics' start times across restarts, and a
-// tracked request its finish reason (for its timeline).
-inline constexpr uint32_t kStateFormatVersion = 6;
+// tracked request its finish reason (for its timeline). 7: the tracker
+// saves the KV wait's incomplete and negative counts (a ninth interval)
+// and whether a finished request's KV wait is still open.
+inline constexpr uint32_t kStateFormatVersion = 7;
 inline constexpr uint32_t kOldestStateFormatVersion = 1;
 
 class StateWriter {

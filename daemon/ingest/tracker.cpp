@@ -360,6 +360,9 @@ void Tracker::Remove(Request& r, bool evicted) {
       ++incomplete_[size_t(kIntervals[i].interval)];
     }
   }
+  if (r.has_extra && FindExtra(r)->kv_wait_open) {
+    ++incomplete_[size_t(Interval::kKvWait)];
+  }
   if (evicted) ++evicted_;
   ++removed_;
   SetGauge(r, Gauge::kNone, nullptr, LoraOf(r), clock_);
@@ -445,7 +448,8 @@ void Tracker::CloseReady(Request& r) {
     if (r.has_n) f.hist(kRequestParamsN).Observe(r.n);
     f.hist(kRequestGenerationTokens).Observe(r.generation_tokens);
     f.hist(kRequestMaxNumGenerationTokens).Observe(r.generation_tokens);
-    // Protocol 1.2: computed prompt tokens, preemptions, the KV wait.
+    // Protocol 1.2: computed prompt tokens, preemptions (the KV wait is
+    // an interval of its own: CloseKvWait()).
     const Extra* x = FindExtra(r);
     uint32_t computed = r.prompt_tokens;
     if (x != nullptr && x->has_info) {
@@ -461,16 +465,25 @@ void Tracker::CloseReady(Request& r) {
             .Observe(double(cached) / double(r.prompt_tokens));
       }
     }
-    if (x != nullptr && x->kv_ready && r.has(kScheduled) &&
-        x->kv_ready_ns >= r.t_ns[kScheduled]) {
-      f.hist(kRequestKvWaitTime)
-          .Observe(double(x->kv_ready_ns - r.t_ns[kScheduled]));
-    }
     // SGLang counts a request's tokens when it finishes.
     if (r.finish_series->uses(kPromptTokensAtFinish)) {
       f.Add(kPromptTokensAtFinish, r.prompt_tokens);
       f.Add(kGenerationTokensAtFinish, r.generation_tokens);
     }
+  }
+}
+
+void Tracker::CloseKvWait(Request& r) {
+  Extra& x = *FindExtra(r);
+  if (!x.kv_wait_open || !r.has(kScheduled)) return;
+  x.kv_wait_open = false;
+  const uint64_t scheduled = r.t_ns[kScheduled];
+  if (x.kv_ready_ns < scheduled) {
+    ++negative_[size_t(Interval::kKvWait)];
+  } else {
+    CellOf(*r.finish_series, r)
+        .hist(kRequestKvWaitTime)
+        .Observe(double(x.kv_ready_ns - scheduled));
   }
 }
 
@@ -605,6 +618,9 @@ void Tracker::ApplyFound(const Source& src, const Event& ev,
       if (!r.has(kScheduled)) {  // later ones: no
         r.set(kScheduled, ev.t_ns);
         if (ev.scheduled.present) OnScheduledInfo(ev.scheduled, r);
+        // A KV wait left open at FINISHED closes now.
+        if (r.has_extra && r.finished()) [[unlikely]]
+          CloseKvWait(r);
       }
       break;
     case EventKind::kTokens:
@@ -799,6 +815,13 @@ void Tracker::OnFinished(const Source& src, const Event& ev, Request& r,
     if (kIntervals[i].at_finish && !ShouldExist(kIntervals[i], r)) {
       r.closed |= uint16_t(1u << i);
     }
+  }
+  // So is whether the KV wait exists (protocol 1.2: a decode request
+  // whose KV arrived); it closes now or with a later SCHEDULED.
+  if (r.has_extra) {
+    Extra& x = *FindExtra(r);
+    x.kv_wait_open = x.kv_ready;
+    CloseKvWait(r);
   }
   SeriesValues& cell = CellOf(s, r);
   cell.AddChild(kRequestSuccess, size_t(ev.reason), 1);
@@ -1173,6 +1196,7 @@ void Tracker::SaveState(
         w.Bool(x->has_priority);
         w.Str(x->traceparent);
         w.Str(x->tracestate);
+        w.Bool(x->kv_wait_open);  // format 7
       }
     }
   }
@@ -1189,8 +1213,11 @@ void Tracker::LoadState(StateReader& rd,
     return series[i];
   };
   evicted_ = rd.U64();
-  for (uint64_t& n : incomplete_) n = rd.U64();
-  for (uint64_t& n : negative_) n = rd.U64();
+  // Format 7 adds the KV wait's counts (the last interval).
+  const size_t intervals =
+      rd.version() >= 7 ? incomplete_.size() : size_t(Interval::kKvWait);
+  for (size_t i = 0; i < intervals; ++i) incomplete_[i] = rd.U64();
+  for (size_t i = 0; i < intervals; ++i) negative_[i] = rd.U64();
   const size_t n = rd.Count(options_.max_requests, 64);
   index_.Reserve(n);
   for (size_t i = 0; i < n && rd.ok(); ++i) {
@@ -1245,12 +1272,24 @@ void Tracker::LoadState(StateReader& rd,
       x.has_priority = rd.Bool();
       x.traceparent = rd.Str(TM_TRACEPARENT_BYTES);
       x.tracestate = rd.Str(TM_MAX_TRACESTATE_BYTES);
+      if (rd.version() >= 7) {
+        x.kv_wait_open = rd.Bool();
+        if (x.kv_wait_open && (!finished || !x.kv_ready)) rd.Fail();
+      } else {
+        // Before format 7 the KV wait was observed with the per-request
+        // histograms (at FINISHED once ARRIVED is known): one not yet
+        // decided is open now, and closes below if SCHEDULED is known.
+        x.kv_wait_open =
+            finished && x.kv_ready && (r.closed & kArrivalStatsBit) == 0;
+      }
       if (uint64_t(x.cached_tokens) + x.external_tokens > r.prompt_tokens &&
           x.has_info && (known & Bit(kArrived)) != 0) {
         rd.Fail();
       }
     }
     if (r.finished() != finished) rd.Fail();
+    if (finished && r.finish_series == nullptr) rd.Fail();
+    if (rd.ok() && r.has_extra) CloseKvWait(r);
     if (finished) {
       Append(r, finished_head_, finished_tail_);
     } else {

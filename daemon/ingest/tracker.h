@@ -140,6 +140,10 @@ class Tracker : public Collector {
     uint64_t kv_ready_ns = 0;  // t of the first successful recv
     bool has_info = false;     // the first SCHEDULED's info, accepted
     bool kv_ready = false;
+    // The KV wait should exist (a successful recv was known at FINISHED)
+    // and is not observed yet: it closes when SCHEDULED is known, or is
+    // counted incomplete at retirement.
+    bool kv_wait_open = false;
     bool has_priority = false;
     std::string traceparent;  // empty: none
     std::string tracestate;
@@ -189,6 +193,9 @@ class Tracker : public Collector {
   // Observes every interval of `r` whose ends are known (and, for those
   // observed at finish, that has finished), once each.
   void CloseReady(Request& r);
+  // The KV wait of a finished `r` whose wait is open, once SCHEDULED is
+  // known: observed, or counted negative (a recv before SCHEDULED).
+  void CloseKvWait(Request& r);
 
   void OnArrived(const Source& src, const Event& ev, Request& r,
                  std::span<const ArrivedExtras> arrivals);

@@ -323,6 +323,8 @@ std::string_view IntervalName(Interval interval) {
       return "inference_time";
     case Interval::kTpot:
       return "time_per_output_token";
+    case Interval::kKvWait:
+      return "kv_wait_time";
     case Interval::kCount:
       break;
   }

@@ -204,6 +204,7 @@ enum class Interval : uint8_t {
   kDecode,
   kInference,
   kTpot,
+  kKvWait,  // protocol 1.2: first successful recv - SCHEDULED
   kCount,
 };
 std::string_view IntervalName(Interval interval);

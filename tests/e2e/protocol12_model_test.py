@@ -80,6 +80,7 @@ class Model:
         self.computed = Hist(TOKENS)
         self.preempt = Hist(PREEMPTIONS)
         self.kv_wait = Hist(PHASE, 1e9)
+        self.kv_negative = 0  # KV waits whose recv came before SCHEDULED
         self.kv_time = {r: Hist(ITL, 1e9) for r in ("send", "recv")}
         self.kv_bytes = {r: Hist(KV_BYTES) for r in ("send", "recv")}
         self.kv_fail = {"send": {}, "recv": {}}
@@ -92,7 +93,8 @@ class Model:
     def r(self, rid):
         return self.req.setdefault(rid, dict(
             arrived=None, prompt=0, sched=None, info=None, first=False,
-            finished=False, preempt=0, kv_ready=None, ttft_done=False,
+            finished=False, preempt=0, kv_ready=None, kv_open=False,
+            ttft_done=False,
             stats_done=False))
 
     def _settle(self, q):
@@ -112,9 +114,14 @@ class Model:
             c, e = q["info"] or (0, 0)
             self.computed.observe(q["prompt"] - c - e)
             self.preempt.observe(q["preempt"])
-            if q["kv_ready"] is not None and q["sched"] is not None and \
-                    q["kv_ready"] >= q["sched"]:
+        # The KV wait: exists when a successful recv was known at FINISHED,
+        # closes once SCHEDULED is known (no ARRIVED needed).
+        if q["kv_open"] and q["sched"] is not None:
+            q["kv_open"] = False
+            if q["kv_ready"] >= q["sched"]:
                 self.kv_wait.observe(q["kv_ready"] - q["sched"])
+            else:
+                self.kv_negative += 1
 
     def apply(self, ev):
         kind = ev[0]
@@ -189,6 +196,8 @@ class Model:
             if not q["finished"]:
                 q["preempt"] += 1
         elif kind == 5:
+            if not q["finished"]:
+                q["kv_open"] = q["kv_ready"] is not None
             q["finished"] = True
         self._settle(q)
 
@@ -355,6 +364,9 @@ class ModelAgainstDaemon(unittest.TestCase):
         check_hist(NS + ":request_prefill_kv_computed_tokens", model.computed)
         check_hist(NS + ":request_num_preemptions", model.preempt)
         check_hist(NS + ":request_kv_wait_time_seconds", model.kv_wait)
+        self.assertEqual(got.value("tokenmeter_negative_intervals_total",
+                                   interval="kv_wait_time"),
+                         model.kv_negative, msg)
         for role in ("send", "recv"):
             if model.kv_time[role].count():
                 check_hist(NS + ":kv_transfer_time_seconds",

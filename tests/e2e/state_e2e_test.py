@@ -306,12 +306,15 @@ class OldFormat(StateDir):
     """A snapshot of format 2, written by tokenmeterd of commit 162d07b
     (tests/e2e/make_old_snapshot.py made tests/data/snapshot_v2/), loads
     in this daemon: the exposition is the one that daemon served, and the
-    snapshot this one writes at stop (format 6) loads again.
+    snapshot this one writes at stop (format 7) loads again.
     Series added since (ADDED_SINCE_V2: a sample, or a family of protocol
     1.2 shown for every series) read 0 and are left out of the
     comparison."""
 
-    ADDED_SINCE_V2 = ('tokenmeter_ingest_errors_total{reason="bad_field"} ',)
+    ADDED_SINCE_V2 = (
+        'tokenmeter_ingest_errors_total{reason="bad_field"} ',
+        'tokenmeter_incomplete_intervals_total{interval="kv_wait_time"} ',
+        'tokenmeter_negative_intervals_total{interval="kv_wait_time"} ')
     FAMILIES_SINCE_V2 = (
         ":prompt_tokens_by_source_total", ":prompt_tokens_cached_total",
         ":request_prefill_kv_computed_tokens", ":request_num_preemptions",
@@ -357,7 +360,7 @@ class OldFormat(StateDir):
         self.assertGreater(len(want), 1000)
         self.assertEqual(d.stop(), 0)
         with open(os.path.join(self.state, "snapshot"), "rb") as f:
-            self.assertEqual(f.read(12)[8:], b"\x06\0\0\0")  # format 6
+            self.assertEqual(f.read(12)[8:], b"\x07\0\0\0")  # format 7
         d2 = self.start(*args)
         self.assertEqual(d2.value("tokenmeter_state_restored"), 1)
         self.assertEqual(self.stable_old_lines(d2.metrics_text()), want)

@@ -1909,6 +1909,62 @@ TEST(Tracker12Test, ObservesComputedTokensPreemptionsAndKvWaitAtFinish) {
   EXPECT_EQ(h.Incomplete(), (std::array<uint64_t, size_t(Interval::kCount)>{}));
 }
 
+// The KV wait is an interval like the others (protocol-v1.md: a negative
+// one is never observed and is counted): whether it exists is decided at
+// FINISHED (a successful recv known then), it closes once SCHEDULED is
+// known, a recv before SCHEDULED counts it negative, and one whose
+// SCHEDULED never comes counts incomplete at retirement. It needs no
+// ARRIVED: both of its ends are the decode side's own.
+TEST(Tracker12Test, KvWaitIsAnIntervalDecidedAtFinish) {
+  Harness h;
+  const EngineSeries& s = *h.core;
+  // A recv before SCHEDULED (its t 10 ms before): negative, not observed.
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 8),
+                    KvTransfer(T(20), Rid(1), KvRole::kRecv, T(5)),
+                    Scheduled(T(30), Rid(1)), Tokens(T(40), Rid(1), 1),
+                    Finished(T(50), Rid(1))});
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 0u);
+  EXPECT_EQ(h.Negative(), Intervals({Interval::kKvWait}));
+  // No ARRIVED: observed all the same (20 ms).
+  h.Send(h.Core(), {Scheduled(T(10), Rid(2)),
+                    KvTransfer(T(30), Rid(2), KvRole::kRecv, T(15)),
+                    Tokens(T(40), Rid(2), 1), Finished(T(50), Rid(2))});
+  ASSERT_EQ(s.hist(kRequestKvWaitTime).count(), 1u);
+  EXPECT_DOUBLE_EQ(s.hist(kRequestKvWaitTime).sum(), 0.02);
+  // SCHEDULED after FINISHED (another connection's, late): it closes then.
+  h.Send(h.Core(), {KvTransfer(T(70), Rid(3), KvRole::kRecv, T(60)),
+                    Tokens(T(80), Rid(3), 1), Finished(T(90), Rid(3))});
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 1u);
+  h.Send(h.Core(), Scheduled(T(40), Rid(3)));
+  ASSERT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
+  EXPECT_DOUBLE_EQ(s.hist(kRequestKvWaitTime).sum(), 0.02 + 0.03);
+  // A recv that arrives after FINISHED: the wait does not exist.
+  h.Send(h.Core(), {Scheduled(T(10), Rid(4)), Tokens(T(40), Rid(4), 1),
+                    Finished(T(50), Rid(4)),
+                    KvTransfer(T(30), Rid(4), KvRole::kRecv, T(15))});
+  // SCHEDULED never comes: incomplete at retirement, once.
+  h.Send(h.Core(), {KvTransfer(T(30), Rid(5), KvRole::kRecv, T(15)),
+                    Tokens(T(40), Rid(5), 1), Finished(T(50), Rid(5))});
+  // Not finished: at-finish intervals do not exist.
+  h.Send(h.Core(), {KvTransfer(T(30), Rid(6), KvRole::kRecv, T(15))});
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
+  EXPECT_EQ(h.Incomplete(), Intervals({}));
+  h.AdvanceAndSweep(3600 * kSecond);
+  EXPECT_EQ(h.Tracked(), 0);
+  auto incomplete = h.Incomplete();
+  EXPECT_EQ(incomplete[size_t(Interval::kKvWait)], 1u);
+  EXPECT_EQ(h.Negative(), Intervals({Interval::kKvWait}));
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
+  // Both counters show it as interval="kv_wait_time".
+  const std::string text = h.Render();
+  EXPECT_TRUE(HasLine(
+      text,
+      "tokenmeter_negative_intervals_total{interval=\"kv_wait_time\"} 1"));
+  EXPECT_TRUE(HasLine(
+      text,
+      "tokenmeter_incomplete_intervals_total{interval=\"kv_wait_time\"} 1"));
+}
+
 TEST(Tracker12Test, KeepsKvTransfersPerRoleWithoutTouchingRequestsOnSend) {
   Harness h;
   h.Send(h.Core(),

@@ -157,6 +157,23 @@ void Fill(Components& c) {
       ev.reason = FinishReason::kLength;
       c.tracker->Apply(src, ev, nullptr, c.clock.now);
     }
+    // Decode-side requests (protocol 1.2): a KV wait still open at the
+    // save (finished, SCHEDULED not yet in), and a negative one.
+    for (uint64_t i = 100; i < 102; ++i) {
+      Event kv = Ev(EventKind::kKvTransfer, t0 + 20 * kMs, i);
+      kv.kv_transfer.role = KvRole::kRecv;
+      kv.kv_transfer.ok = true;
+      kv.kv_transfer.start_ns = t0 + 10 * kMs;
+      c.tracker->Apply(src, kv, nullptr, c.clock.now);
+      if (i == 101) {
+        c.tracker->Apply(src, Ev(EventKind::kScheduled, t0 + 30 * kMs, i),
+                         nullptr, c.clock.now);
+      }
+      c.tracker->Apply(src, Ev(EventKind::kTokens, t0 + 40 * kMs, i, 1),
+                       nullptr, c.clock.now);
+      c.tracker->Apply(src, Ev(EventKind::kFinished, t0 + 50 * kMs, i), nullptr,
+                       c.clock.now);
+    }
     c.stats->SetClientDropped("vllm", "m", "dp" + std::to_string(s), 42 + s, 7);
   }
 }
@@ -190,12 +207,21 @@ TEST(StateTest, RoundTripShowsTheSameAndGoesOnTheSame) {
       ev.reason = FinishReason::kStop;
       c->tracker->Apply(src, ev, nullptr, t);
     }
+    // The open KV wait closes with its SCHEDULED, restored or not.
+    c->tracker->Apply(src, Ev(EventKind::kScheduled, t - 990 * kMs, 100),
+                      nullptr, t);
     c->clock.now += 700'000 * kMs;  // past every grace and idle timeout
     c->tracker->Sweep();
   }
   EXPECT_EQ(b.Exposition(), a.Exposition());
   EXPECT_TRUE(b.Protobuf() == a.Protobuf());
   EXPECT_EQ(b.tracker->size(), 0u);
+  // dp1's open wait was observed after the load (10 ms), the others' left
+  // incomplete; each series' recv before SCHEDULED counted negative.
+  EXPECT_EQ(b.Series("dp1")->hist(kRequestKvWaitTime).count(), 1u);
+  EXPECT_EQ(b.Series("dp0")->hist(kRequestKvWaitTime).count(), 0u);
+  EXPECT_EQ(b.tracker->negative(Interval::kKvWait), 3u);
+  EXPECT_EQ(b.tracker->incomplete(Interval::kKvWait), 2u);
 }
 
 // Format 1 (before native buckets) holds a histogram as its counts, count
