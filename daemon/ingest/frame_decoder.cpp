@@ -1405,7 +1405,13 @@ IngestError DecodeEvent(Reader& r, const DecoderLimits& limits, Batch& batch) {
       e.kind = static_cast<EventKind>(kind);
       e.t_ns = t;
       err = ParseEventBody(r, n, limits, batch, &e);
-      if (err == IngestError::kCount) return err;
+      if (err == IngestError::kCount) {
+        if (batch.bad_fields != bad_fields) [[unlikely]] {
+          batch.field_drops.push_back({uint32_t(batch.events.size() - 1),
+                                       batch.bad_fields - bad_fields});
+        }
+        return err;
+      }
       batch.events.pop_back();
       batch.positions.resize(positions);
       batch.arrivals.resize(arrivals);
@@ -1800,6 +1806,7 @@ bool FrameDecoder::DecodeBatch(const uint8_t* begin, const uint8_t* end,
   batch_.positions.clear();
   batch_.arrivals.clear();
   batch_.bad_fields = 0;
+  batch_.field_drops.clear();
   for (uint64_t i = 0; i < events.value; ++i) {
     const IngestError err = DecodeEvent(r, limits_, batch_);
     if (err != IngestError::kCount) sink.OnEventError(err);

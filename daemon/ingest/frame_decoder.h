@@ -26,8 +26,17 @@ struct Batch {
   // ARRIVED lora / labels params (see Event::extras).
   std::vector<ArrivedExtras> arrivals;
   // Optional fields dropped from the valid events (partial acceptance:
-  // ARRIVED params, STEP keys): each counts as one bad_field.
+  // ARRIVED params, STEP keys): each counts as one bad_field when its
+  // event is applied (Tracker::ApplyBatch(): an event then skipped for its
+  // timestamp drops none, as one the decoder skipped drops none).
   uint32_t bad_fields = 0;
+  // The valid events that lost fields, in order: their index in `events`
+  // and how many fields each lost (the sum is bad_fields).
+  struct FieldDrops {
+    uint32_t event;
+    uint32_t fields;
+  };
+  std::vector<FieldDrops> field_drops;
 };
 
 // Receives what a FrameDecoder decodes (leveldb-style injected reporter).

@@ -255,7 +255,8 @@ class IngestServer::Connection : public FrameSink {
   void OnHello(const Hello& hello) override {
     Registry& reg = server_.registry_;
     server_.stats_.CountFrame();
-    CountBadFields(hello.bad_fields);
+    server_.stats_.CountErrors(IngestError::kBadField, hello.bad_fields);
+    LogBadFields(hello.bad_fields);
     server_.StopAwaitingHello(this);
     server_.hello_timeout_logged_ = false;
     const Profile profile =
@@ -348,19 +349,18 @@ class IngestServer::Connection : public FrameSink {
 
   void OnGoodbye() override { server_.stats_.CountFrame(); }
 
-  // Applies a batch and counts the optional fields the decoder dropped in
-  // it (once per batch applied: not again for a replay already applied).
+  // Applies a batch; the tracker counts the optional fields the decoder
+  // dropped from the events it applies (once per batch applied: not again
+  // for a replay already applied).
   void Apply(const Batch& batch) {
-    CountBadFields(batch.bad_fields);
+    LogBadFields(batch.bad_fields);
     server_.tracker_.ApplyBatch(source_, batch);
   }
 
-  // Optional fields the decoder dropped (partial acceptance): counted, and
-  // logged once per connection.
-  void CountBadFields(uint32_t n) {
-    if (n == 0) return;
-    server_.stats_.CountErrors(IngestError::kBadField, n);
-    if (!logged_bad_field_) {
+  // Optional fields the decoder dropped (partial acceptance): logged once
+  // per connection.
+  void LogBadFields(uint32_t n) {
+    if (n != 0 && !logged_bad_field_) {
       logged_bad_field_ = true;
       spdlog::warn(
           "ingest: {}: dropped an optional field with a wrong type or out of "

@@ -529,6 +529,13 @@ void Tracker::ApplyBatch(const Source& src, const Batch& batch) {
   const uint64_t* positions = batch.positions.data();
   const Event* events = batch.events.data();
   const size_t count = batch.events.size();
+  // The fields dropped from events that are applied: one skipped for its
+  // timestamp below drops none (as one the decoder skipped).
+  for (const Batch::FieldDrops& d : batch.field_drops) {
+    if (d.event < count && InTime(events[d.event].t_ns, now)) {
+      ingest_.CountErrors(IngestError::kBadField, d.fields);
+    }
+  }
   KeyView keys[kLookAhead];
   uint64_t hashes[kLookAhead];
   Request* found[kLookAhead];
@@ -562,8 +569,7 @@ void Tracker::ApplyFound(const Source& src, const Event& ev,
                          const uint64_t* positions, uint64_t now_ns,
                          std::span<const ArrivedExtras> arrivals,
                          Request* found) {
-  if (ev.t_ns > now_ns + options_.max_future_ns ||
-      ev.t_ns + options_.max_past_ns < now_ns) {
+  if (!InTime(ev.t_ns, now_ns)) {
     ingest_.CountError(IngestError::kBadTimestamp);
     return;
   }

@@ -69,7 +69,8 @@ class Tracker : public Collector {
   // kLookAhead events: the chunk's requests are looked up first, in one
   // loop whose look-ups do not wait for each other, and their lines
   // prefetched; the events are then applied with what was found (a
-  // request removed meanwhile, by an eviction, voids the rest).
+  // request removed meanwhile, by an eviction, voids the rest). Counts the
+  // batch's field_drops of the events it applies as bad_field.
   void ApplyBatch(const Source& src, const Batch& batch);
   static constexpr size_t kLookAhead = 16;
   // Applies one event; `positions` backs a STEP's spec_accepted_per_pos,
@@ -185,6 +186,12 @@ class Tracker : public Collector {
   void ApplyFound(const Source& src, const Event& ev, const uint64_t* positions,
                   uint64_t now_ns, std::span<const ArrivedExtras> arrivals,
                   Request* found);
+  // Whether an event's `t_ns` is within max_future_ns ahead of and
+  // max_past_ns behind `now_ns` (else it is skipped as bad_timestamp).
+  bool InTime(uint64_t t_ns, uint64_t now_ns) const {
+    return t_ns <= now_ns + options_.max_future_ns &&
+           t_ns + options_.max_past_ns >= now_ns;
+  }
   // The values of `s` a request-level observation of `r` goes to (its
   // label cell; the series itself without request labels).
   SeriesValues& CellOf(EngineSeries& s, const Request& r);

@@ -256,6 +256,14 @@ def event_cases():
          "bad_timestamp"),
         ("timestamp at 2^64-1", lambda t: [[4, 2 ** 64 - 1, 1, 1]],
          "bad_timestamp"),
+        # A skipped event counts once: the field it would have lost is not
+        # counted as well.
+        ("ARRIVED max_tokens str, 10 s in the future",
+         lambda t: [[1, t + 10 * SEC, 3, 10, {"max_tokens": "x"}]],
+         "bad_timestamp"),
+        ("STEP running -1, 10 s in the future",
+         lambda t: [[7, t + 10 * SEC, {"running": -1, "waiting": 2}]],
+         "bad_timestamp"),
     ]
     if now() > 2 * 3600 * SEC:
         cases.append(("timestamp 2 h in the past",

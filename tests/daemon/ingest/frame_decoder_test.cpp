@@ -53,6 +53,8 @@ struct BatchCopy {
   std::vector<uint64_t> positions;
   std::vector<ArrivalCopy> arrivals;  // Batch::arrivals, in order
   uint32_t bad_fields = 0;            // Batch::bad_fields
+  // Batch::field_drops as (event, fields).
+  std::vector<std::pair<uint32_t, uint32_t>> field_drops;
 };
 
 std::string Describe(const Event& e, std::string_view rid_text,
@@ -127,6 +129,9 @@ class RecordingSink : public FrameSink {
     copy.dropped_total = batch.dropped_total;
     copy.positions = batch.positions;
     copy.bad_fields = batch.bad_fields;
+    for (const Batch::FieldDrops& f : batch.field_drops) {
+      copy.field_drops.emplace_back(f.event, f.fields);
+    }
     for (const ArrivedExtras& x : batch.arrivals) {
       ArrivalCopy a{std::string(x.lora),
                     {},
@@ -1162,6 +1167,8 @@ TEST(FrameDecoderTest, StepPositionsIndexTheBatch) {
   EXPECT_TRUE(sink.event_errors.empty());
   const BatchCopy& b = sink.batches.at(0);
   EXPECT_EQ(b.bad_fields, 2u);
+  EXPECT_EQ(b.field_drops,
+            (std::vector<std::pair<uint32_t, uint32_t>>{{1, 1}, {2, 1}}));
   ASSERT_EQ(b.events.size(), 5u);
   EXPECT_EQ(b.positions, (std::vector<uint64_t>{5, 6, 9, 9, 7, 8, 8}));
   // {has positions, begin, count} of each STEP.
@@ -1374,6 +1381,8 @@ TEST(FrameDecoderTest, DropsABadOptionalFieldAndKeepsItsEvent) {
     EXPECT_TRUE(sink.event_errors.empty());
     ASSERT_EQ(sink.batches.size(), 1u);
     EXPECT_EQ(sink.batches[0].bad_fields, 1u);
+    EXPECT_EQ(sink.batches[0].field_drops,
+              (std::vector<std::pair<uint32_t, uint32_t>>{{1, 1}}));
     const std::vector<Event> ev = sink.AllEvents();
     ASSERT_EQ(ev.size(), 3u);
     EXPECT_EQ(ev[0].kind, EventKind::kQueued);
@@ -1390,6 +1399,30 @@ TEST(FrameDecoderTest, DropsABadOptionalFieldAndKeepsItsEvent) {
     EXPECT_TRUE(sink.batches[0].positions.empty());
     EXPECT_TRUE(sink.batches[0].arrivals.empty());
   }
+  // field_drops names each event by its place among the valid ones (a
+  // skipped event before it takes none) with its count: a map with a key
+  // twice, both bad, drops two fields.
+  RecordingSink sink;
+  FrameDecoder d{DecoderLimits{}};
+  const Bytes twice = Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x82},
+                           kMaxTokens,
+                           {0xa1, '1'},
+                           kMaxTokens,
+                           k2To32});
+  ASSERT_TRUE(Feed(d,
+                   Cat({kHello, BatchOf(4, {{0x91, 0x04},
+                                            kQueued,
+                                            twice,
+                                            Cat({{0x93, 0x07, 0x00, 0x81},
+                                                 kKv,
+                                                 {0xca, 0x7f, 0x80, 0, 0}})})}),
+                   sink));
+  EXPECT_EQ(sink.event_errors,
+            std::vector<IngestError>{IngestError::kBadEvent});
+  ASSERT_EQ(sink.batches.size(), 1u);
+  EXPECT_EQ(sink.batches[0].bad_fields, 3u);
+  EXPECT_EQ(sink.batches[0].field_drops,
+            (std::vector<std::pair<uint32_t, uint32_t>>{{1, 2}, {2, 1}}));
 }
 
 // TM_MAX_EVENT_COUNT itself is a valid count in every count position.

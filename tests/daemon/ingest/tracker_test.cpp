@@ -870,6 +870,23 @@ TEST(TrackerTest, ApplyBatchSkipsOnlyTheBadEvent) {
   EXPECT_EQ(h.stats->events(EventKind::kTokens), 1u);
 }
 
+// The fields the decoder dropped count as bad_field when their event is
+// applied; an event then skipped for its timestamp drops none, as one the
+// decoder skipped (protocol.md: a skipped event counts once).
+TEST(TrackerTest, ApplyBatchCountsTheDroppedFieldsOfAppliedEventsOnly) {
+  Harness h;
+  Batch batch;
+  batch.events = {Arrived(T(0), Rid(1), 2),
+                  Arrived(h.clock.now + 2 * kSecond, Rid(2), 1),
+                  Arrived(T(1), Rid(3), 1)};
+  batch.bad_fields = 6;
+  batch.field_drops = {{0, 1}, {1, 2}, {2, 3}};
+  h.tracker->ApplyBatch(h.Core(), batch);
+  EXPECT_EQ(h.stats->errors(IngestError::kBadTimestamp), 1u);
+  EXPECT_EQ(h.stats->errors(IngestError::kBadField), 4u);
+  EXPECT_EQ(h.tracker->size(), 2u);
+}
+
 // ---- gauges and STEP
 // -----------------------------------------------------------
 
