@@ -125,9 +125,10 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   b.per_request = 8 + 8 + kStr + TM_MAX_RID_BYTES + 1 + 3 * 4 +
                   kRequestPoints * 8 + 8 + 5 * 4 + 2 + 1 + 1 + 1 + 1 + 1;
   // Its protocol 1.2 extras (Tracker::Extra): a flag, four counts, the KV
-  // time, three flags, the trace context at its longest.
+  // time, three flags, the trace context at its longest, and (format 7)
+  // whether its KV wait is open.
   b.per_request += 1 + 4 * 4 + 8 + 3 + kStr + TM_TRACEPARENT_BYTES + kStr +
-                   TM_MAX_TRACESTATE_BYTES;
+                   TM_MAX_TRACESTATE_BYTES + 1;
 
   // Counted once: the header and fingerprint, the request-label tables,
   // the shared spaces and sessions, MoE, and a page for the daemon's own

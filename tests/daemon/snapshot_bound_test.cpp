@@ -12,7 +12,11 @@
 #include <string>
 #include <unordered_map>
 
+#include "daemon/base/clock.h"
 #include "daemon/base/state_io.h"
+#include "daemon/ingest/event.h"
+#include "daemon/ingest/ingest_stats.h"
+#include "daemon/ingest/tracker.h"
 #include "daemon/store/engine_series.h"
 #include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/kv_transfer.h"
@@ -106,6 +110,76 @@ TEST(SnapshotBoundTest, PerSeriesCoversAFullSeries) {
   // Generous, not absurd: the allowances (parts, client drop counts) are
   // less than the values themselves.
   EXPECT_GT(out.size(), b.per_series / 2);
+}
+
+class FixedClock : public Clock {
+ public:
+  uint64_t NowNs() const override { return 1'000'000'000'000; }
+  double UnixNowS() const override { return 1'700'000'000; }
+};
+
+// One tracked request with the longest id and every protocol 1.2 extra
+// at its longest (max_tokens, n, priority, the W3C trace context, a KV
+// wait still open; the extras' counts and flags have a fixed size): what
+// it adds to the tracker's encoding fits per_request.
+TEST(SnapshotBoundTest, PerRequestCoversAFullRequest) {
+  Config config;
+  std::unique_ptr<Registry> reg = MakeRegistry(config);
+  IngestStats stats(*reg);
+  FixedClock clock;
+  Tracker tracker(*reg, stats, clock, config.tracker);
+  EngineSeries* s = reg->GetOrCreate({"vllm", "m", "0", {}});
+  ASSERT_NE(s, nullptr);
+  std::unordered_map<const EngineSeries*, uint32_t> index{{s, 0}};
+  auto encoded = [&] {
+    std::string out;
+    StateWriter w(out);
+    tracker.SaveState(w, index);
+    return out.size();
+  };
+  const size_t empty = encoded();
+  const uint64_t now = clock.NowNs();
+  const std::string id(TM_MAX_RID_BYTES, 'r');
+  Event ev;
+  ev.rid.is_string = true;
+  ev.rid.text = id;
+  ev.kind = EventKind::kKvTransfer;
+  ev.t_ns = now - 10;
+  ev.kv_transfer.role = KvRole::kRecv;
+  ev.kv_transfer.ok = true;
+  ev.kv_transfer.start_ns = now - 20;
+  const Source src{s, 1};
+  tracker.Apply(src, ev, nullptr, now);
+  ev.kind = EventKind::kArrived;
+  ev.t_ns = now - 100;
+  ev.count = 100;
+  ev.has_max_tokens = ev.has_n = true;
+  ev.max_tokens = ev.n = TM_MAX_EVENT_COUNT;
+  ev.extras = 0;
+  ArrivedExtras x;
+  x.has_priority = true;
+  x.priority = INT32_MIN;
+  const std::string parent =
+      "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  const std::string state(TM_MAX_TRACESTATE_BYTES, 'a');
+  x.traceparent = parent;
+  x.tracestate = state;
+  tracker.Apply(src, ev, nullptr, now, std::span(&x, 1));
+  ev.extras = Event::kNoExtras;
+  ev.kind = EventKind::kTokens;
+  ev.t_ns = now - 5;
+  ev.count = 1;
+  tracker.Apply(src, ev, nullptr, now);
+  ev.kind = EventKind::kFinished;
+  ev.t_ns = now - 1;
+  tracker.Apply(src, ev, nullptr, now);
+  ASSERT_EQ(tracker.size(), 1u);
+  const size_t one = encoded() - empty;
+  const SnapshotBound b = MaxSnapshotBytes(config, *reg, kFp);
+  std::cout << "a full request encodes to " << one << " B of " << b.per_request
+            << " B\n";
+  EXPECT_LE(one, b.per_request);
+  EXPECT_GT(one, b.per_request - 16);  // the bound is tight
 }
 
 TEST(SnapshotBoundTest, GrowsWithEachCap) {
