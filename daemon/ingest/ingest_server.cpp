@@ -255,8 +255,6 @@ class IngestServer::Connection : public FrameSink {
   void OnHello(const Hello& hello) override {
     Registry& reg = server_.registry_;
     server_.stats_.CountFrame();
-    server_.stats_.CountErrors(IngestError::kBadField, hello.bad_fields);
-    LogBadFields(hello.bad_fields);
     server_.StopAwaitingHello(this);
     server_.hello_timeout_logged_ = false;
     const Profile profile =
@@ -303,6 +301,10 @@ class IngestServer::Connection : public FrameSink {
                               server_.max_shared_spaces_));
       return;
     }
+    // Accepted: its dropped informing fields count (a refused HELLO counts
+    // once, under its reason).
+    server_.stats_.CountErrors(IngestError::kBadField, hello.bad_fields);
+    LogBadFields(hello.bad_fields);
     if (hello.has_cache_config) {
       series->part<CacheConfigPart>().Set(hello.cache_config);
     }
@@ -364,8 +366,7 @@ class IngestServer::Connection : public FrameSink {
       logged_bad_field_ = true;
       spdlog::warn(
           "ingest: {}: dropped an optional field with a wrong type or out of "
-          "its range ({}) and applied the rest; further drops on this "
-          "connection are only counted",
+          "its range ({}); further drops on this connection are only counted",
           peer_, IngestErrorName(IngestError::kBadField));
     }
   }

@@ -180,6 +180,13 @@ def frame_cases():
         cases.append((f"reserved label {name}",
                       lambda t, n=name: frame(0, meta(labels={n: "v"})),
                       "reserved_label"))
+    # A refused HELLO counts once, under its reason: the informing field it
+    # would have dropped (pid) is not counted as bad_field as well.
+    cases.append(("HELLO label clashing with cache_config, pid a str",
+                  lambda t: frame(0, meta(labels={"block_size": "v"},
+                                          cache_config={"block_size": 16},
+                                          pid="x")),
+                  "reserved_label"))
     # Wrong types at every HELLO position.
     wrong = {"proto": [2, 0, "1", None, 1.0, [1], -1],
              "engine": [5, None, "", [b"x"], {"a": 1}],
