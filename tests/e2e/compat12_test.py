@@ -17,7 +17,7 @@ git (commit 9166c1f, the last before the 1.2 events):
 Usage: compat12_test.py SRC_DIR CACHE_DIR TOKENMETERD [unittest args]
   The old daemon is $TOKENMETERD_OLD12 if set, else CACHE_DIR/build/daemon/
   tokenmeterd, built there once from `git archive 9166c1f` of SRC_DIR
-  (about 150 s of CPU) and kept. Exits 77 (skipped) without git history.
+  (about 105 s of CPU) and kept. Exits 77 (skipped) without git history.
 """
 import os
 import subprocess

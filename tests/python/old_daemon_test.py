@@ -11,7 +11,7 @@ reports nothing unacked and nothing dropped.
 Usage: old_daemon_test.py SRC_DIR CACHE_DIR [unittest args]
   The old daemon is $TOKENMETERD_OLD if set, else CACHE_DIR/tokenmeterd,
   built there once from `git archive c0992d4` of SRC_DIR (meson,
-  -Dtests=disabled, only daemon/tokenmeterd: about 100 s of CPU) and kept
+  -Dtests=disabled, only daemon/tokenmeterd: about 55 s of CPU) and kept
   for the next run. Exits 77 (skipped) when there is no such daemon and
   SRC_DIR has no git history to build one from, or when
   TOKENMETER_OLD_DAEMON=0.
