@@ -94,6 +94,10 @@ constexpr size_t kNumIntervalDefs = std::size(kIntervals);
 // be biased low).
 constexpr uint16_t kArrivalStatsBit = uint16_t(1u << kNumIntervalDefs);
 static_assert(kNumIntervalDefs < 16);
+// TTFT's `closed` bit: prompt tokens (and their sources) are counted when
+// it closes.
+constexpr uint16_t kTtftBit = 1u << 0;
+static_assert(kIntervals[0].interval == Interval::kTtft);
 // Request stays 128 bytes (two cache lines; the map node 168): every
 // TOKENS looks one up, and a larger one measurably slows ingest.
 static_assert(kNumPoints <= 6);
@@ -403,6 +407,20 @@ void Tracker::Sweep() {
   }
 }
 
+// A request's prompt tokens by source (protocol 1.2 SCHEDULED info;
+// without it all computed) and the cached ones.
+void Tracker::AddPromptSources(SeriesValues& s, const Request& r) const {
+  const Extra* x = FindExtra(r);
+  const uint32_t cached = x != nullptr && x->has_info ? x->cached_tokens : 0;
+  const uint32_t external =
+      x != nullptr && x->has_info ? x->external_tokens : 0;
+  s.AddChild(kPromptTokensBySource, kLocalCompute,
+             r.prompt_tokens - cached - external);
+  s.AddChild(kPromptTokensBySource, kLocalCacheHit, cached);
+  s.AddChild(kPromptTokensBySource, kExternalKv, external);
+  s.Add(kPromptTokensCached, uint64_t(cached) + external);
+}
+
 void Tracker::CloseReady(Request& r) {
   for (size_t i = 0; i < kNumIntervalDefs; ++i) {
     const IntervalDef& d = kIntervals[i];
@@ -416,20 +434,15 @@ void Tracker::CloseReady(Request& r) {
     if (d.profile_only && !series.uses(d.metric)) continue;
     SeriesValues& s = CellOf(series, r);
     // Prompt tokens are counted when TTFT closes (the first token and the
-    // ARRIVED that carries the count are both in), whatever its sign.
+    // ARRIVED that carries the count are both in), whatever its sign; so
+    // are their sources, unless the request's FINISHED counted them
+    // already (SGLang's profile, below: a first token after FINISHED).
     if (d.interval == Interval::kTtft) {
       s.Add(kPromptTokens, r.prompt_tokens);
-      // By source (protocol 1.2 SCHEDULED info; without it all computed).
-      const Extra* x = FindExtra(r);
-      const uint32_t cached =
-          x != nullptr && x->has_info ? x->cached_tokens : 0;
-      const uint32_t external =
-          x != nullptr && x->has_info ? x->external_tokens : 0;
-      s.AddChild(kPromptTokensBySource, kLocalCompute,
-                 r.prompt_tokens - cached - external);
-      s.AddChild(kPromptTokensBySource, kLocalCacheHit, cached);
-      s.AddChild(kPromptTokensBySource, kExternalKv, external);
-      s.Add(kPromptTokensCached, uint64_t(cached) + external);
+      if (!series.uses(kPromptTokensAtFinish) ||
+          (r.closed & kArrivalStatsBit) == 0) {
+        AddPromptSources(s, r);
+      }
     }
     const int64_t delta = int64_t(r.at(d.end) - r.at(d.start));
     if (delta < 0) {
@@ -465,10 +478,14 @@ void Tracker::CloseReady(Request& r) {
             .Observe(double(cached) / double(r.prompt_tokens));
       }
     }
-    // SGLang counts a request's tokens when it finishes.
+    // SGLang counts a request's tokens when it finishes, also those of a
+    // request that ended before its first token; the sources of those
+    // tokens are counted here for such a request, so that the three sum
+    // to its prompt_tokens (a first token that comes later adds none).
     if (r.finish_series->uses(kPromptTokensAtFinish)) {
       f.Add(kPromptTokensAtFinish, r.prompt_tokens);
       f.Add(kGenerationTokensAtFinish, r.generation_tokens);
+      if ((r.closed & kTtftBit) == 0) AddPromptSources(f, r);
     }
   }
 }

@@ -200,6 +200,8 @@ class Tracker : public Collector {
   // Observes every interval of `r` whose ends are known (and, for those
   // observed at finish, that has finished), once each.
   void CloseReady(Request& r);
+  // Adds r's prompt tokens by source and the cached ones to `s`.
+  void AddPromptSources(SeriesValues& s, const Request& r) const;
   // The KV wait of a finished `r` whose wait is open, once SCHEDULED is
   // known: observed, or counted negative (a recv before SCHEDULED).
   void CloseKvWait(Request& r);

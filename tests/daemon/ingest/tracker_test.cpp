@@ -1875,6 +1875,66 @@ TEST(Tracker12Test, CountsPromptTokensBySourceAtTheFirstToken) {
   EXPECT_EQ(h.stats->errors(IngestError::kBadField), 0u);
 }
 
+// SGLang counts prompt_tokens at FINISHED, also for a request that ended
+// before its first token: the sources of such a request's tokens are
+// counted then, so that the three sum to prompt_tokens once the requests
+// finished, and a first token that comes after the FINISHED adds none.
+TEST(Tracker12Test, SglangSourcesSumToPromptTokensAtFinish) {
+  Harness h(RegistryOptions{}, Profile::kSglang);
+  const auto by_source = [&](const std::string& source) {
+    return "sglang:prompt_tokens_by_source_total" + kCoreLabels + ",source=\"" +
+           source + "\"} ";
+  };
+  const auto expect = [&](uint64_t computed, uint64_t cache, uint64_t ext,
+                          uint64_t prompt) {
+    const std::string text = h.Render();
+    EXPECT_TRUE(
+        HasLine(text, by_source("local_compute") + std::to_string(computed)));
+    EXPECT_TRUE(
+        HasLine(text, by_source("local_cache_hit") + std::to_string(cache)));
+    EXPECT_TRUE(
+        HasLine(text, by_source("external_kv_transfer") + std::to_string(ext)));
+    EXPECT_TRUE(HasLine(text, "sglang:prompt_tokens_cached_total" +
+                                  kCoreLabels + "} " +
+                                  std::to_string(cache + ext)));
+    EXPECT_TRUE(HasLine(text, "sglang:prompt_tokens_total" + kCoreLabels +
+                                  "} " + std::to_string(prompt)));
+  };
+  // A request with tokens: its sources at the first token, as in every
+  // profile; SGLang's prompt_tokens at its FINISHED.
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(1), 100), ScheduledWithInfo(T(5), Rid(1), 30, 20),
+          Tokens(T(10), Rid(1), 1)});
+  expect(50, 30, 20, 0);
+  h.Send(h.Core(), Finished(T(20), Rid(1)));
+  expect(50, 30, 20, 100);
+  // Aborted before its first token: both at its FINISHED.
+  h.Send(h.Core(),
+         {Arrived(T(0), Rid(2), 70), ScheduledWithInfo(T(5), Rid(2), 10, 0)});
+  expect(50, 30, 20, 100);
+  h.Send(h.Core(), Finished(T(8), Rid(2), FinishReason::kAbort));
+  expect(110, 40, 20, 170);
+  // Without SCHEDULED: all computed.
+  h.Send(h.Core(), {Arrived(T(0), Rid(3), 9),
+                    Finished(T(3), Rid(3), FinishReason::kAbort)});
+  expect(119, 40, 20, 179);
+  // A first token after the FINISHED (another connection, in the grace
+  // period) closes TTFT and counts no source again.
+  h.Send(h.Core(), Tokens(T(9), Rid(2), 1));
+  EXPECT_EQ(h.core->hist(kTimeToFirstToken).count(), 2u);
+  expect(119, 40, 20, 179);
+
+  // The vllm profile is unchanged: a request without a first token counts
+  // neither prompt_tokens nor its sources.
+  Harness vllm;
+  vllm.Send(vllm.Core(),
+            {Arrived(T(0), Rid(2), 70), ScheduledWithInfo(T(5), Rid(2), 10, 0),
+             Finished(T(8), Rid(2), FinishReason::kAbort)});
+  const std::string text = vllm.Render();
+  EXPECT_TRUE(HasLine(text, BySource("local_compute") + "0"));
+  EXPECT_TRUE(HasLine(text, "vllm:prompt_tokens_total" + kCoreLabels + "} 0"));
+}
+
 TEST(Tracker12Test, DropsScheduledInfoAboveThePromptInEitherOrder) {
   Harness h;
   // Info first, ARRIVED later: checked when ARRIVED comes.
