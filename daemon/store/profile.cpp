@@ -389,6 +389,8 @@ const FamilyDef kSglang[] = {
      .const_value = "transfer",
      .part = PartKind::kKvTransfer,
      .part_family = PartFamily::kKvTransferTimeouts},
+    // SGLang has no failure series by role and reason: the vLLM suffix.
+    kKvTransferFailuresRow,
     kSleepStateRow,
     kSleepResourceStateRow,
     kFullyAwakeRow,

@@ -985,16 +985,15 @@ class LivePrometheus(LiveBase):
                 awake = state == {"scheduler": "running",
                                   "weights": "resident",
                                   "kv_cache": "resident"}
+                # By role and reason (the vllm suffix in every profile),
+                # and SGLang's own counters: every failure, and timeouts.
+                kv_failed = {f"{role} {reason}": n for (role, reason), n
+                             in sim.kv_failed.items()}
                 if ns == "sglang":
-                    # SGLang's own counters: every failure, and timeouts.
-                    kv_failed = {
-                        "any": sum(sim.kv_failed.values()),
-                        "timeout": sum(n for (_, reason), n
-                                       in sim.kv_failed.items()
-                                       if reason == "timeout")}
-                else:
-                    kv_failed = {f"{role} {reason}": n for (role, reason), n
-                                 in sim.kv_failed.items()}
+                    kv_failed["any"] = sum(sim.kv_failed.values())
+                    kv_failed["timeout"] = sum(
+                        n for (_, reason), n in sim.kv_failed.items()
+                        if reason == "timeout")
                 want = {
                     "rejected": dict(sim.rejected),
                     "kv_failed": kv_failed,
