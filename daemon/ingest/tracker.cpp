@@ -1001,6 +1001,13 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
   if (!e.kv_ready) {
     e.kv_ready = true;
     e.kv_ready_ns = ev.t_ns;
+    // The first successful recv of a request already finished (another
+    // connection's, in the grace period): its wait exists from now on, as
+    // if the recv had come before the FINISHED.
+    if (r.finished()) {
+      e.kv_wait_open = true;
+      CloseKvWait(r);
+    }
   }
 }
 

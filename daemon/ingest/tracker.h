@@ -141,8 +141,8 @@ class Tracker : public Collector {
     uint64_t kv_ready_ns = 0;  // t of the first successful recv
     bool has_info = false;     // the first SCHEDULED's info, accepted
     bool kv_ready = false;
-    // The KV wait should exist (a successful recv was known at FINISHED)
-    // and is not observed yet: it closes when SCHEDULED is known, or is
+    // The KV wait should exist (the request finished, a successful recv
+    // known: at FINISHED, or a later recv) and is not observed yet: it closes when SCHEDULED is known, or is
     // counted incomplete at retirement.
     bool kv_wait_open = false;
     bool has_priority = false;

@@ -114,8 +114,9 @@ class Model:
             c, e = q["info"] or (0, 0)
             self.computed.observe(q["prompt"] - c - e)
             self.preempt.observe(q["preempt"])
-        # The KV wait: exists when a successful recv was known at FINISHED,
-        # closes once SCHEDULED is known (no ARRIVED needed).
+        # The KV wait: exists for a finished request with a successful recv
+        # (one after the FINISHED too), closes once SCHEDULED is known (no
+        # ARRIVED needed).
         if q["kv_open"] and q["sched"] is not None:
             q["kv_open"] = False
             if q["kv_ready"] >= q["sched"]:
@@ -171,6 +172,8 @@ class Model:
                 q = self.r(ev[2])
                 if q["kv_ready"] is None:
                     q["kv_ready"] = ev[1]
+                    q["kv_open"] = q["finished"]
+                    self._settle(q)
             return
         q = self.r(ev[2])
         if kind == 1:

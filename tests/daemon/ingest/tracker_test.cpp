@@ -1987,12 +1987,13 @@ TEST(Tracker12Test, ObservesComputedTokensPreemptionsAndKvWaitAtFinish) {
 }
 
 // The KV wait is an interval like the others (protocol-v1.md: a negative
-// one is never observed and is counted): whether it exists is decided at
-// FINISHED (a successful recv known then), it closes once SCHEDULED is
-// known, a recv before SCHEDULED counts it negative, and one whose
-// SCHEDULED never comes counts incomplete at retirement. It needs no
-// ARRIVED: both of its ends are the decode side's own.
-TEST(Tracker12Test, KvWaitIsAnIntervalDecidedAtFinish) {
+// one is never observed and is counted): it exists for a finished request
+// with a successful recv (also one that comes after the FINISHED, before
+// the request is retired), it closes once SCHEDULED is known, a recv
+// before SCHEDULED counts it negative, and one whose SCHEDULED never comes
+// counts incomplete at retirement. It needs no ARRIVED: both of its ends
+// are the decode side's own.
+TEST(Tracker12Test, KvWaitIsAnInterval) {
   Harness h;
   const EngineSeries& s = *h.core;
   // A recv before SCHEDULED (its t 10 ms before): negative, not observed.
@@ -2015,23 +2016,35 @@ TEST(Tracker12Test, KvWaitIsAnIntervalDecidedAtFinish) {
   h.Send(h.Core(), Scheduled(T(40), Rid(3)));
   ASSERT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
   EXPECT_DOUBLE_EQ(s.hist(kRequestKvWaitTime).sum(), 0.02 + 0.03);
-  // A recv that arrives after FINISHED: the wait does not exist.
+  // A recv that arrives after FINISHED (another connection's, late): the
+  // wait exists and closes then (20 ms); a second recv changes nothing.
   h.Send(h.Core(), {Scheduled(T(10), Rid(4)), Tokens(T(40), Rid(4), 1),
-                    Finished(T(50), Rid(4)),
-                    KvTransfer(T(30), Rid(4), KvRole::kRecv, T(15))});
-  // SCHEDULED never comes: incomplete at retirement, once.
+                    Finished(T(50), Rid(4))});
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
+  h.Send(h.Core(), KvTransfer(T(30), Rid(4), KvRole::kRecv, T(15)));
+  ASSERT_EQ(s.hist(kRequestKvWaitTime).count(), 3u);
+  EXPECT_DOUBLE_EQ(s.hist(kRequestKvWaitTime).sum(), 0.02 + 0.03 + 0.02);
+  h.Send(h.Core(), KvTransfer(T(35), Rid(4), KvRole::kRecv, T(15)));
+  // A failed recv after FINISHED opens nothing.
+  h.Send(h.Core(), {Scheduled(T(10), Rid(7)), Tokens(T(40), Rid(7), 1),
+                    Finished(T(50), Rid(7)),
+                    KvTransfer(T(30), Rid(7), KvRole::kRecv, T(15), false)});
+  // SCHEDULED never comes: incomplete at retirement, once; also when the
+  // recv came after the FINISHED.
   h.Send(h.Core(), {KvTransfer(T(30), Rid(5), KvRole::kRecv, T(15)),
                     Tokens(T(40), Rid(5), 1), Finished(T(50), Rid(5))});
+  h.Send(h.Core(), {Tokens(T(40), Rid(8), 1), Finished(T(50), Rid(8)),
+                    KvTransfer(T(30), Rid(8), KvRole::kRecv, T(15))});
   // Not finished: at-finish intervals do not exist.
   h.Send(h.Core(), {KvTransfer(T(30), Rid(6), KvRole::kRecv, T(15))});
-  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 3u);
   EXPECT_EQ(h.Incomplete(), Intervals({}));
   h.AdvanceAndSweep(3600 * kSecond);
   EXPECT_EQ(h.Tracked(), 0);
   auto incomplete = h.Incomplete();
-  EXPECT_EQ(incomplete[size_t(Interval::kKvWait)], 1u);
+  EXPECT_EQ(incomplete[size_t(Interval::kKvWait)], 2u);
   EXPECT_EQ(h.Negative(), Intervals({Interval::kKvWait}));
-  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 2u);
+  EXPECT_EQ(s.hist(kRequestKvWaitTime).count(), 3u);
   // Both counters show it as interval="kv_wait_time".
   const std::string text = h.Render();
   EXPECT_TRUE(HasLine(
@@ -2039,7 +2052,7 @@ TEST(Tracker12Test, KvWaitIsAnIntervalDecidedAtFinish) {
       "tokenmeter_negative_intervals_total{interval=\"kv_wait_time\"} 1"));
   EXPECT_TRUE(HasLine(
       text,
-      "tokenmeter_incomplete_intervals_total{interval=\"kv_wait_time\"} 1"));
+      "tokenmeter_incomplete_intervals_total{interval=\"kv_wait_time\"} 2"));
 }
 
 TEST(Tracker12Test, KeepsKvTransfersPerRoleWithoutTouchingRequestsOnSend) {
