@@ -142,8 +142,9 @@ class Tracker : public Collector {
     bool has_info = false;     // the first SCHEDULED's info, accepted
     bool kv_ready = false;
     // The KV wait should exist (the request finished, a successful recv
-    // known: at FINISHED, or a later recv) and is not observed yet: it closes when SCHEDULED is known, or is
-    // counted incomplete at retirement.
+    // known: at FINISHED, or a later recv) and is not observed yet: it
+    // closes when SCHEDULED is known, or is counted incomplete at
+    // retirement.
     bool kv_wait_open = false;
     bool has_priority = false;
     std::string traceparent;  // empty: none
