@@ -322,6 +322,10 @@ class IngestServer::Connection : public FrameSink {
                  hello.has_session ? fmt::format(" session={}", hello.session)
                                    : std::string(),
                  hello.ack ? " ack" : "");
+    // ACK at HELLO: answered now, before a BATCH that came in the same read
+    // is applied, so that the answer is what the session held at HELLO;
+    // those batches are acked after the read.
+    if (hello.ack) SendAck();
   }
 
   void OnBatch(const Batch& batch) override {
@@ -417,9 +421,10 @@ class IngestServer::Connection : public FrameSink {
   // Writes [3, highest applied seq] if an ACK is due and none is being
   // written; what the socket does not take at once goes out with
   // uv_write, and the next ACK waits for it. The first ACK of an `ack`
-  // connection answers its HELLO (protocol 1.2, "ACK at HELLO"), sent after
-  // the read that brought the HELLO: [3, seq] as AckSeq() says (with a
-  // state directory, what a snapshot on disk holds), else [3, nil].
+  // connection answers its HELLO (protocol 1.2, "ACK at HELLO"), sent from
+  // OnHello(), before any BATCH after the HELLO is applied: [3, seq] as
+  // AckSeq() says (with a state directory, what a snapshot on disk holds),
+  // else [3, nil].
   void SendAck() {
     const bool answer = !answered_ && session_ != server_.sessions_.end();
     if ((!ack_due_ && !answer) || ack_writing_ || closing_) return;

@@ -192,7 +192,14 @@ class HandWrittenFrames(unittest.TestCase):
         c = self.d.connect()
         c.sendall(hello(instance="h", session=session + 1, ack=True))
         self.assertEqual(self.read_acks(c, None, timeout=1.0), [None])
-        for sock in (b, c):
+        # A HELLO and a BATCH in one write (one read for the daemon): the
+        # answer is what the session held at the HELLO, the batch is acked
+        # after it.
+        e = self.d.connect()
+        e.sendall(hello(instance="h", session=session + 2, ack=True) +
+                  batch([[1, t0, "h2", 10]], seq=5))
+        self.assertEqual(self.read_acks(e, 5, timeout=2.0), [None, 5])
+        for sock in (b, c, e):
             sock.close()
 
     def test_no_bytes_without_ack(self):
