@@ -364,8 +364,9 @@ struct ArrivedExtras {
   int32_t priority = 0;
   uint32_t name_len[TM_MAX_REQUEST_LABELS] = {};
   uint32_t value_len[TM_MAX_REQUEST_LABELS] = {};
-  uint32_t bytes = 0;  // of all the strings, back to back
-  uint32_t words = 0;  // 0: nothing given; the record is tm_arrived()'s
+  uint32_t bytes = 0;    // of all the strings, back to back
+  uint32_t words = 0;    // 0: nothing given; the record is tm_arrived()'s
+  uint32_t dropped = 0;  // trace strings not sent (TM_STAT_FIELDS_DROPPED)
 };
 
 inline void CountWords(ArrivedExtras* x) {
@@ -423,7 +424,10 @@ constexpr size_t kRequestParamsSize =
     offsetof(tm_request_params, tracestate) + sizeof(const char*);
 
 // True when `p` follows tm_arrived_params()'s rules; fills *x. The trace
-// strings are checked by protocol.h, as the daemon checks them.
+// strings are checked by protocol.h, as the daemon checks them, and one
+// that breaks its rule is left out (x->dropped), not a refusal: they come
+// from the caller's HTTP headers, and W3C has a receiver ignore a
+// malformed context (and the tracestate of a malformed traceparent).
 bool CheckParams(const tm_request_params* p, ArrivedExtras* x) {
   if (p == nullptr || p->size < kRequestParamsSize ||
       !CheckExtras(p->lora, p->labels, p->n_labels, x)) {
@@ -433,20 +437,28 @@ bool CheckParams(const tm_request_params* p, ArrivedExtras* x) {
     x->flags |= tokenmeter::client::kExtraPriority;
     x->priority = p->priority;
   }
+  bool context_ok = true;
   if (p->traceparent != nullptr) {
     const size_t len = strnlen(p->traceparent, TM_TRACEPARENT_BYTES + 1);
-    if (tm_proto_valid_traceparent(p->traceparent, len) == 0) return false;
-    x->flags |= tokenmeter::client::kExtraTraceparent;
-    x->traceparent = p->traceparent;
-    x->bytes += TM_TRACEPARENT_BYTES;
+    if (tm_proto_valid_traceparent(p->traceparent, len) != 0) {
+      x->flags |= tokenmeter::client::kExtraTraceparent;
+      x->traceparent = p->traceparent;
+      x->bytes += TM_TRACEPARENT_BYTES;
+    } else {
+      context_ok = false;
+      ++x->dropped;
+    }
   }
   if (p->tracestate != nullptr) {
     const size_t len = strnlen(p->tracestate, TM_MAX_TRACESTATE_BYTES + 1);
-    if (tm_proto_valid_tracestate(p->tracestate, len) == 0) return false;
-    x->flags |= tokenmeter::client::kExtraTracestate;
-    x->tracestate = p->tracestate;
-    x->tracestate_len = uint32_t(len);
-    x->bytes += uint32_t(len);
+    if (context_ok && tm_proto_valid_tracestate(p->tracestate, len) != 0) {
+      x->flags |= tokenmeter::client::kExtraTracestate;
+      x->tracestate = p->tracestate;
+      x->tracestate_len = uint32_t(len);
+      x->bytes += uint32_t(len);
+    } else {
+      ++x->dropped;
+    }
   }
   CountWords(x);
   return true;
@@ -581,6 +593,7 @@ int tm_arrived_params(tm_client* c, uint64_t t_ns, uint64_t rid,
     c->CountRejected();
     return TM_E_INVALID;
   }
+  if (x.dropped != 0) c->CountFieldsDropped(x.dropped);
   return ArrivedInt(c, t_ns, rid, prompt_tokens, p->max_tokens, p->n,
                     x.words != 0 ? &x : nullptr);
 }
@@ -594,6 +607,7 @@ int tm_arrived_params_str(tm_client* c, uint64_t t_ns, const char* rid,
     c->CountRejected();
     return TM_E_INVALID;
   }
+  if (x.dropped != 0) c->CountFieldsDropped(x.dropped);
   return ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, p->max_tokens, p->n,
                     x.words != 0 ? &x : nullptr);
 }

@@ -340,6 +340,7 @@ int tm_client::Stats(uint64_t* out, size_t n) const {
       counters_.replayed.load(std::memory_order_relaxed),
       counters_.unacked.load(std::memory_order_relaxed),
       counters_.discarded.load(std::memory_order_relaxed),
+      counters_.fields_dropped.load(std::memory_order_relaxed),
   };
   for (size_t i = 0; i < n && i < TM_STAT_COUNT; ++i) out[i] = all[i];
   return TM_OK;

@@ -138,6 +138,9 @@ struct tm_client {
   void CountRejected(uint64_t n = 1) {
     counters_.rejected.fetch_add(n, std::memory_order_relaxed);
   }
+  void CountFieldsDropped(uint64_t n) {
+    counters_.fields_dropped.fetch_add(n, std::memory_order_relaxed);
+  }
   // Events dropped outside any ring: a batch call that found no slot (after
   // the one the attach counted).
   void CountDropped(uint64_t n) {

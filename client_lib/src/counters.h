@@ -29,6 +29,8 @@ struct alignas(64) ClientCounters {
   // at close). Per-ring drops are counted in the rings themselves.
   std::atomic<uint64_t> rejected{0};
   std::atomic<uint64_t> dropped_extra{0};  // no slot, or unsent at close
+  // Optional fields not sent for breaking their rule (the event sent).
+  std::atomic<uint64_t> fields_dropped{0};
 };
 
 }  // namespace tokenmeter::client

@@ -496,6 +496,9 @@ TEST_F(CppClientTest, ArrivedSendsRequestParams) {
 
 // What the C call refuses, and what cannot reach it (a NUL byte, a string
 // longer than its buffer), is rejected and counted alike; nothing is sent.
+// Trace strings are the exception: a malformed one, or one that cannot
+// reach the C call, is left out and counted in fields_dropped, and the
+// ARRIVED is sent without it.
 TEST_F(CppClientTest, ArrivedRejectsInvalidRequestParams) {
   StartServer();
   std::unique_ptr<Client> client;
@@ -508,30 +511,51 @@ TEST_F(CppClientTest, ArrivedRejectsInvalidRequestParams) {
   const std::string long_ts = "a=" + std::string(TM_MAX_TRACESTATE_BYTES, 'v');
   const RequestLabel five[] = {
       {"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}, {"e", "5"}};
-  std::vector<RequestParams> bad(7);
-  bad[0].traceparent = long_tp;
-  bad[1].traceparent = nul_tp;
-  bad[2].traceparent = upper_tp;
-  bad[3].tracestate = long_ts;
-  bad[4].tracestate = "Bad=1";
-  bad[5].labels = five;
-  bad[5].n_labels = 5;
-  bad[6].lora = std::string_view("a\0b", 3);
+  const std::string nul_ts = std::string("a=1\0", 4);
+  std::vector<RequestParams> bad(3);
+  bad[0].labels = five;
+  bad[0].n_labels = 5;
+  bad[1].lora = std::string_view("a\0b", 3);
+  bad[2].lora = "x";
+  bad[2].traceparent = upper_tp;  // a bad label refuses the call anyway
+  bad[2].labels = five;
+  bad[2].n_labels = 5;
   for (size_t i = 0; i < bad.size(); ++i) {
     bad[i].priority = 1;
     EXPECT_EQ(client->Arrived(uint64_t{i}, 1, bad[i]), TM_E_INVALID) << i;
     EXPECT_EQ(client->Arrived("r", 1, bad[i]), TM_E_INVALID) << i;
   }
   EXPECT_EQ(client->GetStats().events_rejected, 2 * bad.size());
+  std::vector<RequestParams> dropped(6);
+  dropped[0].traceparent = long_tp;
+  dropped[1].traceparent = nul_tp;
+  dropped[2].traceparent = upper_tp;
+  dropped[3].tracestate = long_ts;
+  dropped[4].tracestate = "Bad=1";
+  dropped[5].tracestate = nul_ts;
+  for (size_t i = 0; i < dropped.size(); ++i) {
+    dropped[i].priority = int32_t(i);
+    EXPECT_EQ(client->Arrived(uint64_t{10 + i}, 1, dropped[i], 5), TM_OK) << i;
+  }
+  EXPECT_EQ(client->GetStats().fields_dropped, dropped.size());
   RequestParams ok;
   ok.traceparent = kTraceparent;
   EXPECT_EQ(client->Arrived(uint64_t{99}, 1, ok, 7), TM_OK);
   const Stats stats = client->Close();
-  EXPECT_EQ(stats.events_sent, 1u);
+  EXPECT_EQ(stats.events_sent, 1 + dropped.size());
+  EXPECT_EQ(stats.events_rejected, 2 * bad.size());
+  EXPECT_EQ(stats.fields_dropped, dropped.size());
   ASSERT_TRUE(WaitForEof(0));
   const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].array[4].Find("traceparent")->str, kTraceparent);
+  ASSERT_EQ(events.size(), 1 + dropped.size());
+  for (size_t i = 0; i < dropped.size(); ++i) {
+    // Sent with its priority, without the trace string.
+    const Value& params = events[i].array[4];
+    EXPECT_EQ(params.Find("priority")->uint, uint64_t(i)) << i;
+    EXPECT_EQ(params.Find("traceparent"), nullptr) << i;
+    EXPECT_EQ(params.Find("tracestate"), nullptr) << i;
+  }
+  EXPECT_EQ(events.back().array[4].Find("traceparent")->str, kTraceparent);
   EXPECT_EQ(client->Arrived(uint64_t{1}, 1, ok), TM_E_INVALID);  // closed
 }
 

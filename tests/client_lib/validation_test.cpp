@@ -32,6 +32,7 @@ class EventValidationTest : public ClientFixture {
   }
 
   uint64_t Rejected() const { return Stats()[TM_STAT_EVENTS_REJECTED]; }
+  uint64_t FieldsDropped() const { return Stats()[TM_STAT_FIELDS_DROPPED]; }
 
   // Calls every string-id event function with (rid, len); returns how many
   // returned TM_E_INVALID.
@@ -469,15 +470,32 @@ class Protocol12ValidationTest : public EventValidationTest {
     invalid += tm_arrived_params_str(client_, 1, "r", 1, 1, p) == TM_E_INVALID;
     return invalid;
   }
-  int InvalidTraceparentCalls(const std::string& tp) {
+  // tm_arrived_params and tm_arrived_params_str with `p`, which must both
+  // send the ARRIVED (TM_OK); how many left `n` trace strings out
+  // (TM_STAT_FIELDS_DROPPED up by n). A malformed trace string costs the
+  // request nothing but itself (W3C: a receiver ignores it).
+  int DroppedFieldCalls(const tm_request_params* p, uint64_t n = 1) {
+    int dropped = 0;
+    for (int str = 0; str < 2; ++str) {
+      const uint64_t before = FieldsDropped();
+      const uint64_t rejected = Rejected();
+      EXPECT_EQ(str != 0 ? tm_arrived_params_str(client_, 1, "r", 1, 1, p)
+                         : tm_arrived_params(client_, 1, 1, 1, p),
+                TM_OK);
+      EXPECT_EQ(Rejected(), rejected);
+      dropped += FieldsDropped() == before + n;
+    }
+    return dropped;
+  }
+  int DroppedTraceparentCalls(const std::string& tp) {
     tm_request_params p = TM_REQUEST_PARAMS_INIT;
     p.traceparent = tp.c_str();
-    return InvalidParamsCalls(&p);
+    return DroppedFieldCalls(&p);
   }
-  int InvalidTracestateCalls(const std::string& ts) {
+  int DroppedTracestateCalls(const std::string& ts) {
     tm_request_params p = TM_REQUEST_PARAMS_INIT;
     p.tracestate = ts.c_str();
-    return InvalidParamsCalls(&p);
+    return DroppedFieldCalls(&p);
   }
   // The three tm_admission_rejected calls with `reason`.
   int InvalidReasonCalls(const char* reason) {
@@ -560,54 +578,54 @@ TEST_F(Protocol12ValidationTest, RejectsRequestParamsSizeTooSmall) {
   EXPECT_EQ(Rejected(), 10u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsTraceparentWithUppercaseHex) {
+TEST_F(Protocol12ValidationTest, DropsTraceparentWithUppercaseHex) {
   std::string tp = kGoodTraceparent;
   tp[3] = 'A';
-  EXPECT_EQ(InvalidTraceparentCalls(tp), 2);
+  EXPECT_EQ(DroppedTraceparentCalls(tp), 2);
   tp = kGoodTraceparent;
   tp[40] = 'F';  // in the parent id
-  EXPECT_EQ(InvalidTraceparentCalls(tp), 2);
+  EXPECT_EQ(DroppedTraceparentCalls(tp), 2);
   tp = kGoodTraceparent;
   tp[54] = 'B';  // in the flags
-  EXPECT_EQ(InvalidTraceparentCalls(tp), 2);
-  EXPECT_EQ(Rejected(), 6u);
+  EXPECT_EQ(DroppedTraceparentCalls(tp), 2);
+  EXPECT_EQ(FieldsDropped(), 6u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsTraceparentOfAnotherVersion) {
+TEST_F(Protocol12ValidationTest, DropsTraceparentOfAnotherVersion) {
   for (const char* version : {"01", "ff", "0a", "10"}) {
     std::string tp = kGoodTraceparent;
     tp.replace(0, 2, version);
-    EXPECT_EQ(InvalidTraceparentCalls(tp), 2) << version;
+    EXPECT_EQ(DroppedTraceparentCalls(tp), 2) << version;
   }
-  EXPECT_EQ(Rejected(), 8u);
+  EXPECT_EQ(FieldsDropped(), 8u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsTraceparentWithAllZeroIds) {
-  EXPECT_EQ(InvalidTraceparentCalls("00-00000000000000000000000000000000-"
+TEST_F(Protocol12ValidationTest, DropsTraceparentWithAllZeroIds) {
+  EXPECT_EQ(DroppedTraceparentCalls("00-00000000000000000000000000000000-"
                                     "00f067aa0ba902b7-01"),
             2);
-  EXPECT_EQ(InvalidTraceparentCalls("00-4bf92f3577b34da6a3ce929d0e0e4736-"
+  EXPECT_EQ(DroppedTraceparentCalls("00-4bf92f3577b34da6a3ce929d0e0e4736-"
                                     "0000000000000000-01"),
             2);
-  EXPECT_EQ(Rejected(), 4u);
+  EXPECT_EQ(FieldsDropped(), 4u);
   // Flags 00 (not sampled) are fine.
-  EXPECT_EQ(InvalidTraceparentCalls("00-4bf92f3577b34da6a3ce929d0e0e4736-"
+  EXPECT_EQ(DroppedTraceparentCalls("00-4bf92f3577b34da6a3ce929d0e0e4736-"
                                     "00f067aa0ba902b7-00"),
             0);
-  EXPECT_EQ(Rejected(), 4u);
+  EXPECT_EQ(FieldsDropped(), 4u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsTraceparentOfTheWrongLength) {
+TEST_F(Protocol12ValidationTest, DropsTraceparentOfTheWrongLength) {
   const std::string good = kGoodTraceparent;
-  EXPECT_EQ(InvalidTraceparentCalls(""), 2);
-  EXPECT_EQ(InvalidTraceparentCalls(good.substr(0, 54)), 2);
-  EXPECT_EQ(InvalidTraceparentCalls(good + "0"), 2);
-  EXPECT_EQ(InvalidTraceparentCalls(good + "-00"), 2);  // a future version's
-  EXPECT_EQ(InvalidTraceparentCalls(good + std::string(10000, 'f')), 2);
-  EXPECT_EQ(Rejected(), 10u);
+  EXPECT_EQ(DroppedTraceparentCalls(""), 2);
+  EXPECT_EQ(DroppedTraceparentCalls(good.substr(0, 54)), 2);
+  EXPECT_EQ(DroppedTraceparentCalls(good + "0"), 2);
+  EXPECT_EQ(DroppedTraceparentCalls(good + "-00"), 2);  // a future version's
+  EXPECT_EQ(DroppedTraceparentCalls(good + std::string(10000, 'f')), 2);
+  EXPECT_EQ(FieldsDropped(), 10u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsMalformedTraceparent) {
+TEST_F(Protocol12ValidationTest, DropsMalformedTraceparent) {
   std::vector<std::string> bad;
   for (const size_t dash : {size_t{2}, size_t{35}, size_t{52}}) {
     std::string tp = kGoodTraceparent;
@@ -621,46 +639,46 @@ TEST_F(Protocol12ValidationTest, RejectsMalformedTraceparent) {
   tp[20] = ' ';
   bad.push_back(tp);
   for (const std::string& b : bad) {
-    EXPECT_EQ(InvalidTraceparentCalls(b), 2) << b;
+    EXPECT_EQ(DroppedTraceparentCalls(b), 2) << b;
   }
-  EXPECT_EQ(Rejected(), 2 * bad.size());
+  EXPECT_EQ(FieldsDropped(), 2 * bad.size());
 }
 
-TEST_F(Protocol12ValidationTest, RejectsTracestateLongerThan256Bytes) {
+TEST_F(Protocol12ValidationTest, DropsTracestateLongerThan256Bytes) {
   const std::string ts = "a=" + std::string(TM_MAX_TRACESTATE_BYTES - 1, 'v');
-  EXPECT_EQ(InvalidTracestateCalls(ts), 2);
-  EXPECT_EQ(InvalidTracestateCalls("a=" + std::string(100000, 'v')), 2);
-  EXPECT_EQ(Rejected(), 4u);
-  EXPECT_EQ(InvalidTracestateCalls(ts.substr(0, TM_MAX_TRACESTATE_BYTES)), 0);
-  EXPECT_EQ(Rejected(), 4u);
+  EXPECT_EQ(DroppedTracestateCalls(ts), 2);
+  EXPECT_EQ(DroppedTracestateCalls("a=" + std::string(100000, 'v')), 2);
+  EXPECT_EQ(FieldsDropped(), 4u);
+  EXPECT_EQ(DroppedTracestateCalls(ts.substr(0, TM_MAX_TRACESTATE_BYTES)), 0);
+  EXPECT_EQ(FieldsDropped(), 4u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsTracestateWithTooManyMembers) {
+TEST_F(Protocol12ValidationTest, DropsTracestateWithTooManyMembers) {
   std::string ts;
   for (unsigned i = 0; i < TM_MAX_TRACESTATE_MEMBERS; ++i) {
     ts += (i == 0 ? "k" : ",k") + std::to_string(i) + "=v";
   }
-  EXPECT_EQ(InvalidTracestateCalls(ts), 0);
-  EXPECT_EQ(InvalidTracestateCalls(ts + ",z=v"), 2);
-  EXPECT_EQ(Rejected(), 2u);
+  EXPECT_EQ(DroppedTracestateCalls(ts), 0);
+  EXPECT_EQ(DroppedTracestateCalls(ts + ",z=v"), 2);
+  EXPECT_EQ(FieldsDropped(), 2u);
 }
 
-TEST_F(Protocol12ValidationTest, RejectsMalformedTracestate) {
+TEST_F(Protocol12ValidationTest, DropsMalformedTracestate) {
   for (const char* bad :
        {"Rojo=00f067aa0ba902b7", "rojo", "rojo=", "=value", "ro jo=1",
         "rojo=a=b", "rojo=1,congo", "_x=1", "a@=1", "@a=1", "a@b@c=1",
         "rojo=caf\xc3\xa9", "rojo=line\nbreak", "rojo=\x01"}) {
-    EXPECT_EQ(InvalidTracestateCalls(bad), 2) << bad;
+    EXPECT_EQ(DroppedTracestateCalls(bad), 2) << bad;
   }
-  EXPECT_EQ(Rejected(), 28u);
+  EXPECT_EQ(FieldsDropped(), 28u);
   // The W3C forms that are valid pass: empty, empty members, spaces and
   // tabs around members, multi-tenant keys, spaces inside a value.
   for (const char* good :
        {"", "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE", " a=1 ,\tb=2",
         "a=1,,b=2", "fw529a3039@dt=x", "a=b c", "k_-*/9=v"}) {
-    EXPECT_EQ(InvalidTracestateCalls(good), 0) << good;
+    EXPECT_EQ(DroppedTracestateCalls(good), 0) << good;
   }
-  EXPECT_EQ(Rejected(), 28u);
+  EXPECT_EQ(FieldsDropped(), 28u);
 }
 
 // The key rules of W3C Trace Context (and of OpenTelemetry's validators,
@@ -674,7 +692,7 @@ TEST_F(Protocol12ValidationTest, TracestateKeysFollowW3C) {
        {std::string("a=1"), std::string("z9_-*/=1"), std::string("0t@s=1"),
         std::string("9@z=1"), std::string("t@abcdefghijklmn=1"),
         std::string("t-_*/@s0_-*/=1"), tenant241 + "@s=1"}) {
-    EXPECT_EQ(InvalidTracestateCalls(good), 0) << good;
+    EXPECT_EQ(DroppedTracestateCalls(good), 0) << good;
     EXPECT_EQ(tm_proto_valid_tracestate(good.data(), good.size()), 1) << good;
   }
   EXPECT_EQ(tm_proto_valid_tracestate(simple256.data(), 256), 0);  // no '='
@@ -683,10 +701,31 @@ TEST_F(Protocol12ValidationTest, TracestateKeysFollowW3C) {
         std::string("*a=1"), std::string("t@1s=1"), std::string("t@_s=1"),
         std::string("t@-s=1"), std::string("t@abcdefghijklmno=1"),
         std::string("_t@s=1"), tenant241 + "0@s=1", std::string("t@S=1")}) {
-    EXPECT_EQ(InvalidTracestateCalls(bad), 2) << bad;
+    EXPECT_EQ(DroppedTracestateCalls(bad), 2) << bad;
     EXPECT_EQ(tm_proto_valid_tracestate(bad.data(), bad.size()), 0) << bad;
   }
-  EXPECT_EQ(Rejected(), 22u);
+  EXPECT_EQ(FieldsDropped(), 22u);
+}
+
+// A malformed traceparent takes its tracestate along (W3C: a receiver
+// that cannot parse traceparent does not read tracestate), each counted;
+// a good traceparent keeps its place when only the tracestate is bad.
+TEST_F(Protocol12ValidationTest, DropsTracestateWithAMalformedTraceparent) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.traceparent = "00-not-a-traceparent";
+  p.tracestate = "rojo=00f067aa0ba902b7";
+  EXPECT_EQ(DroppedFieldCalls(&p, 2), 2);
+  p.traceparent = kGoodTraceparent;
+  p.tracestate = "Rojo=1";
+  EXPECT_EQ(DroppedFieldCalls(&p, 1), 2);
+  EXPECT_EQ(FieldsDropped(), 6u);
+  EXPECT_EQ(Rejected(), 0u);
+  // A bad label still refuses the call, a trace string or not.
+  const tm_label bad_label{"__x", "v"};
+  p.labels = &bad_label;
+  p.n_labels = 1;
+  EXPECT_EQ(InvalidParamsCalls(&p), 2);
+  EXPECT_EQ(Rejected(), 2u);
 }
 
 // priority is an int32_t: every value is in range, the limits included;
@@ -730,10 +769,13 @@ TEST_F(Protocol12ValidationTest, RejectsBadLoraLabelsAndIdInRequestParams) {
 
 TEST_F(Protocol12ValidationTest, RejectedArrivedParamsAreNotSent) {
   tm_request_params p = TM_REQUEST_PARAMS_INIT;
-  p.traceparent = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
+  const tm_label reserved{"engine", "x"};
+  p.labels = &reserved;
+  p.n_labels = 1;
+  p.traceparent = kGoodTraceparent;
   EXPECT_EQ(tm_arrived_params(client_, 1, 1, 1, &p), TM_E_INVALID);
   p = TM_REQUEST_PARAMS_INIT;
-  p.tracestate = "Bad=1";
+  p.lora = "";
   p.has_priority = 1;
   EXPECT_EQ(tm_arrived_params(client_, 1, 2, 1, &p), TM_E_INVALID);
   p = TM_REQUEST_PARAMS_INIT;
@@ -745,6 +787,33 @@ TEST_F(Protocol12ValidationTest, RejectedArrivedParamsAreNotSent) {
   p.priority = -3;
   EXPECT_EQ(tm_arrived_params(client_, 5, 5, 9, &p), TM_OK);
   ExpectOnlySent(R"([1,5,5,9,{"priority":-3}])", 4);
+}
+
+// A malformed trace string is left out, the rest of the ARRIVED sent: the
+// request keeps its TTFT, queue and e2e time over a bad header.
+TEST_F(Protocol12ValidationTest, MalformedTraceStringsAreLeftOut) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.traceparent = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01";
+  p.tracestate = "rojo=1";
+  EXPECT_EQ(tm_arrived_params(client_, 1, 1, 1, &p), TM_OK);
+  p = TM_REQUEST_PARAMS_INIT;
+  p.traceparent = kGoodTraceparent;
+  p.tracestate = "Bad=1";
+  p.has_priority = 1;
+  EXPECT_EQ(tm_arrived_params_str(client_, 2, "r2", 2, 7, &p), TM_OK);
+  StartServer();
+  ASSERT_TRUE(WaitForEvents(2));
+  ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
+  const StatsArray st = Stats();
+  EXPECT_EQ(st[TM_STAT_EVENTS_SENT], 2u);
+  EXPECT_EQ(st[TM_STAT_EVENTS_REJECTED], 0u);
+  EXPECT_EQ(st[TM_STAT_FIELDS_DROPPED], 3u);
+  const std::vector<Value> events = EventsOf(server_->Snapshot()[0]);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].ToString(), "[1,1,1,1]");
+  EXPECT_EQ(events[1].ToString(), std::string(R"([1,2,"r2",7,{"priority":0,)") +
+                                      R"("traceparent":")" + kGoodTraceparent +
+                                      R"("}])");
 }
 
 TEST_F(Protocol12ValidationTest, RejectsScheduledExWithBadStringId) {

@@ -65,6 +65,7 @@ struct Stats {
   uint64_t batches_replayed = 0;
   uint64_t events_unacked = 0;
   uint64_t events_discarded = 0;
+  uint64_t fields_dropped = 0;  // TM_STAT_FIELDS_DROPPED
 };
 
 // One request label of Arrived(): (name, value).
@@ -346,9 +347,11 @@ class Client {
 #endif
   // ARRIVED with the protocol 1.1 and 1.2 params: tm_arrived_params(_str).
   // The strings are copied once more, NUL-terminated, into buffers on the
-  // stack (about 2 KB; no allocation); one holding a NUL byte, or longer
-  // than its limit, makes the call TM_E_INVALID, counted as rejected like
-  // any the C call refuses.
+  // stack (about 2 KB; no allocation); a lora or label holding a NUL byte,
+  // or longer than its limit, makes the call TM_E_INVALID, counted as
+  // rejected like any the C call refuses; such a traceparent or tracestate
+  // is left out as a malformed one is (TM_STAT_FIELDS_DROPPED; the event
+  // is sent).
   int Arrived(uint64_t rid, uint32_t prompt_tokens, const RequestParams& p,
               uint64_t t_ns = 0) noexcept {
     ArrivedStrings a;
@@ -606,8 +609,10 @@ class Client {
       }
       return true;
     }
-    // `out` from `p`; a string that cannot be handed over makes `out` one
-    // the C call refuses.
+    // `out` from `p`; a lora or label that cannot be handed over makes
+    // `out` one the C call refuses, a trace string that cannot (too long
+    // for its rule, or holding a NUL byte) one the C call leaves out and
+    // counts in TM_STAT_FIELDS_DROPPED, as a malformed one.
     void Fill(const RequestParams& p, tm_request_params* out) noexcept {
       out->max_tokens = p.max_tokens;
       out->n = p.n;
@@ -615,14 +620,17 @@ class Client {
         out->has_priority = 1;
         out->priority = *p.priority;
       }
-      bool ok = Copy(p.lora, p.labels, p.n_labels);
-      if (ok && !p.traceparent.empty()) {
-        ok = CopyOne(p.traceparent, traceparent, sizeof traceparent);
-        if (ok) out->traceparent = traceparent;
+      const bool ok = Copy(p.lora, p.labels, p.n_labels);
+      if (!p.traceparent.empty()) {
+        out->traceparent =
+            CopyOne(p.traceparent, traceparent, sizeof traceparent)
+                ? traceparent
+                : "";  // 0 bytes: never a traceparent
       }
-      if (ok && !p.tracestate.empty()) {
-        ok = CopyOne(p.tracestate, tracestate, sizeof tracestate);
-        if (ok) out->tracestate = tracestate;
+      if (!p.tracestate.empty()) {
+        out->tracestate = CopyOne(p.tracestate, tracestate, sizeof tracestate)
+                              ? tracestate
+                              : "=";  // a member without a key: never valid
       }
       out->lora = lora_arg;
       out->labels = labels;
@@ -722,6 +730,7 @@ class Client {
     r.batches_replayed = s[TM_STAT_BATCHES_REPLAYED];
     r.events_unacked = s[TM_STAT_EVENTS_UNACKED];
     r.events_discarded = s[TM_STAT_EVENTS_DISCARDED];
+    r.fields_dropped = s[TM_STAT_FIELDS_DROPPED];
     return r;
   }
   tm_client* c_;

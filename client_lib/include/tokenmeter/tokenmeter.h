@@ -313,7 +313,10 @@ typedef enum tm_stat {
                                     answer HELLO's ack within 1 s (ack on;
                                     a daemon that does not ack): delivered
                                     at most once; not counted as dropped */
-  TM_STAT_COUNT = 11
+  TM_STAT_FIELDS_DROPPED = 11,   /* trace strings tm_arrived_params() left
+                                    out for breaking their rule (the event
+                                    was sent without them) */
+  TM_STAT_COUNT = 12
 } tm_stat;
 
 /* Copies min(n, TM_STAT_COUNT) counters into out[] (indexed by tm_stat).
@@ -409,10 +412,14 @@ TM_API int tm_arrived_packed_str(tm_client* client, const char* rid,
  * tm_proto_valid_tracestate() accepts (at most TM_MAX_TRACESTATE_BYTES,
  * 256, bytes and TM_MAX_TRACESTATE_MEMBERS list members; "" is one, and
  * sent). These are the checks the daemon applies (protocol.h), so what the
- * library sends the daemon keeps. NULL `p`, a short `size` or any param
- * breaking its rule is TM_E_INVALID: counted as rejected, nothing appended.
- * The strings are copied into the buffer and may be reused once the call
- * returns.
+ * library sends the daemon keeps. The trace strings come from the caller's
+ * HTTP headers, so one that breaks its rule does not cost the request its
+ * ARRIVED: as W3C has a receiver do, it is left out (a malformed
+ * traceparent with its tracestate), counted once each in
+ * TM_STAT_FIELDS_DROPPED, and the event is sent without it (TM_OK). NULL
+ * `p`, a short `size` or any other param breaking its rule is
+ * TM_E_INVALID: counted as rejected, nothing appended. The strings are
+ * copied into the buffer and may be reused once the call returns.
  *
  * Wire form: [1, t, rid, prompt_tokens, params], the params map holding, in
  * this order, max_tokens and n (when nonzero), lora, labels (a map),

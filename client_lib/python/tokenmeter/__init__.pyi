@@ -63,6 +63,7 @@ class Stats(NamedTuple):
     batches_replayed: int
     events_unacked: int
     events_discarded: int
+    fields_dropped: int
 
 
 class Client:

@@ -1081,26 +1081,26 @@ static PyObject* Client_arrived(ClientObject* self, PyObject* const* args,
     if (I32Of(priority_o, &p.priority) != 0) goto slow;
     p.has_priority = 1;
   }
-  /* Any length: the library applies protocol.h's rules (55 bytes for a
-   * traceparent); the slow path only refuses what is no str. */
+  /* Any length: the library applies protocol.h's rules and leaves a
+   * malformed trace string out (counted). The slow path raises for what is
+   * no str and passes one holding a NUL (or not encodable) as one that
+   * breaks the rule for certain. */
   if (traceparent_o != NULL) {
     p.traceparent = CStrOf(traceparent_o, 0, PY_SSIZE_T_MAX);
     if (p.traceparent == NULL) goto slow;
   }
   if (tracestate_o != NULL) {
-    p.tracestate = CStrOf(tracestate_o, 0, TM_MAX_TRACESTATE_BYTES);
+    p.tracestate = CStrOf(tracestate_o, 0, PY_SSIZE_T_MAX);
     if (p.tracestate == NULL) goto slow;
   }
   rc = r.s ? tm_arrived_params_str(self->h, t, r.s, (size_t)r.len, prompt, &p)
            : tm_arrived_params(self->h, t, r.v, prompt, &p);
   if (rc == TM_E_INVALID && self->h != NULL) {
     /* What is left for the library (which counted it as rejected): the
-     * label-name and trace-context rules of protocol.h. */
+     * label-name rules of protocol.h. */
     PyObject* none = Py_None;
-    PyObject* call[4] = {(PyObject*)self, labels_o ? labels_o : none,
-                         traceparent_o ? traceparent_o : none,
-                         tracestate_o ? tracestate_o : none};
-    return PyObject_VectorcallMethod(s_arrived_refused, call, 4, NULL);
+    PyObject* call[2] = {(PyObject*)self, labels_o ? labels_o : none};
+    return PyObject_VectorcallMethod(s_arrived_refused, call, 2, NULL);
   }
   return PyLong_FromLong(rc);
 slow:

@@ -194,11 +194,9 @@ class Client(_C):
         if priority is not None:
             priority = _priority(priority)
         if traceparent is not None:
-            _traceparent(traceparent)
-            traceparent = _exact_str(traceparent)
+            traceparent = _exact_str(_traceparent(traceparent))
         if tracestate is not None:
-            _tracestate(tracestate)
-            tracestate = _exact_str(tracestate)
+            tracestate = _exact_str(_tracestate(tracestate))
         return _C.arrived(self, r, *counts, t, lora, exact or None, priority,
                           traceparent, tracestate)
 
@@ -317,8 +315,8 @@ class Client(_C):
     # The library refused a call the fast path made (and counted it): the
     # C methods call these to raise naming the rule.
     @staticmethod
-    def _arrived_refused(labels, traceparent, tracestate):
-        _arrived_refused(labels, traceparent, tracestate)
+    def _arrived_refused(labels):
+        _arrived_refused(labels)
 
     @staticmethod
     def _label_value_refused(what, value):

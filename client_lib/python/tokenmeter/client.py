@@ -273,8 +273,11 @@ class Client:
         them (strs; None: none): a traceparent of version 00 (55 bytes,
         lowercase hex, neither id all zeros), a tracestate of at most 256
         bytes and 32 members ("" is one, and is sent). The library checks
-        them by protocol.h's rules, as the daemon does; one it refuses is
-        counted as rejected and raises ValueError naming the rule."""
+        them by protocol.h's rules, as the daemon does, and leaves a
+        malformed one out (a malformed traceparent with its tracestate, as
+        W3C has a receiver ignore it), counting it in
+        stats().fields_dropped: the ARRIVED is sent all the same. A
+        traceparent or tracestate that is no str raises TypeError."""
         # The fast path, for ints in range and a str or int id. Anything
         # else takes the checking path below, which says what is wrong: a
         # float count raises TypeError at `|` (a negative one shifts to -1),
@@ -363,9 +366,9 @@ class Client:
             p.has_priority = 1
             p.priority = _priority(priority)
         if traceparent is not None:
-            p.traceparent = _traceparent(traceparent)
+            p.traceparent = _traceparent(traceparent).encode()
         if tracestate is not None:
-            p.tracestate = _tracestate(tracestate)
+            p.tracestate = _tracestate(tracestate).encode()
         addr = ctypes.addressof(p)
         if b is None:
             rc = _arrived_params(self._h, t_ns, v, prompt, addr)
@@ -373,8 +376,8 @@ class Client:
             rc = _arrived_params_str(self._h, t_ns, b, len(b), prompt, addr)
         if rc == INVALID and self._h is not None:
             # What is left for the library (which counted it as rejected):
-            # the label-name and trace-context rules of protocol.h.
-            _arrived_refused(labels, traceparent, tracestate)
+            # the label-name rules of protocol.h.
+            _arrived_refused(labels)
         return rc
 
     def queued(self, rid, t_ns=0):
