@@ -677,6 +677,12 @@ Status Engine::OnAck(const KvAck& a) {
     scheduler_->ReleaseHeld(r);
     held_[Index(a.rid)] = nullptr;
     --num_held_;
+    // The blocks went back to the cache: with no step to come (nothing
+    // running or waiting), a STEP of its own says so, or the KV usage
+    // would stay at its last step's value after the run.
+    if (scheduler_->num_running() + scheduler_->num_waiting() == 0) {
+      SendStep(t, 0, 0, 0, 0, 0);
+    }
   }
   return Status::Ok();
 }
