@@ -66,9 +66,12 @@
 #define TM_MAX_MOE_EXPERTS 1024u
 
 /* The largest count one event may carry (TOKENS n, ARRIVED prompt_tokens
- * and params, every STEP count and spec_accepted_per_pos entry): no engine
- * produces more in one event, so a larger value is a bad event, not data
- * (it would wrap the daemon's counters). */
+ * and params, every STEP count and spec_accepted_per_pos entry, each
+ * EXPERT_LOAD count): no engine produces more in one event, so a larger
+ * value is not data (it would wrap the daemon's counters). A required one
+ * (TOKENS n, ARRIVED prompt_tokens, an EXPERT_LOAD count) makes the event a
+ * bad_event; since 1.2 an optional one (ARRIVED max_tokens and n, a STEP
+ * key or position) is dropped as a bad_field, the event applied. */
 #define TM_MAX_EVENT_COUNT 4294967295ull /* 2^32 - 1 */
 
 /* Accepted event times relative to the daemon's clock. */

@@ -34,14 +34,17 @@
  * 28 ns on the KVM guest of docs/performance.md).
  *
  * Return values. Every int-returning function returns TM_OK (0) or a
- * negative TM_E_* code; tm_strerror() names it. Event functions return
+ * negative TM_E_* code (tm_register_value(): a positive id in place of
+ * TM_OK); tm_strerror() names it. Event functions return
  * TM_E_INVALID for bad arguments (the event is not sent and is counted as
  * rejected) and TM_E_DROPPED when the buffer was full (counted as dropped).
  * Engines normally ignore the result: the counts reach the daemon in every
  * BATCH's dropped_total and are readable through tm_client_stats().
  * On a closed client they return TM_E_CLOSED, in the child of a fork()
  * TM_E_FORKED (both: the event is not sent and is counted as rejected; see
- * tm_client_close() and "fork()" below).
+ * tm_client_close() and "fork()" below). The arguments are checked first:
+ * bad ones are TM_E_INVALID on a closed client too (counted as rejected
+ * alike).
  *
  * fork(). A client belongs to the process that created it. In the child of
  * a fork() an inherited client is inert (a pthread_atfork handler marks it
@@ -566,8 +569,9 @@ typedef enum tm_step_key {
 
 /* One scheduler iteration. keys[i] has value values[i] (i < n_keys); each
  * key at most once. Integer keys take whole values in 0 ..
- * TM_MAX_EVENT_COUNT (2^32 - 1, protocol.h: the daemon skips larger ones as
- * bad events); kv_usage a value in 0..1. `accepted_per_pos` (may be NULL
+ * TM_MAX_EVENT_COUNT (2^32 - 1, protocol.h: since 1.2 the daemon drops a
+ * larger one as a bad_field, 1.1 skipped the event); kv_usage a value in
+ * 0..1. `accepted_per_pos` (may be NULL
  * when n_pos is 0) holds the accepted tokens per draft position, at most
  * TM_MAX_SPEC_POSITIONS entries of at most TM_MAX_EVENT_COUNT each; it is
  * sent as spec_accepted_per_pos only when n_pos > 0. waiting_deferred
@@ -710,14 +714,15 @@ typedef struct tm_kv_transfer_info {
  * when not TM_KV_UNKNOWN), "ok": false only when the transfer failed (the
  * protocol's default is true, so a success sends no "ok"), "reason" and
  * "connector" (strs, when given; a reason is sent as given, also with ok,
- * though the daemon uses it only on failure). Buffer space: 32 bytes
- * (integer id) plus 8 for each of bytes and blocks given plus the bytes of
- * the reason and of the connector, each rounded up to 8 (56 bytes for a
- * "nixl" transfer with bytes and blocks). Cost: the checks, a few stores
- * more than a tm_tokens() and one pass over each string: about 17 to 22 ns
- * with a caller timestamp where tm_tokens() takes 9 to 10. With reason and
- * connector registered (reason_id / connector_id, the strings NULL) the
- * record is 40 bytes (integer id; 48 when bytes is 2^40 - 1 or more or
+ * though the daemon uses it only on failure). Buffer space, with a string
+ * reason or connector: 32 bytes (integer id) plus 8 for each of bytes and
+ * blocks given plus the bytes of the reason and of the connector, each
+ * rounded up to 8 (56 bytes for a "nixl" transfer with bytes and blocks).
+ * Cost: the checks, a few stores more than a tm_tokens() and one pass over
+ * each string: about 17 to 22 ns with a caller timestamp where tm_tokens()
+ * takes 9 to 10. Without a string (no reason or connector, or registered
+ * ones: reason_id / connector_id, the strings NULL) the record is 40 bytes
+ * whatever is given (integer id; 48 when bytes is 2^40 - 1 or more or
  * blocks 2^24 - 1 or more) and the call takes a lean path, close to a
  * tm_tokens()'s (docs/performance.md, "Protocol 1.2 client calls",
  * "Registered values", a 2-core VM). */
