@@ -12,7 +12,11 @@ git (commit 9166c1f, the last before the 1.2 events):
   trace context) into the old daemon, and the same stream with every 1.2
   addition taken out into another old daemon: both expose the same, except
   that the first counts kinds 9 to 11 as unknown_kind, and nothing else
-  changes.
+  changes;
+* a real 1.2 client, the reference engine with --disaggregate, admission
+  rejections and a sleep cycle ($TOKENMETER_ENGINE; skipped without), into
+  the old daemon: only the new kinds are refused, as unknown_kind, and the
+  1.1 figures equal the engine's report.
 
 Usage: compat12_test.py SRC_DIR CACHE_DIR TOKENMETERD [unittest args]
   The old daemon is $TOKENMETERD_OLD12 if set, else CACHE_DIR/build/daemon/
@@ -28,8 +32,10 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "testutil"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "engine"))
 import tokenmeter_testutil as tu  # noqa: E402
 import protocol12_model_test as model  # noqa: E402
+import engine_e2e_test  # noqa: E402
 from tokenmeter_testutil import Daemon, batch, hello, poll_until  # noqa: E402
 
 OLD_COMMIT = "9166c1f"
@@ -158,6 +164,56 @@ class Compat(unittest.TestCase):
                                          dict(labels))
                 self.assertEqual(comparable(a.metrics_text()),
                                  comparable(b.metrics_text()))
+
+    def test_the_12_engine_into_a_11_daemon(self):
+        """A real 1.2 client: the reference engine (libtokenmeter) with
+        --disaggregate, admission rejections, priorities, trace context and
+        a sleep cycle, into the old daemon. The new kinds are counted as
+        unknown_kind and nothing else is refused; every 1.1 figure equals
+        the engine's report."""
+        engine = os.environ.get("TOKENMETER_ENGINE")
+        if not engine:
+            self.skipTest("TOKENMETER_ENGINE not set")
+        d = Daemon("--log-interval", "0", binary=self.old).start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        with tu.Engine(*engine_e2e_test.DISAGGREGATED, socket=d.sock,
+                       binary=engine,
+                       report=os.path.join(d.dir, "report.json")) as e:
+            report = e.report(timeout=90)
+        parts = [report[p] for p in ("prefill", "decode")]
+        sent = sum(r["client_events_sent"] for r in parts)
+        new_kinds = sum(sum(r["admission_rejections"].values())
+                        + r["kv_transfer"]["send"]["count"]
+                        + r["kv_transfer"]["recv"]["count"]
+                        + r["sleep"]["transitions"] for r in parts)
+        self.assertGreater(new_kinds, 0)
+        self.assertGreater(sum(r["traceparents"] for r in parts), 0)
+        poll_until(lambda: d.value("tokenmeter_ingest_errors_total",
+                                   reason="unknown_kind") == new_kinds,
+                   timeout=20, what="the 1.2 kinds counted as unknown_kind")
+        poll_until(lambda: d.samples().sum("tokenmeter_ingest_events_total")
+                   == sent - new_kinds, timeout=20,
+                   what="every other event applied")
+        samples = d.samples()
+        self.assertEqual(samples.sum("tokenmeter_ingest_errors_total"),
+                         new_kinds)
+        ns = engine_e2e_test.NS
+        for part, r in zip(("prefill", "decode"), parts):
+            labels = {"model_name": "e2e-tiny", "engine": f"e2e-{part}",
+                      "kv_role": r["identity"]["labels"]["kv_role"]}
+            with self.subTest(part=part):
+                for reason in ("stop", "length", "error"):
+                    self.assertEqual(
+                        samples.sum(f"{ns}:request_success_total",
+                                    finished_reason=reason, **labels),
+                        r["finished"][reason], reason)
+                for name in ("prompt_tokens", "generation_tokens",
+                             "num_preemptions"):
+                    key = "preemptions" if name == "num_preemptions" \
+                        else name
+                    self.assertEqual(samples.sum(f"{ns}:{name}_total",
+                                                 **labels), r[key], name)
 
 
 if __name__ == "__main__":
