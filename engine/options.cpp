@@ -51,6 +51,8 @@ Protocol 1.2 modes:
                             (ADMISSION_REJECTED queue_full; 0 = no cap)
   --priority-levels K       each request gets a priority (lower runs first)
                             from K levels centred on 0 (0 = none)
+  --priority[=K]            a priority workload: --priority-levels 5 (-2..2,
+                            vLLM's five buckets), or K
   --sleep-after S           sleep S seconds after the start: pause, preempt,
                             release the KV cache (with --wake-after)
   --wake-after S            wake S seconds after falling asleep
@@ -142,7 +144,8 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   uint64_t seed = 1;
   uint32_t moe_experts = 0, moe_top_k = 2;
   bool top_k_set = false;
-  std::string_view kv_flag;  // a --kv-* flag given
+  bool priority_workload = false;  // --priority
+  std::string_view kv_flag;        // a --kv-* flag given
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     std::string_view flag = arg, value;
@@ -184,6 +187,10 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
     }
     if (flag == "--trace-context") {
       o->trace_context = true;
+      continue;
+    }
+    if (flag == "--priority" && !has_value) {
+      priority_workload = true;
       continue;
     }
     if (!has_value) {
@@ -270,7 +277,7 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       kv_flag = flag;
     } else if (flag == "--max-queued") {
       s = u32(&o->max_queued);
-    } else if (flag == "--priority-levels") {
+    } else if (flag == "--priority-levels" || flag == "--priority") {
       s = u32(&o->workload.priority_levels);
     } else if (flag == "--sleep-after" || flag == "--wake-after") {
       double* dst =
@@ -318,6 +325,10 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   if ((o->sleep_after_s >= 0) != (o->wake_after_s >= 0)) {
     return Status::Error(
         "--sleep-after and --wake-after must be given together");
+  }
+  // --priority alone: vLLM's five buckets, <-1 .. >1, each get requests.
+  if (priority_workload && o->workload.priority_levels == 0) {
+    o->workload.priority_levels = kPriorityWorkloadLevels;
   }
   o->scheduler.priority = o->workload.priority_levels > 0;
   if (o->disaggregate) o->trace_context = true;

@@ -78,6 +78,9 @@ inline constexpr uint32_t kMaxRequests = 1'000'000;
 inline constexpr uint32_t kMaxLoraAdapters = 1024;
 inline constexpr uint32_t kMaxTenants = 1024;
 inline constexpr uint32_t kMaxPriorityLevels = 1024;
+// --priority without a value: -2..2, one level in each of vLLM's priority
+// buckets (<-1, -1, 0, 1, >1).
+inline constexpr uint32_t kPriorityWorkloadLevels = 5;
 
 }  // namespace tokenmeter::engine
 

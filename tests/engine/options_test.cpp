@@ -271,6 +271,27 @@ TEST(OptionsTest, ParsesTheProtocolTwelveFlags) {
   EXPECT_EQ(o.kv_retries, 0u);
 }
 
+// --priority: a priority workload of vLLM's five buckets, or --priority=K
+// levels; a --priority-levels given too wins, in either order.
+TEST(OptionsTest, PriorityIsAPriorityWorkload) {
+  EngineOptions o;
+  ASSERT_TRUE(Parse({"--priority"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 5u);
+  EXPECT_TRUE(o.scheduler.priority);
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--priority=3"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 3u);
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--priority-levels", "7", "--priority"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 7u);
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--priority", "--priority-levels", "2"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 2u);
+  o = EngineOptions();
+  EXPECT_FALSE(Parse({"--priority=1025"}, &o).ok());
+  EXPECT_FALSE(Parse({"--priority=x"}, &o).ok());
+}
+
 TEST(OptionsTest, RejectsBadProtocolTwelveValuesNamingTheFlag) {
   struct Case {
     std::vector<const char*> args;
