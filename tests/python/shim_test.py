@@ -1152,10 +1152,15 @@ class Protocol12(RecordedClient):
                  lambda: c.admission_rejected("x" * 65)),
                 (ValueError, r"65 bytes", lambda: c.admission_rejected(
                     "é" * 32 + "x")),
-                (TypeError, r"reason must be a str, not bytes",
+                (TypeError, r"reason must be a str or a register_value\(\) "
+                            r"id, not bytes",
                  lambda: c.admission_rejected(b"full")),
-                (TypeError, r"reason must be a str, not NoneType",
+                (TypeError, r"reason must be a str or a register_value\(\) "
+                            r"id, not NoneType",
                  lambda: c.admission_rejected(None)),
+                (TypeError, r"reason must be a str or a register_value\(\) "
+                            r"id, not bool",
+                 lambda: c.admission_rejected(True)),
                 (ValueError, r"reason .* contains a NUL",
                  lambda: c.admission_rejected("a\0b")),
                 (ValueError, r"0 bytes", lambda: c.admission_rejected("x",
@@ -1251,6 +1256,71 @@ class Protocol12(RecordedClient):
             [10, 300, 2, {"role": "send", "start": 0, "bytes": 5,
                           "connector": "mooncake"}],
             [10, 0, 3, {"role": "recv", "start": now, "reason": "é"}],
+        ])
+
+    def test_registered_values(self):
+        """register_value() (tm_register_value()): an id for a reason or
+        connector, passed in place of the str; the wire is the same."""
+        import enum
+        c = self.c
+        full = c.register_value("queue_full")
+        nixl = c.register_value("nixl")
+        self.assertEqual((full, nixl), (1, 2))
+        self.assertEqual(c.register_value("queue_full"), full)  # again
+        self.assertEqual(tokenmeter.MAX_VALUE_IDS, 255)
+        for exc, pattern, call in [
+                (ValueError, r"value must not be empty",
+                 lambda: c.register_value("")),
+                (ValueError, r"65 bytes",
+                 lambda: c.register_value("x" * 65)),
+                (TypeError, r"value must be a str, not int",
+                 lambda: c.register_value(1)),
+                (ValueError, r"value .* contains the control character "
+                             r"U\+000A",
+                 lambda: c.register_value("a\nb"))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)  # no event was made
+
+        class Ids(enum.IntEnum):
+            FULL = full
+
+        self.assertEqual(c.admission_rejected(full, t_ns=5), OK)
+        self.assertEqual(c.admission_rejected(Ids.FULL, 7, t_ns=6), OK)
+        self.assertEqual(c.admission_rejected(full, rid="r-1", t_ns=7), OK)
+        self.assertEqual(c.kv_transfer(1, "send", 100, 200, 4096, 2,
+                                       connector=nixl), OK)
+        self.assertEqual(c.kv_transfer("r", "recv", 100, 300, ok=False,
+                                       reason=full, connector="mooncake"),
+                         OK)
+        for exc, pattern, call in [
+                (ValueError, r"reason id = 0 is outside 1 \.\. 255",
+                 lambda: c.admission_rejected(0)),
+                (ValueError, r"connector id = 256 is outside",
+                 lambda: c.kv_transfer(1, "send", 1, connector=256))]:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(exc, pattern):
+                    call()
+        self.assertEqual(self.rejected(), 0)
+        # An id this client did not return: the library refuses it.
+        with self.assertRaisesRegex(ValueError, r"reason id 9 was not "
+                                                r"returned by this client's "
+                                                r"register_value\(\).*"
+                                                r"counted as rejected"):
+            c.admission_rejected(9, rid=1)
+        with self.assertRaisesRegex(ValueError, r"connector id 200 must be "
+                                                r"returned.*counted"):
+            c.kv_transfer(1, "send", 1, t_ns=2, connector=200)
+        self.assertEqual(self.rejected(), 2)
+        self.assertEqual(self.events(), [
+            [9, 5, "queue_full"], [9, 6, "queue_full", 7],
+            [9, 7, "queue_full", "r-1"],
+            [10, 200, 1, {"role": "send", "start": 100, "bytes": 4096,
+                          "blocks": 2, "connector": "nixl"}],
+            [10, 300, "r", {"role": "recv", "start": 100, "ok": False,
+                            "reason": "queue_full",
+                            "connector": "mooncake"}],
         ])
 
     def test_sleep_state(self):

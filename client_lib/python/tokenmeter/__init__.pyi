@@ -22,6 +22,7 @@ MAX_MOE_EXPERTS: int
 MIN_PRIORITY: int
 MAX_PRIORITY: int
 MAX_LABEL_VALUE_BYTES: int
+MAX_VALUE_IDS: int
 MAX_TRACESTATE_BYTES: int
 MAX_KV_TRANSFER_BYTES: int
 MAX_DURATION_NS: int
@@ -127,14 +128,15 @@ class Client:
     def expert_load(self, layer: int,
                     counts: Union[Sequence[int], IntBuffer],
                     t_ns: int = ...) -> int: ...
-    def admission_rejected(self, reason: str,
+    def register_value(self, value: str) -> int: ...
+    def admission_rejected(self, reason: Union[str, int],
                            rid: Optional[RequestId] = ...,
                            t_ns: int = ...) -> int: ...
     def kv_transfer(self, rid: RequestId, role: Literal["send", "recv"],
                     start_ns: int, t_ns: int = ...,
                     bytes: Optional[int] = ..., blocks: Optional[int] = ...,
-                    ok: bool = ..., reason: Optional[str] = ...,
-                    connector: Optional[str] = ...) -> int: ...
+                    ok: bool = ..., reason: Optional[Union[str, int]] = ...,
+                    connector: Optional[Union[str, int]] = ...) -> int: ...
     def sleep_state(self,
                     scheduler: Optional[Literal["running", "paused"]] = ...,
                     weights: Optional[Literal["resident", "offloaded",

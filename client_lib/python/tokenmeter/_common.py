@@ -46,6 +46,7 @@ MAX_MOE_EXPERTS = 1024   # TM_MAX_MOE_EXPERTS: counts per expert_load()
 MIN_PRIORITY = -(1 << 31)    # TM_MIN_PRIORITY: arrived() priority
 MAX_PRIORITY = (1 << 31) - 1  # TM_MAX_PRIORITY
 MAX_LABEL_VALUE_BYTES = 64   # TM_MAX_LABEL_VALUE_BYTES: reasons, connectors
+MAX_VALUE_IDS = 255          # TM_MAX_VALUE_IDS: register_value() ids 1 .. this
 MAX_TRACESTATE_BYTES = 256   # TM_MAX_TRACESTATE_BYTES
 MAX_KV_TRANSFER_BYTES = (1 << 48) - 1  # TM_MAX_KV_TRANSFER_BYTES
 KV_ROLES = ("send", "recv")  # tm_kv_role: TM_KV_SEND, TM_KV_RECV
@@ -492,6 +493,17 @@ _LABEL_VALUE_RULE = (f"1 .. {MAX_LABEL_VALUE_BYTES} bytes of UTF-8 without "
 _REFUSED = "the event was counted as rejected"
 
 
+_REGISTER_VALUE_DOC = """Registers a reason or connector sent often
+        (tm_register_value()): returns its id, an int 1 .. 255, to pass in
+        place of the str to admission_rejected() and kv_transfer() (the same
+        str gives the same id; an id is this client's, until close). value:
+        a str of 1 .. 64 bytes of UTF-8 without control characters; one the
+        library refuses raises ValueError (not counted as rejected: no event
+        was made). Returns a negative status instead of an id when the
+        client is closed or 255 values are registered. Takes a lock: at
+        start-up, not per request."""
+
+
 def _label_value(what, v):
     """A reason or connector as UTF-8 bytes: a str of 1 .. 64 bytes without
     NUL (the library checks the rest); raises otherwise."""
@@ -499,9 +511,36 @@ def _label_value(what, v):
     return b
 
 
+def _value_id(what, v):
+    """A reason or connector given as a register_value() id: an int
+    1 .. MAX_VALUE_IDS (the library checks that this client returned it);
+    None when v is no int, which then must be a str."""
+    if type(v) is not int:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = int(v)  # an int subclass (an IntEnum of ids)
+        else:
+            return None
+    return _uint(f"{what} id", v, 1, MAX_VALUE_IDS)
+
+
+def _label_value_or_id(what, v):
+    """A reason or connector: (bytes, 0) for a str, (None, id) for an id;
+    raises for anything else."""
+    i = _value_id(what, v)
+    if i is not None:
+        return None, i
+    if not isinstance(v, str):
+        raise TypeError(f"{what} must be a str or a register_value() id, "
+                        f"not {type(v).__name__}")
+    return _label_value(what, v), 0
+
+
 def _label_value_message(what, v):
     """Why the library refused the label-value `v` (a str that passed
-    _label_value())."""
+    _label_value(), or an id that passed _value_id())."""
+    if not isinstance(v, str):
+        return (f"{what} id {v} was not returned by this client's "
+                "register_value()")
     m = _CONTROL.search(v)
     if m:
         return (f"{what} {v!r} contains the control character "
@@ -591,8 +630,8 @@ def _kv_amount(what, v):
 def _kv_transfer_args(role, start_ns, t_ns, nbytes, blocks, ok, reason,
                       connector):
     """kv_transfer()'s arguments checked and converted: (role index,
-    start_ns, t_ns, bytes or None, blocks or None, ok, reason bytes or
-    None, connector bytes or None)."""
+    start_ns, t_ns, bytes or None, blocks or None, ok, reason and
+    connector each as (bytes or None, id or 0))."""
     r = _kv_role(role)
     start = _uint("start_ns (CLOCK_MONOTONIC ns)", start_ns, 0, _U64)
     t = _t(t_ns)
@@ -603,9 +642,10 @@ def _kv_transfer_args(role, start_ns, t_ns, nbytes, blocks, ok, reason,
         raise TypeError(f"ok must be a bool, not {type(ok).__name__}")
     return (r, start, t, _kv_amount("bytes", nbytes),
             _kv_amount("blocks", blocks), ok,
-            None if reason is None else _label_value("reason", reason),
-            None if connector is None else _label_value("connector",
-                                                        connector))
+            (None, 0) if reason is None
+            else _label_value_or_id("reason", reason),
+            (None, 0) if connector is None
+            else _label_value_or_id("connector", connector))
 
 
 def _kv_transfer_refused(start_ns, t_ns, reason, connector):
@@ -615,8 +655,16 @@ def _kv_transfer_refused(start_ns, t_ns, reason, connector):
         raise ValueError(f"start_ns = {start_ns} is after now (t_ns = 0): a "
                          f"transfer ends after it began ({_REFUSED})")
     for what, v in (("reason", reason), ("connector", connector)):
-        if v is not None and _CONTROL.search(v):
+        if isinstance(v, str) and _CONTROL.search(v):
             _label_value_refused(what, v)
+    ids = [f"{what} id {v}" for what, v in (("reason", reason),
+                                            ("connector", connector))
+           if v is not None and not isinstance(v, str)]
+    if ids:
+        raise ValueError(f"kv_transfer refused: start_ns must be at most "
+                         f"the event time, and {' and '.join(ids)} must be "
+                         f"returned by this client's register_value() "
+                         f"({_REFUSED})")
     raise ValueError(f"kv_transfer refused: start_ns must be at most the "
                      f"event time, reason and connector {_LABEL_VALUE_RULE} "
                      f"({_REFUSED})")

@@ -203,6 +203,7 @@ static PyObject* s_arrived_refused;
 static PyObject* s_label_value_refused;
 static PyObject* s_kv_transfer_refused;
 static PyObject* s_reason_name; /* "reason", as _label_value_refused's what */
+static PyObject* s_value_name;  /* "value", register_value()'s */
 /* Protocol 1.3. */
 static PyObject* s_generation_tokens;
 static PyObject* s_summary_fields[11]; /* tm_request_summary_info's order */
@@ -272,6 +273,7 @@ static int InternAll(void) {
       {&s_label_value_refused, "_label_value_refused"},
       {&s_kv_transfer_refused, "_kv_transfer_refused"},
       {&s_reason_name, "reason"},
+      {&s_value_name, "value"},
       {&s_stop, "stop"},
       {&s_length, "length"},
       {&s_abort, "abort"},
@@ -1363,6 +1365,36 @@ static PyObject* Client_expert_load(ClientObject* self, PyObject* const* args,
  * A string the library refuses (protocol.h's label-value rule) is counted
  * there; the subclass's _*_refused helpers then raise naming the rule. */
 
+/* A reason or connector: absent or None (NULL and 0: none), an exact str of
+ * 1 .. 64 bytes (*out), or an exact int id 1 .. TM_MAX_VALUE_IDS (*id,
+ * register_value()'s); -1 for the slow path. */
+static int LabelValueOf(PyObject* o, const char** out, uint32_t* id) {
+  *out = NULL;
+  *id = 0;
+  if (o == NULL || o == Py_None) return 0;
+  if (PyLong_CheckExact(o)) {
+    return U32Of(o, 1, id) != 0 || *id > TM_MAX_VALUE_IDS ? -1 : 0;
+  }
+  *out = CStrOf(o, 1, TM_MAX_LABEL_VALUE_BYTES);
+  return *out == NULL ? -1 : 0;
+}
+
+/* _register_value(value) -> id or status: value an exact str (the subclass
+ * checked it); raises naming the rule when the library refuses it. */
+static PyObject* Client_register_value(ClientObject* self, PyObject* value) {
+  const char* s = CStrOf(value, 1, TM_MAX_LABEL_VALUE_BYTES);
+  if (s == NULL) {
+    PyErr_SetString(PyExc_ValueError, "_register_value takes a checked str");
+    return NULL;
+  }
+  const int rc = tm_register_value(self->h, s);
+  if (rc == TM_E_INVALID && self->h != NULL) {
+    PyObject* call[3] = {(PyObject*)self, s_value_name, value};
+    return PyObject_VectorcallMethod(s_label_value_refused, call, 3, NULL);
+  }
+  return PyLong_FromLong(rc);
+}
+
 /* admission_rejected(reason, rid=None, t_ns=0) */
 static PyObject* Client_admission_rejected(ClientObject* self,
                                            PyObject* const* args, size_t nargsf,
@@ -1373,15 +1405,25 @@ static PyObject* Client_admission_rejected(ClientObject* self,
   Rid r = {.s = NULL};
   uint64_t t;
   const char* reason;
+  uint32_t reason_id;
   if (Bind(args, nargs, kwnames, names, 3, 3, a) != 0 || a[0] == NULL ||
-      (reason = CStrOf(a[0], 1, TM_MAX_LABEL_VALUE_BYTES)) == NULL ||
+      a[0] == Py_None || LabelValueOf(a[0], &reason, &reason_id) != 0 ||
       TimeOf(a[2], &t) != 0) {
     goto slow;
   }
   PyObject* rid_o = a[1] == Py_None ? NULL : a[1];
   if (rid_o != NULL && RidOf(rid_o, &r) != 0) goto slow;
   int rc;
-  if (rid_o == NULL) {
+  if (reason == NULL) {
+    if (rid_o == NULL) {
+      rc = tm_admission_rejected_id(self->h, t, reason_id);
+    } else if (r.s != NULL) {
+      rc = tm_admission_rejected_id_str(self->h, t, reason_id, r.s,
+                                        (size_t)r.len);
+    } else {
+      rc = tm_admission_rejected_id_rid(self->h, t, reason_id, r.v);
+    }
+  } else if (rid_o == NULL) {
     rc = tm_admission_rejected(self->h, t, reason);
   } else if (r.s != NULL) {
     rc = tm_admission_rejected_str(self->h, t, reason, r.s, (size_t)r.len);
@@ -1408,17 +1450,6 @@ static int KvAmountOf(PyObject* o, uint64_t* out) {
   return U64Of(o, out) != 0 || *out > TM_MAX_KV_TRANSFER_BYTES ? -1 : 0;
 }
 
-/* A label-value argument: absent or None (NULL, none), or an exact str of
- * 1 .. 64 bytes; -1 for the slow path. */
-static int LabelValueOf(PyObject* o, const char** out) {
-  if (o == NULL || o == Py_None) {
-    *out = NULL;
-    return 0;
-  }
-  *out = CStrOf(o, 1, TM_MAX_LABEL_VALUE_BYTES);
-  return *out == NULL ? -1 : 0;
-}
-
 /* kv_transfer(rid, role, start_ns, t_ns=0, bytes=None, blocks=None,
  *             ok=True, reason=None, connector=None) */
 static PyObject* Client_kv_transfer(ClientObject* self, PyObject* const* args,
@@ -1436,8 +1467,8 @@ static PyObject* Client_kv_transfer(ClientObject* self, PyObject* const* args,
       U64Of(a[kStart], &kv.start_ns) != 0 || TimeOf(a[kTime], &t) != 0 ||
       (t != 0 && kv.start_ns > t) || KvAmountOf(a[kBytes], &kv.bytes) != 0 ||
       KvAmountOf(a[kBlocks], &kv.blocks) != 0 ||
-      LabelValueOf(a[kReason], &kv.reason) != 0 ||
-      LabelValueOf(a[kConn], &kv.connector) != 0) {
+      LabelValueOf(a[kReason], &kv.reason, &kv.reason_id) != 0 ||
+      LabelValueOf(a[kConn], &kv.connector, &kv.connector_id) != 0) {
     goto slow;
   }
   PyObject* role = a[kRole];
@@ -1646,6 +1677,7 @@ static PyMethodDef Client_methods[] = {
     {"_stats", (PyCFunction)Client_stats, METH_NOARGS, NULL},
     {"_flush", (PyCFunction)Client_flush, METH_O, NULL},
     {"_attach", (PyCFunction)Client_attach, METH_NOARGS, NULL},
+    {"_register_value", (PyCFunction)Client_register_value, METH_O, NULL},
     {"tokens", TM_FASTCALL(Client_tokens),
      "tokens($self, rid, n=1, t_ns=0)\n--\n\nn >= 1 output tokens of the "
      "request in one step."},

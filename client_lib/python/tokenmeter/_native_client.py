@@ -12,14 +12,17 @@ import weakref
 from array import array
 
 from . import _native
-from ._common import (_MAX_BATCH, _NOMEM, _STEP_KEYS, _U32,
-                      KV_CACHE_STATES, KV_ROLES, MAX_LORA_BYTES,
+from ._common import (_MAX_BATCH, _NOMEM, _REGISTER_VALUE_DOC, _STEP_KEYS,
+                      _U32,
+                      KV_CACHE_STATES, KV_ROLES, MAX_LABEL_VALUE_BYTES,
+                      MAX_LORA_BYTES,
                       MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS, OK,
                       SCHEDULER_STATES, WEIGHTS_STATES, Stats,
                       _arrived_refused, _batch_counts, _counts_array,
                       _diagnose_str_ids, _batch_ids, _index_array,
-                      _kv_transfer_args, _kv_transfer_refused, _label_value,
+                      _kv_transfer_args, _kv_transfer_refused,
+                      _label_value_or_id,
                       _label_value_refused, _live, _option_str, _priority,
                       _rid, _scheduled_info, _seconds_to_ms,
                       _sleep_state_args, _step_figures, _t, _tracestate,
@@ -259,20 +262,26 @@ class Client(_C):
 
     # ---- protocol 1.2 -----------------------------------------------------
 
+    def register_value(self, value):
+        _option_str("value", value, 1, MAX_LABEL_VALUE_BYTES)
+        return _C._register_value(self, _exact_str(value))
+
+    register_value.__doc__ = _REGISTER_VALUE_DOC
+
     def _admission_rejected_slow(self, reason, rid=None, t_ns=0):
-        _label_value("reason", reason)
+        _, i = _label_value_or_id("reason", reason)
         t = _t(t_ns)
         r = None if rid is None else _id(rid)
-        return _C.admission_rejected(self, _exact_str(reason), r, t)
+        return _C.admission_rejected(self, i or _exact_str(reason), r, t)
 
     def _kv_transfer_slow(self, rid, role, start_ns, t_ns=0, bytes=None,
                           blocks=None, ok=True, reason=None, connector=None):
-        role_i, start, t, nbytes, nblocks, ok, _, _ = _kv_transfer_args(
+        role_i, start, t, nbytes, nblocks, ok, r, c = _kv_transfer_args(
             role, start_ns, t_ns, bytes, blocks, ok, reason, connector)
         return _C.kv_transfer(
             self, _id(rid), KV_ROLES[role_i], start, t, nbytes, nblocks, ok,
-            None if reason is None else _exact_str(reason),
-            None if connector is None else _exact_str(connector))
+            None if reason is None else r[1] or _exact_str(reason),
+            None if connector is None else c[1] or _exact_str(connector))
 
     def _sleep_state_slow(self, scheduler=None, weights=None, kv_cache=None,
                           t_ns=0):

@@ -12,13 +12,14 @@ import weakref
 from array import array
 
 from ._common import (_MAX_BATCH, _NOMEM, _REASONS, _U32, _U64, INVALID,
-                      MAX_DURATION_NS, MAX_LATENCIES,
+                      MAX_DURATION_NS, MAX_LABEL_VALUE_BYTES, MAX_LATENCIES,
                       MAX_LORA_BYTES, MAX_MOE_EXPERTS, MAX_MOE_LAYERS,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
-                      MAX_RID_BYTES, OK, Stats, _arrived_refused,
+                      MAX_RID_BYTES, OK, Stats, _REGISTER_VALUE_DOC,
+                      _arrived_refused,
                       _batch_counts, _counts_array, _diagnose_str_ids,
                       _batch_ids, _index_array, _kv_transfer_args,
-                      _kv_transfer_refused, _label_value,
+                      _kv_transfer_refused, _label_value_or_id,
                       _label_value_refused, _live, _option_str, _priority,
                       _rid, _scheduled_info, _seconds_to_ms,
                       _sleep_state_args, _step_figures, _t, _tracestate,
@@ -44,9 +45,12 @@ _expert_load = lib.tm_expert_load
 _arrived_params = lib.tm_arrived_params
 _arrived_params_str = lib.tm_arrived_params_str
 _scheduled_ex, _scheduled_ex_str = lib.tm_scheduled_ex, lib.tm_scheduled_ex_str
-_admission_rejected = lib.tm_admission_rejected
-_admission_rejected_rid = lib.tm_admission_rejected_rid
-_admission_rejected_str = lib.tm_admission_rejected_str
+# admission_rejected() without an id, with an integer id, with a string id.
+_ADMISSION_STR = (lib.tm_admission_rejected, lib.tm_admission_rejected_rid,
+                  lib.tm_admission_rejected_str)
+_ADMISSION_ID = (lib.tm_admission_rejected_id,
+                 lib.tm_admission_rejected_id_rid,
+                 lib.tm_admission_rejected_id_str)
 _kv_transfer, _kv_transfer_str = lib.tm_kv_transfer, lib.tm_kv_transfer_str
 _sleep_state = lib.tm_sleep_state
 _request_summary = lib.tm_request_summary
@@ -598,24 +602,39 @@ class Client:
 
     # ---- protocol 1.2 events --------------------------------------------
 
+    def register_value(self, value):
+        b = _option_str("value", value, 1, MAX_LABEL_VALUE_BYTES)
+        h = self._h
+        rc = lib.tm_register_value(h, b)
+        if rc == INVALID and h is not None:
+            _label_value_refused("value", value)
+        return rc
+
+    register_value.__doc__ = _REGISTER_VALUE_DOC
+
     def admission_rejected(self, reason, rid=None, t_ns=0):
         """The server refused a request before it entered the engine
         (ADMISSION_REJECTED): reason, a str of 1 .. 64 bytes of UTF-8
-        without control characters (e.g. "queue_full"); rid, the request's
-        id (an int or a str, as elsewhere) or None. The request is not
-        tracked; the id only names it. A reason the library refuses (a
-        control character) is counted as rejected and raises ValueError."""
-        r = _label_value("reason", reason)
+        without control characters (e.g. "queue_full"), or its
+        register_value() id; rid, the request's id (an int or a str, as
+        elsewhere) or None. The request is not tracked; the id only names
+        it. A reason the library refuses (a control character, an id this
+        client did not return) is counted as rejected and raises
+        ValueError."""
+        r, value_id = _label_value_or_id("reason", reason)
         t = _t(t_ns)
         h = self._h
+        # The three calls of a string reason, or of a registered one.
+        calls = _ADMISSION_STR if r is not None else _ADMISSION_ID
+        arg = r if r is not None else value_id
         if rid is None:
-            rc = _admission_rejected(h, t, r)
+            rc = calls[0](h, t, arg)
         else:
             v, b = _rid(rid)
             if b is None:
-                rc = _admission_rejected_rid(h, t, r, v)
+                rc = calls[1](h, t, arg, v)
             else:
-                rc = _admission_rejected_str(h, t, r, b, len(b))
+                rc = calls[2](h, t, arg, b, len(b))
         if rc == INVALID and h is not None:
             _label_value_refused("reason", reason)
         return rc
@@ -629,15 +648,18 @@ class Client:
         0 .. 2**48-1 or None (not sent); ok, a bool (False: it failed; sent
         only then); reason (on failure, e.g. "timeout") and connector (e.g.
         "nixl"), strs of 1 .. 64 bytes of UTF-8 without control characters,
-        or None. A start after now (t_ns 0) or a string the library refuses
-        is counted as rejected and raises ValueError."""
+        or None; either may be its register_value() id instead. A start
+        after now (t_ns 0), a string the library refuses or an id this
+        client did not return is counted as rejected and raises
+        ValueError."""
         role_i, start, t, nbytes, nblocks, ok, r, conn = _kv_transfer_args(
             role, start_ns, t_ns, bytes, blocks, ok, reason, connector)
         info = KvTransferInfo(
             role=role_i, start_ns=start,
             bytes=KV_UNKNOWN if nbytes is None else nbytes,
             blocks=KV_UNKNOWN if nblocks is None else nblocks,
-            ok=int(ok), reason=r, connector=conn)
+            ok=int(ok), reason=r[0], connector=conn[0], reason_id=r[1],
+            connector_id=conn[1])
         addr = ctypes.addressof(info)
         v, b = _rid(rid)
         h = self._h
