@@ -85,11 +85,22 @@ class FieldRules : public ::testing::Test {
     info.bytes = bytes;
     return tm_kv_transfer(client_, 1000, 7, &info) == TM_OK;
   }
+  // Whether the client sends both trace strings: one that breaks its rule
+  // is left out (counted in TM_STAT_FIELDS_DROPPED), the ARRIVED sent all
+  // the same (or dropped for a full buffer, which counts the fields too).
   bool ClientAcceptsTrace(const std::string& parent, const std::string& state) {
     tm_request_params p = TM_REQUEST_PARAMS_INIT;
     p.traceparent = parent.c_str();
     p.tracestate = state.c_str();
-    return tm_arrived_params(client_, 1000, 7, 10, &p) == TM_OK;
+    const uint64_t before = FieldsDropped();
+    const int rc = tm_arrived_params(client_, 1000, 7, 10, &p);
+    EXPECT_TRUE(rc == TM_OK || rc == TM_E_DROPPED) << rc;
+    return FieldsDropped() == before;
+  }
+  uint64_t FieldsDropped() const {
+    uint64_t s[TM_STAT_COUNT] = {};
+    EXPECT_EQ(tm_client_stats(client_, s, TM_STAT_COUNT), TM_OK);
+    return s[TM_STAT_FIELDS_DROPPED];
   }
 
   tm_client* client_ = nullptr;
