@@ -178,12 +178,12 @@ Status Daemon::StartTracing() {
                      &tracer_);
   if (!s.ok()) return s;
   pipeline_->tracker().AddTimelineSink(tracer_.get());
-  spdlog::info(
+  started_notes_.push_back(fmt::format(
       "tracing: OTLP spans to {} (ratio {}, slower than {})", endpoint,
       config_.trace_ratio,
       config_.trace_slower_than_ns == 0
           ? std::string("off")
-          : fmt::format("{} s", double(config_.trace_slower_than_ns) / 1e9));
+          : fmt::format("{} s", double(config_.trace_slower_than_ns) / 1e9)));
   return Status::Ok();
 }
 
@@ -258,9 +258,10 @@ Status Daemon::StartMetricsPush() {
   s = MetricsPusher::Create(&loop_, registry(), std::move(otlp),
                             std::move(options), &pusher_);
   if (!s.ok()) return s;
-  spdlog::info("metrics: OTLP push to {} every {} s ({} histograms)", endpoint,
-               interval_s,
-               config_.otlp_histograms_explicit ? "explicit" : "exponential");
+  started_notes_.push_back(fmt::format(
+      "metrics: OTLP push to {} every {} s ({} histograms)", endpoint,
+      interval_s,
+      config_.otlp_histograms_explicit ? "explicit" : "exponential"));
   return Status::Ok();
 }
 
@@ -274,10 +275,10 @@ Status Daemon::Restore() {
     // The first window after the restart starts now, not at zero.
     summary_.Restart(registry());
     window_gauges_.Restart(registry());
-    spdlog::info(
+    started_notes_.push_back(fmt::format(
         "state: restored {}/{}: {} engine series, {} requests in flight",
         config_.state_dir, kSnapshotName, registry().series_count(),
-        pipeline_->tracker().size());
+        pipeline_->tracker().size()));
   } else if (applied) {
     // Half loaded: start from nothing rather than from part of it.
     return BuildPipeline();
@@ -326,6 +327,8 @@ Status Daemon::Start() {
   AddRoutes();
   s = StartHttp(http_fd);
   if (!s.ok()) return s;
+  for (const std::string& note : started_notes_) spdlog::info("{}", note);
+  started_notes_.clear();
   for (const auto& [name, fd] : inherited) {
     spdlog::warn(
         "ignoring inherited socket \"{}\" (fd {}): expected "

@@ -116,6 +116,10 @@ class Daemon {
   // Request traces over OTLP (--otlp-endpoint); null when off. The
   // tracker's timeline sink.
   std::unique_ptr<Tracer> tracer_;
+  // Info lines of Create() (a restored state, the OTLP exports), logged by
+  // Start() once it listens: a start-up error is one line on stderr
+  // (interfaces.md), not these before it.
+  std::vector<std::string> started_notes_;
   // The requests API's keeper (--keep-requests; null with 0): the
   // tracker's timeline sink after the tracer.
   std::unique_ptr<requests::RequestKeeper> keeper_;

@@ -12,14 +12,16 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/logging/log_setup.h"
+#include "spdlog/fmt/fmt.h"
 #include "spdlog/spdlog.h"
 
 namespace {
 
 // Raises the soft RLIMIT_NOFILE to the hard one (the daemon uses epoll, so
-// descriptors above 1024 are fine) and logs the limit; returns the soft
-// limit now in force (0 if unknown).
-uint64_t RaiseFdLimit() {
+// descriptors above 1024 are fine); returns the soft limit now in force (0
+// if unknown) and in *note the line that says so, logged once the daemon
+// has started (a start-up error is one line on stderr: interfaces.md).
+uint64_t RaiseFdLimit(std::string* note) {
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
     spdlog::warn("file descriptors: getrlimit(RLIMIT_NOFILE): {}",
@@ -39,13 +41,12 @@ uint64_t RaiseFdLimit() {
           uint64_t(rl.rlim_cur), uint64_t(rl.rlim_max), std::strerror(errno));
     }
   }
-  if (rl.rlim_cur != before) {
-    spdlog::info("file descriptors: soft limit {} (raised from {})",
-                 uint64_t(rl.rlim_cur), uint64_t(before));
-  } else {
-    spdlog::info("file descriptors: soft limit {} (the hard limit is {})",
-                 uint64_t(rl.rlim_cur), uint64_t(rl.rlim_max));
-  }
+  *note = rl.rlim_cur != before
+              ? fmt::format("file descriptors: soft limit {} (raised from {})",
+                            uint64_t(rl.rlim_cur), uint64_t(before))
+              : fmt::format(
+                    "file descriptors: soft limit {} (the hard limit is {})",
+                    uint64_t(rl.rlim_cur), uint64_t(rl.rlim_max));
   return uint64_t(rl.rlim_cur);
 }
 
@@ -98,15 +99,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (const uint64_t fd_limit = RaiseFdLimit(); fd_limit > 0) {
-    std::string clamped;
+  std::string fd_note, clamped;
+  if (const uint64_t fd_limit = RaiseFdLimit(&fd_note); fd_limit > 0) {
     s = tokenmeter::daemon::FitConnectionCaps(fd_limit, OpenFds(), &config,
                                               &clamped);
     if (!s.ok()) {
       std::fprintf(stderr, "tokenmeterd: %s\n", s.message().c_str());
       return 1;
     }
-    if (!clamped.empty()) spdlog::warn("{}", clamped);
   }
   s = Daemon::CheckOtlpSettings(config);
   if (!s.ok()) {
@@ -116,6 +116,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<Daemon> daemon;
   s = Daemon::Create(config, &daemon);
   if (s.ok()) s = daemon->Start();
+  if (s.ok()) {
+    // Started: what was found about the descriptors (before the ready
+    // line, which a supervisor may act on at once).
+    if (!fd_note.empty()) spdlog::info("{}", fd_note);
+    if (!clamped.empty()) spdlog::warn("{}", clamped);
+  }
   if (s.ok() && config.ready_fd >= 0) {
     s = tokenmeter::daemon::WriteReadyLine(
         config.ready_fd, daemon->http_address(), daemon->ingest_address());

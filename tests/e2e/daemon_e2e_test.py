@@ -556,19 +556,26 @@ class Lifecycle(unittest.TestCase):
         self.assertIn('bad port "99999"', err)
 
     def test_failed_start_has_no_stopped_line(self):
-        """A start that fails says why and nothing about a run that never
-        was."""
+        """A start that fails says why, in one line on stderr
+        (interfaces.md), and nothing about a run that never was: not the
+        descriptor limit nor the OTLP exports it would have had."""
         taken = socket.socket()
         taken.bind(("127.0.0.1", 0))
         taken.listen()
+        self.addCleanup(taken.close)
         d = Daemon()
         self.addCleanup(d.cleanup)
-        rc, err = self.run_daemon("--ingest", d.sock, "--listen",
-                                  f"127.0.0.1:{taken.getsockname()[1]}")
-        taken.close()
-        self.assertEqual(rc, 1, err)
-        self.assertIn("address already in use", err)
-        self.assertNotIn("stopped:", err)
+        for extra in ((), ("--otlp-endpoint", "http://127.0.0.1:9/v1/traces",
+                           "--otlp-metrics-endpoint",
+                           "http://127.0.0.1:9/v1/metrics")):
+            with self.subTest(extra=extra):
+                rc, err = self.run_daemon(
+                    "--ingest", d.sock, "--listen",
+                    f"127.0.0.1:{taken.getsockname()[1]}", *extra)
+                self.assertEqual(rc, 1, err)
+                self.assertEqual(len(err.splitlines()), 1, err)
+                self.assertIn("address already in use", err)
+                self.assertNotIn("stopped:", err)
 
     def test_missing_socket_directory_is_named(self):
         d = Daemon()
