@@ -198,22 +198,10 @@ class Compat(unittest.TestCase):
         samples = d.samples()
         self.assertEqual(samples.sum("tokenmeter_ingest_errors_total"),
                          new_kinds)
-        ns = engine_e2e_test.NS
         for part, r in zip(("prefill", "decode"), parts):
-            labels = {"model_name": "e2e-tiny", "engine": f"e2e-{part}",
-                      "kv_role": r["identity"]["labels"]["kv_role"]}
             with self.subTest(part=part):
-                for reason in ("stop", "length", "error"):
-                    self.assertEqual(
-                        samples.sum(f"{ns}:request_success_total",
-                                    finished_reason=reason, **labels),
-                        r["finished"][reason], reason)
-                for name in ("prompt_tokens", "generation_tokens",
-                             "num_preemptions"):
-                    key = "preemptions" if name == "num_preemptions" \
-                        else name
-                    self.assertEqual(samples.sum(f"{ns}:{name}_total",
-                                                 **labels), r[key], name)
+                engine_e2e_test.assert_counters_equal(
+                    self, samples, r, engine_e2e_test.part_labels(part, r))
 
 
 if __name__ == "__main__":

@@ -537,6 +537,28 @@ TRACEPARENT = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-01$")
 PRIORITY_BUCKETS = ["<-1", "-1", "0", "1", ">1"]
 
 
+def part_labels(part, r):
+    """The labels of the series of one --disaggregate process, `part`
+    ("prefill" or "decode") with its report `r`."""
+    return {"model_name": "e2e-tiny", "engine": f"e2e-{part}",
+            "kv_role": r["identity"]["labels"]["kv_role"]}
+
+
+def assert_counters_equal(tc, samples, r, labels):
+    """The 1.0 counters of one process's series equal its report `r`:
+    finished requests by reason, prompt and generation tokens,
+    preemptions (each summed over the request labels)."""
+    for reason in ("stop", "length", "error"):
+        tc.assertEqual(samples.sum(f"{NS}:request_success_total",
+                                   finished_reason=reason, **labels),
+                       r["finished"][reason], reason)
+    for name, key in (("prompt_tokens", "prompt_tokens"),
+                      ("generation_tokens", "generation_tokens"),
+                      ("num_preemptions", "preemptions")):
+        tc.assertEqual(samples.sum(f"{NS}:{name}_total", **labels), r[key],
+                       name)
+
+
 def priority_bucket(p):
     return "<-1" if p < -1 else ">1" if p > 1 else str(p)
 
@@ -972,23 +994,11 @@ class DisaggregatedAgainstDaemon(unittest.TestCase):
                               "waiting_deferred": 0, "kv_usage": 0}, part)
         for part in ("prefill", "decode"):
             r = report[part]
-            labels = {"model_name": "e2e-tiny", "engine": f"e2e-{part}",
-                      "kv_role": r["identity"]["labels"]["kv_role"]}
+            labels = part_labels(part, r)
             with self.subTest(part=part):
-                for reason in ("stop", "length", "error"):
-                    self.assertEqual(
-                        samples.sum(f"{NS}:request_success_total",
-                                    finished_reason=reason, **labels),
-                        r["finished"][reason], reason)
-                self.assertEqual(self.count(
-                    samples, f"{NS}:prompt_tokens_total", labels),
-                    r["prompt_tokens"])
-                self.assertEqual(samples.sum(
-                    f"{NS}:generation_tokens_total", **labels),
-                    r["generation_tokens"])
-                self.assertEqual(samples.sum(
-                    f"{NS}:num_preemptions_total", **labels),
-                    r["preemptions"])
+                # The series exist (a missing one would read as 0).
+                self.count(samples, f"{NS}:prompt_tokens_total", labels)
+                assert_counters_equal(self, samples, r, labels)
                 for rkey, hist in HISTOGRAMS.items():
                     count = samples.sum(f"{NS}:{hist}_count", **labels)
                     self.assertEqual(count, r[rkey]["count"], hist)
