@@ -1,13 +1,94 @@
 #include "daemon/store/registry.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "daemon/base/state_io.h"
+#include "daemon/store/profile.h"
 
 namespace tokenmeter::daemon {
 
 static_assert(kDefaultNativeHistogramSchema == NativeHistogram::kDefaultSchema);
+
+namespace {
+
+// The histogram of catalog name `name` (a histogram's suffix), or
+// kNumEngineMetrics.
+EngineMetric CatalogHistogram(std::string_view name) {
+  for (const EngineMetricDef& def : kEngineMetrics) {
+    if (def.type == MetricType::kHistogram && def.suffix == name) return def.id;
+  }
+  return kNumEngineMetrics;
+}
+
+// The histogram families a profile exposes under their own names: measured
+// ones and those a part writes, not the --legacy-names aliases (an alias
+// shows its current name's histogram and follows its override).
+bool OwnHistogram(const FamilyDef& f) {
+  return f.type == MetricType::kHistogram && !f.legacy &&
+         (f.source == FamilySource::kMetric || f.source == FamilySource::kPart);
+}
+
+// Whether `name` is a histogram family's name (after the namespace) in
+// some profile.
+bool FamilyHistogramName(std::string_view name) {
+  for (int p = 0; p < kNumProfiles; ++p) {
+    for (const FamilyDef& f : ProfileFamilies(Profile(p))) {
+      if (OwnHistogram(f) && FamilyName(f) == name) return true;
+    }
+  }
+  return false;
+}
+
+// A bound given in the catalog's unit (seconds, bytes, tokens) in a
+// profile's unit (SGLang's ms and MB): times `scale`, then to 15
+// significant digits, so that 1.1 s is le="1100" and not
+// 1100.0000000000002 (a double holds any 15-digit decimal exactly enough
+// to print it back).
+double InProfileUnit(double bound, double scale) {
+  if (scale == 1) return bound;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", bound * scale);
+  return std::strtod(text, nullptr);
+}
+
+// The bounds of profile `p`'s layout of histogram `m`: an override by the
+// name `p` exposes it under (in that family's unit), else one by its
+// catalog name (in the catalog's unit, converted), else the profile's
+// default. Error: the converted bounds are no longer increasing.
+Status LayoutBounds(const RegistryOptions& options, Profile p, EngineMetric m,
+                    std::vector<double>* out) {
+  for (const FamilyDef& f : ProfileFamilies(p)) {
+    if (!OwnHistogram(f) || f.metric != m) continue;
+    auto it = options.buckets.find(FamilyName(f));
+    if (it != options.buckets.end()) {
+      *out = it->second;
+      return Status::Ok();
+    }
+  }
+  const EngineMetricDef& def = kEngineMetrics[m];
+  auto it = options.buckets.find(def.suffix);
+  if (it == options.buckets.end()) {
+    *out = DefaultBuckets(ProfileBuckets(p, m), options.max_model_len);
+    return Status::Ok();
+  }
+  const double catalog_divisor = def.seconds ? 1e9 : 1.0;
+  const double scale = catalog_divisor / ProfileDivisor(p, m);
+  out->clear();
+  for (double b : it->second) {
+    const double v = InProfileUnit(b, scale);
+    if (!out->empty() && v <= out->back()) {
+      return Status::Error("buckets." + std::string(def.suffix) +
+                           ": bounds too close to stay apart in the " +
+                           std::string(ProfileName(p)) + " profile's unit");
+    }
+    out->push_back(v);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status Registry::Create(const RegistryOptions& options,
                         std::unique_ptr<Registry>* out) {
@@ -15,13 +96,8 @@ Status Registry::Create(const RegistryOptions& options,
     return Status::Error("max-model-len must be at least 1");
   }
   for (const auto& [suffix, bounds] : options.buckets) {
-    bool known = false;
-    for (const EngineMetricDef& def : kEngineMetrics) {
-      if (def.type == MetricType::kHistogram && def.suffix == suffix) {
-        known = true;
-      }
-    }
-    if (!known) {
+    if (CatalogHistogram(suffix) == kNumEngineMetrics &&
+        !FamilyHistogramName(suffix)) {
       return Status::Error("buckets: no histogram named \"" + suffix + "\"");
     }
     if (bounds.empty()) {
@@ -69,14 +145,11 @@ Status Registry::Create(const RegistryOptions& options,
     layouts[p].reserve(kNumHistograms);
     for (int i = 0; i < kNumHistograms; ++i) {
       const EngineMetricDef& def = kEngineMetrics[kFirstHistogram + i];
-      // An override names the measurement (the catalog suffix) and holds in
-      // every profile.
-      auto it = options.buckets.find(def.suffix);
-      std::vector<double> bounds =
-          it != options.buckets.end()
-              ? it->second
-              : DefaultBuckets(ProfileBuckets(Profile(p), def.id),
-                               options.max_model_len);
+      std::vector<double> bounds;
+      if (Status s = LayoutBounds(options, Profile(p), def.id, &bounds);
+          !s.ok()) {
+        return s;
+      }
       layouts[p].emplace_back(std::move(bounds),
                               ProfileDivisor(Profile(p), def.id),
                               options.native_histogram_schema);

@@ -33,8 +33,9 @@ class Registration;
 
 class Registry {
  public:
-  // Checks the options (known suffixes, increasing finite bounds, the
-  // native schema's range).
+  // Checks the options (known histogram names, increasing finite bounds,
+  // also once converted to a profile's unit, the native schema's range)
+  // and makes each profile's bucket layouts.
   static Status Create(const RegistryOptions& options,
                        std::unique_ptr<Registry>* out);
   Registry(const Registry&) = delete;

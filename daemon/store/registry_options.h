@@ -20,8 +20,12 @@ inline constexpr int kDefaultNativeHistogramSchema = 3;
 
 struct RegistryOptions {
   uint64_t max_model_len = 32768;
-  // Per-histogram bucket overrides, by suffix (e.g.
-  // "time_to_first_token_seconds"), in exposed units.
+  // Per-histogram bucket overrides (the configuration's buckets.<name>),
+  // by the name a profile exposes a histogram under, in its unit (e.g.
+  // "kv_transfer_latency_ms", SGLang's, in ms), or by the catalog suffix,
+  // in the catalog's unit, converted per profile (e.g.
+  // "kv_transfer_time_seconds": seconds, ms in SGLang's); a profile's own
+  // name wins. Registry::Create() resolves them (docs/metrics.md).
   std::map<std::string, std::vector<double>, std::less<>> buckets;
   size_t max_engine_series = 4096;  // identities, all namespaces together
   // --request-label names (at most TM_MAX_REQUEST_LABELS) and

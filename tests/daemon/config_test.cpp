@@ -483,7 +483,8 @@ TEST(ConfigTest, ReadsConfigFile) {
       "listen = 127.0.0.1:10063\r\n"
       "ready-fd = 7\n"
       "buckets.time_to_first_token_seconds = 0.1, 0.5, 1\n"
-      "buckets.request_params_n = 1 2 4\n");
+      "buckets.request_params_n = 1 2 4\n"
+      "buckets.kv_transfer_latency_ms = 3, 7\n");
   const Config c = MustParse({"--config", file.path()});
   EXPECT_EQ(c.config_file, file.path());
   EXPECT_EQ(c.tracker.max_requests, 123u);
@@ -495,6 +496,9 @@ TEST(ConfigTest, ReadsConfigFile) {
             (std::vector<double>{0.1, 0.5, 1}));
   EXPECT_EQ(c.registry.buckets.at("request_params_n"),
             (std::vector<double>{1, 2, 4}));
+  // A profile's own name (SGLang's, in ms).
+  EXPECT_EQ(c.registry.buckets.at("kv_transfer_latency_ms"),
+            (std::vector<double>{3, 7}));
   // The registry accepts what the file gave.
   std::unique_ptr<Registry> reg;
   const Status s = Registry::Create(c.registry, &reg);
@@ -533,6 +537,9 @@ TEST(ConfigTest, FileErrorsNameFileAndLine) {
        "no_such"},
       {"decreasing buckets", "buckets.time_to_first_token_seconds = 0.5, 0.1\n",
        1, "time_to_first_token_seconds"},
+      {"a name with its namespace",
+       "buckets.sglang:kv_transfer_latency_ms = 3, 7\n", 1,
+       "sglang:kv_transfer_latency_ms"},
   };
   for (const BadFileCase& c : cases) {
     SCOPED_TRACE(c.name);

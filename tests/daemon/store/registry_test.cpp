@@ -124,6 +124,16 @@ TEST(RegistryTest, RejectsBadOptions) {
        32768,
        "e2e_request_latency_seconds"},
       {"max model len 0", "", {}, 0, "max-model-len"},
+      {"bounds that meet in SGLang's MB",
+       "kv_transfer_bytes",
+       {1, 1.0000000000000002},  // one ulp apart
+       32768,
+       "sglang profile's unit"},
+      {"a profile's name: bounds checked too",
+       "kv_transfer_latency_ms",
+       {7, 3},
+       32768,
+       "kv_transfer_latency_ms"},
   };
   for (const BadOptionsCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -458,6 +468,108 @@ TEST(RegistryTest, SeriesKeepTheirProfilesBuckets) {
             BucketSet::kLmdeployItl);
   EXPECT_EQ(ProfileBuckets(Profile::kVllm, kTimeToFirstToken),
             BucketSet::kTtft);
+}
+
+// The bounds of profile p's layout of histogram m, on a series of p.
+std::vector<double> ProfileBounds(Registry& reg, Profile p, EngineMetric m) {
+  EngineSeries* s =
+      reg.GetOrCreate({ProfileNamespace(p, "e", ""), "m", "0", {}, p});
+  EXPECT_NE(s, nullptr);
+  return s == nullptr ? std::vector<double>{} : s->hist(m).layout().bounds();
+}
+
+std::vector<double> Defaults(Profile p, EngineMetric m) {
+  return DefaultBuckets(ProfileBuckets(p, m), 32768);
+}
+
+// A catalog name holds in every profile in the catalog's unit: SGLang's
+// kv_transfer_latency_ms and kv_transfer_total_mb get the bounds in ms and
+// MB (the observations are divided alike), printed as decimals.
+TEST(RegistryTest, CatalogOverrideIsConvertedToAProfilesUnit) {
+  RegistryOptions options;
+  options.buckets["kv_transfer_time_seconds"] = {0.001, 0.5, 1.1, 30};
+  options.buckets["kv_transfer_bytes"] = {1048576, 3 * 1048576.0, 1e9};
+  auto reg = MustCreate(options);
+  EXPECT_EQ(ProfileBounds(*reg, Profile::kVllm, kKvTransferTime),
+            (std::vector<double>{0.001, 0.5, 1.1, 30}));
+  EXPECT_EQ(ProfileBounds(*reg, Profile::kLmdeploy, kKvTransferBytes),
+            (std::vector<double>{1048576, 3 * 1048576.0, 1e9}));
+  EngineSeries* s =
+      reg->GetOrCreate({"sglang", "m", "0", {}, Profile::kSglang});
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->hist(kKvTransferTime).layout().le_text(),
+            (std::vector<std::string>{"1", "500", "1100", "30000", "+Inf"}));
+  EXPECT_EQ(s->hist(kKvTransferBytes).layout().le_text(),
+            (std::vector<std::string>{"1", "3", "953.67431640625", "+Inf"}));
+  // 15 ms lands in le="500" (ms), 3 MiB in le="3" (MB).
+  s->hist(kKvTransferTime).Observe(15'000'000);
+  EXPECT_EQ(s->hist(kKvTransferTime).counts(),
+            (std::vector<uint64_t>{0, 1, 0, 0, 0}));
+  s->hist(kKvTransferBytes).Observe(3 * 1048576);
+  EXPECT_EQ(s->hist(kKvTransferBytes).counts(),
+            (std::vector<uint64_t>{0, 1, 0, 0}));
+}
+
+// A profile's own name (after the namespace) is in that family's unit and
+// holds in the profiles that expose a histogram under it, over the catalog
+// name; a --legacy-names alias is no name of its own.
+TEST(RegistryTest, ProfileOwnNameOverridesItsHistogram) {
+  RegistryOptions options;
+  options.buckets["kv_transfer_latency_ms"] = {3, 7};
+  options.buckets["kv_transfer_time_seconds"] = {0.5};
+  options.buckets["queue_time_seconds"] = {1, 2, 3};
+  options.buckets["request_decode_time_seconds"] = {4, 5};
+  options.buckets["time_per_output_token_seconds"] = {0.25};
+  auto reg = MustCreate(options);
+  const Profile v = Profile::kVllm, s = Profile::kSglang,
+                l = Profile::kLmdeploy;
+  EXPECT_EQ(ProfileBounds(*reg, s, kKvTransferTime),
+            (std::vector<double>{3, 7}));
+  EXPECT_EQ(ProfileBounds(*reg, v, kKvTransferTime),
+            (std::vector<double>{0.5}));
+  EXPECT_EQ(ProfileBounds(*reg, l, kKvTransferTime),
+            (std::vector<double>{0.5}));
+  // sglang:queue_time_seconds; vLLM's and LMDeploy's are
+  // request_queue_time_seconds.
+  EXPECT_EQ(ProfileBounds(*reg, s, kRequestQueueTime),
+            (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(ProfileBounds(*reg, v, kRequestQueueTime),
+            Defaults(v, kRequestQueueTime));
+  EXPECT_EQ(ProfileBounds(*reg, l, kRequestQueueTime),
+            Defaults(l, kRequestQueueTime));
+  // request_decode_time_seconds: vLLM's measures to the last token,
+  // LMDeploy's to FINISHED; both are that name.
+  EXPECT_EQ(ProfileBounds(*reg, v, kRequestDecodeTime),
+            (std::vector<double>{4, 5}));
+  EXPECT_EQ(ProfileBounds(*reg, l, kRequestDecodeToFinish),
+            (std::vector<double>{4, 5}));
+  // lmdeploy:time_per_output_token_seconds; vLLM's deprecated alias of
+  // inter_token_latency_seconds keeps that histogram's bounds.
+  EXPECT_EQ(ProfileBounds(*reg, l, kTimePerOutputTokenChunk),
+            (std::vector<double>{0.25}));
+  EXPECT_EQ(ProfileBounds(*reg, v, kInterTokenLatency),
+            Defaults(v, kInterTokenLatency));
+}
+
+// Each profile's own histogram names are distinct and name distinct
+// histograms, so that an override by name picks one layout.
+TEST(RegistryTest, ProfileHistogramNamesAreOneToOne) {
+  for (Profile p : {Profile::kVllm, Profile::kSglang, Profile::kLmdeploy}) {
+    SCOPED_TRACE(ProfileName(p));
+    std::vector<std::string_view> names;
+    std::vector<EngineMetric> metrics;
+    for (const FamilyDef& f : ProfileFamilies(p)) {
+      if (f.type != MetricType::kHistogram || f.legacy) continue;
+      if (f.source != FamilySource::kMetric && f.source != FamilySource::kPart)
+        continue;
+      for (size_t i = 0; i < names.size(); ++i) {
+        EXPECT_NE(names[i], FamilyName(f));
+        EXPECT_NE(metrics[i], f.metric) << FamilyName(f);
+      }
+      names.push_back(FamilyName(f));
+      metrics.push_back(f.metric);
+    }
+  }
 }
 
 TEST(RegistryTest, ProfileNamesAndNamespaces) {
