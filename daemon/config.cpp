@@ -1,6 +1,7 @@
 #include "daemon/config.h"
 
 #include <fcntl.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,9 @@
 
 namespace tokenmeter::daemon {
 namespace {
+
+// The longest --ingest path: sun_path holds it and its NUL.
+constexpr size_t kMaxIngestPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
 constexpr std::string_view kUsage =
     R"(Usage: tokenmeterd [FLAGS]
@@ -252,6 +256,12 @@ const std::vector<Flag>& Flags() {
   static const std::vector<Flag> flags = {
       {"ingest",
        [](std::string_view v, Config* c) {
+         // A path a Unix socket can take (sun_path: 107 bytes and the NUL).
+         if (v.empty() || v.size() > kMaxIngestPathBytes) {
+           return Status::Error("--ingest: \"" + std::string(v) +
+                                "\" is not a socket path of 1 to " +
+                                std::to_string(kMaxIngestPathBytes) + " bytes");
+         }
          c->ingest_path = v;
          return Status::Ok();
        }},

@@ -657,13 +657,13 @@ Status IngestServer::Listen(const std::string& path) {
     // The usual two, said in the operator's terms.
     if (err == ENOENT) {
       const bool default_dir = dir == "/run/tokenmeter";
-      return Status::Error(
-          "cannot listen on ingest socket \"" + path + "\": its directory \"" +
-          dir + "\" does not exist (" +
-          (default_dir ? "the systemd unit's RuntimeDirectory= and "
-                         "tokenmeter's tmpfiles.d entry create it; "
-                       : "") +
-          "create it, or choose another path with --ingest)");
+      return Status::Error("cannot listen on ingest socket \"" + path +
+                           "\": its directory \"" + dir +
+                           "\" does not exist (" +
+                           (default_dir ? "tokenmeterd.socket and tokenmeter's "
+                                          "tmpfiles.d entry create it; "
+                                        : "") +
+                           "create it, or choose another path with --ingest)");
     }
     if (err == EACCES) {
       return Status::Error("cannot listen on ingest socket \"" + path +

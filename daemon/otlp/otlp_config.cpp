@@ -292,6 +292,15 @@ Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
       signal == Signal::kTraces ? kTracesEndpointFlag : kMetricsEndpointFlag,
       env, signal, "ENDPOINT");
   if (!endpoint.value.has_value()) {
+    // Off. The flags are checked even so (a bad value given on the command
+    // line is a mistake whether or not a signal uses it), by the rules
+    // below without the environment (an OTEL_* value may be meant for
+    // another program); the endpoint stands in for the one not given.
+    OtlpOverrides flags = overrides;
+    flags.endpoint = "http://off.invalid";
+    OtlpConfig unused;
+    Status s = ParseOtlpConfig(signal, flags, Environment(), &unused);
+    if (!s.ok()) return s;
     *out = OtlpConfig();
     return Status::Ok();
   }

@@ -115,9 +115,10 @@ inline constexpr uint64_t kMaxTimeoutMs = 3'600'000;
 using Environment = std::map<std::string, std::string, std::less<>>;
 
 // Builds *out for `signal`. When no endpoint is given anywhere the signal
-// is off: *out has an empty endpoint and the other values are not looked
-// at (a bad OTEL_* value meant for another program does not stop the
-// daemon). Otherwise every value is checked and the first bad one is an
+// is off: *out has an empty endpoint, the OTEL_* variables are not looked
+// at (a bad value meant for another program does not stop the daemon) and
+// the flags are checked alone (a bad flag is an error all the same).
+// Otherwise every value is checked and the first bad one is an
 // error of one line naming the flag or variable and the value, e.g.
 //   OTEL_EXPORTER_OTLP_COMPRESSION: "zstd" is not gzip or none
 // except that a header's value is never repeated (it may be a secret):

@@ -99,6 +99,8 @@ TEST(ConfigTest, EveryFlagInBothSpellings) {
   const FlagCase cases[] = {
       {"ingest", "/tmp/x.sock",
        [](const Config& c) { EXPECT_EQ(c.ingest_path, "/tmp/x.sock"); }},
+      {"ingest", "/" + std::string(106, 'a'),  // the longest: 107 bytes
+       [](const Config& c) { EXPECT_EQ(c.ingest_path.size(), 107u); }},
       {"listen", "127.0.0.1:0",
        [](const Config& c) { EXPECT_EQ(c.listen, "127.0.0.1:0"); }},
       {"listen", "[::1]:9000",
@@ -238,6 +240,8 @@ struct BadValueCase {
 
 TEST(ConfigTest, EveryBadValueNamesItsFlag) {
   const BadValueCase cases[] = {
+      {"ingest", ""},
+      {"ingest", "/" + std::string(107, 'a')},  // 108 bytes: no NUL room
       {"log-interval", "-1"},
       {"log-interval", "abc"},
       {"log-interval", "1s"},

@@ -255,7 +255,13 @@ class Traces(unittest.TestCase):
                   "--otlp-timeout", "0"], {}, "--otlp-timeout", 2),
                 (["--otlp-endpoint", "https://127.0.0.1:1/v1/traces",
                   "--otlp-certificate", "/nonexistent/ca.pem"], {},
-                 "/nonexistent/ca.pem", 1)]:
+                 "/nonexistent/ca.pem", 1),
+                # No endpoint: a bad flag still stops the start (the
+                # OTEL_* variables are read only when a signal is on).
+                (["--otlp-protocol", "grpc"], {}, "--otlp-protocol", 2),
+                (["--otlp-compression", "br"], {}, "--otlp-compression", 2),
+                (["--otlp-client-key", "/k.pem"], {}, "--otlp-client-key",
+                 2)]:
             proc = subprocess.run(
                 [tu.DAEMON, "--ingest", "/tmp/tm-never.sock", "--listen",
                  "127.0.0.1:0", *args],

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,45 @@ TEST(OtlpConfigTest, OffIgnoresOtherBadValues) {
   OtlpConfig c = MustParse(Signal::kTraces, {},
                            {{"OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"}});
   EXPECT_FALSE(c.enabled());
+}
+
+// interfaces.md: "A bad value is a start-up error with one line": a flag
+// is checked whether or not a signal is on (an OTEL_* variable only when
+// it is, above).
+TEST(OtlpConfigTest, OffStillRejectsBadFlags) {
+  using Field = std::optional<std::string> OtlpOverrides::*;
+  struct Case {
+    Field field;
+    const char* value;
+    const char* part;
+  };
+  const Case cases[] = {
+      {&OtlpOverrides::protocol, "grpc", "--otlp-protocol: \"grpc\""},
+      {&OtlpOverrides::compression, "br", "--otlp-compression: \"br\""},
+      {&OtlpOverrides::timeout_ms, "abc", "--otlp-timeout: \"abc\""},
+      {&OtlpOverrides::headers, "badheader", "--otlp-headers"},
+      {&OtlpOverrides::client_key, "/k.pem", "--otlp-client-key"},
+      {&OtlpOverrides::certificate, "", "--otlp-certificate"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.part);
+    OtlpOverrides o;
+    o.*c.field = c.value;
+    for (Signal signal : {Signal::kTraces, Signal::kMetrics}) {
+      const std::string e = ErrorOf(signal, o, {});
+      EXPECT_NE(e.find(c.part), std::string::npos) << e;
+      EXPECT_EQ(e.find("off.invalid"), std::string::npos) << e;
+    }
+  }
+  // Good flags alone: off, nothing kept.
+  OtlpOverrides good;
+  good.protocol = "http/json";
+  good.timeout_ms = "500";
+  good.certificate = "/nonexistent/ca.pem";  // files: checked when used
+  const OtlpConfig c = MustParse(Signal::kTraces, good, {});
+  EXPECT_FALSE(c.enabled());
+  EXPECT_EQ(c.protocol, Protocol::kHttpProtobuf);
+  EXPECT_TRUE(c.certificate_file.empty());
 }
 
 TEST(OtlpConfigTest, EndpointPrecedenceAndPaths) {
