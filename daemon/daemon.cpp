@@ -518,24 +518,39 @@ void Daemon::Stop() {
     ++pending_closes_;
     snapshotter_->Close(closed);
   }
-  if (pipeline_ != nullptr) {
-    ++pending_closes_;
-    pipeline_->server().Close(closed);
-  }
   if (http_ != nullptr) {
     ++pending_closes_;
     http_->Close(closed);
   }
-  if (tracer_ != nullptr) {
-    // What is pending goes out, for at most kTraceDrainNs; then the rest is
-    // counted failed.
-    ++pending_closes_;
-    tracer_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
-  }
-  if (pusher_ != nullptr) {
-    // A last push of the values at stop, sent within the same drain time.
-    ++pending_closes_;
-    pusher_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
+  // The exports end after the engine connections have been read to their
+  // end, so that they carry what those last reads applied.
+  ++pending_closes_;
+  const auto export_rest = [this, closed] {
+    // Without a state directory nothing outlives the stop: the requests
+    // finished within their grace period are retired now, so that their
+    // traces go out (with one, they are saved and retired after the
+    // restart, traced once).
+    if (pipeline_ != nullptr &&
+        (snapshotter_ == nullptr || !snapshotter_->enabled())) {
+      pipeline_->tracker().RetireFinished();
+    }
+    if (tracer_ != nullptr) {
+      // What is pending goes out, for at most kTraceDrainNs; then the rest
+      // is counted failed.
+      ++pending_closes_;
+      tracer_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
+    }
+    if (pusher_ != nullptr) {
+      // A last push of the values at stop, sent within the same drain time.
+      ++pending_closes_;
+      pusher_->Shutdown(clock_.NowNs() + kTraceDrainNs, closed);
+    }
+    closed();
+  };
+  if (pipeline_ != nullptr) {
+    pipeline_->server().Close(export_rest);
+  } else {
+    export_rest();
   }
   closed();
 }

@@ -407,6 +407,11 @@ void Tracker::Sweep() {
   }
 }
 
+void Tracker::RetireFinished() {
+  ticks_.Refill();
+  while (finished_head_ != nullptr) Remove(*finished_head_, /*evicted=*/false);
+}
+
 // A request's prompt tokens by source (protocol 1.2 SCHEDULED info;
 // without it all computed) and the cached ones.
 void Tracker::AddPromptSources(SeriesValues& s, const Request& r) const {

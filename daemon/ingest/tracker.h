@@ -83,6 +83,12 @@ class Tracker : public Collector {
   // Retires finished requests past the grace period and evicts idle ones.
   // Cheap when there is nothing to do; the daemon calls it every 100 ms.
   void Sweep();
+  // Retires every finished request now, as Sweep() does once its grace
+  // period ends (incomplete intervals counted, timelines handed to the
+  // sinks); requests not finished stay. For a stop that keeps no state:
+  // every connection has been read to its end, so no late event can come,
+  // and the requests' traces would otherwise be lost.
+  void RetireFinished();
 
   // With sinks, every request hands its timeline (trace/timeline.h) to
   // them when it leaves: its points, identity and trace context, what a

@@ -185,6 +185,61 @@ class Traces(unittest.TestCase):
                          for sp in roots)
             self.assertEqual(ids, ["2", "3", "5"])
 
+    def test_stop_exports_requests_in_their_grace_period(self):
+        # interfaces.md: every error / abort request is kept whatever the
+        # ratio. Finished within --finished-grace before a SIGTERM, they
+        # were never exported: retired only after the grace, which the
+        # stop cut short. Without a state directory the stop retires them
+        # after reading the connections to their end, then exports;
+        # with one they are saved (and traced after the restart, once).
+        for state in (False, True):
+            with self.subTest(state_dir=state), otel.Receiver() as rx:
+                flags = ["--otlp-endpoint", rx.traces_url, "--trace-ratio",
+                         "0", "--finished-grace", "60", "--log-interval", "0"]
+                d = Daemon(*flags)
+                if state:
+                    d.args += ["--state-dir", os.path.join(d.dir, "state"),
+                               "--boot-id-file", os.path.join(d.dir, "boot")]
+                    with open(os.path.join(d.dir, "boot"), "w") as f:
+                        f.write("b1\n")
+                d.start()
+                self.addCleanup(d.cleanup)
+                t0 = time.monotonic_ns() - 1_000 * MS
+                ev = [[1, t0, 1, 10], [3, t0 + MS, 1],
+                      [4, t0 + 2 * MS, 1, 1], [5, t0 + 3 * MS, 1, "stop"],
+                      [1, t0, 2, 10], [3, t0 + MS, 2],
+                      [5, t0 + 3 * MS, 2, "error"],
+                      [1, t0, 3, 10], [5, t0 + 3 * MS, 3, "abort"],
+                      [1, t0, 4, 10], [3, t0 + MS, 4]]  # still running
+                s = self.send(d, ev)
+                d.wait_value("tokenmeter_ingest_events_total", 3,
+                             kind="finished")
+                s.close()
+                self.assertEqual(d.stop(), 0, d.read_log())
+                roots = [sp for sp in otel.spans_of(rx.requests())
+                         if sp["name"] == "llm_request"]
+                ids = sorted(sp["attributes"]["tokenmeter.request_id"]
+                             ["value"] for sp in roots)
+                # Sampled out at ratio 0: 1 (stop); 4 never finished.
+                self.assertEqual(ids, [] if state else ["2", "3"])
+                if not state:
+                    continue
+                # The restart loads them and retires them after their
+                # grace: each traced once.
+                d2 = Daemon(*flags, "--finished-grace", "0.2",
+                            "--state-dir", os.path.join(d.dir, "state"),
+                            "--boot-id-file", os.path.join(d.dir, "boot"))
+                d2.start()
+                self.addCleanup(d2.cleanup)
+                poll_until(lambda: len(otel.spans_of(rx.requests())) >= 2,
+                           what="the restored requests' spans")
+                time.sleep(1.5)  # a flush period: nothing more comes
+                roots = [sp for sp in otel.spans_of(rx.requests())
+                         if sp["name"] == "llm_request"]
+                self.assertEqual(
+                    sorted(sp["attributes"]["tokenmeter.request_id"]["value"]
+                           for sp in roots), ["2", "3"])
+
     def requests_with(self, t0, n, first_rid=1):
         ev = []
         for rid in range(first_rid, first_rid + n):
