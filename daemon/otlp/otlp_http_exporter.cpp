@@ -1,6 +1,7 @@
 #include "daemon/otlp/otlp_http_exporter.h"
 
 #include <curl/curl.h>
+#include <spdlog/spdlog.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -552,10 +553,37 @@ void OtlpHttpExporter::Finish(Slot* slot, ExportResult::Kind kind,
   // callback may reuse: keep a copy.
   const std::string text(detail);
   r.detail = text;
+  LogBurst(kind, items, slot->attempts, text);
   slot->body.reset();
   slot->attempts = 0;
   slot->waiting = false;
   if (options_.on_result) options_.on_result(r);
+}
+
+// One warning when exports start failing, one line when they succeed
+// again: an operator sees a receiver that is down or refuses without a log
+// line per body (the counts are the callers' series).
+void OtlpHttpExporter::LogBurst(ExportResult::Kind kind, uint32_t items,
+                                uint32_t attempts, std::string_view detail) {
+  if (kind == ExportResult::Kind::kFailed) {
+    items_failed_meanwhile_ += items;
+    if (failing_) return;
+    failing_ = true;
+    std::string why(detail.empty() ? std::string_view("no detail") : detail);
+    for (char& ch : why) {
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = ' ';
+    }
+    spdlog::warn(
+        "OTLP: export to {} failed after {} attempt(s), {} items: {}; "
+        "later failures are counted, not logged, until an export succeeds",
+        config_.endpoint, attempts, items, why);
+    return;
+  }
+  if (!failing_) return;
+  spdlog::info("OTLP: exports to {} succeed again ({} items failed meanwhile)",
+               config_.endpoint, items_failed_meanwhile_);
+  failing_ = false;
+  items_failed_meanwhile_ = 0;
 }
 
 // The deadline: everything still out of the queue or in it fails.

@@ -187,6 +187,8 @@ class OtlpHttpExporter {
   void Complete(Slot* slot, int curl_code);
   void Finish(Slot* slot, ExportResult::Kind kind, uint32_t rejected,
               long http_status, std::string_view detail);
+  void LogBurst(ExportResult::Kind kind, uint32_t items, uint32_t attempts,
+                std::string_view detail);
   void Abandon(std::string_view why);
   void StartRetryTimer(Slot* slot);
   void StartDeadlineTimer();
@@ -227,6 +229,11 @@ class OtlpHttpExporter {
   int dispatch_depth_ = 0;  // > 0 inside our own callbacks
   int open_handles_ = 0;    // initialised and not yet closed
   uint64_t deadline_ns_ = 0;
+  // The log's burst state: a failed body is logged when the one before it
+  // was exported (or it is the first), a success after failures says how
+  // many items failed meanwhile; every failure is counted regardless.
+  bool failing_ = false;
+  uint64_t items_failed_meanwhile_ = 0;
   std::function<void()> done_;
 
   std::unique_ptr<Counters> counters_;

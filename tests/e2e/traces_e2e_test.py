@@ -264,6 +264,34 @@ class Traces(unittest.TestCase):
             self.assertEqual(d.value("tokenmeter_otlp_spans_total",
                                      result="failed"), 0)
 
+    def test_failing_exports_are_logged_once_per_burst(self):
+        # A receiver that refuses (400, not retried) the first three
+        # exports: one warning naming the endpoint and the status when
+        # they start failing, none for the next two, one line when an
+        # export succeeds again with the items failed meanwhile.
+        with otel.Receiver(fail_status=400, fail_count=3) as rx:
+            d = self.run_daemon(rx, "--trace-ratio", "1")
+            t0 = time.monotonic_ns() - 5_000 * MS
+            for k in range(4):  # one export each (a flush period apart)
+                self.send(d, self.requests_with(t0, 1, first_rid=k + 1))
+                if k < 3:
+                    d.wait_value("tokenmeter_otlp_spans_total", 4 * (k + 1),
+                                 timeout=30, result="failed")
+                else:
+                    d.wait_value("tokenmeter_otlp_spans_total", 4,
+                                 timeout=30, result="exported")
+            log = d.read_log().decode()
+            failed = [line for line in log.splitlines()
+                      if "OTLP: export to" in line]
+            self.assertEqual(len(failed), 1, log)
+            self.assertIn(rx.traces_url, failed[0])
+            self.assertIn("400", failed[0])
+            self.assertIn("warn", failed[0])
+            again = [line for line in log.splitlines()
+                     if "succeed again" in line]
+            self.assertEqual(len(again), 1, log)
+            self.assertIn("(12 items failed meanwhile)", again[0])
+
     def test_stalled_receiver_bounds_the_queue_and_never_blocks(self):
         # A receiver that never answers, a queue of 100 spans: ingest goes
         # on (every event applied), what does not fit is dropped, and the
