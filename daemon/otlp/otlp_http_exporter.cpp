@@ -562,9 +562,12 @@ void OtlpHttpExporter::Finish(Slot* slot, ExportResult::Kind kind,
 
 // One warning when exports start failing, one line when they succeed
 // again: an operator sees a receiver that is down or refuses without a log
-// line per body (the counts are the callers' series).
+// line per body (the counts are the callers' series). Quiet once Shutdown()
+// was called: what the stop's drain could not send is in the counts and the
+// stop's summary, and a start that failed says so in one line alone.
 void OtlpHttpExporter::LogBurst(ExportResult::Kind kind, uint32_t items,
                                 uint32_t attempts, std::string_view detail) {
+  if (shutting_down_) return;
   if (kind == ExportResult::Kind::kFailed) {
     items_failed_meanwhile_ += items;
     if (failing_) return;
