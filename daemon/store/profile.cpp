@@ -599,6 +599,10 @@ BucketSet ProfileBuckets(Profile p, EngineMetric m) {
   return kEngineMetrics[m].buckets;
 }
 
+double CatalogDivisor(EngineMetric m) {
+  return kEngineMetrics[m].seconds ? 1e9 : 1.0;
+}
+
 double ProfileDivisor(Profile p, EngineMetric m) {
   for (const FamilyDef& f : ProfileFamilies(p)) {
     if ((f.source == kMetric || f.source == kPart) && f.metric == m &&
@@ -606,7 +610,7 @@ double ProfileDivisor(Profile p, EngineMetric m) {
       return f.divisor;
     }
   }
-  return kEngineMetrics[m].seconds ? 1e9 : 1.0;
+  return CatalogDivisor(m);
 }
 
 bool ProfileUses(Profile p, EngineMetric m) {

@@ -82,8 +82,11 @@ std::string_view FamilyHelp(const FamilyDef& f);
 // The bucket set the series of profile `p` keep for histogram `m` (the
 // catalog's when the profile does not expose it).
 BucketSet ProfileBuckets(Profile p, EngineMetric m);
+// The catalog's divisor of histogram `m`: raw units per exposed unit (1e9
+// for seconds, else 1).
+double CatalogDivisor(EngineMetric m);
 // The divisor of the layout the series of profile `p` keep for histogram
-// `m` (FamilyDef::divisor, else the catalog's).
+// `m` (FamilyDef::divisor, else CatalogDivisor()).
 double ProfileDivisor(Profile p, EngineMetric m);
 
 // Whether the series of profile `p` need metric `m` measured (a metric no

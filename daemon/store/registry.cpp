@@ -73,8 +73,7 @@ Status LayoutBounds(const RegistryOptions& options, Profile p, EngineMetric m,
     *out = DefaultBuckets(ProfileBuckets(p, m), options.max_model_len);
     return Status::Ok();
   }
-  const double catalog_divisor = def.seconds ? 1e9 : 1.0;
-  const double scale = catalog_divisor / ProfileDivisor(p, m);
+  const double scale = CatalogDivisor(m) / ProfileDivisor(p, m);
   out->clear();
   for (double b : it->second) {
     const double v = InProfileUnit(b, scale);
