@@ -199,9 +199,12 @@ otlp::OtlpOverrides MetricsOverrides(const Config& config) {
 
 // The interval between pushes: --otlp-metrics-interval, else
 // OTEL_METRIC_EXPORT_INTERVAL in milliseconds as the OpenTelemetry SDKs
-// read it (unset or empty: not given, *ns left as it is).
+// read it (unset or empty: not given, *ns left as it is), below 1000
+// raised to the daemon's 1 s floor (*raised set), which the SDKs' values
+// (any positive count) may go under.
 Status MetricsInterval(const Config& config, const otlp::Environment& env,
-                       uint64_t* ns) {
+                       uint64_t* ns, bool* raised) {
+  *raised = false;
   if (config.otlp_metrics_interval_ns.has_value()) {
     *ns = *config.otlp_metrics_interval_ns;
     return Status::Ok();
@@ -211,13 +214,14 @@ Status MetricsInterval(const Config& config, const otlp::Environment& env,
   uint64_t ms = 0;
   const std::string& v = it->second;
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), ms);
-  if (ec != std::errc() || end != v.data() + v.size() || ms < 1000 ||
+  if (ec != std::errc() || end != v.data() + v.size() || ms < 1 ||
       ms > 10'000'000'000) {
     return Status::Error("OTEL_METRIC_EXPORT_INTERVAL: \"" + v +
                          "\" is not a whole number of milliseconds from "
-                         "1000 to 10000000000");
+                         "1 to 10000000000");
   }
-  *ns = ms * 1'000'000;
+  *raised = ms < 1000;
+  *ns = std::max<uint64_t>(ms, 1000) * 1'000'000;
   return Status::Ok();
 }
 
@@ -234,7 +238,8 @@ Status Daemon::CheckOtlpSettings(const Config& config) {
                             env, &metrics);
   if (!s.ok() || !metrics.enabled()) return s;
   uint64_t ns = 0;
-  return MetricsInterval(config, env, &ns);
+  bool raised = false;
+  return MetricsInterval(config, env, &ns, &raised);
 }
 
 Status Daemon::StartMetricsPush() {
@@ -245,7 +250,8 @@ Status Daemon::StartMetricsPush() {
   if (!s.ok()) return s;
   if (!otlp.enabled()) return Status::Ok();
   MetricsPusherOptions options;
-  s = MetricsInterval(config_, env, &options.interval_ns);
+  bool raised = false;
+  s = MetricsInterval(config_, env, &options.interval_ns, &raised);
   if (!s.ok()) return s;
   options.histograms = config_.otlp_histograms_explicit
                            ? otlp_metrics::HistogramForm::kExplicit
@@ -259,9 +265,12 @@ Status Daemon::StartMetricsPush() {
                             std::move(options), &pusher_);
   if (!s.ok()) return s;
   started_notes_.push_back(fmt::format(
-      "metrics: OTLP push to {} every {} s ({} histograms)", endpoint,
-      interval_s,
-      config_.otlp_histograms_explicit ? "explicit" : "exponential"));
+      "metrics: OTLP push to {} every {} s ({} histograms){}", endpoint,
+      interval_s, config_.otlp_histograms_explicit ? "explicit" : "exponential",
+      raised ? fmt::format("; OTEL_METRIC_EXPORT_INTERVAL {} ms is below "
+                           "the daemon's 1 s floor",
+                           env.at("OTEL_METRIC_EXPORT_INTERVAL"))
+             : std::string()));
   return Status::Ok();
 }
 

@@ -81,6 +81,14 @@ struct Lookup {
   EndpointSource source = EndpointSource::kNone;
 };
 
+// Whether a found enum setting is `want`: a flag exactly, a variable in
+// any case (the OpenTelemetry specification: enum values SHOULD be read
+// case-insensitively).
+bool Is(const Lookup& l, std::string_view want) {
+  return l.source == EndpointSource::kFlag ? *l.value == want
+                                           : EqualsIgnoreCase(*l.value, want);
+}
+
 std::optional<std::string_view> Env(const Environment& env,
                                     const std::string& name) {
   auto it = env.find(name);
@@ -316,11 +324,11 @@ Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
   const Lookup protocol =
       Find(overrides.protocol, kProtocolFlag, env, signal, "PROTOCOL");
   if (protocol.value.has_value()) {
-    if (*protocol.value == "http/protobuf") {
+    if (Is(protocol, "http/protobuf")) {
       c.protocol = Protocol::kHttpProtobuf;
-    } else if (*protocol.value == "http/json") {
+    } else if (Is(protocol, "http/json")) {
       c.protocol = Protocol::kHttpJson;
-    } else if (*protocol.value == "grpc") {
+    } else if (Is(protocol, "grpc")) {
       return Bad(protocol.name, *protocol.value,
                  "is not supported (only http/protobuf or http/json)");
     } else {
@@ -339,9 +347,9 @@ Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
   const Lookup compression =
       Find(overrides.compression, kCompressionFlag, env, signal, "COMPRESSION");
   if (compression.value.has_value()) {
-    if (*compression.value == "gzip") {
+    if (Is(compression, "gzip")) {
       c.compression = Compression::kGzip;
-    } else if (*compression.value == "none") {
+    } else if (Is(compression, "none")) {
       c.compression = Compression::kNone;
     } else {
       return Bad(compression.name, *compression.value, "is not gzip or none");

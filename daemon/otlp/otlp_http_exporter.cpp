@@ -315,9 +315,13 @@ uint64_t OtlpHttpExporter::BudgetNs() const {
 bool OtlpHttpExporter::Submit(std::string body, uint32_t items) {
   Counters& c = *counters_;
   Add(c.submitted_items, items);
+  // An empty queue takes a body whatever its size (a metrics push past
+  // the bound would otherwise never be sent); behind others, a body must
+  // fit the bound.
+  const uint64_t queued = c.queued_items.load(std::memory_order_relaxed);
   if (shutting_down_ ||
-      items > options_.max_queue_items -
-                  c.queued_items.load(std::memory_order_relaxed)) {
+      (queued != 0 && (queued >= options_.max_queue_items ||
+                       items > options_.max_queue_items - queued))) {
     Add(c.dropped_items, items);
     return false;
   }

@@ -10,7 +10,9 @@
 // Queue: bodies wait in FIFO order in a queue bounded in items (spans or
 // data points, as the caller counts them): a body whose items would take
 // the queue past max_queue_items is dropped (the newest is dropped, the
-// queued ones are kept) and its items counted as dropped. At most
+// queued ones are kept) and its items counted as dropped; an empty queue
+// takes one body whatever its size (a metrics push larger than the bound
+// is sent, not dropped at every interval). At most
 // max_in_flight bodies are out of the queue at once, each either being
 // sent or waiting for its next attempt. Memory: the queued and in-flight
 // bodies (compressed, with gzip) plus, per body in flight, one libcurl
@@ -84,7 +86,8 @@ struct ExportResult {
 };
 
 struct OtlpExporterOptions {
-  // --otlp-queue-spans: queued items at most (in flight not counted).
+  // --otlp-queue-spans: queued items at most (in flight not counted),
+  // except that an empty queue takes one body of any size.
   uint64_t max_queue_items = 65536;
   // Bodies out of the queue at once (sending or waiting to retry), 1..8.
   uint32_t max_in_flight = 1;
@@ -149,8 +152,8 @@ class OtlpHttpExporter {
   // setup, no I/O wait). Takes the body. Cost: with gzip, one deflate of
   // the body (zlib level 6); else a move. Never blocks, never throws:
   // false when the body was not queued, its items counted as dropped
-  // (the queue would pass max_queue_items, a body larger than that
-  // included, or Shutdown was called) or, if zlib fails (out of memory),
+  // (the queue holds bodies and would pass max_queue_items, or Shutdown
+  // was called) or, if zlib fails (out of memory),
   // as failed. on_result is not called for such a body. Loop thread.
   bool Submit(std::string body, uint32_t items);
 

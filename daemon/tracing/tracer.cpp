@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -49,7 +50,11 @@ Tracer::Tracer(Registry& registry, TracerOptions options,
       export_seconds_(&export_layout_),
       registration_(registry, this, kOwned) {
   if (!options_.clock_offset) options_.clock_offset = SystemOffsetNs;
-  if (options_.max_batch_spans == 0) options_.max_batch_spans = 1;
+  // A request body never holds more spans than the exporter's queue
+  // takes, so that a small --otlp-queue-spans still exports every batch.
+  options_.max_batch_spans =
+      std::clamp<uint64_t>(options_.max_batch_spans, 1,
+                           std::max<uint64_t>(1, options_.max_queue_spans));
 }
 
 Tracer::~Tracer() = default;
@@ -103,6 +108,9 @@ void Tracer::OnRetired(trace::RequestTimeline& timeline, bool /*evicted*/) {
     stats_.spans_dropped += n;
     return;
   }
+  // A request's spans stay in one body; the pending ones go first when
+  // the two would pass the batch size (one request alone may).
+  if (encoder_.pending_spans() + n > options_.max_batch_spans) Flush();
   encoder_.Add(batch_);
   timeline.exported_trace_id.resize(32);
   trace::HexId(context.trace_id, timeline.exported_trace_id.data());

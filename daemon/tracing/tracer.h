@@ -46,7 +46,9 @@ namespace tokenmeter::daemon {
 
 struct TracerOptions {
   trace::SamplingOptions sampling;
-  // Spans per export request at most.
+  // Spans per export request at most (and at most max_queue_spans); one
+  // request's spans are never split, so a request with more makes a body
+  // of its own.
   size_t max_batch_spans = 512;
   // How long a span may wait for its request to fill.
   uint64_t flush_interval_ns = 1'000'000'000;

@@ -300,9 +300,16 @@ class PushSettings(unittest.TestCase):
     def test_empty_interval_is_unset(self):
         self.assertIn("every 15 s", self.push_line(self.start("")))
 
+    def test_sub_second_interval_is_raised_to_the_floor(self):
+        # Valid for the SDKs (any positive count), under the daemon's 1 s.
+        line = self.push_line(self.start("250"))
+        self.assertIn("every 1 s", line)
+        self.assertIn("OTEL_METRIC_EXPORT_INTERVAL 250 ms is below the "
+                      "daemon's 1 s floor", line)
+
     def test_bad_interval_stops_the_start(self):
         import subprocess
-        for value in ("abc", "999", "15s", "-1000"):
+        for value in ("abc", "0", "15s", "-1000", "1.5"):
             proc = subprocess.run(
                 [tu.DAEMON, "--ingest", "/tmp/tm-never.sock", "--listen",
                  "127.0.0.1:0"],

@@ -313,14 +313,34 @@ class Traces(unittest.TestCase):
                 return dropped + waiting == built and dropped > 0
             poll_until(settled, timeout=20, what="every span dropped or "
                        "waiting")
+            # The queue and one batch in flight, itself at most the bound.
             self.assertLessEqual(d.value("tokenmeter_otlp_queue_spans"),
-                                 100 + 512)  # the queue and one batch
+                                 100 + 100)
             self.assertEqual(d.value("tokenmeter_otlp_spans_total",
                                      result="exported"), 0)
             # The daemon still answers and ingests.
             self.send(d, self.requests_with(t0, 1, first_rid=10_000))
             d.wait_value("tokenmeter_ingest_events_total", n + 1,
                          kind="finished")
+
+    def test_small_queue_still_exports_every_batch(self):
+        # --otlp-queue-spans below the batch size (512): a request body
+        # holds at most that many spans, so 200 spans retired at once go
+        # as two bodies of 100, both exported (one body of 200 would never
+        # fit the queue and was dropped whole).
+        with otel.Receiver() as rx:
+            d = self.run_daemon(rx, "--trace-ratio", "1",
+                                "--otlp-queue-spans", "100")
+            n = 50
+            self.send(d, self.requests_with(
+                time.monotonic_ns() - 5_000 * MS, n))
+            d.wait_value("tokenmeter_otlp_spans_total", 4 * n, timeout=30,
+                         result="exported")
+            self.assertEqual(d.value("tokenmeter_otlp_spans_total",
+                                     result="dropped"), 0)
+            sizes = [len(otel.spans_of([r])) for r in rx.requests()]
+            self.assertEqual(sum(sizes), 4 * n)
+            self.assertLessEqual(max(sizes), 100, sizes)
 
     def test_bad_otlp_settings_stop_the_start(self):
         import subprocess

@@ -357,6 +357,26 @@ TEST(OtlpConfigTest, RejectsBadProtocol) {
             "or http/json)");
 }
 
+// OpenTelemetry: enum values of the variables are read in any case; a
+// flag takes the documented spelling only.
+TEST(OtlpConfigTest, VariableEnumValuesIgnoreCase) {
+  OtlpConfig c;
+  Environment env = With(kBase, "OTEL_EXPORTER_OTLP_PROTOCOL", "HTTP/JSON");
+  env["OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"] = "Gzip";
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &c).ok());
+  EXPECT_EQ(c.protocol, Protocol::kHttpJson);
+  EXPECT_EQ(c.compression, Compression::kGzip);
+  EXPECT_EQ(ErrorOf(Signal::kTraces, {},
+                    With(kBase, "OTEL_EXPORTER_OTLP_PROTOCOL", "GRPC")),
+            "OTEL_EXPORTER_OTLP_PROTOCOL: \"GRPC\" is not supported (only "
+            "http/protobuf or http/json)");
+  OtlpOverrides o;
+  o.protocol = "HTTP/JSON";
+  EXPECT_EQ(ErrorOf(Signal::kTraces, o, kBase),
+            "--otlp-protocol: \"HTTP/JSON\" is not http/protobuf or "
+            "http/json");
+}
+
 TEST(OtlpConfigTest, RejectsBadCompression) {
   EXPECT_EQ(
       ErrorOf(Signal::kMetrics, {},

@@ -426,7 +426,7 @@ TEST_F(OtlpHttpExporterTest, QueueBoundHoldsWhileTheServerStalls) {
   EXPECT_EQ(s.queued_items, 100u);
   EXPECT_EQ(s.queued_bytes, 10u * body.size());
   EXPECT_EQ(s.dropped_items, 390u);
-  // A body larger than the whole bound never fits.
+  // Behind queued bodies, a body larger than the whole bound never fits.
   EXPECT_FALSE(exporter_->Submit("big", 101));
   EXPECT_EQ(Stats().dropped_items, 491u);
   ASSERT_TRUE(RunUntil([&] { return server->request_count() == 1; }));
@@ -443,6 +443,32 @@ TEST_F(OtlpHttpExporterTest, QueueBoundHoldsWhileTheServerStalls) {
     failed += r.items;
   }
   EXPECT_EQ(failed, 110u);
+}
+
+// A body larger than the bound (a metrics push of more data points than
+// --otlp-queue-spans) goes into an empty queue, not dropped every time;
+// behind it, the bound holds.
+TEST_F(OtlpHttpExporterTest, AnEmptyQueueTakesABodyLargerThanTheBound) {
+  TestServer* server = Serve(
+      [](const ReceivedRequest&, int) { return Reply::Of(Kind::kStall); });
+  OtlpExporterOptions o = Options();
+  o.max_queue_items = 100;
+  Make(Config(server->Url("/v1/metrics")), o);
+  // Straight out of the queue into the free slot.
+  EXPECT_TRUE(exporter_->Submit("first", 250));
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  EXPECT_EQ(Stats().in_flight_items, 250u);
+  EXPECT_EQ(Stats().queued_items, 0u);
+  // The slot is busy: this one waits in the empty queue, past the bound.
+  EXPECT_TRUE(exporter_->Submit("second", 150));
+  EXPECT_EQ(Stats().queued_items, 150u);
+  // The queue holds a body: nothing more, however small.
+  EXPECT_FALSE(exporter_->Submit("third", 1));
+  OtlpExporterStats s = Stats();
+  EXPECT_EQ(s.dropped_items, 1u);
+  ExpectBalanced(s);
+  ASSERT_TRUE(RunUntil([&] { return server->request_count() == 1; }));
+  ShutdownAndWait(NowNs() + 50 * kMs);
 }
 
 TEST_F(OtlpHttpExporterTest, ClientErrorsAreNotRetried) {
