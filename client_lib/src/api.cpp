@@ -36,8 +36,10 @@ bool ValidName(std::string_view s, bool allow_dash) {
   return tm_proto_valid_name(s.data(), s.size(), allow_dash ? 1 : 0) != 0;
 }
 
-// A HELLO cache_config entry: the key follows the HELLO label rules and is
-// new, and there is room for it.
+// A HELLO cache_config entry: the key follows the HELLO label rules, is
+// new and no HELLO label's name (the daemon refuses a HELLO whose label
+// and cache_config key would both label <ns>:cache_config_info), and there
+// is room for it.
 int AddCacheConfig(tm_options* opts, const char* key,
                    tokenmeter::client::CacheConfigValue value) {
   if (opts == nullptr || key == nullptr) return TM_E_INVALID;
@@ -47,6 +49,9 @@ int AddCacheConfig(tm_options* opts, const char* key,
   if (entries.size() >= TM_MAX_CACHE_CONFIG) return TM_E_INVALID;
   for (const auto& [existing, v] : entries) {
     if (existing == k) return TM_E_INVALID;
+  }
+  for (const auto& [label, v] : opts->meta.labels) {
+    if (label == k) return TM_E_INVALID;
   }
   entries.emplace_back(std::string(k), std::move(value));
   return TM_OK;
@@ -222,6 +227,9 @@ int tm_options_add_label(tm_options* opts, const char* name,
   if (opts->meta.labels.size() >= TM_MAX_HELLO_LABELS) return TM_E_INVALID;
   for (const auto& [existing, v] : opts->meta.labels) {
     if (existing == n) return TM_E_INVALID;
+  }
+  for (const auto& [key, v] : opts->meta.cache_config) {
+    if (key == n) return TM_E_INVALID;
   }
   opts->meta.labels.emplace_back(name, value);
   return TM_OK;

@@ -1389,6 +1389,20 @@ TEST_F(OptionsTest, RejectsDuplicateCacheConfigKey) {
   EXPECT_EQ(tm_options_add_cache_config_bool(o, "block_size", 1), TM_E_INVALID);
 }
 
+// A HELLO label and a cache_config key of the same name would both label
+// <ns>:cache_config_info: the daemon refuses such a HELLO (reserved_label)
+// on every reconnect, so neither call lets the second one in.
+TEST_F(OptionsTest, RejectsCacheConfigKeyNamedLikeALabel) {
+  tm_options* o = opts_.get();
+  EXPECT_EQ(tm_options_add_label(o, "block_size", "16"), TM_OK);
+  EXPECT_EQ(tm_options_add_cache_config_int(o, "block_size", 16), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_str(o, "block_size", "16"),
+            TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_cache_config_int(o, "page_size", 16), TM_OK);
+  EXPECT_EQ(tm_options_add_label(o, "page_size", "16"), TM_E_INVALID);
+  EXPECT_EQ(tm_options_add_label(o, "tier", "a"), TM_OK);
+}
+
 TEST_F(OptionsTest, RejectsReservedCacheConfigKeys) {
   for (const char* key : {TM_RESERVED_LABEL_NAMES, "__x", "__"}) {
     EXPECT_EQ(tm_options_add_cache_config_int(opts_.get(), key, 1),

@@ -140,8 +140,10 @@ TM_API int tm_options_set_scope(tm_options* opts, const char* scope);
  * [a-zA-Z_][a-zA-Z0-9_]*, must not start with "__", must not repeat a label
  * already added nor one the daemon sets (TM_RESERVED_LABEL_NAMES in
  * protocol.h: model_name, engine, engine_family, finished_reason, position,
- * le, quantile, interval, reason, kind). Exactly the labels the daemon
- * accepts pass: tm_proto_valid_label() is the check both sides apply. */
+ * le, quantile, interval, reason, kind), nor a cache_config key already
+ * added (both would be labels of <ns>:cache_config_info; the daemon refuses
+ * such a HELLO as reserved_label). Exactly the labels the daemon accepts
+ * pass: tm_proto_valid_label() is the check both sides apply. */
 TM_API int tm_options_add_label(tm_options* opts, const char* name,
                                 const char* value);
 /* HELLO keys of protocol 1.1 (docs/protocol.md; a 1.0 daemon ignores
@@ -159,7 +161,8 @@ TM_API int tm_options_set_profile(tm_options* opts, const char* profile);
  * TM_MAX_CACHE_CONFIG (32) entries; keys follow the HELLO label rules
  * (tm_proto_valid_label(): [a-zA-Z_][a-zA-Z0-9_]*, not starting with "__",
  * none of TM_RESERVED_LABEL_NAMES) and must not repeat an entry already
- * added, of any type. Values: a string (well-formed UTF-8, at most
+ * added, of any type, nor the name of a label added with
+ * tm_options_add_label(). Values: a string (well-formed UTF-8, at most
  * TM_MAX_STRING_BYTES), an int64 (sent as a msgpack int), a finite double
  * (float64; NaN and infinities are TM_E_INVALID), a bool (0 false, anything
  * else true). */
