@@ -1,9 +1,12 @@
 // Decodes what the daemon sends a client that asked for ACKs (protocol
-// 1.1): back-to-back [3, seq] frames, seq a positive fixint or a uint 8, 16,
-// 32 or 64, or nil (the answer to HELLO of a daemon that has applied
-// nothing of the session, protocol 1.2 "ACK at HELLO"), split across reads
-// anywhere. Anything else is a protocol violation. Sender thread only; no
-// allocation.
+// 1.1): back-to-back [3, seq] frames, split across reads anywhere. Any
+// msgpack form of them is read, as a general msgpack decoder would: the
+// array a fixarray, array 16 or array 32 of 2 elements; the type and seq
+// integers a positive fixint, uint 8/16/32/64 or int 8/16/32/64 holding a
+// value >= 0; seq also nil (the answer to HELLO of a daemon that has
+// applied nothing of the session, protocol 1.2 "ACK at HELLO"). Anything
+// else is a protocol violation. Sender thread only; no allocation; each
+// byte re-reads the partial frame (at most kMaxFrameBytes).
 #ifndef TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
 #define TOKENMETER_CLIENT_LIB_SRC_ACK_DECODER_H_
 
@@ -29,8 +32,9 @@ class AckDecoder {
   // one on a connection is the daemon's answer to HELLO.
   uint64_t frames() const { return frames_; }
 
-  // The longest ACK: fixarray, fixint 3, 0xcf and 8 bytes.
-  static constexpr size_t kMaxFrameBytes = 11;
+  // The longest ACK: array 32 (5 bytes), then the type and the seq each
+  // as an int 64 or uint 64 (9 bytes).
+  static constexpr size_t kMaxFrameBytes = 23;
 
  private:
   uint8_t frame_[kMaxFrameBytes] = {};

@@ -68,7 +68,35 @@ TEST(AckDecoderTest, DecodesAckFramesAndRefusesAnythingElse) {
       {"not an array of 2", {0x93, 0x03, 0x01, 0x01}, false, false, 0},
       {"another frame type", {0x92, 0x01, 0x00}, false, false, 0},
       {"a negative seq", {0x92, 0x03, 0xff}, false, false, 0},
-      {"an int8 seq", {0x92, 0x03, 0xd0, 0x01}, false, false, 0},
+      // Any msgpack form of the same values (a Go or Java encoder writes
+      // signed forms; some write arrays 16/32).
+      {"an int8 seq", {0x92, 0x03, 0xd0, 0x01}, true, true, 1},
+      {"an int64 seq",
+       {0x92, 0x03, 0xd3, 0, 0, 0, 0, 0, 0, 0x01, 0x00},
+       true,
+       true,
+       256},
+      {"an int16 type", {0x92, 0xd1, 0x00, 0x03, 0x07}, true, true, 7},
+      {"a uint8 type", {0x92, 0xcc, 0x03, 0x07}, true, true, 7},
+      {"array 16", {0xdc, 0x00, 0x02, 0x03, 0x07}, true, true, 7},
+      {"array 32", {0xdd, 0x00, 0x00, 0x00, 0x02, 0x03, 0x07}, true, true, 7},
+      {"the longest form",
+       {0xdd, 0x00, 0x00, 0x00, 0x02, 0xd3, 0,    0,    0,    0,    0,   0,
+        0,    0x03, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe},
+       true,
+       true,
+       0xfffffffffffffffe},
+      {"a negative int8 seq", {0x92, 0x03, 0xd0, 0xff}, false, false, 0},
+      {"a negative int64 seq",
+       {0x92, 0x03, 0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0},
+       false,
+       false,
+       0},
+      {"array 16 of 3", {0xdc, 0x00, 0x03, 0x03, 0x07, 0x07}, false, false, 0},
+      {"array 32 of 2^16 + 2", {0xdd, 0x00, 0x01, 0x00, 0x02}, false, false, 0},
+      {"a type of 3 + 256", {0x92, 0xcd, 0x01, 0x03, 0x07}, false, false, 0},
+      {"a nil type", {0x92, 0xc0, 0x07}, false, false, 0},
+      {"a float seq", {0x92, 0x03, 0xca, 0, 0, 0, 0}, false, false, 0},
       {"a str seq", {0x92, 0x03, 0xa1, 0x31}, false, false, 0},
       {"junk", {0xc1}, false, false, 0},
       {"junk after an ACK", {0x92, 0x03, 0x01, 0xc1}, false, true, 1},
@@ -114,6 +142,26 @@ TEST(AckDecoderTest, DecodesFramesSplitAnywhere) {
   ASSERT_TRUE(d.Feed(whole, sizeof whole, &acked, &any));
   EXPECT_TRUE(any);
   EXPECT_EQ(acked, 7u);
+}
+
+// The longest form, then a nil answer in array 16, a byte at a time: the
+// buffer holds the whole partial frame and no more.
+TEST(AckDecoderTest, DecodesTheLongestFormsByteByByte) {
+  const std::vector<uint8_t> bytes = {
+      0xdd, 0x00, 0x00, 0x00, 0x02, 0xd3, 0,    0,    0,    0,
+      0,    0,    0,    0x03, 0xcf, 0,    0,    0,    0,    0,
+      0,    0,    9,    0xdc, 0x00, 0x02, 0xd0, 0x03, 0xc0, 0x92,
+      0xd2, 0,    0,    0,    3,    0xd2, 0,    0,    0,    10};
+  AckDecoder d;
+  std::vector<uint64_t> seen;
+  for (uint8_t b : bytes) {
+    uint64_t acked = 0;
+    bool any = false;
+    ASSERT_TRUE(d.Feed(&b, 1, &acked, &any));
+    if (any) seen.push_back(acked);
+  }
+  EXPECT_EQ(seen, (std::vector<uint64_t>{9, 10}));
+  EXPECT_EQ(d.frames(), 3u);
 }
 
 TEST(AckDecoderTest, CountsCompleteFramesNilIncludedUntilReset) {
