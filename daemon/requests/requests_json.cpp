@@ -3,7 +3,9 @@
 #include <time.h>
 
 #include <algorithm>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "daemon/base/json_write.h"
 #include "daemon/base/text_format.h"
@@ -222,6 +224,47 @@ void AppendAttributeValue(std::string& out, const trace::Attribute& a) {
 }
 
 // One trace-event: `ph` with its common fields, args to follow.
+// The thread (lane) of each of a request's spans in a Chrome trace, and
+// how many lanes it takes. Perfetto and chrome://tracing need the X events
+// of one thread properly nested: each span goes to the first lane in which
+// every span it overlaps contains it. The request's span ([0]) and what
+// lies in it nested (queue, prefill, decode, preemptions) take lane 0; a
+// span that crosses a bound there (a KV transfer from prefill into decode,
+// or one before the request's start) goes to lane 1 or past it.
+uint32_t AssignLanes(const std::vector<trace::Span>& spans,
+                     std::vector<uint32_t>* lanes) {
+  std::vector<size_t> order(spans.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const trace::Span& x = spans[a];
+    const trace::Span& y = spans[b];
+    if (x.start_unix_ns != y.start_unix_ns) {
+      return x.start_unix_ns < y.start_unix_ns;
+    }
+    if (x.end_unix_ns != y.end_unix_ns) return x.end_unix_ns > y.end_unix_ns;
+    return a < b;
+  });
+  // Per lane, the ends of the spans open at the current start (a stack).
+  std::vector<std::vector<uint64_t>> open;
+  lanes->assign(spans.size(), 0);
+  const trace::Span& root = spans.front();
+  for (const size_t i : order) {
+    const trace::Span& sp = spans[i];
+    const bool in_root = i == 0 || (sp.start_unix_ns >= root.start_unix_ns &&
+                                    sp.end_unix_ns <= root.end_unix_ns);
+    uint32_t lane = in_root ? 0 : 1;
+    for (;; ++lane) {
+      if (lane >= open.size()) open.resize(lane + 1);
+      std::vector<uint64_t>& ends = open[lane];
+      while (!ends.empty() && ends.back() <= sp.start_unix_ns) ends.pop_back();
+      if (ends.empty() || ends.back() >= sp.end_unix_ns) break;
+    }
+    open[lane].push_back(sp.end_unix_ns);
+    (*lanes)[i] = lane;
+  }
+  return std::max<uint32_t>(1, uint32_t(open.size()));
+}
+
 void BeginEvent(std::string& out, bool& first, std::string_view ph,
                 std::string_view name, size_t pid, size_t tid) {
   if (!first) out += ',';
@@ -281,6 +324,7 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
   }
   if (base == UINT64_MAX) base = 0;
   trace::SpanBatch batch;
+  std::vector<uint32_t> lanes;
   out += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"start_unix_ns\":";
   AppendUint(out, trace::ToUnixNs(base, o.unix_minus_monotonic_ns));
   out += ",\"start_monotonic_ns\":";
@@ -301,23 +345,32 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
     out += ",\"args\":{\"name\":";
     json_write::JsonString(&out, process);
     out += "}}";
+    size_t next_tid = 1;
     for (size_t j = 0; j < sr.requests.size(); ++j) {
       const KeptRequest& k = *sr.requests[j];
       const trace::RequestTimeline& t = *k.timeline;
-      const size_t tid = j + 1;
+      SpansOf(t, &batch);
+      const uint32_t lane_count = AssignLanes(batch.spans, &lanes);
+      // The request's threads: its own, then one per extra lane.
+      const size_t tid = next_tid;
+      next_tid += lane_count;
       std::string thread = "request " + t.request_id;
       if (!t.finish_reason.empty()) thread += " (" + t.finish_reason + ")";
-      BeginEvent(out, first, "M", "thread_name", pid, tid);
-      out += ",\"args\":{\"name\":";
-      json_write::JsonString(&out, thread);
-      out += "}}";
-      BeginEvent(out, first, "M", "thread_sort_index", pid, tid);
-      out += ",\"args\":{\"sort_index\":";
-      AppendUint(out, tid);
-      out += "}}";
-      SpansOf(t, &batch);
-      for (const trace::Span& sp : batch.spans) {
-        BeginEvent(out, first, "X", sp.name, pid, tid);
+      for (uint32_t lane = 0; lane < lane_count; ++lane) {
+        BeginEvent(out, first, "M", "thread_name", pid, tid + lane);
+        out += ",\"args\":{\"name\":";
+        json_write::JsonString(
+            &out, lane == 0 ? thread
+                            : thread + " [" + std::to_string(lane + 1) + "]");
+        out += "}}";
+        BeginEvent(out, first, "M", "thread_sort_index", pid, tid + lane);
+        out += ",\"args\":{\"sort_index\":";
+        AppendUint(out, tid + lane);
+        out += "}}";
+      }
+      for (size_t si = 0; si < batch.spans.size(); ++si) {
+        const trace::Span& sp = batch.spans[si];
+        BeginEvent(out, first, "X", sp.name, pid, tid + lanes[si]);
         out += ",\"cat\":\"request\",\"ts\":";
         AppendMicros(out, Since(sp.start_unix_ns, base));
         out += ",\"dur\":";

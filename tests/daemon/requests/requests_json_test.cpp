@@ -189,6 +189,58 @@ TEST(RequestsJsonTest, ChromeTraceHasProcessesThreadsSpansAndTicks) {
   EXPECT_EQ(out.substr(out.size() - 3), "]}\n");
 }
 
+// Perfetto and chrome://tracing need a thread's X events properly nested:
+// a KV transfer from inside prefill into decode, and one that began before
+// the request arrived, go to a second thread of the request, which the
+// next request's threads follow.
+TEST(RequestsJsonTest, ChromeTraceSpansThatCrossAPhaseGetAThreadOfTheirOwn) {
+  RequestKeeper k({.keep = 5, .window_ns = 900 * kSec});
+  trace::RequestTimeline t = trace::testing::TypicalTimeline();
+  trace::KvTransfer across;
+  across.start_ns = t.first_token_ns - 1000;  // inside prefill
+  across.end_ns = t.first_token_ns + 1000;    // inside decode
+  t.kv_transfers.push_back(across);
+  trace::KvTransfer before;
+  before.recv = true;
+  before.start_ns = t.arrived_ns - 5000;
+  before.end_ns = t.arrived_ns + 2000;  // inside the queue
+  t.kv_transfers.push_back(before);
+  k.OnRetired(t, false);
+  trace::RequestTimeline plain = trace::testing::TypicalTimeline();
+  plain.request_id = "43";
+  plain.finished_ns += 1000;  // slower: listed first
+  k.OnRetired(plain, false);
+  std::string out;
+  RenderChromeTrace(k.Select(1003 * kSec), Options(), out);
+  EXPECT_TRUE(Has(out,
+                  "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,"
+                  "\"tid\":1,\"args\":{\"name\":\"request 43 (stop)\"}}"))
+      << out;
+  EXPECT_TRUE(Has(out,
+                  "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,"
+                  "\"tid\":2,\"args\":{\"name\":\"request 42 (stop)\"}}"));
+  EXPECT_TRUE(Has(out,
+                  "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,"
+                  "\"tid\":3,\"args\":{\"name\":\"request 42 (stop) "
+                  "[2]\"}}"));
+  EXPECT_TRUE(Has(out,
+                  "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":1,"
+                  "\"tid\":3,\"args\":{\"sort_index\":3}}"));
+  EXPECT_FALSE(Has(out, "\"tid\":4")) << out;
+  // Both transfers on the second thread; the phases on the first.
+  EXPECT_TRUE(Has(out,
+                  "{\"ph\":\"X\",\"name\":\"kv_transfer.send\",\"pid\":1,"
+                  "\"tid\":3,"));
+  EXPECT_TRUE(Has(out,
+                  "{\"ph\":\"X\",\"name\":\"kv_transfer.recv\",\"pid\":1,"
+                  "\"tid\":3,"));
+  for (const char* phase : {"queue", "prefill", "decode", "llm_request"}) {
+    EXPECT_TRUE(Has(out, std::string("{\"ph\":\"X\",\"name\":\"") + phase +
+                             "\",\"pid\":1,\"tid\":2,"))
+        << phase;
+  }
+}
+
 TEST(RequestsJsonTest, EmptyKeeperGivesEmptyDocuments) {
   RequestKeeper k({.keep = 5, .window_ns = 900 * kSec});
   std::string json, chrome;
