@@ -292,6 +292,19 @@ bool PercentDecode(std::string_view in, std::string* out) {
   return true;
 }
 
+// Whether the OpenTelemetry variables turn `signal` off: OTEL_SDK_DISABLED
+// "true", or OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER "none" (in any
+// case). Other values of those are read as the SDKs' default (otlp).
+bool OffByEnvironment(const Environment& env, Signal signal) {
+  if (auto v = Env(env, "OTEL_SDK_DISABLED");
+      v.has_value() && EqualsIgnoreCase(Trim(*v), "true")) {
+    return true;
+  }
+  auto v = Env(env, signal == Signal::kTraces ? "OTEL_TRACES_EXPORTER"
+                                              : "OTEL_METRICS_EXPORTER");
+  return v.has_value() && EqualsIgnoreCase(Trim(*v), "none");
+}
+
 Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
                        const Environment& env, OtlpConfig* out) {
   OtlpConfig c;
@@ -299,7 +312,11 @@ Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
       overrides.endpoint,
       signal == Signal::kTraces ? kTracesEndpointFlag : kMetricsEndpointFlag,
       env, signal, "ENDPOINT");
-  if (!endpoint.value.has_value()) {
+  // An endpoint from the environment is the SDKs' setting, which their
+  // off switches override; a flag's is this daemon's own.
+  if (!endpoint.value.has_value() ||
+      (endpoint.source != EndpointSource::kFlag &&
+       OffByEnvironment(env, signal))) {
     // Off. The flags are checked even so (a bad value given on the command
     // line is a mistake whether or not a signal uses it), by the rules
     // below without the environment (an OTEL_* value may be meant for

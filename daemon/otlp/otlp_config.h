@@ -117,7 +117,11 @@ using Environment = std::map<std::string, std::string, std::less<>>;
 // Builds *out for `signal`. When no endpoint is given anywhere the signal
 // is off: *out has an empty endpoint, the OTEL_* variables are not looked
 // at (a bad value meant for another program does not stop the daemon) and
-// the flags are checked alone (a bad flag is an error all the same).
+// the flags are checked alone (a bad flag is an error all the same). So
+// it is, the same way, when the endpoint comes from the environment and
+// the SDKs' off switches are set there: OTEL_SDK_DISABLED=true, or
+// OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER=none (any case); a flag's
+// endpoint is not turned off by them.
 // Otherwise every value is checked and the first bad one is an
 // error of one line naming the flag or variable and the value, e.g.
 //   OTEL_EXPORTER_OTLP_COMPRESSION: "zstd" is not gzip or none

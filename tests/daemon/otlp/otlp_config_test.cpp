@@ -357,6 +357,45 @@ TEST(OtlpConfigTest, RejectsBadProtocol) {
             "or http/json)");
 }
 
+// The SDKs' off switches turn off a signal whose endpoint comes from the
+// environment (OTEL_SDK_DISABLED=true; OTEL_<SIGNAL>_EXPORTER=none), not
+// one given by flag; other exporter values are the default (otlp).
+TEST(OtlpConfigTest, SdkOffSwitchesTurnAnEnvironmentEndpointOff) {
+  OtlpConfig t, m;
+  Environment env = With(kBase, "OTEL_TRACES_EXPORTER", "none");
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  EXPECT_FALSE(t.enabled());
+  EXPECT_TRUE(m.enabled());
+  env = With(kBase, "OTEL_METRICS_EXPORTER", " NONE ");
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  EXPECT_TRUE(t.enabled());
+  EXPECT_FALSE(m.enabled());
+  env = With(kBase, "OTEL_SDK_DISABLED", "True");
+  // Off: the other variables are not read, a bad one included.
+  env["OTEL_EXPORTER_OTLP_COMPRESSION"] = "zstd";
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  EXPECT_FALSE(t.enabled());
+  EXPECT_FALSE(m.enabled());
+  // A flag's endpoint is this daemon's own setting.
+  OtlpOverrides o;
+  o.endpoint = "http://flag:4318/v1/traces";
+  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, o,
+                              With(kBase, "OTEL_TRACES_EXPORTER", "none"), &t)
+                  .ok());
+  EXPECT_EQ(t.endpoint, "http://flag:4318/v1/traces");
+  // Anything else is the default exporter.
+  for (const char* v : {"otlp", "console", "false"}) {
+    SCOPED_TRACE(v);
+    env = With(kBase, "OTEL_TRACES_EXPORTER", v);
+    env["OTEL_SDK_DISABLED"] = v;
+    ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
+    EXPECT_TRUE(t.enabled());
+  }
+}
+
 // OpenTelemetry: enum values of the variables are read in any case; a
 // flag takes the documented spelling only.
 TEST(OtlpConfigTest, VariableEnumValuesIgnoreCase) {
