@@ -503,6 +503,9 @@ void OtlpHttpExporter::Complete(Slot* slot, int curl_code) {
       rejected = static_cast<uint32_t>(std::clamp<int64_t>(
           partial->rejected, 0, static_cast<int64_t>(slot->body->items)));
       detail = Printable(partial->error_message);
+      if (rejected > 0 || !detail.empty()) {
+        LogPartialSuccess(slot->body->items, rejected, detail);
+      }
     }
     Finish(slot, ExportResult::Kind::kExported, rejected, status, detail);
     Pump();
@@ -591,6 +594,37 @@ void OtlpHttpExporter::LogBurst(ExportResult::Kind kind, uint32_t items,
                config_.endpoint, items_failed_meanwhile_);
   failing_ = false;
   items_failed_meanwhile_ = 0;
+}
+
+// A receiver that rejects some items, or accepts them with a warning
+// (OTLP partial_success: rejected 0 and a message), says why in its
+// message: the first such answer is logged, then at most one a minute
+// (with the count of those in between), so that a receiver rejecting
+// every body does not flood the journal.
+void OtlpHttpExporter::LogPartialSuccess(uint32_t items, uint32_t rejected,
+                                         std::string_view message) {
+  constexpr uint64_t kEveryNs = 60'000'000'000;
+  const uint64_t now = NowNs();
+  if (partial_logged_ && now - partial_logged_ns_ < kEveryNs) {
+    ++partial_not_logged_;
+    return;
+  }
+  const std::string since =
+      partial_not_logged_ == 0
+          ? std::string()
+          : fmt::format(" ({} more partial successes since the last line)",
+                        partial_not_logged_);
+  const std::string_view why = message.empty() ? "no message" : message;
+  if (rejected > 0) {
+    spdlog::warn("OTLP: {} rejected {} of {} items: {}{}", config_.endpoint,
+                 rejected, items, why, since);
+  } else {
+    spdlog::warn("OTLP: {} accepted {} items with a warning: {}{}",
+                 config_.endpoint, items, why, since);
+  }
+  partial_logged_ = true;
+  partial_logged_ns_ = now;
+  partial_not_logged_ = 0;
 }
 
 // The deadline: everything still out of the queue or in it fails.

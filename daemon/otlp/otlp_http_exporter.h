@@ -20,7 +20,9 @@
 // receiver that never answers it stays at that, whatever is submitted.
 //
 // Delivery: a 2xx response exports the body's items (minus those an OTLP
-// partial_success rejects, which count as failed and as rejected);
+// partial_success rejects, which count as failed and as rejected; a
+// partial_success, rejections or a warning alone, is logged: the first,
+// then at most one line a minute);
 // 429/502/503/504 and connection errors or timeouts are retried after
 // max(backoff with jitter, Retry-After) (retry.h) until the policy's
 // attempt or elapsed-time bound, then failed; any other status (400, 401,
@@ -192,6 +194,8 @@ class OtlpHttpExporter {
               long http_status, std::string_view detail);
   void LogBurst(ExportResult::Kind kind, uint32_t items, uint32_t attempts,
                 std::string_view detail);
+  void LogPartialSuccess(uint32_t items, uint32_t rejected,
+                         std::string_view message);
   void Abandon(std::string_view why);
   void StartRetryTimer(Slot* slot);
   void StartDeadlineTimer();
@@ -237,6 +241,11 @@ class OtlpHttpExporter {
   // many items failed meanwhile; every failure is counted regardless.
   bool failing_ = false;
   uint64_t items_failed_meanwhile_ = 0;
+  // Partial successes (rejections or warnings from the receiver): one
+  // line, then at most one a minute, counting those not logged.
+  bool partial_logged_ = false;
+  uint64_t partial_logged_ns_ = 0;
+  uint64_t partial_not_logged_ = 0;
   std::function<void()> done_;
 
   std::unique_ptr<Counters> counters_;

@@ -138,6 +138,14 @@ std::string JsonStringPrefix(std::string_view v) {
   return out;
 }
 
+// The "errorMessage" (or "error_message") string's prefix; empty when
+// there is none.
+std::string JsonErrorMessage(std::string_view body) {
+  std::string_view message = ValueAfter(body, "errorMessage");
+  if (message.empty()) message = ValueAfter(body, "error_message");
+  return JsonStringPrefix(message);
+}
+
 }  // namespace
 
 std::optional<PartialSuccess> ParseProtobufPartialSuccess(
@@ -173,12 +181,19 @@ std::optional<PartialSuccess> ParseJsonPartialSuccess(std::string_view body) {
     if (!n.has_value()) continue;
     PartialSuccess p;
     p.rejected = *n;
-    std::string_view message = ValueAfter(body, "errorMessage");
-    if (message.empty()) message = ValueAfter(body, "error_message");
-    p.error_message = JsonStringPrefix(message);
+    p.error_message = JsonErrorMessage(body);
     return p;
   }
-  return std::nullopt;
+  // Proto3 JSON leaves out a zero count: a warning alone (rejected 0 and
+  // a message) has only the message.
+  if (ValueAfter(body, "partialSuccess").empty() &&
+      ValueAfter(body, "partial_success").empty()) {
+    return std::nullopt;
+  }
+  PartialSuccess p;
+  p.error_message = JsonErrorMessage(body);
+  if (p.error_message.empty()) return std::nullopt;
+  return p;
 }
 
 }  // namespace tokenmeter::daemon::otlp

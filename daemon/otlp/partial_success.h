@@ -33,7 +33,9 @@ std::optional<PartialSuccess> ParseProtobufPartialSuccess(
 // "rejectedDataPoints" or "rejectedLogRecords" member (snake_case names
 // accepted too) and "errorMessage". A scan for those keys, not a JSON
 // parser: it does not check that the key sits inside "partialSuccess".
-// nullopt when no such key with a whole-number value is found.
+// Without such a count (proto3 JSON leaves out a zero), a "partialSuccess"
+// key and a non-empty "errorMessage" are a warning: rejected 0 and the
+// message. nullopt otherwise.
 std::optional<PartialSuccess> ParseJsonPartialSuccess(std::string_view body);
 
 }  // namespace tokenmeter::daemon::otlp

@@ -27,9 +27,9 @@
 #include "daemon/exposition/exposition.h"
 #include "daemon/ingest/ingest_stats.h"
 #include "daemon/pipeline/pipeline.h"
-#include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "testutil/frames.h"
+#include "testutil/log_capture.h"
 #include "testutil/poll.h"
 #include "testutil/socket.h"
 #include "testutil/temp_dir.h"
@@ -236,31 +236,7 @@ TEST_F(SharedSpaceCapTest, ScopesAreCappedAndUnusedOnesMakeRoom) {
   EXPECT_FALSE(d.SawEof());
 }
 
-// What the server logs while it lives: a sink added to the default logger.
-class LogCapture {
- public:
-  LogCapture()
-      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  ~LogCapture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  // Lines containing `part`.
-  size_t Count(const std::string& part) const {
-    size_t n = 0;
-    for (const std::string& line : sink_->last_formatted()) {
-      if (line.find(part) != std::string::npos) ++n;
-    }
-    return n;
-  }
-
- private:
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
-};
+using testutil::LogCapture;
 
 constexpr char kHelloTimeoutErrors[] =
     "tokenmeter_ingest_errors_total{reason=\"hello_timeout\"}";

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "test_server.h"
+#include "testutil/log_capture.h"
 #include "testutil/poll.h"
 #include "testutil/temp_dir.h"
 
@@ -526,6 +527,44 @@ TEST_F(OtlpHttpExporterTest, PartialSuccessCountsRejectedItemsAsFailed) {
   EXPECT_EQ(s.failed_items, 3u + 2u + 10u);
   EXPECT_EQ(s.rejected_items, 15u);
   EXPECT_EQ(s.retries, 0u);
+  ShutdownAndWait(NowNs() + kS);
+}
+
+// A receiver's partial_success says why it dropped items (or warns with
+// none dropped): logged, the first one at once, later ones at most once a
+// minute, so a receiver that rejects every body does not flood the log.
+TEST_F(OtlpHttpExporterTest, PartialSuccessIsLoggedAtMostOnceAMinute) {
+  testutil::LogCapture log;
+  TestServer* server = Serve([](const ReceivedRequest&, int index) {
+    Reply r = Reply::Status(200, ProtobufPartialSuccess(3 - index, "too old"));
+    r.headers = {{"Content-Type", "application/x-protobuf"}};
+    return r;
+  });
+  Make(Config(server->Url("/v1/traces")), Options());
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(exporter_->Submit("a", 10));
+    ASSERT_TRUE(RunUntil([&] { return results_.size() == i + 1; }));
+  }
+  EXPECT_EQ(log.Count("rejected 3 of 10 items: too old"), 1u);
+  EXPECT_EQ(log.Count("rejected 2 of 10"), 0u);
+  EXPECT_EQ(log.Count("rejected 1 of 10"), 0u);
+  ShutdownAndWait(NowNs() + kS);
+
+  // All accepted with a warning (proto3 JSON leaves out the zero count).
+  server = Serve([](const ReceivedRequest&, int) {
+    Reply r = Reply::Status(
+        200, R"({"partialSuccess":{"errorMessage":"attribute cut"}})");
+    r.headers = {{"Content-Type", "application/json"}};
+    return r;
+  });
+  results_.clear();
+  Make(Config(server->Url("/v1/traces")), Options());
+  ASSERT_TRUE(exporter_->Submit("b", 7));
+  ASSERT_TRUE(RunUntil([&] { return results_.size() == 1; }));
+  EXPECT_EQ(results_[0].rejected, 0u);
+  EXPECT_EQ(results_[0].detail, "attribute cut");
+  EXPECT_EQ(Stats().exported_items, 7u);
+  EXPECT_EQ(log.Count("accepted 7 items with a warning: attribute cut"), 1u);
   ShutdownAndWait(NowNs() + kS);
 }
 

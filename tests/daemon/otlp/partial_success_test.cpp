@@ -85,9 +85,28 @@ TEST(PartialSuccessTest, JsonSpansAndDataPoints) {
 TEST(PartialSuccessTest, JsonWithoutCountHasNone) {
   EXPECT_EQ(ParseJsonPartialSuccess("{}"), std::nullopt);
   EXPECT_EQ(ParseJsonPartialSuccess(R"({"partialSuccess":{}})"), std::nullopt);
+  EXPECT_EQ(
+      ParseJsonPartialSuccess(R"({"partialSuccess":{"errorMessage":""}})"),
+      std::nullopt);
+  // A message outside a partialSuccess is not one.
+  EXPECT_EQ(ParseJsonPartialSuccess(R"({"errorMessage":"x"})"), std::nullopt);
   EXPECT_EQ(ParseJsonPartialSuccess(R"({"rejectedSpans":"x"})"), std::nullopt);
   EXPECT_EQ(ParseJsonPartialSuccess(R"({"rejectedSpans":"5)"), std::nullopt);
   EXPECT_EQ(ParseJsonPartialSuccess(R"({"rejectedSpans" 5})"), std::nullopt);
+}
+
+// Proto3 JSON leaves out a zero count: a warning with all items accepted
+// is the message alone.
+TEST(PartialSuccessTest, JsonWarningWithoutCountIsRejectedZero) {
+  auto p = ParseJsonPartialSuccess(
+      R"({"partialSuccess":{"errorMessage":"attribute cut to 4096 bytes"}})");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->rejected, 0);
+  EXPECT_EQ(p->error_message, "attribute cut to 4096 bytes");
+  p = ParseJsonPartialSuccess(R"({"partial_success":{"error_message":"w"}})");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->rejected, 0);
+  EXPECT_EQ(p->error_message, "w");
 }
 
 }  // namespace
