@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang-14, ASan + UBSan, code under test with
 # -fsanitize=fuzzer-no-link) and runs each for a fixed number of executions
-# over its seed corpus. New inputs go to a scratch directory, never into the
-# committed corpus. Exits non-zero on the first crash, leak, UB report or
-# timeout (libFuzzer writes the input as crash-*/leak-*/timeout-* in the
-# current directory).
+# over its seed corpus, the targets side by side (one per CPU). New inputs
+# go to a scratch directory, never into the committed corpus. Exits
+# non-zero when a target met a crash, leak, UB report or timeout (libFuzzer
+# writes the input as crash-*/leak-*/timeout-* in the current directory).
 #
 # Usage: tests/fuzz/run_fuzzers.sh [BUILD_DIR] [EXECS] [TARGET...]
 #   BUILD_DIR default build-fuzz, EXECS default 200000 (the CI smoke),
@@ -30,20 +30,38 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 scratch=$(mktemp -d /tmp/tm-fuzz-XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
-status=0
-for t in "${targets[@]}"; do
+# The targets run side by side, at most one per CPU (the longest,
+# frame_decoder, sets the time), and are reported in the order given.
+jobs=$(nproc 2>/dev/null || echo 1)
+run_one() {
+  local t=$1 log="$scratch/$1.log" start end result runs cov
   mkdir -p "$scratch/$t"
   start=$(date +%s.%N)
-  log="$scratch/$t.log"
   if "$build/tests/fuzz/fuzz_$t" -runs="$execs" -timeout=10 \
       -print_final_stats=1 "$scratch/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
-  then result=ok; else result=FAILED; status=1; fi
+  then result=ok; else result=FAILED; fi
   end=$(date +%s.%N)
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" |
          grep -o '[0-9]*$' || echo "?")
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
   printf '%s: %s, %s execs in %.1f s (%s)\n' "$t" "$result" "$runs" \
-    "$(awk "BEGIN{print $end - $start}")" "$cov"
-  [ "$result" = ok ] || tail -40 "$log"
+    "$(awk "BEGIN{print $end - $start}")" "$cov" >"$scratch/$t.result"
+  [ "$result" = ok ] || tail -40 "$log" >>"$scratch/$t.result"
+}
+pids=()
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  run_one "$t" &
+  pids+=($!)
+done
+wait "${pids[@]}" || true
+status=0
+for t in "${targets[@]}"; do
+  if [ -f "$scratch/$t.result" ]; then
+    cat "$scratch/$t.result"
+  else
+    echo "$t: FAILED, no result"
+  fi
+  grep -q "^$t: ok," "$scratch/$t.result" 2>/dev/null || status=1
 done
 exit $status
