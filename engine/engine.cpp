@@ -370,6 +370,7 @@ Status Engine::DriveSleep(uint64_t now_ns) {
       if (!s.ok()) return s;
       kv_->Reset();
       const uint64_t t = NowNs();
+      sleep_.AsleepSince(t);
       for (Request* r : sleep_out_.preempted) {
         recorder_.Preempted(Index(r->id));
         if (meter_) meter_->Preempted(r->id, t);

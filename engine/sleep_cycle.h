@@ -48,6 +48,13 @@ class SleepCycle {
     return Action::kNone;
   }
 
+  // The engine fell asleep at `t_ns` (after the kSleep's work: preempting,
+  // releasing the cache), the time it reports: the wake counts from it, so
+  // that the time reported asleep is never short of the delay.
+  void AsleepSince(uint64_t t_ns) {
+    if (phase_ == Phase::kAsleep && t_ns > slept_ns_) slept_ns_ = t_ns;
+  }
+
   // The scheduler must not admit waiting requests.
   bool paused() const {
     return phase_ == Phase::kPausing || phase_ == Phase::kAsleep;

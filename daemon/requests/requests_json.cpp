@@ -223,7 +223,6 @@ void AppendAttributeValue(std::string& out, const trace::Attribute& a) {
   }
 }
 
-// One trace-event: `ph` with its common fields, args to follow.
 // The thread (lane) of each of a request's spans in a Chrome trace, and
 // how many lanes it takes. Perfetto and chrome://tracing need the X events
 // of one thread properly nested: each span goes to the first lane in which
@@ -265,6 +264,7 @@ uint32_t AssignLanes(const std::vector<trace::Span>& spans,
   return std::max<uint32_t>(1, uint32_t(open.size()));
 }
 
+// One trace-event: `ph` with its common fields, args to follow.
 void BeginEvent(std::string& out, bool& first, std::string_view ph,
                 std::string_view name, size_t pid, size_t tid) {
   if (!first) out += ',';

@@ -53,6 +53,22 @@ TEST(SleepCycleTest, WaitsForThePullsInFlightAndWakesFromTheSleep) {
   EXPECT_EQ(c.Poll(460, true), Action::kWake);
 }
 
+// The sleep's work (preempting, releasing the cache) takes time: the wake
+// counts from when the engine says it fell asleep, never earlier.
+TEST(SleepCycleTest, WakeCountsFromTheReportedSleep) {
+  SleepCycle c(0, 100, 50);
+  EXPECT_EQ(c.Poll(100, false), Action::kSleep);
+  c.AsleepSince(107);
+  EXPECT_EQ(c.slept_ns(), 107u);
+  EXPECT_EQ(c.next_deadline_ns(), 157u);
+  EXPECT_EQ(c.Poll(156, false), Action::kNone);
+  c.AsleepSince(90);  // never back
+  EXPECT_EQ(c.next_deadline_ns(), 157u);
+  EXPECT_EQ(c.Poll(157, false), Action::kWake);
+  c.AsleepSince(200);  // awake: no effect
+  EXPECT_EQ(c.slept_ns(), 107u);
+}
+
 TEST(SleepCycleTest, ZeroDelaysSleepAndWakeAtOnce) {
   SleepCycle c(7, 0, 0);
   EXPECT_EQ(c.Poll(7, false), Action::kSleep);
