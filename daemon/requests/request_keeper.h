@@ -21,7 +21,7 @@
 // can the answer differ from the exact one). Failed requests: the newest
 // `keep` of the window.
 //
-// Memory: per series at most MaxCandidates() + keep timelines (528 at the
+// Memory: per series at most MaxCandidates() + keep timelines (514 at the
 // default), each at
 // most sizeof(RequestTimeline) + its strings + 4096 token ticks of 16
 // bytes (about 66 KB for a request of 4096 or more TOKENS events, about
