@@ -120,17 +120,24 @@ TEST(AckDecoderTest, DecodesAckFramesAndRefusesAnythingElse) {
   }
 }
 
-TEST(AckDecoderTest, DecodesFramesSplitAnywhere) {
-  const std::vector<uint8_t> bytes = {0x92, 0x03, 0xce, 0x00, 0x01,
-                                      0x00, 0x00, 0x92, 0x03, 0x2a};
-  AckDecoder d;
+// Feeds `bytes` one at a time; the seq each completed frame acked.
+std::vector<uint64_t> FeedByteByByte(AckDecoder& d,
+                                     const std::vector<uint8_t>& bytes) {
   std::vector<uint64_t> seen;
   for (uint8_t b : bytes) {
     uint64_t acked = 0;
     bool any = false;
-    ASSERT_TRUE(d.Feed(&b, 1, &acked, &any));
+    EXPECT_TRUE(d.Feed(&b, 1, &acked, &any));
     if (any) seen.push_back(acked);
   }
+  return seen;
+}
+
+TEST(AckDecoderTest, DecodesFramesSplitAnywhere) {
+  const std::vector<uint8_t> bytes = {0x92, 0x03, 0xce, 0x00, 0x01,
+                                      0x00, 0x00, 0x92, 0x03, 0x2a};
+  AckDecoder d;
+  const std::vector<uint64_t> seen = FeedByteByByte(d, bytes);
   EXPECT_EQ(seen, (std::vector<uint64_t>{65536, 42}));
   // Reset() forgets a partial frame: a new connection starts clean.
   const uint8_t half[] = {0x92, 0x03, 0xcd};
@@ -153,13 +160,7 @@ TEST(AckDecoderTest, DecodesTheLongestFormsByteByByte) {
       0,    0,    9,    0xdc, 0x00, 0x02, 0xd0, 0x03, 0xc0, 0x92,
       0xd2, 0,    0,    0,    3,    0xd2, 0,    0,    0,    10};
   AckDecoder d;
-  std::vector<uint64_t> seen;
-  for (uint8_t b : bytes) {
-    uint64_t acked = 0;
-    bool any = false;
-    ASSERT_TRUE(d.Feed(&b, 1, &acked, &any));
-    if (any) seen.push_back(acked);
-  }
+  const std::vector<uint64_t> seen = FeedByteByByte(d, bytes);
   EXPECT_EQ(seen, (std::vector<uint64_t>{9, 10}));
   EXPECT_EQ(d.frames(), 3u);
 }

@@ -362,21 +362,21 @@ TEST(OtlpConfigTest, RejectsBadProtocol) {
 // one given by flag; other exporter values are the default (otlp).
 TEST(OtlpConfigTest, SdkOffSwitchesTurnAnEnvironmentEndpointOff) {
   OtlpConfig t, m;
-  Environment env = With(kBase, "OTEL_TRACES_EXPORTER", "none");
-  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
-  ASSERT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  // Both signals from `env`, each parsed without error.
+  const auto parse_both = [&](const Environment& env) {
+    EXPECT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
+    EXPECT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  };
+  parse_both(With(kBase, "OTEL_TRACES_EXPORTER", "none"));
   EXPECT_FALSE(t.enabled());
   EXPECT_TRUE(m.enabled());
-  env = With(kBase, "OTEL_METRICS_EXPORTER", " NONE ");
-  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
-  ASSERT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  parse_both(With(kBase, "OTEL_METRICS_EXPORTER", " NONE "));
   EXPECT_TRUE(t.enabled());
   EXPECT_FALSE(m.enabled());
-  env = With(kBase, "OTEL_SDK_DISABLED", "True");
+  Environment env = With(kBase, "OTEL_SDK_DISABLED", "True");
   // Off: the other variables are not read, a bad one included.
   env["OTEL_EXPORTER_OTLP_COMPRESSION"] = "zstd";
-  ASSERT_TRUE(ParseOtlpConfig(Signal::kTraces, {}, env, &t).ok());
-  ASSERT_TRUE(ParseOtlpConfig(Signal::kMetrics, {}, env, &m).ok());
+  parse_both(env);
   EXPECT_FALSE(t.enabled());
   EXPECT_FALSE(m.enabled());
   // A flag's endpoint is this daemon's own setting.
