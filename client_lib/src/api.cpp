@@ -1077,13 +1077,15 @@ struct KvString {
   return len != 0;
 }
 
-// A transfer with a string reason or connector (either may also be an id,
-// or none), or a struct that breaks a rule. Out of line: the public calls
-// test for strings and jump here or to KvTransferIds(), so neither path
-// pays for the other's registers.
-[[gnu::noinline]] int KvTransferStrings(tm_client* c, uint64_t t_ns,
-                                        uint64_t rid, const char* srid,
-                                        size_t srid_len,
+// Any transfer: every rule checked (TM_E_INVALID, counted, for one
+// broken), reason and connector as strings, ids or none, the amounts
+// stored one word each when given (kKvBytes / kKvBlocks). Out of line:
+// the public calls take KvTransferLean() first and come here for what it
+// leaves (a string, an amount past the packed word, the clock to read, a
+// thread to attach, a full ring, a closed client, a broken rule). `t`:
+// the event's time, nonzero (the clock read by the caller).
+[[gnu::noinline]] int KvTransferGeneral(tm_client* c, uint64_t t, uint64_t rid,
+                                        const char* srid, size_t srid_len,
                                         const tm_kv_transfer_info* info) {
   namespace tc = tokenmeter::client;
   if (info == nullptr || info->size < kKvTransferInfoSize) [[unlikely]]
@@ -1105,8 +1107,6 @@ struct KvString {
       [[unlikely]] {
     return Reject(c);
   }
-  // start <= t: the clock is read before the record, not inside it.
-  const uint64_t t = t_ns != 0 ? t_ns : Now();
   const uint64_t start = info->start_ns;
   if (start > t) [[unlikely]]
     return Reject(c);
@@ -1138,94 +1138,89 @@ struct KvString {
   return Done(r);
 }
 
-[[gnu::noinline]] int KvTransferIdsWide(tm_client* c, uint64_t t, uint64_t rid,
-                                        const char* srid, size_t srid_len,
-                                        const tm_kv_transfer_info* info);
+// KvTransferLean()'s "not here": nothing written, nothing counted.
+constexpr int kTakeGeneralPath = 1;
 
-// A transfer whose reason and connector are ids or none (the struct's size
-// and the strings' NULL checked by the caller). wide false: inlined into
-// each public call, so that tm_kv_transfer() makes no call but Enter()'s,
-// as tm_tokens() does, and writes the packed record (kKvPacked: bytes and
-// blocks in one word: bytes up to 1 TiB, blocks up to 16 M); amounts
-// that do not fit go to KvTransferIdsWide() (wide true, out of line: the
-// hot path keeps no registers for them), which writes both amount words
-// (kKvAmounts). Every rule in one branch; the record's header made before
-// Enter(), every field read once from the caller's struct.
-[[gnu::always_inline]] inline int KvTransferIds(tm_client* c, uint64_t t_ns,
-                                                uint64_t rid, const char* srid,
-                                                size_t srid_len,
-                                                const tm_kv_transfer_info* info,
-                                                bool wide) {
+// The lean path, inlined into tm_kv_transfer() and tm_kv_transfer_str():
+// a whole 1.2 struct without strings (reason and connector ids or none),
+// amounts that fit the packed word (kKvPacked: bytes + 1 in 40 bits,
+// blocks + 1 in 24, 0 = not given; both then within the 2^48 - 1 bound),
+// an event time `t` already known (nonzero), a thread the slot cache
+// holds, an open client and room in the ring. Anything else returns
+// kTakeGeneralPath before anything is counted or committed, and the
+// caller makes the call through KvTransferGeneral(), which checks every
+// rule again (the same rules: a transfer this path refuses, the general
+// one refuses too). No call on the way (TryEnter(), not Enter()), so the
+// compiler keeps it a leaf without a stack frame up to the ring: the
+// record's words are stored as each field is read, the rules tested
+// after (a broken one leaves the reserved words uncommitted), the id
+// last. Each field of the caller's struct is read once.
+[[gnu::always_inline]] inline int KvTransferLean(
+    tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
+    const tm_kv_transfer_info* info) {
   namespace tc = tokenmeter::client;
-  const uint32_t role = uint32_t(EnumValue(info->role));
-  const uint32_t reason_id = info->reason_id;
-  const uint32_t connector_id = info->connector_id;
-  const uint64_t t = t_ns != 0 ? t_ns : Now();
+  if (info == nullptr || info->size < kKvTransferInfoSize ||
+      (reinterpret_cast<uintptr_t>(info->reason) |
+       reinterpret_cast<uintptr_t>(info->connector)) != 0) [[unlikely]] {
+    return kTakeGeneralPath;
+  }
+  Ring* r = c->TryEnter();
+  if (r == nullptr) [[unlikely]]
+    return kTakeGeneralPath;
+  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
+  const uint32_t words = 4 + rw;
+  uint64_t* w = r->Reserve(words);
+  if (w == nullptr) [[unlikely]] {
+    tm_client::Leave(r);
+    return kTakeGeneralPath;
+  }
   // An amount is TM_KV_UNKNOWN (+ 1 wraps to 0) or at most the bound; an
   // id is 0 or registered (1 .. the count), i.e. at most the count.
   const uint64_t bytes1 = info->bytes + 1;
   const uint64_t blocks1 = info->blocks + 1;
   const uint64_t start = info->start_ns;
-  // Amounts that fit the packed word are within the bound: the hot path
-  // tests only that, the wide one the bound.
-  constexpr uint64_t kAmountEnd = uint64_t{TM_MAX_KV_TRANSFER_BYTES} + 1;
-  static_assert(kAmountEnd > tc::kKvPackedBytesMask + 1);
-  if (!wide && !tc::KvAmountsFitPacked(bytes1, blocks1)) [[unlikely]]
-    return KvTransferIdsWide(c, t, rid, srid, srid_len, info);
-  const uint32_t ids = c->ValueIds();
-  const bool bad = (role > TM_KV_RECV) |
-                   (wide && ((bytes1 > kAmountEnd) | (blocks1 > kAmountEnd))) |
-                   (std::max(reason_id, connector_id) > ids) | (start > t);
-  if (bad) [[unlikely]]
-    return Reject(c);
-  static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
-  // Both id flags always set (an id field of 0 is "none" for the encoder),
-  // both amounts always stored, packed (0 = not given) or whole
-  // (TM_KV_UNKNOWN): no per-field branches here.
-  const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
-                         (wide ? tc::kKvAmounts : tc::kKvPacked) |
-                         tc::kKvReasonId | tc::kKvConnectorId;
-  const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t words = (wide ? 5 : 4) + rw;
-  const uint64_t hdr = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
-                                  KvArg(flags, reason_id, connector_id));
-  const uint64_t amounts =
-      wide ? bytes1 - 1 : tc::KvPackedAmounts(bytes1, blocks1);
-  Ring* r;
-  const int rc = c->Enter(&r);
-  if (rc != TM_OK) [[unlikely]]
-    return rc;
-  uint64_t* w = r->Reserve(words);
-  if (w == nullptr) [[unlikely]]
-    return Full(r);
-  w[0] = hdr;
   w[1] = t;
-  WriteRid(w + 2, rw, rid, srid, srid_len);
   uint64_t* p = w + 2 + rw;
   p[0] = start;
-  p[1] = amounts;
-  if (wide) p[2] = blocks1 - 1;
+  p[1] = tc::KvPackedAmounts(bytes1, blocks1);
+  const uint32_t role = uint32_t(EnumValue(info->role));
+  const uint32_t reason_id = info->reason_id;
+  const uint32_t connector_id = info->connector_id;
+  const bool bad = (role > TM_KV_RECV) | (start > t) |
+                   (std::max(reason_id, connector_id) > c->ValueIds()) |
+                   !tc::KvAmountsFitPacked(bytes1, blocks1);
+  if (bad) [[unlikely]] {
+    tm_client::Leave(r);
+    return kTakeGeneralPath;
+  }
+  static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
+  // Both id flags always set (an id field of 0 is "none" for the encoder).
+  const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
+                         tc::kKvPacked | tc::kKvReasonId | tc::kKvConnectorId;
+  w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
+                    KvArg(flags, reason_id, connector_id));
+  // Last: a string id's copy may be a call, with little left to keep.
+  WriteRid(w + 2, rw, rid, srid, srid_len);
   return Done(r);
 }
 
-// `t` is the event's time (nonzero: no second clock read); the struct is
-// read and checked again, as by any call.
-int KvTransferIdsWide(tm_client* c, uint64_t t, uint64_t rid, const char* srid,
-                      size_t srid_len, const tm_kv_transfer_info* info) {
-  return KvTransferIds(c, t, rid, srid, srid_len, info, true);
+// Both paths for an event time `t` (nonzero).
+[[gnu::always_inline]] inline int KvTransferAt(
+    tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
+    const tm_kv_transfer_info* info) {
+  const int rc = KvTransferLean(c, t, rid, srid, srid_len, info);
+  if (rc != kTakeGeneralPath) [[likely]]
+    return rc;
+  return KvTransferGeneral(c, t, rid, srid, srid_len, info);
 }
 
-// The ids path when `info` is a whole 1.2 struct without strings, else
-// the strings path (which also rejects a NULL or short struct).
-[[gnu::always_inline]] inline int KvTransferAny(
-    tm_client* c, uint64_t t_ns, uint64_t rid, const char* srid,
-    size_t srid_len, const tm_kv_transfer_info* info) {
-  if (info != nullptr && info->size >= kKvTransferInfoSize &&
-      (reinterpret_cast<uintptr_t>(info->reason) |
-       reinterpret_cast<uintptr_t>(info->connector)) == 0) [[likely]] {
-    return KvTransferIds(c, t_ns, rid, srid, srid_len, info, false);
-  }
-  return KvTransferStrings(c, t_ns, rid, srid, srid_len, info);
+// t_ns = 0: the clock read once, before the checks (start <= t compares
+// with this read), then both paths. Out of line: the clock's call would
+// give the callers a stack frame.
+[[gnu::noinline]] int KvTransferNow(tm_client* c, uint64_t rid,
+                                    const char* srid, size_t srid_len,
+                                    const tm_kv_transfer_info* info) {
+  return KvTransferAt(c, Now(), rid, srid, srid_len, info);
 }
 
 }  // namespace
@@ -1292,7 +1287,9 @@ int tm_kv_transfer(tm_client* c, uint64_t t_ns, uint64_t rid,
                    const tm_kv_transfer_info* info) {
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
-  return KvTransferAny(c, t_ns, rid, nullptr, 0, info);
+  if (t_ns == 0) [[unlikely]]
+    return KvTransferNow(c, rid, nullptr, 0, info);
+  return KvTransferAt(c, t_ns, rid, nullptr, 0, info);
 }
 
 int tm_kv_transfer_str(tm_client* c, uint64_t t_ns, const char* rid,
@@ -1303,7 +1300,9 @@ int tm_kv_transfer_str(tm_client* c, uint64_t t_ns, const char* rid,
       [[unlikely]] {
     return Reject(c);
   }
-  return KvTransferAny(c, t_ns, 0, rid, rid_len, info);
+  if (t_ns == 0) [[unlikely]]
+    return KvTransferNow(c, 0, rid, rid_len, info);
+  return KvTransferAt(c, t_ns, 0, rid, rid_len, info);
 }
 
 int tm_sleep_state(tm_client* c, uint64_t t_ns, tm_scheduler_state scheduler,

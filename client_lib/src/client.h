@@ -119,6 +119,24 @@ struct tm_client {
     return EnterSlot(slot, ring, events);
   }
   static void Leave(tokenmeter::client::Ring* ring) { ring->EndCall(); }
+  // Enter() for a lean path that has a full call to fall back on: the
+  // thread's ring marked "in a call" when the thread is cached and the
+  // client open, else nullptr with nothing marked or counted (the caller
+  // then makes its call through Enter()). No call, no out-parameter: a
+  // caller can stay a leaf function.
+  tokenmeter::client::Ring* TryEnter() {
+    tokenmeter::client::ThreadSlot* slot;
+    if (!slot_cache_.Find(&slot)) [[unlikely]]
+      return nullptr;
+    slot->ring.BeginCall();
+    if (state_.load(std::memory_order_acquire) != kOpen) [[unlikely]] {
+      slot->ring.EndCall();
+      return nullptr;
+    }
+    tokenmeter::client::Ring* const ring = &slot->ring;
+    if (ring == nullptr) __builtin_unreachable();  // a member's address
+    return ring;
+  }
 
   // TM_OK while open, else the code a call on this client returns (the
   // call's `events` counted as rejected). For calls that reject their

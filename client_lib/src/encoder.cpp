@@ -159,9 +159,8 @@ class EventBytes {
 void EncodeKvTransfer(uint32_t arg, uint32_t rid_len, uint64_t t,
                       const uint64_t* p, const ValueTable& values,
                       ByteBuffer* out) {
-  // The amounts: packed in one word (kKvPacked, 0 = not given), both
-  // words (kKvAmounts, TM_KV_UNKNOWN = not given), or only the given
-  // ones (kKvBytes / kKvBlocks).
+  // The amounts: packed in one word (kKvPacked, 0 = not given) or only
+  // the given ones (kKvBytes / kKvBlocks).
   const uint32_t rid_words = rid_len == 0 ? 1 : (rid_len + 7) / 8;
   const uint64_t* a = p + rid_words + 1;
   uint64_t bytes = 0;
@@ -177,12 +176,6 @@ void EncodeKvTransfer(uint32_t arg, uint32_t rid_len, uint64_t t,
     bytes = bytes1 - 1;
     blocks = blocks1 - 1;
     amount_words = 1;
-  } else if ((arg & kKvAmounts) != 0) {
-    bytes = a[0];
-    blocks = a[1];
-    has_bytes = bytes != TM_KV_UNKNOWN;
-    has_blocks = blocks != TM_KV_UNKNOWN;
-    amount_words = 2;
   } else {
     has_bytes = (arg & kKvBytes) != 0;
     has_blocks = (arg & kKvBlocks) != 0;

@@ -49,10 +49,8 @@ namespace tokenmeter::client {
 //               the bytes of reason, zero padded to a word, then those of
 //               connector, zero padded (kKvReasonId / kKvConnectorId: that
 //               field's length is its registered id and it has no bytes;
-//               kKvAmounts: both bytes and blocks words, TM_KV_UNKNOWN
-//               when not given; kKvPacked: one word, KvPackedAmounts(),
-//               bytes + 1 and blocks + 1 in 40 and 24 bits, 0 when not
-//               given)
+//               kKvPacked: one amounts word, KvPackedAmounts(), bytes + 1
+//               and blocks + 1 in 40 and 24 bits, 0 when not given)
 //   SLEEP       hdr(arg=SleepArg(): each part's state + 1, 0 = keep) t
 //   REQUEST_SUMMARY   hdr(arg=SummaryArg(): reason, integer id flag, the
 //               mask of optional fields given) t [rid...]
@@ -127,13 +125,10 @@ inline constexpr uint32_t kKvBytes = 1u << 2;
 inline constexpr uint32_t kKvBlocks = 1u << 3;
 inline constexpr uint32_t kKvReasonId = 1u << 4;  // reason: an id, no bytes
 inline constexpr uint32_t kKvConnectorId = 1u << 5;
-// Both amount words follow start, TM_KV_UNKNOWN for one not given (instead
-// of kKvBytes / kKvBlocks and only the given ones).
-inline constexpr uint32_t kKvAmounts = 1u << 6;
 // One amounts word follows start, KvPackedAmounts(): bytes + 1 in its low
 // 40 bits, blocks + 1 in its high 24, 0 for one not given (instead of
-// kKvAmounts' two words, when both fit: bytes below 2^40 - 1, blocks below
-// 2^24 - 1, or not given).
+// kKvBytes / kKvBlocks and a word for each given, when both fit: bytes
+// below 2^40 - 1, blocks below 2^24 - 1, or not given).
 inline constexpr uint32_t kKvPacked = 1u << 7;
 inline constexpr int kKvPackedBytesBits = 40;
 inline constexpr uint64_t kKvPackedBytesMask =

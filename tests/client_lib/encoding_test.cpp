@@ -673,6 +673,46 @@ TEST_F(EventLayoutTest, ExpertLoadIsDroppedWhenTheBufferIsFull) {
   EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 0u);
 }
 
+// KV_TRANSFER's lean path (ids, a caller's t_ns) on a full buffer: the
+// transfer is dropped (TM_E_DROPPED, counted as dropped), a transfer that
+// breaks a rule is still rejected (TM_E_INVALID, counted as rejected, not
+// dropped), in both id forms and with t_ns = 0; the thread's first call,
+// before it has a ring, takes the general path and is appended.
+TEST_F(EventLayoutTest, KvTransferOnAFullBufferIsDroppedUnlessItBreaksARule) {
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 0), TM_OK);
+  NewClient(opts.get());  // no daemon: nothing drains
+  const int id = tm_register_value(client_, "nixl");
+  ASSERT_EQ(id, 1);
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.start_ns = 500;
+  kv.bytes = 1 << 20;
+  kv.blocks = 64;
+  kv.connector_id = uint32_t(id);
+  // 4096 words hold 819 records of 5 words.
+  int appended = 0;
+  while (tm_kv_transfer(client_, 1000, uint64_t(appended), &kv) == TM_OK) {
+    ASSERT_LT(++appended, 1024);
+  }
+  EXPECT_GE(appended, 800);
+  StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 1u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 0u);
+  EXPECT_EQ(tm_kv_transfer_str(client_, 1000, "r", 1, &kv), TM_E_DROPPED);
+  EXPECT_EQ(tm_kv_transfer(client_, 0, 1, &kv), TM_E_DROPPED);
+  tm_kv_transfer_info bad = kv;
+  bad.start_ns = 1001;
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 1, &bad), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer_str(client_, 1000, "r", 1, &bad), TM_E_INVALID);
+  bad = kv;
+  bad.connector_id = uint32_t(id) + 1;
+  EXPECT_EQ(tm_kv_transfer(client_, 0, 1, &bad), TM_E_INVALID);
+  s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 3u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 3u);
+}
+
 // ---- protocol 1.2 -----------------------------------------------------------
 
 constexpr const char* kTraceparent =

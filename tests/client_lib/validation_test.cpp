@@ -1187,9 +1187,9 @@ TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRule) {
   EXPECT_EQ(Rejected(), 10u);
 }
 
-// With ids, a transfer whose amounts fit the packed record and one whose
-// amounts do not (bytes from 2^40 - 1, blocks from 2^24 - 1: the record
-// with both amount words) are held to the same rules.
+// With ids, a transfer whose amounts fit the packed record (the lean
+// path) and one whose amounts do not (bytes from 2^40 - 1, blocks from
+// 2^24 - 1: the general path) are held to the same rules.
 TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRuleInBothForms) {
   const uint32_t id = uint32_t(tm_register_value(client_, "nixl"));
   constexpr uint64_t k24 = uint64_t{1} << 24;
