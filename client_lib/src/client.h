@@ -126,13 +126,8 @@ struct tm_client {
   // caller can stay a leaf function.
   tokenmeter::client::Ring* TryEnter() {
     tokenmeter::client::ThreadSlot* slot;
-    if (!slot_cache_.Find(&slot)) [[unlikely]]
+    if (!slot_cache_.Find(&slot) || BeginCall(slot) != kOpen) [[unlikely]]
       return nullptr;
-    slot->ring.BeginCall();
-    if (state_.load(std::memory_order_acquire) != kOpen) [[unlikely]] {
-      slot->ring.EndCall();
-      return nullptr;
-    }
     tokenmeter::client::Ring* const ring = &slot->ring;
     if (ring == nullptr) __builtin_unreachable();  // a member's address
     return ring;
@@ -178,15 +173,22 @@ struct tm_client {
   // Out of line: Enter() for a thread that is not in slot_cache_'s first
   // entries (ThreadSlotCache::FindSlow()), or not attached (AttachRing()).
   int EnterSlow(tokenmeter::client::Ring** ring, uint64_t events);
+  // Marks the slot's ring "in a call" and returns the client's state,
+  // the mark undone when it is not kOpen (Enter()'s store and load: see
+  // Close()).
+  int BeginCall(tokenmeter::client::ThreadSlot* slot) {
+    slot->ring.BeginCall();
+    const int state = state_.load(std::memory_order_acquire);
+    if (state != kOpen) [[unlikely]]
+      slot->ring.EndCall();
+    return state;
+  }
   // The rest of Enter(), once the thread's slot is found.
   int EnterSlot(tokenmeter::client::ThreadSlot* slot,
                 tokenmeter::client::Ring** ring, uint64_t events) {
-    slot->ring.BeginCall();
-    const int state = state_.load(std::memory_order_acquire);
-    if (state != kOpen) [[unlikely]] {
-      slot->ring.EndCall();
+    const int state = BeginCall(slot);
+    if (state != kOpen) [[unlikely]]
       return Refuse(state, events);
-    }
     *ring = &slot->ring;
     return TM_OK;
   }

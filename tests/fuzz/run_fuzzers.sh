@@ -32,7 +32,7 @@ scratch=$(mktemp -d /tmp/tm-fuzz-XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 # The targets run side by side, at most one per CPU (the longest,
 # frame_decoder, sets the time), and are reported in the order given.
-jobs=$(nproc 2>/dev/null || echo 1)
+cpus=$(nproc 2>/dev/null || echo 1)
 run_one() {
   local t=$1 log="$scratch/$1.log" start end result runs cov
   mkdir -p "$scratch/$t"
@@ -50,7 +50,7 @@ run_one() {
 }
 pids=()
 for t in "${targets[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  while [ "$(jobs -rp | wc -l)" -ge "$cpus" ]; do wait -n || true; done
   run_one "$t" &
   pids+=($!)
 done
