@@ -882,9 +882,12 @@ std::string_view LabelValue(Reader& r, const Header& h) {
 }
 
 // SCHEDULED info (1.2): a map whose optional keys cached_tokens and
-// external_tokens are uints of at most TM_MAX_EVENT_COUNT; a bad one is
-// dropped (bad_field), a value that is not a map is dropped whole (once).
-// Whether their sum fits the request's prompt is the tracker's to check.
+// external_tokens are uints; one not a uint is dropped (bad_field), a
+// value that is not a map is dropped whole (once). One above
+// TM_MAX_EVENT_COUNT is above any prompt, so the sum is: the map is
+// dropped as one bad_field (the spec's rule for a sum above prompt_tokens).
+// Whether the sum fits the request's prompt is otherwise the tracker's to
+// check.
 [[gnu::noinline]] void ParseScheduledInfo(Reader& r, ScheduledInfo* info,
                                           uint32_t* bad_fields) {
   const uint8_t* info_at = r.pos();
@@ -895,6 +898,7 @@ std::string_view LabelValue(Reader& r, const Header& h) {
     return;
   }
   info->present = true;
+  bool above_any_prompt = false;
   for (uint64_t i = 0; i < h.value; ++i) {
     std::string_view key;
     if (!ReadEventMapKey(r, &key)) continue;
@@ -906,8 +910,12 @@ std::string_view LabelValue(Reader& r, const Header& h) {
       r.SkipBody(v);
       continue;
     }
-    if (v.type != Type::kUint || v.value > TM_MAX_EVENT_COUNT) {
+    if (v.type != Type::kUint) {
       DropField(r, at, bad_fields);
+      continue;
+    }
+    if (v.value > TM_MAX_EVENT_COUNT) {
+      above_any_prompt = true;
       continue;
     }
     if (cached) {
@@ -917,6 +925,10 @@ std::string_view LabelValue(Reader& r, const Header& h) {
       info->external_tokens = uint32_t(v.value);
       info->has |= ScheduledInfo::kExternal;
     }
+  }
+  if (above_any_prompt) {
+    *info = ScheduledInfo{};
+    ++*bad_fields;
   }
 }
 
@@ -1555,7 +1567,8 @@ namespace {
 // vendor drop tracestate, where any other string over the limit makes the
 // frame string_too_long. Such a string is the value (an even count of
 // elements `left` after it) in a map at an event's params depth of a BATCH
-// (frame 1, events 2, event 3, params 4), right after the key
+// (frame 1, events 2, event 3, params 4), in an event whose kind (at
+// `event`, its first element) is ARRIVED, right after the key
 // "tracestate" (as a fixstr, or a str 8, 16 or 32, which some encoders
 // write). The frame budget still bounds it; the decoder's field rule
 // drops it. The scanner keeps no note of which containers are maps, so a
@@ -1563,14 +1576,21 @@ namespace {
 // longer string ending in those bytes) passes too and reaches a field of
 // its own bounds (params not a map are dropped whole; a key is not
 // compared past its length): none reads it unchecked.
-bool OverlongTracestate(const uint8_t* base, size_t frame_start, size_t header,
-                        uint32_t depth, uint64_t left, uint64_t frame_type) {
+bool OverlongTracestate(const uint8_t* base, size_t frame_start, size_t event,
+                        size_t header, uint32_t depth, uint64_t left,
+                        uint64_t frame_type) {
   constexpr std::string_view kKey = TM_PARAM_TRACESTATE;
   static_assert(kKey.size() < 32);
   const size_t n = kKey.size();
   if (frame_type != TM_FRAME_BATCH || depth != 4 || left % 2 != 0 ||
       header < frame_start + 1 + n ||
       std::memcmp(base + header - n, kKey.data(), n) != 0) {
+    return false;
+  }
+  // The kind, in any uint form the decoder reads (before `header`: at hand).
+  Header kind{};
+  if (event >= header || !ParseHeader(base + event, header - event, &kind) ||
+      kind.type != Type::kUint || kind.value != TM_EV_ARRIVED) {
     return false;
   }
   // The key's header, the bytes before those: one of the four str forms.
@@ -1602,6 +1622,7 @@ bool FrameDecoder::Scan(FrameSink& sink) {
   size_t pos = scan_;
   uint32_t depth = depth_;
   uint64_t slack = slack_;
+  size_t event_at = event_at_;
   IngestError error = IngestError::kCount;
 
   for (;;) {
@@ -1652,8 +1673,8 @@ bool FrameDecoder::Scan(FrameSink& sink) {
     } else if ((b & 0xe0) == 0xa0 && depth > 1) {  // fixstr
       const uint32_t len = b & 0x1f;
       if (len > max_string &&
-          !OverlongTracestate(base, start_, pos, depth, stack[depth - 1] - 1,
-                              frame_type_)) {
+          !OverlongTracestate(base, start_, start_ + event_at, pos, depth,
+                              stack[depth - 1] - 1, frame_type_)) {
         error = IngestError::kStringTooLong;
         break;
       }
@@ -1719,6 +1740,7 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       }
       slack -= children;
       if (children > 0) {
+        if (depth == 2) event_at = pos - start_;  // an event's first element
         stack[depth++] = children;
         continue;
       }
@@ -1741,8 +1763,8 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       if (HasPayload(h.type)) {
         if (h.value > max_string &&
             (h.type != Type::kStr ||
-             !OverlongTracestate(base, start_, pos - h.size, depth,
-                                 stack[depth - 1], frame_type_))) {
+             !OverlongTracestate(base, start_, start_ + event_at, pos - h.size,
+                                 depth, stack[depth - 1], frame_type_))) {
           error = IngestError::kStringTooLong;
           break;
         }
@@ -1762,6 +1784,7 @@ bool FrameDecoder::Scan(FrameSink& sink) {
       }
       slack -= cost;
       if (children > 0) {
+        if (depth == 2) event_at = pos - start_;  // as above
         stack[depth++] = children;
         continue;
       }
@@ -1771,6 +1794,7 @@ bool FrameDecoder::Scan(FrameSink& sink) {
   scan_ = pos;
   depth_ = depth;
   slack_ = slack;
+  event_at_ = event_at;
   if (error != IngestError::kCount) return Fail(error);
   return true;
 }

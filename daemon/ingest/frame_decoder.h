@@ -125,6 +125,8 @@ class FrameDecoder {
   std::vector<uint64_t> stack_;
   uint32_t depth_ = 0;
   uint64_t slack_ = 0;
+  // The open event's first element (its kind), from start_.
+  size_t event_at_ = 0;
   uint64_t frame_elems_ = 0;
   uint64_t frame_type_ = 0;
   bool in_frame_ = false;

@@ -141,7 +141,9 @@ DECODER = {
         [9, T, ""], [9, T, "a\tb"], [9, T, 7], [9, T, "ok", 1.5], [9, T],
         [11, T, {"scheduler": "asleep", "weights": 1}], [11, T, []],
         [7, T, {"waiting": 1, "waiting_deferred": 2}],
-        [7, T, {"waiting_deferred": 1}], [12, T, 1]]),
+        [7, T, {"waiting_deferred": 1}], [12, T, 1],
+        # One key above 2^32 - 1: above any prompt, the whole map dropped.
+        [3, T + 1, 5, {"cached_tokens": 2 ** 32, "external_tokens": 1}]]),
     # A tracestate over the string limit: dropped as bad_field, the
     # request starts; the same string as a lora ends the frame.
     "protocol_1_2_long_tracestate": b"\x0b" + hello() + batch([
@@ -149,6 +151,24 @@ DECODER = {
         [1, T, 6, 10, ["tracestate", "k=" + "v" * 298]],
         [4, T + 1, 5, 1], [5, T + 2, 5, "stop"]])
     + batch([[1, T, 7, 10, {"lora": "x" * 300}]]),
+    # The key "tracestate" in a STEP's stats: only ARRIVED params let its
+    # long value pass, so this ends the frame.
+    "protocol_1_2_long_tracestate_step": b"\x0b" + hello() + batch([
+        [1, T, 5, 10, {"tracestate": "k=v"}],
+        [7, T, {"running": 1, "tracestate": "k=" + "v" * 298}]]),
+    # HELLO keys of 1.1 and 1.2 that only inform or ask for ACKs, good ...
+    "hello_session_ack": b"\x0b" + hello(
+        session=2 ** 63 + 5, ack=True, pid=4242, max_lora=4,
+        cache_config={"block_size": 16, "num_gpu_blocks": 8192,
+                      "enable_prefix_caching": True, "gpu_util": 0.9})
+    + batch(LIFECYCLE[:3], seq=1) + batch(LIFECYCLE[3:6], seq=2),
+    # ... and bad (each dropped as bad_field, or a bad_hello).
+    "hello_bad_informing": b"\x0b" + hello(
+        pid="4242", max_lora=-1,
+        cache_config={"k%d" % i: i for i in range(33)})
+    + batch(LIFECYCLE[:3]),
+    "hello_bad_session": b"\x0b" + hello(session="s", ack=1)
+    + batch(LIFECYCLE[:3]),
     # Protocol 1.3: REQUEST_SUMMARY and LATENCIES, good and bad.
     "protocol_1_3": b"\x35" + hello() + batch([
         [12, T, "stop", {"prompt_tokens": 812, "generation_tokens": 256,

@@ -2753,6 +2753,26 @@ TEST(FrameDecoder12Test, DecodesScheduledInfo) {
     EXPECT_EQ(b.bad_fields, 1u);
     EXPECT_EQ(b.events[1].scheduled.has, 0);
   }
+  // A bad key is dropped alone; one above 2^32 - 1 is above any prompt, so
+  // the sum is: the whole map goes, as one bad_field.
+  const Middle str = DecodeMiddle(Cat({head,
+                                       {0x82},
+                                       S("cached_tokens"),
+                                       S("5"),
+                                       S("external_tokens"),
+                                       {0x03}}));
+  EXPECT_EQ(str.bad_fields, 1u);
+  EXPECT_EQ(str.events[1].scheduled.has, ScheduledInfo::kExternal);
+  EXPECT_EQ(str.events[1].scheduled.external_tokens, 3u);
+  const Middle above = DecodeMiddle(Cat({head,
+                                         {0x82},
+                                         S("cached_tokens"),
+                                         k2To32,
+                                         S("external_tokens"),
+                                         {0x03}}));
+  EXPECT_EQ(above.bad_fields, 1u);
+  EXPECT_FALSE(above.events[1].scheduled.present);
+  EXPECT_EQ(above.events[1].scheduled.has, 0);
 }
 
 TEST(FrameDecoder12Test, KeepsWaitingDeferredOnlyWithinWaiting) {
@@ -2922,6 +2942,28 @@ TEST(FrameDecoder12Test, OtherStringsOverTheLimitStillEndTheFrame) {
        Cat({kHello,
             BatchOf(1,
                     {Cat({{0x95, 0x05, 0x00, 0x07}, S("tracestate"), big})})})},
+      // The key "tracestate" in an event map of another kind.
+      {"a STEP stats value",
+       Cat({kHello,
+            BatchOf(1,
+                    {Cat({{0x93, 0x07, 0x00, 0x81}, S("tracestate"), big})})})},
+      {"a SCHEDULED info value",
+       Cat({kHello, BatchOf(1, {Cat({{0x94, 0x03, 0x00, 0x07, 0x81},
+                                     S("tracestate"),
+                                     big})})})},
+      {"a KV_TRANSFER info value",
+       Cat({kHello, BatchOf(1, {Cat({{0x94, 0x0a, 0x00, 0x07, 0x81},
+                                     S("tracestate"),
+                                     big})})})},
+      {"a SLEEP state value",
+       Cat({kHello,
+            BatchOf(1,
+                    {Cat({{0x93, 0x0b, 0x00, 0x81}, S("tracestate"), big})})})},
+      {"a STEP's after an ARRIVED",
+       Cat({kHello,
+            BatchOf(2,
+                    {Cat({{0x95, 0x01, 0x00, 0x07, 0x0c, 0x80}}),
+                     Cat({{0x93, 0x07, 0x00, 0x81}, S("tracestate"), big})})})},
       {"a HELLO value", Cat({{0x92, 0x00, 0x84},
                              S("proto"),
                              {0x01},
@@ -2948,6 +2990,13 @@ TEST(FrameDecoder12Test, OtherStringsOverTheLimitStillEndTheFrame) {
   ASSERT_EQ(m.events.size(), 3u);
   EXPECT_EQ(m.bad_fields, 1u);
   EXPECT_TRUE(m.arrivals.empty());
+  // ARRIVED's kind in another uint form (uint 8) is still ARRIVED's.
+  const Middle u8 = DecodeMiddle(
+      Cat({{0x95, 0xcc, 0x01, 0x00, 0x07, 0x0c, 0x81}, S("tracestate"), big}));
+  EXPECT_TRUE(u8.fed);
+  ASSERT_EQ(u8.events.size(), 3u);
+  EXPECT_EQ(u8.events[1].kind, EventKind::kArrived);
+  EXPECT_EQ(u8.bad_fields, 1u);
 }
 
 // ---------------------------------------------------------------------------
