@@ -601,9 +601,12 @@ int tm_arrived_params(tm_client* c, uint64_t t_ns, uint64_t rid,
     c->CountRejected();
     return TM_E_INVALID;
   }
-  if (x.dropped != 0) c->CountFieldsDropped(x.dropped);
-  return ArrivedInt(c, t_ns, rid, prompt_tokens, p->max_tokens, p->n,
-                    x.words != 0 ? &x : nullptr);
+  const int rc = ArrivedInt(c, t_ns, rid, prompt_tokens, p->max_tokens, p->n,
+                            x.words != 0 ? &x : nullptr);
+  // Counted for an event appended only: one refused or dropped is counted
+  // as that alone.
+  if (rc == TM_OK && x.dropped != 0) c->CountFieldsDropped(x.dropped);
+  return rc;
 }
 
 int tm_arrived_params_str(tm_client* c, uint64_t t_ns, const char* rid,
@@ -615,9 +618,10 @@ int tm_arrived_params_str(tm_client* c, uint64_t t_ns, const char* rid,
     c->CountRejected();
     return TM_E_INVALID;
   }
-  if (x.dropped != 0) c->CountFieldsDropped(x.dropped);
-  return ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, p->max_tokens, p->n,
-                    x.words != 0 ? &x : nullptr);
+  const int rc = ArrivedStr(c, t_ns, rid, rid_len, prompt_tokens, p->max_tokens,
+                            p->n, x.words != 0 ? &x : nullptr);
+  if (rc == TM_OK && x.dropped != 0) c->CountFieldsDropped(x.dropped);
+  return rc;
 }
 
 int tm_arrived_packed(tm_client* c, uint64_t rid, uint64_t tokens) {

@@ -512,7 +512,7 @@ TEST_F(CppClientTest, ArrivedRejectsInvalidRequestParams) {
   const RequestLabel five[] = {
       {"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}, {"e", "5"}};
   const std::string nul_ts = std::string("a=1\0", 4);
-  std::vector<RequestParams> bad(3);
+  std::vector<RequestParams> bad(4);
   bad[0].labels = five;
   bad[0].n_labels = 5;
   bad[1].lora = std::string_view("a\0b", 3);
@@ -520,6 +520,7 @@ TEST_F(CppClientTest, ArrivedRejectsInvalidRequestParams) {
   bad[2].traceparent = upper_tp;  // a bad label refuses the call anyway
   bad[2].labels = five;
   bad[2].n_labels = 5;
+  bad[3].n_labels = 1;  // labels null: the C call's TM_E_INVALID
   for (size_t i = 0; i < bad.size(); ++i) {
     bad[i].priority = 1;
     EXPECT_EQ(client->Arrived(uint64_t{i}, 1, bad[i]), TM_E_INVALID) << i;

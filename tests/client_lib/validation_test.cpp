@@ -816,6 +816,40 @@ TEST_F(Protocol12ValidationTest, MalformedTraceStringsAreLeftOut) {
                                       R"("}])");
 }
 
+// TM_STAT_FIELDS_DROPPED counts the trace strings left out of an ARRIVED
+// appended only: one refused (a bad id, a closed client) or dropped (a
+// full buffer) counts as that alone.
+TEST_F(Protocol12ValidationTest, FieldsDroppedCountOnlyWithAnArrivedAppended) {
+  tm_request_params p = TM_REQUEST_PARAMS_INIT;
+  p.traceparent = "bad";  // left out, and its tracestate with it: 2 fields
+  p.tracestate = "a=b";
+  EXPECT_EQ(tm_arrived_params_str(client_, 1, "", 0, 5, &p), TM_E_INVALID);
+  EXPECT_EQ(Rejected(), 1u);
+  EXPECT_EQ(FieldsDropped(), 0u);
+  EXPECT_EQ(tm_arrived_params(client_, 1, 1, 5, &p), TM_OK);
+  EXPECT_EQ(FieldsDropped(), 2u);
+  tm_client* closed = client_;
+  // Its one ARRIVED unsent (no daemon): TM_E_TIMEOUT. `closed` stays
+  // valid: a tombstone.
+  ASSERT_EQ(CloseClient(), TM_E_TIMEOUT);
+  EXPECT_EQ(tm_arrived_params(closed, 1, 2, 5, &p), TM_E_CLOSED);
+  EXPECT_EQ(tm_arrived_params_str(closed, 1, "r", 1, 5, &p), TM_E_CLOSED);
+  StatsArray s{};
+  ASSERT_EQ(tm_client_stats(closed, s.data(), s.size()), TM_OK);
+  EXPECT_EQ(s[TM_STAT_FIELDS_DROPPED], 2u);
+
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 0), TM_OK);
+  NewClient(opts.get());  // no daemon: nothing drains
+  uint64_t rid = 0;
+  while (tm_tokens(client_, 1, ++rid, 1) == TM_OK) ASSERT_LT(rid, 1u << 20);
+  EXPECT_EQ(tm_arrived_params(client_, 1, 1, 5, &p), TM_E_DROPPED);
+  EXPECT_EQ(tm_arrived_params_str(client_, 1, "r", 1, 5, &p), TM_E_DROPPED);
+  EXPECT_EQ(Stats()[TM_STAT_EVENTS_DROPPED], 3u);
+  EXPECT_EQ(FieldsDropped(), 0u);
+}
+
 TEST_F(Protocol12ValidationTest, RejectsScheduledExWithBadStringId) {
   const std::string long_rid(TM_MAX_RID_BYTES + 1, 'r');
   EXPECT_EQ(

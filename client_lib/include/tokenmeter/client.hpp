@@ -590,10 +590,11 @@ class Client {
   // the C call reads.
   struct ArrivedStrings {  // NOLINT(cppcoreguidelines-pro-type-member-init)
     // False when a string holds a NUL byte or does not fit, or there are
-    // too many labels.
+    // too many labels, or labels_in is null with n_in not 0.
     bool Copy(std::string_view lora_in, const RequestLabel* labels_in,
               size_t n_in) noexcept {
-      if (n_in > TM_MAX_REQUEST_LABELS) return false;
+      if (n_in > TM_MAX_REQUEST_LABELS || (labels_in == nullptr && n_in != 0))
+        return false;
       if (!lora_in.empty()) {
         if (!CopyOne(lora_in, lora, sizeof lora)) return false;
         lora_arg = lora;

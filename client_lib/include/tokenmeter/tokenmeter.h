@@ -320,8 +320,9 @@ typedef enum tm_stat {
                                     a daemon that does not ack): delivered
                                     at most once; not counted as dropped */
   TM_STAT_FIELDS_DROPPED = 11,   /* trace strings tm_arrived_params() left
-                                    out for breaking their rule (the event
-                                    was sent without them) */
+                                    out for breaking their rule, of events
+                                    appended without them (TM_OK); an event
+                                    refused or dropped counts as that only */
   TM_STAT_COUNT = 12
 } tm_stat;
 
@@ -723,13 +724,15 @@ typedef struct tm_kv_transfer_info {
  * rounded up to 8 (56 bytes for a "nixl" transfer with bytes and blocks).
  * Cost: the checks, a few stores more than a tm_tokens() and one pass over
  * each string: about 17 to 22 ns with a caller timestamp where tm_tokens()
- * takes 9 to 10. Without a string (no reason or connector, or registered
- * ones: reason_id / connector_id, the strings NULL) the record is 40 bytes
- * whatever is given (integer id; when bytes is 2^40 - 1 or more or blocks
- * 2^24 - 1 or more, 32 bytes plus 8 for each given) and, with a caller's
- * t_ns, the call takes a lean path: about 1.15x a tm_tokens() (6.2
- * against 5.4 ns; docs/performance.md, "Protocol 1.2 client calls", "A
- * lean path without a stack frame", a 2-core VM). */
+ * took 9 to 10 in the same run. Without a string (no reason or connector,
+ * or registered ones: reason_id / connector_id, the strings NULL) the call
+ * takes a lean path once the thread has made a call: a record of 40 bytes
+ * whatever is given (integer id), about 1.15x a tm_tokens() with a caller
+ * timestamp (6.2 against 5.4 ns in a later run; docs/performance.md,
+ * "Protocol 1.2 client calls" and "A lean path without a stack frame", a
+ * 2-core VM). A thread's first call, and bytes of 2^40 - 1 or more or
+ * blocks of 2^24 - 1 or more, take the general path: 32 bytes plus 8 for
+ * each of bytes and blocks given. */
 TM_API int tm_kv_transfer(tm_client* client, uint64_t t_ns, uint64_t rid,
                           const tm_kv_transfer_info* info);
 TM_API int tm_kv_transfer_str(tm_client* client, uint64_t t_ns, const char* rid,
