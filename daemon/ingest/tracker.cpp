@@ -712,7 +712,9 @@ void Tracker::OnArrived(const Source& src, const Event& ev, Request& r,
         id = labels.Intern(i, value);
         if (!src.series->Admit(i, id)) id = RequestLabels::kOther;
       }
-      if (id == RequestLabels::kOther) labels.CountOverflow(i);
+      // An engine's own "__other__" is that value, not an overflow.
+      if (id == RequestLabels::kOther && value != RequestLabels::kOtherValue)
+        labels.CountOverflow(i);
       key = RequestLabels::Pack(key, i, id);
     }
     r.label_set = labels.InternSet(key, lora);
@@ -1020,9 +1022,11 @@ void Tracker::OnKvTransfer(const Source& src, const Event& ev,
 // from the engine's own figures: the finish reason, the per-request token
 // and parameter histograms, and each duration given (one not given is not
 // observed, nor counted as incomplete: no request is tracked). Into the
-// series itself (no ARRIVED, so no request labels).
+// series' own values (no ARRIVED: with request labels on, the cell whose
+// labels are all absent, shown from now on).
 void Tracker::OnRequestSummary(const Source& src, const Event& ev) {
   EngineSeries& s = *src.series;
+  s.UseOwnCell();
   const RequestSummaryInfo& q = ev.summary;
   const uint32_t prompt = uint32_t(ev.count);
   s.AddChild(kRequestSuccess, size_t(ev.reason), 1);
@@ -1048,10 +1052,17 @@ void Tracker::OnRequestSummary(const Source& src, const Event& ev) {
       }
     }
   }
-  // SGLang counts a request's tokens when it finishes.
+  // SGLang counts a request's tokens when it finishes, and their sources
+  // with them (the cached ones a local cache hit, the rest computed: the
+  // summary has no external figure), so that they sum to prompt_tokens.
   if (s.uses(kPromptTokensAtFinish)) {
     s.Add(kPromptTokensAtFinish, prompt);
     s.Add(kGenerationTokensAtFinish, q.generation_tokens);
+    const uint32_t cached =
+        (q.has & RequestSummaryInfo::kCachedTokens) != 0 ? q.cached_tokens : 0;
+    s.AddChild(kPromptTokensBySource, kLocalCompute, prompt - cached);
+    s.AddChild(kPromptTokensBySource, kLocalCacheHit, cached);
+    if (!s.uses(kRequestCachedTokens)) s.Add(kPromptTokensCached, cached);
   }
   // Each duration into the histogram of that phase the series' profile
   // shows (LMDeploy's decode and inference end at the finish: the engine's
@@ -1083,6 +1094,7 @@ void Tracker::OnRequestSummary(const Source& src, const Event& ev) {
 void Tracker::OnLatencies(const Source& src, const Event& ev,
                           const uint64_t* positions) {
   EngineSeries& s = *src.series;
+  s.UseOwnCell();  // as OnRequestSummary()'s
   const LatenciesRef& l = ev.latencies;
   const uint64_t* v = positions + l.begin;
   if (l.ttft_count != 0) {
@@ -1100,8 +1112,13 @@ void Tracker::OnLatencies(const Source& src, const Event& ev,
       itl.ObserveWeighted(double(v[i]), 1, double(v[i]));
     }
   }
+  // Prompt tokens, with their source where the profile's prompt_tokens
+  // counts them here (not at finish): without a SCHEDULED info, computed.
   if ((l.has & LatenciesRef::kPromptTokens) != 0) {
     s.Add(kPromptTokens, l.prompt_tokens);
+    if (!s.uses(kPromptTokensAtFinish)) {
+      s.AddChild(kPromptTokensBySource, kLocalCompute, l.prompt_tokens);
+    }
   }
   if ((l.has & LatenciesRef::kGenerationTokens) != 0) {
     s.Add(kGenerationTokens, l.generation_tokens);

@@ -161,8 +161,8 @@ Status Registry::Create(const RegistryOptions& options,
 Registry::Registry(const RegistryOptions& options, Layouts layouts)
     : options_(options),
       layouts_(std::move(layouts)),
-      request_labels_(RequestLabelNames(options),
-                      options.request_label_values) {
+      request_labels_(RequestLabelNames(options), options.request_label_values,
+                      options.priority_label) {
   static constexpr DaemonMetric kOverflow[] = {kRequestLabelOverflow};
   if (request_labels_.enabled()) {
     request_labels_registration_ =

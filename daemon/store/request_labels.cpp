@@ -4,17 +4,23 @@
 
 namespace tokenmeter::daemon {
 
-RequestLabels::RequestLabels(std::vector<std::string> names, size_t max_values)
+RequestLabels::RequestLabels(std::vector<std::string> names, size_t max_values,
+                             bool last_is_priority)
     : names_(std::move(names)),
       max_values_(max_values),
-      values_(names_.size(), std::vector<std::string>{"", "__other__"}),
+      values_(names_.size(),
+              std::vector<std::string>{"", std::string(kOtherValue)}),
       ids_(names_.size()),
       overflow_(names_.size(), 0),
-      loras_{""} {}
+      loras_{""} {
+  if (last_is_priority && !values_.empty())
+    values_.back()[kEmpty].assign(1, '0');
+}
 
 std::optional<uint16_t> RequestLabels::Find(size_t label,
                                             std::string_view value) const {
-  if (value.empty()) return kEmpty;
+  if (value.empty() || value == values_[label][kEmpty]) return kEmpty;
+  if (value == kOtherValue) return kOther;
   const auto& ids = ids_[label];
   auto it = ids.find(std::string(value));
   if (it == ids.end()) return std::nullopt;
@@ -22,7 +28,8 @@ std::optional<uint16_t> RequestLabels::Find(size_t label,
 }
 
 uint16_t RequestLabels::Intern(size_t label, std::string_view value) {
-  if (value.empty()) return kEmpty;
+  if (value.empty() || value == values_[label][kEmpty]) return kEmpty;
+  if (value == kOtherValue) return kOther;
   std::vector<std::string>& values = values_[label];
   auto [it, inserted] = ids_[label].try_emplace(std::string(value), 0);
   if (!inserted) return it->second;

@@ -27,22 +27,30 @@ class StateWriter;
 
 class RequestLabels : public Collector {
  public:
-  static constexpr uint16_t kEmpty = 0;  // the label absent or ""
+  // The label absent: "" (for --priority-label's label "0", the bucket of
+  // a request without a priority, ARRIVED's or none).
+  static constexpr uint16_t kEmpty = 0;
   static constexpr uint16_t kOther = 1;  // "__other__"
+  static constexpr std::string_view kOtherValue = "__other__";
   static constexpr size_t kMaxValues = 65535;
   static constexpr size_t kMaxLoras = 65535;  // id 0 is "no adapter"
 
   // names: at most TM_MAX_REQUEST_LABELS valid, distinct label names
-  // (Config checks them); max_values: --request-label-values.
-  RequestLabels(std::vector<std::string> names, size_t max_values);
+  // (Config checks them); max_values: --request-label-values;
+  // last_is_priority: the last name is --priority-label's, whose absent
+  // value (kEmpty) is "0".
+  RequestLabels(std::vector<std::string> names, size_t max_values,
+                bool last_is_priority = false);
 
   const std::vector<std::string>& names() const { return names_; }
   size_t max_values() const { return max_values_; }
   bool enabled() const { return !names_.empty(); }
 
-  // The id of `value` of label `label`, if it has one.
+  // The id of `value` of label `label`, if it has one ("" and the absent
+  // value are kEmpty, "__other__" is kOther).
   std::optional<uint16_t> Find(size_t label, std::string_view value) const;
-  // Gives `value` an id (the next free one); kOther when the table is full.
+  // Gives `value` an id (the next free one); kEmpty and kOther as Find(),
+  // and kOther when the table is full.
   uint16_t Intern(size_t label, std::string_view value);
   std::string_view Value(size_t label, uint16_t id) const {
     return values_[label][id];

@@ -13,6 +13,12 @@ void SaturatingInc(uint64_t& n) {
 }  // namespace
 
 void ReasonCounts::Add(std::string_view reason) {
+  // An engine's own "__other__" is the overflow's: one sample, never two
+  // with the same label value.
+  if (reason == kOther) {
+    SaturatingInc(other_);
+    return;
+  }
   for (auto& [r, n] : counts_) {
     if (r == reason) {
       SaturatingInc(n);
@@ -51,6 +57,16 @@ void ReasonCounts::LoadState(StateReader& r) {
     if (!tm_proto_valid_label_value(reason.data(), reason.size())) r.Fail();
   }
   other_ = r.U64();
+  // A snapshot from before Add() folded "__other__" may hold it as a
+  // reason: folded here the same way.
+  for (auto it = counts_.begin(); it != counts_.end(); ++it) {
+    if (it->first == kOther) {
+      other_ =
+          it->second > UINT64_MAX - other_ ? UINT64_MAX : other_ + it->second;
+      counts_.erase(it);
+      break;
+    }
+  }
 }
 
 }  // namespace tokenmeter::daemon

@@ -25,8 +25,8 @@ class ReasonCounts {
   static constexpr size_t kMaxReasons = 16;
   static constexpr std::string_view kOther = "__other__";
 
-  // Counts one `reason` (label-value syntax, checked by the decoder).
-  // O(kMaxReasons).
+  // Counts one `reason` (label-value syntax, checked by the decoder);
+  // "__other__" itself counts as the overflow. O(kMaxReasons).
   void Add(std::string_view reason);
   bool empty() const { return counts_.empty() && other_ == 0; }
   // Each reason with its count, first-come order, then __other__ if any.

@@ -17,8 +17,12 @@
 #include <sstream>
 
 #include "daemon/exposition/exposition.h"
+#include "daemon/store/parts/admission.h"
 #include "daemon/store/parts/cache_config.h"
+#include "daemon/store/parts/kv_transfer.h"
 #include "daemon/store/parts/lora.h"
+#include "daemon/store/parts/sleep.h"
+#include "daemon/store/parts/waiting_reason.h"
 #include "daemon/store/request_labels.h"
 
 #ifndef TOKENMETER_VERSION
@@ -175,6 +179,11 @@ void Fill(SeriesValues& s, uint64_t k, bool step_gauges, bool spec_positions) {
   s.Add(kPrefixCacheHits, 250 * k);
   s.Add(kNumPreemptions, k);
   s.Add(kPromptTokens, 512 * k);
+  // Their sources (protocol 1.2), which sum to them.
+  s.AddChild(kPromptTokensBySource, kLocalCompute, 320 * k);
+  s.AddChild(kPromptTokensBySource, kLocalCacheHit, 128 * k);
+  s.AddChild(kPromptTokensBySource, kExternalKv, 64 * k);
+  s.Add(kPromptTokensCached, 192 * k);
   s.Add(kGenerationTokens, 128 * k);
   s.AddChild(kRequestSuccess, 0, 10 * k);  // stop
   s.AddChild(kRequestSuccess, 1, 2 * k);   // length
@@ -256,6 +265,21 @@ Exposed MakeExposed(const RegistryOptions& options) {
   return e;
 }
 
+// Data in every protocol 1.2 part of `s`: admission rejections by two
+// reasons, waiting by reason, KV transfers of both roles (one send failed),
+// a sleep.
+void FillProtocol12Parts(EngineSeries& s) {
+  s.part<AdmissionPart>().Reject("queue_full");
+  s.part<AdmissionPart>().Reject("queue_full");
+  s.part<AdmissionPart>().Reject("token_cap");
+  s.part<WaitingReasonPart>().Set(5, 2);
+  KvTransferPart& kv = s.part<KvTransferPart>();
+  kv.Add(0, 2'000'000, true, uint64_t{1} << 20, true, {});
+  kv.Add(0, 9'000'000, false, 0, false, "timeout");
+  kv.Add(1, 3'000'000, true, uint64_t{1} << 20, true, {});
+  s.part<SleepPart>().Apply(1, 1, 1);
+}
+
 Exposed PopulatedRegistry() {
   Exposed reg = MakeExposed(RegistryOptions{});
   EngineSeries* a =
@@ -267,6 +291,8 @@ Exposed PopulatedRegistry() {
   Fill(*a, 1, /*step_gauges=*/true, /*spec_positions=*/true);
   Fill(*b, 2, /*step_gauges=*/false, /*spec_positions=*/false);
   Fill(*c, 3, /*step_gauges=*/false, /*spec_positions=*/true);
+  FillProtocol12Parts(*a);
+  FillProtocol12Parts(*c);
   IngestStats& in = *reg.ingest;
   in.SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 100, 5);
   in.SetClientDropped("tokenmeter-engine", "tiny \"model\"", "dp0", 200, 7);
@@ -365,6 +391,8 @@ Exposed ProfilesRegistry() {
   lm->part<LoraPart>().Add(labels.InternLora("chat"), true, 1, 1'764'633'701);
   lm->part<LoraPart>().Add(labels.InternLora("sql-lora"), false, 1,
                            1'764'633'702);
+  FillProtocol12Parts(*sg);
+  FillProtocol12Parts(*lm);
   return reg;
 }
 

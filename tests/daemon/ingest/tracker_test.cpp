@@ -1530,6 +1530,33 @@ void Lifecycle(Harness& h, const Source& arrive, const Source& rest,
                 Finished(T(30), Rid(rid))});
 }
 
+// The number of lines of `text` that start with `prefix`.
+size_t LinesStartingWith(const std::string& text, const std::string& prefix) {
+  size_t n = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    if (text.compare(at, prefix.size(), prefix) == 0) ++n;
+    at = end + 1;
+  }
+  return n;
+}
+
+// An engine's own value "__other__" is the overflow's value: one sample
+// (never two with the same labels), and not counted as an overflow.
+TEST(TrackerTest, AnEnginesOwnOtherValueIsTheOverflowsSample) {
+  Harness h(LabelOptions({"tenant"}, 1), Profile::kVllm);
+  Lifecycle(h, h.Core(), h.Core(), 1, Labels({{"tenant", "__other__"}}));
+  Lifecycle(h, h.Core(), h.Core(), 2, Labels({{"tenant", "a"}}));
+  Lifecycle(h, h.Core(), h.Core(), 3, Labels({{"tenant", "b"}}));  // cap: 1
+  EXPECT_EQ(h.registry->request_labels().overflow(0), 1u);         // b
+  const std::string text = h.Render();
+  const std::string other =
+      "vllm:generation_tokens_total{model_name=\"m\",engine=\"core\","
+      "tenant=\"__other__\"}";
+  EXPECT_TRUE(HasLine(text, other + " 4")) << text;
+  EXPECT_EQ(LinesStartingWith(text, other), 1u);
+}
+
 TEST(TrackerTest, RequestLabelValuesAreCappedPerSeries) {
   Harness h(LabelOptions({"tenant"}, 2), Profile::kVllm);
   uint64_t rid = 1;
@@ -2290,6 +2317,30 @@ TEST(Tracker12Test, CountsAdmissionRejectionsBySixteenReasonsThenOther) {
   EXPECT_EQ(h.stats->events(EventKind::kAdmissionRejected), 19u);
 }
 
+// A reason "__other__" an engine sends itself is counted with the
+// overflow: one sample per family, never two with the same labels.
+TEST(Tracker12Test, AnEnginesOwnOtherReasonIsTheOverflowsSample) {
+  Harness h;
+  h.Send(h.Core(), Rejected(T(0), "__other__"));
+  for (int i = 0; i < 17; ++i) {
+    h.Send(h.Core(), Rejected(T(1 + i), "r" + std::to_string(i)));
+  }
+  h.Send(h.Core(),
+         {KvTransfer(T(30), Rid(9), KvRole::kSend, T(20), false, "__other__"),
+          KvTransfer(T(40), Rid(9), KvRole::kSend, T(20), false, "timeout")});
+  const std::string text = h.Render();
+  const std::string rejected = "vllm:admission_rejections_total" + kCoreLabels +
+                               ",reason=\"__other__\"}";
+  EXPECT_TRUE(HasLine(text, rejected + " 2")) << text;  // its own and r16
+  EXPECT_EQ(LinesStartingWith(text, rejected), 1u);
+  EXPECT_TRUE(HasLine(text, "vllm:admission_rejections_total" + kCoreLabels +
+                                ",reason=\"r15\"} 1"));
+  const std::string failed = "vllm:kv_transfer_failures_total" + kCoreLabels +
+                             ",role=\"send\",reason=\"__other__\"}";
+  EXPECT_TRUE(HasLine(text, failed + " 1"));
+  EXPECT_EQ(LinesStartingWith(text, failed), 1u);
+}
+
 TEST(Tracker12Test, FollowsSleepStatesKeyByKey) {
   Harness h;
   EXPECT_EQ(h.Render().find("engine_sleep_state"), std::string::npos);
@@ -2381,6 +2432,39 @@ TEST(Tracker12Test, LabelsRequestsByPriorityBucketWithThePriorityLabel) {
   EXPECT_EQ(text.find("num_requests_running{model_name=\"m\",engine=\"core\","
                       "priority"),
             std::string::npos);
+}
+
+// A request without an ARRIVED (a decode instance's: SCHEDULED, tokens,
+// FINISHED) has priority "0" too: the same sample as one whose ARRIVED has
+// no priority or priority 0, never priority="".
+TEST(Tracker12Test, ARequestWithoutArrivedHasPriorityZero) {
+  RegistryOptions o = LabelOptions({"tenant"}, 10);
+  o.priority_label = true;
+  Harness h(o, Profile::kVllm);
+  h.Send(h.Core(), {Scheduled(T(0), Rid(1)), Tokens(T(10), Rid(1), 1),
+                    Finished(T(20), Rid(1))});
+  h.Send(h.Core(), {Arrived(T(0), Rid(2), 4), Tokens(T(10), Rid(2), 1),
+                    Finished(T(20), Rid(2))});
+  ArrivedExtras x;
+  x.has_priority = true;
+  x.priority = 0;
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(3), 4), x);
+  h.Send(h.Core(), {Tokens(T(10), Rid(3), 1), Finished(T(20), Rid(3))});
+  x.priority = 1;
+  h.SendArrived(h.Core(), Arrived(T(0), Rid(4), 4), x);
+  h.Send(h.Core(), {Tokens(T(10), Rid(4), 1), Finished(T(20), Rid(4))});
+  const std::string text = h.Render();
+  const std::string name =
+      "vllm:request_success_total" + kCoreLabels + ",tenant=\"\",priority=";
+  EXPECT_TRUE(HasLine(text, name + "\"0\",finished_reason=\"stop\"} 3"))
+      << text;
+  EXPECT_TRUE(HasLine(text, name + "\"1\",finished_reason=\"stop\"} 1"));
+  EXPECT_EQ(text.find("priority=\"\""), std::string::npos);
+  EXPECT_EQ(LinesStartingWith(text, "vllm:e2e_request_latency_seconds_count" +
+                                        kCoreLabels +
+                                        ",tenant=\"\",priority="
+                                        "\"0\"}"),
+            1u);
 }
 
 TEST(Tracker12Test, RefusesAPriorityLabelBeyondFourOrTwice) {
@@ -2538,6 +2622,71 @@ Event Latencies(uint64_t t, uint32_t begin, uint32_t ttft, uint32_t itl) {
   e.latencies.ttft_count = ttft;
   e.latencies.itl_count = itl;
   return e;
+}
+
+// REQUEST_SUMMARY and LATENCIES carry no request labels: with request
+// labels on they are the samples whose labels are all absent (priority
+// "0"), shown as soon as they are used.
+TEST(Tracker13Test, SummaryAndLatenciesAreShownWithRequestLabels) {
+  RegistryOptions o = LabelOptions({"tenant"}, 10);
+  o.priority_label = true;
+  Harness h(o, Profile::kVllm);
+  Batch batch;
+  batch.positions = {40 * kMs};
+  Event l = Latencies(T(0), 0, 1, 0);
+  l.latencies.has = LatenciesRef::kPromptTokens;
+  l.latencies.prompt_tokens = 7;
+  batch.events = {l};
+  h.tracker->ApplyBatch(h.Core(), batch);
+  h.Send(h.Core(), Summary(T(1), FinishReason::kStop, 7, 4));
+  const std::string text = h.Render();
+  const std::string labels = kCoreLabels + ",tenant=\"\",priority=\"0\"";
+  EXPECT_TRUE(HasLine(text, "vllm:request_success_total" + labels +
+                                ",finished_reason=\"stop\"} 1"))
+      << text;
+  EXPECT_TRUE(
+      HasLine(text, "vllm:time_to_first_token_seconds_count" + labels + "} 1"));
+  EXPECT_TRUE(HasLine(text, "vllm:prompt_tokens_total" + labels + "} 7"));
+  EXPECT_TRUE(
+      HasLine(text, "vllm:request_prompt_tokens_count" + labels + "} 1"));
+}
+
+// prompt_tokens_by_source sums to the profile's prompt_tokens also for
+// the adapters' events: a LATENCIES' prompt tokens are computed ones (no
+// SCHEDULED info); where prompt tokens count at finish (SGLang), a
+// summary's, its cached ones a local cache hit.
+TEST(Tracker13Test, PromptSourcesSumToPromptTokensForSummariesAndLatencies) {
+  Batch batch;
+  Event l = Latencies(T(0), 0, 0, 0);
+  l.latencies.has = LatenciesRef::kPromptTokens;
+  l.latencies.prompt_tokens = 20;
+  batch.events = {l};
+  Event summary = Summary(T(1), FinishReason::kStop, 20, 3);
+  summary.summary.cached_tokens = 5;
+  summary.summary.has |= RequestSummaryInfo::kCachedTokens;
+
+  // The prompt_tokens each profile shows; LMDeploy's cached_tokens_total
+  // counts at finish (once).
+  const struct {
+    Profile profile;
+    EngineMetric prompt_tokens;
+    uint64_t prompt;
+    std::vector<uint64_t> sources;
+    uint64_t cached;
+  } cases[] = {
+      {Profile::kVllm, kPromptTokens, 20, {20, 0, 0}, 0},
+      {Profile::kSglang, kPromptTokensAtFinish, 24, {19, 5, 0}, 5},
+      {Profile::kLmdeploy, kPromptTokens, 20, {20, 0, 0}, 5},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(ProfileName(c.profile));
+    Harness h(RegistryOptions{}, c.profile);
+    h.tracker->ApplyBatch(h.Core(), batch);
+    h.Send(h.Core(), {summary, Summary(T(2), FinishReason::kAbort, 4, 0)});
+    EXPECT_EQ(h.core->count(c.prompt_tokens), c.prompt);
+    EXPECT_EQ(h.core->children(kPromptTokensBySource), c.sources);
+    EXPECT_EQ(h.core->count(kPromptTokensCached), c.cached);
+  }
 }
 
 TEST(Tracker13Test, LatenciesObserveEachValueAndAddTheCounts) {

@@ -18,6 +18,7 @@
 #include "daemon/store/parts/chunk_tokens.h"
 #include "daemon/store/parts/lora.h"
 #include "daemon/store/parts/moe.h"
+#include "daemon/store/parts/reason_counts.h"
 #include "daemon/store/profile.h"
 #include "daemon/store/registry.h"
 
@@ -499,6 +500,48 @@ TEST_F(PartsTest, FormatsOneAndTwoKeptTheFeaturesInTheSeries) {
   EXPECT_EQ(s_->find_part<CacheConfigPart>(), nullptr);
   EXPECT_EQ(s_->find_part<MoePart>(), nullptr);
   EXPECT_NE(s_->find_part<LoraPart>(), nullptr);
+}
+
+}  // namespace
+}  // namespace tokenmeter::daemon
+
+namespace tokenmeter::daemon {
+namespace {
+
+// "__other__" is the overflow's name: an engine's own reason of that name
+// counts there, and a snapshot that holds it as a reason (written before
+// Add() folded it) loads it folded, so no two samples share it.
+TEST(ReasonCountsTest, AnEnginesOwnOtherIsTheOverflow) {
+  ReasonCounts c;
+  c.Add("__other__");
+  for (int i = 0; i < 17; ++i) c.Add("r" + std::to_string(i));
+  EXPECT_EQ(c.count("__other__"), 2u);  // its own and r16
+  EXPECT_EQ(c.count("r15"), 1u);
+  size_t others = 0;
+  c.ForEach([&](std::string_view reason, uint64_t) {
+    others += reason == ReasonCounts::kOther;
+  });
+  EXPECT_EQ(others, 1u);
+
+  std::string bytes;
+  StateWriter w(bytes);
+  w.U64(2);
+  w.Str("a");
+  w.U64(3);
+  w.Str("__other__");
+  w.U64(4);
+  w.U64(5);  // the overflow
+  ReasonCounts loaded;
+  StateReader r(bytes.data(), bytes.size());
+  loaded.LoadState(r);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  EXPECT_EQ(loaded.count("a"), 3u);
+  EXPECT_EQ(loaded.count("__other__"), 9u);
+  others = 0;
+  loaded.ForEach([&](std::string_view reason, uint64_t) {
+    others += reason == ReasonCounts::kOther;
+  });
+  EXPECT_EQ(others, 1u);
 }
 
 }  // namespace
