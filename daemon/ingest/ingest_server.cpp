@@ -305,6 +305,7 @@ class IngestServer::Connection : public FrameSink {
     // once, under its reason).
     server_.stats_.CountErrors(IngestError::kBadField, hello.bad_fields);
     LogBadFields(hello.bad_fields);
+    series->set_hello_engine(hello.engine);
     if (hello.has_cache_config) {
       series->part<CacheConfigPart>().Set(hello.cache_config);
     }

@@ -927,7 +927,10 @@ void Tracker::HandOver(Request& r, bool evicted) {
   if (s != nullptr) {
     tl->engine_labels = s->label_pairs();
     tl->profile = ProfileName(s->profile());
-    tl->engine = s->identity().ns;
+    // The HELLO's engine; its namespace for a series no HELLO joined since
+    // the daemon started (restored from a snapshot).
+    tl->engine =
+        s->hello_engine().empty() ? s->identity().ns : s->hello_engine();
   }
   ++timelines_handed_;
   for (trace::TimelineSink* sink : sinks_) sink->OnRetired(*tl, evicted);

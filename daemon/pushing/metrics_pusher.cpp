@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "daemon/exposition/exposition.h"
+#include "daemon/store/catalog.h"
 
 namespace tokenmeter::daemon {
 namespace {
@@ -23,12 +24,14 @@ MetricsPusher::MetricsPusher(const Registry& registry,
       encoder_([this, &encoder_options] {
         // Each point's start: its engine series' (found by the series'
         // label text, which a series' own samples carry), else the
-        // registry's: the daemon families and the per-request-label cells.
-        encoder_options.start_time = [this](std::string_view,
+        // registry's: the daemon families and the per-request-label cells;
+        // this process's for the families that start again with it.
+        encoder_options.start_time = [this](std::string_view name,
                                             const SampleLabels& labels) {
           auto it = starts_.find(labels.text);
-          return it != starts_.end() && it->second != 0
-                     ? it->second
+          if (it != starts_.end() && it->second != 0) return it->second;
+          return CountsFromProcessStart(name)
+                     ? registry_.process_start_unix_ns()
                      : registry_.start_unix_ns();
         };
         return std::move(encoder_options);

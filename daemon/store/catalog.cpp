@@ -229,6 +229,10 @@ std::string_view MetricTypeName(MetricType type) {
   return "untyped";
 }
 
+bool CountsFromProcessStart(std::string_view name) {
+  return name.starts_with("process_") || name.starts_with("tokenmeter_otlp_");
+}
+
 std::vector<double> OneTwoFive(uint64_t max) {
   std::vector<double> out;
   for (uint64_t scale = 1;; scale *= 10) {

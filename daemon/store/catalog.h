@@ -188,6 +188,11 @@ struct DaemonMetricDef {
   std::string_view help;
 };
 extern const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics];
+// Whether the daemon family `name` (as kDaemonMetrics names it) counts
+// from this process's start rather than from the daemon state's: the
+// process_* families and the OTLP exporters' (tokenmeter_otlp_*), which no
+// state snapshot holds. Their OTLP start time is the process's. O(1).
+bool CountsFromProcessStart(std::string_view name);
 
 // The default bounds of a bucket set (exposed units).
 std::vector<double> DefaultBuckets(BucketSet set, uint64_t max_model_len);

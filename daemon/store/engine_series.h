@@ -152,6 +152,13 @@ class EngineSeries : public SeriesValues {
   EngineSeries& operator=(const EngineSeries&) = delete;
 
   const SeriesIdentity& identity() const { return identity_; }
+  // The HELLO "engine" of the last connection that joined this series
+  // (identity().ns is derived from it, or is --namespace's); empty until
+  // one did since the daemon started (not in state snapshots). O(length).
+  const std::string& hello_engine() const { return hello_engine_; }
+  void set_hello_engine(std::string_view engine) {
+    if (hello_engine_ != engine) hello_engine_.assign(engine);
+  }
   Profile profile() const { return identity_.profile; }
   // Whether this series' profile reads metric m (ProfileUses()).
   bool uses(EngineMetric m) const { return uses_[m]; }
@@ -252,6 +259,7 @@ class EngineSeries : public SeriesValues {
   LabelCell MakeCell(LabelKey key);
 
   const SeriesIdentity identity_;
+  std::string hello_engine_;
   uint64_t start_unix_ns_ = 0;
   RequestLabels& request_labels_;
   const std::vector<HistogramLayout>& layouts_;

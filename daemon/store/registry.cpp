@@ -210,6 +210,7 @@ EngineSeries* Registry::GetOrCreate(const SeriesIdentity& id) {
 void Registry::SetClock(const Clock* clock) {
   clock_ = clock;
   start_unix_ns_ = clock != nullptr ? UnixNowNs(*clock) : 0;
+  process_start_unix_ns_ = start_unix_ns_;
 }
 
 void Registry::Register(DaemonMetric id, const Collector* c) {

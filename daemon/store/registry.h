@@ -56,6 +56,9 @@ class Registry {
   // loaded snapshot's (format 6): the start of every daemon family's
   // cumulative values, kept across restarts.
   uint64_t start_unix_ns() const { return start_unix_ns_; }
+  // SetClock()'s time, whatever a snapshot held: this process's start, for
+  // the families that count from it (CountsFromProcessStart()).
+  uint64_t process_start_unix_ns() const { return process_start_unix_ns_; }
   // True when a series of `id`'s namespace has a profile other than id's:
   // two profiles may name families alike, and one namespace shows one.
   bool NamespaceConflict(const SeriesIdentity& id) const;
@@ -117,6 +120,7 @@ class Registry {
   uint64_t series_rejected_ = 0;
   const Clock* clock_ = nullptr;  // SetClock()
   uint64_t start_unix_ns_ = 0;
+  uint64_t process_start_unix_ns_ = 0;
   size_t expert_series_ = 0;  // series cap places ReserveMoeLayer() took
   size_t moe_layers_ = 0;     // layers ReserveMoeLayer() let in
   std::array<const Collector*, kNumDaemonMetrics> collectors_{};

@@ -13,7 +13,8 @@ exponential (count, sum, the native buckets' total) or, with
 `le` buckets; the resource's service.name; start times: a series' start
 before its first event, the daemon families' the daemon's start, and,
 across a restart with --state-dir, the same start times and cumulative
-values that carry on; a receiver that never answers blocks nothing.
+values that carry on (process_* and tokenmeter_otlp_*: the new process's
+start); a receiver that never answers blocks nothing.
 
 Usage: metrics_push_e2e_test.py TOKENMETERD [unittest args]
 Skips (exit 77) without node and tests/otel/node_modules.
@@ -240,6 +241,21 @@ class MetricsPush(unittest.TestCase):
                     self.assertEqual(int(b["count"]), int(a["count"]) + 3)
                 else:
                     self.assertGreater(number(b), number(a), name)
+            # The daemon's own restored families keep their start; those
+            # of the process (process_*, the OTLP exporters') start again
+            # with the new process, later than the first one's.
+            a, b = (first["tokenmeter_ingest_frames"]["data_points"][0],
+                    second["tokenmeter_ingest_frames"]["data_points"][0])
+            self.assertEqual(a["start_time_unix_nano"],
+                             b["start_time_unix_nano"])
+            self.assertGreater(number(b), number(a))
+            a, b = (first["process_cpu_seconds"]["data_points"][0],
+                    second["process_cpu_seconds"]["data_points"][0])
+            self.assertGreater(int(b["start_time_unix_nano"]),
+                               int(a["start_time_unix_nano"]))
+            self.assertGreater(int(b["start_time_unix_nano"]),
+                               int(first["vllm:generation_tokens"]
+                                   ["data_points"][0]["time_unix_nano"]))
 
     def test_a_receiver_that_never_answers_blocks_nothing(self):
         # The first push waits for an answer that never comes, the later

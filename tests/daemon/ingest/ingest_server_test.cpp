@@ -544,6 +544,12 @@ TEST_F(NamespaceFlagTest, ProfileFlagAndOneNamespace) {
   ASSERT_TRUE(RunUntil([&] { return b.SawEof(); }));
   EXPECT_TRUE(Shows(kBadHelloErrors, "1")) << Exposition();
   EXPECT_FALSE(a.SawEof());
+  // The series keeps the HELLO's engine (traces name it), not "fleet".
+  const EngineSeries* s =
+      registry_->GetOrCreate({"fleet", "m", "0", {}, Profile::kLmdeploy});
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(registry_->series_count(), 1u);
+  EXPECT_EQ(s->hello_engine(), "vllm");
 }
 
 }  // namespace

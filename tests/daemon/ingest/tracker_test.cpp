@@ -2122,6 +2122,22 @@ struct TimelineCollector : trace::TimelineSink {
   std::vector<bool> evicted_flags;
 };
 
+// The timeline's engine (gen_ai.provider.name) is the HELLO's engine of
+// the series, not its metric namespace (which --namespace or a profile
+// may set apart from it).
+TEST(TrackerTimelineTest, EngineIsTheHellosEngine) {
+  Harness h;
+  TimelineCollector sink;
+  h.tracker->AddTimelineSink(&sink);
+  h.core->set_hello_engine("tokenmeter-engine");
+  h.Send(h.Core(), {Arrived(T(0), Rid(1), 4), Tokens(T(1), Rid(1), 1),
+                    Finished(T(2), Rid(1))});
+  h.AdvanceAndSweep(3600 * kSecond);
+  ASSERT_EQ(sink.got.size(), 1u);
+  EXPECT_EQ(sink.got[0]->engine, "tokenmeter-engine");
+  EXPECT_EQ(h.core->identity().ns, "vllm");
+}
+
 TEST(TrackerTimelineTest, HandsOverTheWholeTimelineAtRetirement) {
   Harness h;
   TimelineCollector sink;
@@ -2159,6 +2175,7 @@ TEST(TrackerTimelineTest, HandsOverTheWholeTimelineAtRetirement) {
   EXPECT_EQ(t.request_id, "req-1");
   EXPECT_TRUE(t.string_id);
   EXPECT_EQ(t.profile, "vllm");
+  EXPECT_EQ(t.engine, "vllm");  // no HELLO joined the series: its namespace
   ASSERT_FALSE(t.engine_labels.empty());
   EXPECT_EQ(t.engine_labels[0],
             std::make_pair(std::string("model_name"), std::string("m")));
