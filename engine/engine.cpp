@@ -451,6 +451,12 @@ Status Engine::Step(bool* acted) {
       meter_->Scheduled(r->id, {r->cached_tokens, r->external_tokens},
                         sched_ns);
     }
+    // A hand-over whose every pulled position the local prefix cache holds
+    // (or a one-token prompt) pulls nothing: an ACK of attempt 0 tells the
+    // prefill side to free the blocks it holds for it.
+    if (r->remote_kv && r->external_tokens == 0) {
+      channel_->SendAck({r->id, 0, true, false, {}});
+    }
   }
   for (Request* r : plan_.kv_pulls) {
     r->kv_attempts = 1;
@@ -665,15 +671,20 @@ Status Engine::ServePull(const KvPull& p) {
 Status Engine::OnAck(const KvAck& a) {
   Request* r =
       a.rid >= 1 && a.rid <= held_.size() ? held_[Index(a.rid)] : nullptr;
-  if (r == nullptr || a.attempt != r->kv_attempts) {
+  // Attempt 0: the decode side pulls nothing (never a PULL: kv_attempts 0)
+  // and only frees the blocks; no transfer, no KV_TRANSFER.
+  if (r == nullptr || a.attempt != r->kv_attempts ||
+      (a.attempt == 0 && (!a.ok || a.retry))) {
     return Status::Error("KV channel: an ACK for no transfer (request " +
                          std::to_string(a.rid) + ")");
   }
-  // The send ends when the receiver has checked what arrived.
   const uint64_t t = NowNs();
-  SendKvTransfer(*r, false, t,
-                 uint64_t(r->kv_num_blocks) * block_floats_ * sizeof(float),
-                 a.ok, a.reason);
+  if (a.attempt != 0) {
+    // The send ends when the receiver has checked what arrived.
+    SendKvTransfer(*r, false, t,
+                   uint64_t(r->kv_num_blocks) * block_floats_ * sizeof(float),
+                   a.ok, a.reason);
+  }
   if (a.ok || !a.retry) {
     scheduler_->ReleaseHeld(r);
     held_[Index(a.rid)] = nullptr;

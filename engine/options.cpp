@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include "tokenmeter/tokenmeter.h"
@@ -144,8 +145,10 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   uint64_t seed = 1;
   uint32_t moe_experts = 0, moe_top_k = 2;
   bool top_k_set = false;
-  bool priority_workload = false;  // --priority
-  std::string_view kv_flag;        // a --kv-* flag given
+  bool priority_workload = false;      // --priority or --priority=K
+  std::optional<uint32_t> priority_k;  // --priority=K
+  bool levels_given = false;           // --priority-levels (wins)
+  std::string_view kv_flag;            // a --kv-* flag given
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     std::string_view flag = arg, value;
@@ -277,7 +280,12 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       kv_flag = flag;
     } else if (flag == "--max-queued") {
       s = u32(&o->max_queued);
-    } else if (flag == "--priority-levels" || flag == "--priority") {
+    } else if (flag == "--priority") {
+      priority_workload = true;
+      priority_k.emplace(0);
+      s = u32(&*priority_k);
+    } else if (flag == "--priority-levels") {
+      levels_given = true;
       s = u32(&o->workload.priority_levels);
     } else if (flag == "--sleep-after" || flag == "--wake-after") {
       double* dst =
@@ -326,9 +334,10 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
     return Status::Error(
         "--sleep-after and --wake-after must be given together");
   }
-  // --priority alone: vLLM's five buckets, <-1 .. >1, each get requests.
-  if (priority_workload && o->workload.priority_levels == 0) {
-    o->workload.priority_levels = kPriorityWorkloadLevels;
+  // --priority alone: vLLM's five buckets, <-1 .. >1, each get requests;
+  // --priority=K: K levels; --priority-levels, in either order, wins.
+  if (priority_workload && !levels_given) {
+    o->workload.priority_levels = priority_k.value_or(kPriorityWorkloadLevels);
   }
   o->scheduler.priority = o->workload.priority_levels > 0;
   if (o->disaggregate) o->trace_context = true;

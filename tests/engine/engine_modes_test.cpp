@@ -204,6 +204,32 @@ TEST(EngineModesTest, DisaggregatedRunComputesWhatOneEngineComputes) {
   EXPECT_EQ(d.last_step.running, 0u);
 }
 
+// A hand-over that pulls nothing (one-token prompts: the decode side
+// computes the last prompt token itself, and there is nothing before it;
+// the same as a prefix cache that holds every pulled position) is
+// acknowledged all the same: the prefill side frees the blocks it held
+// for it, sends no KV_TRANSFER, and both processes end.
+TEST(EngineModesTest, AHandOverThatPullsNothingIsReleased) {
+  EngineOptions o = DisaggregatedRun();
+  o.workload.prompt_len = 1;
+  o.workload.shared_prefix = 0;
+  Disaggregated run(o);
+  const Report& p = run.p;
+  const Report& d = run.d;
+  EXPECT_GT(p.kv_handoffs, 0u);
+  EXPECT_EQ(d.requests, p.kv_handoffs);
+  EXPECT_EQ(p.kv_send.count, 0u);
+  EXPECT_EQ(d.kv_recv.count, 0u);
+  EXPECT_EQ(d.prompt_external_kv, 0u);
+  EXPECT_EQ(d.finished_error, 0u);
+  EngineOptions mono = o;
+  mono.disaggregate = false;
+  auto m = RunEngine(mono);
+  for (uint64_t id = 1; id <= 24; ++id) {
+    EXPECT_EQ(run.Output(id), m->OutputById(id)) << "request " << id;
+  }
+}
+
 TEST(EngineModesTest, FailedTransfersAreRetriedThenTheRequestErrs) {
   EngineOptions o = DisaggregatedRun();
   o.workload.shared_prefix = 0;

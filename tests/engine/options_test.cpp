@@ -288,6 +288,16 @@ TEST(OptionsTest, PriorityIsAPriorityWorkload) {
   ASSERT_TRUE(Parse({"--priority", "--priority-levels", "2"}, &o).ok());
   EXPECT_EQ(o.workload.priority_levels, 2u);
   o = EngineOptions();
+  ASSERT_TRUE(Parse({"--priority-levels", "5", "--priority=3"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 5u);
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--priority=3", "--priority-levels", "5"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 5u);
+  o = EngineOptions();
+  ASSERT_TRUE(Parse({"--priority", "--priority-levels", "0"}, &o).ok());
+  EXPECT_EQ(o.workload.priority_levels, 0u);
+  EXPECT_FALSE(o.scheduler.priority);
+  o = EngineOptions();
   EXPECT_FALSE(Parse({"--priority=1025"}, &o).ok());
   EXPECT_FALSE(Parse({"--priority=x"}, &o).ok());
 }
