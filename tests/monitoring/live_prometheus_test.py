@@ -1046,6 +1046,8 @@ class LivePrometheus(LiveBase):
                                    f"{last})")
                 if sim is env.vllm:
                     self.check_sleep_panels(want)
+                if sim is env.sglang:
+                    self.check_kv_failure_panel(sim, ns, want["kv_failed"])
             finally:
                 sim.resume()
             self.assertTrue(want["rejected"], ns)
@@ -1071,6 +1073,45 @@ class LivePrometheus(LiveBase):
             "model_name": format_var(variables["model_name"], [VLLM_MODEL]),
             "engine": format_var(variables["engine"], ["0"]),
         }
+
+    def selection(self, sim, ns):
+        """The variables as Grafana sends them with engine `sim` (of
+        namespace `ns`) alone selected (Host, Model and Engine)."""
+        variables = {v["name"]: v for v in
+                     self.dashboard["templating"]["list"]}
+        return {
+            "job": format_var(variables["job"], ["tokenmeter"]),
+            "namespace": format_var(variables["namespace"], [ns]),
+            "instance": format_var(variables["instance"],
+                                   [self.env.host[sim]]),
+            "model_name": format_var(variables["model_name"],
+                                     [sim.hello["model"]]),
+            "engine": format_var(variables["engine"],
+                                 [sim.hello["instance"]]),
+        }
+
+    def check_kv_failure_panel(self, sim, ns, kv_failed):
+        """The KV transfer failures panel for `sim`, an engine of the
+        sglang profile: the daemon's series by role and reason, and not
+        SGLang's own counters (any, timeout) again, which count the same
+        failures (`or` alone would draw each failure two or three times)."""
+        values = self.selection(sim, ns)
+        exprs = [interpolate(expr, values)
+                 for title, ref, expr in self.dashboard_targets()
+                 if "num_transfer_failed_reqs_total" in expr]
+        self.assertEqual(len(exprs), 1, exprs)
+        want = {k for k in kv_failed if " " in k}  # "role reason"
+        self.assertTrue(want, kv_failed)
+        last = []
+
+        def shown():
+            got = {f"{m.get('role', '')} {m.get('reason', '')}"
+                   for m, _ in self.prom.vector(exprs[0])}
+            last[:] = [got]
+            return got == want
+        tu.poll_until(shown, timeout=10, interval=0.2,
+                      what=f"the KV failures panel shows {want} (last "
+                           f"{last})")
 
     def check_sleep_panels(self, want):
         """The dashboard's sleep panels for the first host's vllm engine
