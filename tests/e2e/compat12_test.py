@@ -8,8 +8,9 @@ git (commit 9166c1f, the last before the 1.2 events):
   alike (text 0.0.4, OpenMetrics, protobuf family by family); only the
   families and event kinds 1.2 adds are left out of the comparison;
 * a 1.2 stream (tests/e2e/protocol12_model_test.py's random streams: the
-  new kinds, SCHEDULED info, STEP waiting_deferred, ARRIVED priority and
-  trace context) into the old daemon, and the same stream with every 1.2
+  new kinds, SCHEDULED info, STEP waiting_deferred, ARRIVED priority;
+  the trace context comes with the reference engine below) into the old
+  daemon, and the same stream with every 1.2
   addition taken out into another old daemon: both expose the same, except
   that the first counts kinds 9 to 11 as unknown_kind, and nothing else
   changes;
