@@ -523,9 +523,10 @@ const std::vector<Flag>& Flags() {
        }},
       {"trace-slower-than",
        [](std::string_view v, Config* c) {
-         Status s = ParseSecondsNs("trace-slower-than", v, 0,
-                                   &c->trace_slower_than_ns);
-         if (s.ok() && c->trace_slower_than_ns == 0) {
+         // One message for every refusal: 0 is refused as a negative is.
+         const Status s = ParseSecondsNs("trace-slower-than", v, 0,
+                                         &c->trace_slower_than_ns);
+         if (!s.ok() || c->trace_slower_than_ns == 0) {
            return Status::Error("--trace-slower-than: \"" + std::string(v) +
                                 "\" is not a number of seconds > 0");
          }

@@ -47,7 +47,8 @@ Protocol 1.2 modes:
   --kv-fail-every N         corrupt every Nth KV transfer (0 = never; needs
                             --disaggregate)
   --kv-retries R            retries of a failed KV transfer before the
-                            request ends with `error`, 0..16 (1)
+                            request ends with `error`, 0..16 (1; needs
+                            --disaggregate)
   --max-queued N            reject an arrival that finds N requests waiting
                             (ADMISSION_REJECTED queue_full; 0 = no cap)
   --priority-levels K       each request gets a priority (lower runs first)
@@ -336,6 +337,10 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
   }
   // --priority alone: vLLM's five buckets, <-1 .. >1, each get requests;
   // --priority=K: K levels; --priority-levels, in either order, wins.
+  if (priority_k.value_or(0) > kMaxPriorityLevels) {
+    return Status::Error("--priority must be 0.." +
+                         std::to_string(kMaxPriorityLevels));
+  }
   if (priority_workload && !levels_given) {
     o->workload.priority_levels = priority_k.value_or(kPriorityWorkloadLevels);
   }

@@ -436,6 +436,13 @@ TEST(ConfigTest, RejectsBadTracingValues) {
     ASSERT_FALSE(s.ok()) << b.args[1];
     EXPECT_TRUE(Contains(s.message(), b.flag)) << s.message();
   }
+  // 0 is refused as a negative is, with the same words.
+  for (const char* v : {"0", "-1", "x"}) {
+    Config c;
+    const Status s = Parse({"--trace-slower-than", v}, &c);
+    EXPECT_TRUE(Contains(s.message(), "is not a number of seconds > 0"))
+        << s.message();
+  }
 }
 
 TEST(ConfigTest, RejectsUnknownFlag) {

@@ -294,6 +294,8 @@ TEST(OptionsTest, PriorityIsAPriorityWorkload) {
   ASSERT_TRUE(Parse({"--priority=3", "--priority-levels", "5"}, &o).ok());
   EXPECT_EQ(o.workload.priority_levels, 5u);
   o = EngineOptions();
+  EXPECT_FALSE(Parse({"--priority-levels", "5", "--priority=1025"}, &o).ok());
+  o = EngineOptions();
   ASSERT_TRUE(Parse({"--priority", "--priority-levels", "0"}, &o).ok());
   EXPECT_EQ(o.workload.priority_levels, 0u);
   EXPECT_FALSE(o.scheduler.priority);
