@@ -188,6 +188,9 @@ struct DaemonMetricDef {
   std::string_view help;
 };
 extern const DaemonMetricDef kDaemonMetrics[kNumDaemonMetrics];
+// The label value of what a cap leaves no place of its own: request-label
+// values past --request-label-values, reasons past the 16 a series keeps.
+inline constexpr std::string_view kOverflowLabelValue = "__other__";
 // Whether the daemon family `name` (as kDaemonMetrics names it) counts
 // from this process's start rather than from the daemon state's: the
 // process_* families and the OTLP exporters' (tokenmeter_otlp_*), which no

@@ -19,8 +19,7 @@ RequestLabels::RequestLabels(std::vector<std::string> names, size_t max_values,
 
 std::optional<uint16_t> RequestLabels::Find(size_t label,
                                             std::string_view value) const {
-  if (value.empty() || value == values_[label][kEmpty]) return kEmpty;
-  if (value == kOtherValue) return kOther;
+  if (const std::optional<uint16_t> fixed = FixedId(label, value)) return fixed;
   const auto& ids = ids_[label];
   auto it = ids.find(std::string(value));
   if (it == ids.end()) return std::nullopt;
@@ -28,8 +27,9 @@ std::optional<uint16_t> RequestLabels::Find(size_t label,
 }
 
 uint16_t RequestLabels::Intern(size_t label, std::string_view value) {
-  if (value.empty() || value == values_[label][kEmpty]) return kEmpty;
-  if (value == kOtherValue) return kOther;
+  if (const std::optional<uint16_t> fixed = FixedId(label, value)) {
+    return *fixed;
+  }
   std::vector<std::string>& values = values_[label];
   auto [it, inserted] = ids_[label].try_emplace(std::string(value), 0);
   if (!inserted) return it->second;

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/store/catalog.h"
 #include "daemon/store/metric_writer.h"
 #include "tokenmeter/protocol.h"
 
@@ -31,7 +32,7 @@ class RequestLabels : public Collector {
   // a request without a priority, ARRIVED's or none).
   static constexpr uint16_t kEmpty = 0;
   static constexpr uint16_t kOther = 1;  // "__other__"
-  static constexpr std::string_view kOtherValue = "__other__";
+  static constexpr std::string_view kOtherValue = kOverflowLabelValue;
   static constexpr size_t kMaxValues = 65535;
   static constexpr size_t kMaxLoras = 65535;  // id 0 is "no adapter"
 
@@ -108,6 +109,14 @@ class RequestLabels : public Collector {
   };
   std::vector<Set> sets_{{0, 0}};
   std::unordered_map<Set, uint32_t, SetHash> set_ids_;
+  // kEmpty for "" and the absent value, kOther for "__other__": the ids
+  // no value is interned for. O(length).
+  std::optional<uint16_t> FixedId(size_t label, std::string_view value) const {
+    if (value.empty() || value == values_[label][kEmpty]) return kEmpty;
+    if (value == kOtherValue) return kOther;
+    return std::nullopt;
+  }
+
   const std::vector<std::string> names_;
   const size_t max_values_;
   std::vector<std::vector<std::string>> values_;  // [label][id]

@@ -274,34 +274,32 @@ TEST(OptionsTest, ParsesTheProtocolTwelveFlags) {
 // --priority: a priority workload of vLLM's five buckets, or --priority=K
 // levels; a --priority-levels given too wins, in either order.
 TEST(OptionsTest, PriorityIsAPriorityWorkload) {
-  EngineOptions o;
-  ASSERT_TRUE(Parse({"--priority"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 5u);
-  EXPECT_TRUE(o.scheduler.priority);
-  o = EngineOptions();
-  ASSERT_TRUE(Parse({"--priority=3"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 3u);
-  o = EngineOptions();
-  ASSERT_TRUE(Parse({"--priority-levels", "7", "--priority"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 7u);
-  o = EngineOptions();
-  ASSERT_TRUE(Parse({"--priority", "--priority-levels", "2"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 2u);
-  o = EngineOptions();
-  ASSERT_TRUE(Parse({"--priority-levels", "5", "--priority=3"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 5u);
-  o = EngineOptions();
-  ASSERT_TRUE(Parse({"--priority=3", "--priority-levels", "5"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 5u);
-  o = EngineOptions();
-  EXPECT_FALSE(Parse({"--priority-levels", "5", "--priority=1025"}, &o).ok());
-  o = EngineOptions();
-  ASSERT_TRUE(Parse({"--priority", "--priority-levels", "0"}, &o).ok());
-  EXPECT_EQ(o.workload.priority_levels, 0u);
-  EXPECT_FALSE(o.scheduler.priority);
-  o = EngineOptions();
-  EXPECT_FALSE(Parse({"--priority=1025"}, &o).ok());
-  EXPECT_FALSE(Parse({"--priority=x"}, &o).ok());
+  // The levels each order of the flags gives; the policy on with any.
+  const struct {
+    std::vector<const char*> args;
+    uint32_t levels;
+  } cases[] = {
+      {{"--priority"}, 5},
+      {{"--priority=3"}, 3},
+      {{"--priority-levels", "7", "--priority"}, 7},
+      {{"--priority", "--priority-levels", "2"}, 2},
+      {{"--priority-levels", "5", "--priority=3"}, 5},
+      {{"--priority=3", "--priority-levels", "5"}, 5},
+      {{"--priority", "--priority-levels", "0"}, 0},
+  };
+  for (const auto& c : cases) {
+    EngineOptions o;
+    ASSERT_TRUE(Parse(c.args, &o).ok()) << c.args.back();
+    EXPECT_EQ(o.workload.priority_levels, c.levels) << c.args.back();
+    EXPECT_EQ(o.scheduler.priority, c.levels > 0) << c.args.back();
+  }
+  for (const std::vector<const char*>& args :
+       {std::vector<const char*>{"--priority-levels", "5", "--priority=1025"},
+        std::vector<const char*>{"--priority=1025"},
+        std::vector<const char*>{"--priority=x"}}) {
+    EngineOptions o;
+    EXPECT_FALSE(Parse(args, &o).ok()) << args.back();
+  }
 }
 
 TEST(OptionsTest, RejectsBadProtocolTwelveValuesNamingTheFlag) {

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/store/catalog.h"
+
 namespace tokenmeter::daemon {
 
 class StateReader;
@@ -23,7 +25,7 @@ class StateWriter;
 class ReasonCounts {
  public:
   static constexpr size_t kMaxReasons = 16;
-  static constexpr std::string_view kOther = "__other__";
+  static constexpr std::string_view kOther = kOverflowLabelValue;
 
   // Counts one `reason` (label-value syntax, checked by the decoder);
   // "__other__" itself counts as the overflow. O(kMaxReasons).
