@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -13,6 +14,7 @@
 
 #include "daemon/exposition/exposition.h"
 #include "daemon/exposition/proto_writer.h"
+#include "daemon/http/listen_address.h"
 #include "daemon/http/negotiation.h"
 #include "daemon/http/web_config.h"
 #include "daemon/live/live_json.h"
@@ -189,11 +191,33 @@ Status Daemon::StartTracing() {
 
 namespace {
 
+// The metrics push's service.instance.id unless OTEL_RESOURCE_ATTRIBUTES
+// gives one: "HOST:PORT", this machine's name and the --listen port, as a
+// scrape's `instance` label names a target (what Prometheus' OTLP
+// ingestion turns it into), so that two daemons pushing to one backend
+// make two series, not one that jumps between them. The host name alone
+// when it has no port (0: a free port) or the name cannot be read
+// ("localhost" then).
+std::string DefaultInstanceId(const Config& config) {
+  char name[256] = {};
+  std::string host = gethostname(name, sizeof name - 1) == 0 && name[0] != 0
+                         ? std::string(name)
+                         : std::string("localhost");
+  http::ListenAddress address;
+  if (http::ParseListenAddress(config.listen, &address).ok() &&
+      address.port != 0) {
+    host += ':';
+    host += std::to_string(address.port);
+  }
+  return host;
+}
+
 // The metrics push's OTLP overrides: the traces' flags with its own
-// endpoint.
+// endpoint, and a default service.instance.id.
 otlp::OtlpOverrides MetricsOverrides(const Config& config) {
   otlp::OtlpOverrides overrides = config.otlp_traces;
   overrides.endpoint = config.otlp_metrics_endpoint;
+  overrides.default_instance_id = DefaultInstanceId(config);
   return overrides;
 }
 

@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <memory>
@@ -226,7 +227,7 @@ Status ParseHeaders(const std::string& name, std::string_view text,
 }
 
 Status ParseResource(const Environment& env, const std::string& default_name,
-                     KeyValues* out) {
+                     const std::string& default_instance, KeyValues* out) {
   KeyValues attributes;
   if (auto text = Env(env, "OTEL_RESOURCE_ATTRIBUTES")) {
     static const std::string kName = "OTEL_RESOURCE_ATTRIBUTES";
@@ -253,6 +254,12 @@ Status ParseResource(const Environment& env, const std::string& default_name,
   }
   if (auto name = Env(env, "OTEL_SERVICE_NAME")) service = std::string(*name);
   attributes.insert(attributes.begin(), {"service.name", std::move(service)});
+  if (!default_instance.empty() &&
+      std::none_of(attributes.begin(), attributes.end(), [](const auto& kv) {
+        return kv.first == "service.instance.id";
+      })) {
+    attributes.emplace_back("service.instance.id", default_instance);
+  }
   *out = std::move(attributes);
   return Status::Ok();
 }
@@ -422,7 +429,7 @@ Status ParseOtlpConfig(Signal signal, const OtlpOverrides& overrides,
   }
 
   s = ParseResource(env, overrides.default_service_name,
-                    &c.resource_attributes);
+                    overrides.default_instance_id, &c.resource_attributes);
   if (!s.ok()) return s;
   *out = std::move(c);
   return Status::Ok();

@@ -68,7 +68,9 @@ struct OtlpConfig {
   // The resource: "service.name" first (OTEL_SERVICE_NAME, else the
   // service.name of OTEL_RESOURCE_ATTRIBUTES, else OtlpOverrides's
   // default_service_name), then the other OTEL_RESOURCE_ATTRIBUTES pairs
-  // in their order, a key given twice keeping its last value.
+  // in their order, a key given twice keeping its last value; then, where
+  // those name no "service.instance.id" and OtlpOverrides's
+  // default_instance_id is not empty, that id.
   KeyValues resource_attributes;
 
   bool enabled() const { return !endpoint.empty(); }
@@ -94,6 +96,10 @@ struct OtlpOverrides {
   // service.name when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES
   // names one (OpenTelemetry: "unknown_service:" + the executable's name).
   std::string default_service_name = "unknown_service:tokenmeterd";
+  // service.instance.id when OTEL_RESOURCE_ATTRIBUTES names none; empty:
+  // none. The metrics push sets it (Prometheus' `instance` label, which
+  // tells two daemons' series apart; daemon.cpp, DefaultInstanceId()).
+  std::string default_instance_id;
 };
 
 inline constexpr std::string_view kTracesEndpointFlag = "--otlp-endpoint";

@@ -209,6 +209,8 @@ void OtlpMetricsEncoder::BeginFamily(std::string_view prefix,
   FlushFamily();
   name_.assign(prefix);
   name_.append(name);
+  metric_name_.assign(name_);
+  if (type == MetricType::kCounter) metric_name_.append("_total");
   help_.assign(help);
   type_ = type;
   switch (type) {
@@ -491,14 +493,14 @@ void OtlpMetricsEncoder::FlushFamily() {
     metadata_.clear();  // prometheus.type, as a KeyValue field
     ProtoKeyValue(&metadata_, kMetricMetadata, "prometheus.type", type_name);
     // The Metric up to its data message's points: exact sizes first.
-    const size_t head = LenFieldSize(name_.size()) +
+    const size_t head = LenFieldSize(metric_name_.size()) +
                         (help_.empty() ? 0 : LenFieldSize(help_.size())) +
                         (unit.empty() ? 0 : LenFieldSize(unit.size())) + 1 +
                         VarintSize(data);
     const size_t metric = head + data + metadata_.size();
     AppendExact(&metrics_, 1 + VarintSize(metric) + head, [&](char* p) {
       p = PutMessageHeader(p, kScopeMetricsMetrics, metric);
-      p = PutLenField(p, kMetricName, name_);
+      p = PutLenField(p, kMetricName, metric_name_);
       if (!help_.empty()) p = PutLenField(p, kMetricDescription, help_);
       if (!unit.empty()) p = PutLenField(p, kMetricUnit, unit);
       return PutMessageHeader(p, data_field, data);
@@ -518,7 +520,7 @@ void OtlpMetricsEncoder::FlushFamily() {
   } else {
     if (metrics_count_ != 0) metrics_.push_back(',');
     metrics_.append("{\"name\":");
-    JsonString(&metrics_, name_);
+    JsonString(&metrics_, metric_name_);
     if (!help_.empty()) {
       metrics_.append(",\"description\":");
       JsonString(&metrics_, help_);

@@ -14,15 +14,16 @@
 //   strings), one ScopeMetrics (scope name and version), one Metric per
 //   family with at least one sample, in render order. A family without
 //   samples is left out.
-// * Name: prefix + name as BeginFamily() gives them, i.e. the OpenMetrics
-//   family name: counters WITHOUT `_total` (vllm:prompt_tokens), since an
-//   OTLP monotonic Sum named X is X_total to Prometheus (its OTLP ingestion
-//   and the specification's OTLP-to-Prometheus direction add `_total`), so
-//   a pushed counter lands under the name /metrics shows. Help text is the
-//   description; metadata holds prometheus.type = the family's TYPE
-//   ("counter", "gauge", "histogram"; `_info` families are gauges in
-//   /metrics and say "gauge").
-// * Unit (the catalog has none; UnitOf()): from the name's last word:
+// * Name: the Prometheus metric name, not altered (the specification's
+//   default): the name /metrics (text 0.0.4) gives the family in its HELP
+//   and TYPE lines, prefix + name, and for a counter + `_total`
+//   (vllm:prompt_tokens_total). The OTLP-to-Prometheus direction adds
+//   `_total` only to a monotonic Sum without it, so the counter lands under
+//   the name /metrics shows. Help text is the description; metadata holds
+//   prometheus.type = the family's TYPE ("counter", "gauge", "histogram";
+//   `_info` families are gauges in /metrics and say "gauge").
+// * Unit (the catalog has none; UnitOf()): from the family name's last
+//   word (a counter's before `_total`):
 //   `_seconds` -> "s", `_bytes` -> "By", `_ratio` -> "1", anything else ""
 //   (no unit: a unit such as "1" or "{token}" would make Prometheus append
 //   a suffix, `_ratio`, to a name that has none, and rename the series).
@@ -49,7 +50,8 @@
 // * Attributes of each point: the sample's label pairs in order, then its
 //   own label (SampleLabels::own_name/value), all string-valued.
 // * Times: time_unix_nano = options.time_unix_nano on every point;
-//   start_time_unix_nano = options.start_time(name, labels) when the hook
+//   start_time_unix_nano = options.start_time(name, labels) (name: the
+//   family name, prefix + name, without `_total`) when the hook
 //   is set and returns non-zero, else options.start_time_unix_nano (left
 //   out when 0) — on every point, gauges included.
 //
@@ -126,8 +128,8 @@ struct OtlpMetricsOptions {
   std::string scope_version;  // empty: left out
 };
 
-// The OTLP unit of a family named `name` (counters without _total):
-// "s", "By", "1" or "" (see the top of this file).
+// The OTLP unit of a family named `name` (a counter's family name, without
+// _total): "s", "By", "1" or "" (see the top of this file).
 std::string_view UnitOf(std::string_view name);
 
 class OtlpMetricsEncoder final : public MetricWriter {
@@ -193,7 +195,8 @@ class OtlpMetricsEncoder final : public MetricWriter {
   std::string scope_;
 
   // The pending family.
-  std::string name_;
+  std::string name_;         // the family's: prefix + name
+  std::string metric_name_;  // the OTLP metric's: name_, a counter's + _total
   std::string help_;
   MetricType type_ = MetricType::kGauge;
   Kind kind_ = Kind::kGauge;

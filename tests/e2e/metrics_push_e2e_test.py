@@ -6,7 +6,8 @@ fed hand-written frames through its Unix socket.
 
 Checked, against the same daemon's /metrics (text, parsed by
 prometheus_client) once the engine series stopped changing: every engine
-family's points (names without _total, types, monotonicity, cumulative
+family's points (names as /metrics' TYPE lines give them: counters with
+_total; types, monotonicity, cumulative
 temporality, attributes equal to the labels, values equal), histograms as
 exponential (count, sum, the native buckets' total) or, with
 --otlp-histograms explicit, as explicit buckets equal to the de-cumulated
@@ -21,6 +22,7 @@ Skips (exit 77) without node and tests/otel/node_modules.
 """
 import math
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -117,8 +119,12 @@ class MetricsPush(unittest.TestCase):
         for name, f in fams.items():
             if not name.startswith("vllm:"):
                 continue
-            self.assertIn(name, got, name)
-            m = got[name]
+            # The Prometheus metric name, not altered: text 0.0.4's, a
+            # counter's with _total (the parser's family name has none).
+            otlp_name = name + "_total" if f.type == "counter" else name
+            self.assertIn(otlp_name, got, name)
+            self.assertIn(f"# TYPE {otlp_name} {f.type}\n", text)
+            m = got[otlp_name]
             samples = [s for s in f.samples]
             if f.type == "counter":
                 self.assertEqual(m["type"], "sum", name)
@@ -192,15 +198,18 @@ class MetricsPush(unittest.TestCase):
             res = resource_of(push)
             self.assertEqual(res["service.name"],
                              "unknown_service:tokenmeterd")
+            # Prometheus' `instance`: this host (--listen's port is 0 here,
+            # a free one, so no port).
+            self.assertEqual(res["service.instance.id"], socket.gethostname())
             got = metrics_of(push)
             # Start times: the series' (made at the first HELLO, after the
             # daemon started) and the daemon's own families'.
-            p = got["vllm:generation_tokens"]["data_points"][0]
+            p = got["vllm:generation_tokens_total"]["data_points"][0]
             start = int(p["start_time_unix_nano"])
             self.assertGreaterEqual(start, before)
             self.assertLess(start, int(p["time_unix_nano"]))
-            own = got["tokenmeter_ingest_frames"]["data_points"][0] \
-                if "tokenmeter_ingest_frames" in got else None
+            own = got["tokenmeter_ingest_frames_total"]["data_points"][0] \
+                if "tokenmeter_ingest_frames_total" in got else None
             if own is not None:
                 self.assertGreaterEqual(int(own["start_time_unix_nano"]),
                                         before)
@@ -231,7 +240,8 @@ class MetricsPush(unittest.TestCase):
             d2 = self.run_daemon(rx, state_dir=state)
             self.feed(d2, n=3, first_rid=100, finished=4 + 3)
             second = metrics_of(self.push_after(rx, time.time_ns()))
-            for name in ("vllm:generation_tokens", "vllm:prompt_tokens",
+            for name in ("vllm:generation_tokens_total",
+                         "vllm:prompt_tokens_total",
                          "vllm:e2e_request_latency_seconds"):
                 a, b = (first[name]["data_points"][0],
                         second[name]["data_points"][0])
@@ -244,17 +254,17 @@ class MetricsPush(unittest.TestCase):
             # The daemon's own restored families keep their start; those
             # of the process (process_*, the OTLP exporters') start again
             # with the new process, later than the first one's.
-            a, b = (first["tokenmeter_ingest_frames"]["data_points"][0],
-                    second["tokenmeter_ingest_frames"]["data_points"][0])
+            a, b = (first["tokenmeter_ingest_frames_total"]["data_points"][0],
+                    second["tokenmeter_ingest_frames_total"]["data_points"][0])
             self.assertEqual(a["start_time_unix_nano"],
                              b["start_time_unix_nano"])
             self.assertGreater(number(b), number(a))
-            a, b = (first["process_cpu_seconds"]["data_points"][0],
-                    second["process_cpu_seconds"]["data_points"][0])
+            a, b = (first["process_cpu_seconds_total"]["data_points"][0],
+                    second["process_cpu_seconds_total"]["data_points"][0])
             self.assertGreater(int(b["start_time_unix_nano"]),
                                int(a["start_time_unix_nano"]))
             self.assertGreater(int(b["start_time_unix_nano"]),
-                               int(first["vllm:generation_tokens"]
+                               int(first["vllm:generation_tokens_total"]
                                    ["data_points"][0]["time_unix_nano"]))
 
     def test_a_receiver_that_never_answers_blocks_nothing(self):

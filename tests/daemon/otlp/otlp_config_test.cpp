@@ -312,6 +312,26 @@ TEST(OtlpConfigTest, ServiceNamePrecedence) {
             "from-attrs");
 }
 
+// The metrics push's default service.instance.id: last, unless
+// OTEL_RESOURCE_ATTRIBUTES names one; none when the default is empty.
+TEST(OtlpConfigTest, DefaultInstanceIdUnlessTheAttributesNameOne) {
+  Environment env = kBase;
+  OtlpOverrides o;
+  EXPECT_EQ(MustParse(Signal::kMetrics, o, env).resource_attributes,
+            (KeyValues{{"service.name", "unknown_service:tokenmeterd"}}));
+  o.default_instance_id = "gpu-7:10062";
+  env["OTEL_RESOURCE_ATTRIBUTES"] = "a=1";
+  EXPECT_EQ(MustParse(Signal::kMetrics, o, env).resource_attributes,
+            (KeyValues{{"service.name", "unknown_service:tokenmeterd"},
+                       {"a", "1"},
+                       {"service.instance.id", "gpu-7:10062"}}));
+  env["OTEL_RESOURCE_ATTRIBUTES"] = "service.instance.id=mine,a=1";
+  EXPECT_EQ(MustParse(Signal::kMetrics, o, env).resource_attributes,
+            (KeyValues{{"service.name", "unknown_service:tokenmeterd"},
+                       {"service.instance.id", "mine"},
+                       {"a", "1"}}));
+}
+
 TEST(OtlpConfigTest, RejectsBadEndpoints) {
   struct Case {
     std::optional<std::string> flag;

@@ -370,7 +370,9 @@ TEST(OtlpMetricsEncoderTest, ResourceAndScopeOnceAroundAllMetrics) {
   EXPECT_EQ(enc.content_type(), "application/x-protobuf");
 }
 
-TEST(OtlpMetricsEncoderTest, CounterIsMonotonicCumulativeSumNamedWithoutTotal) {
+// The Prometheus metric name, not altered (the specification's default):
+// text 0.0.4's HELP/TYPE name, with _total.
+TEST(OtlpMetricsEncoderTest, CounterIsMonotonicCumulativeSumNamedWithTotal) {
   OtlpMetricsEncoder enc(Options());
   const Pairs pairs = {{"model_name", "llama"}, {"engine", "0"}};
   enc.BeginFamily("vllm:", "prompt_tokens", MetricType::kCounter,
@@ -380,7 +382,7 @@ TEST(OtlpMetricsEncoderTest, CounterIsMonotonicCumulativeSumNamedWithoutTotal) {
   const Request r = Decode(enc.body());
   ASSERT_EQ(r.metrics.size(), 1u);
   const Metric& m = r.metrics[0];
-  EXPECT_EQ(m.name, "vllm:prompt_tokens");
+  EXPECT_EQ(m.name, "vllm:prompt_tokens_total");
   EXPECT_EQ(m.description, "Number of prefill tokens processed.");
   EXPECT_EQ(m.unit, "");
   EXPECT_EQ(m.kind, "sum");
@@ -711,7 +713,7 @@ TEST(OtlpMetricsEncoderTest, JsonHasTheOtlpJsonShape) {
   EXPECT_NE(b.find("\"scope\":{\"name\":\"tokenmeterd\",\"version\":"
                    "\"9.9.9\"}"),
             std::string::npos);
-  EXPECT_NE(b.find("{\"name\":\"ns:c\",\"description\":\"C \\\"x\\\".\","
+  EXPECT_NE(b.find("{\"name\":\"ns:c_total\",\"description\":\"C \\\"x\\\".\","
                    "\"metadata\":[{\"key\":\"prometheus.type\",\"value\":{"
                    "\"stringValue\":\"counter\"}}],\"sum\":{\"dataPoints\":[{"
                    "\"startTimeUnixNano\":\"1699999000000000001\","
@@ -731,8 +733,8 @@ TEST(OtlpMetricsEncoderTest, JsonHasTheOtlpJsonShape) {
 }
 
 // A whole registry: every family of /metrics with samples is one metric
-// of the same name (counters without _total), with one point per sample
-// (one per histogram), in the same order.
+// of the name text 0.0.4 gives it (counters with _total), with one point
+// per sample (one per histogram), in the same order.
 TEST(OtlpMetricsEncoderTest, RegistryRenderMatchesTheTextExposition) {
   using exposition_test::Family;
   const exposition_test::Exposed reg = exposition_test::PopulatedRegistry();
@@ -755,7 +757,7 @@ TEST(OtlpMetricsEncoderTest, RegistryRenderMatchesTheTextExposition) {
     for (size_t i = 0; i < shown.size(); ++i) {
       const Family& f = *shown[i];
       const Metric& m = r.metrics[i];
-      EXPECT_EQ(m.name, f.name);
+      EXPECT_EQ(m.name, f.type == "counter" ? f.name + "_total" : f.name);
       EXPECT_TRUE(names.insert(m.name).second) << "twice: " << m.name;
       EXPECT_EQ(m.kinds, 1) << m.name;
       size_t samples = f.samples.size();
