@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -330,13 +331,18 @@ class IngestServer::Connection : public FrameSink {
   }
 
   void OnBatch(const Batch& batch) override {
-    if (closing_) return;
+    if (closing_) {
+      ForgetEventErrors();
+      return;
+    }
     server_.stats_.CountFrame();
     if (session_ != server_.sessions_.end()) {
       Session& s = session_->second;
       if (s.applied_any && batch.seq <= s.highest_seq) {
-        // A replay of what this session already delivered.
+        // A replay of what this session already delivered: its skipped
+        // events were counted when it was applied.
         server_.stats_.CountDuplicateBatch();
+        ForgetEventErrors();
       } else {
         Apply(batch);
         s.highest_seq = batch.seq;
@@ -356,12 +362,41 @@ class IngestServer::Connection : public FrameSink {
 
   void OnGoodbye() override { server_.stats_.CountFrame(); }
 
-  // Applies a batch; the tracker counts the optional fields the decoder
-  // dropped from the events it applies (once per batch applied: not again
-  // for a replay already applied).
+  // Applies a batch; counts the events the decoder skipped and the tracker
+  // the optional fields it dropped from the events it applies (once per
+  // batch applied: not again for a replay already applied).
   void Apply(const Batch& batch) {
+    CountEventErrors();
     LogBadFields(batch.bad_fields);
     server_.tracker_.ApplyBatch(source_, batch);
+  }
+
+  // The events of the BATCH being decoded that the decoder skipped
+  // (OnEventError(), which comes before its OnBatch()): counted when the
+  // batch is applied, forgotten when it is not (a replay, a closing
+  // connection). One line per connection, not per event: a broken client
+  // can send millions.
+  void CountEventErrors() {
+    if (!batch_has_errors_) return;
+    batch_has_errors_ = false;
+    for (size_t e = 0; e < batch_errors_.size(); ++e) {
+      if (batch_errors_[e] == 0) continue;
+      const IngestError error = IngestError(e);
+      server_.stats_.CountErrors(error, batch_errors_[e]);
+      batch_errors_[e] = 0;
+      if (!logged_event_error_) {
+        logged_event_error_ = true;
+        spdlog::warn(
+            "ingest: {}: skipped an invalid event ({}); further "
+            "skips on this connection are only counted",
+            peer_, IngestErrorName(error));
+      }
+    }
+  }
+  void ForgetEventErrors() {
+    if (!batch_has_errors_) return;
+    batch_has_errors_ = false;
+    batch_errors_.fill(0);
   }
 
   // Optional fields the decoder dropped (partial acceptance): logged once
@@ -377,16 +412,8 @@ class IngestServer::Connection : public FrameSink {
   }
 
   void OnEventError(IngestError error) override {
-    server_.stats_.CountError(error);
-    // One line per connection, not per event: a broken client can send
-    // millions.
-    if (!logged_event_error_) {
-      logged_event_error_ = true;
-      spdlog::warn(
-          "ingest: {}: skipped an invalid event ({}); further "
-          "skips on this connection are only counted",
-          peer_, IngestErrorName(error));
-    }
+    ++batch_errors_[size_t(error)];
+    batch_has_errors_ = true;
   }
 
  private:
@@ -525,6 +552,9 @@ class IngestServer::Connection : public FrameSink {
   uv_pipe_t pipe_{};
   FrameDecoder decoder_;
   bool closing_ = false;
+  // The current BATCH's skipped events by error (CountEventErrors()).
+  std::array<uint32_t, size_t(IngestError::kCount)> batch_errors_{};
+  bool batch_has_errors_ = false;
   bool logged_event_error_ = false;
   bool logged_bad_field_ = false;
   bool refused_ = false;  // closed at accept (a limit, the allow-list)

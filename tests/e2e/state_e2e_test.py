@@ -133,11 +133,16 @@ class Restart(StateDir):
         self.assertEqual(d.value("tokenmeter_state_restored"), 0)
         s = self.connect(d, session)
         s.sendall(batch([[1, t0, "r1", 10], [1, t0, "done", 3]], seq=0))
+        # seq 1 holds an event the decoder skips (a KV_TRANSFER whose
+        # start is after its time): counted once, not again at the replay.
+        bad = [10, t0 + 2 * MS, "done", {"role": "send", "start": t0 + 3 * MS}]
         s.sendall(batch([[3, t0 + 3 * MS, "r1"], [3, t0 + 1 * MS, "done"],
-                         [4, t0 + 2 * MS, "done", 1],
+                         bad, [4, t0 + 2 * MS, "done", 1],
                          [5, t0 + 4 * MS, "done", "stop"]], seq=1))
         acks = AckReader(s)
         acks.wait_for(1)
+        self.assertEqual(d.value("tokenmeter_ingest_errors_total",
+                                 reason="bad_event"), 1)
         d.wait_value("vllm:request_success_total", 1, finished_reason="stop",
                      **LAB)
         d.value("vllm:num_requests_running", **LAB)
@@ -153,10 +158,12 @@ class Restart(StateDir):
         self.assertEqual(d2.value("tokenmeter_ingest_events_total",
                                   kind="arrived"), 2)
         self.assertEqual(d2.value("vllm:num_requests_running", **LAB), 1)
+        self.assertEqual(d2.value("tokenmeter_ingest_errors_total",
+                                  reason="bad_event"), 1)
         s2 = self.connect(d2, session)
         # The ACK of seq 1 may have been lost: the client sends it again.
         s2.sendall(batch([[3, t0 + 3 * MS, "r1"], [3, t0 + 1 * MS, "done"],
-                          [4, t0 + 2 * MS, "done", 1],
+                          bad, [4, t0 + 2 * MS, "done", 1],
                           [5, t0 + 4 * MS, "done", "stop"]], seq=1))
         s2.sendall(batch([[4, t0 + 8 * MS, "r1", 1],
                           [5, t0 + 20 * MS, "r1", "stop"]], seq=2))
@@ -165,6 +172,8 @@ class Restart(StateDir):
                       **LAB)
         self.assertEqual(d2.value("tokenmeter_ingest_duplicate_batches_total"),
                          1)
+        self.assertEqual(d2.value("tokenmeter_ingest_errors_total",
+                                  reason="bad_event"), 1)
         self.assertEqual(d2.value("vllm:time_to_first_token_seconds_sum",
                                   **LAB), (2 * MS + 8 * MS) / 1e9)
         self.assertEqual(d2.value("vllm:e2e_request_latency_seconds_sum",
