@@ -1168,6 +1168,7 @@ constexpr int kTakeGeneralPath = 1;
        reinterpret_cast<uintptr_t>(info->connector)) != 0) [[unlikely]] {
     return kTakeGeneralPath;
   }
+  const uint32_t ids = c->ValueIds();
   Ring* r = c->TryEnter();
   if (r == nullptr) [[unlikely]]
     return kTakeGeneralPath;
@@ -1178,34 +1179,42 @@ constexpr int kTakeGeneralPath = 1;
     tm_client::Leave(r);
     return kTakeGeneralPath;
   }
-  // An amount is TM_KV_UNKNOWN (+ 1 wraps to 0) or at most the bound; an
-  // id is 0 or registered (1 .. the count), i.e. at most the count.
-  const uint64_t bytes1 = info->bytes + 1;
-  const uint64_t blocks1 = info->blocks + 1;
-  const uint64_t start = info->start_ns;
+  uint64_t* const p = w + 2 + rw;
   w[1] = t;
-  uint64_t* p = w + 2 + rw;
-  p[0] = start;
-  p[1] = tc::KvPackedAmounts(bytes1, blocks1);
-  const uint32_t role = uint32_t(EnumValue(info->role));
-  const uint32_t reason_id = info->reason_id;
-  const uint32_t connector_id = info->connector_id;
-  const bool bad = (role > TM_KV_RECV) | (start > t) |
-                   (std::max(reason_id, connector_id) > c->ValueIds()) |
-                   !tc::KvAmountsFitPacked(bytes1, blocks1);
-  if (bad) [[unlikely]] {
-    tm_client::Leave(r);
-    return kTakeGeneralPath;
+  {
+    const uint64_t start = info->start_ns;
+    p[0] = start;
+    if (start > t) [[unlikely]]
+      goto general;
   }
-  static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
-  // Both id flags always set (an id field of 0 is "none" for the encoder).
-  const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
-                         tc::kKvPacked | tc::kKvReasonId | tc::kKvConnectorId;
-  w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
-                    KvArg(flags, reason_id, connector_id));
+  {
+    // An amount is TM_KV_UNKNOWN (+ 1 wraps to 0) or at most the bound.
+    const uint64_t bytes1 = info->bytes + 1;
+    const uint64_t blocks1 = info->blocks + 1;
+    p[1] = tc::KvPackedAmounts(bytes1, blocks1);
+    if (!tc::KvAmountsFitPacked(bytes1, blocks1)) [[unlikely]]
+      goto general;
+  }
+  {
+    static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
+    const uint32_t role = uint32_t(EnumValue(info->role));
+    const uint32_t reason_id = info->reason_id;
+    const uint32_t connector_id = info->connector_id;
+    // Both id flags always set (an id field of 0 is "none" for the encoder).
+    const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
+                           tc::kKvPacked | tc::kKvReasonId | tc::kKvConnectorId;
+    w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
+                      KvArg(flags, reason_id, connector_id));
+    // An id is 0 or registered (1 .. the count), i.e. at most the count.
+    if (role > TM_KV_RECV || reason_id > ids || connector_id > ids) [[unlikely]]
+      goto general;
+  }
   // Last: a string id's copy may be a call, with little left to keep.
   WriteRid(w + 2, rw, rid, srid, srid_len);
   return Done(r);
+general:
+  tm_client::Leave(r);
+  return kTakeGeneralPath;
 }
 
 // Both paths for an event time `t` (nonzero).
