@@ -129,6 +129,9 @@ void Tracer::Flush() {
 void Tracer::OnTimer(uv_timer_t* t) { static_cast<Tracer*>(t->data)->Flush(); }
 
 void Tracer::OnResult(const otlp::ExportResult& r) {
+  // A body that failed unsent (abandoned at the stop, refused by libcurl)
+  // had no export to time.
+  if (r.attempts == 0) return;
   export_seconds_.Observe(double(r.elapsed_ns));
 }
 

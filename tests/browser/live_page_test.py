@@ -766,6 +766,7 @@ REQUESTS_JS = r"""
         return {id: r.dataset.requestId, kept: r.dataset.kept,
                 e2e: r.dataset.e2e, trace: r.dataset.traceId,
                 e2eText: r.querySelector("td[data-k=e2e]").textContent,
+                ttftText: r.querySelector("td[data-k=ttft]").textContent,
                 traceText: r.querySelector("td.trace").textContent,
                 phases: +c.dataset.phases, ticks: +c.dataset.ticks,
                 inked, width: c.clientWidth};
@@ -840,9 +841,13 @@ class RequestView(unittest.TestCase):
         s.sendall(tu.batch(events))
         s2 = self.d.connect()
         s2.sendall(tu.hello(engine="sglang", model="wf-b"))
+        # And one without ARRIVED (its TTFT is not known: "-").
         s2.sendall(tu.batch([[1, t0, 9, 4], [3, t0 + ms, 9],
                              [4, t0 + 3 * ms, 9, 2],
-                             [5, t0 + 9 * ms, 9, "stop"]]))
+                             [5, t0 + 9 * ms, 9, "stop"],
+                             [2, t0 + 10 * ms, "na"], [3, t0 + 12 * ms, "na"],
+                             [4, t0 + 15 * ms, "na", 1],
+                             [5, t0 + 30 * ms, "na", "stop"]]))
         return s, s2
 
     def api(self):
@@ -853,8 +858,8 @@ class RequestView(unittest.TestCase):
     def test_waterfalls_equal_the_api(self):
         socks = self.feed()
         tu.poll_until(lambda: sum(len(s["requests"])
-                                  for s in self.api()["series"]) == 4,
-                      what="4 kept requests")
+                                  for s in self.api()["series"]) == 5,
+                      what="5 kept requests")
         doc = self.api()
         self.cdp.send("Page.navigate", {"url": self.origin + "/"})
 
@@ -865,7 +870,7 @@ class RequestView(unittest.TestCase):
             except AssertionError:
                 return None
             n = sum(len(s["rows"]) for s in snap["series"])
-            return snap if snap["updates"] >= 1 and n == 4 else None
+            return snap if snap["updates"] >= 1 and n == 5 else None
         snap = tu.poll_until(shown, timeout=60, interval=0,
                              what="the request view")
         for s in socks:
@@ -893,6 +898,13 @@ class RequestView(unittest.TestCase):
                 self.assertEqual(row["kept"], r["kept"])
                 self.assertEqual(row["e2eText"],
                                  page_text("e2e_s", r["e2e_seconds"]))
+                self.assertEqual(
+                    row["ttftText"],
+                    "\u2013" if r["arrived_ns"] is None
+                    or r["first_token_ns"] is None else
+                    page_text("ttft_s",
+                              (r["first_token_ns"] - r["arrived_ns"]) / 1e9),
+                    r["request_id"])
                 self.assertEqual(row["trace"], r["trace_id"] or "")
                 self.assertEqual(row["traceText"], r["trace_id"] or "")
                 self.assertEqual(row["phases"], len(r["phases"]))
