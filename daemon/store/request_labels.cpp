@@ -95,7 +95,12 @@ void RequestLabels::LoadState(StateReader& r) {
     const size_t n = r.Count(kMaxValues - 2, 4);
     for (size_t i = 0; i < n && r.ok(); ++i) {
       std::string v = r.Str(TM_MAX_REQUEST_LABEL_VALUE_BYTES);
-      if (v.empty() || !ids_[l].emplace(v, uint16_t(values_[l].size())).second)
+      // A value this daemon keeps at a fixed id ("", "__other__", "0" of
+      // the priority label with --priority-label: a snapshot from before
+      // they were folded, or from --request-label priority) would render
+      // a second sample with the same labels: not restored (set aside).
+      if (FixedId(l, v).has_value() ||
+          !ids_[l].emplace(v, uint16_t(values_[l].size())).second)
         r.Fail();
       values_[l].push_back(std::move(v));
     }

@@ -664,6 +664,37 @@ TEST(RequestLabelsTest, InternsValuesAndAdapters) {
   EXPECT_FALSE(RequestLabels({}, 100).enabled());
 }
 
+// A saved value that this daemon keeps at a fixed id ("__other__"; "0" of
+// the priority label with --priority-label) would make a second sample
+// with the same labels: the load fails (the snapshot is set aside).
+TEST(RequestLabelsTest, LoadRefusesValuesKeptAtAFixedId) {
+  const auto state = [](std::string_view value) {
+    std::string bytes;
+    StateWriter w(bytes);
+    w.U64(1);  // one value after "" and __other__
+    w.Str(value);
+    w.U64s({0});  // overflow
+    w.U64(0);     // loras
+    w.U64(0);     // sets
+    return bytes;
+  };
+  const auto loads = [](RequestLabels& labels, const std::string& bytes) {
+    StateReader r(bytes.data(), bytes.size());
+    labels.LoadState(r);
+    return r.ok() && r.at_end();
+  };
+  RequestLabels tenant({"tenant"}, 100);
+  EXPECT_FALSE(loads(tenant, state("__other__")));
+  RequestLabels tenant2({"tenant"}, 100);
+  EXPECT_TRUE(loads(tenant2, state("0")));
+  EXPECT_EQ(tenant2.Find(0, "0"), 2u);
+  RequestLabels priority({"priority"}, 100, /*last_is_priority=*/true);
+  EXPECT_FALSE(loads(priority, state("0")));
+  RequestLabels priority2({"priority"}, 100, /*last_is_priority=*/true);
+  EXPECT_TRUE(loads(priority2, state("3")));
+  EXPECT_EQ(priority2.Find(0, "3"), 2u);
+}
+
 TEST(EngineSeriesTest, CellsByLabelKeyWithinTheCap) {
   RegistryOptions options;
   options.request_labels = {"tenant"};
