@@ -1323,6 +1323,26 @@ class Protocol12(RecordedClient):
                             "connector": "mooncake"}],
         ])
 
+    def test_register_value_when_full_and_after_close(self):
+        """255 values registered: NOMEM; the same value again still its id;
+        after close(): INVALID. No event is made."""
+        c = self.c
+        ids = [c.register_value(f"v{i}") for i in range(255)]
+        self.assertEqual(ids, list(range(1, 256)))
+        self.assertEqual(tokenmeter.NOMEM, -3)
+        self.assertEqual(c.register_value("one-more"), tokenmeter.NOMEM)
+        self.assertEqual(c.register_value("v7"), 8)
+        self.assertEqual(self.rejected(), 0)
+        c.close()
+        self.assertEqual(c.register_value("v7"), INVALID)
+
+    def test_arrived_checks_prompt_tokens_first(self):
+        # Both bindings name the same argument when several are bad.
+        for kw in ({}, {"priority": 1}):
+            with self.subTest(**kw):
+                with self.assertRaisesRegex(ValueError, r"prompt_tokens"):
+                    self.c.arrived(1, -1, max_tokens=-1, n=-1, **kw)
+
     def test_sleep_state(self):
         class S(str):
             pass

@@ -455,9 +455,11 @@ class Client {
   }
   // Registers a reason or connector once (tm_register_value()): TM_OK and
   // *id, or TM_E_INVALID (not label-value syntax, or longer than 64 bytes;
-  // NULL id), TM_E_NOMEM (TM_MAX_VALUE_IDS values registered), TM_E_CLOSED
-  // / TM_E_FORKED, *id untouched. Takes a mutex and allocates: at start-up,
-  // not per request. The string is copied NUL-terminated onto the stack.
+  // NULL id; after Close(), which lets go of the client), TM_E_NOMEM
+  // (TM_MAX_VALUE_IDS values registered), TM_E_CLOSED / TM_E_FORKED (the
+  // C client closed or inherited), *id untouched. Takes a mutex and allocates:
+  // at start-up, not per request. The string is copied NUL-terminated onto the
+  // stack.
   int RegisterValue(std::string_view value, ValueId* id) noexcept {
     if (id == nullptr) return TM_E_INVALID;
     LabelValue v(value);

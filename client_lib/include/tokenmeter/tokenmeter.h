@@ -435,11 +435,12 @@ TM_API int tm_arrived_packed_str(tm_client* client, const char* rid,
  * only when given; with nothing given the event is [1, t, rid,
  * prompt_tokens]. With none of the 1.2 params (priority, traceparent,
  * tracestate) the bytes are exactly tm_arrived_ex()'s. Buffer space:
- * tm_arrived_ex()'s plus 8 bytes for a priority and the bytes of the trace
- * strings (tm_options_set_buffer_capacity()). Cost: tm_arrived_ex()'s plus
- * one bounded pass over each trace string (a traceparent is 55 bytes, a
- * tracestate at most 256) and its copy. Wait-free, any thread, the same
- * rules and results as the other event calls. */
+ * tm_arrived_ex()'s, plus 8 bytes when any 1.2 param is given without a
+ * lora or labels (the word that holds their lengths and the priority),
+ * plus the bytes of the trace strings (tm_options_set_buffer_capacity()). Cost:
+ * tm_arrived_ex()'s plus one bounded pass over each trace string (a traceparent
+ * is 55 bytes, a tracestate at most 256) and its copy. Wait-free, any thread,
+ * the same rules and results as the other event calls. */
 typedef struct tm_request_params {
   size_t size;            /* sizeof(tm_request_params); set by
                              TM_REQUEST_PARAMS_INIT (lets the struct grow) */

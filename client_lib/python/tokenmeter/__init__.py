@@ -56,7 +56,7 @@ from ._common import (DROPPED, ENV_VAR, INVALID, KV_CACHE_STATES, KV_ROLES,
                       MAX_MOE_LAYERS, MAX_PRIORITY,
                       MAX_REQUEST_LABEL_VALUE_BYTES, MAX_REQUEST_LABELS,
                       MAX_RID_BYTES, MAX_TRACESTATE_BYTES, MAX_VALUE_IDS,
-                      MIN_PRIORITY, OK,
+                      MIN_PRIORITY, NOMEM, OK,
                       PROFILES, SCHEDULER_STATES, WEIGHTS_STATES,
                       FinishReason, LibraryNotFoundError, Stats)
 
@@ -105,7 +105,7 @@ else:
         return _lib.tm_version().decode()
 
 __all__ = ["Client", "FinishReason", "Stats", "LibraryNotFoundError",
-           "OK", "INVALID", "DROPPED", "MAX_RID_BYTES", "MAX_CACHE_CONFIG",
+           "OK", "INVALID", "DROPPED", "NOMEM", "MAX_RID_BYTES", "MAX_CACHE_CONFIG",
            "MAX_LORA_BYTES", "MAX_REQUEST_LABELS",
            "MAX_REQUEST_LABEL_VALUE_BYTES", "MAX_MOE_LAYERS",
            "MAX_MOE_EXPERTS", "MIN_PRIORITY", "MAX_PRIORITY",

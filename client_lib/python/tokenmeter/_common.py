@@ -28,7 +28,10 @@ class LibraryNotFoundError(ImportError):
 OK = 0
 INVALID = -1  # only after close(): the call did nothing
 DROPPED = -2  # buffer full or no thread slot; counted in stats()
-_NOMEM = -3   # TM_E_NOMEM
+# TM_E_NOMEM: register_value() when MAX_VALUE_IDS values are registered
+# (or a copy could not be allocated); other calls raise MemoryError.
+NOMEM = -3
+_NOMEM = NOMEM
 
 MAX_RID_BYTES = 128      # TM_MAX_RID_BYTES
 MAX_LABELS = 8           # TM_MAX_HELLO_LABELS
@@ -499,9 +502,9 @@ _REGISTER_VALUE_DOC = """Registers a reason or connector sent often
         str gives the same id; an id is this client's, until close). value:
         a str of 1 .. 64 bytes of UTF-8 without control characters; one the
         library refuses raises ValueError (not counted as rejected: no event
-        was made). Returns a negative status instead of an id when the
-        client is closed or 255 values are registered. Takes a lock: at
-        start-up, not per request."""
+        was made). Returns a status instead of an id: INVALID (-1) when
+        the client is closed, NOMEM (-3) when 255 values are registered.
+        Takes a lock: at start-up, not per request."""
 
 
 def _label_value(what, v):

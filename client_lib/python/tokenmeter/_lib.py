@@ -213,6 +213,10 @@ _EVENT_FUNCTIONS = frozenset({
     "tm_admission_rejected_id", "tm_admission_rejected_id_rid",
     "tm_admission_rejected_id_str",
     "tm_kv_transfer", "tm_kv_transfer_str", "tm_sleep_state",
+    # Not an event call, but under the GIL like them: a mutex only other
+    # tm_register_value() calls take, and no close() between a binding's
+    # read of its handle and the call (the native binding's behaviour).
+    "tm_register_value",
     "tm_request_summary", "tm_request_summary_rid", "tm_request_summary_str",
     "tm_latencies", "tm_client_stats", "tm_now_ns"})
 

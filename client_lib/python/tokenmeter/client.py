@@ -343,10 +343,11 @@ class Client:
         one tm_arrived_params(_str) call."""
         t_ns = _t(t_ns)
         v, b = _rid(rid)
+        # prompt_tokens first, as the native binding checks them.
+        prompt = _uint("prompt_tokens", prompt_tokens, 0, _U32)
         p = RequestParams(
             max_tokens=_uint("max_tokens", max_tokens, 0, _U32),
             n=_uint("n", n, 0, _U32))
-        prompt = _uint("prompt_tokens", prompt_tokens, 0, _U32)
         if lora is not None:
             p.lora = _option_str("lora", lora, 1, MAX_LORA_BYTES)
         if labels is None:
@@ -623,18 +624,20 @@ class Client:
         ValueError."""
         r, value_id = _label_value_or_id("reason", reason)
         t = _t(t_ns)
-        h = self._h
         # The three calls of a string reason, or of a registered one.
         calls = _ADMISSION_STR if r is not None else _ADMISSION_ID
         arg = r if r is not None else value_id
+        v, b = _rid(rid) if rid is not None else (None, None)
+        # The handle read last, right before the call (as the native
+        # binding, which holds the GIL throughout): a close() on another
+        # thread makes it None (INVALID), never a closed client's CLOSED.
+        h = self._h
         if rid is None:
             rc = calls[0](h, t, arg)
+        elif b is None:
+            rc = calls[1](h, t, arg, v)
         else:
-            v, b = _rid(rid)
-            if b is None:
-                rc = calls[1](h, t, arg, v)
-            else:
-                rc = calls[2](h, t, arg, b, len(b))
+            rc = calls[2](h, t, arg, b, len(b))
         if rc == INVALID and h is not None:
             _label_value_refused("reason", reason)
         return rc
