@@ -919,7 +919,10 @@ void Tracker::HandOver(Request& r, bool evicted) {
     tl->priority = e->priority;
     tl->traceparent = e->traceparent;
     tl->tracestate = e->tracestate;
+    tl->preemption_count = e->preemptions;
   }
+  tl->preemption_count =
+      std::max(tl->preemption_count, uint32_t(tl->preemptions.size()));
   const EngineSeries* s = r.finish_series != nullptr ? r.finish_series
                           : r.first_token_series != nullptr
                               ? r.first_token_series

@@ -175,7 +175,8 @@ void RootAttributes(const RequestTimeline& tl, Builder& b) {
   if (tl.finish_reason == "error") b.Str("error.type", kOtherError);
   b.Str("tokenmeter.request_id", tl.request_id);
   if (tl.has_info) b.Int("tokenmeter.external_tokens", tl.external_tokens);
-  b.Int("tokenmeter.preemptions", int64_t(tl.preemptions.size()));
+  b.Int("tokenmeter.preemptions",
+        int64_t(std::max<size_t>(tl.preemptions.size(), tl.preemption_count)));
   if (tl.has_priority) b.Int("tokenmeter.priority", tl.priority);
   if (!tl.lora.empty()) b.Str("tokenmeter.lora", tl.lora);
   if (tl.finish_reason.empty()) b.Bool("tokenmeter.evicted", true);

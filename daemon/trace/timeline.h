@@ -76,6 +76,9 @@ struct RequestTimeline {
   int32_t priority = 0;
 
   std::vector<Preemption> preemptions;
+  // The PREEMPTED events: preemptions.size(), or more for a request
+  // restored from a snapshot (which holds the count, not the list).
+  uint32_t preemption_count = 0;
   std::vector<KvTransfer> kv_transfers;
   // The TOKENS events in arrival order: the newest kMaxTokenTicks (fewer
   // when the tracker's tick log no longer held the older ones or skipped

@@ -302,5 +302,59 @@ TEST(PipelineTest, RestoredRequestKeepsItsFinishReasonAndStartTimes) {
   EXPECT_EQ(sink.reasons, std::vector<std::string>{"error"});
 }
 
+// A request restored from a snapshot keeps its preemption count for the
+// timeline sinks (the spans' tokenmeter.preemptions), though the list of
+// its preemptions is not saved.
+TEST(PipelineTest, RestoredRequestKeepsItsPreemptionCount) {
+  FixedClock clock;
+  auto a = Make(clock);
+  EngineSeries* s = a->registry().GetOrCreate({"vllm", "m", "0", {}});
+  ASSERT_NE(s, nullptr);
+  const Source src{s, 1};
+  Event ev{};
+  ev.rid.number = 4;
+  ev.t_ns = clock.NowNs() - 1'000'000;
+  ev.kind = EventKind::kArrived;
+  ev.count = 3;
+  a->tracker().Apply(src, ev, nullptr, clock.NowNs());
+  for (EventKind k :
+       {EventKind::kScheduled, EventKind::kPreempted, EventKind::kScheduled,
+        EventKind::kPreempted, EventKind::kScheduled}) {
+    ev.kind = k;
+    ev.t_ns += 1000;
+    a->tracker().Apply(src, ev, nullptr, clock.NowNs());
+  }
+  std::string bytes;
+  StateWriter w(bytes);
+  a->SaveState(w);
+
+  struct Sink : trace::TimelineSink {
+    void OnRetired(trace::RequestTimeline& t, bool) override {
+      counts.push_back(t.preemption_count);
+      listed.push_back(t.preemptions.size());
+    }
+    std::vector<uint32_t> counts;
+    std::vector<size_t> listed;
+  } sink;
+  PipelineOptions no_grace;
+  no_grace.tracker.grace_ns = 0;
+  auto b = Make(clock, no_grace);
+  b->tracker().AddTimelineSink(&sink);
+  StateReader r(bytes.data(), bytes.size());
+  b->LoadState(r);
+  ASSERT_TRUE(r.ok() && r.at_end());
+  EngineSeries* s2 = b->registry().GetOrCreate({"vllm", "m", "0", {}});
+  ev.kind = EventKind::kPreempted;  // a third, after the restore
+  ev.t_ns += 1000;
+  b->tracker().Apply({s2, 1}, ev, nullptr, clock.NowNs());
+  ev.kind = EventKind::kFinished;
+  ev.t_ns += 1000;
+  ev.reason = FinishReason::kStop;
+  b->tracker().Apply({s2, 1}, ev, nullptr, clock.NowNs());
+  b->tracker().Sweep();
+  EXPECT_EQ(sink.counts, std::vector<uint32_t>{3});
+  EXPECT_EQ(sink.listed, std::vector<size_t>{1});
+}
+
 }  // namespace
 }  // namespace tokenmeter::daemon

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <charconv>
 #include <set>
 #include <string>
@@ -249,6 +250,13 @@ TEST(SpanBuilderTest, FinishReasonErrorIsErrorAbortIsNot) {
                       "tokenmeter.label.route=s:" + std::string(150, 'r'),
                       "tokenmeter.label.user=s:caf\xc3\xa9",
                   }));
+  // A restored request: its count, though its preemptions are not listed.
+  t.preemption_count = 2;
+  const std::vector<std::string> restored = Attrs(Build(t), 0);
+  EXPECT_NE(
+      std::find(restored.begin(), restored.end(), "tokenmeter.preemptions=i:2"),
+      restored.end());
+  t.preemption_count = 0;
   t.finish_reason = "abort";
   b = Build(t);
   EXPECT_EQ(b.spans[0].status_code, StatusCode::kUnset);
