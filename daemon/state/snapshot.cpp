@@ -124,7 +124,17 @@ std::string NotASnapshotFile(const struct stat& st, uint64_t max_bytes) {
 
 void SetAside(int dir_fd, const std::string& dir, const std::string& reason) {
   const std::string name(kSnapshotName);
-  const std::string to = name + ".set-aside." + std::to_string(time(nullptr));
+  // snapshot.set-aside.<unix-time>, or .<unix-time>.<n> when a file set
+  // aside in the same second has that name: one is never replaced by
+  // another (the directory is the daemon's: no one else makes names).
+  const std::string base = name + ".set-aside." + std::to_string(time(nullptr));
+  std::string to = base;
+  struct stat st;
+  for (int n = 1;
+       n < 1000 && fstatat(dir_fd, to.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+       ++n) {
+    to = base + "." + std::to_string(n);
+  }
   if (renameat(dir_fd, name.c_str(), dir_fd, to.c_str()) != 0) {
     spdlog::warn(
         "state: {}/{} not restored ({}), and it could not be set aside as {}: "

@@ -424,6 +424,31 @@ class SetAside(StateDir):
                 # A fresh daemon still works and writes a good snapshot.
                 d.stop()
 
+    def test_a_set_aside_file_is_never_replaced(self):
+        # Files already set aside in the seconds around this start (as two
+        # set-asides in one second would leave them): the new one takes
+        # another name, and each keeps its bytes.
+        path = self.write_state()
+        now = int(time.time())
+        old = {}
+        for t in range(now - 1, now + 6):
+            name = os.path.join(self.state, f"snapshot.set-aside.{t}")
+            old[name] = f"earlier {t}\n".encode()
+            with open(name, "wb") as f:
+                f.write(old[name])
+        with open(path, "wb") as f:
+            f.write(b"not a snapshot at all\n")
+        d = self.start()
+        self.assertEqual(d.value("tokenmeter_state_restored"), 0)
+        for name, data in old.items():
+            with open(name, "rb") as f:
+                self.assertEqual(f.read(), data, name)
+        new = set(self.set_aside()) - set(old)
+        self.assertEqual(len(new), 1, os.listdir(self.state))
+        with open(new.pop(), "rb") as f:
+            self.assertEqual(f.read(), b"not a snapshot at all\n")
+        d.stop()
+
     def test_bad_flags_and_paths(self):
         for args, needle in (
                 (["--snapshot-interval", "0"], "--snapshot-interval"),
