@@ -110,8 +110,9 @@ them as Prometheus metrics.
   --otlp-client-certificate FILE
                              client certificate (mutual TLS)
   --otlp-client-key FILE     the client certificate's key
-  --otlp-queue-spans N       spans waiting for export at most; more are
-                             dropped and counted (default 65536)
+  --otlp-queue-spans N       spans (and metric data points, for the
+                             metrics push) waiting for export at most;
+                             more are dropped and counted (default 65536)
   --trace-ratio R            share of requests without a parent context
                              traced, 0 to 1 (default 0.01)
   --trace-slower-than S      also trace every request whose end-to-end
