@@ -129,7 +129,7 @@ void SetAside(int dir_fd, const std::string& dir, const std::string& reason) {
   // another (the directory is the daemon's: no one else makes names).
   const std::string base = name + ".set-aside." + std::to_string(time(nullptr));
   std::string to = base;
-  struct stat st;
+  struct stat st {};
   for (int n = 1;
        n < 1000 && fstatat(dir_fd, to.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
        ++n) {
