@@ -200,7 +200,7 @@ void AppendRequest(std::string& out, const KeptRequest& k,
   out += ",\"tracestate\":";
   AppendStringOrNull(out, t.tracestate);
   out += ",\"trace_id\":";
-  AppendStringOrNull(out, t.exported_trace_id);
+  AppendStringOrNull(out, t.shown_trace_id());
   out += '}';
 }
 
@@ -377,9 +377,9 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
         AppendMicros(out, sp.end_unix_ns - sp.start_unix_ns);
         out += ",\"args\":{";
         bool first_arg = true;
-        if (&sp == &batch.spans.front() && !t.exported_trace_id.empty()) {
+        if (&sp == &batch.spans.front() && !t.shown_trace_id().empty()) {
           out += "\"trace_id\":";
-          json_write::JsonString(&out, t.exported_trace_id);
+          json_write::JsonString(&out, t.shown_trace_id());
           first_arg = false;
         }
         for (const trace::Attribute& a : batch.AttributesOf(sp)) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -93,9 +94,23 @@ struct RequestTimeline {
   std::string tracestate;
 
   // Set by the sinks on the way (TimelineSink): the trace id (32 lowercase
-  // hex digits) the tracer exported the request's spans under; empty when
-  // it did not trace the request (tracing off, or not sampled).
+  // hex digits) the tracer built the request's spans under; empty when it
+  // did not trace the request (tracing off, or not sampled).
   std::string exported_trace_id;
+  // Set by the tracer with exported_trace_id: false until the receiver
+  // accepted the request body that holds the spans, then true (the tracer
+  // keeps a second reference until then); stays false when the body was
+  // dropped or its export failed. Null: not traced.
+  std::shared_ptr<const bool> trace_exported;
+
+  // exported_trace_id once the spans were exported, else empty: what the
+  // requests API and the live page show ("with their trace id when
+  // exported").
+  std::string_view shown_trace_id() const {
+    return trace_exported != nullptr && *trace_exported
+               ? std::string_view(exported_trace_id)
+               : std::string_view();
+  }
 };
 
 // Who receives the timelines: the tracker calls each sink's OnRetired()

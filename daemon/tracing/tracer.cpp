@@ -71,6 +71,9 @@ Status Tracer::Create(uv_loop_t* loop, Registry& registry,
           : trace::OtlpEncoding::kProtobuf;
   otlp::OtlpExporterOptions eo;
   eo.max_queue_items = options.max_queue_spans;
+  // One body at a time: results come in submission order, which
+  // submitted_flags_ relies on.
+  eo.max_in_flight = 1;
   eo.user_agent = "tokenmeterd/" + options.version;
   std::unique_ptr<Tracer> t(
       new Tracer(registry, std::move(options), encoding, resource));
@@ -114,6 +117,9 @@ void Tracer::OnRetired(trace::RequestTimeline& timeline, bool /*evicted*/) {
   encoder_.Add(batch_);
   timeline.exported_trace_id.resize(32);
   trace::HexId(context.trace_id, timeline.exported_trace_id.data());
+  auto exported = std::make_shared<bool>(false);
+  timeline.trace_exported = exported;
+  pending_flags_.push_back(std::move(exported));
   if (encoder_.pending_spans() >= options_.max_batch_spans) Flush();
 }
 
@@ -122,13 +128,25 @@ void Tracer::Flush() {
   std::string body;
   body.reserve(encoder_.pending_bytes() + encoder_.overhead_bytes());
   const size_t n = encoder_.Finish(&body);
-  // Refused bodies (queue full) are counted by the exporter as dropped.
-  exporter_->Submit(std::move(body), uint32_t(n));
+  // In line before Submit(), which may answer a body it starts at once.
+  // Refused bodies (queue full) are counted by the exporter as dropped and
+  // never answered: their requests' flags stay false.
+  submitted_flags_.push_back(std::move(pending_flags_));
+  pending_flags_.clear();
+  if (!exporter_->Submit(std::move(body), uint32_t(n))) {
+    submitted_flags_.pop_back();
+  }
 }
 
 void Tracer::OnTimer(uv_timer_t* t) { static_cast<Tracer*>(t->data)->Flush(); }
 
 void Tracer::OnResult(const otlp::ExportResult& r) {
+  if (!submitted_flags_.empty()) {
+    if (r.kind == otlp::ExportResult::Kind::kExported) {
+      for (const std::shared_ptr<bool>& f : submitted_flags_.front()) *f = true;
+    }
+    submitted_flags_.pop_front();
+  }
   // A body that failed unsent (abandoned at the stop, refused by libcurl)
   // had no export to time.
   if (r.attempts == 0) return;

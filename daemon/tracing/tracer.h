@@ -26,9 +26,11 @@
 #include <uv.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/base/status.h"
 #include "daemon/otlp/otlp_config.h"
@@ -90,8 +92,9 @@ class Tracer : public trace::TimelineSink, public Collector {
   // trace::TimelineSink. Cost: the sampling decision; for a traced request
   // the spans' build and encoding (a few µs, docs/performance.md) and,
   // when the batch is full, the exporter's Submit (with gzip, a deflate).
-  // Writes the trace id of a request it exports into the timeline's
-  // exported_trace_id (for the requests API).
+  // Writes the trace id of a request it traces into the timeline's
+  // exported_trace_id, and trace_exported, which turns true once the
+  // receiver accepted the body holding its spans (for the requests API).
   void OnRetired(trace::RequestTimeline& timeline, bool evicted) override;
 
   // Sends the pending spans now (also what the timer does).
@@ -118,6 +121,11 @@ class Tracer : public trace::TimelineSink, public Collector {
   trace::OtlpTraceEncoder encoder_;
   trace::SpanBatch batch_;
   int64_t offset_ns_ = 0;  // of the pending request
+  // The trace_exported flags of the requests in the encoder's pending body,
+  // then of each body submitted and not yet answered, in submission order
+  // (the exporter sends one body at a time and answers them in that order).
+  std::vector<std::shared_ptr<bool>> pending_flags_;
+  std::deque<std::vector<std::shared_ptr<bool>>> submitted_flags_;
   std::unique_ptr<otlp::OtlpHttpExporter> exporter_;
   uv_timer_t timer_{};
   bool shut_down_ = false;

@@ -34,6 +34,7 @@ or, for LivePageAuth, when openssl or htpasswd is not.
 """
 import base64
 import decimal
+import http.server
 import json
 import os
 import select
@@ -777,14 +778,29 @@ REQUESTS_JS = r"""
 """
 
 
+class _AcceptAll(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that accepts every body (200, empty answer:
+    an ExportTraceServiceResponse without partial_success)."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
 class RequestView(unittest.TestCase):
     """The live page's request view (issue 30) on a daemon fed hand-written
     frames with known times: slow, failed, preempted, KV-transferring and
     traced requests in two series. Every row must equal /api/v1/requests
     (ids, newest first by FINISHED, e2e, trace id) and its waterfall must
     have drawn each phase and token tick of the API's document. Tracing
-    goes to a port nobody listens on: the spans are built (so the trace ids
-    are set) and their export fails, which the page does not care about.
+    goes to a receiver here that accepts every body, so that each row has
+    its trace id (shown once exported).
     Screenshot: live_page_requests.png."""
 
     @classmethod
@@ -792,8 +808,12 @@ class RequestView(unittest.TestCase):
         if not os.path.exists(CHROMIUM):
             raise unittest.SkipTest(f"{CHROMIUM} not installed")
         cls.tmp = tempfile.mkdtemp(prefix="tm-rqview-", dir="/tmp")
+        cls.sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                   _AcceptAll)
+        threading.Thread(target=cls.sink.serve_forever, daemon=True).start()
+        endpoint = f"http://127.0.0.1:{cls.sink.server_address[1]}/v1/traces"
         cls.d = tu.Daemon("--log-interval", "0", "--finished-grace", "0",
-                          "--otlp-endpoint", "http://127.0.0.1:9/v1/traces",
+                          "--otlp-endpoint", endpoint,
                           "--trace-ratio", "1", "--keep-requests", "3").start()
         cls.origin = f"http://127.0.0.1:{cls.d.port}"
         cls.cdp = Cdp(os.path.join(cls.tmp, "chromium"))
@@ -809,6 +829,9 @@ class RequestView(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
         if getattr(cls, "d", None):
             stopped_cleanly(cls.d)
+        if getattr(cls, "sink", None):
+            cls.sink.shutdown()
+            cls.sink.server_close()
 
     def feed(self):
         ms = 1_000_000
@@ -860,6 +883,11 @@ class RequestView(unittest.TestCase):
         tu.poll_until(lambda: sum(len(s["requests"])
                                   for s in self.api()["series"]) == 5,
                       what="5 kept requests")
+        # Each trace id shows once its spans were exported.
+        tu.poll_until(lambda: all(r["trace_id"]
+                                  for s in self.api()["series"]
+                                  for r in s["requests"]),
+                      what="every kept request's trace id")
         doc = self.api()
         self.cdp.send("Page.navigate", {"url": self.origin + "/"})
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,7 @@ TEST(RequestsJsonTest, EveryFieldOfTheRicherTimelines) {
   RequestKeeper k({.keep = 5, .window_ns = 9000 * kSec});
   trace::RequestTimeline typical = trace::testing::TypicalTimeline();
   typical.exported_trace_id = "0af7651916cd43dd8448eb211c80319c";
+  typical.trace_exported = std::make_shared<bool>(true);
   trace::RequestTimeline disagg = trace::testing::DisaggDecodeTimeline();
   trace::RequestTimeline failed = trace::testing::FailedTimeline();
   failed.profile = "vllm";
@@ -146,10 +148,36 @@ TEST(RequestsJsonTest, EveryFieldOfTheRicherTimelines) {
   EXPECT_TRUE(Has(out, "\"trace_id\":null}"));
 }
 
+// A trace id shows once its spans were exported: not while the body is
+// queued or in flight, not when it was dropped or its export failed
+// (interfaces.md: "with their trace id when exported").
+TEST(RequestsJsonTest, TraceIdOnlyOnceExported) {
+  for (int state : {0, 1, 2}) {  // not traced, not (yet) exported, exported
+    RequestKeeper k({.keep = 5, .window_ns = 900 * kSec});
+    trace::RequestTimeline t = trace::testing::TypicalTimeline();
+    auto exported = std::make_shared<bool>(state == 2);
+    if (state != 0) {
+      t.exported_trace_id = "0af7651916cd43dd8448eb211c80319c";
+      t.trace_exported = exported;
+    }
+    k.OnRetired(t, false);
+    std::string json, chrome;
+    RenderRequestsJson(k.Select(1003 * kSec), Options(), json);
+    RenderChromeTrace(k.Select(1003 * kSec), Options(), chrome);
+    const bool shown = state == 2;
+    EXPECT_EQ(Has(json, "\"trace_id\":\"0af7651916cd43dd8448eb211c80319c\""),
+              shown)
+        << state;
+    EXPECT_EQ(Has(json, "\"trace_id\":null"), !shown) << state;
+    EXPECT_EQ(Has(chrome, "\"trace_id\":"), shown) << state;
+  }
+}
+
 TEST(RequestsJsonTest, ChromeTraceHasProcessesThreadsSpansAndTicks) {
   RequestKeeper k({.keep = 5, .window_ns = 900 * kSec});
   trace::RequestTimeline typical = trace::testing::TypicalTimeline();
   typical.exported_trace_id = "0af7651916cd43dd8448eb211c80319c";
+  typical.trace_exported = std::make_shared<bool>(true);
   k.OnRetired(typical, false);
   std::string out;
   RenderChromeTrace(k.Select(1003 * kSec), Options(), out);
