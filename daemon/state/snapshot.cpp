@@ -317,7 +317,9 @@ LoadOutcome LoadSnapshot(const StateDir& dir, uint64_t max_bytes,
     }
   }
   if (!r.ok() || !apply(r)) {
-    set_aside("its contents do not decode");
+    set_aside(
+        "its contents do not decode, or hold more than this daemon's caps "
+        "take (--max-requests, --max-engine-series, --max-moe-layers, ...)");
     return LoadOutcome::kSetAside;
   }
   return LoadOutcome::kRestored;
