@@ -7,6 +7,7 @@ checked by systemd-analyze.
 Usage: systemd_test.py TOKENMETERD UNIT_DIR_SRC SERVICE_IN [unittest args]
 """
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -197,6 +198,22 @@ class Units(unittest.TestCase):
                       if line.startswith("LimitNOFILE=")]
         self.assertEqual(limits, ["8192"])
         self.assertGreater(int(limits[0]), 1024 + 256 + 64)
+
+    def test_restart_after_a_crash_comes_well_within_the_answer_wait(self):
+        # The sockets stay with systemd, so an engine reconnects at once and
+        # waits at most 1 s (the client's answer wait, protocol "ACK at
+        # HELLO") for the new daemon: the restart delay plus a start must
+        # fit in it, or the unsaved batches are discarded, not replayed.
+        with open(os.path.join(self.dir, "tokenmeterd.service")) as f:
+            lines = [line.strip() for line in f]
+        self.assertIn("Restart=on-failure", lines)
+        delays = [line.split("=", 1)[1] for line in lines
+                  if line.startswith("RestartSec=")]
+        self.assertEqual(len(delays), 1, delays)
+        m = re.fullmatch(r"(\d+)(ms|s)?", delays[0])
+        self.assertIsNotNone(m, delays[0])
+        ms = int(m.group(1)) * (1 if m.group(2) == "ms" else 1000)
+        self.assertLessEqual(ms, 250, delays[0])
 
     def test_socket_units_name_their_descriptors(self):
         with open(os.path.join(self.dir, "tokenmeterd.socket")) as f:
