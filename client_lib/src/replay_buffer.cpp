@@ -48,6 +48,12 @@ bool ReplayBuffer::Fits(size_t need, size_t* at) const {
   return need <= head_;
 }
 
+bool ReplayBuffer::Oldest(Entry* e) const {
+  if (count_ == 0) return false;
+  *e = At(head_);
+  return true;
+}
+
 uint64_t ReplayBuffer::PopOldest() {
   const Entry e = At(head_);
   const bool cursor_here = cursor_left_ == count_;

@@ -44,6 +44,10 @@ class ReplayBuffer {
   bool FitsWithoutDropping(size_t n) const;
   // Drops every batch; returns their events.
   uint64_t Clear();
+  // The oldest batch kept (false: none).
+  bool Oldest(Entry* e) const;
+  // Drops the oldest batch (one must be kept); returns its events.
+  uint64_t DropOldest() { return PopOldest(); }
 
   // The replay pass after a reconnect: Rewind() puts the cursor on the
   // oldest batch; Current() is the batch there (false past the newest one

@@ -123,6 +123,7 @@ void Sender::OnConnected(uint64_t now_ns) {
   ack_mode_ = opts_.ack ? AckMode::kAwaiting : AckMode::kOff;
   answer_deadline_ns_ = now_ns + kAnswerWaitNs;
   replay_.Rewind();
+  replayed_oldest_ = false;
   acks_.Reset();
   out_.Clear();
   out_off_ = 0;
@@ -135,6 +136,7 @@ void Sender::Disconnect(uint64_t now_ns) {
   transport_->Close();
   connected_ = false;
   counters_.connected.store(0, std::memory_order_relaxed);
+  CountReplayRefusal(now_ns);
   // A batch that was not completely written stays in batch_body_ and is sent
   // whole, with a fresh header, on the next connection: the daemon discards
   // the truncated frame it saw.
@@ -148,6 +150,30 @@ void Sender::Disconnect(uint64_t now_ns) {
     backoff_ns_ = std::clamp(backoff_ns_ * 2, kBackoffMinNs, kBackoffMaxNs);
   }
   next_attempt_ns_ = now_ns + backoff_ns_;
+}
+
+// At a disconnect: a short connection that replayed the oldest kept batch
+// and broke before it was acked counts one refusal of that batch; the
+// kMaxReplayRefusals-th in a row drops it (dropped_total). Anything else
+// (a long connection, the batch acked, another oldest batch) starts over.
+void Sender::CountReplayRefusal(uint64_t now_ns) {
+  ReplayBuffer::Entry oldest;
+  const bool refused = ack_mode_ == AckMode::kAcking && replayed_oldest_ &&
+                       now_ns - connected_at_ns_ < kStableConnectionNs &&
+                       replay_.Oldest(&oldest) && oldest.seq == replayed_seq_;
+  replayed_oldest_ = false;
+  if (!refused) {
+    refusals_ = 0;
+    return;
+  }
+  if (refusals_ == 0 || oldest.seq != refused_seq_) {
+    refused_seq_ = oldest.seq;
+    refusals_ = 0;
+  }
+  if (++refusals_ < kMaxReplayRefusals) return;
+  refusals_ = 0;
+  const uint64_t events = replay_.DropOldest();
+  counters_.dropped_extra.fetch_add(events, std::memory_order_relaxed);
 }
 
 bool Sender::ReadInbound() {
@@ -272,6 +298,11 @@ bool Sender::WritePending() {
 void Sender::OnBatchWritten() {
   if (out_replay_) {
     counters_.replayed.fetch_add(1, std::memory_order_relaxed);
+    ReplayBuffer::Entry oldest;
+    if (replay_.Oldest(&oldest) && oldest.seq == out_seq_) {
+      replayed_oldest_ = true;
+      replayed_seq_ = out_seq_;
+    }
     replay_.AdvancePast(out_seq_);
     out_replay_ = false;
     out_batch_events_ = 0;

@@ -80,6 +80,14 @@ inline constexpr uint64_t kFinalAckWaitNs = 100'000'000;
 // daemon's answer to HELLO before it takes the daemon for one that does
 // not ack (protocol 1.2 "ACK at HELLO": at most 1 s).
 inline constexpr uint64_t kAnswerWaitNs = 1'000'000'000;
+// With ack on: a kept batch whose replay ends its connection this many
+// times in a row, each time before the connection lived
+// kStableConnectionNs and before the batch was acked, is one the daemon
+// refuses (a BATCH over a limit it was started with, --max-batch-events or
+// --max-frame-bytes below this library's caps): it is dropped and counted
+// in dropped_total, so that the batches after it go on (replaying it
+// forever would deliver nothing more).
+inline constexpr int kMaxReplayRefusals = 3;
 
 struct SenderOptions {
   std::string socket_path;
@@ -137,6 +145,7 @@ class Sender {
   bool TryConnect(uint64_t now_ns);
   void OnConnected(uint64_t now_ns);
   void Disconnect(uint64_t now_ns);
+  void CountReplayRefusal(uint64_t now_ns);
   // Builds and writes batches until the rings are empty or the transport
   // is full. Returns true when more events may be waiting. Disconnects on
   // a broken connection.
@@ -207,6 +216,14 @@ class Sender {
   bool out_replay_ = false;        // out_'s batch is a replay of out_seq_
   uint64_t out_seq_ = 0;
   ReplayBuffer replay_;  // written, unacked batches (ack only)
+  // This connection replayed the batch that was then the oldest kept,
+  // replayed_seq_; refused_seq_ / refusals_: the oldest kept batch whose
+  // replays ended that many short connections in a row
+  // (kMaxReplayRefusals).
+  bool replayed_oldest_ = false;
+  uint64_t replayed_seq_ = 0;
+  uint64_t refused_seq_ = 0;
+  int refusals_ = 0;
   AckDecoder acks_;
   std::vector<uint64_t> flush_targets_;  // per-slot tails a flush waits for
   uint64_t flush_ticket_ = 0;

@@ -482,6 +482,44 @@ TEST_F(AckTest, ReplayBoundDropsTheOldestBatchesAndCountsTheirEvents) {
   }
 }
 
+// A kept batch the daemon refuses each time (a BATCH over a limit it was
+// started with: --max-batch-events below the client's batch) is replayed
+// until kMaxReplayRefusals connections in a row ended on it, then dropped
+// and counted, and the batches after it go on; without this the client
+// would replay it forever and deliver nothing more.
+TEST_F(AckTest, ABatchTheDaemonKeepsRefusingIsDroppedAndTheRestGoesOn) {
+  StartServer();
+  server_->SetMaxBatchEvents(4);
+  NewClient(AckOptions().get());
+  PushBatch(2, 1);  // seq 0: applied and acked
+  PushBatch(6, 3);  // seq 1: over the limit, refused
+  // seq 2, behind it (the flush may find the client reconnecting).
+  ASSERT_EQ(tm_tokens(client_, 1009, 1, 9), TM_OK);
+  tm_client_flush(client_, 5000);
+  ASSERT_TRUE(server_->WaitUntil([](const TestServer::Connections& c) {
+    for (const Connection& conn : c) {
+      for (uint64_t seq : conn.acked) {
+        if (seq == 2) return true;
+      }
+    }
+    return false;
+  }));
+  StatsArray s;
+  ASSERT_EQ(CloseClient(&s), TM_OK);
+  const TestServer::Connections conns = server_->Snapshot();
+  size_t with_seq1 = 0;
+  for (const Connection& c : conns) {
+    for (uint64_t seq : SeqsOf(c)) with_seq1 += seq == 1;
+    for (uint64_t seq : c.acked) EXPECT_NE(seq, 1u);
+  }
+  // Written once, then replayed on the kMaxReplayRefusals connections that
+  // ended on it.
+  EXPECT_EQ(with_seq1, 1u + 3u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 6u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], 9u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_UNACKED], 0u);
+}
+
 TEST_F(AckTest, CloseWaitsForTheLastAck) {
   StartServer();
   server_->SetAcking(false);

@@ -133,6 +133,11 @@ void TestServer::SetAnswering(bool answering) {
   answering_ = answering;
 }
 
+void TestServer::SetMaxBatchEvents(size_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  max_batch_events_ = n;
+}
+
 void TestServer::DropAfterBatches(size_t index, size_t batches) {
   std::lock_guard<std::mutex> l(mu_);
   drop_after_[index] = batches;
@@ -171,6 +176,16 @@ void TestServer::AckNewFrames(size_t index, size_t first) {
       c.answered =
           SendLocked(index, c.answer ? AckFrame(*c.answer)
                                      : std::vector<uint8_t>{0x92, 0x03, 0xc0});
+    } else if (f.array[0].uint == 1 && max_batch_events_ != 0 &&
+               f.array.size() >= 4 && f.array[3].IsArray() &&
+               f.array[3].array.size() > max_batch_events_) {
+      // The daemon's batch_too_large: the connection closed, nothing acked
+      // (the frames after it on this connection are not read).
+      if (!c.dropped) {
+        shutdown(fds_[index], SHUT_RDWR);
+        c.dropped = true;
+      }
+      break;
     } else if (f.array[0].uint == 1 && c.ack && acking_ &&
                f.array[1].IsUint()) {
       const uint64_t seq = f.array[1].uint;

@@ -95,6 +95,9 @@ class TestServer {
   // Connection `index` is dropped (as Drop()) by the server's thread as
   // soon as it has read `batches` BATCH frames of it.
   void DropAfterBatches(size_t index, size_t batches);
+  // Plays a daemon started with --max-batch-events `n`: a BATCH of more
+  // events closes its connection at once, not applied or acked (0: none).
+  void SetMaxBatchEvents(size_t n);
   // Writes `bytes` to connection `index` (what the socket takes at once).
   void Send(size_t index, const std::vector<uint8_t>& bytes);
 
@@ -124,6 +127,7 @@ class TestServer {
   bool acking_ = true;
   bool answering_ = true;
   std::map<size_t, size_t> drop_after_;  // connection -> BATCHes
+  size_t max_batch_events_ = 0;          // 0: no limit
   // The highest seq acked per HELLO session, and each connection's session.
   std::map<uint64_t, uint64_t> session_acked_;
   std::vector<std::optional<uint64_t>> session_of_;
