@@ -75,6 +75,21 @@ bool MakeRoom(Map& m, size_t cap) {
   return true;
 }
 
+// MakeRoom() for the sessions: an unused one whose client said GOODBYE
+// first (its client closed and never replays), else any unused one (whose
+// client may yet come back to replay: forgotten, its replay would be
+// applied again).
+template <typename Map>
+bool MakeSessionRoom(Map& m, size_t cap) {
+  if (m.size() < cap) return true;
+  auto ended = std::find_if(m.begin(), m.end(), [](const auto& e) {
+    return e.second.connections == 0 && e.second.goodbye;
+  });
+  if (ended == m.end()) return MakeRoom(m, cap);
+  m.erase(ended);
+  return true;
+}
+
 uint64_t SoftFdLimit() {
   rlimit rl{};
   return getrlimit(RLIMIT_NOFILE, &rl) == 0 ? uint64_t(rl.rlim_cur) : 0;
@@ -360,7 +375,12 @@ class IngestServer::Connection : public FrameSink {
     server_.stats_.SetClientDropped(drops_, client_key_, batch.dropped_total);
   }
 
-  void OnGoodbye() override { server_.stats_.CountFrame(); }
+  void OnGoodbye() override {
+    server_.stats_.CountFrame();
+    // The client closes: it replays nothing more in this session, which
+    // is the first to go when the sessions are at their cap.
+    if (session_ != server_.sessions_.end()) session_->second.goodbye = true;
+  }
 
   // Applies a batch; counts the events the decoder skipped and the tracker
   // the optional fields it dropped from the events it applies (once per
@@ -906,10 +926,11 @@ bool IngestServer::SessionFor(const Hello& hello, Sessions::iterator* out) {
   auto it = sessions_.find(key);
   if (it == sessions_.end()) {
     // Forget a session no connection uses: a replay of it, should one ever
-    // come, would be applied again.
-    if (!MakeRoom(sessions_, max_shared_spaces_)) return false;
+    // come, would be applied again (one that said GOODBYE first).
+    if (!MakeSessionRoom(sessions_, max_shared_spaces_)) return false;
     it = sessions_.emplace(std::move(key), Session{}).first;
   }
+  it->second.goodbye = false;
   ++it->second.connections;
   *out = it;
   return true;

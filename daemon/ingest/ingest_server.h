@@ -129,6 +129,9 @@ class IngestServer {
     uint64_t highest_seq = 0;  // of the batches applied, when applied_any
     bool applied_any = false;
     size_t connections = 0;  // open connections in it
+    // Its last connection ended with GOODBYE (not saved in snapshots: a
+    // restored session counts as one whose client may come back).
+    bool goodbye = false;
     // With ack_after_snapshot: the highest seq in a snapshot on disk (when
     // durable_any), and in the snapshot being written (when saved_any).
     uint64_t durable_seq = 0;

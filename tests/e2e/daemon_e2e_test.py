@@ -171,6 +171,44 @@ class HandWrittenFrames(unittest.TestCase):
         for sock in (b, c):
             sock.close()
 
+    def test_at_the_session_cap_one_that_said_goodbye_goes_first(self):
+        """Sessions are capped (4 x --max-engine-series). A new one takes
+        the place of one whose client said GOODBYE (it replays nothing
+        more), not of one whose client went away without it and may come
+        back to replay: that replay is still skipped as a duplicate."""
+        d = Daemon("--log-interval", "0", "--max-engine-series", "1").start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        t0 = time.monotonic_ns() - 1_000 * MS
+
+        def run(session, rid, goodbye):
+            s = d.connect()
+            s.sendall(hello(instance="e", session=session, ack=True))
+            s.sendall(batch([[1, t0, rid, 5]], seq=0))
+            self.read_acks(s, 0)
+            if goodbye:
+                s.sendall(tu.frame(2))
+            s.close()
+
+        run(1, "a", goodbye=False)  # gone without GOODBYE: may replay
+        for k in (2, 3, 4):
+            run(k, f"b{k}", goodbye=True)
+        poll_until(lambda: d.value("tokenmeter_ingest_connections") == 0,
+                   what="every connection closed")
+        run(5, "c", goodbye=False)  # past the cap
+        d.wait_value("tokenmeter_ingest_events_total", 5, kind="arrived")
+        # Session 1's client comes back and replays seq 0.
+        s = d.connect()
+        s.sendall(hello(instance="e", session=1, ack=True))
+        self.assertEqual(self.read_acks(s, 0), [0])  # the answer: seq 0
+        s.sendall(batch([[1, t0, "a", 5]], seq=0))
+        poll_until(lambda: d.value(
+            "tokenmeter_ingest_duplicate_batches_total") == 1,
+            what="the replay skipped as a duplicate")
+        s.close()
+        self.assertEqual(
+            d.value("tokenmeter_ingest_events_total", kind="arrived"), 5)
+
     def test_ack_hello_is_answered_at_once(self):
         """Protocol 1.2, "ACK at HELLO": a HELLO with ack is answered before
         any BATCH, with [3, nil] while the session has applied nothing and
