@@ -135,8 +135,19 @@ def build(classic):
                 p.get("targets", [])):
             panels.append(heatmap_to_quantiles(p))
             continue
+        native = False
         for t in p.get("targets", []):
+            before = t["expr"]
             t["expr"] = rewrite(t["expr"], histograms)
+            native |= "_bucket" in before
+        if native:
+            # The classic text names bucket bounds the native series do
+            # not have.
+            p["description"] = (
+                p.get("description", "") +
+                " Native edition: from the native histogram, whose "
+                "exponential buckets replace the classic bounds (any "
+                "named above).").strip()
         panels.append(p)
     d["panels"] = panels
     return d

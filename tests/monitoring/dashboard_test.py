@@ -410,6 +410,16 @@ class NativeDashboard(Dashboard):
             out.append((p, t))
         return out
 
+    def test_histogram_panels_say_they_read_native_buckets(self):
+        # A classic description names bucket bounds ("buckets 0 1 2 3 ...")
+        # that the native series do not have: each panel reading a native
+        # histogram says so.
+        for p, t in self.targets:
+            if re.search(r"histogram_(quantile|fraction)\(",
+                         t["expr"]):
+                self.assertIn("Native edition", p.get("description", ""),
+                              p["title"])
+
     def test_every_series_named_exists_in_the_catalog(self):
         self.targets = self.with_classic_names()
         super().test_every_series_named_exists_in_the_catalog()
