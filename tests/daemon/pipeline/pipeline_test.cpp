@@ -255,6 +255,22 @@ TEST(PipelineTest, FingerprintNamesWhatASnapshotDependsOn) {
   EXPECT_EQ(differs_in(other), -1);
 }
 
+// A pipeline without a grace period that hands the requests it retires to
+// `sink`, loaded from the snapshot `bytes`; *whole: every byte was read.
+std::unique_ptr<Pipeline> RestoredWithSink(const FixedClock& clock,
+                                           const std::string& bytes,
+                                           trace::TimelineSink* sink,
+                                           bool* whole) {
+  PipelineOptions no_grace;
+  no_grace.tracker.grace_ns = 0;
+  auto p = Make(clock, no_grace);
+  p->tracker().AddTimelineSink(sink);
+  StateReader r(bytes.data(), bytes.size());
+  p->LoadState(r);
+  *whole = r.ok() && r.at_end();
+  return p;
+}
+
 // Format 6: a finished request's reason, the series' and the registry's
 // start times survive a save and load; the restored request hands its
 // reason to the timeline sinks when it retires.
@@ -286,13 +302,9 @@ TEST(PipelineTest, RestoredRequestKeepsItsFinishReasonAndStartTimes) {
     }
     std::vector<std::string> reasons;
   } sink;
-  PipelineOptions no_grace;
-  no_grace.tracker.grace_ns = 0;
-  auto b = Make(clock, no_grace);
-  b->tracker().AddTimelineSink(&sink);
-  StateReader r(bytes.data(), bytes.size());
-  b->LoadState(r);
-  ASSERT_TRUE(r.ok() && r.at_end());
+  bool whole = false;
+  auto b = RestoredWithSink(clock, bytes, &sink, &whole);
+  ASSERT_TRUE(whole);
   EXPECT_EQ(b->registry().GetOrCreate({"vllm", "m", "0", {}})->start_unix_ns(),
             1'700'000'000'000'000'000u);
   EXPECT_EQ(b->registry().start_unix_ns(), 1'700'000'000'000'000'000u);
@@ -336,13 +348,9 @@ TEST(PipelineTest, RestoredRequestKeepsItsPreemptionCount) {
     std::vector<uint32_t> counts;
     std::vector<size_t> listed;
   } sink;
-  PipelineOptions no_grace;
-  no_grace.tracker.grace_ns = 0;
-  auto b = Make(clock, no_grace);
-  b->tracker().AddTimelineSink(&sink);
-  StateReader r(bytes.data(), bytes.size());
-  b->LoadState(r);
-  ASSERT_TRUE(r.ok() && r.at_end());
+  bool whole = false;
+  auto b = RestoredWithSink(clock, bytes, &sink, &whole);
+  ASSERT_TRUE(whole);
   EngineSeries* s2 = b->registry().GetOrCreate({"vllm", "m", "0", {}});
   ev.kind = EventKind::kPreempted;  // a third, after the restore
   ev.t_ns += 1000;
