@@ -1084,9 +1084,10 @@ struct KvString {
 // Any transfer: every rule checked (TM_E_INVALID, counted, for one
 // broken), reason and connector as strings, ids or none, the amounts
 // stored one word each when given (kKvBytes / kKvBlocks). Out of line:
-// the public calls take KvTransferLean() first and come here for what it
-// leaves (a string, an amount past the packed word, the clock to read, a
-// thread to attach, a full ring, a closed client, a broken rule). `t`:
+// the public calls take KvTransferLeanForm() first and come here for what
+// it leaves (a reason string, a connector string past 16 bytes or not
+// printable ASCII, an amount past the packed word, a thread to attach, a
+// full ring, a closed client, a broken rule). `t`:
 // the event's time, nonzero (the clock read by the caller).
 [[gnu::noinline]] int KvTransferGeneral(tm_client* c, uint64_t t, uint64_t rid,
                                         const char* srid, size_t srid_len,
@@ -1142,38 +1143,51 @@ struct KvString {
   return Done(r);
 }
 
-// KvTransferLean()'s "not here": nothing written, nothing counted.
+// KvTransferLeanForm()'s "not here": nothing written, nothing counted.
 constexpr int kTakeGeneralPath = 1;
 
-// The lean path, inlined into tm_kv_transfer() and tm_kv_transfer_str():
-// a whole 1.2 struct without strings (reason and connector ids or none),
-// amounts that fit the packed word (kKvPacked: bytes + 1 in 40 bits,
-// blocks + 1 in 24, 0 = not given; both then within the 2^48 - 1 bound),
-// an event time `t` already known (nonzero), a thread the slot cache
-// holds, an open client and room in the ring. Anything else returns
-// kTakeGeneralPath before anything is counted or committed, and the
-// caller makes the call through KvTransferGeneral(), which checks every
-// rule again (the same rules: a transfer this path refuses, the general
-// one refuses too). No call on the way (TryEnter(), not Enter()), so the
-// compiler keeps it a leaf without a stack frame up to the ring: the
-// record's words are stored as each field is read, the rules tested
-// after (a broken one leaves the reserved words uncommitted), the id
-// last. Each field of the caller's struct is read once.
-[[gnu::always_inline]] inline int KvTransferLean(
+// The lean path: a whole 1.2 struct without a reason string (a reason id
+// or none), amounts that fit the packed word (kKvPacked: bytes + 1 in 40
+// bits, blocks + 1 in 24, 0 = not given; both then within the 2^48 - 1
+// bound), an event time `t` already known (nonzero), a thread the slot
+// cache holds, an open client and room in the ring. Two forms
+// (KvTransferAt() picks one): the connector an id or none (`connector`
+// NULL; inlined into tm_kv_transfer() and tm_kv_transfer_str()), or the
+// connector a string of 1 to 16 bytes of printable ASCII (`connector`: the
+// struct's, read by the caller; out of line, KvTransferConnector*Id()),
+// stored after the amounts word as the general path stores it. Anything
+// else returns kTakeGeneralPath before anything is counted or committed,
+// and the caller makes the call through KvTransferGeneral(), which checks
+// every rule again (the same rules: a transfer this path refuses, the
+// general one refuses too). No call on the way (TryEnter(), not Enter();
+// the connector's scan and copy inline), so the compiler keeps it a leaf
+// without a stack frame up to the ring: the record's words are stored as
+// each field is read, the rules tested after (a broken one leaves the
+// reserved words uncommitted), the id last. Each field of the caller's
+// struct is read once (the caller has read `reason`, NULL, and checked
+// the struct's size).
+[[gnu::always_inline]] inline int KvTransferLeanForm(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
-    const tm_kv_transfer_info* info) {
+    const tm_kv_transfer_info* info, const char* connector) {
+  const bool connector_string = connector != nullptr;
   namespace tc = tokenmeter::client;
-  if (info == nullptr || info->size < kKvTransferInfoSize ||
-      (reinterpret_cast<uintptr_t>(info->reason) |
-       reinterpret_cast<uintptr_t>(info->connector)) != 0) [[unlikely]] {
-    return kTakeGeneralPath;
+  // The connector string's length and words: printable ASCII settles it
+  // (LabelValueLen()'s common case); anything else, and a string past two
+  // words, is the general path's.
+  size_t clen = 0;
+  uint32_t cwords = 0;
+  if (connector_string) {
+    clen = PrintablePrefix(reinterpret_cast<const unsigned char*>(connector));
+    if (clen == 0 || clen > 16 || connector[clen] != '\0') [[unlikely]]
+      return kTakeGeneralPath;
+    cwords = StringWords(clen);
   }
   const uint32_t ids = c->ValueIds();
   Ring* r = c->TryEnter();
   if (r == nullptr) [[unlikely]]
     return kTakeGeneralPath;
   const uint32_t rw = srid == nullptr ? 1 : RidWords(srid_len);
-  const uint32_t words = 4 + rw;
+  const uint32_t words = 4 + rw + cwords;
   uint64_t* w = r->Reserve(words);
   if (w == nullptr) [[unlikely]] {
     tm_client::Leave(r);
@@ -1200,15 +1214,21 @@ constexpr int kTakeGeneralPath = 1;
     const uint32_t role = uint32_t(EnumValue(info->role));
     const uint32_t reason_id = info->reason_id;
     const uint32_t connector_id = info->connector_id;
-    // Both id flags always set (an id field of 0 is "none" for the encoder).
+    // The reason's id flag always set (an id field of 0 is "none" for the
+    // encoder), the connector's unless it is a string.
     const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
-                           tc::kKvPacked | tc::kKvReasonId | tc::kKvConnectorId;
+                           tc::kKvPacked | tc::kKvReasonId |
+                           (connector_string ? 0 : tc::kKvConnectorId);
     w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
-                      KvArg(flags, reason_id, connector_id));
-    // An id is 0 or registered (1 .. the count), i.e. at most the count.
-    if (role > TM_KV_RECV || reason_id > ids || connector_id > ids) [[unlikely]]
+                      KvArg(flags, reason_id,
+                            connector_string ? uint32_t(clen) : connector_id));
+    // An id is 0 or registered (1 .. the count), i.e. at most the count;
+    // with a connector string, its id is 0 (not both).
+    if (role > TM_KV_RECV || reason_id > ids ||
+        connector_id > (connector_string ? 0 : ids)) [[unlikely]]
       goto general;
   }
+  if (connector_string) StoreString(p + 2, connector, clen);
   // Last: a string id's copy may be a call, with little left to keep.
   WriteRid(w + 2, rw, rid, srid, srid_len);
   return Done(r);
@@ -1217,13 +1237,54 @@ general:
   return kTakeGeneralPath;
 }
 
-// Both paths for an event time `t` (nonzero).
+// A connector string (and no reason string): the lean path's second form,
+// then the general path. Out of line, so that the registers the string
+// takes are saved here, not on the way of the form without strings; one
+// function per kind of request id, so that each is compiled for its own.
+[[gnu::always_inline]] inline int KvTransferConnector(
+    tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
+    const tm_kv_transfer_info* info, const char* connector) {
+  const int rc = KvTransferLeanForm(c, t, rid, srid, srid_len, info, connector);
+  if (rc != kTakeGeneralPath) [[likely]]
+    return rc;
+  return KvTransferGeneral(c, t, rid, srid, srid_len, info);
+}
+[[gnu::noinline]] int KvTransferConnectorIntId(tm_client* c, uint64_t t,
+                                               uint64_t rid,
+                                               const tm_kv_transfer_info* info,
+                                               const char* connector) {
+  return KvTransferConnector(c, t, rid, nullptr, 0, info, connector);
+}
+[[gnu::noinline]] int KvTransferConnectorStrId(tm_client* c, uint64_t t,
+                                               const char* srid,
+                                               size_t srid_len,
+                                               const tm_kv_transfer_info* info,
+                                               const char* connector) {
+  return KvTransferConnector(c, t, 0, srid, srid_len, info, connector);
+}
+
+// Both paths for an event time `t` (nonzero): a struct without strings
+// takes the lean path's first form inline, one with only a connector
+// string its second form (KvTransferConnector*Id()), any other the general
+// path (KvTransferGeneral()), as does whatever a form leaves.
 [[gnu::always_inline]] inline int KvTransferAt(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
     const tm_kv_transfer_info* info) {
-  const int rc = KvTransferLean(c, t, rid, srid, srid_len, info);
-  if (rc != kTakeGeneralPath) [[likely]]
-    return rc;
+  if (info != nullptr && info->size >= kKvTransferInfoSize) [[likely]] {
+    const char* reason = info->reason;
+    const char* connector = info->connector;
+    if ((reinterpret_cast<uintptr_t>(reason) |
+         reinterpret_cast<uintptr_t>(connector)) == 0) [[likely]] {
+      const int rc =
+          KvTransferLeanForm(c, t, rid, srid, srid_len, info, nullptr);
+      if (rc != kTakeGeneralPath) [[likely]]
+        return rc;
+    } else if (reason == nullptr) {
+      if (srid == nullptr)
+        return KvTransferConnectorIntId(c, t, rid, info, connector);
+      return KvTransferConnectorStrId(c, t, srid, srid_len, info, connector);
+    }
+  }
   return KvTransferGeneral(c, t, rid, srid, srid_len, info);
 }
 

@@ -1137,7 +1137,9 @@ TEST_F(EventLayoutTest, SendsRegisteredValuesAsTheirStrings) {
 // path's given words) reach the daemon as the same bytes for every
 // combination of amounts (not given, small, at and past the packed word's
 // edge, the bound), ok, role, reason and connector (none, registered or a
-// string) and request id (integer or string): each event byte for byte
+// string; a connector string of 1, 4, 8, 9, 16, 17 and 33 bytes and one
+// not ASCII, in turn: the lean path takes up to 16 bytes of printable
+// ASCII) and request id (integer or string): each event byte for byte
 // against an encoding written here with msgpack-c's packer, in the order
 // tokenmeter.h documents.
 TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
@@ -1148,12 +1150,22 @@ TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
   ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 30'000), TM_OK);
   NewClient(opts.get());
   tm_client* c = client_;
+  // The registered connector, and eight connector strings taken in turn
+  // (a pair of calls each: an integer and a string request id).
+  const char* const kRegistered = "nixl-connector-with-a-long-name-x";
   const int timeout = tm_register_value(c, "timeout");
-  const int nixl = tm_register_value(c, "nixl-connector-with-a-long-name-x");
+  const int nixl = tm_register_value(c, kRegistered);
   ASSERT_EQ(timeout, 1);
   ASSERT_EQ(nixl, 2);
   const char* const kReason = "timeout";
-  const char* const kConnector = "nixl-connector-with-a-long-name-x";
+  const char* const kConnectors[] = {"x",
+                                     "nixl",
+                                     "mooncake",
+                                     "mooncake2",
+                                     "NixlConnectorV16",
+                                     "P2pNcclConnector1",
+                                     "nixl-connector-with-a-long-name-x",
+                                     "d\xc3\xa9lai"};
   // The packed word holds bytes + 1 in 40 bits and blocks + 1 in 24.
   constexpr uint64_t k24 = uint64_t{1} << 24;
   constexpr uint64_t k40 = uint64_t{1} << 40;
@@ -1180,6 +1192,7 @@ TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
               if (strings && fields == 0) continue;  // the same call
               for (const bool str_rid : {false, true}) {
                 ++t;
+                const char* const connector = kConnectors[(t / 2) % 8];
                 tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
                 kv.role = role;
                 kv.start_ns = t % 3 == 0 ? t : t - 999;
@@ -1195,7 +1208,7 @@ TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
                 }
                 if ((fields & 2) != 0) {
                   if (strings) {
-                    kv.connector = kConnector;
+                    kv.connector = connector;
                   } else {
                     kv.connector_id = uint32_t(nixl);
                   }
@@ -1246,7 +1259,7 @@ TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
                 }
                 if ((fields & 2) != 0) {
                   str("connector");
-                  str(kConnector);
+                  str((strings ? connector : kRegistered));
                 }
                 expected.emplace_back(sb.data, sb.data + sb.size);
                 msgpack_sbuffer_destroy(&sb);

@@ -528,12 +528,15 @@ class Protocol12ValidationTest : public EventValidationTest {
 };
 
 // Strings that break label-value syntax (tm_proto_valid_label_value): the
-// empty string, 65 bytes, C0 and C1 control characters, DEL, malformed UTF-8.
+// empty string, 65 bytes, C0 and C1 control characters, DEL, malformed UTF-8
+// (one after 16 printable bytes: the KV_TRANSFER lean path's edge).
 std::vector<std::string> BadLabelValues() {
   return {"",
           std::string(TM_MAX_LABEL_VALUE_BYTES + 1, 'r'),
           std::string(100000, 'r'),
           "queue\x01full",
+          "NixlConnectorV16\x01",
+          "NixlConnectorV16\xff",
           "tab\there",
           "line\n",
           "\x1f",
@@ -977,6 +980,7 @@ TEST_F(Protocol12ValidationTest,
   EXPECT_EQ(Rejected(), 6 * bad.size());
   for (const std::string& s : GoodLabelValues()) {
     EXPECT_EQ(InvalidKvStringCalls(s.c_str(), s.c_str()), 0) << s;
+    EXPECT_EQ(InvalidKvStringCalls(nullptr, s.c_str()), 0) << s;
   }
   EXPECT_EQ(InvalidKvStringCalls(nullptr, nullptr), 0);
   EXPECT_EQ(Rejected(), 6 * bad.size());
@@ -1223,7 +1227,9 @@ TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRule) {
 
 // With ids, a transfer whose amounts fit the packed record (the lean
 // path) and one whose amounts do not (bytes from 2^40 - 1, blocks from
-// 2^24 - 1: the general path) are held to the same rules.
+// 2^24 - 1: the general path) are held to the same rules; so is one whose
+// connector is a string (the lean path's second form up to 16 bytes of
+// printable ASCII, the general path past them).
 TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRuleInBothForms) {
   const uint32_t id = uint32_t(tm_register_value(client_, "nixl"));
   constexpr uint64_t k24 = uint64_t{1} << 24;
@@ -1235,41 +1241,54 @@ TEST_F(Protocol12ValidationTest, KvTransferWithIdsKeepsEveryRuleInBothForms) {
                                                  {64, k24 - 1},
                                                  {TM_MAX_KV_TRANSFER_BYTES, 0},
                                                  {0, TM_MAX_KV_TRANSFER_BYTES}};
+  // nullptr: the connector by id.
+  const char* const connectors[] = {
+      nullptr,       "x", "nixl", "NixlConnectorV16", "P2pNcclConnector1",
+      "d\xc3\xa9lai"};
   uint64_t rejected = 0;
   for (const auto& [bytes, blocks] : forms) {
-    const tm_kv_transfer_info good = [&] {
-      tm_kv_transfer_info kv = Kv();
-      kv.bytes = bytes;
-      kv.blocks = blocks;
-      kv.reason_id = id;
-      kv.connector_id = id;
-      return kv;
-    }();
-    tm_kv_transfer_info kv = good;
-    EXPECT_EQ(InvalidKvCalls(&kv), 0) << bytes << " " << blocks;
-    kv.role = static_cast<tm_kv_role>(2);
-    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
-    kv = good;
-    kv.start_ns = 1001;
-    EXPECT_EQ(InvalidKvCalls(&kv, 1000), 2) << bytes << " " << blocks;
-    kv = good;
-    kv.reason_id = id + 1;
-    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
-    kv = good;
-    kv.connector_id = id + 1;
-    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
-    kv = good;
-    kv.size = offsetof(tm_kv_transfer_info, connector_id);
-    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
-    rejected += 10;
-    // An amount past the bound beside this one.
-    kv = good;
-    kv.bytes = TM_MAX_KV_TRANSFER_BYTES + 1;
-    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
-    kv = good;
-    kv.blocks = TM_KV_UNKNOWN - 1;
-    EXPECT_EQ(InvalidKvCalls(&kv), 2) << bytes << " " << blocks;
-    rejected += 4;
+    for (const char* connector : connectors) {
+      const std::string what = std::to_string(bytes) + " " +
+                               std::to_string(blocks) + " " +
+                               (connector != nullptr ? connector : "(id)");
+      const tm_kv_transfer_info good = [&] {
+        tm_kv_transfer_info kv = Kv();
+        kv.bytes = bytes;
+        kv.blocks = blocks;
+        kv.reason_id = id;
+        kv.connector = connector;
+        kv.connector_id = connector != nullptr ? 0 : id;
+        return kv;
+      }();
+      tm_kv_transfer_info kv = good;
+      EXPECT_EQ(InvalidKvCalls(&kv), 0) << what;
+      kv.role = static_cast<tm_kv_role>(2);
+      EXPECT_EQ(InvalidKvCalls(&kv), 2) << what;
+      kv = good;
+      kv.start_ns = 1001;
+      EXPECT_EQ(InvalidKvCalls(&kv, 1000), 2) << what;
+      kv = good;
+      kv.reason_id = id + 1;
+      EXPECT_EQ(InvalidKvCalls(&kv), 2) << what;
+      kv = good;
+      kv.connector_id = id + 1;  // unknown, or beside a string
+      EXPECT_EQ(InvalidKvCalls(&kv), 2) << what;
+      kv = good;
+      kv.connector_id = id;  // known: unless beside a string, fine
+      EXPECT_EQ(InvalidKvCalls(&kv), connector != nullptr ? 2 : 0) << what;
+      kv = good;
+      kv.size = offsetof(tm_kv_transfer_info, connector_id);
+      EXPECT_EQ(InvalidKvCalls(&kv), 2) << what;
+      rejected += connector != nullptr ? 12 : 10;
+      // An amount past the bound beside this one.
+      kv = good;
+      kv.bytes = TM_MAX_KV_TRANSFER_BYTES + 1;
+      EXPECT_EQ(InvalidKvCalls(&kv), 2) << what;
+      kv = good;
+      kv.blocks = TM_KV_UNKNOWN - 1;
+      EXPECT_EQ(InvalidKvCalls(&kv), 2) << what;
+      rejected += 4;
+    }
   }
   EXPECT_EQ(Rejected(), rejected);
 }
@@ -1286,6 +1305,10 @@ TEST_F(Protocol12ValidationTest, ValueIdsOnAClosedClient) {
   tm_kv_transfer_info kv = Kv();
   kv.connector_id = id;
   EXPECT_EQ(tm_kv_transfer(c, 1000, 1, &kv), TM_E_CLOSED);
+  kv.connector_id = 0;
+  kv.connector = "nixl";
+  EXPECT_EQ(tm_kv_transfer(c, 1000, 1, &kv), TM_E_CLOSED);
+  EXPECT_EQ(tm_kv_transfer_str(c, 1000, "r", 1, &kv), TM_E_CLOSED);
 }
 
 // LabelValueLen() (api.cpp) settles 1..64 bytes of printable ASCII without

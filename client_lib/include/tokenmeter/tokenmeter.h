@@ -719,21 +719,25 @@ typedef struct tm_kv_transfer_info {
  * when not TM_KV_UNKNOWN), "ok": false only when the transfer failed (the
  * protocol's default is true, so a success sends no "ok"), "reason" and
  * "connector" (strs, when given; a reason is sent as given, also with ok,
- * though the daemon uses it only on failure). Buffer space, with a string
- * reason or connector: 32 bytes (integer id) plus 8 for each of bytes and
- * blocks given plus the bytes of the reason and of the connector, each
- * rounded up to 8 (56 bytes for a "nixl" transfer with bytes and blocks).
- * Cost: the checks, a few stores more than a tm_tokens() and one pass over
- * each string: about 17 to 22 ns with a caller timestamp where tm_tokens()
- * took 9 to 10 in the same run. Without a string (no reason or connector,
- * or registered ones: reason_id / connector_id, the strings NULL) the call
- * takes a lean path once the thread has made a call: a record of 40 bytes
- * whatever is given (integer id), about 1.15x a tm_tokens() with a caller
- * timestamp (6.2 against 5.4 ns in a later run; docs/performance.md,
- * "Protocol 1.2 client calls" and "A lean path without a stack frame", a
- * 2-core VM). A thread's first call, and bytes of 2^40 - 1 or more or
- * blocks of 2^24 - 1 or more, take the general path: 32 bytes plus 8 for
- * each of bytes and blocks given. */
+ * though the daemon uses it only on failure). Cost and buffer space
+ * (integer id; a string id takes its bytes rounded up to 8 in place of 8;
+ * times with a caller timestamp on a 2-core VM, docs/performance.md,
+ * "Protocol 1.2 client calls" and the sections after it):
+ *   - no string (no reason or connector, or registered ones: reason_id /
+ *     connector_id, the strings NULL): a lean path, 40 bytes whatever is
+ *     given, about 1.1x a tm_tokens() (5.9 against 5.4 ns in one run);
+ *   - a connector string of 1 to 16 bytes of printable ASCII and no reason
+ *     string: the same path, one pass over the string, 40 bytes plus the
+ *     connector's rounded up to 8 (48 for "nixl"), about 1.6x a
+ *     tm_tokens() (8.6 ns in the same run);
+ *   - anything else (a reason string, another connector string), a
+ *     thread's first call, bytes of 2^40 - 1 or more or blocks of 2^24 - 1
+ *     or more: the general path, the checks and one pass over each string,
+ *     32 bytes plus 8 for each of bytes and blocks given plus each string
+ *     rounded up to 8 (64 bytes for a failed "nixl" transfer with bytes,
+ *     blocks and the reason "timeout"), about 2.3x a tm_tokens() (12 ns
+ *     for a "nixl" transfer in the same run, before the connector string
+ *     took the lean path). */
 TM_API int tm_kv_transfer(tm_client* client, uint64_t t_ns, uint64_t rid,
                           const tm_kv_transfer_info* info);
 TM_API int tm_kv_transfer_str(tm_client* client, uint64_t t_ns, const char* rid,
