@@ -81,7 +81,10 @@ LabelCell EngineSeries::MakeCell(LabelKey key) {
 }
 
 bool EngineSeries::Admit(size_t label, uint16_t id) {
-  if (id == RequestLabels::kEmpty || id == RequestLabels::kOther) return true;
+  if (id == RequestLabels::kEmpty || id == RequestLabels::kOther ||
+      !request_labels_.capped(label)) {
+    return true;
+  }
   std::vector<uint16_t>& admitted = admitted_[label];
   if (std::find(admitted.begin(), admitted.end(), id) != admitted.end()) {
     return true;
@@ -92,7 +95,8 @@ bool EngineSeries::Admit(size_t label, uint16_t id) {
 }
 
 bool EngineSeries::HasRoom(size_t label) const {
-  return admitted_[label].size() < request_labels_.max_values();
+  return !request_labels_.capped(label) ||
+         admitted_[label].size() < request_labels_.max_values();
 }
 
 SeriesValues& EngineSeries::CellSlow(LabelKey key) {

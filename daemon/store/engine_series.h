@@ -203,7 +203,8 @@ class EngineSeries : public SeriesValues {
 
   // Admits the value `id` of request label `label` into this series (the
   // place it keeps for the first --request-label-values values); false when
-  // there is no place left. Ids 0 (empty) and 1 (__other__) always pass.
+  // there is no place left. Ids 0 (empty) and 1 (__other__) always pass,
+  // as does every value of a label not capped (RequestLabels::capped()).
   bool Admit(size_t label, uint16_t id);
   // Whether a value of request label `label` not yet admitted would be.
   bool HasRoom(size_t label) const;

@@ -8,6 +8,7 @@ RequestLabels::RequestLabels(std::vector<std::string> names, size_t max_values,
                              bool last_is_priority)
     : names_(std::move(names)),
       max_values_(max_values),
+      last_is_priority_(last_is_priority),
       values_(names_.size(),
               std::vector<std::string>{"", std::string(kOtherValue)}),
       ids_(names_.size()),

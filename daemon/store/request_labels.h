@@ -45,6 +45,12 @@ class RequestLabels : public Collector {
 
   const std::vector<std::string>& names() const { return names_; }
   size_t max_values() const { return max_values_; }
+  // Whether label `label`'s values per engine series are held to
+  // max_values(): all but --priority-label's, whose values are its five
+  // buckets (metrics-v1.md), never __other__.
+  bool capped(size_t label) const {
+    return !(last_is_priority_ && label + 1 == names_.size());
+  }
   bool enabled() const { return !names_.empty(); }
 
   // The id of `value` of label `label`, if it has one ("" and the absent
@@ -119,6 +125,7 @@ class RequestLabels : public Collector {
 
   const std::vector<std::string> names_;
   const size_t max_values_;
+  const bool last_is_priority_;
   std::vector<std::vector<std::string>> values_;  // [label][id]
   std::vector<std::unordered_map<std::string, uint16_t>> ids_;
   std::vector<uint64_t> overflow_;

@@ -112,6 +112,47 @@ TEST(SnapshotBoundTest, PerSeriesCoversAFullSeries) {
   EXPECT_GT(out.size(), b.per_series / 2);
 }
 
+// With --priority-label the priority label's cells are not held to
+// --request-label-values (its five buckets always pass): a series with one
+// value per label and every bucket still fits the bound.
+TEST(SnapshotBoundTest, PerSeriesCoversEveryPriorityBucket) {
+  Config config;
+  config.registry.request_labels = {"tenant"};
+  config.registry.request_label_values = 1;
+  config.registry.priority_label = true;
+  std::unique_ptr<Registry> reg = MakeRegistry(config);
+  EngineSeries* s = reg->GetOrCreate({"m", "e", "ns", {}});
+  ASSERT_NE(s, nullptr);
+  RequestLabels& labels = reg->request_labels();
+  size_t cells = 0;
+  for (const std::string_view tenant : {"", "a", "__other__"}) {
+    for (const std::string_view bucket : {"<-1", "-1", "0", "1", ">1"}) {
+      LabelKey key = 0;
+      key = RequestLabels::Pack(key, 0, labels.Intern(0, tenant));
+      key = RequestLabels::Pack(key, 1, labels.Intern(1, bucket));
+      ASSERT_TRUE(s->Admit(0, RequestLabels::Unpack(key, 0)));
+      ASSERT_TRUE(s->Admit(1, RequestLabels::Unpack(key, 1))) << bucket;
+      if (key == 0) continue;  // the series' own cell
+      SeriesValues& v = s->Cell(key);
+      for (int h = 0; h < kNumHistograms; ++h) {
+        Histogram& hist = v.hist(EngineMetric(kFirstHistogram + h));
+        for (int i = 0; i < 600; ++i) {
+          hist.Observe(std::pow(2.0, i / 8.0 - 30));
+        }
+      }
+      ++cells;
+    }
+  }
+  EXPECT_EQ(cells, 14u);
+  EXPECT_EQ(s->cells().size(), 14u);
+  std::string out;
+  StateWriter w(out);
+  std::unordered_map<const EngineSeries*, uint32_t> index;
+  reg->SaveState(w, &index);
+  const SnapshotBound b = MaxSnapshotBytes(config, *reg, kFp);
+  EXPECT_LE(out.size(), b.per_series);
+}
+
 class FixedClock : public Clock {
  public:
   uint64_t NowNs() const override { return 1'000'000'000'000; }

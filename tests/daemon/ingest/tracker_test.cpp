@@ -2484,6 +2484,43 @@ TEST(Tracker12Test, ARequestWithoutArrivedHasPriorityZero) {
             1u);
 }
 
+// --request-label-values caps the other labels, not the priority label:
+// its values are the five buckets, never __other__, whatever the cap.
+TEST(Tracker12Test, ThePriorityLabelIsNotHeldToTheValueCap) {
+  RegistryOptions o = LabelOptions({"tenant"}, 1);
+  o.priority_label = true;
+  Harness h(o, Profile::kVllm);
+  int rid = 0;
+  for (const int32_t p : {-7, -1, 0, 1, 2}) {
+    for (const std::string_view tenant : {"a", "b"}) {
+      ArrivedExtras x = Labels({{"tenant", tenant}});
+      x.has_priority = true;
+      x.priority = p;
+      h.SendArrived(h.Core(), Arrived(T(0), Rid(++rid), 4), x);
+      h.Send(h.Core(), {Tokens(T(10), Rid(rid), 1), Finished(T(20), Rid(rid))});
+    }
+  }
+  const std::string text = h.Render();
+  for (const std::string_view bucket : {"<-1", "-1", "0", "1", ">1"}) {
+    const std::string name = "vllm:request_success_total" + kCoreLabels +
+                             ",tenant=\"a\",priority=\"" + std::string(bucket) +
+                             "\"";
+    EXPECT_TRUE(HasLine(text, name + ",finished_reason=\"stop\"} 1"))
+        << bucket << "\n"
+        << text;
+    const std::string other = "vllm:request_success_total" + kCoreLabels +
+                              ",tenant=\"__other__\",priority=\"" +
+                              std::string(bucket) + "\"";
+    EXPECT_TRUE(HasLine(text, other + ",finished_reason=\"stop\"} 1"))
+        << bucket;
+  }
+  EXPECT_EQ(text.find("priority=\"__other__\""), std::string::npos);
+  EXPECT_TRUE(HasLine(
+      text, "tokenmeter_request_label_overflow_total{label=\"tenant\"} 5"));
+  EXPECT_TRUE(HasLine(
+      text, "tokenmeter_request_label_overflow_total{label=\"priority\"} 0"));
+}
+
 TEST(Tracker12Test, RefusesAPriorityLabelBeyondFourOrTwice) {
   FakeClock clock;
   std::unique_ptr<Pipeline> p;
