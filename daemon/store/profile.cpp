@@ -385,8 +385,7 @@ const FamilyDef kSglang[] = {
      .buckets = BucketSet::kNone,
      .help = "KV timeout observations per sender/receiver, not unique failed "
              "requests.",
-     .const_label = "stage",
-     .const_value = "transfer",
+     .const_label = "stage",  // its values: KvTransferPart::kTimeoutStages
      .part = PartKind::kKvTransfer,
      .part_family = PartFamily::kKvTransferTimeouts},
     // SGLang has no failure series by role and reason: the vLLM suffix.

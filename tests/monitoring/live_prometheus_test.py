@@ -991,9 +991,11 @@ class LivePrometheus(LiveBase):
                              in sim.kv_failed.items()}
                 if ns == "sglang":
                     kv_failed["any"] = sum(sim.kv_failed.values())
-                    kv_failed["timeout"] = sum(
-                        n for (_, reason), n in sim.kv_failed.items()
-                        if reason == "timeout")
+                    for stage, reason in (("transfer", "timeout"),
+                                          ("bootstrap", "bootstrap_timeout")):
+                        kv_failed[stage] = sum(
+                            n for (_, r), n in sim.kv_failed.items()
+                            if r == reason)
                 want = {
                     "rejected": dict(sim.rejected),
                     "kv_failed": kv_failed,
@@ -1031,7 +1033,7 @@ class LivePrometheus(LiveBase):
                         elif n == "num_transfer_failed_reqs_total":
                             got["kv_failed"]["any"] = v
                         elif n == "kv_transfer_timeouts_total":
-                            got["kv_failed"]["timeout"] = v
+                            got["kv_failed"][ls["stage"]] = v
                         elif n == "engine_fully_awake":
                             got["fully_awake"] = v
                         elif n == "engine_sleep_resource_state" and v:
@@ -1052,7 +1054,7 @@ class LivePrometheus(LiveBase):
                 sim.resume()
             self.assertTrue(want["rejected"], ns)
             self.assertTrue(want["kv_failed"].get(
-                "timeout" if ns == "sglang" else "recv timeout"), ns)
+                "transfer" if ns == "sglang" else "recv timeout"), ns)
             # Every per-request histogram has observations (a preempted
             # request among the finished ones, one that received KV).
             self.assertTrue(all(want["per_request"].values()), want)

@@ -252,8 +252,12 @@ class SimEngine(threading.Thread):
         info = dict(size, role="send",
                     start=t - rng.randint(2_000_000, 40_000_000))
         if rng.random() < 0.05:
-            info.update(ok=False, reason="peer_unreachable")
-            self._count_failure("send", "peer_unreachable")
+            # SGLang's two timeout stages: the handshake's
+            # (bootstrap_timeout) beside the transfer's (timeout).
+            reason = ("bootstrap_timeout" if rng.random() < 0.5
+                      else "peer_unreachable")
+            info.update(ok=False, reason=reason)
+            self._count_failure("send", reason)
         return [[10, t, r.rid, info]]
 
     def _count_failure(self, role, reason):

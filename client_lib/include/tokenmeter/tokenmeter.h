@@ -690,7 +690,10 @@ typedef struct tm_kv_transfer_info {
   uint64_t bytes;        /* TM_KV_UNKNOWN, or <= TM_MAX_KV_TRANSFER_BYTES */
   uint64_t blocks;       /* TM_KV_UNKNOWN, or <= TM_MAX_KV_TRANSFER_BYTES */
   int ok;                /* nonzero: the transfer succeeded (the default) */
-  const char* reason;    /* NULL: none; label-value syntax, e.g. "timeout" */
+  const char* reason;    /* NULL: none; label-value syntax, e.g. "timeout"
+                            (the transfer timed out) or "bootstrap_timeout"
+                            (the handshake before it did: SGLang's two
+                            timeout stages, docs/metrics.md) */
   const char* connector; /* NULL: none; label-value syntax, e.g. "nixl" */
   uint32_t reason_id;    /* 0: none; else a tm_register_value() id, in
                             place of `reason` (then NULL) */

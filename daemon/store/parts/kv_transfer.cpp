@@ -50,20 +50,29 @@ bool KvTransferPart::Shows(const FamilyDef& f,
 void KvTransferPart::Write(const FamilyDef& f, const EngineSeries& s,
                            MetricWriter& w) const {
   const SampleLabels labels{s.label_text(), s.label_pairs(), {}, {}};
-  if (f.part_family == PartFamily::kKvTransferFailedTotal ||
-      f.part_family == PartFamily::kKvTransferTimeouts) {
-    const bool timeouts = f.part_family == PartFamily::kKvTransferTimeouts;
+  // The failures of both roles with reason `only` (every failure for an
+  // empty one).
+  const auto failures = [this](std::string_view only) {
     uint64_t sum = 0;
     for (const ReasonCounts& c : failures_) {
       c.ForEach([&](std::string_view reason, uint64_t n) {
-        if (timeouts && reason != "timeout") return;
+        if (!only.empty() && reason != only) return;
         if (__builtin_add_overflow(sum, n, &sum)) sum = UINT64_MAX;
       });
     }
-    w.Sample(f.const_label.empty()
-                 ? labels
-                 : labels.WithOwn(f.const_label, f.const_value),
-             sum);
+    return sum;
+  };
+  if (f.part_family == PartFamily::kKvTransferFailedTotal) {
+    w.Sample(labels, failures({}));
+    return;
+  }
+  if (f.part_family == PartFamily::kKvTransferTimeouts) {
+    // SGLang's stages, both from the start: a failure with reason
+    // "bootstrap_timeout" (the handshake before the transfer) and one with
+    // reason "timeout" (the transfer).
+    for (const auto& [stage, reason] : kTimeoutStages) {
+      w.Sample(labels.WithOwn(f.const_label, stage), failures(reason));
+    }
     return;
   }
   for (size_t role = 0; role < kRoleNames.size(); ++role) {

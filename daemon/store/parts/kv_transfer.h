@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include "daemon/store/histogram.h"
 #include "daemon/store/part.h"
@@ -29,6 +30,11 @@ class KvTransferPart : public Part {
   // decoder's KvRole).
   static constexpr std::array<std::string_view, 2> kRoleNames = {"send",
                                                                  "recv"};
+  // SGLang's kv_transfer_timeouts_total: its `stage` values, each with the
+  // failure reason it counts.
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 2>
+      kTimeoutStages = {
+          {{"bootstrap", "bootstrap_timeout"}, {"transfer", "timeout"}}};
   explicit KvTransferPart(const EngineSeries& series);
 
   // One transfer of `role` (< 2) that took `time_ns`, moved `bytes` (when

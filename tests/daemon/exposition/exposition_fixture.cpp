@@ -266,8 +266,8 @@ Exposed MakeExposed(const RegistryOptions& options) {
 }
 
 // Data in every protocol 1.2 part of `s`: admission rejections by two
-// reasons, waiting by reason, KV transfers of both roles (one send failed),
-// a sleep.
+// reasons, waiting by reason, KV transfers of both roles (a send failed on
+// a timeout, a recv on a bootstrap timeout), a sleep.
 void FillProtocol12Parts(EngineSeries& s) {
   s.part<AdmissionPart>().Reject("queue_full");
   s.part<AdmissionPart>().Reject("queue_full");
@@ -277,6 +277,7 @@ void FillProtocol12Parts(EngineSeries& s) {
   kv.Add(0, 2'000'000, true, uint64_t{1} << 20, true, {});
   kv.Add(0, 9'000'000, false, 0, false, "timeout");
   kv.Add(1, 3'000'000, true, uint64_t{1} << 20, true, {});
+  kv.Add(1, 4'000'000, false, 0, false, "bootstrap_timeout");
   s.part<SleepPart>().Apply(1, 1, 1);
 }
 
