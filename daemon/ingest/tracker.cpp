@@ -930,6 +930,7 @@ void Tracker::HandOver(Request& r, bool evicted) {
   if (s != nullptr) {
     tl->engine_labels = s->label_pairs();
     tl->profile = ProfileName(s->profile());
+    tl->engine_family = s->identity().ns;
     // The HELLO's engine; its namespace for a series no HELLO joined since
     // the daemon started (restored from a snapshot).
     tl->engine =

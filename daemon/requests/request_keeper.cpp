@@ -8,10 +8,13 @@
 namespace tokenmeter::daemon::requests {
 namespace {
 
-// The series' key: profile and label pairs, joined with separators no
-// label holds in practice (and that only group, never match across).
+// The series' key: engine family, profile and label pairs, joined with
+// separators no label holds in practice (and that only group, never match
+// across).
 std::string SeriesKey(const trace::RequestTimeline& t) {
-  std::string key = t.profile;
+  std::string key = t.engine_family;
+  key += '\x1d';
+  key += t.profile;
   for (const auto& [name, value] : t.engine_labels) {
     key += '\x1e';
     key += name;

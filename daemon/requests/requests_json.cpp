@@ -296,7 +296,9 @@ void RenderRequestsJson(const std::vector<SeriesRequests>& series,
   for (size_t i = 0; i < series.size(); ++i) {
     const SeriesRequests& sr = series[i];
     if (i > 0) out += ',';
-    out += "\n{\"profile\":";
+    out += "\n{\"engine_family\":";
+    json_write::JsonString(&out, sr.first->engine_family);
+    out += ",\"profile\":";
     json_write::JsonString(&out, sr.first->profile);
     out += ",\"labels\":";
     AppendPairs(out, sr.first->engine_labels);
@@ -334,7 +336,13 @@ void RenderChromeTrace(const std::vector<SeriesRequests>& series,
   for (size_t i = 0; i < series.size(); ++i) {
     const SeriesRequests& sr = series[i];
     const size_t pid = i + 1;
-    std::string process = sr.first->profile;
+    // The engine family (the metric namespace) where it is not the
+    // profile's name, then the profile and the labels.
+    std::string process;
+    if (sr.first->engine_family != sr.first->profile) {
+      process = sr.first->engine_family + " ";
+    }
+    process += sr.first->profile;
     for (const auto& [name, value] : sr.first->engine_labels) {
       process += ' ';
       process += name;

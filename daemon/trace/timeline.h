@@ -48,6 +48,9 @@ struct RequestTimeline {
   // engine, instance, scope and the HELLO labels) and its profile's name.
   std::vector<std::pair<std::string, std::string>> engine_labels;
   std::string profile;  // "vllm", "sglang", "lmdeploy"
+  // That series' metric namespace (`vllm`, `tokenmeter_engine`, ...): with
+  // the labels, what tells one engine series from another.
+  std::string engine_family;
   // The engine's HELLO "engine" field (e.g. "vllm"), for gen_ai.system.
   std::string engine;
   // Per-request labels (ARRIVED labels) and LoRA adapter; empty: none.

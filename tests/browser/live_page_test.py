@@ -909,7 +909,8 @@ class RequestView(unittest.TestCase):
             self.cdp.screenshot(os.path.join(SHOT_DIR,
                                              "live_page_requests.png"))
         self.assertFalse(snap["hidden"])
-        by_series = {json.dumps([s["profile"], s["labels"]],
+        by_series = {json.dumps([s["engine_family"], s["profile"],
+                                 s["labels"]],
                                 separators=(",", ":")): s
                      for s in doc["series"]}
         self.assertEqual(len(snap["series"]), 2)

@@ -105,6 +105,7 @@ class Requests(unittest.TestCase):
         self.assertEqual(doc["window_seconds"], 900)
         self.assertEqual(len(doc["series"]), 1)
         series = doc["series"][0]
+        self.assertEqual(series["engine_family"], "vllm")
         self.assertEqual(series["profile"], "vllm")
         self.assertEqual(series["labels"]["model_name"], "m")
         reqs = series["requests"]
@@ -239,13 +240,27 @@ class Requests(unittest.TestCase):
         ev.sort(key=lambda e: e[1])
         self.send(d, ev, model="a")
         self.send(d, request_events(t0, 1, 3), model="b")
-        doc = self.document(d, n=3)
-        by_model = {s["labels"]["model_name"]: s for s in doc["series"]}
-        self.assertEqual(sorted(by_model), ["a", "b"])
-        self.assertEqual([r["request_id"] for r in by_model["a"]["requests"]],
-                         ["6", "5"])
-        self.assertEqual([r["request_id"] for r in by_model["b"]["requests"]],
-                         ["1"])
+        # The same model and labels from another engine family (both of
+        # the vllm profile): a series of its own.
+        self.send(d, request_events(t0, 7, 4), engine="tokenmeter-engine",
+                  model="a")
+        doc = self.document(d, n=4)
+        by_series = {(s["engine_family"], s["labels"]["model_name"]): s
+                     for s in doc["series"]}
+        self.assertEqual(sorted(by_series), [
+            ("tokenmeter_engine", "a"), ("vllm", "a"), ("vllm", "b")])
+        self.assertEqual(by_series["tokenmeter_engine", "a"]["profile"],
+                         "vllm")
+        self.assertEqual(
+            [r["request_id"] for r in by_series["vllm", "a"]["requests"]],
+            ["6", "5"])
+        self.assertEqual(
+            [r["request_id"] for r in by_series["vllm", "b"]["requests"]],
+            ["1"])
+        self.assertEqual(
+            [r["request_id"]
+             for r in by_series["tokenmeter_engine", "a"]["requests"]],
+            ["7"])
 
     def test_bad_queries_and_off(self):
         d = self.run_daemon()

@@ -22,6 +22,7 @@ trace::RequestTimeline Request(int id, uint64_t arrived, uint64_t e2e,
   trace::RequestTimeline t;
   t.request_id = std::to_string(id);
   t.profile = "vllm";
+  t.engine_family = "vllm";
   t.engine_labels = {{"model_name", "m"}, {"engine", engine}};
   t.arrived_ns = arrived;
   t.finished_ns = arrived + e2e;
@@ -181,11 +182,24 @@ TEST(RequestKeeperTest, KeepsSeriesApart) {
   trace::RequestTimeline a = Request(1, kSec, kSec, "stop", "0");
   trace::RequestTimeline b = Request(2, kSec, 2 * kSec, "stop", "1");
   trace::RequestTimeline c = Request(3, kSec, 3 * kSec, "stop", "0");
-  c.profile = "sglang";  // same labels, another family
+  c.profile = "sglang";  // same labels, another profile
+  // Same labels and profile, another engine family (a tokenmeter-engine
+  // beside a vLLM, both of the vllm profile).
+  trace::RequestTimeline d = Request(4, kSec, 4 * kSec, "stop", "0");
+  d.engine_family = "tokenmeter_engine";
   k.OnRetired(a, false);
   k.OnRetired(b, false);
   k.OnRetired(c, false);
-  EXPECT_EQ(k.Select(10 * kSec).size(), 3u);
+  k.OnRetired(d, false);
+  const auto shown = k.Select(10 * kSec);
+  ASSERT_EQ(shown.size(), 4u);
+  std::vector<std::string> ids;
+  for (const SeriesRequests& s : shown) {
+    ASSERT_EQ(s.requests.size(), 1u);
+    ids.push_back(s.requests[0]->timeline->request_id);
+  }
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"1", "2", "3", "4"}));
 }
 
 }  // namespace

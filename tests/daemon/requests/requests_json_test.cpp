@@ -35,6 +35,7 @@ TEST(RequestsJsonTest, SmallRequestByteForByte) {
   trace::RequestTimeline t;
   t.request_id = "9";
   t.profile = "vllm";
+  t.engine_family = "tokenmeter_engine";
   t.engine_labels = {{"model_name", "m"}, {"engine", "0"}};
   t.arrived_ns = 10 * kSec;
   t.scheduled_ns = 10 * kSec + 1000;
@@ -55,7 +56,8 @@ TEST(RequestsJsonTest, SmallRequestByteForByte) {
       "{\"window_seconds\":900,\"keep_requests\":5,"
       "\"now_unix_ns\":1767225600000000000,"
       "\"unix_minus_monotonic_ns\":1000000000000000000,\"series\":[\n"
-      "{\"profile\":\"vllm\",\"labels\":{\"model_name\":\"m\",\"engine\":"
+      "{\"engine_family\":\"tokenmeter_engine\",\"profile\":\"vllm\","
+      "\"labels\":{\"model_name\":\"m\",\"engine\":"
       "\"0\"},\"requests\":[\n"
       "{\"request_id\":\"9\",\"kept\":\"slow\",\"finish_reason\":\"stop\","
       "\"e2e_seconds\":9.5e-06,\"start_unix_ns\":1000000010000000000,"
@@ -72,6 +74,15 @@ TEST(RequestsJsonTest, SmallRequestByteForByte) {
       "false}],\"preemptions\":[],\"kv_transfers\":[],"
       "\"tokens\":[[5000,1],[9000,1]],\"tokens_not_shown\":0,"
       "\"traceparent\":null,\"tracestate\":null,\"trace_id\":null}]}]}\n");
+  // The Chrome trace's process: the family (not the profile's name here),
+  // the profile, the labels.
+  out.clear();
+  RenderChromeTrace(k.Select(11 * kSec), o, out);
+  EXPECT_NE(out.find("\"process_name\",\"pid\":1,\"tid\":0,\"args\":{"
+                     "\"name\":\"tokenmeter_engine vllm model_name=m "
+                     "engine=0\"}}"),
+            std::string::npos)
+      << out;
 }
 
 TEST(RequestsJsonTest, EveryFieldOfTheRicherTimelines) {
@@ -82,6 +93,7 @@ TEST(RequestsJsonTest, EveryFieldOfTheRicherTimelines) {
   trace::RequestTimeline disagg = trace::testing::DisaggDecodeTimeline();
   trace::RequestTimeline failed = trace::testing::FailedTimeline();
   failed.profile = "vllm";
+  failed.engine_family = "vllm";
   k.OnRetired(typical, false);
   k.OnRetired(disagg, false);
   k.OnRetired(failed, false);

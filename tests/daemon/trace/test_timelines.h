@@ -24,6 +24,7 @@ inline RequestTimeline TypicalTimeline() {
   t.request_id = "42";
   t.engine = "vllm";
   t.profile = "vllm";
+  t.engine_family = "vllm";
   t.engine_labels = {{"model_name", "llama-3-8b"}, {"engine", "0"}};
   t.request_labels = {{"tenant", "acme"}};
   t.lora = "sql-adapter";
@@ -58,6 +59,7 @@ inline RequestTimeline DisaggDecodeTimeline() {
   t.request_id = "7";
   t.engine = "sglang";
   t.profile = "sglang";
+  t.engine_family = "sglang";
   t.engine_labels = {{"model_name", "qwen"}, {"engine", "1"}};
   t.arrived_ns = 2000000000000;
   t.scheduled_ns = 2000010000013;
