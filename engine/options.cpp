@@ -53,8 +53,8 @@ Protocol 1.2 modes:
                             (ADMISSION_REJECTED queue_full; 0 = no cap)
   --priority-levels K       each request gets a priority (lower runs first)
                             from K levels centred on 0 (0 = none)
-  --priority[=K]            a priority workload: --priority-levels 5 (-2..2,
-                            vLLM's five buckets), or K
+  --priority [K]            a priority workload: --priority-levels 5 (-2..2,
+                            vLLM's five buckets), or K (--priority=K too)
   --sleep-after S           sleep S seconds after the start: pause, preempt,
                             release the KV cache (with --wake-after)
   --wake-after S            wake S seconds after falling asleep
@@ -193,9 +193,18 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       o->trace_context = true;
       continue;
     }
+    // --priority alone, or with its K as --priority=K or --priority K (the
+    // next argument taken only when it is a number: the engine takes no
+    // operands, so nothing else could be meant).
     if (flag == "--priority" && !has_value) {
-      priority_workload = true;
-      continue;
+      uint32_t k = 0;
+      if (i + 1 < argc && ParseNumber(std::string_view(argv[i + 1]), &k)) {
+        value = argv[++i];
+        has_value = true;
+      } else {
+        priority_workload = true;
+        continue;
+      }
     }
     if (!has_value) {
       if (i + 1 >= argc) {

@@ -272,7 +272,8 @@ TEST(OptionsTest, ParsesTheProtocolTwelveFlags) {
 }
 
 // --priority: a priority workload of vLLM's five buckets, or --priority=K
-// levels; a --priority-levels given too wins, in either order.
+// (--priority K) levels; a --priority-levels given too wins, in either
+// order.
 TEST(OptionsTest, PriorityIsAPriorityWorkload) {
   // The levels each order of the flags gives; the policy on with any.
   const struct {
@@ -286,6 +287,11 @@ TEST(OptionsTest, PriorityIsAPriorityWorkload) {
       {{"--priority-levels", "5", "--priority=3"}, 5},
       {{"--priority=3", "--priority-levels", "5"}, 5},
       {{"--priority", "--priority-levels", "0"}, 0},
+      // The K as the next argument (a number), as every other flag's value.
+      {{"--priority", "3"}, 3},
+      {{"--priority", "3", "--requests", "9"}, 3},
+      {{"--priority", "--requests", "9"}, 5},
+      {{"--priority-levels", "5", "--priority", "3"}, 5},
   };
   for (const auto& c : cases) {
     EngineOptions o;
@@ -296,6 +302,8 @@ TEST(OptionsTest, PriorityIsAPriorityWorkload) {
   for (const std::vector<const char*>& args :
        {std::vector<const char*>{"--priority-levels", "5", "--priority=1025"},
         std::vector<const char*>{"--priority=1025"},
+        std::vector<const char*>{"--priority", "1025"},
+        std::vector<const char*>{"--priority", "x"},
         std::vector<const char*>{"--priority=x"}}) {
     EngineOptions o;
     EXPECT_FALSE(Parse(args, &o).ok()) << args.back();
