@@ -116,7 +116,7 @@ them as Prometheus metrics.
   --trace-ratio R            share of requests without a parent context
                              traced, 0 to 1 (default 0.01)
   --trace-slower-than S      also trace every request whose end-to-end
-                             time is at least S seconds (default: off)
+                             time is at least S seconds (default 0: off)
   --otlp-metrics-endpoint URL
                              push every series over OTLP/HTTP to URL
                              (default: OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
@@ -524,12 +524,12 @@ const std::vector<Flag>& Flags() {
        }},
       {"trace-slower-than",
        [](std::string_view v, Config* c) {
-         // One message for every refusal: 0 is refused as a negative is.
+         // 0: off, the default (a configuration file can say so).
          const Status s = ParseSecondsNs("trace-slower-than", v, 0,
                                          &c->trace_slower_than_ns);
-         if (!s.ok() || c->trace_slower_than_ns == 0) {
+         if (!s.ok()) {
            return Status::Error("--trace-slower-than: \"" + std::string(v) +
-                                "\" is not a number of seconds > 0");
+                                "\" is not a number of seconds >= 0 (0: off)");
          }
          return s;
        }},

@@ -421,7 +421,6 @@ TEST(ConfigTest, RejectsBadTracingValues) {
         Bad{{"--trace-ratio", "-0.1"}, "--trace-ratio"},
         Bad{{"--trace-ratio", "nan"}, "--trace-ratio"},
         Bad{{"--trace-ratio", "x"}, "--trace-ratio"},
-        Bad{{"--trace-slower-than", "0"}, "--trace-slower-than"},
         Bad{{"--trace-slower-than", "-1"}, "--trace-slower-than"},
         Bad{{"--otlp-queue-spans", "0"}, "--otlp-queue-spans"},
         Bad{{"--otlp-queue-spans", "99999999"}, "--otlp-queue-spans"},
@@ -436,13 +435,19 @@ TEST(ConfigTest, RejectsBadTracingValues) {
     ASSERT_FALSE(s.ok()) << b.args[1];
     EXPECT_TRUE(Contains(s.message(), b.flag)) << s.message();
   }
-  // 0 is refused as a negative is, with the same words.
-  for (const char* v : {"0", "-1", "x"}) {
+  // A negative and a non-number are refused with the same words; 0 is
+  // off, the default (as a configuration file may write it).
+  for (const char* v : {"-1", "x"}) {
     Config c;
     const Status s = Parse({"--trace-slower-than", v}, &c);
-    EXPECT_TRUE(Contains(s.message(), "is not a number of seconds > 0"))
+    EXPECT_TRUE(
+        Contains(s.message(), "is not a number of seconds >= 0 (0: off)"))
         << s.message();
   }
+  Config off;
+  off.trace_slower_than_ns = 7;
+  ASSERT_TRUE(Parse({"--trace-slower-than", "0"}, &off).ok());
+  EXPECT_EQ(off.trace_slower_than_ns, 0u);
 }
 
 TEST(ConfigTest, RejectsUnknownFlag) {
