@@ -11,6 +11,7 @@
 
 #include "daemon/base/text_format.h"
 #include "daemon/store/catalog.h"
+#include "daemon/store/parts/kv_transfer.h"
 #include "daemon/store/profile.h"
 
 namespace tokenmeter::daemon {
@@ -71,8 +72,19 @@ std::string SourceText(const FamilyDef& f) {
           return "KV_TRANSFER with `ok` false (`reason` default `error`)";
         case PartFamily::kKvTransferFailedTotal:
           return "KV_TRANSFER with `ok` false, every role and reason";
-        case PartFamily::kKvTransferTimeouts:
-          return "KV_TRANSFER with `ok` false and `reason` `timeout`";
+        case PartFamily::kKvTransferTimeouts: {
+          // Each stage with the reason it counts (kTimeoutStages).
+          std::string text = "KV_TRANSFER with `ok` false and `reason`";
+          const auto& stages = KvTransferPart::kTimeoutStages;
+          for (size_t i = 0; i < stages.size(); ++i) {
+            text += std::string(i == 0 ? " " : " or ") + "`" +
+                    std::string(stages[i].second) + "` (stage `" +
+                    std::string(stages[i].first) + "`)";
+          }
+          return text +
+                 "; every stage from the series' first KV_TRANSFER, at 0 "
+                 "until then, as SGLang creates them";
+        }
         case PartFamily::kSleepState:
           return "SLEEP: awake, weights offloaded, weights discarded";
         case PartFamily::kSleepResourceState:
@@ -107,8 +119,12 @@ std::string LabelText(const FamilyDef& f) {
   } else if (f.part_family == PartFamily::kKvTransferFailures) {
     labels += ", role, reason";
   } else if (f.part_family == PartFamily::kKvTransferTimeouts) {
-    labels += ", " + std::string(f.const_label) + "=\"" +
-              std::string(f.const_value) + "\"";
+    labels += ", " + std::string(f.const_label) + "=";
+    const auto& stages = KvTransferPart::kTimeoutStages;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      labels += std::string(i == 0 ? "" : " / ") + "\"" +
+                std::string(stages[i].first) + "\"";
+    }
   } else if (f.part_family == PartFamily::kSleepState) {
     labels += ", sleep_state";
   } else if (f.part_family == PartFamily::kSleepResourceState) {
