@@ -779,6 +779,15 @@ Status Engine::OnKv(const KvData& k) {
   recorder_.Finished(Index(r->id), t, Finish::kError);
   if (meter_) meter_->Finished(r->id, tokenmeter::FinishReason::kError, t);
   ++finished_;
+  // It left the deferred queue and its blocks went back to the cache: with
+  // no step to come (nothing running, waiting or deferred), a STEP of its
+  // own says so, or the waiting count and the KV usage would stay at the
+  // last step's values after the run (as OnAck() on the prefill side).
+  if (scheduler_->num_running() + scheduler_->num_waiting() +
+          scheduler_->num_deferred() ==
+      0) {
+    SendStep(t, 0, 0, 0, 0, 0);
+  }
   return Status::Ok();
 }
 

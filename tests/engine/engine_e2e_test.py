@@ -400,6 +400,41 @@ class ProfilesAgainstDaemon(unittest.TestCase):
                                                "num_gpu_blocks": "48"})
 
 
+class DecodeSideGivesUp(unittest.TestCase):
+    def test_ends_with_an_empty_step(self):
+        """The decode side's only request gives up on its KV (every
+        transfer damaged, no retry) after the side's last step: a STEP of
+        its own says nothing is left waiting and the cache is free, in the
+        report and at the daemon."""
+        d = Daemon("--log-interval", "0").start()
+        self.addCleanup(d.cleanup)
+        self.addCleanup(d.stop)
+        args = ["--requests", "1", "--prompt-len", "16", "--output-len", "4",
+                "--seed", "3", "--backend", "cpu", "--model", "e2e-tiny",
+                "--instance", "e2e", "--quiet", "--disaggregate",
+                "--kv-fail-every", "1", "--kv-retries", "0"]
+        with tu.Engine(*args, socket=d.sock,
+                       report=os.path.join(d.dir, "report.json")) as e:
+            report = e.report(timeout=60)
+        r = report["decode"]
+        self.assertEqual(r["finished"]["error"], 1)
+        empty = {"running": 0, "waiting": 0, "waiting_deferred": 0,
+                 "kv_usage": 0}
+        self.assertEqual(r["last_step"], empty)
+        labels = part_labels("decode", r)
+        sent = sum(report[p]["client_events_sent"]
+                   for p in ("prefill", "decode"))
+        poll_until(lambda: d.samples().sum("tokenmeter_ingest_events_total")
+                   == sent, what="every event applied")
+        self.assertEqual(d.value(f"{NS}:request_success_total",
+                                 finished_reason="error", **labels), 1)
+        for gauge in ("num_requests_running", "num_requests_waiting",
+                      "kv_cache_usage_perc"):
+            self.assertEqual(d.value(f"{NS}:{gauge}", **labels), 0, gauge)
+        self.assertEqual(d.value(f"{NS}:num_requests_waiting_by_reason",
+                                 reason="deferred", **labels), 0)
+
+
 class EngineWithoutDaemon(unittest.TestCase):
     def test_finishes_and_reports_drops(self):
         with tempfile.TemporaryDirectory(prefix="tm-e2e-", dir="/tmp") as tmp:
