@@ -1259,7 +1259,7 @@ TEST_F(EventLayoutTest, KvTransferRecordFormsSendTheSameBytes) {
                 }
                 if ((fields & 2) != 0) {
                   str("connector");
-                  str((strings ? connector : kRegistered));
+                  str(strings ? connector : kRegistered);
                 }
                 expected.emplace_back(sb.data, sb.data + sb.size);
                 msgpack_sbuffer_destroy(&sb);
