@@ -1154,7 +1154,7 @@ constexpr int kTakeGeneralPath = 1;
 // (KvTransferAt() picks one): the connector an id or none (`connector`
 // NULL; inlined into tm_kv_transfer() and tm_kv_transfer_str()), or the
 // connector a string of 1 to 16 bytes of printable ASCII (`connector`: the
-// struct's, read by the caller; out of line, KvTransferConnector*Id()),
+// struct's, read by the caller; out of line, KvTransferStrings*Id()),
 // stored after the amounts word as the general path stores it. Anything
 // else returns kTakeGeneralPath before anything is counted or committed,
 // and the caller makes the call through KvTransferGeneral(), which checks
@@ -1164,8 +1164,8 @@ constexpr int kTakeGeneralPath = 1;
 // without a stack frame up to the ring: the record's words are stored as
 // each field is read, the rules tested after (a broken one leaves the
 // reserved words uncommitted), the id last. Each field of the caller's
-// struct is read once (the caller has read `reason`, NULL, and checked
-// the struct's size).
+// struct is read once here (the caller has checked the struct's size, and
+// in the second form read `reason`, NULL, and `connector`).
 [[gnu::always_inline]] inline int KvTransferLeanForm(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
     const tm_kv_transfer_info* info, const char* connector) {
@@ -1237,54 +1237,55 @@ general:
   return kTakeGeneralPath;
 }
 
-// A connector string (and no reason string): the lean path's second form,
-// then the general path. Out of line, so that the registers the string
-// takes are saved here, not on the way of the form without strings; one
-// function per kind of request id, so that each is compiled for its own.
-[[gnu::always_inline]] inline int KvTransferConnector(
+// A struct with a string (reason or connector): the lean path's second
+// form when the connector is the only one, else, and for whatever that
+// form leaves, the general path. Out of line, so that the registers the
+// string takes are saved here, not on the way of the form without
+// strings; one function per kind of request id, so that each is compiled
+// for its own. The caller has checked the struct's size.
+[[gnu::always_inline]] inline int KvTransferStrings(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
-    const tm_kv_transfer_info* info, const char* connector) {
-  const int rc = KvTransferLeanForm(c, t, rid, srid, srid_len, info, connector);
-  if (rc != kTakeGeneralPath) [[likely]]
-    return rc;
+    const tm_kv_transfer_info* info) {
+  const char* connector = info->connector;
+  if (info->reason == nullptr && connector != nullptr) {
+    const int rc =
+        KvTransferLeanForm(c, t, rid, srid, srid_len, info, connector);
+    if (rc != kTakeGeneralPath) [[likely]]
+      return rc;
+  }
   return KvTransferGeneral(c, t, rid, srid, srid_len, info);
 }
-[[gnu::noinline]] int KvTransferConnectorIntId(tm_client* c, uint64_t t,
-                                               uint64_t rid,
-                                               const tm_kv_transfer_info* info,
-                                               const char* connector) {
-  return KvTransferConnector(c, t, rid, nullptr, 0, info, connector);
+[[gnu::noinline]] int KvTransferStringsIntId(tm_client* c, uint64_t t,
+                                             uint64_t rid,
+                                             const tm_kv_transfer_info* info) {
+  return KvTransferStrings(c, t, rid, nullptr, 0, info);
 }
-[[gnu::noinline]] int KvTransferConnectorStrId(tm_client* c, uint64_t t,
-                                               const char* srid,
-                                               size_t srid_len,
-                                               const tm_kv_transfer_info* info,
-                                               const char* connector) {
-  return KvTransferConnector(c, t, 0, srid, srid_len, info, connector);
+[[gnu::noinline]] int KvTransferStringsStrId(tm_client* c, uint64_t t,
+                                             const char* srid, size_t srid_len,
+                                             const tm_kv_transfer_info* info) {
+  return KvTransferStrings(c, t, 0, srid, srid_len, info);
 }
 
 // Both paths for an event time `t` (nonzero): a struct without strings
-// takes the lean path's first form inline, one with only a connector
-// string its second form (KvTransferConnector*Id()), any other the general
-// path (KvTransferGeneral()), as does whatever a form leaves.
+// takes the lean path's first form inline, one with a string
+// KvTransferStrings*Id() (the second form, or the general path), one of
+// the wrong size the general path (KvTransferGeneral()), as does whatever
+// the first form leaves. Every way out before the first form is a tail
+// call with the struct alone, so that the registers the first form saves
+// are saved on its way only.
 [[gnu::always_inline]] inline int KvTransferAt(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
     const tm_kv_transfer_info* info) {
-  if (info != nullptr && info->size >= kKvTransferInfoSize) [[likely]] {
-    const char* reason = info->reason;
-    const char* connector = info->connector;
-    if ((reinterpret_cast<uintptr_t>(reason) |
-         reinterpret_cast<uintptr_t>(connector)) == 0) [[likely]] {
-      const int rc =
-          KvTransferLeanForm(c, t, rid, srid, srid_len, info, nullptr);
-      if (rc != kTakeGeneralPath) [[likely]]
-        return rc;
-    } else if (reason == nullptr) {
-      if (srid == nullptr)
-        return KvTransferConnectorIntId(c, t, rid, info, connector);
-      return KvTransferConnectorStrId(c, t, srid, srid_len, info, connector);
-    }
+  if (info == nullptr || info->size < kKvTransferInfoSize) [[unlikely]]
+    return KvTransferGeneral(c, t, rid, srid, srid_len, info);
+  if ((reinterpret_cast<uintptr_t>(info->reason) |
+       reinterpret_cast<uintptr_t>(info->connector)) != 0) [[unlikely]] {
+    if (srid == nullptr) return KvTransferStringsIntId(c, t, rid, info);
+    return KvTransferStringsStrId(c, t, srid, srid_len, info);
   }
+  const int rc = KvTransferLeanForm(c, t, rid, srid, srid_len, info, nullptr);
+  if (rc != kTakeGeneralPath) [[likely]]
+    return rc;
   return KvTransferGeneral(c, t, rid, srid, srid_len, info);
 }
 

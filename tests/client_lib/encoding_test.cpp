@@ -713,6 +713,38 @@ TEST_F(EventLayoutTest, KvTransferOnAFullBufferIsDroppedUnlessItBreaksARule) {
   EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 3u);
 }
 
+// A connector string of up to 16 printable bytes takes the lean path's
+// record (6 words for "nixl": header, t, id, start, the packed amounts,
+// the string) where the general path writes 7 (bytes and blocks a word
+// each): the buffer's 4096 words hold some 680 of them, not 585; a full
+// buffer drops the next one (TM_E_DROPPED) and one that breaks a rule is
+// still rejected.
+TEST_F(EventLayoutTest, KvTransferWithAConnectorStringTakesTheLeanRecord) {
+  OptionsPtr opts = DefaultOptions();
+  ASSERT_EQ(tm_options_set_buffer_capacity(opts.get(), 1024), TM_OK);
+  ASSERT_EQ(tm_options_set_close_timeout_ms(opts.get(), 0), TM_OK);
+  NewClient(opts.get());  // no daemon: nothing drains
+  tm_kv_transfer_info kv = TM_KV_TRANSFER_INFO_INIT;
+  kv.start_ns = 500;
+  kv.bytes = 1 << 20;
+  kv.blocks = 64;
+  kv.connector = "nixl";
+  int appended = 0;
+  while (tm_kv_transfer(client_, 1000, uint64_t(appended), &kv) == TM_OK) {
+    ASSERT_LT(++appended, 1024);
+  }
+  EXPECT_GE(appended, 650);
+  EXPECT_LE(appended, 683);
+  tm_kv_transfer_info bad = kv;
+  bad.start_ns = 1001;
+  EXPECT_EQ(tm_kv_transfer(client_, 1000, 1, &bad), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer_str(client_, 1000, "r", 1, &bad), TM_E_INVALID);
+  EXPECT_EQ(tm_kv_transfer_str(client_, 1000, "r", 1, &kv), TM_E_DROPPED);
+  const StatsArray s = Stats();
+  EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], 2u);
+  EXPECT_EQ(s[TM_STAT_EVENTS_REJECTED], 2u);
+}
+
 // ---- protocol 1.2 -----------------------------------------------------------
 
 constexpr const char* kTraceparent =
