@@ -524,10 +524,13 @@ const std::vector<Flag>& Flags() {
        }},
       {"trace-slower-than",
        [](std::string_view v, Config* c) {
-         // 0: off, the default (a configuration file can say so).
+         // 0: off, the default (a configuration file can say so); a
+         // positive value below 1 ns, which would round to 0, is refused.
          const Status s = ParseSecondsNs("trace-slower-than", v, 0,
                                          &c->trace_slower_than_ns);
-         if (!s.ok()) {
+         double x = 0;
+         std::from_chars(v.data(), v.data() + v.size(), x);
+         if (!s.ok() || (c->trace_slower_than_ns == 0 && x > 0)) {
            return Status::Error("--trace-slower-than: \"" + std::string(v) +
                                 "\" is not a number of seconds >= 0 (0: off)");
          }

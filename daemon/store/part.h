@@ -65,7 +65,7 @@ enum class PartFamily : uint8_t {
   kKvTransferBytes,        // histogram per role: KV_TRANSFER bytes
   kKvTransferFailures,     // per role and reason: KV_TRANSFER ok false
   kKvTransferFailedTotal,  // all failed KV_TRANSFERs (SGLang's)
-  kKvTransferTimeouts,     // failed ones with reason "timeout" (SGLang's)
+  kKvTransferTimeouts,     // failed ones by SGLang's stage (kTimeoutStages)
   kSleepState,             // vLLM's legacy engine_sleep_state
   kSleepResourceState,     // 1 for each resource's current state
   kFullyAwake,             // 1 when nothing sleeps

@@ -435,9 +435,10 @@ TEST(ConfigTest, RejectsBadTracingValues) {
     ASSERT_FALSE(s.ok()) << b.args[1];
     EXPECT_TRUE(Contains(s.message(), b.flag)) << s.message();
   }
-  // A negative and a non-number are refused with the same words; 0 is
-  // off, the default (as a configuration file may write it).
-  for (const char* v : {"-1", "x"}) {
+  // A negative, a non-number and a positive value below 1 ns (0 once
+  // rounded) are refused with the same words; 0 is off, the default (as a
+  // configuration file may write it).
+  for (const char* v : {"-1", "x", "1e-10"}) {
     Config c;
     const Status s = Parse({"--trace-slower-than", v}, &c);
     EXPECT_TRUE(
