@@ -182,10 +182,27 @@ def http_text(netns, url, timeout=10):
 
 
 def histogram_quantile(q, buckets):
-    """Prometheus's histogram_quantile() on {le: cumulative count}."""
-    bs = sorted(buckets.items())
+    """Prometheus's histogram_quantile() on {le: cumulative count}, with
+    what its bucketQuantile() does first (promql/quantile.go): a count
+    within a relative 1e-12 of the one before is taken as equal to it (sums
+    of rates differ in their last bits with the order of the summing), then
+    the counts' monotonic envelope."""
+    bs = [[le, count] for le, count in sorted(buckets.items())]
     if len(bs) < 2 or not math.isinf(bs[-1][0]):
         return math.nan
+    prev = bs[0][1]
+    for b in bs[1:]:
+        delta = abs(b[1] - prev)
+        if delta == 0:
+            continue
+        if b[1] != 0 and delta / b[1] <= 1e-12:
+            b[1] = prev
+        else:
+            prev = b[1]
+    top = bs[0][1]
+    for b in bs[1:]:
+        top = max(top, b[1])
+        b[1] = top
     total = bs[-1][1]
     if total <= 0:
         return math.nan
