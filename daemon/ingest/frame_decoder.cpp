@@ -899,6 +899,9 @@ std::string_view LabelValue(Reader& r, const Header& h) {
   }
   info->present = true;
   bool above_any_prompt = false;
+  // The count before this map: a map dropped whole counts once, whatever
+  // keys of it were dropped on the way (protocol 1.2, partial acceptance).
+  const uint32_t bad_before = *bad_fields;
   for (uint64_t i = 0; i < h.value; ++i) {
     std::string_view key;
     if (!ReadEventMapKey(r, &key)) continue;
@@ -928,7 +931,7 @@ std::string_view LabelValue(Reader& r, const Header& h) {
   }
   if (above_any_prompt) {
     *info = ScheduledInfo{};
-    ++*bad_fields;
+    *bad_fields = bad_before + 1;
   }
 }
 

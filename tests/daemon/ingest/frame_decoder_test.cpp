@@ -2773,6 +2773,16 @@ TEST(FrameDecoder12Test, DecodesScheduledInfo) {
   EXPECT_EQ(above.bad_fields, 1u);
   EXPECT_FALSE(above.events[1].scheduled.present);
   EXPECT_EQ(above.events[1].scheduled.has, 0);
+  // A key of the wrong type beside one above any prompt: the map goes
+  // whole, and a map dropped whole counts once, not once more per key.
+  const Middle both = DecodeMiddle(Cat({head,
+                                        {0x82},
+                                        S("cached_tokens"),
+                                        S("5"),
+                                        S("external_tokens"),
+                                        k2To32}));
+  EXPECT_EQ(both.bad_fields, 1u);
+  EXPECT_FALSE(both.events[1].scheduled.present);
 }
 
 TEST(FrameDecoder12Test, KeepsWaitingDeferredOnlyWithinWaiting) {
