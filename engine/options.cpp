@@ -194,11 +194,15 @@ Status ParseOptions(int argc, const char* const* argv, EngineOptions* o) {
       continue;
     }
     // --priority alone, or with its K as --priority=K or --priority K (the
-    // next argument taken only when it is a number: the engine takes no
-    // operands, so nothing else could be meant).
+    // next argument taken when it looks like a number, a negative or a too
+    // large one included, so that the error names --priority: the engine
+    // takes no operands, so nothing else could be meant).
     if (flag == "--priority" && !has_value) {
-      uint32_t k = 0;
-      if (i + 1 < argc && ParseNumber(std::string_view(argv[i + 1]), &k)) {
+      const std::string_view next = i + 1 < argc ? argv[i + 1] : "";
+      const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+      if (!next.empty() &&
+          (digit(next[0]) ||
+           (next.size() > 1 && next[0] == '-' && digit(next[1])))) {
         value = argv[++i];
         has_value = true;
       } else {

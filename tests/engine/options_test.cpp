@@ -304,9 +304,21 @@ TEST(OptionsTest, PriorityIsAPriorityWorkload) {
         std::vector<const char*>{"--priority=1025"},
         std::vector<const char*>{"--priority", "1025"},
         std::vector<const char*>{"--priority", "x"},
+        std::vector<const char*>{"--priority", "-1"},
+        std::vector<const char*>{"--priority", "99999999999"},
         std::vector<const char*>{"--priority=x"}}) {
     EngineOptions o;
     EXPECT_FALSE(Parse(args, &o).ok()) << args.back();
+  }
+  // A K out of range after a space is --priority's error, not an unknown
+  // flag's.
+  for (const char* k : {"-1", "99999999999", "1025"}) {
+    EngineOptions o;
+    const Status s = Parse({"--priority", k}, &o);
+    ASSERT_FALSE(s.ok()) << k;
+    EXPECT_NE(s.message().find("--priority"), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find("unknown flag"), std::string::npos)
+        << s.message();
   }
 }
 
