@@ -428,6 +428,14 @@ void Engine::SendStep(uint64_t t_ns, uint64_t prompt_tokens, uint64_t generated,
   meter_->Step(st, t_ns);
 }
 
+void Engine::SendStepIfIdle(uint64_t t_ns) {
+  if (scheduler_->num_running() + scheduler_->num_waiting() +
+          scheduler_->num_deferred() ==
+      0) {
+    SendStep(t_ns, 0, 0, 0, 0, 0);
+  }
+}
+
 Status Engine::Step(bool* acted) {
   scheduler_->set_admitting(!sleep_.paused());
   scheduler_->Schedule(&plan_);
@@ -689,12 +697,7 @@ Status Engine::OnAck(const KvAck& a) {
     scheduler_->ReleaseHeld(r);
     held_[Index(a.rid)] = nullptr;
     --num_held_;
-    // The blocks went back to the cache: with no step to come (nothing
-    // running or waiting), a STEP of its own says so, or the KV usage
-    // would stay at its last step's value after the run.
-    if (scheduler_->num_running() + scheduler_->num_waiting() == 0) {
-      SendStep(t, 0, 0, 0, 0, 0);
-    }
+    SendStepIfIdle(t);  // the blocks went back to the cache
   }
   return Status::Ok();
 }
@@ -779,15 +782,7 @@ Status Engine::OnKv(const KvData& k) {
   recorder_.Finished(Index(r->id), t, Finish::kError);
   if (meter_) meter_->Finished(r->id, tokenmeter::FinishReason::kError, t);
   ++finished_;
-  // It left the deferred queue and its blocks went back to the cache: with
-  // no step to come (nothing running, waiting or deferred), a STEP of its
-  // own says so, or the waiting count and the KV usage would stay at the
-  // last step's values after the run (as OnAck() on the prefill side).
-  if (scheduler_->num_running() + scheduler_->num_waiting() +
-          scheduler_->num_deferred() ==
-      0) {
-    SendStep(t, 0, 0, 0, 0, 0);
-  }
+  SendStepIfIdle(t);  // it left the deferred queue, its blocks the cache
   return Status::Ok();
 }
 

@@ -99,6 +99,11 @@ class Engine {
   void SendStep(uint64_t t_ns, uint64_t prompt_tokens, uint64_t generated,
                 uint64_t lora_skips, uint64_t prefix_queries,
                 uint64_t prefix_hits);
+  // Between iterations, when blocks went back to the cache: with nothing
+  // running, waiting or deferred there is no step to come, so a STEP of its
+  // own (no tokens) says so, or the waiting count and the KV usage would
+  // stay at the last step's values after the run.
+  void SendStepIfIdle(uint64_t t_ns);
   // Sleep mode: the transitions SleepCycle asks for.
   Status DriveSleep(uint64_t now_ns);
   // Moves bytes on the KV channel and handles every complete message.

@@ -47,7 +47,7 @@ class ReplayBuffer {
   // The oldest batch kept (false: none).
   bool Oldest(Entry* e) const;
   // Drops the oldest batch (one must be kept); returns its events.
-  uint64_t DropOldest() { return PopOldest(); }
+  uint64_t PopOldest();
 
   // The replay pass after a reconnect: Rewind() puts the cursor on the
   // oldest batch; Current() is the batch there (false past the newest one
@@ -70,7 +70,6 @@ class ReplayBuffer {
   Entry At(size_t off) const;
   size_t NextOffset(size_t off) const;
   bool Fits(size_t need, size_t* at) const;
-  uint64_t PopOldest();
 
   const size_t cap_;
   std::unique_ptr<uint8_t[]> buf_;

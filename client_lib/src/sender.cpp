@@ -172,7 +172,7 @@ void Sender::CountReplayRefusal(uint64_t now_ns) {
   }
   if (++refusals_ < kMaxReplayRefusals) return;
   refusals_ = 0;
-  const uint64_t events = replay_.DropOldest();
+  const uint64_t events = replay_.PopOldest();
   counters_.dropped_extra.fetch_add(events, std::memory_order_relaxed);
 }
 
