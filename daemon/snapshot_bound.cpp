@@ -76,17 +76,18 @@ SnapshotBound MaxSnapshotBytes(const Config& config, const Registry& registry,
   const uint64_t values = ro.request_label_values;
   // Cells other than the series' own: every combination of the values
   // each label admits, "" and __other__ (at most RequestLabels::kMaxSets);
-  // --priority-label's label admits its buckets other than "0" (the
-  // empty value's id), whatever the cap.
+  // the label not capped (RequestLabels::capped(): --priority-label's)
+  // admits its buckets other than "0" (the empty value's id), whatever
+  // the cap.
   constexpr uint64_t kPriorityValues = 4;
   uint64_t cells = 0;
   if (labels > 0) {
     uint64_t combinations = 1;
     for (uint64_t i = 0; i < labels; ++i) {
-      const bool priority = ro.priority_label && i + 1 == labels;
+      const bool capped = registry.request_labels().capped(size_t(i));
       combinations =
           Mul(combinations,
-              (priority ? std::max(values, kPriorityValues) : values) + 2);
+              (capped ? values : std::max(values, kPriorityValues)) + 2);
     }
     cells = std::min<uint64_t>(combinations - 1, RequestLabels::kMaxSets);
   }

@@ -1160,12 +1160,13 @@ constexpr int kTakeGeneralPath = 1;
 // and the caller makes the call through KvTransferGeneral(), which checks
 // every rule again (the same rules: a transfer this path refuses, the
 // general one refuses too). No call on the way (TryEnter(), not Enter();
-// the connector's scan and copy inline), so the compiler keeps it a leaf
-// without a stack frame up to the ring: the record's words are stored as
-// each field is read, the rules tested after (a broken one leaves the
-// reserved words uncommitted), the id last. Each field of the caller's
-// struct is read once here (the caller has checked the struct's size, and
-// in the second form read `reason`, NULL, and `connector`).
+// the connector's scan and copy inline), so the compiler keeps the first
+// form a leaf without a stack frame up to the ring (the second saves the
+// registers its string takes): the record's words are stored as each
+// field is read, the rules tested after (a broken one leaves the reserved
+// words uncommitted), the id last. Each field of the caller's struct is
+// read once here (the caller has checked the struct's size, and in the
+// second form read `reason`, NULL, and `connector`).
 [[gnu::always_inline]] inline int KvTransferLeanForm(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
     const tm_kv_transfer_info* info, const char* connector) {
