@@ -1163,10 +1163,13 @@ constexpr int kTakeGeneralPath = 1;
 // the connector's scan and copy inline), so the compiler keeps the first
 // form a leaf without a stack frame up to the ring (the second saves the
 // registers its string takes): the record's words are stored as each
-// field is read, the rules tested after (a broken one leaves the reserved
-// words uncommitted), the id last. Each field of the caller's struct is
-// read once here (the caller has checked the struct's size, and in the
-// second form read `reason`, NULL, and `connector`).
+// field is read and each rule tested right after its field (a broken one
+// leaves the reserved words uncommitted), so that few values stay live
+// (the count of registered ids is read only for the ids' test); an
+// integer request id is stored with the time, a string one copied last.
+// Each field of the caller's struct is read once here (the caller has
+// checked the struct's size, and in the second form read `reason`, NULL,
+// and `connector`).
 [[gnu::always_inline]] inline int KvTransferLeanForm(
     tm_client* c, uint64_t t, uint64_t rid, const char* srid, size_t srid_len,
     const tm_kv_transfer_info* info, const char* connector) {
@@ -1183,7 +1186,6 @@ constexpr int kTakeGeneralPath = 1;
       return kTakeGeneralPath;
     cwords = StringWords(clen);
   }
-  const uint32_t ids = c->ValueIds();
   Ring* r = c->TryEnter();
   if (r == nullptr) [[unlikely]]
     return kTakeGeneralPath;
@@ -1196,6 +1198,7 @@ constexpr int kTakeGeneralPath = 1;
   }
   uint64_t* const p = w + 2 + rw;
   w[1] = t;
+  if (srid == nullptr) w[2] = rid;
   {
     const uint64_t start = info->start_ns;
     p[0] = start;
@@ -1213,25 +1216,29 @@ constexpr int kTakeGeneralPath = 1;
   {
     static_assert(TM_KV_SEND == 0 && TM_KV_RECV == 1 && tc::kKvRecv == 1);
     const uint32_t role = uint32_t(EnumValue(info->role));
-    const uint32_t reason_id = info->reason_id;
-    const uint32_t connector_id = info->connector_id;
+    if (role > TM_KV_RECV) [[unlikely]]
+      goto general;
     // The reason's id flag always set (an id field of 0 is "none" for the
     // encoder), the connector's unless it is a string.
-    const uint32_t flags = role | (info->ok == 0 ? tc::kKvFailed : 0) |
-                           tc::kKvPacked | tc::kKvReasonId |
-                           (connector_string ? 0 : tc::kKvConnectorId);
-    w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len),
-                      KvArg(flags, reason_id,
-                            connector_string ? uint32_t(clen) : connector_id));
+    uint32_t arg = role | (info->ok == 0 ? tc::kKvFailed : 0) | tc::kKvPacked |
+                   tc::kKvReasonId |
+                   (connector_string ? 0 : tc::kKvConnectorId);
     // An id is 0 or registered (1 .. the count), i.e. at most the count;
     // with a connector string, its id is 0 (not both).
-    if (role > TM_KV_RECV || reason_id > ids ||
-        connector_id > (connector_string ? 0 : ids)) [[unlikely]]
+    const uint32_t ids = c->ValueIds();
+    const uint32_t reason_id = info->reason_id;
+    if (reason_id > ids) [[unlikely]]
       goto general;
+    arg |= KvArg(0, reason_id, 0);
+    const uint32_t connector_id = info->connector_id;
+    if (connector_id > (connector_string ? 0 : ids)) [[unlikely]]
+      goto general;
+    arg |= KvArg(0, 0, connector_string ? uint32_t(clen) : connector_id);
+    w[0] = MakeHeader(TM_EV_KV_TRANSFER, words, uint32_t(srid_len), arg);
   }
   if (connector_string) StoreString(p + 2, connector, clen);
   // Last: a string id's copy may be a call, with little left to keep.
-  WriteRid(w + 2, rw, rid, srid, srid_len);
+  if (srid != nullptr) WriteRid(w + 2, rw, rid, srid, srid_len);
   return Done(r);
 general:
   tm_client::Leave(r);
@@ -1292,11 +1299,16 @@ general:
 
 // t_ns = 0: the clock read once, before the checks (start <= t compares
 // with this read), then both paths. Out of line: the clock's call would
-// give the callers a stack frame.
-[[gnu::noinline]] int KvTransferNow(tm_client* c, uint64_t rid,
-                                    const char* srid, size_t srid_len,
-                                    const tm_kv_transfer_info* info) {
-  return KvTransferAt(c, Now(), rid, srid, srid_len, info);
+// give the callers a stack frame. One function per kind of request id, so
+// that the integer one keeps only its three arguments across the clock.
+[[gnu::noinline]] int KvTransferNowIntId(tm_client* c, uint64_t rid,
+                                         const tm_kv_transfer_info* info) {
+  return KvTransferAt(c, Now(), rid, nullptr, 0, info);
+}
+[[gnu::noinline]] int KvTransferNowStrId(tm_client* c, const char* srid,
+                                         size_t srid_len,
+                                         const tm_kv_transfer_info* info) {
+  return KvTransferAt(c, Now(), 0, srid, srid_len, info);
 }
 
 }  // namespace
@@ -1364,7 +1376,7 @@ int tm_kv_transfer(tm_client* c, uint64_t t_ns, uint64_t rid,
   if (c == nullptr) [[unlikely]]
     return TM_E_INVALID;
   if (t_ns == 0) [[unlikely]]
-    return KvTransferNow(c, rid, nullptr, 0, info);
+    return KvTransferNowIntId(c, rid, info);
   return KvTransferAt(c, t_ns, rid, nullptr, 0, info);
 }
 
@@ -1377,7 +1389,7 @@ int tm_kv_transfer_str(tm_client* c, uint64_t t_ns, const char* rid,
     return Reject(c);
   }
   if (t_ns == 0) [[unlikely]]
-    return KvTransferNow(c, 0, rid, rid_len, info);
+    return KvTransferNowStrId(c, rid, rid_len, info);
   return KvTransferAt(c, t_ns, 0, rid, rid_len, info);
 }
 
