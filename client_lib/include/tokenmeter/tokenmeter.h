@@ -728,7 +728,8 @@ typedef struct tm_kv_transfer_info {
  * "Protocol 1.2 client calls" and the sections after it):
  *   - no string (no reason or connector, or registered ones: reason_id /
  *     connector_id, the strings NULL): a lean path, 40 bytes whatever is
- *     given, about 1.1x a tm_tokens() (5.9 against 5.4 ns in one run);
+ *     given, about a tm_tokens() (5.4 against 5.5 ns in alternating
+ *     runs, up to 1.1x in others);
  *   - a connector string of 1 to 16 bytes of printable ASCII and no reason
  *     string: the same path, one pass over the string, 40 bytes plus the
  *     connector's rounded up to 8 (48 for "nixl"), about 1.6x a
