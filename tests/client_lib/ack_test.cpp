@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -440,17 +441,17 @@ TEST_F(AckTest, ReplayBoundDropsTheOldestBatchesAndCountsTheirEvents) {
   // the sender drained the ring while the loop was still filling it (a slow
   // build: ASan), which splits it in two; the first connection's batches
   // are what the client sent.
-  constexpr uint32_t kPerBatch = 1000;
+  constexpr uint32_t kPerFlush = 1000;
   constexpr uint64_t kFlushes = 6;
   const std::string id(120, 'r');
   for (uint64_t b = 0; b < kFlushes; ++b) {
-    for (uint32_t i = 0; i < kPerBatch; ++i) {
+    for (uint32_t i = 0; i < kPerFlush; ++i) {
       ASSERT_EQ(tm_tokens_str(client_, 1000 + i, id.data(), id.size(), 1),
                 TM_OK);
     }
     ASSERT_EQ(tm_client_flush(client_, 5000), TM_OK);
   }
-  ASSERT_TRUE(WaitForEvents(kFlushes * kPerBatch));
+  ASSERT_TRUE(WaitForEvents(kFlushes * kPerFlush));
   const StatsArray before = Stats();
   const uint64_t batches = SeqsOf(server_->Snapshot()[0]).size();
   ASSERT_GE(batches, kFlushes);
@@ -465,7 +466,7 @@ TEST_F(AckTest, ReplayBoundDropsTheOldestBatchesAndCountsTheirEvents) {
 
   const TestServer::Connections conns = server_->Snapshot();
   std::vector<uint64_t> all(batches);
-  for (uint64_t i = 0; i < batches; ++i) all[i] = i;
+  std::iota(all.begin(), all.end(), uint64_t{0});
   ASSERT_EQ(SeqsOf(conns[0]), all);
   const std::vector<const Frame*> sent = BatchesOf(conns[0]);
   const std::vector<uint64_t> replayed = SeqsOf(conns[1]);
@@ -492,7 +493,7 @@ TEST_F(AckTest, ReplayBoundDropsTheOldestBatchesAndCountsTheirEvents) {
   EXPECT_GE(kept_bytes + 2 * largest, TM_MIN_REPLAY_BYTES);
   EXPECT_EQ(before[TM_STAT_EVENTS_DROPPED], lost_events);
   EXPECT_EQ(s[TM_STAT_EVENTS_DROPPED], lost_events);
-  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], kFlushes * kPerBatch);
+  EXPECT_EQ(s[TM_STAT_EVENTS_SENT], kFlushes * kPerFlush);
   EXPECT_EQ(s[TM_STAT_BATCHES_REPLAYED], kept);
   // The replays carry the dropped_total of now.
   for (const Frame* b : BatchesOf(conns[1])) {
