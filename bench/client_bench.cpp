@@ -20,6 +20,10 @@
 //   tm_tokens_str/caller_ts, tm_kv_transfer_id_str/caller_ts   a TOKENS
 //       and a KV_TRANSFER (ids) with a 39-byte vLLM-shaped string request
 //       id: the pair an engine with string ids (vLLM, SGLang) compares.
+//   tm_scheduled_ex/caller_ts   a SCHEDULED with protocol 1.2's info
+//       (cached and external prompt tokens): a 4-word record through the
+//       tm_tokens path with no rule to test, the reference that tells the
+//       cost of a word from the cost of KV_TRANSFER's rules.
 //   prometheus_observe   prometheus-cpp Histogram::Observe on a child
 //       resolved once outside the loop (22 TTFT buckets), at 1 and 2 threads
 //       (both threads on the same child, as an engine would share it).
@@ -569,6 +573,12 @@ void TokensStrCallerTs(benchmark::State& state, tm_client* c) {
   });
 }
 
+void ScheduledExCallerTs(benchmark::State& state, tm_client* c) {
+  const uint64_t t0 = tm_now_ns();
+  RunChunked(state, c,
+             [c, t0](uint64_t i) { tm_scheduled_ex(c, t0 + i, i, 16, 0); });
+}
+
 void KvTransferIdStrCallerTs(benchmark::State& state, tm_client* c) {
   const uint64_t t0 = tm_now_ns();
   const tm_kv_transfer_info kv = KvInfoById(c, t0 - 1000000);
@@ -764,6 +774,9 @@ int Main(int argc, char** argv) {
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_kv_transfer_id_str/caller_ts",
                                  KvTransferIdStrCallerTs, c)
+        ->Threads(threads);
+    benchmark::RegisterBenchmark("tm_scheduled_ex/caller_ts",
+                                 ScheduledExCallerTs, c)
         ->Threads(threads);
     benchmark::RegisterBenchmark("tm_admission_rejected_id/caller_ts",
                                  AdmissionRejectedIdCallerTs, c)
