@@ -861,8 +861,10 @@ int tm_step(tm_client* c, uint64_t t_ns, const tm_step_key* keys,
   for (size_t i = 0; ok && i < n_pos; ++i) {
     if (accepted_per_pos[i] > TM_MAX_EVENT_COUNT) ok = false;
   }
-  // waiting_deferred counts some of `waiting`: the daemon drops it without
-  // waiting or above it (bad_field), so the client refuses the same.
+  // waiting_deferred counts some of `waiting`: the daemon drops the key
+  // without waiting or above it (bad_field) and applies the rest; the
+  // client refuses the call, as for any other STEP key out of range
+  // (tokenmeter.h), so that nothing it sends is dropped.
   constexpr uint32_t kWaiting = 1u << TM_STEP_KEY_WAITING;
   constexpr uint32_t kDeferred = 1u << TM_STEP_KEY_WAITING_DEFERRED;
   if (ok && (mask & kDeferred) != 0) {
