@@ -56,9 +56,9 @@ echo "== live page: http://127.0.0.1:$port/ (open it in a browser while the demo
 # About four seconds of arrivals into a 32-wide batch; a KV cache small
 # enough to fill up and preempt, and a shared prompt prefix for the prefix
 # cache.
-echo "== tokenmeter-engine: 200 requests at 50/s"
+echo "== tokenmeter-engine: 600 requests at 150/s"
 "$build/engine/tokenmeter-engine" --metrics-socket "$tmp/ingest.sock" \
-  --requests 200 --rate 50 --prompt-len 128 --output-len 48 \
+  --requests 600 --rate 150 --prompt-len 128 --output-len 48 \
   --shared-prefix 0.25 --kv-blocks 32 --max-batch 32
 
 # One more summary period, so the last seconds are logged too.
