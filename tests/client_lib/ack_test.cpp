@@ -482,8 +482,11 @@ TEST_F(AckTest, ReplayBoundDropsTheOldestBatchesAndCountsTheirEvents) {
   for (uint64_t i = 0; i < batches; ++i) {
     const uint64_t n = sent[i]->value.array[3].array.size();
     const uint64_t body = sent[i]->raw.size();
-    if (i < lost) lost_events += n;
-    if (i >= lost) kept_bytes += body;
+    if (i < lost) {
+      lost_events += n;
+    } else {
+      kept_bytes += body;
+    }
     largest = std::max(largest, body);
   }
   // What the bound holds, and not much less: the buffer lays its entries
